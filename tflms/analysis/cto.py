@@ -1,0 +1,226 @@
+"""Categorized topological ordering (CTO) of a training step (Le et al., ISMM 2019).
+
+*Level* of an op: 0 for ops without data or control inputs, else 1 + the largest
+level of its inputs. The *distance* from a producer to a consumer is their level
+difference; it is what the TFLMS rules compare with ``swapout_threshold``.
+
+*Category* of an op, decided from the graph's structure:
+
+- ``update``: ops that write variables (``AssignVariableOp``, ``ResourceApply*``,
+  ...), and ops all of whose data consumers are ``update`` ops (the optimizer's
+  arithmetic, batch-norm moving-average updates) unless they are gradient ops.
+- ``backward``: *gradient seeds* and their data descendants that are not
+  ``update``. Seeds are ops of gradient-only types (``ReluGrad``,
+  ``Conv2DBackpropInput``, ``BiasAddGrad``, ...) and, as a hint only, ops under a
+  ``gradient_tape/`` or ``gradients/`` name scope (Keras and TF rename scopes
+  between versions, so names never decide alone).
+- ``forward``: ops that feed the backward or update ops, or descend from such
+  ops, and are neither of the above.
+- ``other``: ops without data inputs (placeholders, constants, variable
+  handles) and anything unconnected to the training computation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from collections.abc import Iterator, Mapping
+
+from tflms.errors import GraphError
+from tflms.ir.graph import Graph, TensorInfo, TensorRef
+
+
+class Category(str, enum.Enum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    UPDATE = "update"
+    OTHER = "other"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: Op types that exist only to compute gradients.
+GRADIENT_OP_TYPES = frozenset({
+    "BiasAddGrad", "BiasAddGradV1", "BroadcastGradientArgs",
+    "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "LeakyReluGrad",
+    "SigmoidGrad", "TanhGrad", "SoftplusGrad", "SoftsignGrad", "RsqrtGrad", "SqrtGrad", "ReciprocalGrad",
+    "InvGrad", "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv2DBackpropInputV2",
+    "Conv2DBackpropFilterV2", "Conv3DBackpropInput", "Conv3DBackpropFilter", "Conv3DBackpropInputV2",
+    "Conv3DBackpropFilterV2", "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter",
+    "FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3", "MaxPoolGrad", "MaxPoolGradV2",
+    "MaxPoolGradGrad", "MaxPool3DGrad", "AvgPoolGrad", "AvgPool3DGrad", "LRNGrad", "ResizeBilinearGrad",
+    "ResizeNearestNeighborGrad", "ResizeBicubicGrad", "SoftmaxGrad", "LogSoftmaxGrad",
+    "_FusedBatchNormGradEx", "GeluGrad",
+})
+
+#: Op types that write variables (resource or TF1 ref variables).
+_UPDATE_TYPE = re.compile(
+    r"^(Assign(Add|Sub)?VariableOp|Assign(Add|Sub)?|ResourceApply\w+|ResourceSparseApply\w+|"
+    r"ResourceScatter\w+|Apply\w+|SparseApply\w+|Scatter(Add|Sub|Update|Mul|Div|Min|Max|NdAdd|NdSub|NdUpdate))$")
+
+#: Name-scope prefixes of gradient ops, used as a hint only.
+_GRADIENT_SCOPE = re.compile(r"^(gradient_tape|gradients(_\d+)?)/")
+
+
+def is_update_type(op_type: str) -> bool:
+    return bool(_UPDATE_TYPE.match(op_type))
+
+
+def is_gradient_type(op_type: str) -> bool:
+    return op_type in GRADIENT_OP_TYPES
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorFacts:
+    """A tensor's producer, consumers and their level distances."""
+
+    ref: TensorRef
+    info: TensorInfo
+    producer_level: int
+    producer_category: Category
+    consumers: tuple[str, ...]
+    consumer_levels: tuple[int, ...]
+
+    @property
+    def distances(self) -> tuple[int, ...]:
+        return tuple(level - self.producer_level for level in self.consumer_levels)
+
+    @property
+    def num_bytes(self) -> int | None:
+        return self.info.num_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Analysis:
+    """Levels, categories and tensor facts of one graph (see module doc)."""
+
+    graph: Graph
+    order: tuple[str, ...]
+    levels: Mapping[str, int]
+    categories: Mapping[str, Category]
+
+    @property
+    def num_levels(self) -> int:
+        return 1 + max(self.levels.values(), default=-1)
+
+    @property
+    def has_backward(self) -> bool:
+        return any(c is Category.BACKWARD for c in self.categories.values())
+
+    def category_counts(self) -> dict[str, int]:
+        counts = {c.value: 0 for c in Category}
+        for c in self.categories.values():
+            counts[c.value] += 1
+        return counts
+
+    def tensor(self, ref: TensorRef | str) -> TensorFacts:
+        ref = TensorRef.parse(ref) if isinstance(ref, str) else ref
+        info = self.graph.tensor(ref)
+        consumers = tuple(sorted({c for c, _ in self.graph.consumers(ref)},
+                                 key=lambda n: (self.levels[n], n)))
+        return TensorFacts(ref=ref, info=info, producer_level=self.levels[ref.op],
+                           producer_category=self.categories[ref.op], consumers=consumers,
+                           consumer_levels=tuple(self.levels[c] for c in consumers))
+
+    def tensors(self) -> Iterator[TensorFacts]:
+        for name in self.order:
+            op = self.graph.op(name)
+            for i in range(len(op.outputs)):
+                yield self.tensor(TensorRef(name, i))
+
+    def ops_at_level(self) -> dict[int, list[str]]:
+        by_level: dict[int, list[str]] = {}
+        for name in self.order:
+            by_level.setdefault(self.levels[name], []).append(name)
+        return by_level
+
+    def summary(self) -> dict:
+        return {"ops": len(self.order), "levels": self.num_levels, "categories": self.category_counts()}
+
+
+def compute_levels(graph: Graph, order: list[str] | None = None) -> dict[str, int]:
+    """Level of every op (longest path from a source over data and control edges)."""
+    order = graph.topological_order() if order is None else order
+    levels: dict[str, int] = {}
+    for name in order:
+        preds = graph.predecessors(name)
+        levels[name] = 1 + max(levels[p] for p in preds) if preds else 0
+    return levels
+
+
+def _data_consumers(graph: Graph, name: str) -> list[str]:
+    op = graph.op(name)
+    return list(dict.fromkeys(c for i in range(len(op.outputs)) for c, _ in graph.consumers(TensorRef(name, i))))
+
+
+def categorize(graph: Graph, order: list[str]) -> dict[str, Category]:
+    """Category of every op; see the module doc for the rules."""
+    grad_seed = {op.name for op in graph if is_gradient_type(op.type) or _GRADIENT_SCOPE.match(op.name)}
+    # Data descendants of gradient seeds, in topological order.
+    in_backward: set[str] = set()
+    for name in order:
+        op = graph.op(name)
+        if name in grad_seed or any(ref.op in in_backward for ref in op.inputs):
+            in_backward.add(name)
+    # Update ops: variable writers, then (reverse order) ops whose every data consumer is an update op.
+    update = {op.name for op in graph if is_update_type(op.type)}
+    for name in reversed(order):
+        if name in update or name in grad_seed:
+            continue
+        consumers = _data_consumers(graph, name)
+        if consumers and all(c in update for c in consumers) and graph.op(name).inputs:
+            update.add(name)
+    backward = in_backward - update
+    # Forward: data ancestors of backward/update ops, and their non-backward descendants.
+    forward: set[str] = set()
+    for name in reversed(order):
+        if name in backward or name in update:
+            continue
+        op = graph.op(name)
+        if op.inputs and any(c in backward or c in update or c in forward for c in _data_consumers(graph, name)):
+            forward.add(name)
+    for name in order:
+        if name in backward or name in update or name in forward:
+            continue
+        if any(ref.op in forward for ref in graph.op(name).inputs):
+            forward.add(name)
+    categories = {}
+    for name in order:
+        if name in update:
+            categories[name] = Category.UPDATE
+        elif name in backward:
+            categories[name] = Category.BACKWARD
+        elif name in forward:
+            categories[name] = Category.FORWARD
+        else:
+            categories[name] = Category.OTHER
+    return categories
+
+
+#: Op types of TF1 control flow (loops form cycles; frames are not modelled).
+TF1_CONTROL_FLOW_TYPES = frozenset({"Switch", "Merge", "Enter", "Exit", "NextIteration", "RefSwitch",
+                                    "RefMerge", "RefEnter", "RefExit", "RefNextIteration", "LoopCond"})
+
+
+def check_supported(graph: Graph) -> None:
+    """Raise :class:`UnsupportedGraphError` for constructs tflms cannot rewrite."""
+    from tflms.errors import UnsupportedGraphError
+    for op in graph:
+        if op.type in TF1_CONTROL_FLOW_TYPES:
+            raise UnsupportedGraphError(
+                f"op {op.name!r} is TF1 control flow ({op.type}); tflms handles TF2 control flow "
+                "(While/If ops, as made by tf.function) as opaque single ops. Trace the step with "
+                "tf.function under TF2 behaviour (no tf.compat.v1.disable_control_flow_v2())")
+
+
+def analyze_graph(graph: Graph) -> Analysis:
+    """Compute the CTO of ``graph`` (an IR graph)."""
+    check_supported(graph)
+    if len(graph) == 0:
+        raise GraphError("the graph is empty: nothing to analyze")
+    order = graph.topological_order()
+    levels = compute_levels(graph, order)
+    categories = categorize(graph, order)
+    return Analysis(graph=graph, order=tuple(order), levels=levels, categories=categories)

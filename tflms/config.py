@@ -1,0 +1,140 @@
+"""The rewrite configuration: a frozen, validated record.
+
+Parameter names follow IBM's TFLMS so its users feel at home. Every field is
+checked when the config is built; a bad or contradictory value raises
+:class:`~tflms.errors.ConfigError` naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from tflms.errors import ConfigError, DeviceError
+from tflms.units import parse_bytes
+
+#: sync_mode values (TFLMS): which copies the computation waits for.
+SYNC_NONE, SYNC_SWAP_OUT, SYNC_SWAP_IN, SYNC_BOTH = 0, 1, 2, 3
+
+_DEVICE = re.compile(r"^(/job:[^/]+)?(/replica:\d+)?(/task:\d+)?/device:(CPU|GPU|TPU|XLA_GPU|XLA_CPU):\d+$",
+                     re.IGNORECASE)
+
+
+def normalize_device(value: str, *, field: str) -> str:
+    """Check a device string and return it in ``/device:TYPE:N`` form."""
+    if not isinstance(value, str):
+        raise DeviceError(f"{field}: expected a device string such as '/device:GPU:0', got {value!r}")
+    text = value.strip()
+    short = re.match(r"^(CPU|GPU|TPU):(\d+)$", text, re.IGNORECASE)
+    if short:
+        text = f"/device:{short.group(1).upper()}:{short.group(2)}"
+    if not _DEVICE.match(text):
+        raise DeviceError(f"{field}: {value!r} is not a device name; write e.g. '/device:GPU:0' or 'GPU:0'")
+    head, _, tail = text.rpartition("/device:")
+    kind, _, index = tail.partition(":")
+    return f"{head}/device:{kind.upper()}:{index}"
+
+
+@dataclasses.dataclass(frozen=True)
+class LMSConfig:
+    """What to swap and how (TFLMS semantics).
+
+    Attributes:
+      swapout_threshold: a tensor is swapped out for those consumers whose level
+        distance from its producer exceeds this many levels (>= 1).
+      swapin_ahead: the swap-in is triggered by an op this many levels before its
+        first consumer (>= 1); larger prefetches earlier.
+      swapin_groupby: consumers within this many levels of the group's first
+        consumer share one swap-in (>= 0).
+      sync_mode: 0 asynchronous copies; 1 the tensor's remaining forward
+        consumers wait for the swap-out; 2 swap-ins are triggered right before
+        their consumer (no prefetch); 3 both.
+      include_types / exclude_types: only / never swap outputs of these op types.
+      include_scopes / exclude_scopes: only / never swap outputs of ops under these
+        name scopes ("model/block1", matched as a path prefix).
+      min_swap_bytes: never swap tensors smaller than this (int bytes or "1MiB").
+      host_device: where swapped tensors live ("/device:CPU:0").
+      accelerator_device: where swap-ins go; ``None`` means the first GPU, or the
+        CPU (with a warning that nothing will be saved) when there is none.
+      batch_size: resolves an unknown leading dimension when sizing tensors.
+    """
+
+    swapout_threshold: int = 1
+    swapin_ahead: int = 1
+    swapin_groupby: int = 0
+    sync_mode: int = SYNC_NONE
+    include_types: tuple[str, ...] = ()
+    exclude_types: tuple[str, ...] = ()
+    include_scopes: tuple[str, ...] = ()
+    exclude_scopes: tuple[str, ...] = ()
+    min_swap_bytes: int = 0
+    host_device: str = "/device:CPU:0"
+    accelerator_device: str | None = None
+    batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass normalisation
+        for name, low in (("swapout_threshold", 1), ("swapin_ahead", 1), ("swapin_groupby", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{name} must be an int (levels), got {value!r}")
+            if value < low:
+                raise ConfigError(f"{name} must be >= {low} levels, got {value}")
+        if self.sync_mode not in (SYNC_NONE, SYNC_SWAP_OUT, SYNC_SWAP_IN, SYNC_BOTH) or isinstance(
+                self.sync_mode, bool):
+            raise ConfigError(f"sync_mode must be 0 (none), 1 (swap-out), 2 (swap-in) or 3 (both), "
+                              f"got {self.sync_mode!r}")
+        for name in ("include_types", "exclude_types", "include_scopes", "exclude_scopes"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                value = (value,)
+            value = tuple(value)
+            if not all(isinstance(v, str) and v for v in value):
+                raise ConfigError(f"{name} must be a list of non-empty strings, got {value!r}")
+            if name.endswith("scopes"):
+                value = tuple(v.rstrip("/") for v in value)
+            set_(name, tuple(sorted(set(value))))
+        both = set(self.include_types) & set(self.exclude_types)
+        if both:
+            raise ConfigError(f"op types {sorted(both)} are both included and excluded; keep them in one list")
+        both = set(self.include_scopes) & set(self.exclude_scopes)
+        if both:
+            raise ConfigError(f"scopes {sorted(both)} are both included and excluded; keep them in one list")
+        set_("min_swap_bytes", parse_bytes(self.min_swap_bytes, what="min_swap_bytes"))
+        set_("host_device", normalize_device(self.host_device, field="host_device"))
+        if self.accelerator_device is not None:
+            set_("accelerator_device", normalize_device(self.accelerator_device, field="accelerator_device"))
+            if self.accelerator_device == self.host_device:
+                raise ConfigError(f"accelerator_device and host_device are both {self.host_device!r}: swapping "
+                                  "to the same device saves nothing; give two different devices")
+        if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(
+                self.batch_size, int) or self.batch_size <= 0):
+            raise ConfigError(f"batch_size must be a positive int, got {self.batch_size!r}")
+
+    @property
+    def sync_swap_out(self) -> bool:
+        return self.sync_mode in (SYNC_SWAP_OUT, SYNC_BOTH)
+
+    @property
+    def sync_swap_in(self) -> bool:
+        return self.sync_mode in (SYNC_SWAP_IN, SYNC_BOTH)
+
+    def replace(self, **changes: Any) -> "LMSConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_kwargs(cls, config: "LMSConfig | None" = None, **kwargs: Any) -> "LMSConfig":
+        """Build from a base config plus keyword overrides (unknown names are an error)."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - fields)
+        if unknown:
+            import difflib
+            hints = [difflib.get_close_matches(u, fields, n=1) for u in unknown]
+            hint = "; ".join(f"{u!r}: did you mean {h[0]!r}?" for u, h in zip(unknown, hints) if h)
+            raise ConfigError(f"unknown tflms option(s) {unknown}. {hint}".strip())
+        base = config or cls()
+        return dataclasses.replace(base, **kwargs) if kwargs else base

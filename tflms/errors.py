@@ -1,0 +1,39 @@
+"""Exception types raised by tflms.
+
+Every error names the node, tensor, file or value at fault and says how to fix
+it. They all derive from :class:`TflmsError`, so callers can catch one type.
+"""
+
+from __future__ import annotations
+
+
+class TflmsError(Exception):
+    """Base class of every error tflms raises on purpose."""
+
+
+class ConfigError(TflmsError, ValueError):
+    """A configuration value is invalid or contradicts another one."""
+
+
+class UnitsError(ConfigError):
+    """A quantity such as a byte size has missing or unknown units."""
+
+
+class GraphError(TflmsError, ValueError):
+    """The input graph cannot be read or violates an IR invariant."""
+
+
+class UnsupportedGraphError(GraphError):
+    """The graph holds a construct tflms cannot rewrite (e.g. TF1 control flow)."""
+
+
+class NoTrainingStepError(GraphError):
+    """The graph has no gradient computation, so there is nothing to swap."""
+
+
+class DeviceError(ConfigError):
+    """A device string is malformed or names a device that does not exist."""
+
+
+class BudgetError(TflmsError, ValueError):
+    """No configuration fits the memory budget."""

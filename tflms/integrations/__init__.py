@@ -1,0 +1,1 @@
+"""Entry points for TensorFlow users: tf.function wrapper (and more to come)."""

@@ -1,0 +1,290 @@
+"""The tflms graph model: ops, tensors and edges of a TensorFlow graph.
+
+A :class:`Graph` holds :class:`Op` records in their original order. Each op keeps
+its type, device, data inputs, control inputs and its ``NodeDef`` attributes
+untouched; each output tensor carries dtype, static shape and byte size.
+
+Edges change only through :class:`Graph` methods (``add_op``, ``set_input``,
+``add_control_input``, ``remove_op``), which keep the consumer index current.
+:meth:`Graph.lint` checks the invariants (no dangling inputs, unique names,
+acyclic, consumer index consistent).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from tflms.errors import GraphError
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class TensorRef:
+    """Names output ``index`` of op ``op`` (``"op:index"`` in TensorFlow)."""
+
+    op: str
+    index: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.op}:{self.index}"
+
+    @classmethod
+    def parse(cls, name: str) -> "TensorRef":
+        """Parse ``"op"``, ``"op:1"`` (GraphDef tensor names)."""
+        if name.startswith("^"):
+            raise GraphError(f"{name!r} is a control input, not a tensor name")
+        op, sep, idx = name.rpartition(":")
+        if sep and idx.isdigit():
+            return cls(op, int(idx))
+        return cls(name, 0)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """Static facts about one output tensor.
+
+    ``shape`` is ``None`` for an unknown rank, else a tuple whose entries are
+    ``None`` for unknown dimensions. ``num_bytes`` is ``None`` when the shape is
+    not fully known (after batch-size resolution) or the dtype has no fixed size.
+    """
+
+    dtype: str
+    shape: tuple[int | None, ...] | None
+    num_bytes: int | None
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+    @property
+    def fully_defined(self) -> bool:
+        return self.shape is not None and all(d is not None for d in self.shape)
+
+
+@dataclasses.dataclass(eq=False)
+class Op:
+    """One node. Mutate edges only through :class:`Graph` methods."""
+
+    name: str
+    type: str
+    device: str
+    inputs: list[TensorRef]
+    control_inputs: list[str]
+    attrs: Any  # the NodeDef's attr map (protobuf), kept untouched
+    outputs: tuple[TensorInfo, ...]
+    node_def: Any = None  # the original NodeDef (attrs, experimental debug info)
+
+    def output(self, index: int = 0) -> TensorRef:
+        if not 0 <= index < len(self.outputs):
+            raise GraphError(f"op {self.name!r} ({self.type}) has no output {index}")
+        return TensorRef(self.name, index)
+
+
+class Graph:
+    """A mutable, ordered set of ops with a consumer index.
+
+    ``library`` and ``versions`` carry the GraphDef's function library and
+    version stamps through unchanged.
+    """
+
+    def __init__(self, library: Any = None, versions: Any = None):
+        self._ops: dict[str, Op] = {}
+        self._consumers: dict[TensorRef, list[tuple[str, int]]] = {}
+        self._control_consumers: dict[str, list[str]] = {}
+        self.library = library
+        self.versions = versions
+
+    # ----------------------------------------------------------------- access
+    def __contains__(self, name: str) -> bool:
+        return name in self._ops
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def __iter__(self) -> Iterator[Op]:
+        return iter(self._ops.values())
+
+    @property
+    def ops(self) -> list[Op]:
+        return list(self._ops.values())
+
+    def op(self, name: str) -> Op:
+        try:
+            return self._ops[name]
+        except KeyError:
+            raise GraphError(f"no op named {name!r} in the graph") from None
+
+    def tensor(self, ref: TensorRef | str) -> TensorInfo:
+        ref = TensorRef.parse(ref) if isinstance(ref, str) else ref
+        op = self.op(ref.op)
+        if not 0 <= ref.index < len(op.outputs):
+            raise GraphError(f"op {ref.op!r} ({op.type}) has no output {ref.index}")
+        return op.outputs[ref.index]
+
+    def consumers(self, ref: TensorRef) -> list[tuple[str, int]]:
+        """Data consumers of ``ref`` as ``(op name, input index)``, in op order."""
+        return list(self._consumers.get(ref, ()))
+
+    def control_consumers(self, name: str) -> list[str]:
+        return list(self._control_consumers.get(name, ()))
+
+    def tensors(self) -> Iterator[TensorRef]:
+        for op in self._ops.values():
+            for i in range(len(op.outputs)):
+                yield TensorRef(op.name, i)
+
+    # ------------------------------------------------------------------ edits
+    def add_op(self, name: str, type: str, *, inputs: Sequence[TensorRef] = (),
+               control_inputs: Sequence[str] = (), device: str = "", attrs: Any = None,
+               outputs: Sequence[TensorInfo] = (), node_def: Any = None) -> Op:
+        """Append a new op; its inputs must already exist."""
+        if name in self._ops:
+            raise GraphError(f"an op named {name!r} already exists")
+        op = Op(name=name, type=type, device=device, inputs=[], control_inputs=[],
+                attrs=attrs if attrs is not None else {}, outputs=tuple(outputs), node_def=node_def)
+        self._ops[name] = op
+        for ref in inputs:
+            self._check_ref(ref, for_op=name)
+            op.inputs.append(ref)
+            self._consumers.setdefault(ref, []).append((name, len(op.inputs) - 1))
+        for src in control_inputs:
+            self.add_control_input(name, src)
+        return op
+
+    def set_input(self, op_name: str, index: int, ref: TensorRef) -> None:
+        """Make input ``index`` of ``op_name`` read ``ref`` instead."""
+        op = self.op(op_name)
+        if not 0 <= index < len(op.inputs):
+            raise GraphError(f"op {op_name!r} has no input {index}")
+        self._check_ref(ref, for_op=op_name)
+        old = op.inputs[index]
+        self._consumers[old].remove((op_name, index))
+        if not self._consumers[old]:
+            del self._consumers[old]
+        op.inputs[index] = ref
+        self._consumers.setdefault(ref, []).append((op_name, index))
+
+    def add_control_input(self, op_name: str, src: str) -> None:
+        """Add a control edge ``src -> op_name`` (no-op if present)."""
+        op = self.op(op_name)
+        if src not in self._ops:
+            raise GraphError(f"control input {src!r} of {op_name!r} does not exist")
+        if src == op_name:
+            raise GraphError(f"op {op_name!r} cannot be its own control input")
+        if src not in op.control_inputs:
+            op.control_inputs.append(src)
+            self._control_consumers.setdefault(src, []).append(op_name)
+
+    def remove_op(self, name: str) -> None:
+        """Remove an op that nothing consumes."""
+        op = self.op(name)
+        users = [c for i in range(len(op.outputs)) for c in self._consumers.get(TensorRef(name, i), ())]
+        if users or self._control_consumers.get(name):
+            raise GraphError(f"cannot remove {name!r}: it still has consumers "
+                             f"{sorted({u for u, _ in users} | set(self._control_consumers.get(name, ())))}")
+        for i, ref in enumerate(op.inputs):
+            self._consumers[ref].remove((name, i))
+            if not self._consumers[ref]:
+                del self._consumers[ref]
+        for src in op.control_inputs:
+            self._control_consumers[src].remove(name)
+        del self._ops[name]
+
+    def copy(self) -> "Graph":
+        """A structural copy: new Op records, shared (immutable) attrs and TensorInfos."""
+        new = Graph(self.library, self.versions)
+        for op in self._ops.values():
+            new._ops[op.name] = dataclasses.replace(
+                op, inputs=list(op.inputs), control_inputs=list(op.control_inputs))
+        new._consumers = {k: list(v) for k, v in self._consumers.items()}
+        new._control_consumers = {k: list(v) for k, v in self._control_consumers.items()}
+        return new
+
+    def _check_ref(self, ref: TensorRef, *, for_op: str) -> None:
+        src = self._ops.get(ref.op)
+        if src is None:
+            raise GraphError(f"input {ref.name!r} of {for_op!r} names no op in the graph")
+        if not 0 <= ref.index < len(src.outputs):
+            raise GraphError(f"input {ref.name!r} of {for_op!r}: op {ref.op!r} ({src.type}) "
+                             f"has only {len(src.outputs)} outputs")
+
+    # ---------------------------------------------------------------- queries
+    def predecessors(self, name: str) -> list[str]:
+        """Data and control predecessors of ``name`` (deduplicated, in order)."""
+        op = self.op(name)
+        return list(dict.fromkeys([r.op for r in op.inputs] + op.control_inputs))
+
+    def successors(self, name: str) -> list[str]:
+        op = self.op(name)
+        out = [c for i in range(len(op.outputs)) for c, _ in self._consumers.get(TensorRef(name, i), ())]
+        out += self._control_consumers.get(name, [])
+        return list(dict.fromkeys(out))
+
+    def topological_order(self) -> list[str]:
+        """Kahn's algorithm over data and control edges; ties keep graph order.
+
+        Raises :class:`GraphError` naming ops on a cycle.
+        """
+        index = {name: i for i, name in enumerate(self._ops)}
+        indegree = {name: len(self.predecessors(name)) for name in self._ops}
+        ready = [name for name, d in indegree.items() if d == 0]
+        order: list[str] = []
+        heap = [(index[n], n) for n in ready]
+        heapq.heapify(heap)
+        while heap:
+            _, name = heapq.heappop(heap)
+            order.append(name)
+            for succ in self.successors(name):
+                indegree[succ] -= 1
+                if indegree[succ] == 0:
+                    heapq.heappush(heap, (index[succ], succ))
+        if len(order) != len(self._ops):
+            stuck = sorted(n for n, d in indegree.items() if d > 0)
+            raise GraphError(f"the graph has a cycle through {len(stuck)} ops, e.g. {stuck[:5]}; "
+                             "TF1 loops (NextIteration) are not supported: use TF2 control flow (tf.while_loop "
+                             "inside tf.function)")
+        return order
+
+    def to_networkx(self):
+        """A ``networkx.DiGraph`` over op names (data and control edges)."""
+        import networkx as nx
+        g = nx.DiGraph()
+        g.add_nodes_from(self._ops)
+        for name in self._ops:
+            g.add_edges_from((p, name) for p in self.predecessors(name))
+        return g
+
+    def lint(self) -> None:
+        """Check invariants; raise :class:`GraphError` naming the first violation."""
+        expected: dict[TensorRef, list[tuple[str, int]]] = {}
+        expected_ctrl: dict[str, list[str]] = {}
+        for op in self._ops.values():
+            for i, ref in enumerate(op.inputs):
+                self._check_ref(ref, for_op=op.name)
+                expected.setdefault(ref, []).append((op.name, i))
+            if len(set(op.control_inputs)) != len(op.control_inputs):
+                raise GraphError(f"op {op.name!r} lists a control input twice")
+            for src in op.control_inputs:
+                if src not in self._ops:
+                    raise GraphError(f"control input {src!r} of {op.name!r} names no op in the graph")
+                expected_ctrl.setdefault(src, []).append(op.name)
+        if {k: sorted(v) for k, v in expected.items()} != {k: sorted(v) for k, v in self._consumers.items()}:
+            stale = {k for k in set(expected) | set(self._consumers)
+                     if sorted(expected.get(k, [])) != sorted(self._consumers.get(k, []))}
+            bad = sorted(str(k) for k in stale)[:5]
+            raise GraphError(f"consumer index is stale for tensors {bad}")
+        if {k: sorted(v) for k, v in expected_ctrl.items()} != \
+                {k: sorted(v) for k, v in self._control_consumers.items() if v}:
+            raise GraphError("control-consumer index is stale")
+        self.topological_order()
+
+
+def ops_of_types(graph: Graph, types: Iterable[str]) -> list[Op]:
+    wanted = set(types)
+    return [op for op in graph if op.type in wanted]

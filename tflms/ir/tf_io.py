@@ -1,0 +1,242 @@
+"""Reading TensorFlow graphs into the IR and writing them back.
+
+Sources: a ``tf.function`` (with example arguments), a ``ConcreteFunction``, a
+``GraphDef`` or a ``FunctionDef``. Dtypes and static shapes come from
+TensorFlow's own shape inference (the graph is imported into a scratch
+``tf.Graph`` when it does not come from one).
+
+Writing back an unmodified IR reproduces every ``NodeDef`` (type, device,
+inputs, control inputs, attributes) and the function library, so the graph runs
+bitwise-identically to the original.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tflms.errors import GraphError
+from tflms.ir.graph import Graph, TensorInfo, TensorRef
+
+logger = logging.getLogger(__name__)
+
+#: NodeDef attributes that mark ops grappler must keep (TF1's protection).
+DO_NOT_REMOVE_ATTR = "_grappler_do_not_remove"
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionSignature:
+    """How a traced function's graph meets its caller.
+
+    ``input_names``: placeholder op names in the order of ``FuncGraph.inputs``
+    (arguments first, then one per captured tensor); ``num_captures`` of them
+    are captures. ``output_names``: tensor names of ``FuncGraph.outputs``.
+    ``control_output_names``: ops the function must run (stateful updates).
+    """
+
+    input_names: tuple[str, ...]
+    num_captures: int
+    output_names: tuple[str, ...]
+    control_output_names: tuple[str, ...]
+
+
+def _tf():
+    import tensorflow as tf  # imported lazily: tflms.ir.graph must not need TF
+    return tf
+
+
+def _tensor_info(tf_tensor, batch_size: int | None) -> TensorInfo:
+    tf = _tf()
+    dtype = tf_tensor.dtype
+    shape = tf_tensor.shape
+    dims = None if shape.rank is None else tuple(shape.as_list())
+    num_bytes = None
+    if dims is not None and dtype not in (tf.resource, tf.variant, tf.string):
+        resolved = list(dims)
+        if resolved and resolved[0] is None and batch_size is not None:
+            resolved[0] = batch_size
+        if all(d is not None for d in resolved):
+            count = 1
+            for d in resolved:
+                count *= d
+            num_bytes = count * dtype.size
+    return TensorInfo(dtype=dtype.name, shape=dims, num_bytes=num_bytes)
+
+
+def _split_input(name: str) -> tuple[bool, str]:
+    return (True, name[1:]) if name.startswith("^") else (False, name)
+
+
+def from_tf_graph(tf_graph, graph_def=None, *, batch_size: int | None = None) -> Graph:
+    """Read ``tf_graph`` (a ``tf.Graph``) into the IR.
+
+    ``graph_def`` (default ``tf_graph.as_graph_def()``) supplies the NodeDefs in
+    order; ``tf_graph`` supplies dtypes and static shapes. An unknown leading
+    dimension counts as ``batch_size`` when computing byte sizes.
+    """
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
+        raise GraphError(f"batch_size must be a positive int, got {batch_size!r}")
+    if graph_def is None:
+        graph_def = tf_graph.as_graph_def()
+    graph = Graph(library=graph_def.library, versions=graph_def.versions)
+    pending_ctrl: list[tuple[str, str]] = []
+    # NodeDefs may list inputs before their producers: add ops first, then wire.
+    wiring: list[tuple[str, list[str]]] = []
+    for node in graph_def.node:
+        try:
+            tf_op = tf_graph.get_operation_by_name(node.name)
+        except KeyError:
+            raise GraphError(f"node {node.name!r} is in the GraphDef but not in the TF graph") from None
+        outputs = tuple(_tensor_info(t, batch_size) for t in tf_op.outputs)
+        graph.add_op(node.name, node.op, device=node.device, attrs=node.attr, outputs=outputs, node_def=node)
+        wiring.append((node.name, list(node.input)))
+    for name, inputs in wiring:
+        op = graph.op(name)
+        for raw in inputs:
+            is_ctrl, src = _split_input(raw)
+            if is_ctrl:
+                pending_ctrl.append((name, src))
+            else:
+                ref = TensorRef.parse(src)
+                graph._check_ref(ref, for_op=name)  # noqa: SLF001 - building the index
+                op.inputs.append(ref)
+                graph._consumers.setdefault(ref, []).append((name, len(op.inputs) - 1))  # noqa: SLF001
+    for name, src in pending_ctrl:
+        graph.add_control_input(name, src)
+    return graph
+
+
+def from_graph_def(graph_def, *, batch_size: int | None = None) -> Graph:
+    """Read a ``GraphDef``; it is imported into a scratch graph for shapes."""
+    tf = _tf()
+    scratch = tf.Graph()
+    with scratch.as_default():
+        try:
+            tf.graph_util.import_graph_def(graph_def, name="")
+        except (ValueError, tf.errors.OpError) as err:
+            raise GraphError(f"TensorFlow cannot import this GraphDef: {err}. Check that every op is "
+                             "registered in this TensorFlow build and that inputs name existing nodes") from err
+    return from_tf_graph(scratch, graph_def, batch_size=batch_size)
+
+
+def from_function_def(function_def, *, batch_size: int | None = None,
+                      input_shapes: Sequence[Any] | None = None) -> Graph:
+    """Read a ``FunctionDef``; its arguments become placeholders.
+
+    ``input_shapes`` (one ``TensorShape``-like per argument) fills in argument
+    shapes the FunctionDef does not record.
+    """
+    from tensorflow.python.framework import function_def_to_graph
+    try:
+        func_graph = function_def_to_graph.function_def_to_graph(function_def, input_shapes=input_shapes)
+    except Exception as err:  # TF raises several types here
+        raise GraphError(f"cannot read FunctionDef {function_def.signature.name!r}: {err}") from err
+    graph = from_tf_graph(func_graph, batch_size=batch_size)
+    graph.signature = _signature_of(func_graph, num_captures=0)
+    return graph
+
+
+def _signature_of(func_graph, num_captures: int) -> FunctionSignature:
+    return FunctionSignature(
+        input_names=tuple(t.op.name for t in func_graph.inputs),
+        num_captures=num_captures,
+        output_names=tuple(t.name for t in func_graph.outputs),
+        control_output_names=tuple(op.name for op in func_graph.control_outputs),
+    )
+
+
+def from_concrete_function(concrete_function, *, batch_size: int | None = None) -> Graph:
+    """Read a ``ConcreteFunction``'s graph and remember its signature."""
+    func_graph = concrete_function.graph
+    graph = from_tf_graph(func_graph, batch_size=batch_size)
+    graph.signature = _signature_of(func_graph, num_captures=len(concrete_function.captured_inputs))
+    return graph
+
+
+def to_graph_def(graph: Graph):
+    """Write the IR as a ``GraphDef`` (NodeDefs in IR order)."""
+    from tensorflow.core.framework import graph_pb2, node_def_pb2
+    graph_def = graph_pb2.GraphDef()
+    if graph.versions is not None:
+        graph_def.versions.CopyFrom(graph.versions)
+    if graph.library is not None:
+        graph_def.library.CopyFrom(graph.library)
+    for op in graph:
+        node = graph_def.node.add()
+        if op.node_def is not None:
+            node.CopyFrom(op.node_def)
+            del node.input[:]
+        else:
+            for key, value in op.attrs.items():
+                node.attr[key].CopyFrom(value)
+        node.name, node.op, node.device = op.name, op.type, op.device
+        node.input.extend(ref.op if ref.index == 0 else ref.name for ref in op.inputs)
+        node.input.extend("^" + src for src in op.control_inputs)
+    del node_def_pb2  # imported for readers of this function: NodeDef is the node type
+    return graph_def
+
+
+def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Sequence[str] = (),
+                         name: str | None = None):
+    """Build a ``ConcreteFunction`` that runs ``graph`` in place of ``original``.
+
+    ``graph`` must come from :func:`from_concrete_function` of ``original`` (or a
+    rewrite of it). The new function captures the same variables, so running it
+    updates the caller's model. ``extra_control_outputs`` (e.g. swap nodes) are
+    made control outputs so that grappler keeps them.
+    """
+    tf = _tf()
+    from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
+    from tensorflow.python.framework import func_graph as func_graph_lib
+    from tensorflow.python.util import nest
+
+    sig: FunctionSignature | None = getattr(graph, "signature", None)
+    if sig is None:
+        raise GraphError("this IR graph was not read from a ConcreteFunction; use to_graph_def instead")
+    old_graph = original.graph
+    graph_def = to_graph_def(graph)
+    new_graph = func_graph_lib.FuncGraph(name or f"{old_graph.name}_lms")
+    num_args = len(sig.input_names) - sig.num_captures
+    with new_graph.as_default():
+        args = [tf.compat.v1.placeholder(t.dtype, t.shape, name=t.op.name)
+                for t in old_graph.inputs[:num_args]]
+        for new_t, old_t in zip(args, old_graph.inputs[:num_args]):
+            if old_t.dtype == tf.resource:
+                new_t._handle_data = old_t._handle_data  # noqa: SLF001 - keep resource dtype/shape info
+        captures = [new_graph.capture(h) for h in original.captured_inputs]
+        input_map = {name + ":0": t for name, t in zip(sig.input_names, args + captures)}
+        wanted = list(sig.output_names) + list(sig.control_output_names) + list(extra_control_outputs)
+        try:
+            imported = tf.graph_util.import_graph_def(graph_def, input_map=input_map, return_elements=wanted,
+                                                      name="")
+        except (ValueError, tf.errors.OpError) as err:
+            raise GraphError(f"TensorFlow rejected the rewritten graph: {err}") from err
+        outputs = imported[:len(sig.output_names)]
+        control_outputs = imported[len(sig.output_names):]
+    by_name = dict(zip(sig.output_names, outputs))
+
+    def _swap(t):
+        if isinstance(t, (tf.Tensor,)) and t.name in by_name:
+            return by_name[t.name]
+        return t
+
+    new_graph.inputs = args + captures
+    new_graph.outputs = list(outputs)
+    new_graph.control_outputs = list(control_outputs)
+    new_graph.structured_input_signature = old_graph.structured_input_signature
+    new_graph.structured_outputs = nest.map_structure(_swap, old_graph.structured_outputs, expand_composites=True)
+    new_graph.variables = old_graph.variables
+    attrs = _function_attrs(original)
+    return cf_lib.ConcreteFunction.from_func_graph(new_graph, original.function_type, attrs=attrs)
+
+
+def _function_attrs(original) -> Mapping[str, Any]:
+    """Function attributes worth keeping (e.g. ``_XlaMustCompile`` for jit_compile)."""
+    kept = {}
+    for key in ("_XlaMustCompile", "_noinline"):
+        value = original.function_def.attr.get(key) if original.function_def is not None else None
+        if value is not None:
+            kept[key] = value
+    return kept

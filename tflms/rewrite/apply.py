@@ -1,0 +1,63 @@
+"""Applying a :class:`~tflms.rewrite.plan.SwapPlan`: returns a new IR graph.
+
+Each swap becomes a copy op on the host (swap-out) reading the tensor and, per
+consumer group, a copy op on the accelerator (swap-in) reading the swap-out with
+a control input from its trigger. Consumers are rewired to their swap-in. The
+input graph is not modified.
+"""
+
+from __future__ import annotations
+
+from tflms.errors import GraphError
+from tflms.ir.graph import Graph, TensorRef
+from tflms.ir.tf_io import DO_NOT_REMOVE_ATTR
+from tflms.rewrite.plan import SwapPlan
+
+#: Op type used for swap copies. ``Identity`` lets TensorFlow insert the
+#: device-to-host and host-to-device transfers; ``DeepCopy`` allocates a new
+#: buffer even between devices that share memory (emulated measurement).
+DEFAULT_COPY_OP = "Identity"
+COPY_OPS = ("Identity", "DeepCopy")
+
+
+def _copy_attrs(dtype: str):
+    import tensorflow as tf
+    from tensorflow.core.framework import attr_value_pb2
+    return {"T": attr_value_pb2.AttrValue(type=tf.as_dtype(dtype).as_datatype_enum),
+            DO_NOT_REMOVE_ATTR: attr_value_pb2.AttrValue(b=True)}
+
+
+def apply_plan(graph: Graph, plan: SwapPlan, *, copy_op: str = DEFAULT_COPY_OP) -> Graph:
+    """Return a copy of ``graph`` with the plan's swap ops inserted."""
+    if copy_op not in COPY_OPS:
+        raise GraphError(f"copy_op must be one of {COPY_OPS}, got {copy_op!r}")
+    existing = [op.name for op in graph if op.name.startswith("lms/")]
+    if existing and plan.swaps:
+        raise GraphError(f"the graph already holds tflms swap ops (e.g. {existing[0]!r}); rewrite the "
+                         "original graph, not a rewritten one")
+    new = graph.copy()
+    for swap in plan.swaps:
+        info = new.tensor(swap.tensor)
+        attrs = _copy_attrs(swap.dtype)
+        new.add_op(swap.swap_out, copy_op, inputs=[swap.tensor], device=plan.config.host_device,
+                   attrs=attrs, outputs=[info])
+        for consumer in swap.sync_out_consumers:
+            new.add_control_input(consumer, swap.swap_out)
+        for group in swap.swap_ins:
+            new.add_op(group.name, copy_op, inputs=[TensorRef(swap.swap_out, 0)],
+                       control_inputs=[group.trigger] if group.trigger else [],
+                       device=plan.accelerator_device, attrs=attrs, outputs=[info])
+            members = set(group.consumers)
+            for consumer, index in new.consumers(swap.tensor):
+                if consumer in members:
+                    new.set_input(consumer, index, TensorRef(group.name, 0))
+    return new
+
+
+def inserted_op_names(plan: SwapPlan) -> list[str]:
+    """Names of every op the plan inserts, in insertion order."""
+    names = []
+    for swap in plan.swaps:
+        names.append(swap.swap_out)
+        names.extend(g.name for g in swap.swap_ins)
+    return names

@@ -1,0 +1,247 @@
+"""Swap planning with the TFLMS rules: pure, returns a :class:`SwapPlan`.
+
+For every forward tensor that may be swapped, the consumers whose level distance
+exceeds ``swapout_threshold`` read it back from host memory. Those consumers are
+grouped (``swapin_groupby``), and each group's swap-in is triggered by a control
+edge from an ancestor of the group's first consumer about ``swapin_ahead`` levels
+before it. Because the trigger's level is below every consumer's level and above
+the producer's, the new edges can never close a cycle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+from collections.abc import Sequence
+
+from tflms.analysis.cto import Analysis, Category
+from tflms.config import LMSConfig
+from tflms.errors import ConfigError
+from tflms.ir.graph import TensorRef
+
+logger = logging.getLogger(__name__)
+
+#: dtypes never swapped: handles and host-only data.
+NEVER_SWAP_DTYPES = frozenset({"resource", "variant", "string"})
+#: dtypes TensorFlow keeps in host memory on GPUs (shapes, indices).
+HOST_MEMORY_DTYPES = frozenset({"int32"})
+#: producers whose outputs are constants or alias resident buffers.
+NO_SWAP_PRODUCERS = {"Const": "constant", "HostConst": "constant", "ReadVariableOp": "variable-read",
+                     "VarHandleOp": "variable-read", "Placeholder": "function-input",
+                     "_Arg": "function-input"}
+#: producers whose outputs TF keeps on the host.
+HOST_PRODUCERS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradientArgs", "TensorListLength"})
+
+
+@dataclasses.dataclass(frozen=True)
+class SwapInGroup:
+    """One swap-in op feeding a group of consumers."""
+
+    name: str
+    consumers: tuple[str, ...]
+    consumer_levels: tuple[int, ...]
+    trigger: str | None
+    trigger_level: int | None
+    sync: bool
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class SwapDecision:
+    """Swap one tensor out once and back in for each consumer group."""
+
+    tensor: TensorRef
+    dtype: str
+    num_bytes: int
+    producer_level: int
+    swap_out: str
+    sync_out_consumers: tuple[str, ...]
+    swap_ins: tuple[SwapInGroup, ...]
+
+    @property
+    def consumer_levels(self) -> tuple[int, ...]:
+        return tuple(level for g in self.swap_ins for level in g.consumer_levels)
+
+
+@dataclasses.dataclass(frozen=True)
+class Skip:
+    """A candidate tensor left alone, with a reason code and a sentence."""
+
+    tensor: TensorRef
+    reason: str
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SwapPlan:
+    """What the rewriter will do; built by :func:`plan_swaps`, applied by ``apply_plan``."""
+
+    config: LMSConfig
+    accelerator_device: str
+    swaps: tuple[SwapDecision, ...]
+    skipped: tuple[Skip, ...]
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def swapped_bytes(self) -> int:
+        return sum(s.num_bytes for s in self.swaps)
+
+
+def swap_op_names(tensor: TensorRef) -> tuple[str, str]:
+    """Deterministic base names of a tensor's swap ops (swap-in gets ``_<group>``)."""
+    return f"lms/swap_out_{tensor.op}_{tensor.index}", f"lms/swap_in_{tensor.op}_{tensor.index}"
+
+
+def _in_scope(name: str, scope: str) -> bool:
+    return name == scope or name.startswith(scope + "/")
+
+
+def check_filters(analysis: Analysis, config: LMSConfig) -> list[str]:
+    """Validate include/exclude filters against the graph; return warnings.
+
+    An op type unknown to TensorFlow, or a scope that matches no op, is an error.
+    A known op type that is absent from this graph only warns.
+    """
+    graph = analysis.graph
+    present_types = {op.type for op in graph}
+    warnings = []
+    for field in ("include_types", "exclude_types"):
+        for op_type in getattr(config, field):
+            if op_type in present_types:
+                continue
+            if not _is_registered_op_type(op_type):
+                close = difflib.get_close_matches(op_type, sorted(present_types), n=3)
+                raise ConfigError(f"{field}: {op_type!r} is not a TensorFlow op type"
+                                  + (f"; did you mean {close}?" if close else ""))
+            warnings.append(f"{field}: no op of type {op_type!r} in this graph")
+    names = [op.name for op in graph]
+    for field in ("include_scopes", "exclude_scopes"):
+        for scope in getattr(config, field):
+            if not any(_in_scope(n, scope) for n in names):
+                prefixes = sorted({n.rsplit("/", 1)[0] for n in names if "/" in n})
+                close = difflib.get_close_matches(scope, prefixes, n=3)
+                raise ConfigError(f"{field}: no op is under the scope {scope!r}"
+                                  + (f"; did you mean {close}?" if close else ""))
+    return warnings
+
+
+def _is_registered_op_type(op_type: str) -> bool:
+    from tensorflow.python.framework import op_def_registry
+    return op_def_registry.get(op_type) is not None
+
+
+def skip_reason(analysis: Analysis, ref: TensorRef, config: LMSConfig) -> tuple[str, str] | None:
+    """Why ``ref`` must not be swapped, or ``None`` if it may be."""
+    graph = analysis.graph
+    op = graph.op(ref.op)
+    info = op.outputs[ref.index]
+    if info.dtype in NEVER_SWAP_DTYPES or info.dtype.endswith("_ref"):
+        return "dtype", f"{info.dtype} tensors are handles or host data, never swapped"
+    if op.type in NO_SWAP_PRODUCERS:
+        return NO_SWAP_PRODUCERS[op.type], f"output of {op.type}: swapping it frees no activation memory"
+    if info.dtype in HOST_MEMORY_DTYPES or op.type in HOST_PRODUCERS:
+        return "host-memory", f"{info.dtype} output of {op.type} is kept in host memory by TensorFlow"
+    if info.shape is None:
+        return "unknown-shape", "unknown rank: give the step concrete input shapes"
+    if len(info.shape) <= 1:
+        return "rank<=1", f"rank-{len(info.shape)} tensor (scalars, biases, shapes are not worth a copy)"
+    if info.num_bytes is None:
+        return "unknown-shape", (f"shape {list(info.shape)} is not fully known; pass batch_size=... or trace "
+                                 "with concrete input shapes")
+    if info.num_bytes < config.min_swap_bytes:
+        return "small", f"{info.num_bytes} bytes < min_swap_bytes={config.min_swap_bytes}"
+    if config.include_types and op.type not in config.include_types:
+        return "filtered", f"producer type {op.type} not in include_types"
+    if op.type in config.exclude_types:
+        return "filtered", f"producer type {op.type} is in exclude_types"
+    if config.include_scopes and not any(_in_scope(ref.op, s) for s in config.include_scopes):
+        return "filtered", "producer not under include_scopes"
+    if any(_in_scope(ref.op, s) for s in config.exclude_scopes):
+        return "filtered", "producer is under exclude_scopes"
+    return None
+
+
+def _group(consumers: Sequence[str], levels: dict[str, int], groupby: int) -> list[list[str]]:
+    groups: list[list[str]] = []
+    for name in sorted(consumers, key=lambda n: (levels[n], n)):
+        if groups and levels[name] - levels[groups[-1][0]] <= groupby:
+            groups[-1].append(name)
+        else:
+            groups.append([name])
+    return groups
+
+
+def find_trigger(analysis: Analysis, first_consumer: str, producer_level: int, target_level: int,
+                 exclude: frozenset[str] = frozenset()) -> str | None:
+    """The ancestor of ``first_consumer`` at the lowest level >= ``target_level``.
+
+    Only ops strictly after the producer's level qualify (earlier ones would not
+    delay the swap-in). Ties prefer backward ops, then the name. ``None`` if no
+    ancestor lies in the window.
+    """
+    graph, levels, cats = analysis.graph, analysis.levels, analysis.categories
+    floor = max(target_level, producer_level + 1)
+    seen = {first_consumer}
+    frontier = [first_consumer]
+    best: tuple[int, int, str] | None = None
+    while frontier:
+        nxt = []
+        for name in frontier:
+            for pred in graph.predecessors(name):
+                if pred in seen or levels[pred] < floor:
+                    continue
+                seen.add(pred)
+                nxt.append(pred)
+                if pred in exclude:
+                    continue
+                key = (levels[pred], 0 if cats[pred] is Category.BACKWARD else 1, pred)
+                if best is None or key < best:
+                    best = key
+        frontier = nxt
+    return None if best is None else best[2]
+
+
+def plan_swaps(analysis: Analysis, config: LMSConfig, *, accelerator_device: str) -> SwapPlan:
+    """Decide which tensors to swap and where to trigger their swap-ins."""
+    warnings = check_filters(analysis, config)
+    graph, levels = analysis.graph, analysis.levels
+    swaps: list[SwapDecision] = []
+    skipped: list[Skip] = []
+    for name in analysis.order:
+        if analysis.categories[name] is not Category.FORWARD:
+            continue
+        op = graph.op(name)
+        for index in range(len(op.outputs)):
+            ref = TensorRef(name, index)
+            consumers = sorted({c for c, _ in graph.consumers(ref)}, key=lambda n: (levels[n], n))
+            p_level = levels[name]
+            far = [c for c in consumers if levels[c] - p_level > config.swapout_threshold]
+            if not far:
+                continue
+            reason = skip_reason(analysis, ref, config)
+            if reason is not None:
+                skipped.append(Skip(ref, *reason))
+                continue
+            near = tuple(c for c in consumers if c not in far)
+            out_name, in_base = swap_op_names(ref)
+            groups = []
+            for gi, members in enumerate(_group(far, levels, config.swapin_groupby)):
+                first = members[0]
+                ahead = 1 if config.sync_swap_in else config.swapin_ahead
+                trigger = find_trigger(analysis, first, p_level, levels[first] - ahead)
+                note = ""
+                if trigger is None:
+                    note = (f"no op between the producer (level {p_level}) and {first!r} (level {levels[first]}) "
+                            "precedes it: the swap-in starts when the swap-out ends (synchronous fallback)")
+                groups.append(SwapInGroup(
+                    name=f"{in_base}_{gi}", consumers=tuple(members),
+                    consumer_levels=tuple(levels[m] for m in members), trigger=trigger,
+                    trigger_level=None if trigger is None else levels[trigger],
+                    sync=config.sync_swap_in or trigger is None, note=note))
+            swaps.append(SwapDecision(
+                tensor=ref, dtype=op.outputs[index].dtype, num_bytes=op.outputs[index].num_bytes,
+                producer_level=p_level, swap_out=out_name,
+                sync_out_consumers=near if config.sync_swap_out else (), swap_ins=tuple(groups)))
+    return SwapPlan(config=config, accelerator_device=accelerator_device, swaps=tuple(swaps),
+                    skipped=tuple(skipped), warnings=tuple(warnings))
