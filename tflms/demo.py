@@ -1,0 +1,122 @@
+"""The built-in demo: a small model's training step, with and without tflms.
+
+``run_demo`` builds the same model twice from one seed, trains one copy with
+``tf.function`` and the other with ``tflms.function`` on the same synthetic
+batch, and compares every weight bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable
+
+import numpy as np
+
+from tflms.config import LMSConfig
+from tflms.rewrite.report import RewriteReport
+
+logger = logging.getLogger(__name__)
+
+DEMO_MODELS = ("cnn", "mlp")
+
+
+def build_model(kind: str, *, seed: int = 0):
+    """A small Keras model: ``cnn`` (Conv2D+BatchNorm+ReLU blocks) or ``mlp``."""
+    import keras
+    keras.utils.set_random_seed(seed)
+    if kind == "cnn":
+        inputs = keras.Input((32, 32, 3))
+        h = inputs
+        for i, filters in enumerate((16, 32, 64)):
+            h = keras.layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"block{i}_conv")(h)
+            h = keras.layers.BatchNormalization(name=f"block{i}_bn")(h)
+            h = keras.layers.ReLU(name=f"block{i}_relu")(h)
+            h = keras.layers.MaxPooling2D(name=f"block{i}_pool")(h)
+        h = keras.layers.GlobalAveragePooling2D(name="gap")(h)
+        outputs = keras.layers.Dense(10, name="logits")(h)
+        return keras.Model(inputs, outputs, name="demo_cnn"), (32, 32, 3)
+    if kind == "mlp":
+        model = keras.Sequential([keras.Input((256,))] + [
+            keras.layers.Dense(512, activation="relu", name=f"dense_{i}") for i in range(4)
+        ] + [keras.layers.Dense(10, name="logits")], name="demo_mlp")
+        return model, (256,)
+    raise ValueError(f"unknown demo model {kind!r}; choose one of {DEMO_MODELS}")
+
+
+def make_train_step(model, optimizer) -> Callable:
+    """A custom-loop training step (forward, tape.gradient, optimizer update)."""
+    import keras
+    import tensorflow as tf
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    return train_step
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoResult:
+    model: str
+    steps: int
+    batch_size: int
+    losses_plain: tuple[float, ...]
+    losses_tflms: tuple[float, ...]
+    num_weights: int
+    mismatched_weights: tuple[str, ...]
+    max_abs_diff: float
+    report: RewriteReport
+
+    @property
+    def identical(self) -> bool:
+        return not self.mismatched_weights and self.losses_plain == self.losses_tflms
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "steps": self.steps, "batch_size": self.batch_size,
+                "identical": self.identical, "losses_plain": list(self.losses_plain),
+                "losses_tflms": list(self.losses_tflms), "num_weights": self.num_weights,
+                "mismatched_weights": list(self.mismatched_weights), "max_abs_diff": self.max_abs_diff,
+                "report": self.report.to_dict()}
+
+
+def run_demo(model: str = "cnn", *, steps: int = 3, batch_size: int = 32, config: LMSConfig | None = None,
+             seed: int = 0, progress: Callable[[str], None] | None = None) -> DemoResult:
+    """Train ``steps`` steps with and without tflms and compare the weights bitwise."""
+    import keras
+    import tensorflow as tf
+
+    import tflms
+    say = progress or (lambda msg: None)
+    config = config or LMSConfig()
+    rng = np.random.RandomState(seed)
+    runs = {}
+    for variant in ("plain", "tflms"):
+        net, input_shape = build_model(model, seed=seed)
+        optimizer = keras.optimizers.SGD(learning_rate=0.05, momentum=0.9)
+        step = make_train_step(net, optimizer)
+        fn = tf.function(step) if variant == "plain" else tflms.function(step, config=config)
+        runs[variant] = (net, optimizer, fn)
+    data = [(rng.standard_normal((batch_size, *input_shape)).astype("float32"),
+             rng.randint(0, 10, size=(batch_size,)).astype("int32")) for _ in range(steps)]
+    losses: dict[str, list[float]] = {"plain": [], "tflms": []}
+    for variant, (_, _, fn) in runs.items():
+        say(f"training {steps} steps of the {model} demo model ({variant})")
+        for x, y in data:
+            losses[variant].append(float(fn(tf.constant(x), tf.constant(y)).numpy()))
+    plain_vars = runs["plain"][0].weights + runs["plain"][1].variables
+    lms_vars = runs["tflms"][0].weights + runs["tflms"][1].variables
+    mismatched, max_diff = [], 0.0
+    for a, b in zip(plain_vars, lms_vars):
+        va, vb = a.numpy(), b.numpy()
+        if not np.array_equal(va, vb):
+            mismatched.append(a.path if hasattr(a, "path") else a.name)
+            max_diff = max(max_diff, float(np.max(np.abs(va.astype("float64") - vb.astype("float64")))))
+    report = runs["tflms"][2].report
+    return DemoResult(model=model, steps=steps, batch_size=batch_size, losses_plain=tuple(losses["plain"]),
+                      losses_tflms=tuple(losses["tflms"]), num_weights=len(plain_vars),
+                      mismatched_weights=tuple(mismatched), max_abs_diff=max_diff, report=report)

@@ -1,0 +1,80 @@
+"""Small hand-built IR graphs for tests, examples and benchmarks (no TensorFlow needed).
+
+:class:`GraphBuilder` adds ops with given shapes; :func:`mlp_training_graph`
+builds the structure of an MLP training step (forward chain, mirrored backward
+chain, one variable update per layer), whose levels and swaps can be worked out
+by hand and which scales to any number of ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tflms.ir.graph import Graph, TensorInfo, TensorRef
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+
+
+def tensor_info(shape: Sequence[int | None] | None, dtype: str = "float32") -> TensorInfo:
+    """TensorInfo with the byte size computed from a fully known shape."""
+    num_bytes = None
+    if shape is not None and all(d is not None for d in shape) and dtype in _DTYPE_BYTES:
+        num_bytes = _DTYPE_BYTES[dtype]
+        for d in shape:
+            num_bytes *= d
+    return TensorInfo(dtype=dtype, shape=None if shape is None else tuple(shape), num_bytes=num_bytes)
+
+
+class GraphBuilder:
+    """Append ops to an IR graph with one call each."""
+
+    def __init__(self) -> None:
+        self.graph = Graph()
+
+    def op(self, name: str, type: str, inputs: Sequence[TensorRef | str] = (), *,
+           control: Sequence[str] = (), shape: Sequence[int | None] | None = (32, 64), dtype: str = "float32",
+           num_outputs: int = 1) -> TensorRef:
+        refs = [TensorRef.parse(i) if isinstance(i, str) else i for i in inputs]
+        info = tensor_info(shape, dtype)
+        self.graph.add_op(name, type, inputs=refs, control_inputs=control, outputs=[info] * num_outputs)
+        return TensorRef(name, 0)
+
+
+def mlp_training_graph(num_layers: int, *, batch: int = 32, width: int = 64) -> Graph:
+    """An MLP training step's structure, ``9 * num_layers + 5`` ops.
+
+    Forward layer i: ``fw/ReadVariableOp_i`` (weight), ``fw/MatMul_i``,
+    ``fw/Relu_i``. Loss: ``loss/Sub``, ``loss/Mean``. Backward layer i (in
+    reverse): ``gradient_tape/ReluGrad_i``, ``gradient_tape/MatMul_i`` (input
+    gradient), ``gradient_tape/MatMul_1_i`` (weight gradient), then
+    ``opt/Mul_i`` and ``opt/AssignSubVariableOp_i``.
+    """
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+    b = GraphBuilder()
+    act = (batch, width)
+    w_shape = (width, width)
+    x = b.op("x", "Placeholder", shape=act)
+    y = b.op("y", "Placeholder", shape=act)
+    lr = b.op("lr", "Const", shape=())
+    handles, acts, pre = [], [x], []
+    h = x
+    for i in range(num_layers):
+        handle = b.op(f"var_{i}", "Placeholder", shape=(), dtype="resource")
+        w = b.op(f"fw/ReadVariableOp_{i}", "ReadVariableOp", [handle], shape=w_shape)
+        m = b.op(f"fw/MatMul_{i}", "MatMul", [h, w], shape=act)
+        h = b.op(f"fw/Relu_{i}", "Relu", [m], shape=act)
+        handles.append((handle, w))
+        pre.append(m)
+        acts.append(h)
+    diff = b.op("loss/Sub", "Sub", [h, y], shape=act)
+    b.op("loss/Mean", "Mean", [diff], shape=())
+    grad = diff
+    for i in reversed(range(num_layers)):
+        handle, w = handles[i]
+        g = b.op(f"gradient_tape/ReluGrad_{i}", "ReluGrad", [grad, acts[i + 1]], shape=act)
+        gw = b.op(f"gradient_tape/MatMul_1_{i}", "MatMul", [acts[i], g], shape=w_shape)
+        grad = b.op(f"gradient_tape/MatMul_{i}", "MatMul", [g, w], shape=act)
+        step = b.op(f"opt/Mul_{i}", "Mul", [gw, lr], shape=w_shape)
+        b.op(f"opt/AssignSubVariableOp_{i}", "AssignSubVariableOp", [handle, step], shape=None, num_outputs=0)
+    return b.graph
