@@ -80,7 +80,8 @@ def from_tf_graph(tf_graph, graph_def=None, *, batch_size: int | None = None) ->
         raise GraphError(f"batch_size must be a positive int, got {batch_size!r}")
     if graph_def is None:
         graph_def = tf_graph.as_graph_def()
-    graph = Graph(library=graph_def.library, versions=graph_def.versions)
+    graph = Graph(library=graph_def.library if graph_def.HasField("library") else None,
+                  versions=graph_def.versions if graph_def.HasField("versions") else None)
     pending_ctrl: list[tuple[str, str]] = []
     # NodeDefs may list inputs before their producers: add ops first, then wire.
     wiring: list[tuple[str, list[str]]] = []
