@@ -90,7 +90,10 @@ class Graph:
     """A mutable, ordered set of ops with a consumer index.
 
     ``library`` and ``versions`` carry the GraphDef's function library and
-    version stamps through unchanged.
+    version stamps through unchanged. ``signature`` (a
+    :class:`~tflms.ir.tf_io.FunctionSignature`) says how a traced function's
+    graph meets its caller; ``resource_bytes`` maps a variable handle tensor to
+    the variable's size. Both are ``None``/empty for plain graphs.
     """
 
     def __init__(self, library: Any = None, versions: Any = None):
@@ -99,6 +102,8 @@ class Graph:
         self._control_consumers: dict[str, list[str]] = {}
         self.library = library
         self.versions = versions
+        self.signature: Any = None
+        self.resource_bytes: dict[str, int] = {}
 
     # ----------------------------------------------------------------- access
     def __contains__(self, name: str) -> bool:
@@ -199,6 +204,8 @@ class Graph:
     def copy(self) -> "Graph":
         """A structural copy: new Op records, shared (immutable) attrs and TensorInfos."""
         new = Graph(self.library, self.versions)
+        new.signature = self.signature
+        new.resource_bytes = dict(self.resource_bytes)
         for op in self._ops.values():
             new._ops[op.name] = dataclasses.replace(
                 op, inputs=list(op.inputs), control_inputs=list(op.control_inputs))

@@ -153,7 +153,22 @@ def from_concrete_function(concrete_function, *, batch_size: int | None = None) 
     func_graph = concrete_function.graph
     graph = from_tf_graph(func_graph, batch_size=batch_size)
     graph.signature = _signature_of(func_graph, num_captures=len(concrete_function.captured_inputs))
+    graph.resource_bytes = _variable_bytes(concrete_function)
     return graph
+
+
+def _variable_bytes(concrete_function) -> dict[str, int]:
+    """Bytes of each captured variable, keyed by its placeholder's tensor name."""
+    by_handle = {}
+    for var in concrete_function.graph.variables:
+        handle = getattr(var, "handle", None)
+        if handle is not None and var.shape.is_fully_defined():
+            by_handle[id(handle)] = var.shape.num_elements() * var.dtype.size
+    sizes = {}
+    for external, internal in concrete_function.graph.captures:
+        if id(external) in by_handle:
+            sizes[internal.name] = by_handle[id(external)]
+    return sizes
 
 
 def to_graph_def(graph: Graph):
@@ -193,7 +208,7 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
     from tensorflow.python.framework import func_graph as func_graph_lib
     from tensorflow.python.util import nest
 
-    sig: FunctionSignature | None = getattr(graph, "signature", None)
+    sig: FunctionSignature | None = graph.signature
     if sig is None:
         raise GraphError("this IR graph was not read from a ConcreteFunction; use to_graph_def instead")
     old_graph = original.graph

@@ -115,9 +115,6 @@ def rewrite(source: Any, config: LMSConfig | None = None, *args: Any, copy_op: s
     t3 = time.perf_counter()
     new_graph = apply_plan(graph, plan, copy_op=copy_op)
     t4 = time.perf_counter()
-    sig = getattr(graph, "signature", None)
-    if sig is not None:
-        new_graph.signature = sig
     report = RewriteReport(plan=plan, graph_summary=analysis.summary(), inserted_ops=tuple(inserted_op_names(plan)),
                            timings_s={"load": t1 - t0, "analyze": t2 - t1, "plan": t3 - t2, "apply": t4 - t3})
     for w in plan.warnings:

@@ -1,0 +1,128 @@
+"""Hardware profiles: accelerator memory, compute, memory bandwidth and host link.
+
+Every figure is a vendor's nominal number, cited below; the simulator derates
+them by the profile's ``compute_efficiency`` / ``link_efficiency`` (what
+training kernels and pinned-memory copies reach in practice). Users define their
+own with :class:`HardwareProfile` or :func:`register_profile`.
+
+Sources:
+- V100: NVIDIA Tesla V100 datasheet (PCIe: 14 TFLOPS FP32, SXM2: 15.7 TFLOPS,
+  HBM2 900 GB/s). PCIe 3.0 x16: 15.75 GB/s per direction.
+- POWER9 AC922 with V100 SXM2 32GB: NVLink 2.0 CPU-GPU, 3 bricks x 25 GB/s = 75 GB/s
+  per direction (IBM AC922 redbook; the setting of the TFLMS paper).
+- A100 80GB PCIe: 19.5 TFLOPS FP32, 1935 GB/s HBM2e (NVIDIA A100 datasheet); PCIe 4.0 x16:
+  31.5 GB/s per direction.
+- H100 80GB PCIe: 51 TFLOPS FP32, 2.0 TB/s HBM2e (NVIDIA H100 datasheet); PCIe 5.0 x16:
+  63 GB/s per direction.
+- GH200 Grace Hopper: H100 with 96 GB HBM3 (67 TFLOPS FP32, 4 TB/s), NVLink-C2C 900 GB/s total,
+  450 GB/s per direction, 480 GB LPDDR5X host memory (NVIDIA GH200 datasheet).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tflms.errors import ConfigError
+from tflms.units import parse_bytes
+
+GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class HardwareProfile:
+    """One accelerator and its host link.
+
+    Attributes:
+      name: short id, e.g. ``v100-16gb-pcie3``.
+      memory_bytes: accelerator memory.
+      peak_flops: nominal FP32 FLOP/s.
+      memory_gbps: accelerator memory bandwidth, GB/s (1e9 bytes/s).
+      link_gbps: host link bandwidth per direction, GB/s (nominal).
+      link_latency_s: fixed cost of one host copy.
+      launch_overhead_s: fixed cost of one kernel.
+      compute_efficiency: fraction of peak FLOP/s and memory bandwidth kernels reach.
+      link_efficiency: fraction of nominal link bandwidth copies reach.
+      host_memory_bytes: host memory available for swapped tensors.
+      description: where the numbers come from.
+    """
+
+    name: str
+    memory_bytes: int
+    peak_flops: float
+    memory_gbps: float
+    link_gbps: float
+    link_latency_s: float = 10e-6
+    launch_overhead_s: float = 5e-6
+    compute_efficiency: float = 0.6
+    link_efficiency: float = 0.8
+    host_memory_bytes: int = 256 * GIB
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "memory_bytes", parse_bytes(self.memory_bytes, what=f"{self.name}.memory_bytes"))
+        object.__setattr__(self, "host_memory_bytes",
+                           parse_bytes(self.host_memory_bytes, what=f"{self.name}.host_memory_bytes"))
+        for field in ("peak_flops", "memory_gbps", "link_gbps"):
+            if not getattr(self, field) > 0:
+                raise ConfigError(f"profile {self.name!r}: {field} must be > 0, got {getattr(self, field)!r}")
+        for field in ("compute_efficiency", "link_efficiency"):
+            if not 0 < getattr(self, field) <= 1:
+                raise ConfigError(f"profile {self.name!r}: {field} must be in (0, 1], got {getattr(self, field)!r}")
+        for field in ("link_latency_s", "launch_overhead_s"):
+            if getattr(self, field) < 0:
+                raise ConfigError(f"profile {self.name!r}: {field} must be >= 0")
+
+    @property
+    def effective_flops(self) -> float:
+        return self.peak_flops * self.compute_efficiency
+
+    @property
+    def effective_memory_bytes_per_s(self) -> float:
+        return self.memory_gbps * 1e9 * self.compute_efficiency
+
+    @property
+    def effective_link_bytes_per_s(self) -> float:
+        return self.link_gbps * 1e9 * self.link_efficiency
+
+    def copy_time_s(self, num_bytes: int) -> float:
+        """Time of one host copy of ``num_bytes`` in one direction."""
+        return self.link_latency_s + num_bytes / self.effective_link_bytes_per_s
+
+
+_PROFILES: dict[str, HardwareProfile] = {}
+
+
+def register_profile(profile: HardwareProfile) -> HardwareProfile:
+    """Make ``profile`` available by name to :func:`get_profile` (and the CLI)."""
+    _PROFILES[profile.name] = profile
+    return profile
+
+
+for _p in (
+    HardwareProfile("v100-16gb-pcie3", 16 * GIB, 14e12, 900, 15.75, host_memory_bytes=256 * GIB,
+                    description="NVIDIA V100 16GB PCIe on PCIe 3.0 x16"),
+    HardwareProfile("v100-32gb-nvlink2", 32 * GIB, 15.7e12, 900, 75, host_memory_bytes=512 * GIB,
+                    description="NVIDIA V100 SXM2 32GB on IBM POWER9 AC922, NVLink 2.0 to the CPU (TFLMS paper setup)"),
+    HardwareProfile("a100-80gb-pcie4", 80 * GIB, 19.5e12, 1935, 31.5, host_memory_bytes=512 * GIB,
+                    description="NVIDIA A100 80GB PCIe on PCIe 4.0 x16"),
+    HardwareProfile("h100-80gb-pcie5", 80 * GIB, 51e12, 2000, 63, host_memory_bytes=1024 * GIB,
+                    description="NVIDIA H100 80GB PCIe on PCIe 5.0 x16"),
+    HardwareProfile("gh200", 96 * GIB, 67e12, 4000, 450, host_memory_bytes=480 * GIB,
+                    description="NVIDIA GH200 Grace Hopper: H100 96GB HBM3, NVLink-C2C to 480GB LPDDR5X"),
+):
+    register_profile(_p)
+
+
+def get_profile(profile: str | HardwareProfile) -> HardwareProfile:
+    """A profile by name (or the profile itself)."""
+    if isinstance(profile, HardwareProfile):
+        return profile
+    try:
+        return _PROFILES[profile]
+    except KeyError:
+        raise ConfigError(f"unknown hardware profile {profile!r}; known: {sorted(_PROFILES)} "
+                          "(or build a tflms.sim.HardwareProfile)") from None
+
+
+def profile_names() -> list[str]:
+    return sorted(_PROFILES)
