@@ -10,16 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tflms.ir.graph import Graph, TensorInfo, TensorRef
-
-_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
-
+from tflms.ir.graph import DTYPE_BYTES, Graph, TensorInfo, TensorRef
 
 def tensor_info(shape: Sequence[int | None] | None, dtype: str = "float32") -> TensorInfo:
     """TensorInfo with the byte size computed from a fully known shape."""
     num_bytes = None
-    if shape is not None and all(d is not None for d in shape) and dtype in _DTYPE_BYTES:
-        num_bytes = _DTYPE_BYTES[dtype]
+    if shape is not None and all(d is not None for d in shape) and dtype in DTYPE_BYTES:
+        num_bytes = DTYPE_BYTES[dtype]
         for d in shape:
             num_bytes *= d
     return TensorInfo(dtype=dtype, shape=None if shape is None else tuple(shape), num_bytes=num_bytes)

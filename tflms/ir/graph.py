@@ -45,6 +45,12 @@ class TensorRef:
         return self.name
 
 
+#: Bytes per element of TensorFlow dtypes (by ``tf.DType.name``).
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int16": 2,
+               "uint16": 2, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8, "bool": 1, "complex64": 8,
+               "complex128": 16, "qint8": 1, "quint8": 1, "qint32": 4, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
 @dataclasses.dataclass(frozen=True)
 class TensorInfo:
     """Static facts about one output tensor.
@@ -57,10 +63,31 @@ class TensorInfo:
     dtype: str
     shape: tuple[int | None, ...] | None
     num_bytes: int | None
+    batch_size: int | None = None  # resolves an unknown leading dimension
 
     @property
     def rank(self) -> int | None:
         return None if self.shape is None else len(self.shape)
+
+    @property
+    def resolved_shape(self) -> tuple[int | None, ...] | None:
+        """``shape`` with an unknown leading dimension replaced by ``batch_size``."""
+        if self.shape and self.shape[0] is None and self.batch_size is not None:
+            return (self.batch_size,) + self.shape[1:]
+        return self.shape
+
+    def with_batch_size(self, batch_size: int) -> "TensorInfo":
+        """This tensor at another batch size (only if its leading dimension is unknown)."""
+        if not self.shape or self.shape[0] is not None:
+            return self
+        dims = (batch_size,) + self.shape[1:]
+        size = DTYPE_BYTES.get(self.dtype)
+        num_bytes = None
+        if size is not None and all(d is not None for d in dims):
+            num_bytes = size
+            for d in dims:
+                num_bytes *= d
+        return TensorInfo(self.dtype, self.shape, num_bytes, batch_size)
 
     @property
     def fully_defined(self) -> bool:
@@ -200,6 +227,15 @@ class Graph:
         for src in op.control_inputs:
             self._control_consumers[src].remove(name)
         del self._ops[name]
+
+    def with_batch_size(self, batch_size: int) -> "Graph":
+        """A copy whose tensors with an unknown leading dimension are sized for ``batch_size``."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise GraphError(f"batch_size must be a positive int, got {batch_size!r}")
+        new = self.copy()
+        for op in new._ops.values():
+            op.outputs = tuple(info.with_batch_size(batch_size) for info in op.outputs)
+        return new
 
     def copy(self) -> "Graph":
         """A structural copy: new Op records, shared (immutable) attrs and TensorInfos."""

@@ -54,15 +54,11 @@ def _tensor_info(tf_tensor, batch_size: int | None) -> TensorInfo:
     dims = None if shape.rank is None else tuple(shape.as_list())
     num_bytes = None
     if dims is not None and dtype not in (tf.resource, tf.variant, tf.string):
-        resolved = list(dims)
-        if resolved and resolved[0] is None and batch_size is not None:
-            resolved[0] = batch_size
-        if all(d is not None for d in resolved):
-            count = 1
-            for d in resolved:
-                count *= d
-            num_bytes = count * dtype.size
-    return TensorInfo(dtype=dtype.name, shape=dims, num_bytes=num_bytes)
+        num_bytes = dtype.size
+        for d in dims:
+            num_bytes = None if d is None or num_bytes is None else num_bytes * d
+    info = TensorInfo(dtype=dtype.name, shape=dims, num_bytes=num_bytes)
+    return info.with_batch_size(batch_size) if batch_size is not None else info
 
 
 def _split_input(name: str) -> tuple[bool, str]:

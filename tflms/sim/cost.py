@@ -29,14 +29,14 @@ def _elements(shape) -> int:
 def _in_shape(graph: Graph, op: Op, index: int):
     if index >= len(op.inputs):
         return None
-    return graph.tensor(op.inputs[index]).shape
+    return graph.tensor(op.inputs[index]).resolved_shape
 
 
 def op_flops(graph: Graph, op: Op) -> float:
     """Floating-point operations of one execution of ``op`` (0 if unknown)."""
     if op.type in FREE_OPS:
         return 0.0
-    out = op.outputs[0].shape if op.outputs else None
+    out = op.outputs[0].resolved_shape if op.outputs else None
     out_elems = _elements(out)
     t = op.type
     if t == "MatMul" and out:
