@@ -58,6 +58,11 @@ class LMSConfig:
       accelerator_device: where swap-ins go; ``None`` means the first GPU, or the
         CPU (with a warning that nothing will be saved) when there is none.
       batch_size: resolves an unknown leading dimension when sizing tensors.
+      budget_bytes: accelerator memory budget (int bytes or "12GiB"; alias
+        ``budget``). Giving a budget or a profile turns on auto-tuning: the swap
+        parameters above are then searched (see :mod:`tflms.tune`).
+      profile: hardware profile to simulate (e.g. "v100-16gb-pcie3"); the budget
+        defaults to its memory. Default when tuning: ``v100-16gb-pcie3``.
     """
 
     swapout_threshold: int = 1
@@ -72,6 +77,8 @@ class LMSConfig:
     host_device: str = "/device:CPU:0"
     accelerator_device: str | None = None
     batch_size: int | None = None
+    budget_bytes: int | None = None
+    profile: str | None = None
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass normalisation
@@ -112,6 +119,19 @@ class LMSConfig:
                 self.batch_size, int) or self.batch_size <= 0):
             raise ConfigError(f"batch_size must be a positive int, got {self.batch_size!r}")
 
+        if self.budget_bytes is not None:
+            set_("budget_bytes", parse_bytes(self.budget_bytes, what="budget"))
+            if self.budget_bytes == 0:
+                raise ConfigError("budget must be positive, e.g. '12GiB'")
+        if self.profile is not None:
+            from tflms.sim.profiles import get_profile
+            get_profile(self.profile)  # raises ConfigError naming the known profiles
+
+    @property
+    def auto_tune(self) -> bool:
+        """True when a budget or profile asks the tuner to choose the swap parameters."""
+        return self.budget_bytes is not None or self.profile is not None
+
     @property
     def sync_swap_out(self) -> bool:
         return self.sync_mode in (SYNC_SWAP_OUT, SYNC_BOTH)
@@ -128,7 +148,14 @@ class LMSConfig:
 
     @classmethod
     def from_kwargs(cls, config: "LMSConfig | None" = None, **kwargs: Any) -> "LMSConfig":
-        """Build from a base config plus keyword overrides (unknown names are an error)."""
+        """Build from a base config plus keyword overrides (unknown names are an error).
+
+        ``budget`` is accepted as an alias of ``budget_bytes``.
+        """
+        if "budget" in kwargs:
+            if "budget_bytes" in kwargs:
+                raise ConfigError("give budget or budget_bytes, not both")
+            kwargs["budget_bytes"] = kwargs.pop("budget")
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - fields)
         if unknown:

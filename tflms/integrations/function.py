@@ -15,7 +15,6 @@ from typing import Any, Callable
 from tflms.config import LMSConfig
 from tflms.errors import DeviceError
 from tflms.ir import tf_io
-from tflms.rewrite.api import rewrite
 from tflms.rewrite.report import RewriteReport
 
 logger = logging.getLogger(__name__)
@@ -63,7 +62,8 @@ class LMSFunction:
         concrete = self.original_function.get_concrete_function(*args, **kwargs)
         traced = self._traced.get(id(concrete))
         if traced is None or traced.original is not concrete:
-            result = rewrite(concrete, self.config)
+            from tflms.tune.tuner import rewrite_for
+            result = rewrite_for(concrete, self.config)
             rewritten = tf_io.to_concrete_function(result.graph, concrete,
                                                    extra_control_outputs=result.report.inserted_ops)
             traced = _Traced(concrete, rewritten, result.report)
@@ -101,8 +101,9 @@ def function(fn: Callable | None = None, *, config: LMSConfig | None = None, **o
 
     Usable as ``@tflms.function``, ``@tflms.function(swapout_threshold=4)`` or
     ``tflms.function(step, config=cfg)``. Keyword options are
-    :class:`~tflms.config.LMSConfig` fields, or ``tf.function`` options
-    (``input_signature``, ``jit_compile``, ``reduce_retracing``, ...).
+    :class:`~tflms.config.LMSConfig` fields (``budget="12GiB"`` and/or
+    ``profile=...`` let the tuner choose the swap parameters), or ``tf.function``
+    options (``input_signature``, ``jit_compile``, ``reduce_retracing``, ...).
     """
     tf_options = {k: v for k, v in options.items() if k in TF_FUNCTION_OPTIONS}
     lms_config = LMSConfig.from_kwargs(config, **{k: v for k, v in options.items() if k not in TF_FUNCTION_OPTIONS})

@@ -19,6 +19,7 @@ class RewriteReport:
     graph_summary: dict[str, Any]
     inserted_ops: tuple[str, ...]
     timings_s: dict[str, float]
+    tuning: dict[str, Any] | None = None  # the tuner's summary when a budget chose the parameters
 
     @property
     def swaps(self):
@@ -64,6 +65,7 @@ class RewriteReport:
             "warnings": list(self.plan.warnings),
             "inserted_ops": list(self.inserted_ops),
             "timings_s": dict(self.timings_s),
+            "tuning": self.tuning,
         }
 
     def to_json(self, **kwargs: Any) -> str:
@@ -74,6 +76,8 @@ class RewriteReport:
         lines = []
         g = self.graph_summary
         lines.append(f"graph: {g.get('ops')} ops, {g.get('levels')} levels, categories {g.get('categories')}")
+        if self.tuning:
+            lines.append(f"tuning: {self.tuning['reason']}")
         lines.append(f"swapped: {self.num_swapped} tensors, {format_bytes(self.swapped_bytes)} "
                      f"-> accelerator {self.plan.accelerator_device}, host {self.plan.config.host_device}")
         if self.plan.swaps:

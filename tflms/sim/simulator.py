@@ -99,6 +99,11 @@ class SimResult:
     timeline: tuple[tuple[float, int, int], ...]  # (time, accelerator bytes, host bytes) after each change
     ops: tuple[OpRecord, ...]
     unknown_size_tensors: tuple[str, ...]
+    buffer_owner: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)  # tensor -> buffer
+
+    def tensors_sharing(self, owner: str) -> list[str]:
+        """Tensors that live in ``owner``'s buffer (aliases and forwarded outputs)."""
+        return sorted(t for t, o in self.buffer_owner.items() if o == owner)
 
     def fits(self, budget_bytes: int) -> bool:
         return self.peak_with_margin_bytes <= budget_bytes
@@ -352,7 +357,8 @@ def simulate(graph: Graph, profile: str | HardwareProfile, *, order: Sequence[st
         transient_peak_bytes=peak - resident_bytes, peak_with_margin_bytes=peak + margin, peak_time_s=peak_time,
         live_at_peak=live_at_peak, host_peak_bytes=host_peak, step_time_s=step_time, compute_time_s=compute_time,
         transfer_time_s=transfer_time, stall_time_s=stall, timeline=tuple(timeline), ops=tuple(records),
-        unknown_size_tensors=tuple(unknown))
+        unknown_size_tensors=tuple(unknown),
+        buffer_owner={r.name: o.name for r, o in buffer_of.items() if o != r})
 
 
 def compare(original: SimResult, rewritten: SimResult) -> Mapping[str, float]:

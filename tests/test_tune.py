@@ -1,0 +1,130 @@
+"""The budget-driven tuner on hand-built graphs and through tflms.function."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tflms
+from tflms.errors import BudgetError, ConfigError, UnitsError
+from tflms.sim import HardwareProfile, simulate
+from tflms.testing import mlp_training_graph
+from tflms.tune import STRATEGIES, tune
+
+PROFILE = "v100-16gb-pcie3"
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return mlp_training_graph(12, batch=1024, width=2048)
+
+
+@pytest.fixture(scope="module")
+def baseline(graph):
+    return simulate(graph, PROFILE)
+
+
+def test_fitting_step_is_left_alone(graph, baseline):
+    result = tune(graph, budget=baseline.peak_bytes, profile=PROFILE)
+    assert result.strategy == "none" and result.best.plan is None
+    assert "fits without swapping" in result.reason()
+    assert len(result.candidates) == 1
+
+
+def test_budget_below_peak_is_met_with_the_fastest_candidate(graph, baseline):
+    budget = int(baseline.peak_bytes * 0.8)
+    result = tune(graph, budget=budget, profile=PROFILE)
+    assert result.best.fits and result.best.sim.peak_with_margin_bytes <= budget
+    assert result.strategy in STRATEGIES
+    fitting = [c for c in result.candidates if c.fits]
+    assert result.best.sim.step_time_s == min(c.sim.step_time_s for c in fitting)
+    assert {c.strategy for c in result.candidates} >= {"none", "tflms-distance", "idle-time"}
+    # The rewritten graph the tuner returns is the one it simulated.
+    assert simulate(result.graph, PROFILE).peak_bytes == result.best.sim.peak_bytes
+    assert result.to_dict()["predicted_peak_bytes"] <= budget
+
+
+def test_distance_search_prefers_large_thresholds_and_stops_after_losing_fit(graph, baseline):
+    result = tune(graph, budget=int(baseline.peak_bytes * 0.8), profile=PROFILE, strategies=["tflms-distance"])
+    thresholds = [c.params["swapout_threshold"] for c in result.candidates if c.strategy == "tflms-distance"
+                  and c.params["swapin_ahead"] == 1 and c.params["swapin_groupby"] == 0]
+    assert thresholds[0] > thresholds[-1] and thresholds == sorted(thresholds, reverse=True)
+    assert all(c.params["sync_mode"] == 0 for c in result.candidates if c.strategy == "tflms-distance")
+
+
+def test_impossible_budget_names_the_smallest_that_would_fit(graph, baseline):
+    with pytest.raises(BudgetError) as err:
+        tune(graph, budget=baseline.resident_bytes, profile=PROFILE)
+    message = str(err.value)
+    assert "nothing fits the budget" in message and "give a budget of at least" in message
+    assert "Resident variables alone take 208.00 MiB" in message
+
+
+def test_slow_link_modes_and_idle_time_beats_distance_rules(graph):
+    slow = HardwareProfile("slow-link", "16GiB", 14e12, 900, 8)  # half of PCIe 3.0: not every copy hides
+    budget = int(simulate(graph, slow).peak_bytes * 0.8)
+    with pytest.raises(BudgetError):
+        tune(graph, budget=budget, profile=slow, strategies=["idle-time-no-overhead"])
+    idle = tune(graph, budget=budget, profile=slow, strategies=["idle-time"])
+    distance = tune(graph, budget=budget, profile=slow, strategies=["tflms-distance"])
+    assert idle.best.fits and distance.best.fits
+    assert 0 < idle.overhead < distance.overhead  # stick-to-limit pays for the fit, but less than TFLMS rules
+    assert tune(graph, budget=budget, profile=slow).strategy == "idle-time"
+
+
+def test_no_overhead_mode_on_a_fast_link(graph):
+    budget = int(simulate(graph, PROFILE).peak_bytes * 0.8)
+    result = tune(graph, budget=budget, profile=PROFILE, strategies=["idle-time-no-overhead"])
+    assert result.overhead <= 0.001 and result.best.fits
+
+
+@pytest.mark.parametrize("budget, error", [("12 parsecs", UnitsError), ("12", UnitsError), (-5, UnitsError),
+                                           (1.5e9, UnitsError)])
+def test_bad_budget_units(graph, budget, error):
+    with pytest.raises(error):
+        tune(graph, budget=budget, profile=PROFILE)
+
+
+def test_budget_in_config():
+    config = tflms.LMSConfig.from_kwargs(budget="12GiB")
+    assert config.budget_bytes == 12 * 2**30 and config.auto_tune
+    assert not tflms.LMSConfig().auto_tune
+    with pytest.raises(ConfigError, match="unknown hardware profile"):
+        tflms.LMSConfig(profile="tpu-v9")
+    with pytest.raises(ConfigError, match="not both"):
+        tflms.LMSConfig.from_kwargs(budget="1GiB", budget_bytes=5)
+
+
+def test_tflms_function_with_a_budget_trains_identically():
+    import keras
+    import tensorflow as tf
+
+    from tflms.ir import tf_io
+
+    def make():
+        keras.utils.set_random_seed(3)
+        model = keras.Sequential([keras.Input((64,))] + [keras.layers.Dense(256, activation="relu")
+                                                          for _ in range(4)] + [keras.layers.Dense(1)])
+        opt = keras.optimizers.SGD(0.01, momentum=0.9)
+
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            return loss
+        return model, step
+
+    x = tf.constant(np.linspace(-1, 1, 1024 * 64, dtype=np.float32).reshape(1024, 64))
+    y = tf.constant(np.linspace(0, 1, 1024, dtype=np.float32).reshape(1024, 1))
+    model_a, step_a = make()
+    plain = tf.function(step_a)
+    base = simulate(tf_io.from_concrete_function(plain.get_concrete_function(x, y)), PROFILE)
+    budget = base.peak_bytes - 2**18
+    model_b, step_b = make()
+    fn = tflms.function(step_b, budget=budget, profile=PROFILE)
+    for _ in range(3):
+        assert plain(x, y).numpy().tobytes() == fn(x, y).numpy().tobytes()
+    assert fn.report.tuning is not None and fn.report.tuning["predicted_peak_bytes"] <= budget
+    assert fn.report.num_swapped > 0
+    for a, b in zip(model_a.weights, model_b.weights):
+        assert np.array_equal(a.numpy(), b.numpy()), a.path

@@ -1,0 +1,203 @@
+"""Swap selection by idle time around the memory peak (SINGA / grappler style).
+
+A tensor alive at the peak but not read there *idles*: from its last access
+before the peak until its next access after it. Swapping it frees its bytes for
+that window; the copies cost ``2 * copy_time``. Its *duration of absence*
+``DOA = idle - 2 * copy_time`` says whether the copies can hide behind compute
+(``DOA > 0``), and the *area of absence* ``AOA = DOA * bytes`` how much
+memory-time it relieves. Candidates are ranked by AOA and picked greedily until
+the simulated peak fits the budget; the simulation is re-run after each round
+because the peak moves.
+
+Each swap-in is triggered by the latest ancestor of its consumer that ends at
+least one copy time before the consumer starts (so the copy finishes in time)
+but not before the peak (so the tensor is on the host at the peak).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+
+from tflms.analysis.cto import Analysis, Category
+from tflms.config import LMSConfig
+from tflms.ir.graph import TensorRef
+from tflms.rewrite.plan import SwapDecision, SwapInGroup, SwapPlan, skip_reason, swap_op_names
+from tflms.sim.profiles import HardwareProfile
+from tflms.sim.simulator import SimResult
+
+#: Modes from Zhang et al.: only swaps whose copies hide behind compute, or meet the budget at any cost.
+NO_OVERHEAD, STICK_TO_LIMIT = "no-overhead", "stick-to-limit"
+
+
+@dataclasses.dataclass(frozen=True)
+class SwapInChoice:
+    """One swap-in of a candidate: its consumers and trigger, decided on one simulation."""
+
+    consumers: tuple[str, ...]
+    trigger: str | None
+    on_time: bool  # the trigger ends a copy time before the first consumer starts
+
+
+@dataclasses.dataclass(frozen=True)
+class IdleCandidate:
+    """A tensor alive across the peak, with its idle window, scores and swap-in choices."""
+
+    tensor: TensorRef
+    num_bytes: int
+    last_before_s: float
+    next_after_s: float
+    copy_s: float
+    near: tuple[str, ...]
+    far: tuple[str, ...]
+    swap_ins: tuple[SwapInChoice, ...] = ()
+    produced_s: float = 0.0
+    peak_s: float = 0.0
+
+    @property
+    def idle_s(self) -> float:
+        return self.next_after_s - self.last_before_s
+
+    @property
+    def doa_s(self) -> float:
+        """Duration of absence: idle time left once both copies are paid."""
+        return self.idle_s - 2 * self.copy_s
+
+    @property
+    def aoa(self) -> float:
+        """Area of absence: DOA x bytes."""
+        return self.doa_s * self.num_bytes
+
+    @property
+    def hides(self) -> bool:
+        """Both copies fit in the idle window, off the peak, without delaying anything."""
+        return self.doa_s > 0 and self.produced_s + self.copy_s <= self.peak_s and all(
+            g.on_time for g in self.swap_ins)
+
+
+def idle_candidates(analysis: Analysis, sim: SimResult, profile: HardwareProfile, config: LMSConfig,
+                    exclude: Iterable[TensorRef] = ()) -> list[IdleCandidate]:
+    """Forward tensors alive at ``sim``'s peak with a read after it, best AOA first.
+
+    ``sim`` may be of a rewritten version of ``analysis.graph``: original ops keep
+    their names, so their simulated times apply.
+    """
+    graph = analysis.graph
+    spans = {r.name: (r.start_s, r.end_s) for r in sim.ops}
+    peak = sim.peak_time_s
+    excluded = set(exclude)
+    owners = {name for name, _ in sim.live_at_peak}
+    alive = {TensorRef.parse(name) for name in owners}
+    alive |= {TensorRef.parse(t) for t, owner in sim.buffer_owner.items() if owner in owners}
+    found = []
+    for ref in sorted(alive):
+        if ref in excluded or ref.op not in analysis.categories:
+            continue
+        if analysis.categories[ref.op] is not Category.FORWARD:
+            continue
+        if skip_reason(analysis, ref, config) is not None:
+            continue
+        consumers = sorted({c for c, _ in graph.consumers(ref)}, key=lambda c: (spans[c][0], c))
+        near = tuple(c for c in consumers if spans[c][0] <= peak)
+        far = tuple(c for c in consumers if spans[c][0] > peak)
+        if not far:
+            continue
+        last_before = max([spans[ref.op][1]] + [spans[c][1] for c in near])
+        if last_before > peak:  # read at the peak itself: it must stay
+            continue
+        size = graph.tensor(ref).num_bytes or 0
+        copy_s = profile.copy_time_s(size)
+        swap_ins = tuple(_swap_in_choices(analysis, ref.op, far, spans, copy_s, peak, config.swapin_groupby))
+        found.append(IdleCandidate(ref, size, last_before, spans[far[0]][0], copy_s, near, far, swap_ins,
+                                   produced_s=spans[ref.op][1], peak_s=peak))
+    found.sort(key=lambda c: (-c.aoa, c.tensor))
+    return found
+
+
+def _swap_in_choices(analysis: Analysis, producer: str, far: Sequence[str], spans, copy_s: float, peak_s: float,
+                     groupby: int) -> list[SwapInChoice]:
+    levels = analysis.levels
+    groups: list[list[str]] = []
+    for name in sorted(far, key=lambda n: (levels[n], n)):
+        if groups and levels[name] - levels[groups[-1][0]] <= groupby:
+            groups[-1].append(name)
+        else:
+            groups.append([name])
+    choices = []
+    for members in groups:
+        first = min(members, key=lambda n: (spans[n][0], n))
+        deadline = spans[first][0] - copy_s
+        trigger, on_time = _trigger(analysis, first, producer, deadline, peak_s, spans)
+        choices.append(SwapInChoice(tuple(members), trigger, on_time))
+    return choices
+
+
+def _trigger(analysis: Analysis, consumer: str, producer: str, deadline_s: float, peak_s: float,
+             spans: Mapping[str, tuple[float, float]]) -> tuple[str | None, bool]:
+    """The trigger of a swap-in for ``consumer``, and whether it is on time.
+
+    Wanted: the latest-ending ancestor of ``consumer`` (after ``producer``) that
+    ends by ``deadline_s`` and not before ``peak_s`` (a swap-in started before the
+    peak would be alive at it). If none, the earliest-ending ancestor after the
+    peak: the consumer then waits for the copy.
+    """
+    graph, levels = analysis.graph, analysis.levels
+    floor = levels[producer]
+    best: tuple[float, str] | None = None
+    after_peak: tuple[float, str] | None = None
+    seen = {consumer}
+    frontier = [consumer]
+    while frontier:
+        nxt = []
+        for name in frontier:
+            for pred in graph.predecessors(name):
+                if pred in seen or levels[pred] <= floor or pred not in spans:
+                    continue
+                seen.add(pred)
+                end = spans[pred][1]
+                if end < peak_s:
+                    continue
+                nxt.append(pred)
+                if end <= deadline_s and (best is None or (end, pred) > best):
+                    best = (end, pred)
+                if after_peak is None or (end, pred) < after_peak:
+                    after_peak = (end, pred)
+        frontier = nxt
+    if best is not None:
+        return best[1], True
+    return (None if after_peak is None else after_peak[1]), False
+
+
+def plan_idle(analysis: Analysis, selected: Iterable[IdleCandidate], config: LMSConfig,
+              accelerator_device: str, mode: str = STICK_TO_LIMIT) -> SwapPlan:
+    """A plan swapping ``selected`` tensors with their chosen triggers.
+
+    In ``stick-to-limit`` mode a tensor whose swap-out cannot finish before the
+    peak makes its near consumers wait for the copy (synchronous swap-out), so
+    that its buffer is really free at the peak.
+    """
+    levels = analysis.levels
+    selected = sorted(selected, key=lambda c: c.tensor)
+    # Swap-outs share one copy stream: a swap-out is late if the queue ahead of it
+    # keeps it from finishing before the peak it was chosen for.
+    late, stream_free = set(), 0.0
+    for cand in sorted(selected, key=lambda c: (c.produced_s, c.tensor)):
+        stream_free = max(stream_free, cand.produced_s) + cand.copy_s
+        if stream_free > cand.peak_s:
+            late.add(cand.tensor)
+    swaps = []
+    for cand in selected:
+        out_name, in_base = swap_op_names(cand.tensor)
+        swap_ins = tuple(SwapInGroup(
+            name=f"{in_base}_{gi}", consumers=choice.consumers,
+            consumer_levels=tuple(levels[m] for m in choice.consumers), trigger=choice.trigger,
+            trigger_level=None if choice.trigger is None else levels[choice.trigger], sync=not choice.on_time,
+            note="" if choice.on_time else "no trigger ends a copy time before the consumer and after the peak: "
+                                           "the consumer may wait")
+            for gi, choice in enumerate(cand.swap_ins))
+        sync_out = tuple(sorted(cand.near)) if mode == STICK_TO_LIMIT and cand.tensor in late else ()
+        swaps.append(SwapDecision(tensor=cand.tensor, dtype=analysis.graph.tensor(cand.tensor).dtype,
+                                  num_bytes=cand.num_bytes, producer_level=levels[cand.tensor.op], swap_out=out_name,
+                                  sync_out_consumers=sync_out, swap_ins=swap_ins))
+    return SwapPlan(config=config, accelerator_device=accelerator_device, swaps=tuple(swaps),
+                    skipped=(), warnings=())

@@ -1,0 +1,337 @@
+"""Budget-driven auto-tuning: pick the rewrite that fits with the least slowdown.
+
+Strategies (each evaluated with the simulator on the same graph):
+
+- ``none``: the original step, if it fits.
+- ``tflms-distance`` (TFLMS's search): thresholds from large to small until one
+  fits; then the largest ``swapin_ahead`` and ``swapin_groupby`` that still fit;
+  ``sync_mode`` is raised only when nothing asynchronous fits. Unlike TFLMS, every
+  fitting candidate is compared by simulated step time, not just by fit.
+- ``idle-time``: tensors ranked by how long they idle around the memory peak
+  (:mod:`tflms.tune.idle`), in ``stick-to-limit`` mode.
+- ``idle-time-no-overhead``: the same, but only swaps whose copies hide behind
+  compute; it fails rather than slow the step down.
+
+The winner is the fitting candidate with the smallest simulated step time (ties:
+fewer swapped bytes). When nothing fits, :class:`~tflms.errors.BudgetError`
+names the smallest budget any candidate reached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tflms.analysis.cto import Analysis, analyze_graph
+from tflms.config import LMSConfig
+from tflms.errors import BudgetError, ConfigError
+from tflms.ir.graph import Graph
+from tflms.rewrite.api import load_graph, resolve_accelerator
+from tflms.rewrite.apply import DEFAULT_COPY_OP, apply_plan
+from tflms.rewrite.plan import SwapPlan, plan_swaps
+from tflms.sim.profiles import HardwareProfile, get_profile
+from tflms.sim.simulator import SimOptions, SimResult, simulate
+from tflms.tune.idle import NO_OVERHEAD, STICK_TO_LIMIT, idle_candidates, plan_idle
+from tflms.units import format_bytes, parse_bytes
+
+logger = logging.getLogger(__name__)
+
+STRATEGIES = ("tflms-distance", "idle-time", "idle-time-no-overhead")
+#: Rounds of re-simulation the idle-time strategy may take (the peak moves after each).
+IDLE_MAX_ROUNDS = 12
+#: Extra bytes the idle-time strategy asks for per round beyond the overshoot, as a fraction.
+IDLE_OVERSHOOT_SLACK = 0.05
+#: Largest relative slowdown the no-overhead mode accepts (simulation round-off, not a real cost).
+NO_OVERHEAD_TOLERANCE = 0.001
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One evaluated configuration."""
+
+    strategy: str
+    params: dict[str, Any]
+    plan: SwapPlan | None
+    sim: SimResult
+    fits: bool
+    why_not: str = ""
+
+    @property
+    def swapped_bytes(self) -> int:
+        return 0 if self.plan is None else self.plan.swapped_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneResult:
+    """The tuner's choice and everything it tried."""
+
+    budget_bytes: int
+    profile: str
+    baseline: SimResult
+    best: Candidate
+    candidates: tuple[Candidate, ...]
+    graph: Graph  # the rewritten graph of the winner (the input graph if nothing is swapped)
+    analysis: Analysis
+
+    @property
+    def strategy(self) -> str:
+        return self.best.strategy
+
+    @property
+    def overhead(self) -> float:
+        return self.best.sim.overhead_vs(self.baseline)
+
+    @property
+    def config(self) -> LMSConfig | None:
+        return None if self.best.plan is None else self.best.plan.config
+
+    def reason(self) -> str:
+        if self.best.strategy == "none":
+            return (f"the step fits without swapping: predicted peak {format_bytes(self.baseline.peak_with_margin_bytes)}"
+                    f" <= budget {format_bytes(self.budget_bytes)}")
+        by_strategy = {}
+        for c in self.candidates:
+            if c.fits and (c.strategy not in by_strategy or c.sim.step_time_s < by_strategy[c.strategy].sim.step_time_s):
+                by_strategy[c.strategy] = c
+        others = ", ".join(f"{s} {100 * c.sim.overhead_vs(self.baseline):+.1f}%" for s, c in sorted(by_strategy.items())
+                           if s != self.best.strategy)
+        return (f"{self.best.strategy} fits {format_bytes(self.budget_bytes)} with predicted peak "
+                f"{format_bytes(self.best.sim.peak_with_margin_bytes)} and the lowest predicted overhead "
+                f"({100 * self.overhead:+.1f}%)" + (f"; best of the others: {others}" if others else "")
+                + f"; {len(self.candidates)} configurations simulated")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"budget_bytes": self.budget_bytes, "profile": self.profile, "strategy": self.strategy,
+                "params": self.best.params, "predicted_peak_bytes": self.best.sim.peak_with_margin_bytes,
+                "baseline_peak_bytes": self.baseline.peak_with_margin_bytes,
+                "predicted_step_time_s": self.best.sim.step_time_s, "baseline_step_time_s": self.baseline.step_time_s,
+                "overhead": self.overhead, "swapped_bytes": self.best.swapped_bytes,
+                "host_peak_bytes": self.best.sim.host_peak_bytes, "reason": self.reason(),
+                "candidates": [{"strategy": c.strategy, "params": c.params, "peak_bytes": c.sim.peak_with_margin_bytes,
+                                "step_time_s": c.sim.step_time_s, "fits": c.fits, "why_not": c.why_not}
+                               for c in self.candidates]}
+
+    def table(self) -> str:
+        lines = [f"budget {format_bytes(self.budget_bytes)} on {self.profile}: {self.reason()}",
+                 f"{'strategy':<24}{'params':<44}{'peak':>12}{'overhead':>10}  fits"]
+        for c in self.candidates:
+            params = ",".join(f"{k}={v}" for k, v in c.params.items())
+            lines.append(f"{c.strategy:<24}{params[:43]:<44}{format_bytes(c.sim.peak_with_margin_bytes):>12}"
+                         f"{100 * c.sim.overhead_vs(self.baseline):>9.1f}%  {'yes' if c.fits else 'no'}")
+        return "\n".join(lines)
+
+
+class _Evaluator:
+    def __init__(self, analysis: Analysis, profile: HardwareProfile, budget: int, host_budget: int,
+                 sim_options: SimOptions, base_config: LMSConfig, accelerator: str, copy_op: str,
+                 progress: Callable[[str], None] | None):
+        self.analysis, self.profile, self.budget, self.host_budget = analysis, profile, budget, host_budget
+        self.sim_options, self.base_config, self.accelerator, self.copy_op = (sim_options, base_config,
+                                                                             accelerator, copy_op)
+        self.progress = progress
+        self.candidates: list[Candidate] = []
+        self.graphs: dict[int, Graph] = {}
+
+    def run(self, strategy: str, params: dict[str, Any], plan: SwapPlan, *, max_overhead: float | None = None,
+            baseline: SimResult | None = None) -> Candidate:
+        graph = apply_plan(self.analysis.graph, plan, copy_op=self.copy_op)
+        sim = simulate(graph, self.profile, options=self.sim_options)
+        why = ""
+        if sim.peak_with_margin_bytes > self.budget:
+            why = f"peak {format_bytes(sim.peak_with_margin_bytes)} > budget"
+        elif sim.host_peak_bytes > self.host_budget:
+            why = f"host peak {format_bytes(sim.host_peak_bytes)} > host budget {format_bytes(self.host_budget)}"
+        elif max_overhead is not None and baseline is not None and sim.overhead_vs(baseline) > max_overhead:
+            why = f"overhead {100 * sim.overhead_vs(baseline):.2f}% in no-overhead mode"
+        cand = Candidate(strategy, params, plan, sim, fits=not why, why_not=why)
+        self.graphs[id(cand)] = graph
+        self.candidates.append(cand)
+        if self.progress:
+            self.progress(f"{strategy} {params}: peak {format_bytes(sim.peak_with_margin_bytes)}, "
+                          f"step {sim.step_time_s * 1e3:.2f} ms{'' if cand.fits else ' (' + why + ')'}")
+        return cand
+
+    def distance(self, **params: Any) -> Candidate:
+        config = self.base_config.replace(**params)
+        return self.run("tflms-distance", params, plan_swaps(self.analysis, config,
+                                                              accelerator_device=self.accelerator))
+
+
+def _threshold_ladder(analysis: Analysis) -> list[int]:
+    """Thresholds worth trying, largest first: the distinct far distances, thinned geometrically."""
+    levels = analysis.levels
+    max_distance = 1
+    for name in analysis.order:
+        for c in analysis.graph.successors(name):
+            max_distance = max(max_distance, levels[c] - levels[name])
+    ladder, t = [], max_distance - 1
+    while t >= 1:
+        ladder.append(t)
+        t = t * 2 // 3 if t > 3 else t - 1
+    return ladder or [1]
+
+
+def _powers(limit: int) -> list[int]:
+    out, v = [], 1
+    while v <= max(1, limit):
+        out.append(v)
+        v *= 2
+    return out
+
+
+def search_distance(ev: _Evaluator) -> None:
+    """TFLMS's search, choosing by simulated time among fitting candidates."""
+    ladder = _threshold_ladder(ev.analysis)
+    fitting: list[Candidate] = []
+    for sync_mode in (0, 1, 2, 3):
+        for threshold in ladder:
+            cand = ev.distance(swapout_threshold=threshold, swapin_ahead=1, swapin_groupby=0, sync_mode=sync_mode)
+            if cand.fits:
+                fitting.append(cand)
+            elif fitting:
+                break  # smaller thresholds only swap more: stop once fits have been found and lost
+        if fitting:
+            break
+    if not fitting:
+        return
+    best = min(fitting, key=lambda c: (c.sim.step_time_s, -c.params["swapout_threshold"]))
+    params = dict(best.params)
+    for name in ("swapin_ahead", "swapin_groupby"):
+        limit = max(1, ev.analysis.num_levels // 4)
+        chosen = best
+        for value in _powers(limit)[1:] if name == "swapin_ahead" else [0] + _powers(limit):
+            if name == "swapin_groupby" and value == params[name]:
+                continue
+            cand = ev.distance(**{**params, name: value})
+            if cand.fits and cand.sim.step_time_s <= chosen.sim.step_time_s:
+                chosen = cand
+            elif not cand.fits:
+                break
+        params = dict(chosen.params)
+        best = chosen
+
+
+def search_idle(ev: _Evaluator, baseline: SimResult, mode: str) -> None:
+    """Greedy idle-time selection, re-simulating as the peak moves.
+
+    Each round adds the best-scoring tensors alive at the current peak until
+    their bytes cover the overshoot. In no-overhead mode a round that makes the
+    step slower is retried with half as many new tensors; a single tensor that
+    still slows it down is dropped for good.
+    """
+    name = "idle-time" if mode == STICK_TO_LIMIT else "idle-time-no-overhead"
+    selected: dict = {}
+    rejected: set = set()
+    sim = baseline
+    for round_ in range(IDLE_MAX_ROUNDS):
+        need = sim.peak_with_margin_bytes - ev.budget
+        if need <= 0:
+            return
+        cands = idle_candidates(ev.analysis, sim, ev.profile, ev.base_config, exclude=set(selected) | rejected)
+        if mode == NO_OVERHEAD:
+            cands = [c for c in cands if c.hides]
+        if not cands:
+            return
+        batch, got = [], 0
+        for cand in cands:
+            batch.append(cand)
+            got += cand.num_bytes
+            if got >= need * (1 + IDLE_OVERSHOOT_SLACK):
+                break
+        while True:
+            trial = {**selected, **{c.tensor: c for c in batch}}
+            plan = plan_idle(ev.analysis, trial.values(), ev.base_config, ev.accelerator, mode)
+            result = ev.run(name, {"tensors": len(trial), "round": round_ + 1}, plan,
+                            max_overhead=NO_OVERHEAD_TOLERANCE if mode == NO_OVERHEAD else None,
+                            baseline=baseline)
+            if mode != NO_OVERHEAD or result.sim.overhead_vs(baseline) <= NO_OVERHEAD_TOLERANCE:
+                selected = trial
+                break
+            if len(batch) == 1:
+                rejected.add(batch[0].tensor)
+                break
+            batch = batch[:len(batch) // 2]
+        if result.fits:
+            return
+        sim = result.sim if selected is trial else sim
+
+
+def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str | HardwareProfile = "v100-16gb-pcie3",
+         config: LMSConfig | None = None, strategies: Sequence[str] = STRATEGIES, sim_options: SimOptions | None = None,
+         host_budget: int | str | None = None, copy_op: str = DEFAULT_COPY_OP,
+         progress: Callable[[str], None] | None = None) -> TuneResult:
+    """Find the rewrite of ``source`` that fits ``budget`` (default: the profile's memory) fastest.
+
+    ``config`` supplies the fixed options (filters, devices, ``min_swap_bytes``,
+    ``batch_size``); the swap parameters are searched. Raises
+    :class:`~tflms.errors.BudgetError` when nothing fits.
+    """
+    profile = get_profile(profile)
+    unknown = sorted(set(strategies) - set(STRATEGIES))
+    if unknown:
+        raise ConfigError(f"unknown tuning strategies {unknown}; choose from {list(STRATEGIES)}")
+    budget_bytes = profile.memory_bytes if budget is None else parse_bytes(budget, what="budget")
+    if budget_bytes <= 0:
+        raise ConfigError("budget must be positive")
+    host_bytes = profile.host_memory_bytes if host_budget is None else parse_bytes(host_budget, what="host_budget")
+    config = config or LMSConfig()
+    sim_options = sim_options or SimOptions(host_device=config.host_device)
+    graph = load_graph(source, *args, batch_size=config.batch_size)
+    analysis = analyze_graph(graph)
+    accelerator = config.accelerator_device or resolve_accelerator(config)[0]
+    if accelerator == config.host_device:
+        accelerator = "/device:GPU:0"  # planning for a GPU we do not have: the profile is the device
+    baseline = simulate(graph, profile, options=sim_options)
+    base = Candidate("none", {}, None, baseline, fits=baseline.peak_with_margin_bytes <= budget_bytes,
+                     why_not="" if baseline.peak_with_margin_bytes <= budget_bytes else "peak > budget")
+    ev = _Evaluator(analysis, profile, budget_bytes, host_bytes, sim_options, config, accelerator, copy_op, progress)
+    ev.candidates.append(base)
+    ev.graphs[id(base)] = graph
+    if not base.fits:
+        if "tflms-distance" in strategies:
+            search_distance(ev)
+        if "idle-time" in strategies:
+            search_idle(ev, baseline, STICK_TO_LIMIT)
+        if "idle-time-no-overhead" in strategies:
+            search_idle(ev, baseline, NO_OVERHEAD)
+    fitting = [c for c in ev.candidates if c.fits]
+    if not fitting:
+        smallest = min(ev.candidates, key=lambda c: c.sim.peak_with_margin_bytes)
+        raise BudgetError(
+            f"nothing fits the budget {format_bytes(budget_bytes)} on {profile.name}: the step needs "
+            f"{format_bytes(baseline.peak_with_margin_bytes)} without swapping and at least "
+            f"{format_bytes(smallest.sim.peak_with_margin_bytes)} with the best rewrite found "
+            f"({smallest.strategy} {smallest.params}); give a budget of at least that, or a smaller batch. "
+            f"Resident variables alone take {format_bytes(baseline.resident_bytes)}.")
+    best = min(fitting, key=lambda c: (c.sim.step_time_s, c.swapped_bytes, STRATEGIES.index(c.strategy)
+                                       if c.strategy in STRATEGIES else -1))
+    return TuneResult(budget_bytes=budget_bytes, profile=profile.name, baseline=baseline, best=best,
+                      candidates=tuple(ev.candidates), graph=ev.graphs[id(best)], analysis=analysis)
+
+
+def rewrite_for(source: Any, config: LMSConfig, *args: Any, copy_op: str = DEFAULT_COPY_OP,
+                progress: Callable[[str], None] | None = None):
+    """Rewrite ``source`` as ``config`` says: tuned for its budget/profile, or with its parameters as given.
+
+    Returns a :class:`~tflms.rewrite.api.RewriteResult` either way; after tuning,
+    ``report.tuning`` holds the tuner's summary.
+    """
+    import time
+
+    from tflms.rewrite.api import RewriteResult, rewrite
+    from tflms.rewrite.apply import inserted_op_names
+    from tflms.rewrite.report import RewriteReport
+    if not config.auto_tune:
+        return rewrite(source, config, *args, copy_op=copy_op)
+    t0 = time.perf_counter()
+    profile = config.profile or "v100-16gb-pcie3"
+    result = tune(source, *args, budget=config.budget_bytes, profile=profile, config=config, copy_op=copy_op,
+                  progress=progress)
+    plan = result.best.plan or SwapPlan(config=config, accelerator_device=config.accelerator_device or "",
+                                        swaps=(), skipped=())
+    report = RewriteReport(plan=plan, graph_summary=result.analysis.summary(),
+                           inserted_ops=tuple(inserted_op_names(plan)),
+                           timings_s={"tune": time.perf_counter() - t0}, tuning=result.to_dict())
+    return RewriteResult(graph=result.graph, analysis=result.analysis, report=report)
