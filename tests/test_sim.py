@@ -45,7 +45,7 @@ def test_chain_peak_without_forwarding():
     assert result.live_at_peak == (("a:0", 64), ("b:0", 64), ("c:0", 64))
 
 
-def swapped_chain(copy_s: float):
+def swapped_chain(copy_s: float, swapin_device: str = "/device:CPU:0"):
     """a is swapped out after it is made and back in (triggered by b) for its last consumer e."""
     b = GraphBuilder()
     x = b.op("x", "Placeholder", shape=T)
@@ -56,7 +56,7 @@ def swapped_chain(copy_s: float):
     del e
     g = b.graph
     g.add_op("out", "Identity", inputs=[TensorRef("a")], device="/device:CPU:0", outputs=[g.tensor("a:0")])
-    g.add_op("in", "Identity", inputs=[TensorRef("out")], control_inputs=["b"], device="/device:GPU:0",
+    g.add_op("in", "Identity", inputs=[TensorRef("out")], control_inputs=["b"], device=swapin_device,
              outputs=[g.tensor("a:0")])
     g.set_input("e", 0, TensorRef("in"))
     return g, unit_profile(copy_s)
@@ -67,11 +67,27 @@ def test_swap_that_hides_behind_compute():
     result = simulate(g, profile)
     spans = {r.name: (r.stream, r.start_s, r.end_s) for r in result.ops}
     assert spans["out"] == ("d2h", 1.0, 1.5)
-    assert spans["in"] == ("h2d", 2.0, 2.5)  # waits for its trigger b
+    assert spans["in"] == ("host", 2.0, 2.0)  # the host-side swap-in waits for its trigger b
+    assert spans["in/_recv"] == ("h2d", 2.0, 2.5)  # TensorFlow's _Recv copies it back then
     assert spans["e"] == ("compute", 3.0, 4.0)
     assert result.step_time_s == pytest.approx(4.0) and result.stall_time_s == 0
     assert result.host_peak_bytes == 64
     assert result.peak_bytes == 192
+
+
+def test_accelerator_side_swap_in_is_copied_back_at_once():
+    # TensorFlow's _Recv has no control inputs: the trigger only delays the Identity, not the copy.
+    g, profile = swapped_chain(copy_s=0.5, swapin_device="/device:GPU:0")
+    spans = {r.name: (r.stream, r.start_s, r.end_s) for r in simulate(g, profile).ops}
+    assert spans["out/_recv"] == ("h2d", 1.5, 2.0)
+
+
+def test_deep_copy_swap_in_is_the_copy_itself():
+    # The two-logical-CPU emulation: cross-device edges share buffers and DeepCopy allocates.
+    g, profile = swapped_chain(copy_s=0.5, swapin_device="/device:GPU:0")
+    g.op("in").type = "DeepCopy"
+    spans = {r.name: (r.stream, r.start_s, r.end_s) for r in simulate(g, profile).ops}
+    assert spans["in"] == ("h2d", 2.0, 2.5)
 
 
 def test_swap_that_stalls_the_consumer():
@@ -79,7 +95,7 @@ def test_swap_that_stalls_the_consumer():
     result = simulate(g, profile)
     spans = {r.name: (r.start_s, r.end_s) for r in result.ops}
     assert spans["out"] == (1.0, 3.0)
-    assert spans["in"] == (3.0, 5.0)
+    assert spans["in/_recv"] == (3.0, 5.0)
     assert spans["e"] == (5.0, 6.0)
     assert result.step_time_s == pytest.approx(6.0)
     assert result.stall_time_s == pytest.approx(2.0)

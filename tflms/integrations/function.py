@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import weakref
 from typing import Any, Callable
 
 from tflms.config import LMSConfig
@@ -55,6 +56,7 @@ class LMSFunction:
         self.original_function = tf.function(fn, **tf_function_options)
         self._traced: dict[int, _Traced] = {}
         self._last: _Traced | None = None
+        self._bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         functools.update_wrapper(self, fn)
         check_devices_exist(config)
 
@@ -87,13 +89,22 @@ class LMSFunction:
 
     @property
     def reports(self) -> list[RewriteReport]:
-        """One report per traced signature, in trace order."""
-        return [t.report for t in self._traced.values()]
+        """One report per traced signature, in trace order (for a method: of every bound instance too)."""
+        return [t.report for t in self._traced.values()] + [r for b in list(self._bound.values()) for r in b.reports]
 
     def __get__(self, instance, owner):
+        """Bind to ``instance`` like ``tf.function`` does: one traced function per instance."""
         if instance is None:
             return self
-        return functools.partial(self.__call__, instance)
+        bound = self._bound.get(instance)
+        if bound is None:
+            bound = LMSFunction.__new__(LMSFunction)
+            bound.config = self.config
+            bound.original_function = self.original_function.__get__(instance, owner)
+            bound._traced, bound._last, bound._bound = {}, None, weakref.WeakKeyDictionary()
+            functools.update_wrapper(bound, self.__wrapped__)
+            self._bound[instance] = bound
+        return bound
 
 
 def function(fn: Callable | None = None, *, config: LMSConfig | None = None, **options: Any):

@@ -1,9 +1,18 @@
 """Applying a :class:`~tflms.rewrite.plan.SwapPlan`: returns a new IR graph.
 
 Each swap becomes a copy op on the host (swap-out) reading the tensor and, per
-consumer group, a copy op on the accelerator (swap-in) reading the swap-out with
-a control input from its trigger. Consumers are rewired to their swap-in. The
-input graph is not modified.
+consumer group, a swap-in op reading the swap-out with a control input from its
+trigger. Consumers are rewired to their swap-in. The input graph is not modified.
+
+Where the swap-in runs matters. TensorFlow turns a cross-device edge into a
+``_Send``/``_Recv`` pair, and the ``_Recv`` on the consumer's device has no
+control inputs: it copies as soon as the data exists. A swap-in *on the
+accelerator* would therefore be copied back right after the swap-out, whatever
+its trigger. So by default the swap-in is an ``Identity`` *on the host*: the
+trigger delays it, and the host-to-accelerator copy (the ``_Recv`` feeding the
+consumers) can only start once it has run. For measurements on two logical CPU
+devices (which share buffers), ``DeepCopy`` swap-ins on the emulated accelerator
+make the copy explicit instead.
 """
 
 from __future__ import annotations
@@ -27,10 +36,24 @@ def _copy_attrs(dtype: str):
             DO_NOT_REMOVE_ATTR: attr_value_pb2.AttrValue(b=True)}
 
 
-def apply_plan(graph: Graph, plan: SwapPlan, *, copy_op: str = DEFAULT_COPY_OP) -> Graph:
-    """Return a copy of ``graph`` with the plan's swap ops inserted."""
+#: Where swap-in ops run: on the host (copy starts when triggered) or on the accelerator.
+SWAPIN_ON_HOST, SWAPIN_ON_ACCELERATOR = "host", "accelerator"
+
+
+def apply_plan(graph: Graph, plan: SwapPlan, *, copy_op: str = DEFAULT_COPY_OP,
+               swapin_on: str | None = None) -> Graph:
+    """Return a copy of ``graph`` with the plan's swap ops inserted.
+
+    ``swapin_on`` defaults to the host for ``Identity`` copies and to the
+    accelerator for ``DeepCopy`` (see the module doc).
+    """
     if copy_op not in COPY_OPS:
         raise GraphError(f"copy_op must be one of {COPY_OPS}, got {copy_op!r}")
+    if swapin_on is None:
+        swapin_on = SWAPIN_ON_HOST if copy_op == "Identity" else SWAPIN_ON_ACCELERATOR
+    if swapin_on not in (SWAPIN_ON_HOST, SWAPIN_ON_ACCELERATOR):
+        raise GraphError(f"swapin_on must be 'host' or 'accelerator', got {swapin_on!r}")
+    swapin_device = plan.config.host_device if swapin_on == SWAPIN_ON_HOST else plan.accelerator_device
     existing = [op.name for op in graph if op.name.startswith("lms/")]
     if existing and plan.swaps:
         raise GraphError(f"the graph already holds tflms swap ops (e.g. {existing[0]!r}); rewrite the "
@@ -46,7 +69,7 @@ def apply_plan(graph: Graph, plan: SwapPlan, *, copy_op: str = DEFAULT_COPY_OP) 
         for group in swap.swap_ins:
             new.add_op(group.name, copy_op, inputs=[TensorRef(swap.swap_out, 0)],
                        control_inputs=[group.trigger] if group.trigger else [],
-                       device=plan.accelerator_device, attrs=attrs, outputs=[info])
+                       device=swapin_device, attrs=attrs, outputs=[info])
             members = set(group.consumers)
             for consumer, index in new.consumers(swap.tensor):
                 if consumer in members:

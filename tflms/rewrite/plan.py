@@ -30,6 +30,9 @@ HOST_MEMORY_DTYPES = frozenset({"int32"})
 NO_SWAP_PRODUCERS = {"Const": "constant", "HostConst": "constant", "ReadVariableOp": "variable-read",
                      "VarHandleOp": "variable-read", "Placeholder": "function-input",
                      "_Arg": "function-input"}
+#: Identity-like ops grappler removes (it reconnects their consumers to their input):
+#: never swap their outputs (swap the input instead) and never use them as triggers.
+IDENTITY_OPS = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot", "PreventGradient"})
 #: producers whose outputs TF keeps on the host.
 HOST_PRODUCERS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradientArgs", "TensorListLength"})
 
@@ -140,6 +143,8 @@ def skip_reason(analysis: Analysis, ref: TensorRef, config: LMSConfig) -> tuple[
         return "dtype", f"{info.dtype} tensors are handles or host data, never swapped"
     if op.type in NO_SWAP_PRODUCERS:
         return NO_SWAP_PRODUCERS[op.type], f"output of {op.type}: swapping it frees no activation memory"
+    if op.type in IDENTITY_OPS:
+        return "identity", f"{op.type} output aliases its input and grappler may remove the op"
     if info.dtype in HOST_MEMORY_DTYPES or op.type in HOST_PRODUCERS:
         return "host-memory", f"{info.dtype} output of {op.type} is kept in host memory by TensorFlow"
     if info.shape is None:
@@ -193,7 +198,7 @@ def find_trigger(analysis: Analysis, first_consumer: str, producer_level: int, t
                     continue
                 seen.add(pred)
                 nxt.append(pred)
-                if pred in exclude:
+                if pred in exclude or graph.op(pred).type in IDENTITY_OPS:
                     continue
                 key = (levels[pred], 0 if cats[pred] is Category.BACKWARD else 1, pred)
                 if best is None or key < best:

@@ -154,11 +154,50 @@ def _device_class(device: str, host: str) -> str:
     return HOST if local == host.rpartition("/device:")[2] else ACCEL
 
 
+#: Suffix of the virtual copy ops that stand for TensorFlow's _Send/_Recv pairs.
+RECV_SUFFIX = "/_recv"
+
+
+def _with_implicit_copies(graph: Graph, order: Sequence[str] | None, host: str):
+    """Make TensorFlow's implicit cross-device copies explicit.
+
+    An accelerator op reading a host tensor gets it through a ``_Recv`` that
+    TensorFlow inserts (one per tensor and device), which copies as soon as the
+    tensor exists: control inputs of the consumer do not delay it. Each such
+    tensor gets an ``Identity`` on the accelerator named ``<op>/_recv`` (output
+    index appended when not 0), which the simulator then treats as a transfer.
+    ``DeepCopy`` consumers are the exception: they are the explicit copies of the
+    two-logical-CPU emulation, where cross-device edges share buffers.
+    """
+    device = {op.name: _device_class(op.device, host) for op in graph}
+    needed: dict[TensorRef, list[tuple[str, int]]] = {}
+    for op in graph:
+        if device[op.name] != ACCEL or op.type == "DeepCopy":
+            continue
+        for i, ref in enumerate(op.inputs):
+            if device[ref.op] == HOST and graph.tensor(ref).dtype not in ("resource", "variant", "string"):
+                needed.setdefault(ref, []).append((op.name, i))
+    if not needed:
+        return graph, order
+    graph = graph.copy()
+    order = list(order) if order is not None else None
+    for ref in sorted(needed):
+        name = ref.op + RECV_SUFFIX + ("" if ref.index == 0 else f"_{ref.index}")
+        graph.add_op(name, "Identity", inputs=[ref], device="", outputs=[graph.tensor(ref)])
+        for consumer, index in needed[ref]:
+            graph.set_input(consumer, index, TensorRef(name, 0))
+        if order is not None:
+            first = min(order.index(c) for c, _ in needed[ref])
+            order.insert(first, name)
+    return graph, order
+
+
 def simulate(graph: Graph, profile: str | HardwareProfile, *, order: Sequence[str] | None = None,
              options: SimOptions | None = None, output_names: Sequence[str] | None = None) -> SimResult:
     """Simulate one step of ``graph`` (see module doc); ``order`` defaults to CTO levels."""
     profile = get_profile(profile)
     options = options or SimOptions()
+    graph, order = _with_implicit_copies(graph, order, options.host_device)
     order = list(order) if order is not None else level_order(graph)
     if len(order) != len(graph) or set(order) != {op.name for op in graph}:
         missing = sorted({op.name for op in graph} - set(order))[:5]

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from tflms.analysis.cto import Analysis, Category
 from tflms.config import LMSConfig
 from tflms.ir.graph import TensorRef
-from tflms.rewrite.plan import SwapDecision, SwapInGroup, SwapPlan, skip_reason, swap_op_names
+from tflms.rewrite.plan import IDENTITY_OPS, SwapDecision, SwapInGroup, SwapPlan, skip_reason, swap_op_names
 from tflms.sim.profiles import HardwareProfile
 from tflms.sim.simulator import SimResult
 
@@ -158,6 +158,8 @@ def _trigger(analysis: Analysis, consumer: str, producer: str, deadline_s: float
                 if end < peak_s:
                     continue
                 nxt.append(pred)
+                if graph.op(pred).type in IDENTITY_OPS:
+                    continue
                 if end <= deadline_s and (best is None or (end, pred) > best):
                     best = (end, pred)
                 if after_peak is None or (end, pred) < after_peak:

@@ -1,0 +1,19 @@
+"""Measure the peak memory of a graph two independent ways.
+
+- :mod:`tflms.measure.executor`: TensorFlow's real executor in a subprocess, with the
+  accelerator emulated by a second logical CPU (``/device:CPU:1``); peaks come from the
+  allocation records of a traced step.
+- :mod:`tflms.measure.grappler`: grappler's virtual cluster, an analytic estimate on a
+  virtual GPU + CPU.
+
+Importing this package does not import TensorFlow.
+"""
+
+from tflms.measure.executor import (ACCELERATOR_DEVICE, HOST_DEVICE, DeviceMemory, ExecutorMeasurement,
+                                    ExecutorRequest, MeasurementError, measure_executor_peak,
+                                    measure_executor_peaks)
+from tflms.measure.grappler import GrapplerEstimate, GrapplerEstimateError, grappler_estimate, grappler_peak
+
+__all__ = ["ACCELERATOR_DEVICE", "HOST_DEVICE", "DeviceMemory", "ExecutorMeasurement", "ExecutorRequest",
+           "GrapplerEstimate", "GrapplerEstimateError", "MeasurementError", "grappler_estimate", "grappler_peak",
+           "measure_executor_peak", "measure_executor_peaks"]
