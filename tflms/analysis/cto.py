@@ -140,37 +140,45 @@ class Analysis:
         return {"ops": len(self.order), "levels": self.num_levels, "categories": self.category_counts()}
 
 
-def compute_levels(graph: Graph, order: list[str] | None = None) -> dict[str, int]:
+def compute_levels(graph: Graph, order: list[str] | None = None,
+                   predecessors: dict[str, list[str]] | None = None) -> dict[str, int]:
     """Level of every op (longest path from a source over data and control edges)."""
+    if predecessors is None:
+        predecessors = graph.adjacency()[0]
     order = graph.topological_order() if order is None else order
     levels: dict[str, int] = {}
     for name in order:
-        preds = graph.predecessors(name)
+        preds = predecessors[name]
         levels[name] = 1 + max(levels[p] for p in preds) if preds else 0
     return levels
 
 
-def _data_consumers(graph: Graph, name: str) -> list[str]:
-    op = graph.op(name)
-    return list(dict.fromkeys(c for i in range(len(op.outputs)) for c, _ in graph.consumers(TensorRef(name, i))))
+def _data_consumers(graph: Graph) -> dict[str, list[str]]:
+    """Data consumers of every op (any output), deduplicated, in one pass."""
+    out: dict[str, list[str]] = {op.name: [] for op in graph}
+    for op in graph:
+        for ref in dict.fromkeys(op.inputs):
+            out[ref.op].append(op.name)
+    return {name: list(dict.fromkeys(v)) for name, v in out.items()}
 
 
 def categorize(graph: Graph, order: list[str]) -> dict[str, Category]:
     """Category of every op; see the module doc for the rules."""
-    grad_seed = {op.name for op in graph if is_gradient_type(op.type) or _GRADIENT_SCOPE.match(op.name)}
+    ops = {op.name: op for op in graph}
+    consumers_of = _data_consumers(graph)
+    grad_seed = {name for name, op in ops.items() if is_gradient_type(op.type) or _GRADIENT_SCOPE.match(name)}
     # Data descendants of gradient seeds, in topological order.
     in_backward: set[str] = set()
     for name in order:
-        op = graph.op(name)
-        if name in grad_seed or any(ref.op in in_backward for ref in op.inputs):
+        if name in grad_seed or any(ref.op in in_backward for ref in ops[name].inputs):
             in_backward.add(name)
     # Update ops: variable writers, then (reverse order) ops whose every data consumer is an update op.
-    update = {op.name for op in graph if is_update_type(op.type)}
+    update = {name for name, op in ops.items() if is_update_type(op.type)}
     for name in reversed(order):
         if name in update or name in grad_seed:
             continue
-        consumers = _data_consumers(graph, name)
-        if consumers and all(c in update for c in consumers) and graph.op(name).inputs:
+        consumers = consumers_of[name]
+        if consumers and ops[name].inputs and all(c in update for c in consumers):
             update.add(name)
     backward = in_backward - update
     # Forward: data ancestors of backward/update ops, and their non-backward descendants.
@@ -178,13 +186,12 @@ def categorize(graph: Graph, order: list[str]) -> dict[str, Category]:
     for name in reversed(order):
         if name in backward or name in update:
             continue
-        op = graph.op(name)
-        if op.inputs and any(c in backward or c in update or c in forward for c in _data_consumers(graph, name)):
+        if ops[name].inputs and any(c in backward or c in update or c in forward for c in consumers_of[name]):
             forward.add(name)
     for name in order:
         if name in backward or name in update or name in forward:
             continue
-        if any(ref.op in forward for ref in graph.op(name).inputs):
+        if any(ref.op in forward for ref in ops[name].inputs):
             forward.add(name)
     categories = {}
     for name in order:
@@ -220,7 +227,8 @@ def analyze_graph(graph: Graph) -> Analysis:
     check_supported(graph)
     if len(graph) == 0:
         raise GraphError("the graph is empty: nothing to analyze")
-    order = graph.topological_order()
-    levels = compute_levels(graph, order)
+    adjacency = graph.adjacency()
+    order = graph.topological_order(adjacency)
+    levels = compute_levels(graph, order, adjacency[0])
     categories = categorize(graph, order)
     return Analysis(graph=graph, order=tuple(order), levels=levels, categories=categories)

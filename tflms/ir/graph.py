@@ -243,8 +243,8 @@ class Graph:
         new.signature = self.signature
         new.resource_bytes = dict(self.resource_bytes)
         for op in self._ops.values():
-            new._ops[op.name] = dataclasses.replace(
-                op, inputs=list(op.inputs), control_inputs=list(op.control_inputs))
+            new._ops[op.name] = Op(op.name, op.type, op.device, list(op.inputs), list(op.control_inputs),
+                                   op.attrs, op.outputs, op.node_def)
         new._consumers = {k: list(v) for k, v in self._consumers.items()}
         new._control_consumers = {k: list(v) for k, v in self._control_consumers.items()}
         return new
@@ -269,21 +269,32 @@ class Graph:
         out += self._control_consumers.get(name, [])
         return list(dict.fromkeys(out))
 
-    def topological_order(self) -> list[str]:
+    def adjacency(self) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        """Predecessors and successors of every op (data and control, deduplicated), in one pass."""
+        preds: dict[str, list[str]] = {}
+        succs: dict[str, list[str]] = {name: [] for name in self._ops}
+        for name, op in self._ops.items():
+            p = list(dict.fromkeys([r.op for r in op.inputs] + op.control_inputs))
+            preds[name] = p
+            for q in p:
+                succs[q].append(name)
+        return preds, succs
+
+    def topological_order(self, adjacency=None) -> list[str]:
         """Kahn's algorithm over data and control edges; ties keep graph order.
 
         Raises :class:`GraphError` naming ops on a cycle.
         """
+        preds, succs = adjacency or self.adjacency()
         index = {name: i for i, name in enumerate(self._ops)}
-        indegree = {name: len(self.predecessors(name)) for name in self._ops}
-        ready = [name for name, d in indegree.items() if d == 0]
+        indegree = {name: len(p) for name, p in preds.items()}
         order: list[str] = []
-        heap = [(index[n], n) for n in ready]
+        heap = [(index[n], n) for n, d in indegree.items() if d == 0]
         heapq.heapify(heap)
         while heap:
             _, name = heapq.heappop(heap)
             order.append(name)
-            for succ in self.successors(name):
+            for succ in succs[name]:
                 indegree[succ] -= 1
                 if indegree[succ] == 0:
                     heapq.heappush(heap, (index[succ], succ))

@@ -17,6 +17,8 @@ make the copy explicit instead.
 
 from __future__ import annotations
 
+import functools
+
 from tflms.errors import GraphError
 from tflms.ir.graph import Graph, TensorRef
 from tflms.ir.tf_io import DO_NOT_REMOVE_ATTR
@@ -29,6 +31,7 @@ DEFAULT_COPY_OP = "Identity"
 COPY_OPS = ("Identity", "DeepCopy")
 
 
+@functools.lru_cache(maxsize=None)
 def _copy_attrs(dtype: str):
     import tensorflow as tf
     from tensorflow.core.framework import attr_value_pb2
