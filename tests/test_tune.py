@@ -128,3 +128,37 @@ def test_tflms_function_with_a_budget_trains_identically():
     assert fn.report.num_swapped > 0
     for a, b in zip(model_a.weights, model_b.weights):
         assert np.array_equal(a.numpy(), b.numpy()), a.path
+
+
+def test_max_batch_with_and_without_tflms():
+    import tensorflow as tf
+
+    from tflms.ir import tf_io
+    from tflms.tune.maxbatch import max_batch
+
+    ws = [tf.Variable(tf.random.stateless_normal((256, 256), seed=(i, 0)) * 0.05) for i in range(6)]
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            h = x
+            for w in ws:
+                h = tf.nn.relu(tf.matmul(h, w))
+            loss = tf.reduce_mean(h)
+        for w, g in zip(ws, tape.gradient(loss, ws)):
+            w.assign_sub(0.1 * g)
+        return loss
+
+    cf = step.get_concrete_function(tf.TensorSpec((None, 256), tf.float32))
+    profile = HardwareProfile("tiny", "8MiB", 14e12, 900, 15.75)
+    plain = max_batch(cf, profile=profile, with_tflms=False)
+    assert plain.batch_size > 0
+    graph = tf_io.from_concrete_function(cf)
+    assert simulate(graph.with_batch_size(plain.batch_size), profile).peak_bytes <= profile.memory_bytes
+    assert simulate(graph.with_batch_size(plain.batch_size + 1), profile).peak_bytes > profile.memory_bytes
+    lms = max_batch(cf, profile=profile, with_tflms=True)
+    assert lms.batch_size > plain.batch_size
+    assert lms.tuned.best.sim.peak_with_margin_bytes <= profile.memory_bytes
+    with pytest.raises(tflms.GraphError, match="unknown leading"):
+        fixed = tf.function(step.python_function).get_concrete_function(tf.ones((4, 256)))
+        max_batch(tf_io.from_concrete_function(fixed), profile=profile)

@@ -156,7 +156,12 @@ def from_concrete_function(concrete_function, *, batch_size: int | None = None) 
 def _variable_bytes(concrete_function) -> dict[str, int]:
     """Bytes of each captured variable, keyed by its placeholder's tensor name."""
     by_handle = {}
-    for var in concrete_function.graph.variables:
+    try:
+        variables = concrete_function.graph.variables
+    except AssertionError as err:  # TF's message for variables that were garbage-collected
+        raise GraphError(f"the variables of {concrete_function.graph.name!r} have been deleted: keep a reference "
+                         "to the model and optimizer while tflms reads the step") from err
+    for var in variables:
         handle = getattr(var, "handle", None)
         if handle is not None and var.shape.is_fully_defined():
             by_handle[id(handle)] = var.shape.num_elements() * var.dtype.size
