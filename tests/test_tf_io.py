@@ -134,3 +134,8 @@ def test_control_flow_ops_are_opaque():
     result = tflms.rewrite(cf, accelerator_device="/device:CPU:0", host_device="/device:CPU:1")
     # Nothing inside the loop bodies is touched: the body functions are carried over unchanged.
     assert tf_io.to_graph_def(result.graph).library == cf.graph.as_graph_def().library
+
+
+def test_unknown_device_is_refused_with_the_available_ones():
+    with pytest.raises(tflms.DeviceError, match=r"accelerator_device='/device:GPU:3' does not exist here"):
+        tflms.function(lambda x: x, accelerator_device="GPU:3")
