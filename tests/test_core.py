@@ -10,7 +10,7 @@ from tflms.config import LMSConfig
 from tflms.errors import ConfigError, GraphError, NoTrainingStepError, UnitsError, UnsupportedGraphError
 from tflms.ir.graph import Graph, TensorRef
 from tflms.ir.tf_io import to_graph_def
-from tflms.rewrite import plan_swaps, rewrite
+from tflms.rewrite import rewrite
 from tflms.testing import GraphBuilder, mlp_training_graph
 from tflms.units import parse_bytes
 

@@ -5,17 +5,20 @@ for a while are copied to host memory and copied back before their consumers
 run. Public API:
 
 - :func:`function`: drop-in for ``tf.function`` in custom training loops;
+- ``tflms.keras.LMS``: a Keras callback for ``model.fit``;
+- the ``tflms`` command: ``demo``, ``rewrite``/``analyze`` for SavedModels;
 - :func:`analyze`: categorized topological ordering of a training step;
 - :func:`rewrite`: insert swap ops as a :class:`LMSConfig` says, with a report.
 """
 
 from tflms.config import LMSConfig
-from tflms.errors import (BudgetError, ConfigError, DeviceError, GraphError, NoTrainingStepError, TflmsError,
-                          UnitsError, UnsupportedGraphError)
+from tflms.errors import (BudgetError, ConfigError, DeviceError, GraphError, NoTrainingStepError, SavedModelError,
+                          TflmsError, UnitsError, UnsupportedGraphError, UnsupportedModelError)
 from tflms.integrations.function import function
 from tflms.rewrite.api import analyze, rewrite
 
 __version__ = "0.1.0"
 
 __all__ = ["BudgetError", "ConfigError", "DeviceError", "GraphError", "LMSConfig", "NoTrainingStepError",
-           "TflmsError", "UnitsError", "UnsupportedGraphError", "analyze", "function", "rewrite"]
+           "SavedModelError", "TflmsError", "UnitsError", "UnsupportedGraphError", "UnsupportedModelError", "analyze",
+           "function", "rewrite"]

@@ -1,8 +1,18 @@
 """The ``tflms`` command.
 
 Sub-commands:
-  demo   train a built-in model with and without tflms, check the weights are
-         bitwise identical, print the swap report.
+  demo     train a built-in model with and without tflms, check the weights are
+           bitwise identical, print the swap report.
+  rewrite  IN_DIR OUT_DIR: rewrite the training functions of a SavedModel into a
+           new SavedModel (written atomically; IN_DIR is never touched; an
+           existing OUT_DIR only with --replace; --verify runs both models once
+           and checks the results bit for bit).
+  analyze  IN_DIR: print each function's ordering summary, swap report and
+           simulated memory (peak, resident, alive at the peak); writes nothing.
+
+Errors tflms raises on purpose (bad paths, unknown functions, functions without
+a training step, ...) exit with status 2 and a message naming the fix; with
+--json, a {"error": ..., "type": ...} document is printed on stdout as well.
 """
 
 from __future__ import annotations
@@ -77,6 +87,65 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 1
 
 
+def add_budget_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags for the tuner and for sizing: ``--budget``, ``--profile``, ``--batch-size``."""
+    group = parser.add_argument_group("tuning and sizing")
+    group.add_argument("--budget", default=None,
+                       help="accelerator memory budget, e.g. '12GiB'; turns on the tuner (it searches the swap "
+                            "parameters)")
+    group.add_argument("--profile", default=None,
+                       help="hardware profile to simulate, e.g. 'v100-16gb-pcie3'; turns on the tuner")
+    group.add_argument("--batch-size", type=int, default=None,
+                       help="size of unknown (batch) dimensions when sizing tensors; without it such tensors are "
+                            "not swapped")
+
+
+def _savedmodel_config(args: argparse.Namespace) -> LMSConfig:
+    return config_from_args(args).replace(budget_bytes=args.budget, profile=args.profile, batch_size=args.batch_size)
+
+
+def _json_error(args: argparse.Namespace, run) -> int:
+    """Run ``run()``; with --json, a TflmsError is also printed as a JSON document on stdout."""
+    try:
+        return run()
+    except TflmsError as err:
+        if getattr(args, "json", False):
+            print(json.dumps({"error": str(err), "type": type(err).__name__}, indent=2))
+        raise
+
+
+def cmd_rewrite(args: argparse.Namespace) -> int:
+    from tflms.integrations.savedmodel import rewrite_saved_model
+
+    def run() -> int:
+        result = rewrite_saved_model(args.input, args.output, _savedmodel_config(args), functions=args.functions,
+                                     replace=args.replace, verify=args.verify,
+                                     progress=None if args.json else _progress)
+        if args.json:
+            print(json.dumps(result.to_dict(), indent=2))
+            return 0
+        print(result.table())
+        print(f"\nOK: wrote {result.output_dir}" + (" (replacing the previous model)" if result.replaced else ""))
+        return 0
+
+    return _json_error(args, run)
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from tflms.integrations.savedmodel import analyze_saved_model
+
+    def run() -> int:
+        traces = analyze_saved_model(args.input, _savedmodel_config(args), functions=args.functions)
+        if args.json:
+            print(json.dumps({"input": os.path.realpath(args.input), "functions": [t.to_dict() for t in traces]},
+                             indent=2))
+        else:
+            print("\n\n".join(t.table() for t in traces))
+        return 0
+
+    return _json_error(args, run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tflms",
@@ -94,6 +163,40 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(demo)
     # The demo swaps what a user would: tensors kept for the backward pass, not tiny ones.
     demo.set_defaults(func=cmd_demo, swapout_threshold=8, min_swap_bytes="64KiB")
+
+    rewrite = sub.add_parser(
+        "rewrite", help="rewrite the training functions of a SavedModel into a new SavedModel",
+        description="Load the SavedModel in IN_DIR (written by tf.saved_model.save), rewrite the traced graphs of "
+                    "its training functions and save a new SavedModel in OUT_DIR: tf.saved_model.load(OUT_DIR) "
+                    "then runs the rewritten functions on the restored variables. Functions without a training step, "
+                    "variables and signatures are kept. IN_DIR is never written; OUT_DIR is written atomically.")
+    rewrite.add_argument("input", metavar="IN_DIR", help="the SavedModel to read")
+    rewrite.add_argument("output", metavar="OUT_DIR", help="where to write the rewritten SavedModel")
+    rewrite.add_argument("--function", dest="functions", action="append", metavar="NAME",
+                         help="rewrite this function (attribute path, e.g. 'train' or 'trainer.step'); repeat for "
+                              "several (default: every function with a training step)")
+    rewrite.add_argument("--replace", action="store_true",
+                         help="replace an existing OUT_DIR (removed only once the new model is complete)")
+    rewrite.add_argument("--verify", action="store_true",
+                         help="before writing, run every rewritten function once in both models on example inputs "
+                              "and check outputs and variables bit for bit (loads the model twice)")
+    rewrite.add_argument("--json", action="store_true", help="print the result as one JSON document")
+    add_budget_flags(rewrite)
+    add_config_flags(rewrite)
+    rewrite.set_defaults(func=cmd_rewrite)
+
+    analyze = sub.add_parser(
+        "analyze", help="show a SavedModel's functions: ordering, swap report, simulated memory",
+        description="Print, for every traced signature of the SavedModel's functions, the categorized ordering "
+                    "summary, the swap report for the given options and the simulated memory (peak, resident, "
+                    "tensors alive at the peak) before and after the rewrite. Nothing is written.")
+    analyze.add_argument("input", metavar="IN_DIR", help="the SavedModel to read")
+    analyze.add_argument("--function", dest="functions", action="append", metavar="NAME",
+                         help="analyze this function (repeat for several; default: all)")
+    analyze.add_argument("--json", action="store_true", help="print the result as one JSON document")
+    add_budget_flags(analyze)
+    add_config_flags(analyze)
+    analyze.set_defaults(func=cmd_analyze)
     return parser
 
 

@@ -37,3 +37,11 @@ class DeviceError(ConfigError):
 
 class BudgetError(TflmsError, ValueError):
     """No configuration fits the memory budget."""
+
+
+class SavedModelError(TflmsError):
+    """A SavedModel cannot be read, selected from, written or verified as asked."""
+
+
+class UnsupportedModelError(TflmsError, ValueError):
+    """The model's training setup is one the LMS callback cannot rewrite (the message says why and what to do)."""

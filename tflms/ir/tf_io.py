@@ -246,7 +246,11 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
     new_graph.structured_outputs = nest.map_structure(_swap, old_graph.structured_outputs, expand_composites=True)
     new_graph.variables = old_graph.variables
     attrs = _function_attrs(original)
-    return cf_lib.ConcreteFunction.from_func_graph(new_graph, original.function_type, attrs=attrs)
+    new = cf_lib.ConcreteFunction.from_func_graph(new_graph, original.function_type, attrs=attrs)
+    # Signatures (e.g. tf.saved_model.save(signatures=...)) call by keyword: keep the keyword names.
+    new._arg_keywords = getattr(original, "_arg_keywords", None)  # noqa: SLF001
+    new._num_positional_args = getattr(original, "_num_positional_args", None)  # noqa: SLF001
+    return new
 
 
 def _function_attrs(original) -> Mapping[str, Any]:

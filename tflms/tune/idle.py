@@ -97,7 +97,9 @@ def idle_candidates(analysis: Analysis, sim: SimResult, profile: HardwareProfile
             continue
         if skip_reason(analysis, ref, config) is not None:
             continue
-        consumers = sorted({c for c, _ in graph.consumers(ref)}, key=lambda c: (spans[c][0], c))
+        if ref.op not in spans:  # an op the runtime prunes (nothing needs it)
+            continue
+        consumers = sorted({c for c, _ in graph.consumers(ref) if c in spans}, key=lambda c: (spans[c][0], c))
         near = tuple(c for c in consumers if spans[c][0] <= peak)
         far = tuple(c for c in consumers if spans[c][0] > peak)
         if not far:
@@ -136,38 +138,33 @@ def _trigger(analysis: Analysis, consumer: str, producer: str, deadline_s: float
              spans: Mapping[str, tuple[float, float]]) -> tuple[str | None, bool]:
     """The trigger of a swap-in for ``consumer``, and whether it is on time.
 
-    Wanted: the latest-ending ancestor of ``consumer`` (after ``producer``) that
-    ends by ``deadline_s`` and not before ``peak_s`` (a swap-in started before the
-    peak would be alive at it). If none, the earliest-ending ancestor after the
-    peak: the consumer then waits for the copy.
+    Wanted: an ancestor of ``consumer`` (after ``producer``) that ends by
+    ``deadline_s`` and not before ``peak_s`` (a swap-in started before the peak
+    would be alive at it), as late as possible. The search walks back along the
+    consumer's critical chain (each step to the predecessor that ended last, the
+    one that decided when its successor could start), which costs the chain's
+    length rather than the whole ancestry. If the chain drops below ``peak_s``
+    before reaching ``deadline_s``, the last op after the peak is used: the
+    consumer then waits for the copy.
     """
     graph, levels = analysis.graph, analysis.levels
     floor = levels[producer]
-    best: tuple[float, str] | None = None
-    after_peak: tuple[float, str] | None = None
-    seen = {consumer}
-    frontier = [consumer]
-    while frontier:
-        nxt = []
-        for name in frontier:
-            for pred in graph.predecessors(name):
-                if pred in seen or levels[pred] <= floor or pred not in spans:
-                    continue
-                seen.add(pred)
-                end = spans[pred][1]
-                if end < peak_s:
-                    continue
-                nxt.append(pred)
-                if graph.op(pred).type in IDENTITY_OPS:
-                    continue
-                if end <= deadline_s and (best is None or (end, pred) > best):
-                    best = (end, pred)
-                if after_peak is None or (end, pred) < after_peak:
-                    after_peak = (end, pred)
-        frontier = nxt
-    if best is not None:
-        return best[1], True
-    return (None if after_peak is None else after_peak[1]), False
+    node = consumer
+    after_peak: str | None = None
+    while True:
+        preds = [p for p in graph.predecessors(node) if p in spans and levels[p] > floor]
+        if not preds:
+            break
+        node = max(preds, key=lambda p: (spans[p][1], p))
+        end = spans[node][1]
+        if end < peak_s:
+            break
+        if graph.op(node).type in IDENTITY_OPS:
+            continue
+        if end <= deadline_s:
+            return node, True
+        after_peak = node
+    return after_peak, False
 
 
 def plan_idle(analysis: Analysis, selected: Iterable[IdleCandidate], config: LMSConfig,

@@ -2,7 +2,9 @@
 
 The step is traced once with an unknown batch dimension; each candidate batch
 size re-sizes the same IR (``Graph.with_batch_size``), so no retracing happens.
-Search: double until a batch does not fit, then bisect.
+Search: double until a batch does not fit, then bisect. With tflms, each step
+asks the tuner only whether anything fits (``first_fit``); the fastest rewrite is
+searched once, at the batch found.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def max_batch(source: Any, *args: Any, budget: int | str | None = None,
             if with_tflms:
                 try:
                     tuned = tune(graph, budget=budget_bytes, profile=profile, config=config, strategies=strategies,
-                                 sim_options=sim_options)
+                                 sim_options=sim_options, first_fit=True)
                     cache[batch] = (True, tuned.best.sim, tuned)
                 except BudgetError:
                     cache[batch] = (False, None, None)
@@ -110,4 +112,8 @@ def max_batch(source: Any, *args: Any, budget: int | str | None = None,
         else:
             high = mid
     ok, sim, tuned = cache[low]
+    if with_tflms:  # the search only asked "does anything fit?": now find the fastest fit
+        tuned = tune(base.with_batch_size(low), budget=budget_bytes, profile=profile, config=config,
+                     strategies=strategies, sim_options=sim_options)
+        sim = tuned.best.sim
     return MaxBatchResult(low, with_tflms, sim, tuned, tuple(order))

@@ -26,7 +26,7 @@ from typing import Any
 
 from tflms.analysis.cto import Analysis, analyze_graph
 from tflms.config import LMSConfig
-from tflms.errors import BudgetError, ConfigError
+from tflms.errors import BudgetError, ConfigError, NoTrainingStepError
 from tflms.ir.graph import Graph
 from tflms.rewrite.api import load_graph, resolve_accelerator
 from tflms.rewrite.apply import DEFAULT_COPY_OP, apply_plan
@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 STRATEGIES = ("tflms-distance", "idle-time", "idle-time-no-overhead")
 #: Rounds of re-simulation the idle-time strategy may take (the peak moves after each).
 IDLE_MAX_ROUNDS = 12
+#: Simulations one idle-time search may run in all (rounds plus no-overhead retries).
+IDLE_MAX_EVALUATIONS = 16
 #: Extra bytes the idle-time strategy asks for per round beyond the overshoot, as a fraction.
 IDLE_OVERSHOOT_SLACK = 0.05
 #: Largest relative slowdown the no-overhead mode accepts (simulation round-off, not a real cost).
@@ -181,8 +183,12 @@ def _powers(limit: int) -> list[int]:
     return out
 
 
-def search_distance(ev: _Evaluator) -> None:
-    """TFLMS's search, choosing by simulated time among fitting candidates."""
+def search_distance(ev: _Evaluator, first_fit: bool = False) -> None:
+    """TFLMS's search, choosing by simulated time among fitting candidates.
+
+    With ``first_fit`` it stops at the first fitting configuration (a yes/no
+    answer for the max-batch search).
+    """
     ladder = _threshold_ladder(ev.analysis)
     fitting: list[Candidate] = []
     for sync_mode in (0, 1, 2, 3):
@@ -190,6 +196,8 @@ def search_distance(ev: _Evaluator) -> None:
             cand = ev.distance(swapout_threshold=threshold, swapin_ahead=1, swapin_groupby=0, sync_mode=sync_mode)
             if cand.fits:
                 fitting.append(cand)
+                if first_fit:
+                    return
             elif fitting:
                 break  # smaller thresholds only swap more: stop once fits have been found and lost
         if fitting:
@@ -225,6 +233,7 @@ def search_idle(ev: _Evaluator, baseline: SimResult, mode: str) -> None:
     selected: dict = {}
     rejected: set = set()
     sim = baseline
+    evaluations = 0
     for round_ in range(IDLE_MAX_ROUNDS):
         need = sim.peak_with_margin_bytes - ev.budget
         if need <= 0:
@@ -240,7 +249,8 @@ def search_idle(ev: _Evaluator, baseline: SimResult, mode: str) -> None:
             got += cand.num_bytes
             if got >= need * (1 + IDLE_OVERSHOOT_SLACK):
                 break
-        while True:
+        while evaluations < IDLE_MAX_EVALUATIONS:
+            evaluations += 1
             trial = {**selected, **{c.tensor: c for c in batch}}
             plan = plan_idle(ev.analysis, trial.values(), ev.base_config, ev.accelerator, mode)
             result = ev.run(name, {"tensors": len(trial), "round": round_ + 1}, plan,
@@ -253,20 +263,21 @@ def search_idle(ev: _Evaluator, baseline: SimResult, mode: str) -> None:
                 rejected.add(batch[0].tensor)
                 break
             batch = batch[:len(batch) // 2]
-        if result.fits:
+        if result.fits or evaluations >= IDLE_MAX_EVALUATIONS:
             return
         sim = result.sim if selected is trial else sim
 
 
 def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str | HardwareProfile = "v100-16gb-pcie3",
          config: LMSConfig | None = None, strategies: Sequence[str] = STRATEGIES, sim_options: SimOptions | None = None,
-         host_budget: int | str | None = None, copy_op: str = DEFAULT_COPY_OP,
-         progress: Callable[[str], None] | None = None) -> TuneResult:
+         host_budget: int | str | None = None, copy_op: str = DEFAULT_COPY_OP, first_fit: bool = False,
+         require_backward: bool = True, progress: Callable[[str], None] | None = None) -> TuneResult:
     """Find the rewrite of ``source`` that fits ``budget`` (default: the profile's memory) fastest.
 
     ``config`` supplies the fixed options (filters, devices, ``min_swap_bytes``,
     ``batch_size``); the swap parameters are searched. Raises
-    :class:`~tflms.errors.BudgetError` when nothing fits.
+    :class:`~tflms.errors.BudgetError` when nothing fits. ``first_fit`` stops at
+    the first configuration that fits (answers "does anything fit?" quickly).
     """
     profile = get_profile(profile)
     unknown = sorted(set(strategies) - set(STRATEGIES))
@@ -280,6 +291,10 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     sim_options = sim_options or SimOptions(host_device=config.host_device)
     graph = load_graph(source, *args, batch_size=config.batch_size)
     analysis = analyze_graph(graph)
+    if require_backward and not analysis.has_backward:
+        raise NoTrainingStepError(
+            "the graph has no gradient ops: tflms swaps activations kept for the backward pass, so give it a "
+            "training step (forward + tape.gradient + optimizer update)")
     accelerator = config.accelerator_device or resolve_accelerator(config)[0]
     if accelerator == config.host_device:
         accelerator = "/device:GPU:0"  # planning for a GPU we do not have: the profile is the device
@@ -289,13 +304,14 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     ev = _Evaluator(analysis, profile, budget_bytes, host_bytes, sim_options, config, accelerator, copy_op, progress)
     ev.candidates.append(base)
     ev.graphs[id(base)] = graph
-    if not base.fits:
-        if "tflms-distance" in strategies:
-            search_distance(ev)
-        if "idle-time" in strategies:
-            search_idle(ev, baseline, STICK_TO_LIMIT)
-        if "idle-time-no-overhead" in strategies:
-            search_idle(ev, baseline, NO_OVERHEAD)
+    searches = [("tflms-distance", lambda: search_distance(ev, first_fit=first_fit)),
+                ("idle-time", lambda: search_idle(ev, baseline, STICK_TO_LIMIT)),
+                ("idle-time-no-overhead", lambda: search_idle(ev, baseline, NO_OVERHEAD))]
+    for name, search in searches:
+        if base.fits or (first_fit and any(c.fits for c in ev.candidates)):
+            break
+        if name in strategies:
+            search()
     fitting = [c for c in ev.candidates if c.fits]
     if not fitting:
         smallest = min(ev.candidates, key=lambda c: c.sim.peak_with_margin_bytes)
@@ -329,7 +345,7 @@ def rewrite_for(source: Any, config: LMSConfig, *args: Any, copy_op: str = DEFAU
     profile = config.profile or "v100-16gb-pcie3"
     result = tune(source, *args, budget=config.budget_bytes, profile=profile, config=config, copy_op=copy_op,
                   progress=progress)
-    plan = result.best.plan or SwapPlan(config=config, accelerator_device=config.accelerator_device or "",
+    plan = result.best.plan or SwapPlan(config=config, accelerator_device=resolve_accelerator(config)[0],
                                         swaps=(), skipped=())
     report = RewriteReport(plan=plan, graph_summary=result.analysis.summary(),
                            inserted_ops=tuple(inserted_op_names(plan)),

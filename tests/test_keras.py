@@ -1,0 +1,515 @@
+"""``tflms.keras.LMS``: ``model.fit`` with the callback against ``model.fit`` without it.
+
+Every equivalence test builds the same model twice from the same seed, trains it
+on the same fixed data (``shuffle=False``) once plainly and once with the LMS
+callback, and asserts that the weights (BatchNorm statistics included), the
+optimizer's variables and the Keras history are *bitwise* equal, and that the
+callback really swapped something (``report.num_swapped > 0`` for every trace).
+
+There is no GPU here: the accelerator is the CPU, so swaps move nothing (tflms
+warns), but the rewritten graph is what runs, which is what equivalence needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+import tflms
+import tflms.keras
+from tflms.keras import LMS, UnsupportedModelError
+
+SEED = 1234
+#: small enough that the tiny test models get swaps.
+THRESHOLD = 1
+KINDS = ["sequential", "functional", "subclassed", "custom_train_step"]
+
+State = list[tuple[str, np.ndarray]]
+
+
+# ------------------------------------------------------------------ comparison
+def model_state(model: keras.Model) -> State:
+    """Every model weight (trainable or not) and optimizer variable, by path."""
+    variables = list(model.weights) + list(model.optimizer.variables)
+    return [(v.path, np.array(v.numpy())) for v in variables]
+
+
+def assert_same_state(reference: State, candidate: State, what: str) -> None:
+    assert len(reference) == len(candidate), (f"{what}: {len(reference)} vs {len(candidate)} variables: "
+                                              f"{[n for n, _ in reference]} vs {[n for n, _ in candidate]}")
+    diffs = []
+    for (name, a), (_, b) in zip(reference, candidate):
+        if a.dtype != b.dtype or a.shape != b.shape:
+            diffs.append(f"{name}: {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}")
+        elif a.tobytes() != b.tobytes():
+            delta = np.abs(a.astype(np.float64) - b.astype(np.float64))
+            diffs.append(f"{name}: max |diff| {np.nanmax(delta):.6g}, {int(np.sum(a != b))} of {a.size} differ")
+    assert not diffs, f"{what}: {len(diffs)} of {len(reference)} variables differ:\n  " + "\n  ".join(diffs)
+
+
+def assert_swapped(callback: LMS, traces: int | None = None) -> None:
+    reports = callback.reports
+    assert reports, "the LMS callback never rewrote a step"
+    if traces is not None:
+        assert len(reports) == traces, f"expected {traces} traces, got {len(reports)}"
+    for i, report in enumerate(reports):
+        assert report.num_swapped > 0, f"trace {i} swapped nothing, equivalence proves nothing:\n{report.table()}"
+        assert all(s.swap_ins for s in report.swaps), f"trace {i}: a swapped tensor has no swap-in"
+    assert callback.report is not None and callback.report in reports
+
+
+def is_keras_function(fn) -> bool:
+    return getattr(fn, "__module__", "") == "keras.src.backend.tensorflow.trainer"
+
+
+# ---------------------------------------------------------------- model cases
+MLP_IN, MLP_HIDDEN, MLP_OUT = 8, 16, 4
+
+
+class SubclassedMLP(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = [keras.layers.Dense(MLP_HIDDEN, activation="relu") for _ in range(3)]
+        self.head = keras.layers.Dense(MLP_OUT)
+
+    def call(self, x, training=False):
+        for layer in self.hidden:
+            x = layer(x)
+        return self.head(x)
+
+
+class CustomStepMLP(SubclassedMLP):
+    """A subclassed model with its own ``train_step`` (the usual Keras customization)."""
+
+    def train_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred, sample_weight=sample_weight)
+        return {m.name: m.result() for m in self.metrics}
+
+
+def mlp(kind: str) -> keras.Model:
+    """3 Dense+ReLU layers and a linear head, built from a fixed seed."""
+    keras.utils.set_random_seed(SEED)
+    if kind == "sequential":
+        return keras.Sequential([keras.Input((MLP_IN,))]
+                                + [keras.layers.Dense(MLP_HIDDEN, activation="relu") for _ in range(3)]
+                                + [keras.layers.Dense(MLP_OUT)])
+    if kind == "functional":
+        inputs = keras.Input((MLP_IN,))
+        h = inputs
+        for _ in range(3):
+            h = keras.layers.Dense(MLP_HIDDEN, activation="relu")(h)
+        return keras.Model(inputs, keras.layers.Dense(MLP_OUT)(h))
+    model = {"subclassed": SubclassedMLP, "custom_train_step": CustomStepMLP}[kind]()
+    model(np.zeros((1, MLP_IN), np.float32))  # create the weights now, in a fixed order
+    return model
+
+
+def compiled_mlp(kind: str, **compile_options: Any) -> keras.Model:
+    model = mlp(kind)
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate=1e-2), loss="mse", metrics=["mae"],
+                  **compile_options)
+    return model
+
+
+_rng = np.random.default_rng(0)
+#: 56 samples in batches of 16: three full batches and a short one (so Keras's dataset has a None batch dimension).
+MLP_X = _rng.standard_normal((56, MLP_IN)).astype(np.float32)
+MLP_Y = _rng.standard_normal((56, MLP_OUT)).astype(np.float32)
+MLP_VAL = (_rng.standard_normal((12, MLP_IN)).astype(np.float32),
+           _rng.standard_normal((12, MLP_OUT)).astype(np.float32))
+
+CNN_CLASSES = 5
+
+
+class SubclassedCNN(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.conv = keras.layers.Conv2D(8, 3, padding="same")
+        self.bn = keras.layers.BatchNormalization()
+        self.relu = keras.layers.ReLU()
+        self.pool = keras.layers.MaxPooling2D()
+        self.flat = keras.layers.Flatten()
+        self.dense = keras.layers.Dense(CNN_CLASSES)
+
+    def call(self, x, training=False):
+        return self.dense(self.flat(self.pool(self.relu(self.bn(self.conv(x), training=training)))))
+
+
+def compiled_cnn(kind: str) -> keras.Model:
+    """Conv2D + BatchNormalization + ReLU + MaxPool + Dense, SGD with momentum."""
+    keras.utils.set_random_seed(SEED)
+    layers = [keras.layers.Conv2D(8, 3, padding="same"), keras.layers.BatchNormalization(), keras.layers.ReLU(),
+              keras.layers.MaxPooling2D(), keras.layers.Flatten(), keras.layers.Dense(CNN_CLASSES)]
+    if kind == "sequential":
+        model = keras.Sequential([keras.Input((12, 12, 3))] + layers)
+    elif kind == "functional":
+        inputs = keras.Input((12, 12, 3))
+        h = inputs
+        for layer in layers:
+            h = layer(h)
+        model = keras.Model(inputs, h)
+    else:
+        model = SubclassedCNN()
+        model(np.zeros((1, 12, 12, 3), np.float32))
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.05, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    return model
+
+
+CNN_X = _rng.standard_normal((40, 12, 12, 3)).astype(np.float32)
+CNN_Y = _rng.integers(0, CNN_CLASSES, size=(40,)).astype(np.int32)
+CNN_SAMPLE_WEIGHT = _rng.uniform(0.1, 2.0, size=(40,)).astype(np.float32)
+CNN_CLASS_WEIGHT = {c: 0.5 + 0.25 * c for c in range(CNN_CLASSES)}
+CNN_VAL = (_rng.standard_normal((8, 12, 12, 3)).astype(np.float32),
+           _rng.integers(0, CNN_CLASSES, size=(8,)).astype(np.int32))
+
+
+# --------------------------------------------------------------------- runner
+@dataclasses.dataclass
+class Fitted:
+    model: keras.Model
+    history: dict[str, list[float]]
+    callback: LMS
+    run_metadata: Any = None  # what TensorFlow ran during the LMS fit, when asked for
+
+
+def fit_both(build: Callable[[], keras.Model], callback: LMS | None = None, *, record: bool = False,
+             **fit_options: Any) -> Fitted:
+    """Fit a fresh model plainly and a fresh model with ``callback``; assert bitwise-equal results.
+
+    With ``record=True`` the run metadata of the LMS fit (the graphs TensorFlow
+    optimized and ran) is kept.
+    """
+    fit_options = {"batch_size": 16, "epochs": 2, "shuffle": False, "verbose": 0, **fit_options}
+    reference = build()
+    initial = [(v.path, np.array(v.numpy())) for v in reference.weights]
+    ref_history = reference.fit(**fit_options).history
+    model = build()
+    callback = callback or LMS(swapout_threshold=THRESHOLD, verbose=0)
+    ctx = context.context()
+    if record:
+        ctx.enable_run_metadata()
+        ctx.export_run_metadata()  # drop graphs stored by earlier tests
+    try:
+        history = model.fit(callbacks=[callback], **fit_options).history
+        metadata = ctx.export_run_metadata() if record else None
+    finally:
+        if record:
+            ctx.disable_run_metadata()
+    trained = [(v.path, np.array(v.numpy())) for v in model.weights]
+    with pytest.raises(AssertionError):
+        assert_same_state(initial, trained, "training changed nothing: the comparison is vacuous")
+    assert history == ref_history, f"history differs:\n{history}\nvs plain fit\n{ref_history}"
+    assert_same_state(model_state(reference), model_state(model), "LMS fit vs plain fit")
+    assert is_keras_function(model.train_function), "Keras's train function was not put back after fit"
+    assert model.test_function is None or is_keras_function(model.test_function), "evaluate must not be touched"
+    return Fitted(model, history, callback, metadata)
+
+
+def assert_swaps_survived_grappler(run_metadata, report) -> None:
+    """Every op ``report`` inserted is in the graph TensorFlow ran, after grappler and after partitioning.
+
+    The rewritten step must have run as a function of its own: one function graph
+    TensorFlow reported holds all swap ops under their own names (inlined into a
+    caller they would be renamed, and optimized together with it).
+    """
+    inserted = set(report.inserted_ops)
+    holders = [fg for fg in run_metadata.function_graphs
+               if inserted <= {n.name for n in fg.pre_optimization_graph.node}]
+    assert len(holders) == 1, (f"{len(holders)} of {len(run_metadata.function_graphs)} function graphs that ran "
+                               "hold the rewritten step as a function of its own")
+    post = {n.name for n in holders[0].post_optimization_graph.node}
+    missing = sorted(inserted - post)
+    assert not missing, f"grappler removed {len(missing)} of {len(inserted)} swap ops: {missing}"
+    ran = {n.name for g in holders[0].partition_graphs for n in g.node}
+    missing = sorted(inserted - ran)
+    assert not missing, f"swap ops missing from the partition graphs that ran: {missing}"
+
+
+# ---------------------------------------------------------------------- tests
+@pytest.mark.parametrize("kind,steps_per_execution", [
+    ("sequential", 1), ("sequential", 3), ("functional", 3), ("subclassed", 1), ("custom_train_step", 3)])
+def test_fit_matches_plain_fit(kind, steps_per_execution, capsys):
+    """MLP + Adam, 2 epochs of 3 full batches and a short one, with validation data.
+
+    With steps_per_execution=3 the 4 batches of an epoch run as 3 + 1. The graphs
+    TensorFlow ran hold every swap op (run metadata).
+    """
+    fitted = fit_both(lambda: compiled_mlp(kind, steps_per_execution=steps_per_execution), record=True,
+                      x=MLP_X, y=MLP_Y, validation_data=MLP_VAL)
+    assert "val_loss" in fitted.history and "mae" in fitted.history
+    # one trace, for the dataset's element_spec (batch None) as Keras traces it; sized by the first batch
+    assert_swapped(fitted.callback, traces=1)
+    assert fitted.callback.report.plan.config.batch_size == 16
+    assert_swaps_survived_grappler(fitted.run_metadata, fitted.callback.report)
+    assert "tflms.keras.LMS" not in capsys.readouterr().out, "verbose=0 must print nothing"
+
+
+@pytest.mark.parametrize("kind,weighting", [("sequential", "class_weight"), ("functional", "sample_weight"),
+                                            ("subclassed", "class_weight")])
+def test_cnn_batchnorm_with_weights_matches_plain_fit(kind, weighting):
+    """Conv + BatchNorm + SGD with momentum, class or sample weights, a short last batch, validation data."""
+    weights = {"class_weight": CNN_CLASS_WEIGHT} if weighting == "class_weight" else {
+        "sample_weight": CNN_SAMPLE_WEIGHT}
+    fitted = fit_both(lambda: compiled_cnn(kind), LMS(swapout_threshold=2, verbose=0), x=CNN_X, y=CNN_Y,
+                      epochs=1, validation_data=CNN_VAL, **weights)
+    model, callback = fitted.model, fitted.callback
+    assert any("moving_variance" in v.path for v in model.weights)
+    assert_swapped(callback)
+    # the weights reach the rewritten step as a third input (Keras turns class_weight into sample weights)
+    first = callback._order[0].original  # noqa: SLF001 - the test looks at the traced function itself
+    assert len(tflms.keras._input_specs(first)) == 3, tflms.keras._describe_inputs(first)
+
+
+@pytest.fixture
+def mixed_float16():
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
+@pytest.mark.parametrize("kind", ["sequential", "subclassed"])
+def test_mixed_precision_matches_plain_fit(kind, mixed_float16):
+    fitted = fit_both(lambda: compiled_mlp(kind), x=MLP_X[:48], y=MLP_Y[:48])
+    model, callback = fitted.model, fitted.callback
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert_swapped(callback, traces=1)
+    dtypes = {s["dtype"] for s in callback.report.to_dict()["swaps"]}
+    assert "float16" in dtypes, f"expected float16 activations to be swapped, got {dtypes}"
+
+
+def test_repeated_fit_reuses_traces_and_retraces_new_signatures():
+    """Five fits: the same data twice (one trace), a larger batch (resized once), sample weights (a new
+    signature: a new trace), and finally without the callback (Keras's own step).
+
+    44 samples leave a short last batch, so Keras's datasets have an unknown batch
+    dimension and the trace is shared by batch sizes 8 and 16; it was sized for 8,
+    so it is rewritten once more, sized for 16, when 16 arrives.
+    """
+    fits = [dict(batch_size=8, lms=True), dict(batch_size=8, lms=True), dict(batch_size=16, lms=True),
+            dict(batch_size=16, lms=True, sample_weight=np.linspace(0.5, 1.5, 44).astype(np.float32)),
+            dict(batch_size=16, lms=False)]
+
+    def train(model: keras.Model, callback: LMS | None):
+        counts = []
+        for options in fits:
+            options = dict(options)
+            callbacks = [callback] if options.pop("lms") and callback is not None else []
+            model.fit(MLP_X[:44], MLP_Y[:44], epochs=1, shuffle=False, verbose=0, callbacks=callbacks, **options)
+            counts.append(0 if callback is None else len(callback.reports))
+        return counts
+
+    reference = compiled_mlp("functional")
+    train(reference, None)
+    model = compiled_mlp("functional")
+    callback = LMS(swapout_threshold=THRESHOLD, verbose=0)
+    counts = train(model, callback)
+    assert counts == [1, 1, 2, 3, 3], counts
+    assert is_keras_function(model.train_function)
+    assert_same_state(model_state(reference), model_state(model), "five fits, four with LMS")
+    assert_swapped(callback, traces=3)
+    assert [r.plan.config.batch_size for r in callback.reports] == [8, 16, 16]
+
+
+def test_a_new_compile_gets_a_new_rewrite():
+    """compile() makes Keras build a new step (new optimizer variables): LMS must not reuse the old trace."""
+    reference, model = compiled_mlp("sequential"), compiled_mlp("sequential")
+    callback = LMS(swapout_threshold=THRESHOLD, verbose=0)
+    for m, cbs in ((reference, []), (model, [callback])):
+        m.fit(MLP_X[:32], MLP_Y[:32], batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=cbs)
+        m.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1, momentum=0.5), loss="mae")
+        m.fit(MLP_X[:32], MLP_Y[:32], batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=cbs)
+    assert_swapped(callback, traces=2)
+    assert_same_state(model_state(reference), model_state(model), "fit, compile, fit")
+
+
+def test_budget_chooses_the_rewrite():
+    """With budget=..., the tuner picks the parameters; just below the unswapped peak it must swap."""
+    build = lambda: compiled_cnn("sequential")  # noqa: E731
+    fit = {"x": CNN_X[:32], "y": CNN_Y[:32], "epochs": 1}
+    roomy = fit_both(build, LMS(budget="1GiB", verbose=0), **fit).callback
+    tuning = roomy.report.tuning
+    assert tuning is not None and tuning["strategy"] == "none" and roomy.report.num_swapped == 0, tuning
+    tight = tuning["baseline_peak_bytes"] - 1
+    callback = fit_both(build, LMS(budget=tight, verbose=0), **fit).callback
+    assert_swapped(callback, traces=1)
+    tuning = callback.report.tuning
+    assert tuning["budget_bytes"] == tight and tuning["predicted_peak_bytes"] <= tight, tuning
+
+
+def test_saved_model_has_no_swap_ops_and_loads_without_tflms(tmp_path):
+    fitted = fit_both(lambda: compiled_mlp("functional"), x=MLP_X[:48], y=MLP_Y[:48])
+    model, callback = fitted.model, fitted.callback
+    assert_swapped(callback)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    with zipfile.ZipFile(path) as archive:
+        for member in archive.namelist():
+            data = archive.read(member)
+            assert b"lms/swap" not in data and b"tflms" not in data, f"{member} mentions tflms"
+    np.savez(tmp_path / "expected.npz", *model.get_weights())
+    x = MLP_X[:4]
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "predicted.npy", model.predict(x, verbose=0))
+    script = textwrap.dedent(f"""
+        import sys
+        import numpy as np
+        import keras
+        model = keras.models.load_model({str(path)!r})
+        expected = np.load({str(tmp_path / 'expected.npz')!r})
+        got = model.get_weights()
+        assert len(got) == len(expected.files)
+        for i, w in enumerate(got):
+            assert w.tobytes() == expected[f"arr_{{i}}"].tobytes(), f"weight {{i}} differs"
+        predicted = model.predict(np.load({str(tmp_path / 'x.npy')!r}), verbose=0)
+        assert predicted.tobytes() == np.load({str(tmp_path / 'predicted.npy')!r}).tobytes()
+        assert not any(m == "tflms" or m.startswith("tflms.") for m in sys.modules), "tflms was imported"
+        print("loaded ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert done.returncode == 0 and "loaded ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_exported_saved_model_has_no_swap_ops(tmp_path):
+    fitted = fit_both(lambda: compiled_mlp("sequential"), x=MLP_X[:32], y=MLP_Y[:32], epochs=1)
+    model, callback = fitted.model, fitted.callback
+    assert_swapped(callback)
+    model.export(str(tmp_path / "exported"), verbose=False)
+    data = (tmp_path / "exported" / "saved_model.pb").read_bytes()
+    assert b"lms/swap" not in data and b"_grappler_do_not_remove" not in data
+    reloaded = tf.saved_model.load(str(tmp_path / "exported"))
+    got = reloaded.serve(tf.constant(MLP_X[:4]))
+    assert np.array_equal(np.asarray(got), model.predict(MLP_X[:4], verbose=0))
+
+
+# ------------------------------------------------------------------- refusals
+def _weights_after_refused_fit(model: keras.Model, callbacks: list, match: str):
+    weights = lambda: [(v.path, np.array(v.numpy())) for v in model.weights]  # noqa: E731
+    before = weights()
+    with pytest.raises(UnsupportedModelError, match=match):
+        model.fit(MLP_X[:16], MLP_Y[:16], batch_size=16, verbose=0, callbacks=callbacks)
+    assert_same_state(before, weights(), "a refused fit must not train")
+
+
+def test_jit_compile_is_refused_before_any_step():
+    model = compiled_mlp("sequential", jit_compile=True)
+    _weights_after_refused_fit(model, [LMS(verbose=0)], "jit_compile=True.*jit_compile=False")
+
+
+def test_distribution_strategy_is_refused():
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        model = compiled_mlp("sequential")
+    _weights_after_refused_fit(model, [LMS(verbose=0)], "OneDeviceStrategy.*not supported")
+
+
+def test_a_train_function_keras_did_not_build_is_refused():
+    class OwnTrainFunction(SubclassedMLP):
+        def make_train_function(self, force=False):
+            super().make_train_function(force)
+            keras_function = self.train_function
+            self.train_function = lambda iterator: keras_function(iterator)
+
+    model = OwnTrainFunction()
+    model(np.zeros((1, MLP_IN), np.float32))
+    model.compile(optimizer="adam", loss="mse")
+    _weights_after_refused_fit(model, [LMS(verbose=0)], "make_train_function")
+
+
+def test_two_lms_callbacks_are_refused():
+    model = compiled_mlp("sequential")
+    _weights_after_refused_fit(model, [LMS(verbose=0), LMS(verbose=0)], "another LMS callback")
+
+
+def test_run_eagerly_stands_aside_with_a_warning():
+    reference = compiled_mlp("sequential", run_eagerly=True)
+    reference.fit(MLP_X[:32], MLP_Y[:32], batch_size=16, epochs=1, shuffle=False, verbose=0)
+    model = compiled_mlp("sequential", run_eagerly=True)
+    callback = LMS(verbose=0)
+    with pytest.warns(UserWarning, match="run_eagerly=True.*stands aside"):
+        model.fit(MLP_X[:32], MLP_Y[:32], batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+    assert callback.report is None and callback.reports == []
+    assert_same_state(model_state(reference), model_state(model), "run_eagerly with LMS standing aside")
+
+
+def test_interrupted_fit_is_recovered_by_the_next_fit():
+    """An exception in the middle of fit skips on_train_end; the next fit with the callback still works."""
+    class Interrupt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 1:
+                raise KeyboardInterrupt("stop")
+
+    def train(model, callbacks):
+        with pytest.raises(KeyboardInterrupt):
+            model.fit(MLP_X, MLP_Y, batch_size=16, shuffle=False, verbose=0, callbacks=callbacks + [Interrupt()])
+        model.fit(MLP_X, MLP_Y, batch_size=16, shuffle=False, verbose=0, callbacks=callbacks)
+
+    reference = compiled_mlp("sequential")
+    train(reference, [])
+    model, callback = compiled_mlp("sequential"), LMS(swapout_threshold=THRESHOLD, verbose=0)
+    train(model, [callback])
+    assert is_keras_function(model.train_function)
+    assert_swapped(callback)
+    assert_same_state(model_state(reference), model_state(model), "interrupted fit, then fit")
+    # a different LMS callback while the first one's step is still installed is refused, not stacked
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(MLP_X, MLP_Y, batch_size=16, verbose=0, callbacks=[callback, Interrupt()])
+    with pytest.raises(UnsupportedModelError, match="another LMS callback"):
+        model.fit(MLP_X, MLP_Y, batch_size=16, verbose=0, callbacks=[LMS(verbose=0)])
+
+
+# --------------------------------------------------------------- user surface
+@pytest.mark.parametrize("verbose", [1, 2])
+def test_verbose_says_what_it_did_once_per_trace(verbose, capsys):
+    model = compiled_mlp("sequential")
+    callback = LMS(verbose=verbose, swapout_threshold=THRESHOLD)
+    model.fit(MLP_X, MLP_Y, batch_size=16, epochs=2, shuffle=False, verbose=0, callbacks=[callback])
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("tflms.keras.LMS:")]
+    assert_swapped(callback, traces=1)
+    assert len(lines) == 1, f"one trace, two epochs of four steps: one line expected\n{out}"
+    assert f"{callback.report.num_swapped} tensors swapped" in lines[0]
+    assert "(None, 8) float32, (None, 4) float32, sized for batch 16" in lines[0], lines[0]
+    assert ("tensor" in out and "skipped candidates" in out) == (verbose == 2), out
+
+
+def test_options_are_checked_when_the_callback_is_built():
+    with pytest.raises(tflms.ConfigError, match="swapout_treshold.*did you mean 'swapout_threshold'"):
+        LMS(swapout_treshold=2)
+    with pytest.raises(tflms.DeviceError, match="GPU:7"):
+        LMS(accelerator_device="/device:GPU:7")
+    with pytest.raises(tflms.ConfigError, match="both '/device:CPU:0'"):
+        LMS(accelerator_device="CPU:0")  # host_device defaults to the CPU too
+    with pytest.raises(ValueError, match="verbose"):
+        LMS(verbose=3)
+    assert LMS("2GiB").config.budget_bytes == 2 * 1024 ** 3
+    assert LMS(swapin_ahead=3, config=tflms.LMSConfig(swapout_threshold=5)).config.swapout_threshold == 5
+    assert LMS().report is None and LMS().reports == []
+    assert isinstance(LMS(), keras.callbacks.Callback)
+
