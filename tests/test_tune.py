@@ -162,3 +162,25 @@ def test_max_batch_with_and_without_tflms():
     with pytest.raises(tflms.GraphError, match="unknown leading"):
         fixed = tf.function(step.python_function).get_concrete_function(tf.ones((4, 256)))
         max_batch(tf_io.from_concrete_function(fixed), profile=profile)
+
+
+def test_majority_vote_of_doa_aoa_wdoa():
+    from tflms.ir.graph import TensorRef
+    from tflms.tune.idle import IdleCandidate, majority_order
+
+    def cand(name, size, idle, load):
+        # copy_s 0: DOA = idle, AOA = idle * size, WDOA = load.
+        return IdleCandidate(TensorRef(name), size, 0.0, idle, 0.0, (), ("c",), load_byte_s=load)
+
+    a = cand("a", 100, 1.0, 50.0)   # DOA 1, AOA 100, WDOA 50
+    b = cand("b", 10, 5.0, 80.0)    # DOA 5, AOA 50,  WDOA 80  -> beats a on 2 of 3
+    c = cand("c", 1000, 0.5, 10.0)  # DOA .5, AOA 500, WDOA 10 -> loses to b (2 of 3), loses to a (2 of 3)
+    assert [x.tensor.op for x in majority_order([a, b, c])] == ["b", "a", "c"]
+
+
+def test_load_integral_over_absence_windows():
+    from tflms.tune.idle import _load_integrals
+
+    timeline = [(0.0, 10, 0), (1.0, 30, 0), (3.0, 5, 0)]
+    assert _load_integrals(timeline, [(0.5, 2.0), (2.5, 4.0), (1.0, 1.0)]) == [0.5 * 10 + 1.0 * 30,
+                                                                              0.5 * 30 + 1.0 * 5, 0.0]

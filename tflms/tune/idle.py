@@ -4,10 +4,12 @@ A tensor alive at the peak but not read there *idles*: from its last access
 before the peak until its next access after it. Swapping it frees its bytes for
 that window; the copies cost ``2 * copy_time``. Its *duration of absence*
 ``DOA = idle - 2 * copy_time`` says whether the copies can hide behind compute
-(``DOA > 0``), and the *area of absence* ``AOA = DOA * bytes`` how much
-memory-time it relieves. Candidates are ranked by AOA and picked greedily until
-the simulated peak fits the budget; the simulation is re-run after each round
-because the peak moves.
+(``DOA > 0``), the *area of absence* ``AOA = DOA * bytes`` how much memory-time
+it relieves, and the *weighted DOA* (WDOA) how much memory load (live
+byte-seconds on the device) its absence overlaps. Candidates are ordered by
+majority vote of the three scores (Zhang et al., arXiv 1903.06631) and picked
+greedily until the simulated peak fits the budget; the simulation is re-run
+after each round because the peak moves.
 
 Each swap-in is triggered by the latest ancestor of its consumer that ends at
 least one copy time before the consumer starts (so the copy finishes in time)
@@ -16,6 +18,7 @@ but not before the peak (so the tensor is on the host at the peak).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -53,6 +56,16 @@ class IdleCandidate:
     swap_ins: tuple[SwapInChoice, ...] = ()
     produced_s: float = 0.0
     peak_s: float = 0.0
+    load_byte_s: float = 0.0  # integral of accelerator live bytes over the absence window
+
+    @property
+    def wdoa(self) -> float:
+        """Weighted DOA: the memory load (byte-seconds) the tensor's absence overlaps.
+
+        A tensor absent while the device is fullest relieves the most pressure;
+        negative when the copies do not fit in the idle window (like DOA).
+        """
+        return self.load_byte_s if self.doa_s > 0 else self.doa_s * self.num_bytes
 
     @property
     def idle_s(self) -> float:
@@ -112,8 +125,52 @@ def idle_candidates(analysis: Analysis, sim: SimResult, profile: HardwareProfile
         swap_ins = tuple(_swap_in_choices(analysis, ref.op, far, spans, copy_s, peak, config.swapin_groupby))
         found.append(IdleCandidate(ref, size, last_before, spans[far[0]][0], copy_s, near, far, swap_ins,
                                    produced_s=spans[ref.op][1], peak_s=peak))
-    found.sort(key=lambda c: (-c.aoa, c.tensor))
-    return found
+    loads = _load_integrals(sim.timeline, [(c.last_before_s + c.copy_s, c.next_after_s - c.copy_s) for c in found])
+    found = [dataclasses.replace(c, load_byte_s=load) for c, load in zip(found, loads)]
+    return majority_order(found)
+
+
+#: The scores of Zhang et al. that vote on the order of candidates.
+SCORES = (("doa", lambda c: c.doa_s), ("aoa", lambda c: c.aoa), ("wdoa", lambda c: c.wdoa))
+
+
+def majority_order(candidates: Sequence[IdleCandidate]) -> list[IdleCandidate]:
+    """Order candidates by majority vote of DOA, AOA and WDOA.
+
+    Candidate A beats B when at least two of the three scores prefer A; the
+    order is by number of such wins (Copeland's method), ties by AOA then name.
+    """
+    scores = [[fn(c) for _, fn in SCORES] for c in candidates]
+    wins = [0] * len(candidates)
+    for i in range(len(candidates)):
+        for j in range(i + 1, len(candidates)):
+            votes = sum(1 for a, b in zip(scores[i], scores[j]) if a > b)
+            against = sum(1 for a, b in zip(scores[i], scores[j]) if a < b)
+            if votes > against:
+                wins[i] += 1
+            elif against > votes:
+                wins[j] += 1
+    ranked = sorted(range(len(candidates)), key=lambda k: (-wins[k], -candidates[k].aoa, candidates[k].tensor))
+    return [candidates[k] for k in ranked]
+
+
+def _load_integrals(timeline: Sequence[tuple[float, int, int]], windows: Sequence[tuple[float, float]]) -> list[float]:
+    """Integral of accelerator live bytes over each ``(start, end)`` window (0 for empty windows)."""
+    times = [t for t, _, _ in timeline]
+    out = []
+    for start, end in windows:
+        if end <= start:
+            out.append(0.0)
+            continue
+        total = 0.0
+        k = max(0, bisect.bisect_right(times, start) - 1)
+        while k < len(timeline) and timeline[k][0] < end:
+            seg_start = max(start, timeline[k][0])
+            seg_end = min(end, timeline[k + 1][0] if k + 1 < len(timeline) else end)
+            total += max(0.0, seg_end - seg_start) * timeline[k][1]
+            k += 1
+        out.append(total)
+    return out
 
 
 def _swap_in_choices(analysis: Analysis, producer: str, far: Sequence[str], spans, copy_s: float, peak_s: float,
