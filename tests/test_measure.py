@@ -76,7 +76,8 @@ def mlp_step():
     """A Keras MLP + SGD training step traced by tf.function (batch 64), and its GraphDef."""
     keras = pytest.importorskip("keras")
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
+    model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu", name="dense"),
+                              keras.layers.Dense(10, name="dense_1")])
     optimizer = keras.optimizers.SGD(learning_rate=0.1)
     optimizer.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)

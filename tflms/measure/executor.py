@@ -35,6 +35,16 @@ the client, a variable update that had to copy) leaves the timeline's last value
 Function calls (``PartitionedCall``) are measured too: the records of the ops
 inside the function body appear under their own names.
 
+The executor's own schedule is reported too: :attr:`ExecutorMeasurement.node_times`
+gives every node that ran its start and end (microseconds since the step start,
+from the step stats' nanosecond fields) and device role. With two inter-op threads
+the executor runs ready ops in parallel, in an order that is not the CTO level
+order; :meth:`ExecutorMeasurement.start_order` lists the nodes by start time, and
+:func:`tflms.sim.simulator.order_from_start_times` turns that into an execution
+order of an IR graph for ``simulate(order=...)``. Nodes the runtime adds (``_SOURCE``,
+``_arg_*``/``_retval_*``, ``_Send``/``_Recv``, the variables of this module) are
+included as they ran; fed placeholders do not run and are absent.
+
 The traced step always starts from the given variable values: variables are
 re-initialised after the warm-up runs, so :attr:`ExecutorMeasurement.variables_after`
 holds exactly one step's update.
@@ -43,6 +53,12 @@ Usage::
 
     m = measure_executor_peak(graph_def, feeds={"x": x}, fetches=["loss:0"])
     m.peak("accelerator"), m.peak("host")
+
+    # a traced training step, original and rewritten, in one subprocess
+    ms = measure_executor_peaks([step_request(concrete, (x, y)),
+                                 step_request(concrete, (x, y), graph_def=tf_io.to_graph_def(rewritten))])
+    # the simulator's view of the same machine, in the executor's own schedule
+    simulate(rewritten, EMULATION_PROFILE, options=EMULATION_SIM_OPTIONS, observed=ms[1].spans_s())
 
 The subprocess runs :func:`main` (``python -c "from tflms.measure.executor import
 main; main()" REQUEST_DIR``); the request directory format is private.
@@ -64,6 +80,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from tflms.errors import ConfigError, GraphError, TflmsError
+from tflms.sim.profiles import GIB, HardwareProfile
+from tflms.sim.simulator import ONEDNN_CPU_WORKSPACES, SimOptions
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from tensorflow.core.framework.graph_pb2 import GraphDef
@@ -81,6 +99,19 @@ _ROLE_BY_CPU_INDEX = {1: "accelerator", 0: "host"}
 #: compute stream). With one thread the host copies starve until the accelerator's
 #: ready ops are done, and swapped tensors stay live far longer than on real hardware.
 INTER_OP_THREADS = 2
+#: The emulated machine as a simulator profile, for comparing simulated and measured peaks.
+#: The memory a swapped graph needs depends on when copies run relative to compute, so
+#: plans judged with a GPU profile behave differently here. Rough figures from the step
+#: stats of ``tools/validate_memory.py`` on a 2-core x86 machine: MatMul/Conv2D kernels
+#: reach ~65 GFLOP/s, element-wise ops ~8 GB/s, a 4 MiB DeepCopy takes 0.5-2 ms, tiny
+#: ops 20-80 us.
+EMULATION_PROFILE = HardwareProfile(
+    "emulated-cpu", memory_bytes=64 * GIB, peak_flops=100e9, memory_gbps=12, link_gbps=5, link_latency_s=20e-6,
+    launch_overhead_s=20e-6, compute_efficiency=0.65, link_efficiency=0.8, host_memory_bytes=64 * GIB,
+    description="two logical CPU devices of tflms.measure.executor (CPU:1 = accelerator)")
+#: Simulator options matching the emulation: the host device, and the workspaces of the
+#: oneDNN kernels TensorFlow's x86 CPU build uses by default (``TF_ENABLE_ONEDNN_OPTS``).
+EMULATION_SIM_OPTIONS = SimOptions(host_device=HOST_DEVICE, workspace_bytes_per_element=ONEDNN_CPU_WORKSPACES)
 #: How much of the subprocess stderr an error message quotes.
 STDERR_TAIL_CHARS = 4000
 
@@ -120,12 +151,31 @@ class DeviceMemory:
 
 
 @dataclass(frozen=True)
+class NodeTime:
+    """When one node ran in the traced step: microseconds since the step start, and its device role."""
+
+    start_us: float
+    end_us: float
+    role: str  # "accelerator" or "host" ("" for a device of neither role)
+
+
+@dataclass(frozen=True)
 class ExecutorMeasurement:
-    """Result of one traced step: per-device memory, fetched values, variables after the step."""
+    """Result of one traced step: per-device memory, fetched values, variables after the step,
+    and when each node ran (``node_times``, by node name)."""
 
     devices: Mapping[str, DeviceMemory]
     fetch_values: Mapping[str, np.ndarray] = field(default_factory=dict)
     variables_after: Mapping[str, np.ndarray] = field(default_factory=dict)
+    node_times: Mapping[str, NodeTime] = field(default_factory=dict)
+
+    def start_order(self) -> list[str]:
+        """Names of the nodes that ran, by start time (ties by end time, then name)."""
+        return sorted(self.node_times, key=lambda n: (self.node_times[n].start_us, self.node_times[n].end_us, n))
+
+    def spans_s(self) -> dict[str, tuple[float, float]]:
+        """``{node: (start_s, end_s)}``: ``node_times`` in seconds, the form ``simulate(observed=...)`` takes."""
+        return {name: (t.start_us * 1e-6, t.end_us * 1e-6) for name, t in self.node_times.items()}
 
     def peak(self, which: str = "accelerator", *, include_persistent: bool = False) -> int:
         """Peak live bytes of ``which`` ("accelerator" or "host") during the step.
@@ -209,6 +259,43 @@ def measure_executor_peaks(requests: Sequence[ExecutorRequest], *, timeout_s: fl
         (request_dir / "requests.json").write_text(json.dumps({"requests": manifest}))
         raw_results, stderr_tail = _run_subprocess(request_dir, timeout_s)
         return [_to_measurement(request_dir, index, raw, stderr_tail) for index, raw in enumerate(raw_results)]
+
+
+def step_request(concrete_function: Any, args: Sequence[Any], *, graph_def: GraphDef | None = None,
+                 warmup_runs: int = 1) -> ExecutorRequest:
+    """A request that runs one step of a traced ``tf.function`` as the function would.
+
+    ``args`` are the values of the function's argument tensors, in ``FuncGraph.inputs``
+    order. Captured variables start from their current values (read now); other captured
+    tensors are fed. Fetches are the function's outputs, targets its control outputs (the
+    variable updates). ``graph_def`` runs another graph with the same placeholders instead,
+    e.g. ``tf_io.to_graph_def`` of a rewrite of the function.
+    """
+    func_graph = concrete_function.graph
+    captured = list(func_graph.captures)
+    num_args = len(func_graph.inputs) - len(captured)
+    if len(args) != num_args:
+        raise ConfigError(f"the function takes {num_args} argument tensors, got {len(args)} values")
+    feeds = {tensor.op.name: np.asarray(value) for tensor, value in zip(func_graph.inputs[:num_args], args)}
+    try:
+        known = func_graph.variables
+    except AssertionError as exc:  # TensorFlow's message for weakly held variables that are gone
+        raise GraphError("the function's variables have been deleted: keep the model and optimizer alive "
+                         "while measuring its step") from exc
+    by_handle = {id(var.handle): var for var in known if getattr(var, "handle", None) is not None}
+    variables = {}
+    for external, internal in captured:
+        var = by_handle.get(id(external))
+        if var is not None:
+            variables[internal.op.name] = np.asarray(var.numpy())
+        elif internal.dtype.name == "resource":
+            raise GraphError(f"captured resource {internal.op.name!r} is not one of the function's variables; "
+                             "only variables can be recreated in the measuring process")
+        else:
+            feeds[internal.op.name] = np.asarray(external.numpy())
+    return ExecutorRequest(graph_def=func_graph.as_graph_def() if graph_def is None else graph_def, feeds=feeds,
+                           variables=variables, fetches=tuple(t.name for t in func_graph.outputs),
+                           targets=tuple(op.name for op in func_graph.control_outputs), warmup_runs=warmup_runs)
 
 
 # --------------------------------------------------------------------------------------------- parent side
@@ -339,7 +426,15 @@ def _to_measurement(request_dir: Path, index: int, raw: dict[str, Any], stderr_t
     with np.load(request_dir / f"outputs_{index}.npz", allow_pickle=False) as outputs:
         fetch_values = {name: outputs[f"fetch_{i}"] for i, name in enumerate(raw["fetch_names"])}
         variables_after = {name: outputs[f"var_{i}"] for i, name in enumerate(raw["variable_names"])}
-    return ExecutorMeasurement(devices=devices, fetch_values=fetch_values, variables_after=variables_after)
+    origin_ns = raw["step_start_micros"] * 1000
+    node_times = {}
+    for name, raw_device, start_ns, end_ns in raw.get("nodes", ()):
+        if name in node_times and node_times[name].start_us <= (start_ns - origin_ns) / 1000:
+            continue  # a name on two devices (runtime nodes): keep the first run
+        node_times[name] = NodeTime(start_us=(start_ns - origin_ns) / 1000, end_us=(end_ns - origin_ns) / 1000,
+                                    role=_role_of_device(raw_device) or "")
+    return ExecutorMeasurement(devices=devices, fetch_values=fetch_values, variables_after=variables_after,
+                               node_times=node_times)
 
 
 def _role_of_device(device: str) -> str | None:
@@ -475,15 +570,25 @@ def _import_with_variables(tf: Any, graph_def: Any, variables: Sequence[tuple[st
     return session_graph
 
 
-def _collect_records(step_stats: Any) -> tuple[dict[str, dict[str, Any]], int]:
-    """Allocation records per device (``{device: {"records": [(micros, bytes, node)], "allocators": [...]}}``)
-    and the step's first start time."""
+def _node_span_ns(node_stats: Any) -> tuple[int, int]:
+    """Start and end of a node in nanoseconds (from the nanosecond fields when set)."""
+    if node_stats.all_start_nanos:
+        return node_stats.all_start_nanos, node_stats.all_start_nanos + node_stats.all_end_rel_nanos
+    start = node_stats.all_start_micros * 1000
+    return start, start + node_stats.all_end_rel_micros * 1000
+
+
+def _collect_records(step_stats: Any) -> tuple[dict[str, dict[str, Any]], int, list[list[Any]]]:
+    """Allocation records per device (``{device: {"records": [(micros, bytes, node)], "allocators": [...]}}``),
+    the step's first start time (micros) and ``[node, device, start_ns, end_ns]`` of every node."""
     devices: dict[str, dict[str, Any]] = {}
+    nodes: list[list[Any]] = []
     start = None
     for dev_stats in step_stats.dev_stats:
         device = devices.setdefault(dev_stats.device, {"records": [], "allocators": []})
         for node_stats in dev_stats.node_stats:
             start = node_stats.all_start_micros if start is None else min(start, node_stats.all_start_micros)
+            nodes.append([node_stats.node_name, dev_stats.device, *_node_span_ns(node_stats)])
             for memory in node_stats.memory:
                 if memory.allocation_records:
                     device["allocators"].append(memory.allocator_name)
@@ -493,7 +598,7 @@ def _collect_records(step_stats: Any) -> tuple[dict[str, dict[str, Any]], int]:
         if _role_of_device(raw_name) is None and not devices[raw_name]["records"]:
             logger.debug("ignoring device %s without allocation records", raw_name)
             del devices[raw_name]
-    return devices, start or 0
+    return devices, start or 0, nodes
 
 
 def _measure_one(tf: Any, request_dir: Path, index: int, entry: dict[str, Any]) -> dict[str, Any]:
@@ -520,7 +625,7 @@ def _measure_one(tf: Any, request_dir: Path, index: int, entry: dict[str, Any]) 
         fetched, _ = session.run([fetch_tensors, run_ops], feed_dict=feeds, options=options, run_metadata=metadata)
         variables_after = session.run(session_graph.reads) if session_graph.reads else []
 
-    devices, start = _collect_records(metadata.step_stats)
+    devices, start, nodes = _collect_records(metadata.step_stats)
     persistent = _const_bytes_by_device(tf, graph_def)
     persistent["accelerator"] = persistent.get("accelerator", 0) + sum(int(value.nbytes) for value in var_values)
     for name, value in zip(fetch_names, fetched):
@@ -531,7 +636,7 @@ def _measure_one(tf: Any, request_dir: Path, index: int, entry: dict[str, Any]) 
              **{f"fetch_{i}": np.asarray(value) for i, value in enumerate(fetched)},
              **{f"var_{i}": np.asarray(value) for i, value in enumerate(variables_after)})
     return {"devices": devices, "persistent_bytes": persistent, "step_start_micros": start,
-            "fetch_names": fetch_names, "variable_names": list(entry["variables"])}
+            "fetch_names": fetch_names, "variable_names": list(entry["variables"]), "nodes": nodes}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,8 +1,18 @@
-"""Per-op compute estimates from static shapes: FLOPs and bytes on a roofline."""
+"""Per-op compute estimates from static shapes: FLOPs and bytes on a roofline.
+
+Encode/decode calls inserted by :mod:`tflms.compress.rewrite` (``PartitionedCall``
+ops marked with :data:`CODEC_ATTR` and :data:`CODEC_ROLE_ATTR`) are costed by
+:func:`codec_time_s`: from measured throughputs when the profile carries them
+(``profile.codec_throughputs``, see :func:`tflms.compress.calibrate.with_throughputs`),
+else on the roofline, as the memory traffic of the codec's unfused TF kernels
+(:data:`CODEC_TRAFFIC`) at the profile's memory bandwidth.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Any
 
 from tflms.ir.graph import Graph, Op
 from tflms.sim.profiles import HardwareProfile
@@ -18,6 +28,85 @@ _FLOPS_PER_ELEMENT = {
 FREE_OPS = frozenset({"Const", "Placeholder", "_Arg", "_Retval", "NoOp", "Shape", "ShapeN", "Size", "Rank",
                       "ReadVariableOp", "VarHandleOp", "Identity", "Reshape", "Squeeze", "ExpandDims",
                       "StopGradient", "Snapshot", "PreventGradient", "BroadcastGradientArgs"})
+
+
+#: NodeDef attribute of an encode/decode call: the codec's cost key (``Codec.cost_key``, e.g. ``"zvc"``).
+CODEC_ATTR = "_tflms_codec"
+#: NodeDef attribute of an encode/decode call: ``"encode"`` or ``"decode"``.
+CODEC_ROLE_ATTR = "_tflms_codec_role"
+ENCODE, DECODE = "encode", "decode"
+
+
+@dataclasses.dataclass(frozen=True)
+class CodecTraffic:
+    """Memory traffic of one codec's TF-op implementation, per byte of the uncompressed tensor.
+
+    ``*_passes``: bytes read plus bytes written by its kernels (every intermediate
+    written and read once, nothing fused) divided by the uncompressed bytes;
+    ``*_kernels``: kernels launched per call (ops that are not metadata-only).
+    """
+
+    encode_passes: float
+    decode_passes: float
+    encode_kernels: int
+    decode_kernels: int
+
+    def passes(self, role: str) -> float:
+        return self.encode_passes if role == ENCODE else self.decode_passes
+
+    def kernels(self, role: str) -> int:
+        return self.encode_kernels if role == ENCODE else self.decode_kernels
+
+
+#: Counted by ``tflms.compress.calibrate.memory_traffic`` over the traced TF ops of each codec for
+#: 2**20 float32 elements, half of them zero (``tests/test_compression.py`` recounts them). The
+#: zero-value codec's data-dependent intermediates (indices, values) scale with the non-zero fraction.
+CODEC_TRAFFIC: dict[str, CodecTraffic] = {
+    "zvc": CodecTraffic(7.28, 16.66, 10, 19),
+    "fp16": CodecTraffic(10.0, 1.5, 6, 1),
+    "fp16-nosat": CodecTraffic(1.5, 1.5, 1, 1),
+    "bf16": CodecTraffic(10.0, 1.5, 6, 1),
+    "bf16-nosat": CodecTraffic(1.5, 1.5, 1, 1),
+    "int8-block": CodecTraffic(28.25, 19.86, 33, 17),
+}
+
+
+def codec_call(op: Op) -> tuple[str, str] | None:
+    """``(cost key, role)`` of an encode/decode call inserted by tflms.compress, else ``None``."""
+    attrs = op.attrs
+    if not attrs or CODEC_ATTR not in attrs or CODEC_ROLE_ATTR not in attrs:
+        return None
+    return _attr_str(attrs[CODEC_ATTR]), _attr_str(attrs[CODEC_ROLE_ATTR])
+
+
+def _attr_str(value: Any) -> str:
+    raw = getattr(value, "s", value)
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def codec_time_s(cost_key: str, role: str, num_bytes: int, profile: HardwareProfile,
+                 throughputs: Any = None) -> float:
+    """Time to encode or decode a tensor of ``num_bytes`` (uncompressed) with the codec ``cost_key``.
+
+    ``throughputs`` (default: ``profile.codec_throughputs`` if the profile has
+    them) is an object with ``encode_bytes_per_s(key)`` / ``decode_bytes_per_s(key)``
+    returning measured bytes per second or ``None``; without a figure for the
+    codec the roofline of :data:`CODEC_TRAFFIC` applies.
+    """
+    if role not in (ENCODE, DECODE):
+        raise ValueError(f"codec role must be {ENCODE!r} or {DECODE!r}, got {role!r}")
+    if throughputs is None:
+        throughputs = getattr(profile, "codec_throughputs", None)
+    if throughputs is not None:
+        rate = (throughputs.encode_bytes_per_s(cost_key) if role == ENCODE
+                else throughputs.decode_bytes_per_s(cost_key))
+        if rate:
+            return profile.launch_overhead_s + num_bytes / rate
+    traffic = CODEC_TRAFFIC.get(cost_key)
+    if traffic is None:
+        raise KeyError(f"no throughput or memory-traffic figure for codec {cost_key!r}; known: {sorted(CODEC_TRAFFIC)}")
+    return (traffic.kernels(role) * profile.launch_overhead_s
+            + traffic.passes(role) * num_bytes / profile.effective_memory_bytes_per_s)
 
 
 def _elements(shape) -> int:
@@ -75,9 +164,15 @@ def op_bytes(graph: Graph, op: Op) -> int:
 
 
 def op_time_s(graph: Graph, op: Op, profile: HardwareProfile) -> float:
-    """Roofline estimate: launch overhead + max(compute time, memory time)."""
+    """Roofline estimate: launch overhead + max(compute time, memory time); codec calls: :func:`codec_time_s`."""
     if op.type in FREE_OPS:
         return 0.0
+    codec = codec_call(op)
+    if codec is not None:
+        key, role = codec
+        ref_bytes = (graph.tensor(op.inputs[0]).num_bytes if role == ENCODE and op.inputs
+                     else op.outputs[0].num_bytes if op.outputs else 0)
+        return codec_time_s(key, role, ref_bytes or 0, profile)
     compute = op_flops(graph, op) / profile.effective_flops
     memory = op_bytes(graph, op) / profile.effective_memory_bytes_per_s
     return profile.launch_overhead_s + max(compute, memory)

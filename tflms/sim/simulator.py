@@ -1,7 +1,7 @@
 """Memory and time simulator over an execution order.
 
-Model (documented in docs/design.md, checked against TensorFlow in
-``tools/validate_memory.py``):
+Model (checked against TensorFlow's executor in ``tools/validate_memory.py`` and
+``tests/test_validation.py``):
 
 - **Devices.** An op whose device is the host device runs on the host; every
   other op on the accelerator. A copy op (``Identity``/``DeepCopy``) whose input
@@ -11,27 +11,72 @@ Model (documented in docs/design.md, checked against TensorFlow in
   levels, ties by graph order). An op starts when the previous compute op ended
   and all its data and control predecessors finished, so a consumer waits for
   its swap-in and ``sync_mode`` edges are honoured. A transfer starts when its
-  predecessors finished and its stream is free.
+  predecessors finished and its stream is free. ``simulate(observed=...)``
+  replays a measured run instead: every listed op starts and ends when it did.
+  :func:`order_from_start_times` turns observed start times (e.g. the executor's
+  ``ExecutorMeasurement.node_times``) into an order for ``simulate(order=...)``.
 - **Memory.** Outputs are allocated when their op starts and freed when the last
   op reading them (directly or through an alias) has ended. Aliasing ops
   (``Identity`` on one device, ``Reshape``, ...) share their input's buffer;
-  ``ReadVariableOp`` reads the resident variable; element-wise ops reuse an input
-  buffer that dies with them (TensorFlow's buffer forwarding). Variables (and
-  optimizer slots) and the step's arguments are resident for the whole step.
+  ``ReadVariableOp`` reads the resident variable. Variables (and optimizer
+  slots), constants and the step's arguments are resident for the whole step.
   Function outputs live to the end of the step.
 - **Margin.** ``peak_with_margin_bytes`` adds ``margin_fraction`` of the peak
   plus ``margin_bytes``, for workspaces that static shapes cannot see.
+
+Rules learned from TensorFlow's executor (emulated accelerator, allocation records
+of a traced step; each is pinned by a hand-built test in ``tests/test_validation.py``):
+
+- **Unused ops do not run** (``SimOptions.prune_unused``). TensorFlow runs only the
+  fan-in of a function's outputs and control outputs (a Session prunes to its
+  fetches and targets; a tf.function body is pruned the same way and makes every
+  stateful op a control output). Evidence: the input gradient of a CNN's first
+  convolution (``Conv2DBackpropInput``, no consumer, 393 KiB at batch 32) and the
+  int32 shape arithmetic of the BatchNorm gradients have no node stats at all.
+- **Forwarding** (TensorFlow's ``forward_input_or_allocate_output``): an
+  element-wise op (:data:`FORWARDING_OPS`; unary and binary cwise kernels, their
+  ``*Grad`` kernels, ``BiasAdd``, ``AddN``) writes into an input buffer of the same
+  dtype and size when nothing else references it: the op is that buffer's last
+  reader and every other reader has *ended* when it starts (a reader still running,
+  e.g. a concurrent copy, holds a reference). Chains forward through: in
+  ``MatMul -> BiasAdd -> Relu`` only the MatMul allocates (Dense layers), and in
+  Adam's ``Square -> Sub -> Mul`` only the Square. Evidence: those ops have no
+  allocation records and their outputs carry the input's buffer address.
+  Never forwarded: variable reads (the variable holds a reference: Adam's
+  ``Sqrt(ReadVariableOp)`` allocates), fed arguments and constants, function
+  outputs (held by the caller), and ``Cast`` between dtypes (allocates).
+- **Kernel workspaces** (``SimOptions.workspace_bytes_per_element``, e.g.
+  :data:`ONEDNN_CPU_WORKSPACES`): TensorFlow's x86 CPU build runs oneDNN kernels;
+  ``_MklNativeMaxPool`` allocates, besides its output, a workspace of one byte per
+  output element that lives until ``MaxPoolGrad`` (+25% of a float32 output).
+  Convolutions take a scratchpad of ~12 KiB for the duration of the kernel (not
+  modelled; it is below the measurement's resolution here).
+- **Concurrency.** TensorFlow's executor runs ready ops on several inter-op
+  threads. On the emulated accelerator (two logical CPUs) two expensive ops may
+  overlap: then neither can forward a buffer they both read, and a slow op keeps
+  its inputs alive while the other thread moves on. The peak of one graph then
+  varies from run to run, typically by one activation (test CNN of
+  ``tests/test_validation.py``: 7.74 or 8.26 MB; the CNN of the validation tool with
+  a tuned rewrite, on a loaded machine: 8.97 or 11.07 MB). The sequential model
+  predicts the runs without overlap; a replay of the observed times (``observed=``)
+  reproduces every run to within 0.1%. On a GPU, kernels of one stream do not
+  overlap, which is what the sequential model assumes.
+
+Timing matters for memory once tensors are swapped: a copy's start decides when its
+buffer appears. Judge a plan with the profile of the machine it will run on (for the
+emulation: ``tflms.measure.EMULATION_PROFILE``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Mapping, Sequence
 
 from tflms.analysis.cto import compute_levels
 from tflms.config import normalize_device
 from tflms.errors import ConfigError, GraphError
-from tflms.ir.graph import Graph, TensorRef
+from tflms.ir.graph import DTYPE_BYTES, Graph, TensorRef
 from tflms.sim.cost import op_time_s
 from tflms.sim.profiles import HardwareProfile, get_profile
 
@@ -42,12 +87,21 @@ ALIAS_OPS = frozenset({"Identity", "Reshape", "Squeeze", "ExpandDims", "StopGrad
                        "PreventGradient", "EnsureShape", "CheckNumerics", "IdentityN"})
 #: Copy ops that move a tensor between devices when their input lives elsewhere.
 COPY_OPS = frozenset({"Identity", "DeepCopy", "Snapshot"})
-#: Element-wise ops whose output may reuse a same-sized input that dies with them.
+#: Element-wise ops whose output may reuse a same-sized input that dies with them (TensorFlow's
+#: cwise kernels call ``forward_input_or_allocate_output`` on every same-shaped input; ``Cast``
+#: only aliases a cast to the same dtype, so the dtype check leaves it allocating otherwise).
 FORWARDING_OPS = frozenset({
     "Relu", "Relu6", "Elu", "Selu", "Tanh", "Sigmoid", "Neg", "Abs", "Exp", "Log", "Sqrt", "Rsqrt", "Square",
     "Add", "AddV2", "Sub", "Mul", "RealDiv", "Maximum", "Minimum", "BiasAdd", "ReluGrad", "Relu6Grad",
     "TanhGrad", "SigmoidGrad", "AddN", "Cast", "SquaredDifference", "DivNoNan", "LeakyRelu", "LeakyReluGrad",
+    "RsqrtGrad", "SqrtGrad", "ReciprocalGrad", "Reciprocal", "Inv", "EluGrad", "SeluGrad", "Softplus",
+    "SoftplusGrad", "Softsign", "SoftsignGrad", "Log1p", "Expm1", "Sign", "Floor", "Ceil", "Round", "Rint",
+    "Pow", "Div", "FloorDiv", "FloorMod", "Erf", "MulNoNan", "Xlogy", "Xdivy", "ClipByValue",
 })
+#: Kernel workspaces of TensorFlow's oneDNN CPU kernels (``SimOptions.workspace_bytes_per_element``):
+#: ``_MklNativeMaxPool`` returns a workspace of one byte per output element (the argmax
+#: index in the window) that ``MaxPoolGrad`` reads, so it lives as long as the output.
+ONEDNN_CPU_WORKSPACES = {"MaxPool": 1.0}
 #: Ops whose outputs are resident (variables) rather than step activations.
 VARIABLE_READ_OPS = frozenset({"ReadVariableOp", "VarHandleOp", "ResourceGather"})
 _SOURCE_OPS = frozenset({"Placeholder", "_Arg"})
@@ -62,9 +116,19 @@ class SimOptions:
     margin_bytes: int = 0
     model_forwarding: bool = True
     resident_inputs: bool = True
+    prune_unused: bool = True
+    #: Extra bytes per element of output 0 that kernels of these op types allocate with
+    #: that output and keep as long as it (see ``ONEDNN_CPU_WORKSPACES``); ``{type: bytes}``.
+    workspace_bytes_per_element: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "host_device", normalize_device(self.host_device, field="host_device"))
+        workspaces = dict(self.workspace_bytes_per_element)
+        for op_type, per_element in workspaces.items():
+            if not isinstance(per_element, (int, float)) or per_element < 0:
+                raise ConfigError(f"workspace_bytes_per_element[{op_type!r}] must be a number >= 0, "
+                                  f"got {per_element!r}")
+        object.__setattr__(self, "workspace_bytes_per_element", workspaces)
         if not 0 <= self.margin_fraction < 10:
             raise ConfigError(f"margin_fraction must be in [0, 10), got {self.margin_fraction}")
         if self.margin_bytes < 0:
@@ -125,6 +189,43 @@ def level_order(graph: Graph) -> list[str]:
     levels = compute_levels(graph)
     position = {op.name: i for i, op in enumerate(graph)}
     return sorted(levels, key=lambda n: (levels[n], position[n]))
+
+
+def order_from_start_times(graph: Graph, start_times: Mapping[str, float]) -> list[str]:
+    """An execution order of ``graph`` that follows observed start times.
+
+    ``start_times`` maps op names to when they started (e.g. the executor's
+    ``ExecutorMeasurement.node_times``); names not in the graph are ignored. The
+    result is a topological order: among ready ops the earliest observed start runs
+    first; an op that was not observed (a fed placeholder, a runtime-only node) runs
+    as soon as its inputs are ready, ties by graph order. A correct observation of a
+    run respects every edge, so the result is then exactly the observed order.
+    """
+    position = {op.name: i for i, op in enumerate(graph)}
+    indegree = {op.name: len(graph.predecessors(op.name)) for op in graph}
+    successors: dict[str, list[str]] = {name: [] for name in indegree}
+    for name in indegree:
+        for pred in graph.predecessors(name):
+            successors[pred].append(name)
+    key: dict[str, float] = {}
+    ready = []
+    for name, n in indegree.items():
+        if n == 0:
+            key[name] = start_times.get(name, float("-inf"))
+            heapq.heappush(ready, (key[name], position[name], name))
+    order: list[str] = []
+    while ready:
+        _, _, name = heapq.heappop(ready)
+        order.append(name)
+        for succ in successors[name]:
+            indegree[succ] -= 1
+            if indegree[succ] == 0:
+                inherited = max(key[p] for p in graph.predecessors(succ))
+                key[succ] = start_times.get(succ, inherited)
+                heapq.heappush(ready, (key[succ], position[succ], succ))
+    if len(order) != len(graph):
+        raise GraphError("the graph has a cycle; no execution order exists")
+    return order
 
 
 def variable_bytes(graph: Graph) -> dict[str, int]:
@@ -192,13 +293,56 @@ def _with_implicit_copies(graph: Graph, order: Sequence[str] | None, host: str):
     return graph, order
 
 
+def _prune_unused(graph: Graph, output_names: Sequence[str]) -> Graph:
+    """``graph`` without the ops that neither the outputs nor the control outputs need.
+
+    Only for graphs with a signature (the roots are then known); others are returned as they are.
+    """
+    sig = graph.signature
+    if sig is None:
+        return graph
+    roots = [TensorRef.parse(n).op for n in output_names] + list(sig.control_output_names)
+    needed: set[str] = set()
+    stack = [r for r in roots if r in graph]
+    while stack:
+        name = stack.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        stack.extend(p for p in graph.predecessors(name) if p not in needed)
+    if len(needed) == len(graph):
+        return graph
+    pruned = graph.copy()
+    for name in reversed(graph.topological_order()):
+        if name not in needed:
+            pruned.remove_op(name)
+    return pruned
+
+
 def simulate(graph: Graph, profile: str | HardwareProfile, *, order: Sequence[str] | None = None,
-             options: SimOptions | None = None, output_names: Sequence[str] | None = None) -> SimResult:
-    """Simulate one step of ``graph`` (see module doc); ``order`` defaults to CTO levels."""
+             options: SimOptions | None = None, output_names: Sequence[str] | None = None,
+             observed: Mapping[str, tuple[float, float]] | None = None) -> SimResult:
+    """Simulate one step of ``graph`` (see module doc); ``order`` defaults to CTO levels.
+
+    ``order`` may also list ops that do not run (unused ops, see ``SimOptions.prune_unused``).
+    ``observed`` replays a measured run: ``{op: (start_s, end_s)}`` replaces the profile's
+    timing for the ops it lists (an op it does not list takes no time and starts when its
+    inputs are done); ``order`` then defaults to the observed start order.
+    """
     profile = get_profile(profile)
     options = options or SimOptions()
+    sig = graph.signature
+    if output_names is None:
+        output_names = sig.output_names if sig is not None else ()
+    if options.prune_unused:
+        graph = _prune_unused(graph, output_names)
+    if observed is not None and order is None:
+        order = order_from_start_times(graph, {name: span[0] for name, span in observed.items()})
     graph, order = _with_implicit_copies(graph, order, options.host_device)
-    order = list(order) if order is not None else level_order(graph)
+    if order is not None:
+        order = [name for name in order if name in graph]
+    else:
+        order = level_order(graph)
     if len(order) != len(graph) or set(order) != {op.name for op in graph}:
         missing = sorted({op.name for op in graph} - set(order))[:5]
         raise GraphError(f"the execution order must list every op exactly once; missing e.g. {missing}")
@@ -207,9 +351,6 @@ def simulate(graph: Graph, profile: str | HardwareProfile, *, order: Sequence[st
         for pred in graph.predecessors(name):
             if position[pred] > position[name]:
                 raise GraphError(f"the execution order runs {name!r} before its input {pred!r}")
-    sig = graph.signature
-    if output_names is None:
-        output_names = sig.output_names if sig is not None else ()
     outputs = {TensorRef.parse(n) for n in output_names}
 
     device = {op.name: _device_class(op.device, options.host_device) for op in graph}
@@ -236,36 +377,13 @@ def simulate(graph: Graph, profile: str | HardwareProfile, *, order: Sequence[st
                     buffer_of[TensorRef(name, i)] = buffer_of[op.inputs[min(i, len(op.inputs) - 1)]]
     is_transfer = {name: graph.op(name).type in COPY_OPS and bool(graph.op(name).inputs)
                    and device[graph.op(name).inputs[0].op] != device[name] for name in order}
-    # Forwarding: an element-wise op reuses an input buffer whose last reader it is.
-    last_reader: dict[TensorRef, int] = {}
-    for name in order:
-        for ref in graph.op(name).inputs:
-            buf = buffer_of[ref]
-            last_reader[buf] = max(last_reader.get(buf, -1), position[name])
-    if options.model_forwarding:
-        for name in order:
-            op = graph.op(name)
-            if op.type not in FORWARDING_OPS or len(op.outputs) != 1 or is_transfer[name]:
-                continue
-            out = op.outputs[0]
-            for ref in op.inputs:
-                buf = buffer_of[ref]
-                info = graph.tensor(buf)
-                if (buf not in resident and buf not in outputs and device[buf.op] == device[name]
-                        and last_reader.get(buf) == position[name] and info.num_bytes == out.num_bytes
-                        and info.dtype == out.dtype and out.num_bytes):
-                    buffer_of[TensorRef(name, 0)] = buf
-                    break
-    # Resolve alias chains to their owners.
-    for ref in list(buffer_of):
+
+    def owner_of(ref: TensorRef) -> TensorRef:
         owner = buffer_of[ref]
         while buffer_of[owner] != owner:
             owner = buffer_of[owner]
         buffer_of[ref] = owner
-    readers: dict[TensorRef, list[str]] = {}
-    for name in order:
-        for ref in graph.op(name).inputs:
-            readers.setdefault(buffer_of[ref], []).append(name)
+        return owner
 
     # ----------------------------------------------------------- timing
     end: dict[str, float] = {}
@@ -309,6 +427,18 @@ def simulate(graph: Graph, profile: str | HardwareProfile, *, order: Sequence[st
         finish(name, t0 + duration, seq + 0.5)
 
     for idx, name in enumerate(order):
+        if observed is not None:  # replay: every op at its observed time
+            ready_at = max((end[p] for p in graph.predecessors(name)), default=0.0)
+            t0, t1 = observed.get(name, (ready_at, ready_at))
+            if is_transfer[name]:
+                stream = "h2d" if device[name] == ACCEL else "d2h"
+                transfer_time += t1 - t0
+            else:
+                stream = "host" if device[name] == HOST else "compute"
+                compute_time += (t1 - t0) if stream == "compute" else 0.0
+            start[name], end[name], event_seq[name] = t0, t1, float(idx)
+            records.append(OpRecord(name, device[name], stream, t0, t1))
+            continue
         if is_transfer[name]:
             continue
         op = graph.op(name)
@@ -332,10 +462,50 @@ def simulate(graph: Graph, profile: str | HardwareProfile, *, order: Sequence[st
         start[name] = t0
         records.append(OpRecord(name, device[name], stream, t0, t0 + duration))
         finish(name, t0 + duration, float(idx))
-    for name in pending_transfers:
+    for name in pending_transfers if observed is None else ():
         if name not in end:
             raise GraphError(f"transfer {name!r} never became ready (its inputs never ran)")
     step_time = max(end.values(), default=0.0)
+
+    # ----------------------------------------------------------- forwarding
+    # An element-wise op reuses an input buffer when nothing else holds a reference to it:
+    # it is the buffer's last reader in the order and every other reader has ended by the
+    # time it starts (a concurrent reader, e.g. a copy still running, keeps its reference).
+    # Function outputs are read by the caller after the last op (never forwarded).
+    readers: dict[TensorRef, list[str]] = {}
+    for name in order:
+        for ref in graph.op(name).inputs:
+            readers.setdefault(owner_of(ref), []).append(name)
+    last_reader: dict[TensorRef, int] = {buf: max(position[r] for r in rs) for buf, rs in readers.items()}
+    for ref in outputs:
+        if ref in buffer_of:
+            last_reader[owner_of(ref)] = len(order)
+    if options.model_forwarding:
+        for name in order:
+            op = graph.op(name)
+            if op.type not in FORWARDING_OPS or len(op.outputs) != 1 or is_transfer[name]:
+                continue
+            out = op.outputs[0]
+            own = TensorRef(name, 0)
+            for ref in op.inputs:
+                buf = owner_of(ref)
+                info = graph.tensor(buf)
+                if (buf not in resident and buf not in variable_reads and device[buf.op] == device[name]
+                        and last_reader.get(buf) == position[name] and info.num_bytes == out.num_bytes
+                        and info.dtype == out.dtype and out.num_bytes
+                        and all(end[r] <= start[name] for r in readers[buf] if r != name)):
+                    buffer_of[own] = buf
+                    # The forwarded output's readers now read ``buf``: it lives as long as they do.
+                    last_reader[buf] = max(last_reader[buf], last_reader.get(own, -1))
+                    readers[buf].extend(readers.pop(own, ()))
+                    break
+    # Resolve alias chains to their owners.
+    for ref in list(buffer_of):
+        owner_of(ref)
+    readers = {}
+    for name in order:
+        for ref in graph.op(name).inputs:
+            readers.setdefault(buffer_of[ref], []).append(name)
 
     # ----------------------------------------------------------- memory events
     events: list[tuple[float, float, int, int, str, int]] = []  # (time, seq, phase, delta, device, tensor id)
@@ -349,6 +519,9 @@ def simulate(graph: Graph, profile: str | HardwareProfile, *, order: Sequence[st
         size = info.num_bytes or 0
         if size == 0 or buf in variable_reads:
             continue
+        per_element = options.workspace_bytes_per_element.get(graph.op(buf.op).type, 0)
+        if per_element and buf.index == 0 and info.dtype in DTYPE_BYTES:
+            size += int(per_element * size // DTYPE_BYTES[info.dtype])
         dev = device[buf.op]
         if buf in resident:
             if dev == ACCEL:

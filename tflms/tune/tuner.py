@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 STRATEGIES = ("tflms-distance", "idle-time", "idle-time-no-overhead")
 #: Rounds of re-simulation the idle-time strategy may take (the peak moves after each).
 IDLE_MAX_ROUNDS = 12
+#: swapin_groupby the distance search falls back to when one swap-in per level fits nothing.
+GROUPBY_RESORT_LEVELS = 4
 #: Simulations one idle-time search may run in all (rounds plus no-overhead retries).
 IDLE_MAX_EVALUATIONS = 16
 #: Extra bytes the idle-time strategy asks for per round beyond the overshoot, as a fraction.
@@ -191,9 +193,13 @@ def search_distance(ev: _Evaluator, first_fit: bool = False) -> None:
     """
     ladder = _threshold_ladder(ev.analysis)
     fitting: list[Candidate] = []
-    for sync_mode in (0, 1, 2, 3):
+    # One swap-in per consumer level can leave several copies of a tensor on the device
+    # (consumers on adjacent levels); grouping them is the next resort before synchronous copies.
+    for sync_mode, groupby in [(0, 0), (0, GROUPBY_RESORT_LEVELS), (1, GROUPBY_RESORT_LEVELS),
+                               (2, GROUPBY_RESORT_LEVELS), (3, GROUPBY_RESORT_LEVELS)]:
         for threshold in ladder:
-            cand = ev.distance(swapout_threshold=threshold, swapin_ahead=1, swapin_groupby=0, sync_mode=sync_mode)
+            cand = ev.distance(swapout_threshold=threshold, swapin_ahead=1, swapin_groupby=groupby,
+                               sync_mode=sync_mode)
             if cand.fits:
                 fitting.append(cand)
                 if first_fit:

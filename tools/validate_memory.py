@@ -1,0 +1,401 @@
+"""Validate the simulator's peak memory against TensorFlow's executor and grappler.
+
+For each model (a Keras MLP with Adam, a CNN with BatchNorm and SGD momentum, a small
+ResNet with SGD momentum), the training step is a custom ``tf.function`` traced with
+``get_concrete_function``. Two variants of each step are compared:
+
+- ``original``: the traced step as it is;
+- ``rewritten``: the tflms rewrite chosen by the tuner (``copy_op="DeepCopy"``, swap-ins
+  on the emulated accelerator ``/device:CPU:1``, swap-outs on the host ``/device:CPU:0``)
+  for a budget of ``resident + --budget-fraction x transient`` of the simulated original
+  (raised in steps of 0.1 when nothing fits), or, with ``--threshold N``, a plain rewrite
+  with ``swapout_threshold=N``.
+
+Peaks (accelerator, *transient*: step buffers only, without variables, constants and
+fed inputs, the same quantity the executor measurement reports):
+
+- ``sim level``: the simulator on the CTO level order (what the tuner sees);
+- ``sim exec``: the simulator on the executor's observed op order (from the traced
+  step's node start times, mapped to the IR by name);
+- ``sim replay``: the simulator replaying the observed start/end time of every op (it
+  checks the memory model alone: the schedule is the executor's);
+- ``grappler``: grappler's virtual-cluster peak (``tflms.measure.grappler``);
+- ``executor``: TensorFlow's executor on two logical CPUs, from the allocation records
+  of a traced step (``tflms.measure.executor``); all graphs run in one subprocess,
+  ``--repeat`` times each. Its two inter-op threads make the peak vary from run to run
+  (two ops that overlap cannot reuse each other's inputs), so the table shows the
+  median run, the range, and compares the simulator with the median.
+
+The simulator runs with ``tflms.measure.EMULATION_PROFILE`` (the emulated machine's
+speeds: when a copy lands relative to compute decides what is live) and
+``EMULATION_SIM_OPTIONS`` (host device, oneDNN kernel workspaces). ``sim total`` adds
+the resident bytes. For the rewritten variant the tool also checks that the variables
+after one step are bitwise identical to the original's.
+
+Usage (from the repo root)::
+
+    python tools/validate_memory.py                 # table on stdout, progress on stderr
+    python tools/validate_memory.py --json          # records for machines
+    python tools/validate_memory.py --models cnn --threshold 8 --repeat 5
+
+A full run takes about half a minute on two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+#: Models the tool knows, in table order.
+MODELS = ("mlp", "cnn", "resnet")
+#: Budget for the tuner: resident bytes + this fraction of the original's simulated transient peak.
+DEFAULT_BUDGET_FRACTION = 0.65
+#: If nothing fits, the fraction is raised by this step, at most this many times.
+BUDGET_FRACTION_STEP, BUDGET_FRACTION_TRIES = 0.1, 3
+#: The simulator is meant to be within this relative error of the executor.
+TARGET_RELATIVE_ERROR = 0.10
+#: Executor runs per graph: its two inter-op threads make the peak vary from run to run.
+DEFAULT_REPEAT = 3
+#: Seed for model weights and data.
+SEED = 0
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ models
+
+
+def _mlp(keras: Any, batch: int):
+    """8 x Dense(512, relu) on 256 features, Adam; batch 2048: 4 MiB activations, 1 MiB weights."""
+    model = keras.Sequential([keras.Input((256,))]
+                             + [keras.layers.Dense(512, activation="relu", name=f"dense_{i}") for i in range(8)]
+                             + [keras.layers.Dense(10, name="logits")], name="mlp")
+    return model, keras.optimizers.Adam(learning_rate=1e-3), (batch, 256)
+
+
+def _cnn(keras: Any, batch: int):
+    """Three stages of 2 x (Conv2D 3x3 + BatchNorm + ReLU) + MaxPool (16, 32, 64 filters), SGD momentum."""
+    layers = keras.layers
+    inputs = keras.Input((32, 32, 3))
+    h = inputs
+    for stage, filters in enumerate((16, 32, 64)):
+        for j in range(2):
+            h = layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"s{stage}_conv{j}")(h)
+            h = layers.BatchNormalization(name=f"s{stage}_bn{j}")(h)
+            h = layers.ReLU(name=f"s{stage}_relu{j}")(h)
+        h = layers.MaxPooling2D(name=f"s{stage}_pool")(h)
+    h = layers.GlobalAveragePooling2D(name="gap")(h)
+    outputs = layers.Dense(10, name="logits")(h)
+    return keras.Model(inputs, outputs, name="cnn"), keras.optimizers.SGD(0.05, momentum=0.9), (batch, 32, 32, 3)
+
+
+def _resnet(keras: Any, batch: int):
+    """A stem and three residual blocks (16, 32, 32 filters; BN; projection shortcuts), SGD momentum."""
+    layers = keras.layers
+    inputs = keras.Input((32, 32, 3))
+    h = layers.Conv2D(16, 3, padding="same", use_bias=False, name="stem_conv")(inputs)
+    h = layers.ReLU(name="stem_relu")(layers.BatchNormalization(name="stem_bn")(h))
+    for i, filters in enumerate((16, 32, 32)):
+        stride = 1 if i == 0 else 2
+        shortcut = h
+        r = layers.Conv2D(filters, 3, strides=stride, padding="same", use_bias=False, name=f"b{i}_conv0")(h)
+        r = layers.ReLU(name=f"b{i}_relu0")(layers.BatchNormalization(name=f"b{i}_bn0")(r))
+        r = layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"b{i}_conv1")(r)
+        r = layers.BatchNormalization(name=f"b{i}_bn1")(r)
+        if stride != 1 or shortcut.shape[-1] != filters:
+            shortcut = layers.Conv2D(filters, 1, strides=stride, use_bias=False, name=f"b{i}_proj")(shortcut)
+            shortcut = layers.BatchNormalization(name=f"b{i}_proj_bn")(shortcut)
+        h = layers.ReLU(name=f"b{i}_out")(layers.Add(name=f"b{i}_add")([r, shortcut]))
+    h = layers.GlobalAveragePooling2D(name="gap")(h)
+    outputs = layers.Dense(10, name="logits")(h)
+    return keras.Model(inputs, outputs, name="resnet"), keras.optimizers.SGD(0.05, momentum=0.9), (batch, 32, 32, 3)
+
+
+_BUILDERS: dict[str, tuple[Callable, int]] = {"mlp": (_mlp, 2048), "cnn": (_cnn, 32), "resnet": (_resnet, 32)}
+
+
+@dataclasses.dataclass
+class Case:
+    """One model's traced training step, its IR graph and the data of one step."""
+
+    model: str
+    concrete_function: Any
+    graph: Any  # tflms.ir.Graph
+    args: tuple[np.ndarray, np.ndarray]
+    owners: tuple[Any, ...] = ()  # the model and optimizer: a traced function holds its variables weakly
+
+
+def build_case(model: str, *, batch: int | None = None, seed: int = SEED) -> Case:
+    """Build ``model`` (one of :data:`MODELS`), trace its training step and make one batch of data."""
+    import keras
+    import tensorflow as tf
+
+    from tflms.ir import tf_io
+
+    builder, default_batch = _BUILDERS[model]
+    keras.utils.set_random_seed(seed)
+    net, optimizer, x_shape = builder(keras, batch or default_batch)
+    optimizer.build(net.trainable_variables)  # create the slots outside the traced step
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, net(x, training=True))
+        grads = tape.gradient(loss, net.trainable_variables)
+        optimizer.apply_gradients(zip(grads, net.trainable_variables))
+        return loss
+
+    concrete = train_step.get_concrete_function(tf.TensorSpec(x_shape, tf.float32),
+                                                 tf.TensorSpec(x_shape[:1], tf.int32))
+    rng = np.random.default_rng(seed)
+    args = (rng.standard_normal(x_shape).astype(np.float32), rng.integers(0, 10, x_shape[0]).astype(np.int32))
+    return Case(model, concrete, tf_io.from_concrete_function(concrete), args, owners=(net, optimizer))
+
+
+# ------------------------------------------------------------------------------------------------ rewrites
+
+
+@dataclasses.dataclass
+class Variant:
+    """A graph to validate and how it was made."""
+
+    model: str
+    variant: str  # "original" or "rewritten"
+    graph: Any
+    params: dict[str, Any]
+    budget_bytes: int | None = None
+    swapped_tensors: int = 0
+
+
+def rewrite_config(**params: Any):
+    """The LMSConfig of the emulation: swap-ins on CPU:1, swap-outs on CPU:0."""
+    from tflms.config import LMSConfig
+    from tflms.measure import ACCELERATOR_DEVICE, HOST_DEVICE
+    return LMSConfig(accelerator_device=ACCELERATOR_DEVICE, host_device=HOST_DEVICE, **params)
+
+
+def tuned_rewrite(case: Case, budget_fraction: float) -> Variant:
+    """The tuner's rewrite for ``resident + budget_fraction * transient`` (raised until something fits)."""
+    from tflms.errors import BudgetError
+    from tflms.measure import EMULATION_PROFILE, EMULATION_SIM_OPTIONS
+    from tflms.sim.simulator import simulate
+    from tflms.tune import tune
+
+    base = simulate(case.graph, EMULATION_PROFILE, options=EMULATION_SIM_OPTIONS)
+    error = None
+    for attempt in range(BUDGET_FRACTION_TRIES):
+        fraction = budget_fraction + attempt * BUDGET_FRACTION_STEP
+        budget = int(base.resident_bytes + fraction * base.transient_peak_bytes)
+        try:
+            result = tune(case.graph, budget=budget, profile=EMULATION_PROFILE, config=rewrite_config(),
+                          copy_op="DeepCopy", sim_options=EMULATION_SIM_OPTIONS)
+        except BudgetError as exc:
+            error = exc
+            progress(f"  {case.model}: nothing fits {fraction:.2f} of the transient peak; trying more")
+            continue
+        swapped = 0 if result.best.plan is None else len(result.best.plan.swaps)
+        params = {"strategy": result.strategy, **result.best.params, "budget_fraction": round(fraction, 3)}
+        return Variant(case.model, "rewritten", result.graph, params, budget_bytes=budget, swapped_tensors=swapped)
+    raise error
+
+
+def threshold_rewrite(case: Case, threshold: int) -> Variant:
+    import tflms
+    result = tflms.rewrite(case.graph, rewrite_config(swapout_threshold=threshold), copy_op="DeepCopy")
+    return Variant(case.model, "rewritten", result.graph, {"swapout_threshold": threshold},
+                   swapped_tensors=result.report.num_swapped)
+
+
+# ------------------------------------------------------------------------------------------------ validation
+
+
+@dataclasses.dataclass
+class Record:
+    model: str
+    variant: str
+    params: dict[str, Any]
+    swapped_tensors: int
+    budget_bytes: int | None
+    resident_bytes: int
+    sim_peak_bytes: int  # transient, level order
+    sim_total_peak_bytes: int  # sim_peak_bytes + resident
+    sim_exec_order_peak_bytes: int  # in the order of the median executor run
+    sim_replay_peak_bytes: int  # replaying the median executor run
+    grappler_peak_bytes: int
+    executor_peak_bytes: int  # median over the runs
+    executor_peak_runs: list[int]  # every run's peak, in run order
+    sim_host_peak_bytes: int
+    executor_host_peak_bytes: int  # of the median run
+    executor_total_peak_bytes: int  # executor_peak_bytes + the same resident bytes
+    replay_worst_ratio: float  # the replay of each run against that run, farthest from 1
+    variables_identical: bool | None  # rewritten: bitwise equal to the original after one step (every run)
+
+    @property
+    def sim_ratio(self) -> float:
+        return self.sim_peak_bytes / self.executor_peak_bytes if self.executor_peak_bytes else float("nan")
+
+    @property
+    def sim_exec_order_ratio(self) -> float:
+        return self.sim_exec_order_peak_bytes / self.executor_peak_bytes if self.executor_peak_bytes else float("nan")
+
+    @property
+    def sim_replay_ratio(self) -> float:
+        return self.sim_replay_peak_bytes / self.executor_peak_bytes if self.executor_peak_bytes else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.update(sim_ratio=self.sim_ratio, sim_exec_order_ratio=self.sim_exec_order_ratio,
+                   sim_replay_ratio=self.sim_replay_ratio)
+        return out
+
+
+def median_run(peaks: list[int]) -> int:
+    """Index of the run with the median peak (the lower median for an even count)."""
+    ranked = sorted(range(len(peaks)), key=lambda i: (peaks[i], i))
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def validate(cases: list[Case], variants: list[Variant], *, repeat: int = 1) -> list[Record]:
+    """Measure every variant ``repeat`` times (one executor subprocess), estimate with grappler,
+    simulate three ways."""
+    from tflms.ir import tf_io
+    from tflms.measure import (EMULATION_PROFILE, EMULATION_SIM_OPTIONS, grappler_peak, measure_executor_peaks,
+                               step_request)
+    from tflms.measure.executor import ACCELERATOR_DEVICE, HOST_DEVICE
+    from tflms.sim.simulator import order_from_start_times, simulate
+
+    by_model = {case.model: case for case in cases}
+    requests = [step_request(by_model[v.model].concrete_function, by_model[v.model].args,
+                             graph_def=tf_io.to_graph_def(v.graph)) for v in variants]
+    progress(f"measuring {len(requests)} graphs x {repeat} runs with the executor (one subprocess) ...")
+    t0 = time.perf_counter()
+    flat = measure_executor_peaks(requests * repeat)
+    progress(f"  {time.perf_counter() - t0:.1f} s")
+    runs = [flat[i::len(requests)] for i in range(len(requests))]  # runs[variant index][run]
+    original_after = {v.model: ms[0].variables_after for v, ms in zip(variants, runs) if v.variant == "original"}
+    records = []
+    for variant, request, measurements in zip(variants, requests, runs):
+        progress(f"simulating and estimating {variant.model}/{variant.variant} ...")
+        graph, options = variant.graph, EMULATION_SIM_OPTIONS
+        peaks = [m.peak("accelerator") for m in measurements]
+        median = measurements[median_run(peaks)]
+        level = simulate(graph, EMULATION_PROFILE, options=options)
+        observed = median.spans_s()
+        exec_order = order_from_start_times(graph, {name: span[0] for name, span in observed.items()})
+        in_exec_order = simulate(graph, EMULATION_PROFILE, options=options, order=exec_order)
+        replays = [simulate(graph, EMULATION_PROFILE, options=options, observed=m.spans_s()).transient_peak_bytes
+                   for m in measurements]
+        replay_ratios = [r / p for r, p in zip(replays, peaks) if p]
+        grappler = grappler_peak(request.graph_def, fetches=[*request.fetches, *request.targets],
+                                 accelerator=ACCELERATOR_DEVICE, host=HOST_DEVICE, variables=request.variables)
+        identical = None
+        if variant.variant != "original" and variant.model in original_after:
+            before = original_after[variant.model]
+            identical = all(set(before) == set(m.variables_after) and all(
+                np.array_equal(before[name], m.variables_after[name]) for name in before) for m in measurements)
+        records.append(Record(
+            model=variant.model, variant=variant.variant, params=variant.params,
+            swapped_tensors=variant.swapped_tensors, budget_bytes=variant.budget_bytes,
+            resident_bytes=level.resident_bytes, sim_peak_bytes=level.transient_peak_bytes,
+            sim_total_peak_bytes=level.peak_bytes, sim_exec_order_peak_bytes=in_exec_order.transient_peak_bytes,
+            sim_replay_peak_bytes=replays[measurements.index(median)], grappler_peak_bytes=grappler["accelerator"],
+            executor_peak_bytes=median.peak("accelerator"), executor_peak_runs=peaks,
+            sim_host_peak_bytes=level.host_peak_bytes, executor_host_peak_bytes=median.peak("host"),
+            executor_total_peak_bytes=median.peak("accelerator") + level.resident_bytes,
+            replay_worst_ratio=max(replay_ratios, key=lambda r: abs(r - 1)) if replay_ratios else float("nan"),
+            variables_identical=identical))
+    return records
+
+
+def _mib(num_bytes: int | None) -> str:
+    return "-" if num_bytes is None else f"{num_bytes / 2**20:.2f}"
+
+
+def table(records: list[Record]) -> str:
+    """The records as a text table (MiB; ratios are sim / executor median)."""
+    header = (f"{'model':<8}{'variant':<11}{'swaps':>6}{'sim level':>11}{'sim exec':>10}{'sim replay':>12}"
+              f"{'sim total':>11}{'grappler':>10}{'executor':>10}{'ex min-max':>13}{'level/ex':>10}{'exec/ex':>9}"
+              f"{'replay/ex':>11}{'host sim':>10}{'host ex':>9}  identical")
+    lines = ["peaks in MiB: accelerator transient (sim total adds the resident bytes); executor = median run;",
+             "ratios = simulator / executor median; host peaks at the end", header, "-" * len(header)]
+    for r in records:
+        identical = "" if r.variables_identical is None else ("yes" if r.variables_identical else "NO")
+        spread = f"{_mib(min(r.executor_peak_runs))}-{_mib(max(r.executor_peak_runs))}"
+        lines.append(f"{r.model:<8}{r.variant:<11}{r.swapped_tensors:>6}{_mib(r.sim_peak_bytes):>11}"
+                     f"{_mib(r.sim_exec_order_peak_bytes):>10}{_mib(r.sim_replay_peak_bytes):>12}"
+                     f"{_mib(r.sim_total_peak_bytes):>11}{_mib(r.grappler_peak_bytes):>10}"
+                     f"{_mib(r.executor_peak_bytes):>10}{spread:>13}{r.sim_ratio:>10.3f}{r.sim_exec_order_ratio:>9.3f}"
+                     f"{r.sim_replay_ratio:>11.3f}{_mib(r.sim_host_peak_bytes):>10}"
+                     f"{_mib(r.executor_host_peak_bytes):>9}  {identical}")
+    worst = {name: max(abs(getattr(r, name) - 1) for r in records)
+             for name in ("sim_ratio", "sim_exec_order_ratio", "replay_worst_ratio")}
+    lines.append("")
+    lines.append("largest |sim/executor - 1|: " + ", ".join(
+        f"{label} {100 * worst[name]:.1f}%" for label, name in
+        (("level order", "sim_ratio"), ("executor order", "sim_exec_order_ratio"),
+         ("replay (every run)", "replay_worst_ratio"))) + f" (target {100 * TARGET_RELATIVE_ERROR:.0f}%)")
+    for r in records:
+        if r.variant != "original":
+            lines.append(f"{r.model} rewrite: {json.dumps(r.params)}"
+                         + (f", budget {_mib(r.budget_bytes)} MiB total" if r.budget_bytes else "")
+                         + f", executor total {_mib(r.executor_total_peak_bytes)} MiB")
+    return "\n".join(lines)
+
+
+def parse_models(text: str) -> tuple[str, ...]:
+    models = tuple(m.strip() for m in text.split(",") if m.strip())
+    unknown = sorted(set(models) - set(MODELS))
+    if not models or unknown:
+        raise argparse.ArgumentTypeError(f"--models: choose from {','.join(MODELS)}; got {text!r}")
+    return models
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", type=parse_models, default=MODELS, help="comma-separated, from " + ",".join(MODELS))
+    parser.add_argument("--budget-fraction", type=float, default=DEFAULT_BUDGET_FRACTION,
+                        help="tuner budget: resident + this fraction of the simulated transient peak")
+    parser.add_argument("--threshold", type=int, default=None,
+                        help="rewrite with this swapout_threshold instead of tuning")
+    parser.add_argument("--repeat", type=int, default=DEFAULT_REPEAT,
+                        help="executor runs per graph (the table compares with the median run)")
+    parser.add_argument("--json", action="store_true", help="print the records as JSON instead of the table")
+    args = parser.parse_args(argv)
+    if not 0 < args.budget_fraction <= 1:
+        parser.error("--budget-fraction must be in (0, 1]")
+    if args.repeat < 1:
+        parser.error("--repeat must be >= 1")
+    if args.threshold is not None and args.threshold < 1:
+        parser.error("--threshold must be >= 1")
+
+    t_start = time.perf_counter()
+    progress("importing TensorFlow and Keras ...")
+    cases, variants = [], []
+    for model in args.models:
+        progress(f"building and tracing {model} ...")
+        case = build_case(model)
+        cases.append(case)
+        variants.append(Variant(model, "original", case.graph, {}))
+        progress(f"choosing the rewrite of {model} ...")
+        variants.append(threshold_rewrite(case, args.threshold) if args.threshold is not None
+                        else tuned_rewrite(case, args.budget_fraction))
+    records = validate(cases, variants, repeat=args.repeat)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in records], indent=1))
+    else:
+        print(table(records))
+    progress(f"done in {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
