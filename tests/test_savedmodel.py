@@ -378,3 +378,16 @@ def test_existing_cli_commands_still_parse():
                               "--sync-mode", "1"])
     config = cli._savedmodel_config(args)  # noqa: SLF001
     assert args.functions == ["a", "b.c"] and config.budget_bytes == 2**30 and config.sync_mode == 1
+
+
+def test_plan_command_reports_bound_pool_allocators_and_offsets(keras_dir, capsys):
+    assert cli.main(["plan", str(keras_dir), "--function", "train", "--json", "--batch-size", "16",
+                     "--swapout-threshold", "2", "--accelerator-device", "/device:GPU:0"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (record,) = [f for f in doc["functions"] if f["function"] == "train"]
+    for variant in ("original", "rewritten"):
+        fig = record[variant]
+        assert fig["lower_bound_bytes"] <= fig["planned_pool_bytes"] <= fig["bfc_peak_reserved_bytes"]
+        assert fig["offsets"] and all(off % 256 == 0 for off in fig["offsets"].values())
+    assert cli.main(["plan", str(keras_dir), "--function", "train", "--batch-size", "16"]) == 0
+    assert "BFC allocator model" in capsys.readouterr().out

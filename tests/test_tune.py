@@ -184,3 +184,25 @@ def test_load_integral_over_absence_windows():
     timeline = [(0.0, 10, 0), (1.0, 30, 0), (3.0, 5, 0)]
     assert _load_integrals(timeline, [(0.5, 2.0), (2.5, 4.0), (1.0, 1.0)]) == [0.5 * 10 + 1.0 * 30,
                                                                               0.5 * 30 + 1.0 * 5, 0.0]
+
+
+def test_step_plan_figures_and_fit_by_allocator_model(graph, baseline):
+    from tflms.plan import validate
+    from tflms.plan.offsets import Plan
+    from tflms.plan.report import lifetimes_of, plan_step
+
+    report = plan_step(baseline)
+    # The planner's lower bound is the simulator's transient peak: the same lifetimes.
+    assert report.lower_bound_bytes == baseline.transient_peak_bytes
+    assert report.lower_bound_bytes <= report.planned_pool_bytes <= report.bfc_peak_reserved_bytes
+    assert report.planned_pool_bytes == min(report.strategy_pools.values())
+    validate(Plan(report.planned_strategy, report.planned_pool_bytes, report.offsets, report.lower_bound_bytes),
+             lifetimes_of(baseline))
+    assert "BFC allocator model" in report.table()
+    # A budget the live bytes meet but the allocator model does not is not a fit.
+    budget = baseline.peak_bytes
+    assert report.bfc_total_bytes > budget
+    assert tune(graph, budget=budget, profile=PROFILE).strategy == "none"
+    by_bfc = tune(graph, budget=budget, profile=PROFILE, fit_by="bfc")
+    assert by_bfc.strategy != "none"
+    assert plan_step(by_bfc.best.sim).bfc_total_bytes <= budget

@@ -9,6 +9,9 @@ Sub-commands:
            and checks the results bit for bit).
   analyze  IN_DIR: print each function's ordering summary, swap report and
            simulated memory (peak, resident, alive at the peak); writes nothing.
+  plan     IN_DIR: memory planning of each training step before and after the
+           rewrite: lower bound, planned pool (offsets in --json), BFC and
+           caching allocator models; writes nothing.
 
 Errors tflms raises on purpose (bad paths, unknown functions, functions without
 a training step, ...) exit with status 2 and a message naming the fix; with
@@ -146,6 +149,35 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return _json_error(args, run)
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from tflms.integrations.savedmodel import analyze_saved_model
+    from tflms.plan.report import plan_step
+
+    def run() -> int:
+        traces = analyze_saved_model(args.input, _savedmodel_config(args), functions=args.functions)
+        records = []
+        for t in traces:
+            record = {"function": t.function, "trace": t.trace, "signature": t.signature, "note": t.note}
+            for variant, sim in (("original", t.original_memory), ("rewritten", t.rewritten_memory)):
+                record[variant] = None if sim is None else plan_step(sim)
+            records.append(record)
+        if args.json:
+            print(json.dumps({"input": os.path.realpath(args.input), "functions": [
+                {**{k: v for k, v in r.items() if k not in ("original", "rewritten")},
+                 **{v: (None if r[v] is None else r[v].to_dict()) for v in ("original", "rewritten")}}
+                for r in records]}, indent=2))
+            return 0
+        for r in records:
+            print(f"{r['function']} [{r['trace']}] {r['signature']}" + (f"  ({r['note']})" if r["note"] else ""))
+            for variant in ("original", "rewritten"):
+                if r[variant] is not None:
+                    print(f"  {variant}:")
+                    print("    " + r[variant].table().replace("\n", "\n    "))
+        return 0
+
+    return _json_error(args, run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tflms",
@@ -197,6 +229,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_budget_flags(analyze)
     add_config_flags(analyze)
     analyze.set_defaults(func=cmd_analyze)
+
+    plan = sub.add_parser(
+        "plan", help="memory planning of a SavedModel's training steps: lower bound, planned pool, allocator models",
+        description="For every traced training signature of the SavedModel: the lower bound of activation memory "
+                    "(most bytes alive at once in the simulated schedule), the smallest single pool a static plan "
+                    "needs (with per-tensor offsets in --json), and what TensorFlow's BFC allocator and a caching "
+                    "allocator would reserve for the same allocation sequence; before and after the tflms rewrite. "
+                    "Nothing is written.")
+    plan.add_argument("input", metavar="IN_DIR", help="the SavedModel to read")
+    plan.add_argument("--function", dest="functions", action="append", metavar="NAME",
+                      help="plan this function (repeat for several; default: all)")
+    plan.add_argument("--json", action="store_true", help="print the result, with per-tensor offsets, as JSON")
+    add_budget_flags(plan)
+    add_config_flags(plan)
+    plan.set_defaults(func=cmd_plan)
     return parser
 
 

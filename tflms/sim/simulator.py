@@ -164,6 +164,9 @@ class SimResult:
     ops: tuple[OpRecord, ...]
     unknown_size_tensors: tuple[str, ...]
     buffer_owner: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)  # tensor -> buffer
+    #: accelerator buffers as (name, bytes, first, last): alive from memory event ``first`` to ``last``
+    #: inclusive (event indices in time order), the input of the memory planner (``tflms.plan``).
+    buffer_lifetimes: tuple[tuple[str, int, int, int], ...] = dataclasses.field(default=(), repr=False)
 
     def tensors_sharing(self, owner: str) -> list[str]:
         """Tensors that live in ``owner``'s buffer (aliases and forwarded outputs)."""
@@ -553,6 +556,16 @@ def simulate(graph: Graph, profile: str | HardwareProfile, *, order: Sequence[st
         if dev == ACCEL and live[ACCEL] > peak:
             peak, peak_index, peak_time = live[ACCEL], i, t
         host_peak = max(host_peak, live[HOST])
+    first_event: dict[int, int] = {}
+    lifetimes = []
+    for i, (_, _, phase, delta, dev, tid) in enumerate(events):
+        if dev != ACCEL:
+            continue
+        if phase == 0:
+            first_event[tid] = i
+        else:
+            lifetimes.append((tensor_names[tid], -delta, first_event[tid], max(first_event[tid], i - 1)))
+    lifetimes.sort(key=lambda lt: (lt[2], lt[0]))
     alive: dict[int, int] = {}
     for t, _, phase, delta, dev, tid in events[:peak_index + 1]:
         if dev != ACCEL:
@@ -570,7 +583,8 @@ def simulate(graph: Graph, profile: str | HardwareProfile, *, order: Sequence[st
         live_at_peak=live_at_peak, host_peak_bytes=host_peak, step_time_s=step_time, compute_time_s=compute_time,
         transfer_time_s=transfer_time, stall_time_s=stall, timeline=tuple(timeline), ops=tuple(records),
         unknown_size_tensors=tuple(unknown),
-        buffer_owner={r.name: o.name for r, o in buffer_of.items() if o != r})
+        buffer_owner={r.name: o.name for r, o in buffer_of.items() if o != r},
+        buffer_lifetimes=tuple(lifetimes))
 
 
 def compare(original: SimResult, rewritten: SimResult) -> Mapping[str, float]:

@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 STRATEGIES = ("tflms-distance", "idle-time", "idle-time-no-overhead")
 #: Rounds of re-simulation the idle-time strategy may take (the peak moves after each).
 IDLE_MAX_ROUNDS = 12
+#: How "fits" is judged: the live-bytes peak, or what TensorFlow's BFC allocator (modelled) would reserve.
+FIT_BY_LIVE, FIT_BY_BFC = "live", "bfc"
 #: swapin_groupby the distance search falls back to when one swap-in per level fits nothing.
 GROUPBY_RESORT_LEVELS = 4
 #: Simulations one idle-time search may run in all (rounds plus no-overhead retries).
@@ -135,6 +137,7 @@ class _Evaluator:
         self.sim_options, self.base_config, self.accelerator, self.copy_op = (sim_options, base_config,
                                                                              accelerator, copy_op)
         self.progress = progress
+        self.fit_by = FIT_BY_LIVE
         self.candidates: list[Candidate] = []
         self.graphs: dict[int, Graph] = {}
 
@@ -143,8 +146,9 @@ class _Evaluator:
         graph = apply_plan(self.analysis.graph, plan, copy_op=self.copy_op)
         sim = simulate(graph, self.profile, options=self.sim_options)
         why = ""
-        if sim.peak_with_margin_bytes > self.budget:
-            why = f"peak {format_bytes(sim.peak_with_margin_bytes)} > budget"
+        need = self.need(sim)
+        if need > self.budget:
+            why = f"{'BFC-model need' if self.fit_by == FIT_BY_BFC else 'peak'} {format_bytes(need)} > budget"
         elif sim.host_peak_bytes > self.host_budget:
             why = f"host peak {format_bytes(sim.host_peak_bytes)} > host budget {format_bytes(self.host_budget)}"
         elif max_overhead is not None and baseline is not None and sim.overhead_vs(baseline) > max_overhead:
@@ -156,6 +160,14 @@ class _Evaluator:
             self.progress(f"{strategy} {params}: peak {format_bytes(sim.peak_with_margin_bytes)}, "
                           f"step {sim.step_time_s * 1e3:.2f} ms{'' if cand.fits else ' (' + why + ')'}")
         return cand
+
+    def need(self, sim: SimResult) -> int:
+        """Device bytes a simulated step needs: live-bytes peak, or what the BFC allocator model reserves."""
+        if self.fit_by == FIT_BY_BFC:
+            from tflms.plan.report import plan_step
+            margin = sim.peak_with_margin_bytes - sim.peak_bytes
+            return plan_step(sim).bfc_total_bytes + margin
+        return sim.peak_with_margin_bytes
 
     def distance(self, **params: Any) -> Candidate:
         config = self.base_config.replace(**params)
@@ -241,7 +253,7 @@ def search_idle(ev: _Evaluator, baseline: SimResult, mode: str) -> None:
     sim = baseline
     evaluations = 0
     for round_ in range(IDLE_MAX_ROUNDS):
-        need = sim.peak_with_margin_bytes - ev.budget
+        need = ev.need(sim) - ev.budget
         if need <= 0:
             return
         cands = idle_candidates(ev.analysis, sim, ev.profile, ev.base_config, exclude=set(selected) | rejected)
@@ -277,14 +289,21 @@ def search_idle(ev: _Evaluator, baseline: SimResult, mode: str) -> None:
 def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str | HardwareProfile = "v100-16gb-pcie3",
          config: LMSConfig | None = None, strategies: Sequence[str] = STRATEGIES, sim_options: SimOptions | None = None,
          host_budget: int | str | None = None, copy_op: str = DEFAULT_COPY_OP, first_fit: bool = False,
-         require_backward: bool = True, progress: Callable[[str], None] | None = None) -> TuneResult:
+         require_backward: bool = True, fit_by: str = FIT_BY_LIVE,
+         progress: Callable[[str], None] | None = None) -> TuneResult:
     """Find the rewrite of ``source`` that fits ``budget`` (default: the profile's memory) fastest.
 
     ``config`` supplies the fixed options (filters, devices, ``min_swap_bytes``,
     ``batch_size``); the swap parameters are searched. Raises
     :class:`~tflms.errors.BudgetError` when nothing fits. ``first_fit`` stops at
     the first configuration that fits (answers "does anything fit?" quickly).
+    ``fit_by="bfc"`` judges fit by the BFC allocator model (resident bytes plus
+    what the allocator reserves for the step's allocation sequence) instead of
+    the live-bytes peak: a budget the live bytes meet but the allocator does not
+    is not a fit.
     """
+    if fit_by not in (FIT_BY_LIVE, FIT_BY_BFC):
+        raise ConfigError(f"fit_by must be {FIT_BY_LIVE!r} or {FIT_BY_BFC!r}, got {fit_by!r}")
     profile = get_profile(profile)
     unknown = sorted(set(strategies) - set(STRATEGIES))
     if unknown:
@@ -305,9 +324,11 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     if accelerator == config.host_device:
         accelerator = "/device:GPU:0"  # planning for a GPU we do not have: the profile is the device
     baseline = simulate(graph, profile, options=sim_options)
-    base = Candidate("none", {}, None, baseline, fits=baseline.peak_with_margin_bytes <= budget_bytes,
-                     why_not="" if baseline.peak_with_margin_bytes <= budget_bytes else "peak > budget")
     ev = _Evaluator(analysis, profile, budget_bytes, host_bytes, sim_options, config, accelerator, copy_op, progress)
+    ev.fit_by = fit_by
+    base_need = ev.need(baseline)
+    base = Candidate("none", {}, None, baseline, fits=base_need <= budget_bytes,
+                     why_not="" if base_need <= budget_bytes else f"needs {format_bytes(base_need)} > budget")
     ev.candidates.append(base)
     ev.graphs[id(base)] = graph
     searches = [("tflms-distance", lambda: search_distance(ev, first_fit=first_fit)),
@@ -320,11 +341,11 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
             search()
     fitting = [c for c in ev.candidates if c.fits]
     if not fitting:
-        smallest = min(ev.candidates, key=lambda c: c.sim.peak_with_margin_bytes)
+        smallest = min(ev.candidates, key=lambda c: ev.need(c.sim))
         raise BudgetError(
             f"nothing fits the budget {format_bytes(budget_bytes)} on {profile.name}: the step needs "
-            f"{format_bytes(baseline.peak_with_margin_bytes)} without swapping and at least "
-            f"{format_bytes(smallest.sim.peak_with_margin_bytes)} with the best rewrite found "
+            f"{format_bytes(base_need)} without swapping and at least "
+            f"{format_bytes(ev.need(smallest.sim))} with the best rewrite found "
             f"({smallest.strategy} {smallest.params}); give a budget of at least that, or a smaller batch. "
             f"Resident variables alone take {format_bytes(baseline.resident_bytes)}.")
     best = min(fitting, key=lambda c: (c.sim.step_time_s, c.swapped_bytes, STRATEGIES.index(c.strategy)
