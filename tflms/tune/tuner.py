@@ -342,12 +342,14 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     fitting = [c for c in ev.candidates if c.fits]
     if not fitting:
         smallest = min(ev.candidates, key=lambda c: ev.need(c.sim))
-        raise BudgetError(
+        error = BudgetError(
             f"nothing fits the budget {format_bytes(budget_bytes)} on {profile.name}: the step needs "
             f"{format_bytes(base_need)} without swapping and at least "
             f"{format_bytes(ev.need(smallest.sim))} with the best rewrite found "
             f"({smallest.strategy} {smallest.params}); give a budget of at least that, or a smaller batch. "
             f"Resident variables alone take {format_bytes(baseline.resident_bytes)}.")
+        error.candidates, error.baseline = tuple(ev.candidates), baseline  # what was tried, for reports
+        raise error
     best = min(fitting, key=lambda c: (c.sim.step_time_s, c.swapped_bytes, STRATEGIES.index(c.strategy)
                                        if c.strategy in STRATEGIES else -1))
     return TuneResult(budget_bytes=budget_bytes, profile=profile.name, baseline=baseline, best=best,

@@ -1,0 +1,161 @@
+"""Memory planning and zero-overhead swap selection on real training steps.
+
+For each model's training step (simulated on a hardware profile):
+
+1. memory figures of the step's activations: lower bound (most bytes alive at
+   once), the best static plan's pool (Zhang et al. / TFLite heuristics), TF's
+   BFC allocator model and a caching allocator model;
+2. memory saved at zero predicted overhead: the lowest peak any configuration of
+   a strategy reaches while the simulated step time stays within 0.1% of the
+   original, for idle-time selection (no-overhead mode) and TFLMS distance rules.
+
+    python tools/plan_report.py                    # ResNet-50, VGG-16, Transformer encoder
+    python tools/plan_report.py --models mlp --json
+
+Figures are simulated (tflms.sim), not measured on a GPU. Reported reference:
+Zhang et al. (arXiv 1903.06631) report up to 13.3% less memory than NVIDIA's
+default pool with their planner and up to 34.2% less memory with no time
+overhead from idle-time swap selection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+#: Largest slowdown counted as "zero overhead" (simulation round-off).
+ZERO_OVERHEAD = 0.001
+#: Budget (fraction of the original peak) at which strategies are searched.
+SEARCH_BUDGET_FRACTION = 0.5
+
+
+def _say(msg: str) -> None:
+    print(f"[plan_report] {msg}", file=sys.stderr, flush=True)
+
+
+def build(model_name: str):
+    """(concrete training step, objects to keep alive, batch) for a model."""
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    if model_name == "resnet50":
+        model, batch = keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3)), 64
+        x_spec, classes = tf.TensorSpec((batch, 224, 224, 3)), 1000
+    elif model_name == "vgg16":
+        model, batch = keras.applications.VGG16(weights=None, input_shape=(224, 224, 3)), 32
+        x_spec, classes = tf.TensorSpec((batch, 224, 224, 3)), 1000
+    elif model_name == "transformer":
+        batch, seq, width, heads, layers = 16, 128, 768, 12, 6
+        inputs = keras.Input((seq, width))
+        h = inputs
+        for i in range(layers):
+            a = keras.layers.MultiHeadAttention(heads, width // heads, name=f"attn_{i}")(h, h)
+            h = keras.layers.LayerNormalization(name=f"ln1_{i}")(h + a)
+            f = keras.layers.Dense(4 * width, activation="gelu", name=f"ff1_{i}")(h)
+            f = keras.layers.Dense(width, name=f"ff2_{i}")(f)
+            h = keras.layers.LayerNormalization(name=f"ln2_{i}")(h + f)
+        outputs = keras.layers.Dense(2)(keras.layers.GlobalAveragePooling1D()(h))
+        model, x_spec, classes = keras.Model(inputs, outputs), tf.TensorSpec((batch, seq, width)), 2
+    elif model_name == "mlp":
+        model, batch = keras.Sequential([keras.Input((1024,))] + [keras.layers.Dense(2048, activation="relu")
+                                                                   for _ in range(6)] + [keras.layers.Dense(10)]), 256
+        x_spec, classes = tf.TensorSpec((batch, 1024)), 10
+    else:
+        raise SystemExit(f"unknown model {model_name!r}")
+    optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    del classes
+    return step.get_concrete_function(x_spec, tf.TensorSpec((batch,), tf.int32)), (model, optimizer), batch
+
+
+def lowest_peak_at_zero_overhead(candidates, baseline, strategy: str) -> int | None:
+    peaks = [c.sim.peak_bytes for c in candidates
+             if c.strategy == strategy and c.sim.overhead_vs(baseline) <= ZERO_OVERHEAD]
+    return min(peaks) if peaks else None
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["resnet50", "vgg16", "transformer"],
+                        choices=["resnet50", "vgg16", "transformer", "mlp"])
+    parser.add_argument("--profile", default="v100-16gb-pcie3")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    from tflms.errors import BudgetError
+    from tflms.ir import tf_io
+    from tflms.plan.report import plan_step
+    from tflms.sim import simulate
+    from tflms.tune import tune
+    from tflms.units import format_bytes
+
+    records = []
+    for name in args.models:
+        _say(f"tracing {name}")
+        concrete, keep_alive, batch = build(name)
+        graph = tf_io.from_concrete_function(concrete)
+        base = simulate(graph, args.profile)
+        _say(f"{name}: {len(graph)} ops, simulated peak {format_bytes(base.peak_bytes)}; planning")
+        t0 = time.perf_counter()
+        planned = plan_step(base)
+        plan_s = time.perf_counter() - t0
+        budget = int(base.resident_bytes + SEARCH_BUDGET_FRACTION * base.transient_peak_bytes)
+        _say(f"{name}: searching strategies at budget {format_bytes(budget)}")
+        t0 = time.perf_counter()
+        try:
+            tuned = tune(graph, budget=budget, profile=args.profile,
+                         strategies=["tflms-distance", "idle-time-no-overhead"])
+            candidates = tuned.candidates
+        except BudgetError as err:  # nothing reached the budget: the candidates are still informative
+            candidates = err.candidates
+            _say(f"{name}: nothing reached {format_bytes(budget)}; reporting what was tried")
+        tune_s = time.perf_counter() - t0
+        record = {"model": name, "profile": args.profile, "batch": batch, "ops": len(graph),
+                  "peak_bytes": base.peak_bytes, **planned.to_dict(with_offsets=False), "plan_s": plan_s,
+                  "tune_s": tune_s}
+        for strategy, key in (("idle-time-no-overhead", "idle"), ("tflms-distance", "distance")):
+            low = lowest_peak_at_zero_overhead(candidates, base, strategy)
+            record[f"{key}_zero_overhead_peak_bytes"] = low
+            record[f"{key}_zero_overhead_saved"] = None if low is None else 1 - low / base.peak_bytes
+        records.append(record)
+        del keep_alive
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return 0
+    print(f"Activation memory of one training step on {args.profile} (simulated; MiB; % over the lower bound)")
+    print(f"{'model':<12}{'batch':>6}{'ops':>7}{'bound':>10}{'planned':>16}{'BFC model':>16}{'caching':>16}")
+    mib = 2**20
+    for r in records:
+        def fig(key):
+            return f"{r[key] / mib:8.1f} ({100 * (r[key] / r['lower_bound_bytes'] - 1):+4.1f}%)"
+        print(f"{r['model']:<12}{r['batch']:>6}{r['ops']:>7}{r['lower_bound_bytes'] / mib:>10.1f}"
+              f"{fig('planned_pool_bytes'):>16}{fig('bfc_peak_reserved_bytes'):>16}{fig('caching_peak_reserved_bytes'):>16}")
+    print()
+    print("Peak memory saved at zero predicted overhead (<= 0.1% slower), best configuration of each strategy")
+    print(f"{'model':<12}{'peak':>12}{'idle-time (no-overhead)':>26}{'TFLMS distance rules':>24}")
+    for r in records:
+        def saved(key):
+            v = r[f"{key}_zero_overhead_saved"]
+            return "-" if v is None else f"{100 * v:.1f}%"
+        print(f"{r['model']:<12}{format_bytes(r['peak_bytes']):>12}{saved('idle'):>26}{saved('distance'):>24}")
+    print("\nReported (Zhang et al., not measured here): planner up to 13.3% below NVIDIA's pool; "
+          "idle-time swapping up to 34.2% less memory with no overhead.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
