@@ -48,3 +48,9 @@ def test_bad_option_value_is_a_clear_error(capsys):
 def test_console_script_is_installed():
     out = subprocess.run([sys.executable, "-m", "tflms.cli", "--help"], capture_output=True, text=True, check=True)
     assert "tflms" in out.stdout
+
+
+def test_calibrate_shows_documented_defaults(capsys):
+    assert main(["calibrate", "--show-defaults", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "zvc" in out and "fp16" in out

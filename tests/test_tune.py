@@ -206,3 +206,14 @@ def test_step_plan_figures_and_fit_by_allocator_model(graph, baseline):
     by_bfc = tune(graph, budget=budget, profile=PROFILE, fit_by="bfc")
     assert by_bfc.strategy != "none"
     assert plan_step(by_bfc.best.sim).bfc_total_bytes <= budget
+
+
+def test_vdnn_policies_are_opt_in_strategies(graph, baseline):
+    budget = int(baseline.peak_bytes * 0.8)
+    default = tune(graph, budget=budget, profile=PROFILE)
+    assert not {c.strategy for c in default.candidates} & {"vdnn_conv", "vdnn_all"}
+    with_vdnn = tune(graph, budget=int(baseline.peak_bytes * 0.85), profile=PROFILE, strategies=["vdnn_all"])
+    assert {c.strategy for c in with_vdnn.candidates} == {"none", "vdnn_all"}
+    assert with_vdnn.strategy == "vdnn_all" and with_vdnn.best.sim.peak_bytes < baseline.peak_bytes
+    with pytest.raises(ConfigError, match="unknown tuning strategies"):
+        tune(graph, budget=budget, profile=PROFILE, strategies=["vdnn_some"])

@@ -12,13 +12,14 @@ run. Public API:
 """
 
 from tflms.config import LMSConfig
-from tflms.errors import (BudgetError, ConfigError, DeviceError, GraphError, NoTrainingStepError, SavedModelError,
-                          TflmsError, UnitsError, UnsupportedGraphError, UnsupportedModelError)
+from tflms.errors import (BudgetError, ConfigError, DeviceError, DistributeError, GraphError, NoTrainingStepError,
+                          SavedModelError, TflmsError, UnitsError, UnsupportedGraphError, UnsupportedModelError,
+                          VariableCreationError)
 from tflms.integrations.function import function
 from tflms.rewrite.api import analyze, rewrite
 
 __version__ = "0.1.0"
 
-__all__ = ["BudgetError", "ConfigError", "DeviceError", "GraphError", "LMSConfig", "NoTrainingStepError",
+__all__ = ["BudgetError", "ConfigError", "DeviceError", "DistributeError", "GraphError", "LMSConfig", "NoTrainingStepError",
            "SavedModelError", "TflmsError", "UnitsError", "UnsupportedGraphError", "UnsupportedModelError", "analyze",
-           "function", "rewrite"]
+           "VariableCreationError", "function", "rewrite"]

@@ -9,6 +9,7 @@ Sub-commands:
            and checks the results bit for bit).
   analyze  IN_DIR: print each function's ordering summary, swap report and
            simulated memory (peak, resident, alive at the peak); writes nothing.
+  calibrate  measure codec throughputs on this device (JSON for the cost model).
   plan     IN_DIR: memory planning of each training step before and after the
            rewrite: lower bound, planned pool (offsets in --json), BFC and
            caching allocator models; writes nothing.
@@ -244,6 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_budget_flags(plan)
     add_config_flags(plan)
     plan.set_defaults(func=cmd_plan)
+
+    from tflms.compress.calibrate import CLI_DESCRIPTION, CLI_HELP, add_calibrate_arguments, cmd_calibrate
+    add_calibrate_arguments(sub.add_parser("calibrate", help=CLI_HELP, description=CLI_DESCRIPTION)).set_defaults(
+        func=cmd_calibrate)
     return parser
 
 

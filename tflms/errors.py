@@ -45,3 +45,11 @@ class SavedModelError(TflmsError):
 
 class UnsupportedModelError(TflmsError, ValueError):
     """The model's training setup is one the LMS callback cannot rewrite (the message says why and what to do)."""
+
+
+class DistributeError(TflmsError, ValueError):
+    """A step cannot run as asked under ``tf.distribute`` (the message says why and what to do)."""
+
+
+class VariableCreationError(TflmsError, ValueError):
+    """The first call creates variables TensorFlow cannot initialize outside the function."""

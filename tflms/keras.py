@@ -49,9 +49,27 @@ unknown batch dimension is sized by the first batch it runs on and rewritten
 again, once, if a larger batch comes (a later ``fit`` with a larger batch size).
 A ``compile()`` makes Keras build a new step, which gets its own rewrites.
 
+Distribution: under ``MirroredStrategy`` and ``MultiWorkerMirroredStrategy``
+(model built and compiled under ``strategy.scope()``) Keras's step calls
+``strategy.run`` and reduces the replicas' outputs; it is traced for the
+distributed iterator's ``element_spec`` (per-replica specs), every local
+replica's part of it is rewritten, and each replica's swaps run on the host of
+that replica's own task (:mod:`tflms.distribute`). Training is bitwise identical
+to ``fit`` without the callback under the same strategy (``tests/test_distribute.py``).
+Two Keras 3.15 limits are Keras's, not the callback's: under
+``MultiWorkerMirroredStrategy`` Keras's own ``fit`` fails with or without LMS
+(``_maybe_symbolic_build`` hands a whole ``(x, y)`` batch to ``strategy.reduce``;
+``reduce_per_replica`` reduces the scalar loss with ``axis=0``), and under
+``MirroredStrategy`` its multi-step loop (``steps_per_execution`` > 1) fails on
+its first call, where LMS, which runs one step per Python call, trains.
+
 Not handled, and said so: ``jit_compile=True`` (XLA compiles the step as one
-cluster and ignores swap ops) and distribution strategies other than the default
-raise :class:`UnsupportedModelError` before the first step; a train function that
+cluster and ignores swap ops) and distribution strategies other than the default,
+``MirroredStrategy`` and ``MultiWorkerMirroredStrategy`` (not tested with tflms:
+``OneDeviceStrategy``, ``CentralStorageStrategy``, ``TPUStrategy``, whose steps
+XLA compiles, and ``ParameterServerStrategy``, whose steps a coordinator
+schedules on remote workers) raise :class:`UnsupportedModelError` before the
+first step; a train function that
 is not the one Keras builds (``make_train_function`` overridden, another backend,
 a Keras whose trainer has changed) raises it too; ``run_eagerly=True`` has no
 graph to rewrite, so the callback warns and stands aside.
@@ -68,9 +86,9 @@ import keras
 import tensorflow as tf
 
 from tflms.config import LMSConfig
+from tflms.distribute import Placement
 from tflms.errors import UnsupportedModelError
-from tflms.integrations.function import check_devices_exist
-from tflms.ir import tf_io
+from tflms.integrations.function import check_devices_exist, rewrite_concrete
 from tflms.rewrite.report import RewriteReport
 from tflms.units import format_bytes
 
@@ -93,6 +111,7 @@ class _Trace:
     original: Any  # the ConcreteFunction Keras's one_step_on_data traced
     rewritten: Any  # the ConcreteFunction that runs instead
     report: RewriteReport
+    placement: Placement  # where each replica's swap ops run
     sized_batch: int | None = None  # the batch size an unknown batch dimension was sized for (None: not needed)
 
 
@@ -106,13 +125,14 @@ def _none_for_optionals(data: Any) -> Any:
 
 
 def _leading_dim(data: Any) -> int:
-    """The largest leading dimension of the batch's tensors (0 if none has one)."""
-    dims = [t.shape[0] for t in tf.nest.flatten(data) if hasattr(t, "shape") and t.shape.rank]
+    """The largest leading dimension of the batch's tensors (0 if none has one; per replica when distributed)."""
+    dims = [t.shape[0] for t in tf.nest.flatten(data, expand_composites=True) if hasattr(t, "shape") and t.shape.rank]
     return max([int(d) for d in dims if d is not None], default=0)
 
 
 def _input_specs(concrete) -> list[tf.TensorSpec]:
-    return [s for s in tf.nest.flatten(concrete.structured_input_signature, expand_composites=False)
+    """The tensor specs of the step's inputs (a distributed step's per-replica specs give one per replica)."""
+    return [s for s in tf.nest.flatten(concrete.structured_input_signature, expand_composites=True)
             if isinstance(s, tf.TensorSpec)]
 
 
@@ -152,17 +172,14 @@ class _RewrittenStep:
         return trace.rewritten(data)
 
     def _rewrite(self, concrete, data: Any) -> _Trace:
-        from tflms.tune.tuner import rewrite_for
         config = self.config
         unknown = any(s.shape.rank and s.shape[0] is None for s in _input_specs(concrete))
         sized = None
         if unknown and config.batch_size is None:
             sized = _leading_dim(data) or None
             config = config.replace(batch_size=sized)
-        result = rewrite_for(concrete, config)
-        rewritten = tf_io.to_concrete_function(result.graph, concrete,
-                                               extra_control_outputs=result.report.inserted_ops)
-        return _Trace(concrete, rewritten, result.report, sized)
+        rewritten, report, placement = rewrite_concrete(concrete, config)
+        return _Trace(concrete, rewritten, report, placement, sized)
 
 
 def _needs_resizing(trace: _Trace, data: Any) -> bool:
@@ -196,6 +213,12 @@ class _LMSTrainFunction:
         for _, data in zip(range(steps), iterator):
             outputs = self.step(data)
         return outputs
+
+
+def _supported_strategy(strategy) -> bool:
+    """The default strategy, ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` (see the module doc)."""
+    supported = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
+    return _is_default_strategy(strategy) or isinstance(strategy, supported)
 
 
 def _is_default_strategy(strategy) -> bool:
@@ -256,12 +279,15 @@ class LMS(keras.callbacks.Callback):
       config: the :class:`~tflms.LMSConfig` in use.
       report: the :class:`~tflms.rewrite.report.RewriteReport` of the step that
         ran last (``None`` before the first step).
+      placement: the :class:`~tflms.distribute.Placement` of that step's swap
+        ops (which replica device swaps to which host).
       reports: every report, one per traced signature, in trace order.
 
     Raises:
       UnsupportedModelError: in ``on_train_begin``, for a model compiled with
-        ``jit_compile=True``, trained under a distribution strategy, or whose
-        train function is not the one Keras builds.
+        ``jit_compile=True``, trained under a distribution strategy other than
+        ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy``, or whose train
+        function is not the one Keras builds.
     """
 
     def __init__(self, budget: int | str | None = None, verbose: int = SUMMARY, *, config: LMSConfig | None = None,
@@ -286,6 +312,12 @@ class LMS(keras.callbacks.Callback):
         """The report of the trace that ran last (``None`` before the first step)."""
         step = self._last_step
         return None if step is None or step.last is None else step.last.report
+
+    @property
+    def placement(self) -> Placement | None:
+        """Where the swap ops of the trace that ran last run (per replica under a strategy)."""
+        step = self._last_step
+        return None if step is None or step.last is None else step.last.placement
 
     @property
     def reports(self) -> list[RewriteReport]:
@@ -343,11 +375,13 @@ class LMS(keras.callbacks.Callback):
         if getattr(model, "jit_compile", False) and not model.run_eagerly:
             raise self._jit_error(model)
         strategy = model.distribute_strategy
-        if not _is_default_strategy(strategy):
+        if not _supported_strategy(strategy):
             raise UnsupportedModelError(
-                f"tflms.keras.LMS: model {model.name!r} trains under {type(strategy).__name__}; distribution "
-                "strategies are not supported yet (each replica's step would need its own rewrite). Train without "
-                "a strategy, or use tflms.function in a custom loop")
+                f"tflms.keras.LMS: model {model.name!r} trains under {type(strategy).__name__}; this strategy is not "
+                "supported (LMS supports the default strategy, MirroredStrategy and MultiWorkerMirroredStrategy; "
+                "TPUStrategy compiles the step with XLA, ParameterServerStrategy runs it on remote workers, the others "
+                "are untested). Use MirroredStrategy (one machine) or MultiWorkerMirroredStrategy (several), or "
+                "tflms.function in a custom loop")
 
     # ----------------------------------------------------------------- output
     def _on_trace(self, trace: _Trace, step: _RewrittenStep) -> None:

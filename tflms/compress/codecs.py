@@ -80,7 +80,9 @@ __all__ = [
     "Float16Codec",
     "ZeroValueCodec",
     "encoded_nbytes",
+    "finite_range",
     "get_codec",
+    "nonzero_fraction",
     "require_lossless_allowed",
 ]
 
@@ -175,6 +177,8 @@ class Codec(abc.ABC):
     name: ClassVar[str]
     lossless: ClassVar[bool]
     supported_dtypes: ClassVar[tuple[tf.DType, ...]]
+    #: Indices of parts whose size depends on the data (unknown until the tensor is encoded).
+    data_dependent_parts: ClassVar[tuple[int, ...]] = ()
 
     @abc.abstractmethod
     def encode(self, x: tf.Tensor) -> tuple[tf.Tensor, ...]:
@@ -185,13 +189,27 @@ class Codec(abc.ABC):
         """Rebuild a tensor of ``shape`` and ``dtype`` from ``parts``."""
 
     @abc.abstractmethod
-    def compressed_bytes(self, num_elements: int, dtype: Any, nonzero_fraction: float = 1.0) -> int:
-        """Predicted bytes of the parts for a tensor of ``num_elements`` of ``dtype``.
+    def part_bytes(self, num_elements: int, dtype: Any, nonzero_fraction: float = 1.0) -> tuple[int, ...]:
+        """Predicted bytes of each part, in :meth:`encode`'s order.
 
         ``nonzero_fraction`` is the fraction of elements whose bit pattern is
-        not all zeros; only the zero-value codec depends on it, the others
-        have fixed sizes.
+        not all zeros; only the parts listed in :attr:`data_dependent_parts`
+        depend on it (the zero-value codec's values), the others have fixed
+        sizes.
         """
+
+    def compressed_bytes(self, num_elements: int, dtype: Any, nonzero_fraction: float = 1.0) -> int:
+        """Predicted bytes of all the parts for a tensor of ``num_elements`` of ``dtype``."""
+        return sum(self.part_bytes(num_elements, dtype, nonzero_fraction))
+
+    @property
+    def cost_key(self) -> str:
+        """The name under which cost models list this codec's speed (parameters that change it included)."""
+        return self.name
+
+    def out_of_range_fraction(self, x: np.ndarray) -> float:
+        """Fraction of ``x``'s finite values beyond the storage format's range (saturated or overflowed)."""
+        return self._out_of_range_fraction(np.asarray(x))
 
     def check_dtype(self, dtype: Any) -> tf.DType:
         """Return ``dtype`` as a ``tf.DType``, or raise :class:`CodecDtypeError` if unsupported."""
@@ -281,6 +299,7 @@ class ZeroValueCodec(Codec):
     name: ClassVar[str] = "zvc"
     lossless: ClassVar[bool] = True
     supported_dtypes: ClassVar[tuple[tf.DType, ...]] = _FLOAT_DTYPES + _INT_DTYPES
+    data_dependent_parts: ClassVar[tuple[int, ...]] = (1,)
 
     def encode(self, x: tf.Tensor) -> tuple[tf.Tensor, ...]:
         x = tf.convert_to_tensor(x)
@@ -303,10 +322,10 @@ class ZeroValueCodec(Codec):
         flat = tf.gather(values_and_zero, tf.where(nonzero, rank, count))
         return tf.reshape(flat, _shape_arg(shape))
 
-    def compressed_bytes(self, num_elements: int, dtype: Any, nonzero_fraction: float = 1.0) -> int:
+    def part_bytes(self, num_elements: int, dtype: Any, nonzero_fraction: float = 1.0) -> tuple[int, ...]:
         num_elements, dtype = _check_size(self, num_elements, dtype, nonzero_fraction)
         nonzero = int(round(nonzero_fraction * num_elements))
-        return -(-num_elements // BITS_PER_BYTE) + nonzero * dtype.size
+        return -(-num_elements // BITS_PER_BYTE), nonzero * dtype.size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,9 +364,13 @@ class _CastCodec(Codec):
         (stored,) = _unpack_parts(self, parts, 1)
         return tf.reshape(tf.cast(stored, dtype), _shape_arg(shape))
 
-    def compressed_bytes(self, num_elements: int, dtype: Any, nonzero_fraction: float = 1.0) -> int:
+    def part_bytes(self, num_elements: int, dtype: Any, nonzero_fraction: float = 1.0) -> tuple[int, ...]:
         num_elements, _ = _check_size(self, num_elements, dtype, nonzero_fraction)
-        return num_elements * self.storage_dtype.size
+        return (num_elements * self.storage_dtype.size,)
+
+    @property
+    def cost_key(self) -> str:
+        return self.name if self.saturate else f"{self.name}-nosat"
 
     def error_bound(self, x: np.ndarray) -> np.ndarray:
         """``max(rel * |x|, abs)``; ``|x| - max_finite`` when saturated; inf where an overflow makes Inf."""
@@ -458,10 +481,10 @@ class BlockInt8Codec(Codec):
         values = tf.where(coded, nonfinite, values)
         return tf.reshape(tf.reshape(values, [-1])[:size], _shape_arg(shape))
 
-    def compressed_bytes(self, num_elements: int, dtype: Any, nonzero_fraction: float = 1.0) -> int:
+    def part_bytes(self, num_elements: int, dtype: Any, nonzero_fraction: float = 1.0) -> tuple[int, ...]:
         num_elements, _ = _check_size(self, num_elements, dtype, nonzero_fraction)
         num_blocks = -(-num_elements // self.block_size)
-        return num_elements * tf.int8.size + num_blocks * INT8_SCALE_DTYPE.size
+        return num_elements * tf.int8.size, num_blocks * INT8_SCALE_DTYPE.size
 
     def error_bound(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x)
@@ -621,6 +644,20 @@ def _nonzero_fraction(x: np.ndarray) -> float:
     if x.size == 0:
         return 0.0
     return float(np.count_nonzero(_bit_view(x)) / x.size)
+
+
+def nonzero_fraction(x: np.ndarray) -> float:
+    """Fraction of the elements of ``x`` whose bits are not all zero (what zero-value compression keeps)."""
+    return _nonzero_fraction(np.asarray(x))
+
+
+def finite_range(x: np.ndarray) -> tuple[float, float, float]:
+    """``(min, max, nonfinite fraction)`` of ``x``'s finite values (``nan`` bounds if there are none)."""
+    array = np.asarray(x)
+    finite = array[_finite_mask(array)]
+    if not finite.size:
+        return math.nan, math.nan, _nonfinite_fraction(array)
+    return float(finite.min()), float(finite.max()), _nonfinite_fraction(array)
 
 
 def _as_float64(x: np.ndarray) -> np.ndarray:

@@ -214,14 +214,16 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
         raise GraphError("this IR graph was not read from a ConcreteFunction; use to_graph_def instead")
     old_graph = original.graph
     graph_def = to_graph_def(graph)
+    _register_library(graph_def)
     new_graph = func_graph_lib.FuncGraph(name or f"{old_graph.name}_lms")
     num_args = len(sig.input_names) - sig.num_captures
     with new_graph.as_default():
         args = [tf.compat.v1.placeholder(t.dtype, t.shape, name=t.op.name)
                 for t in old_graph.inputs[:num_args]]
         for new_t, old_t in zip(args, old_graph.inputs[:num_args]):
-            if old_t.dtype == tf.resource:
-                new_t._handle_data = old_t._handle_data  # noqa: SLF001 - keep resource dtype/shape info
+            handle_data = getattr(old_t, "_handle_data", None)  # resource dtype/shape info, if any
+            if old_t.dtype == tf.resource and handle_data is not None:
+                new_t._handle_data = handle_data  # noqa: SLF001
         captures = [new_graph.capture(h) for h in original.captured_inputs]
         input_map = {name + ":0": t for name, t in zip(sig.input_names, args + captures)}
         wanted = list(sig.output_names) + list(sig.control_output_names) + list(extra_control_outputs)
@@ -251,6 +253,15 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
     new._arg_keywords = getattr(original, "_arg_keywords", None)  # noqa: SLF001
     new._num_positional_args = getattr(original, "_num_positional_args", None)  # noqa: SLF001
     return new
+
+
+def _register_library(graph_def) -> None:
+    """Make the graph's library functions known to the eager runtime (e.g. codec functions tflms added)."""
+    from tensorflow.python.eager import context
+    ctx = context.context()
+    for fdef in graph_def.library.function:
+        if not ctx.has_function(fdef.signature.name):
+            ctx.add_function_def(fdef)
 
 
 def _function_attrs(original) -> Mapping[str, Any]:

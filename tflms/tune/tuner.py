@@ -39,6 +39,8 @@ from tflms.units import format_bytes, parse_bytes
 logger = logging.getLogger(__name__)
 
 STRATEGIES = ("tflms-distance", "idle-time", "idle-time-no-overhead")
+#: Strategies searched only when asked for (vDNN's layer-wise policies, for comparison).
+OPT_IN_STRATEGIES = ("vdnn_conv", "vdnn_all")
 #: Rounds of re-simulation the idle-time strategy may take (the peak moves after each).
 IDLE_MAX_ROUNDS = 12
 #: How "fits" is judged: the live-bytes peak, or what TensorFlow's BFC allocator (modelled) would reserve.
@@ -138,12 +140,15 @@ class _Evaluator:
                                                                              accelerator, copy_op)
         self.progress = progress
         self.fit_by = FIT_BY_LIVE
+        self.compress: Callable[[Graph, SwapPlan], Graph] | None = None
         self.candidates: list[Candidate] = []
         self.graphs: dict[int, Graph] = {}
 
     def run(self, strategy: str, params: dict[str, Any], plan: SwapPlan, *, max_overhead: float | None = None,
             baseline: SimResult | None = None) -> Candidate:
         graph = apply_plan(self.analysis.graph, plan, copy_op=self.copy_op)
+        if self.compress is not None:
+            graph = self.compress(graph, plan)
         sim = simulate(graph, self.profile, options=self.sim_options)
         why = ""
         need = self.need(sim)
@@ -286,10 +291,18 @@ def search_idle(ev: _Evaluator, baseline: SimResult, mode: str) -> None:
         sim = result.sim if selected is trial else sim
 
 
+def _search_vdnn(ev: _Evaluator, policies: Sequence[str]) -> None:
+    from tflms.tune.vdnn import plan_vdnn
+    for policy in policies:
+        ev.run(policy, {"sync_offload": True}, plan_vdnn(ev.analysis, policy, ev.base_config,
+                                                          accelerator_device=ev.accelerator, sync_offload=True))
+
+
 def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str | HardwareProfile = "v100-16gb-pcie3",
          config: LMSConfig | None = None, strategies: Sequence[str] = STRATEGIES, sim_options: SimOptions | None = None,
          host_budget: int | str | None = None, copy_op: str = DEFAULT_COPY_OP, first_fit: bool = False,
          require_backward: bool = True, fit_by: str = FIT_BY_LIVE,
+         compress: Callable[[Graph, SwapPlan], Graph] | None = None,
          progress: Callable[[str], None] | None = None) -> TuneResult:
     """Find the rewrite of ``source`` that fits ``budget`` (default: the profile's memory) fastest.
 
@@ -300,14 +313,15 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     ``fit_by="bfc"`` judges fit by the BFC allocator model (resident bytes plus
     what the allocator reserves for the step's allocation sequence) instead of
     the live-bytes peak: a budget the live bytes meet but the allocator does not
-    is not a fit.
+    is not a fit. ``compress`` (e.g. ``tflms.compress.policy.make_compressor``)
+    post-processes every candidate's rewritten graph with compressed swaps.
     """
     if fit_by not in (FIT_BY_LIVE, FIT_BY_BFC):
         raise ConfigError(f"fit_by must be {FIT_BY_LIVE!r} or {FIT_BY_BFC!r}, got {fit_by!r}")
     profile = get_profile(profile)
-    unknown = sorted(set(strategies) - set(STRATEGIES))
+    unknown = sorted(set(strategies) - set(STRATEGIES) - set(OPT_IN_STRATEGIES))
     if unknown:
-        raise ConfigError(f"unknown tuning strategies {unknown}; choose from {list(STRATEGIES)}")
+        raise ConfigError(f"unknown tuning strategies {unknown}; choose from {list(STRATEGIES + OPT_IN_STRATEGIES)}")
     budget_bytes = profile.memory_bytes if budget is None else parse_bytes(budget, what="budget")
     if budget_bytes <= 0:
         raise ConfigError("budget must be positive")
@@ -326,6 +340,7 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     baseline = simulate(graph, profile, options=sim_options)
     ev = _Evaluator(analysis, profile, budget_bytes, host_bytes, sim_options, config, accelerator, copy_op, progress)
     ev.fit_by = fit_by
+    ev.compress = compress
     base_need = ev.need(baseline)
     base = Candidate("none", {}, None, baseline, fits=base_need <= budget_bytes,
                      why_not="" if base_need <= budget_bytes else f"needs {format_bytes(base_need)} > budget")
@@ -333,11 +348,12 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     ev.graphs[id(base)] = graph
     searches = [("tflms-distance", lambda: search_distance(ev, first_fit=first_fit)),
                 ("idle-time", lambda: search_idle(ev, baseline, STICK_TO_LIMIT)),
-                ("idle-time-no-overhead", lambda: search_idle(ev, baseline, NO_OVERHEAD))]
+                ("idle-time-no-overhead", lambda: search_idle(ev, baseline, NO_OVERHEAD)),
+                ("vdnn", lambda: _search_vdnn(ev, [s for s in strategies if s in OPT_IN_STRATEGIES]))]
     for name, search in searches:
         if base.fits or (first_fit and any(c.fits for c in ev.candidates)):
             break
-        if name in strategies:
+        if name in strategies or (name == "vdnn" and set(strategies) & set(OPT_IN_STRATEGIES)):
             search()
     fitting = [c for c in ev.candidates if c.fits]
     if not fitting:
@@ -350,8 +366,8 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
             f"Resident variables alone take {format_bytes(baseline.resident_bytes)}.")
         error.candidates, error.baseline = tuple(ev.candidates), baseline  # what was tried, for reports
         raise error
-    best = min(fitting, key=lambda c: (c.sim.step_time_s, c.swapped_bytes, STRATEGIES.index(c.strategy)
-                                       if c.strategy in STRATEGIES else -1))
+    order = ("none",) + STRATEGIES + OPT_IN_STRATEGIES
+    best = min(fitting, key=lambda c: (c.sim.step_time_s, c.swapped_bytes, order.index(c.strategy)))
     return TuneResult(budget_bytes=budget_bytes, profile=profile.name, baseline=baseline, best=best,
                       candidates=tuple(ev.candidates), graph=ev.graphs[id(best)], analysis=analysis)
 
