@@ -701,3 +701,27 @@ if __name__ == "__main__":
         worker_main(int(sys.argv[2]), sys.argv[3], sys.argv[4])
     else:
         raise SystemExit(f"unknown mode {mode!r}: use 'mirrored LAYOUT OUT.json' or 'worker TASK PORTS OUT_DIR'")
+
+
+def test_compressed_swaps_follow_their_replica():
+    import tflms
+    from tflms.compress.codecs import ZeroValueCodec
+    from tflms.compress.rewrite import CompressionChoice, apply_compression
+    from tflms.distribute import place_swaps
+    from tflms.ir.graph import TensorRef
+    from tflms.testing import mlp_training_graph
+
+    replica = "/job:worker/replica:0/task:1/device:GPU:1"
+    host = "/job:worker/replica:0/task:1/device:CPU:0"
+    graph = mlp_training_graph(3)
+    for op in graph:
+        op.device = replica
+    result = tflms.rewrite(graph, swapout_threshold=4, accelerator_device="/device:GPU:0")
+    ref = TensorRef("fw/Relu_0", 0)
+    compressed = apply_compression(result.graph, result.report.plan,
+                                   [CompressionChoice(ref, ZeroValueCodec(), nonzero_fraction=0.5)])
+    placed, _ = place_swaps(compressed, result.report.plan)
+    assert placed.op("lms/encode_fw/Relu_0_0").device == replica
+    assert placed.op("lms/swap_out_fw/Relu_0_0_part1").device == host
+    assert placed.op("lms/swap_in_fw/Relu_0_0_0_part1").device == host
+    assert placed.op("lms/decode_fw/Relu_0_0_0").device == replica

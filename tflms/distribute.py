@@ -118,6 +118,29 @@ def host_for(replica_device: str, host_device: str) -> str:
     return replica.replace(device_type=host.device_type, device_index=host.device_index).to_string()
 
 
+def _follow_compression(graph: Graph, plan: SwapPlan, moves: dict[str, str]) -> None:
+    """Place compressed swaps' extra ops (``tflms.compress.rewrite``) like the swap they belong to.
+
+    Part ``k > 0`` copies go where their part-0 copy goes; encode and decode ops run
+    on the replica that produced the tensor.
+    """
+    from tflms.compress.rewrite import decode_op_name, encode_op_name, part_op_name
+    for swap in plan.swaps:
+        replica = graph.op(swap.tensor.op).device
+        encode = encode_op_name(swap.tensor)
+        if encode not in graph:
+            continue
+        moves[encode] = replica
+        for base in (swap.swap_out, *(g.name for g in swap.swap_ins)):
+            k = 1
+            while part_op_name(base, k) in graph:
+                moves[part_op_name(base, k)] = moves[base]
+                k += 1
+        for gi, _ in enumerate(swap.swap_ins):
+            if decode_op_name(swap.tensor, gi) in graph:
+                moves[decode_op_name(swap.tensor, gi)] = replica
+
+
 def place_swaps(graph: Graph, plan: SwapPlan) -> tuple[Graph, Placement]:
     """Put each swap's ops on the host of the replica that produced the tensor.
 
@@ -153,6 +176,7 @@ def place_swaps(graph: Graph, plan: SwapPlan) -> tuple[Graph, Placement]:
                                    swap_out=swap.swap_out, swap_ins=tuple(g.name for g in swap.swap_ins),
                                    swap_in_devices=tuple(swap_in_devices), consumer_devices=tuple(consumers)))
     placement = Placement(tuple(swaps))
+    _follow_compression(graph, plan, moves)
     changed = {name: device for name, device in moves.items() if graph.op(name).device != device}
     if not changed:
         return graph, placement
