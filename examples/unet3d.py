@@ -1,0 +1,117 @@
+"""A 3D U-Net (Cicek et al., 2016) and its training step, with tflms (runs on a CPU in seconds).
+
+    python examples/unet3d.py
+
+:func:`build_unet3d` defines the network the TFLMS paper scaled to larger image
+resolutions: ``depth`` levels of two 3x3x3 convolutions (BatchNorm + ReLU) with
+2x2x2 max-pooling on the way down, transposed convolutions and skip connections
+(concatenation) on the way up, and a 1x1x1 convolution to per-voxel class
+probabilities. Spatial dimensions are left unknown, so one model serves every
+resolution (a multiple of ``2 ** depth``). :func:`make_train_step` is the
+``tf.GradientTape`` step; ``tools/bench.py`` traces it at many resolutions.
+
+Run as a script, it trains a small U-Net at 32^3 for a few steps with
+``tf.function`` and with ``tflms.function`` and compares the weights (the swaps
+save nothing on a CPU, but the rewrite runs). With TensorFlow's oneDNN CPU kernels
+(the x86 default) the swaps' extra readers change which fused oneDNN kernels run,
+so the weights agree to round-off; with ``TF_ENABLE_ONEDNN_OPTS=0`` they are
+bit-identical.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+def build_unet3d(*, channels: int = 4, classes: int = 4, base_filters: int = 32, depth: int = 4,
+                 batch_norm: bool = True, name: str = "unet3d") -> keras.Model:
+    """A 3D U-Net for inputs ``(batch, D, H, W, channels)``; D, H, W multiples of ``2 ** depth``.
+
+    Level ``i`` (0 = full resolution) has ``base_filters * 2**i`` filters in its
+    first convolution and twice that in its second (as in the original 3D U-Net);
+    the bottom level sits below ``depth`` poolings.
+    """
+    if depth < 1 or base_filters < 1:
+        raise ValueError(f"depth and base_filters must be >= 1, got {depth} and {base_filters}")
+
+    def conv(x, filters, label):
+        x = keras.layers.Conv3D(filters, 3, padding="same", use_bias=not batch_norm, name=f"{label}_conv")(x)
+        if batch_norm:
+            x = keras.layers.BatchNormalization(name=f"{label}_bn")(x)
+        return keras.layers.ReLU(name=f"{label}_relu")(x)
+
+    inputs = keras.Input((None, None, None, channels), name="volume")
+    x, skips = inputs, []
+    for level in range(depth):
+        filters = base_filters * 2 ** level
+        x = conv(x, filters, f"down{level}_a")
+        x = conv(x, filters * 2, f"down{level}_b")
+        skips.append(x)
+        x = keras.layers.MaxPool3D(2, name=f"down{level}_pool")(x)
+    x = conv(x, base_filters * 2 ** depth, "bottom_a")
+    x = conv(x, base_filters * 2 ** (depth + 1), "bottom_b")
+    for level in reversed(range(depth)):
+        filters = base_filters * 2 ** (level + 1)
+        x = keras.layers.Conv3DTranspose(filters * 2, 2, strides=2, name=f"up{level}_upconv")(x)
+        x = keras.layers.Concatenate(name=f"up{level}_concat")([skips[level], x])
+        x = conv(x, filters, f"up{level}_a")
+        x = conv(x, filters, f"up{level}_b")
+    outputs = keras.layers.Conv3D(classes, 1, activation="softmax", name="probabilities")(x)
+    return keras.Model(inputs, outputs, name=name)
+
+
+def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer | None = None, *,
+                    forward=None, function=tf.function):
+    """``step(volume, labels) -> loss``: per-voxel cross-entropy, one optimizer update.
+
+    ``forward`` replaces ``model(x, training=True)`` (e.g. a gradient-checkpointed
+    model from :mod:`tflms.baselines.recompute`); ``function`` wraps the step
+    (``tf.function`` or ``tflms.function``). Keep ``model`` and ``optimizer`` alive
+    while the step is used: a traced step only holds weak references to them.
+    """
+    optimizer = optimizer or keras.optimizers.Adam(1e-3)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+    forward = forward or model
+
+    def step(volume, labels):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, forward(volume, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    return function(step)
+
+
+def input_specs(resolution: int, *, channels: int = 4, batch: int | None = None):
+    """``tf.TensorSpec``s of a cubic ``resolution``^3 volume and its labels (batch unknown by default)."""
+    return (tf.TensorSpec((batch, resolution, resolution, resolution, channels), tf.float32),
+            tf.TensorSpec((batch, resolution, resolution, resolution), tf.int32))
+
+
+def main() -> None:
+    import tflms
+
+    resolution, batch = 32, 2
+    rng = np.random.default_rng(0)
+    volume = rng.standard_normal((batch, resolution, resolution, resolution, 4), dtype=np.float32)
+    labels = rng.integers(0, 4, size=(batch, resolution, resolution, resolution), dtype=np.int32)
+    weights = []
+    for wrap in (tf.function, tflms.function(swapout_threshold=8, min_swap_bytes="256KiB")):
+        keras.utils.set_random_seed(0)
+        model = build_unet3d(base_filters=8, depth=3)
+        optimizer = keras.optimizers.Adam(1e-3)
+        step = make_train_step(model, optimizer, function=wrap)
+        for i in range(3):
+            loss = float(step(volume, labels))
+        print(f"{'tflms' if wrap is not tf.function else 'plain'}: loss after 3 steps {loss:.5f}")
+        weights.append([v.numpy() for v in model.variables])
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(*weights))
+    print(f"{model.count_params()} parameters; largest weight difference with and without tflms: {diff:.3g}")
+    print(step.report.table().splitlines()[0])
+
+
+if __name__ == "__main__":
+    main()
