@@ -139,3 +139,15 @@ def test_control_flow_ops_are_opaque():
 def test_unknown_device_is_refused_with_the_available_ones():
     with pytest.raises(tflms.DeviceError, match=r"accelerator_device='/device:GPU:3' does not exist here"):
         tflms.function(lambda x: x, accelerator_device="GPU:3")
+
+
+def test_a_tf_function_inside_the_step_is_named_in_the_error():
+    step, _ = _step_and_vars()
+
+    @tf.function
+    def outer(x, y):
+        return step(x, y)  # the real step is another tf.function: an opaque call op here
+
+    with pytest.raises(NoTrainingStepError, match="calls other functions"):
+        tflms.rewrite(outer.get_concrete_function(X, Y), accelerator_device="/device:CPU:0",
+                      host_device="/device:CPU:1")

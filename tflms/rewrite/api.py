@@ -64,6 +64,24 @@ def analyze(source: Any, *args: Any, batch_size: int | None = None, **kwargs: An
     return analyze_graph(load_graph(source, *args, batch_size=batch_size, **kwargs))
 
 
+#: Op types that call another function (opaque to tflms: their bodies are not rewritten).
+CALL_OP_TYPES = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
+
+
+def no_training_step_error(analysis: Analysis) -> NoTrainingStepError:
+    """The error for a graph without gradient ops, naming nested function calls if that is why."""
+    calls = [op.name for op in analysis.graph if op.type in CALL_OP_TYPES]
+    if calls:
+        return NoTrainingStepError(
+            f"the graph has no gradient ops of its own but calls other functions ({calls[:3]}), which tflms treats "
+            "as opaque: the training step is probably a tf.function inside the function given to tflms. Give "
+            "tflms the plain Python step (do not decorate it with tf.function as well)")
+    return NoTrainingStepError(
+        "the graph has no gradient ops (no op of a gradient type such as ReluGrad or MatMul under "
+        "gradient_tape/): tflms swaps activations kept from the forward pass for the backward pass, so "
+        "give it a training step (forward + tape.gradient + optimizer update)")
+
+
 def resolve_accelerator(config: LMSConfig) -> tuple[str, list[str]]:
     """The accelerator device to use and any warning about it."""
     if config.accelerator_device is not None:
@@ -128,10 +146,7 @@ def _rewrite(source: Any, config: LMSConfig, args: tuple, copy_op: str, require_
     analysis = analyze_graph(graph)
     t2 = time.perf_counter()
     if require_backward and not analysis.has_backward:
-        raise NoTrainingStepError(
-            "the graph has no gradient ops (no op of a gradient type such as ReluGrad or MatMul under "
-            "gradient_tape/): tflms swaps activations kept from the forward pass for the backward pass, so "
-            "give it a training step (forward + tape.gradient + optimizer update)")
+        raise no_training_step_error(analysis)
     accelerator, device_warnings = resolve_accelerator(config)
     plan = plan_swaps(analysis, config, accelerator_device=accelerator)
     if device_warnings:

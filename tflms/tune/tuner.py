@@ -26,9 +26,9 @@ from typing import Any
 
 from tflms.analysis.cto import Analysis, analyze_graph
 from tflms.config import LMSConfig
-from tflms.errors import BudgetError, ConfigError, NoTrainingStepError
+from tflms.errors import BudgetError, ConfigError
 from tflms.ir.graph import Graph
-from tflms.rewrite.api import load_graph, resolve_accelerator
+from tflms.rewrite.api import load_graph, no_training_step_error, resolve_accelerator
 from tflms.rewrite.apply import DEFAULT_COPY_OP, apply_plan
 from tflms.rewrite.plan import SwapPlan, plan_swaps
 from tflms.sim.profiles import HardwareProfile, get_profile
@@ -331,9 +331,7 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     graph = load_graph(source, *args, batch_size=config.batch_size)
     analysis = analyze_graph(graph)
     if require_backward and not analysis.has_backward:
-        raise NoTrainingStepError(
-            "the graph has no gradient ops: tflms swaps activations kept for the backward pass, so give it a "
-            "training step (forward + tape.gradient + optimizer update)")
+        raise no_training_step_error(analysis)
     accelerator = config.accelerator_device or resolve_accelerator(config)[0]
     if accelerator == config.host_device:
         accelerator = "/device:GPU:0"  # planning for a GPU we do not have: the profile is the device
