@@ -217,3 +217,16 @@ def test_vdnn_policies_are_opt_in_strategies(graph, baseline):
     assert with_vdnn.strategy == "vdnn_all" and with_vdnn.best.sim.peak_bytes < baseline.peak_bytes
     with pytest.raises(ConfigError, match="unknown tuning strategies"):
         tune(graph, budget=budget, profile=PROFILE, strategies=["vdnn_some"])
+
+
+def test_fit_by_reaches_the_tuner_through_the_config(graph, baseline):
+    from tflms.plan.report import plan_step
+    from tflms.tune.tuner import rewrite_for
+
+    config = tflms.LMSConfig(budget_bytes=baseline.peak_bytes, profile=PROFILE, fit_by="bfc",
+                             accelerator_device="/device:GPU:0")
+    result = rewrite_for(graph, config)
+    assert result.report.tuning["strategy"] != "none"
+    assert plan_step(simulate(result.graph, PROFILE)).bfc_total_bytes <= baseline.peak_bytes
+    with pytest.raises(ConfigError, match="fit_by must be"):
+        tflms.LMSConfig(fit_by="roughly")

@@ -102,10 +102,13 @@ def add_budget_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--batch-size", type=int, default=None,
                        help="size of unknown (batch) dimensions when sizing tensors; without it such tensors are "
                             "not swapped")
+    group.add_argument("--fit-by", choices=("live", "bfc"), default="live",
+                       help="judge fit by the live-bytes peak or by the BFC allocator model (default %(default)s)")
 
 
 def _savedmodel_config(args: argparse.Namespace) -> LMSConfig:
-    return config_from_args(args).replace(budget_bytes=args.budget, profile=args.profile, batch_size=args.batch_size)
+    return config_from_args(args).replace(budget_bytes=args.budget, profile=args.profile, batch_size=args.batch_size,
+                                          fit_by=args.fit_by)
 
 
 def _json_error(args: argparse.Namespace, run) -> int:

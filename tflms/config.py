@@ -63,6 +63,8 @@ class LMSConfig:
         parameters above are then searched (see :mod:`tflms.tune`).
       profile: hardware profile to simulate (e.g. "v100-16gb-pcie3"); the budget
         defaults to its memory. Default when tuning: ``v100-16gb-pcie3``.
+      fit_by: how the tuner judges "fits": ``"live"`` (the simulated live-bytes
+        peak) or ``"bfc"`` (what TensorFlow's BFC allocator, modelled, reserves).
     """
 
     swapout_threshold: int = 1
@@ -79,6 +81,7 @@ class LMSConfig:
     batch_size: int | None = None
     budget_bytes: int | None = None
     profile: str | None = None
+    fit_by: str = "live"
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass normalisation
@@ -126,6 +129,8 @@ class LMSConfig:
         if self.profile is not None:
             from tflms.sim.profiles import get_profile
             get_profile(self.profile)  # raises ConfigError naming the known profiles
+        if self.fit_by not in ("live", "bfc"):
+            raise ConfigError(f"fit_by must be 'live' or 'bfc', got {self.fit_by!r}")
 
     @property
     def auto_tune(self) -> bool:

@@ -387,7 +387,7 @@ def rewrite_for(source: Any, config: LMSConfig, *args: Any, copy_op: str = DEFAU
     t0 = time.perf_counter()
     profile = config.profile or "v100-16gb-pcie3"
     result = tune(source, *args, budget=config.budget_bytes, profile=profile, config=config, copy_op=copy_op,
-                  progress=progress)
+                  fit_by=config.fit_by, progress=progress)
     plan = result.best.plan or SwapPlan(config=config, accelerator_device=resolve_accelerator(config)[0],
                                         swaps=(), skipped=())
     report = RewriteReport(plan=plan, graph_summary=result.analysis.summary(),
