@@ -152,3 +152,19 @@ def test_profiles():
         get_profile("p100")
     with pytest.raises(ConfigError, match="link_efficiency must be in"):
         HardwareProfile("bad", "1GiB", 1e12, 100, 10, link_efficiency=1.5)
+
+
+def test_einsum_flops_from_its_equation():
+    import tensorflow as tf
+
+    from tflms.ir import tf_io
+    from tflms.sim.cost import op_flops
+
+    @tf.function
+    def attention_scores(q, k):
+        return tf.einsum("bqhd,bkhd->bhqk", q, k)
+
+    graph = tf_io.from_concrete_function(attention_scores.get_concrete_function(
+        tf.TensorSpec((2, 8, 4, 16)), tf.TensorSpec((2, 8, 4, 16))))
+    (einsum,) = [op for op in graph if op.type == "Einsum"]
+    assert op_flops(graph, einsum) == 2.0 * 2 * 8 * 4 * 16 * 8  # b q h d k

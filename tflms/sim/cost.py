@@ -121,6 +121,27 @@ def _in_shape(graph: Graph, op: Op, index: int):
     return graph.tensor(op.inputs[index]).resolved_shape
 
 
+def _einsum_flops(graph: Graph, op: Op) -> float | None:
+    """2 x the product of every distinct index's size (one multiply-add per index tuple).
+
+    ``None`` when the equation is missing, uses an ellipsis, or a dimension is unknown.
+    """
+    attr = op.attrs.get("equation") if hasattr(op.attrs, "get") else None
+    if attr is None:
+        return None
+    equation = attr.s.decode() if isinstance(attr.s, bytes) else str(attr.s)
+    if "..." in equation or "->" not in equation:
+        return None
+    operands = equation.split("->")[0].split(",")
+    sizes: dict[str, int] = {}
+    for index, letters in enumerate(operands):
+        shape = _in_shape(graph, op, index)
+        if shape is None or len(shape) != len(letters) or any(d is None for d in shape):
+            return None
+        sizes.update(zip(letters, shape))
+    return 2.0 * math.prod(sizes.values())
+
+
 def op_flops(graph: Graph, op: Op) -> float:
     """Floating-point operations of one execution of ``op`` (0 if unknown)."""
     if op.type in FREE_OPS:
@@ -131,6 +152,10 @@ def op_flops(graph: Graph, op: Op) -> float:
     if t == "MatMul" and out:
         a = _elements(_in_shape(graph, op, 0))
         return 2.0 * out_elems * (a / out[0] if out[0] else 0)
+    if t == "Einsum":
+        flops = _einsum_flops(graph, op)
+        if flops is not None:
+            return flops
     if t in ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3") and out:
         a = _elements(_in_shape(graph, op, 0))
         return 2.0 * out_elems * (a * out[-1] / out_elems if out_elems else 0)
