@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tflms.errors import GraphError
@@ -338,7 +338,3 @@ class Graph:
             raise GraphError("control-consumer index is stale")
         self.topological_order()
 
-
-def ops_of_types(graph: Graph, types: Iterable[str]) -> list[Op]:
-    wanted = set(types)
-    return [op for op in graph if op.type in wanted]

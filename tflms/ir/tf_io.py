@@ -174,7 +174,7 @@ def _variable_bytes(concrete_function) -> dict[str, int]:
 
 def to_graph_def(graph: Graph):
     """Write the IR as a ``GraphDef`` (NodeDefs in IR order)."""
-    from tensorflow.core.framework import graph_pb2, node_def_pb2
+    from tensorflow.core.framework import graph_pb2
     graph_def = graph_pb2.GraphDef()
     if graph.versions is not None:
         graph_def.versions.CopyFrom(graph.versions)
@@ -191,7 +191,6 @@ def to_graph_def(graph: Graph):
         node.name, node.op, node.device = op.name, op.type, op.device
         node.input.extend(ref.op if ref.index == 0 else ref.name for ref in op.inputs)
         node.input.extend("^" + src for src in op.control_inputs)
-    del node_def_pb2  # imported for readers of this function: NodeDef is the node type
     return graph_def
 
 

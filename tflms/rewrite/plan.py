@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from tflms.analysis.cto import Analysis, Category
 from tflms.config import LMSConfig
@@ -167,7 +167,8 @@ def skip_reason(analysis: Analysis, ref: TensorRef, config: LMSConfig) -> tuple[
     return None
 
 
-def _group(consumers: Sequence[str], levels: dict[str, int], groupby: int) -> list[list[str]]:
+def group_consumers(consumers: Sequence[str], levels: Mapping[str, int], groupby: int) -> list[list[str]]:
+    """Consumers in level order, split where a level is more than ``groupby`` past its group's first."""
     groups: list[list[str]] = []
     for name in sorted(consumers, key=lambda n: (levels[n], n)):
         if groups and levels[name] - levels[groups[-1][0]] <= groupby:
@@ -231,7 +232,7 @@ def plan_swaps(analysis: Analysis, config: LMSConfig, *, accelerator_device: str
             near = tuple(c for c in consumers if c not in far)
             out_name, in_base = swap_op_names(ref)
             groups = []
-            for gi, members in enumerate(_group(far, levels, config.swapin_groupby)):
+            for gi, members in enumerate(group_consumers(far, levels, config.swapin_groupby)):
                 first = members[0]
                 ahead = 1 if config.sync_swap_in else config.swapin_ahead
                 trigger = find_trigger(analysis, first, p_level, levels[first] - ahead)

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from tflms.analysis.cto import Analysis, Category
 from tflms.config import LMSConfig
 from tflms.ir.graph import TensorRef
-from tflms.rewrite.plan import IDENTITY_OPS, SwapDecision, SwapInGroup, SwapPlan, skip_reason, swap_op_names
+from tflms.rewrite.plan import IDENTITY_OPS, SwapDecision, group_consumers, SwapInGroup, SwapPlan, skip_reason, swap_op_names
 from tflms.sim.profiles import HardwareProfile
 from tflms.sim.simulator import SimResult
 
@@ -175,15 +175,8 @@ def _load_integrals(timeline: Sequence[tuple[float, int, int]], windows: Sequenc
 
 def _swap_in_choices(analysis: Analysis, producer: str, far: Sequence[str], spans, copy_s: float, peak_s: float,
                      groupby: int) -> list[SwapInChoice]:
-    levels = analysis.levels
-    groups: list[list[str]] = []
-    for name in sorted(far, key=lambda n: (levels[n], n)):
-        if groups and levels[name] - levels[groups[-1][0]] <= groupby:
-            groups[-1].append(name)
-        else:
-            groups.append([name])
     choices = []
-    for members in groups:
+    for members in group_consumers(far, analysis.levels, groupby):
         first = min(members, key=lambda n: (spans[n][0], n))
         deadline = spans[first][0] - copy_s
         trigger, on_time = _trigger(analysis, first, producer, deadline, peak_s, spans)

@@ -34,6 +34,7 @@ from tflms.rewrite.plan import SwapPlan, plan_swaps
 from tflms.sim.profiles import HardwareProfile, get_profile
 from tflms.sim.simulator import SimOptions, SimResult, simulate
 from tflms.tune.idle import NO_OVERHEAD, STICK_TO_LIMIT, idle_candidates, plan_idle
+from tflms.tune.vdnn import search_vdnn
 from tflms.units import format_bytes, parse_bytes
 
 logger = logging.getLogger(__name__)
@@ -291,13 +292,6 @@ def search_idle(ev: _Evaluator, baseline: SimResult, mode: str) -> None:
         sim = result.sim if selected is trial else sim
 
 
-def _search_vdnn(ev: _Evaluator, policies: Sequence[str]) -> None:
-    from tflms.tune.vdnn import plan_vdnn
-    for policy in policies:
-        ev.run(policy, {"sync_offload": True}, plan_vdnn(ev.analysis, policy, ev.base_config,
-                                                          accelerator_device=ev.accelerator, sync_offload=True))
-
-
 def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str | HardwareProfile = "v100-16gb-pcie3",
          config: LMSConfig | None = None, strategies: Sequence[str] = STRATEGIES, sim_options: SimOptions | None = None,
          host_budget: int | str | None = None, copy_op: str = DEFAULT_COPY_OP, first_fit: bool = False,
@@ -347,7 +341,7 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     searches = [("tflms-distance", lambda: search_distance(ev, first_fit=first_fit)),
                 ("idle-time", lambda: search_idle(ev, baseline, STICK_TO_LIMIT)),
                 ("idle-time-no-overhead", lambda: search_idle(ev, baseline, NO_OVERHEAD)),
-                ("vdnn", lambda: _search_vdnn(ev, [s for s in strategies if s in OPT_IN_STRATEGIES]))]
+                ("vdnn", lambda: search_vdnn(ev, policies=[s for s in strategies if s in OPT_IN_STRATEGIES]))]
     for name, search in searches:
         if base.fits or (first_fit and any(c.fits for c in ev.candidates)):
             break

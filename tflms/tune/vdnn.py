@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tflms.analysis.cto import Analysis, Category
@@ -261,13 +261,13 @@ def choose_vdnn(analysis: Analysis, profile: str | HardwareProfile, budget: int 
                       "that, a smaller batch, or try the tflms-distance strategy")
 
 
-def search_vdnn(ev: Any, sync_offload: bool = True) -> None:
-    """Tuner hook: evaluate ``vdnn_conv`` and ``vdnn_all`` with the tuner's evaluator (``tune._Evaluator``).
+def search_vdnn(ev: Any, sync_offload: bool = True, policies: Sequence[str] = VDNN_POLICIES) -> None:
+    """Tuner hook: evaluate ``policies`` (default ``vdnn_conv`` and ``vdnn_all``) with the tuner's evaluator.
 
     The tuner then keeps the fastest fitting candidate, as for its other
     strategies (``vdnn_dyn``'s first-fit order is :func:`choose_vdnn`).
     """
-    for policy in VDNN_POLICIES:
+    for policy in policies:
         plan = plan_vdnn(ev.analysis, policy, ev.base_config, accelerator_device=ev.accelerator,
                          sync_offload=sync_offload)
         ev.run(policy, {"sync_offload": sync_offload}, plan)
