@@ -44,11 +44,15 @@ def build_model(kind: str, *, seed: int = 0):
     raise ValueError(f"unknown demo model {kind!r}; choose one of {DEMO_MODELS}")
 
 
-def make_train_step(model, optimizer) -> Callable:
-    """A custom-loop training step (forward, tape.gradient, optimizer update)."""
+def make_train_step(model, optimizer, *, from_logits: bool = True) -> Callable:
+    """A custom-loop training step (forward, tape.gradient, optimizer update).
+
+    The loss is sparse categorical cross-entropy on the model's outputs, which are
+    logits unless ``from_logits=False`` (a softmax head).
+    """
     import keras
     import tensorflow as tf
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits)
 
     def train_step(x, y):
         with tf.GradientTape() as tape:

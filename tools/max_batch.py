@@ -27,6 +27,8 @@ def build_step(model_name: str):
     import keras
     import tensorflow as tf
 
+    from tflms.demo import make_train_step
+
     keras.utils.set_random_seed(0)
     if model_name == "resnet50":
         model = keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3), classes=1000)
@@ -38,14 +40,7 @@ def build_step(model_name: str):
     else:
         raise SystemExit(f"unknown model {model_name!r}")
     optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=False)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
+    step = tf.function(make_train_step(model, optimizer, from_logits=False))
 
     # The model and optimizer must outlive the trace: the function only holds weak references.
     return step.get_concrete_function(x_spec, tf.TensorSpec((None,), tf.int32)), (model, optimizer)
