@@ -32,8 +32,8 @@ from tflms.config import LMSConfig
 from tflms.errors import ConfigError, GraphError
 from tflms.ir import tf_io
 from tflms.ir.graph import TensorInfo, TensorRef
-from tflms.rewrite.apply import apply_plan
-from tflms.rewrite.plan import plan_swaps
+from tflms.passes.swaps import apply_swaps
+from tflms.policies.tflms_rules import plan_swaps
 from tflms.sim import HardwareProfile, simulate
 from tflms.sim.cost import CODEC_TRAFFIC, DECODE, ENCODE, codec_time_s
 from tflms.testing import mlp_training_graph
@@ -50,7 +50,7 @@ def mlp_plan(num_layers: int = 3, threshold: int = 4):
     """The 3-layer MLP step, its analysis and TFLMS plan: swaps fw/Relu_0:0 and fw/Relu_1:0 (levels 3, 5)."""
     analysis = analyze_graph(mlp_training_graph(num_layers))
     plan = plan_swaps(analysis, LMSConfig(swapout_threshold=threshold), accelerator_device=GPU)
-    return analysis, plan, apply_plan(analysis.graph, plan)
+    return analysis, plan, apply_swaps(analysis.graph, plan).graph
 
 
 def test_mlp_plan_is_what_the_tests_below_assume():
@@ -64,7 +64,7 @@ def test_zvc_swap_ops_names_inputs_and_sizes():
     analysis, plan, swapped = mlp_plan()
     ref = TensorRef("fw/Relu_0", 0)
     choice = CompressionChoice(ref, ZeroValueCodec(), nonzero_fraction=0.25)
-    new = apply_compression(swapped, plan, [choice])
+    new = apply_compression(swapped, plan, [choice]).graph
     enc = new.op("lms/encode_fw/Relu_0_0")
     assert enc.type == "PartitionedCall" and enc.inputs == [ref] and enc.device == GPU
     n = 32 * 64
@@ -98,8 +98,8 @@ def test_pass_is_pure_and_deterministic():
     _, plan, swapped = mlp_plan()
     before = tf_io.to_graph_def(swapped).SerializeToString(deterministic=True)
     choices = {"fw/Relu_0:0": "zvc", "fw/Relu_1:0": ZeroValueCodec()}
-    first = apply_compression(swapped, plan, choices)
-    second = apply_compression(swapped, plan, choices)
+    first = apply_compression(swapped, plan, choices).graph
+    second = apply_compression(swapped, plan, choices).graph
     assert tf_io.to_graph_def(swapped).SerializeToString(deterministic=True) == before
     assert swapped.op("lms/swap_out_fw/Relu_0_0").outputs[0].dtype == "float32"  # the input's records untouched
     assert swapped.library is None
@@ -111,8 +111,8 @@ def test_lossy_codecs_need_allow_lossy():
     _, plan, swapped = mlp_plan()
     for codec in ("fp16", "bf16", "int8-block", Float16Codec(saturate=False)):
         with pytest.raises(ConfigError, match="allow_lossy=True"):
-            apply_compression(swapped, plan, {"fw/Relu_0:0": codec})
-    new = apply_compression(swapped, plan, {"fw/Relu_0:0": "fp16"}, allow_lossy=True)
+            apply_compression(swapped, plan, {"fw/Relu_0:0": codec}).graph
+    new = apply_compression(swapped, plan, {"fw/Relu_0:0": "fp16"}, allow_lossy=True).graph
     assert new.op("lms/encode_fw/Relu_0_0").outputs == (TensorInfo("float16", (32, 64), 32 * 64 * 2),)
     assert "lms/swap_out_fw/Relu_0_0_part1" not in new  # one part, one pair of copies
 
@@ -120,12 +120,12 @@ def test_lossy_codecs_need_allow_lossy():
 def test_bad_choices_are_refused_with_the_tensor_named():
     analysis, plan, swapped = mlp_plan()
     with pytest.raises(ConfigError, match="fw/MatMul_0:0.*does not swap it"):
-        apply_compression(swapped, plan, {"fw/MatMul_0:0": "zvc"})
-    with pytest.raises(GraphError, match="apply_plan"):
-        apply_compression(analysis.graph, plan, {"fw/Relu_0:0": "zvc"})
-    once = apply_compression(swapped, plan, {"fw/Relu_0:0": "zvc"})
+        apply_compression(swapped, plan, {"fw/MatMul_0:0": "zvc"}).graph
+    with pytest.raises(GraphError, match="apply_swaps"):
+        apply_compression(analysis.graph, plan, {"fw/Relu_0:0": "zvc"}).graph
+    once = apply_compression(swapped, plan, {"fw/Relu_0:0": "zvc"}).graph
     with pytest.raises(GraphError, match="compressed already"):
-        apply_compression(once, plan, {"fw/Relu_0:0": "zvc"})
+        apply_compression(once, plan, {"fw/Relu_0:0": "zvc"}).graph
     with pytest.raises(ConfigError, match="nonzero_fraction"):
         CompressionChoice(TensorRef("fw/Relu_0"), ZeroValueCodec(), 1.5)
 
@@ -134,8 +134,8 @@ def test_every_part_keeps_the_sync_edges_and_deepcopy_swap_ins():
     """sync_mode=1: near consumers wait for every part's swap-out; DeepCopy swap-ins stay DeepCopy per part."""
     analysis = analyze_graph(mlp_training_graph(3))
     plan = plan_swaps(analysis, LMSConfig(swapout_threshold=4, sync_mode=1), accelerator_device=GPU)
-    swapped = apply_plan(analysis.graph, plan, copy_op="DeepCopy")
-    new = apply_compression(swapped, plan, {"fw/Relu_0:0": "zvc"})
+    swapped = apply_swaps(analysis.graph, plan, copy_op="DeepCopy").graph
+    new = apply_compression(swapped, plan, {"fw/Relu_0:0": "zvc"}).graph
     near = plan.swaps[0].sync_out_consumers
     assert near == ("fw/MatMul_1",)
     assert {"lms/swap_out_fw/Relu_0_0", "lms/swap_out_fw/Relu_0_0_part1"} <= set(new.op("fw/MatMul_1").control_inputs)
@@ -148,7 +148,7 @@ def test_simulator_moves_the_encoded_parts_and_costs_the_codec():
     _, plan, swapped = mlp_plan()
     profile = "v100-16gb-pcie3"
     choice = CompressionChoice(TensorRef("fw/Relu_0"), ZeroValueCodec(), nonzero_fraction=0.5)
-    new = apply_compression(swapped, plan, [choice])
+    new = apply_compression(swapped, plan, [choice]).graph
     sim = simulate(new, profile)
     records = {r.name: r for r in sim.ops}
     p = tflms.sim.get_profile(profile)
@@ -432,21 +432,21 @@ def test_policy_gains_agree_with_the_simulator_on_a_keras_cnn():
     graph = tf_io.from_concrete_function(concrete)
     analysis = analyze_graph(graph)
     plan = plan_swaps(analysis, LMSConfig(), accelerator_device=GPU)
-    swapped = apply_plan(graph, plan)
+    swapped = apply_swaps(graph, plan).graph
     stats = profile_tensors(concrete, (x, y), [s.tensor for s in plan.swaps], graph=graph)
     profile = dataclasses.replace(tflms.sim.get_profile("v100-16gb-pcie3"), name="v100-slow-link", link_gbps=0.5,
                                   launch_overhead_s=0.0)
     result = decide_compression(swapped, plan, stats, profile)
     assert result.choices, result.table()
     plain = simulate(swapped, profile)
-    compressed = simulate(apply_compression(swapped, plan, result.choices), profile)
+    compressed = simulate(apply_compression(swapped, plan, result.choices).graph, profile)
     assert compressed.step_time_s == pytest.approx(result.compressed_step_time_s)
     assert compressed.step_time_s < plain.step_time_s
     assert compressed.transfer_time_s < plain.transfer_time_s
     compress = make_compressor(stats, profile)  # the same, as one step for the tuner's evaluator
     again = compress(swapped, plan)
     assert tf_io.to_graph_def(again).SerializeToString(deterministic=True) == \
-        tf_io.to_graph_def(apply_compression(swapped, plan, result.choices)).SerializeToString(deterministic=True)
+        tf_io.to_graph_def(apply_compression(swapped, plan, result.choices).graph).SerializeToString(deterministic=True)
 
 
 # ================================================================ calibration
@@ -466,7 +466,7 @@ def test_calibrate_measures_saves_and_loads(tmp_path):
 
 def test_calibrated_profile_costs_codec_calls_with_the_measured_speed():
     _, plan, swapped = mlp_plan()
-    new = apply_compression(swapped, plan, {"fw/Relu_0:0": "zvc"})
+    new = apply_compression(swapped, plan, {"fw/Relu_0:0": "zvc"}).graph
     profile = cal.with_throughputs("v100-16gb-pcie3", cal.CPU_DEFAULTS)
     records = {r.name: r for r in simulate(new, profile).ops}
     enc = records["lms/encode_fw/Relu_0_0"]

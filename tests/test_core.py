@@ -10,7 +10,7 @@ from tflms.config import LMSConfig
 from tflms.errors import ConfigError, GraphError, NoTrainingStepError, UnitsError, UnsupportedGraphError
 from tflms.ir.graph import Graph, TensorRef
 from tflms.ir.tf_io import to_graph_def
-from tflms.rewrite import rewrite
+from tflms.pipeline import rewrite
 from tflms.testing import GraphBuilder, mlp_training_graph
 from tflms.units import parse_bytes
 
@@ -125,7 +125,7 @@ def test_swaps_triggers_and_names_exact():
     out = g.op("lms/swap_out_fw/Relu_0_0")
     assert (out.type, out.device, out.inputs) == ("Identity", "/device:CPU:0", [TensorRef("fw/Relu_0")])
     sin = g.op("lms/swap_in_fw/Relu_0_0_1")
-    # The swap-in runs on the host so that its trigger really delays the copy (see tflms/rewrite/apply.py).
+    # The swap-in runs on the host so that its trigger really delays the copy (see tflms/passes/swaps.py).
     assert (sin.type, sin.device, sin.inputs, sin.control_inputs) == (
         "Identity", "/device:CPU:0", [TensorRef("lms/swap_out_fw/Relu_0_0")], ["gradient_tape/MatMul_1"])
     # Consumers read the swap-in; the near consumer still reads the original.

@@ -32,6 +32,8 @@ optimizer variable, every replica's copy included):
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import pathlib
@@ -180,7 +182,7 @@ def test_iterator_argument(mirrored):
 
 # ------------------------------------------------------------ placement on hand-built graphs (no child process)
 def test_host_of_a_replica_is_the_host_device_on_the_replicas_own_task():
-    from tflms.distribute import host_for
+    from tflms.passes.place import host_for
     assert host_for("/job:worker/replica:0/task:1/device:GPU:0", "/device:CPU:0") == \
         "/job:worker/replica:0/task:1/device:CPU:0"
     assert host_for("/job:localhost/replica:0/task:0/device:GPU:1", "/device:CPU:0") == LOCAL + "CPU:0"
@@ -191,13 +193,17 @@ def test_host_of_a_replica_is_the_host_device_on_the_replicas_own_task():
 
 def _placed_mlp(device: str, copy_op: str = "Identity"):
     import tflms
-    from tflms.distribute import place_swaps
+    from tflms.passes import apply_swaps, place_swaps
     from tflms.testing import mlp_training_graph
     graph = mlp_training_graph(3)
     for op in graph:
         op.device = device  # as a strategy pins a replica's ops
     result = tflms.rewrite(graph, swapout_threshold=1, accelerator_device="/device:GPU:0", copy_op=copy_op)
-    return result, *place_swaps(result.graph, result.report.plan)
+    # the placement pass on its own, on the graph the swap pass returned (the pipeline ran both)
+    swapped = apply_swaps(graph, result.report.plan, copy_op=copy_op).graph
+    placed = place_swaps(swapped, result.report.plan)
+    assert {op.name: op.device for op in placed.graph} == {op.name: op.device for op in result.graph}
+    return dataclasses.replace(result, graph=swapped), placed.graph, placed.report
 
 
 def test_swaps_of_a_replica_go_to_its_tasks_host_and_its_consumers_stay():
@@ -707,8 +713,8 @@ def test_compressed_swaps_follow_their_replica():
     import tflms
     from tflms.compress.codecs import ZeroValueCodec
     from tflms.compress.rewrite import CompressionChoice, apply_compression
-    from tflms.distribute import place_swaps
     from tflms.ir.graph import TensorRef
+    from tflms.passes import apply_swaps, place_swaps
     from tflms.testing import mlp_training_graph
 
     replica = "/job:worker/replica:0/task:1/device:GPU:1"
@@ -718,9 +724,10 @@ def test_compressed_swaps_follow_their_replica():
         op.device = replica
     result = tflms.rewrite(graph, swapout_threshold=4, accelerator_device="/device:GPU:0")
     ref = TensorRef("fw/Relu_0", 0)
-    compressed = apply_compression(result.graph, result.report.plan,
-                                   [CompressionChoice(ref, ZeroValueCodec(), nonzero_fraction=0.5)])
-    placed, _ = place_swaps(compressed, result.report.plan)
+    swapped = apply_swaps(graph, result.report.plan).graph
+    compressed = apply_compression(swapped, result.report.plan,
+                                   [CompressionChoice(ref, ZeroValueCodec(), nonzero_fraction=0.5)]).graph
+    placed = place_swaps(compressed, result.report.plan).graph
     assert placed.op("lms/encode_fw/Relu_0_0").device == replica
     assert placed.op("lms/swap_out_fw/Relu_0_0_part1").device == host
     assert placed.op("lms/swap_in_fw/Relu_0_0_0_part1").device == host

@@ -29,6 +29,7 @@ from tensorflow.python.eager import context
 
 import tflms
 import tflms.keras
+from tflms.integrations import keras as keras_integration
 from tflms.keras import LMS, UnsupportedModelError
 
 SEED = 1234
@@ -280,7 +281,7 @@ def test_cnn_batchnorm_with_weights_matches_plain_fit(kind, weighting):
     assert_swapped(callback)
     # the weights reach the rewritten step as a third input (Keras turns class_weight into sample weights)
     first = callback._order[0].original  # noqa: SLF001 - the test looks at the traced function itself
-    assert len(tflms.keras._input_specs(first)) == 3, tflms.keras._describe_inputs(first)
+    assert len(keras_integration._input_specs(first)) == 3, keras_integration._describe_inputs(first)
 
 
 @pytest.fixture

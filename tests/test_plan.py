@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tflms.errors import ConfigError, TflmsError
-from tflms.plan import (
+from tflms.memplan import (
     STRATEGIES,
     BFCAllocatorModel,
     CachingAllocatorModel,
@@ -32,7 +32,7 @@ from tflms.plan import (
     replay,
     validate,
 )
-from tflms.plan.allocators import (
+from tflms.memplan.allocators import (
     BFC_MAX_INTERNAL_FRAGMENTATION_BYTES,
     CACHING_LARGE_BUFFER_BYTES,
     CACHING_SMALL_BUFFER_BYTES,
@@ -41,7 +41,7 @@ from tflms.plan.allocators import (
     caching_round_size,
     caching_segment_size,
 )
-from tflms.plan.lifetimes import ALLOC, FREE
+from tflms.memplan.lifetimes import ALLOC, FREE
 
 U = 256
 """One alignment unit: the default plan alignment and BFC's kMinAllocationSize."""

@@ -166,7 +166,7 @@ def test_max_batch_with_and_without_tflms():
 
 def test_majority_vote_of_doa_aoa_wdoa():
     from tflms.ir.graph import TensorRef
-    from tflms.tune.idle import IdleCandidate, majority_order
+    from tflms.policies.idle_time import IdleCandidate, majority_order
 
     def cand(name, size, idle, load):
         # copy_s 0: DOA = idle, AOA = idle * size, WDOA = load.
@@ -179,7 +179,7 @@ def test_majority_vote_of_doa_aoa_wdoa():
 
 
 def test_load_integral_over_absence_windows():
-    from tflms.tune.idle import _load_integrals
+    from tflms.policies.idle_time import _load_integrals
 
     timeline = [(0.0, 10, 0), (1.0, 30, 0), (3.0, 5, 0)]
     assert _load_integrals(timeline, [(0.5, 2.0), (2.5, 4.0), (1.0, 1.0)]) == [0.5 * 10 + 1.0 * 30,
@@ -187,9 +187,9 @@ def test_load_integral_over_absence_windows():
 
 
 def test_step_plan_figures_and_fit_by_allocator_model(graph, baseline):
-    from tflms.plan import validate
-    from tflms.plan.offsets import Plan
-    from tflms.plan.report import lifetimes_of, plan_step
+    from tflms.memplan import validate
+    from tflms.memplan.offsets import Plan
+    from tflms.memplan.report import lifetimes_of, plan_step
 
     report = plan_step(baseline)
     # The planner's lower bound is the simulator's transient peak: the same lifetimes.
@@ -220,12 +220,12 @@ def test_vdnn_policies_are_opt_in_strategies(graph, baseline):
 
 
 def test_fit_by_reaches_the_tuner_through_the_config(graph, baseline):
-    from tflms.plan.report import plan_step
-    from tflms.tune.tuner import rewrite_for
+    from tflms.memplan.report import plan_step
+    from tflms.pipeline import rewrite_step
 
     config = tflms.LMSConfig(budget_bytes=baseline.peak_bytes, profile=PROFILE, fit_by="bfc",
                              accelerator_device="/device:GPU:0")
-    result = rewrite_for(graph, config)
+    result = rewrite_step(graph, config)
     assert result.report.tuning["strategy"] != "none"
     assert plan_step(simulate(result.graph, PROFILE)).bfc_total_bytes <= baseline.peak_bytes
     with pytest.raises(ConfigError, match="fit_by must be"):

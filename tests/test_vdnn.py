@@ -19,12 +19,13 @@ from tflms.config import LMSConfig
 from tflms.errors import BudgetError, ConfigError
 from tflms.ir import tf_io
 from tflms.ir.graph import TensorRef
-from tflms.rewrite.apply import apply_plan, inserted_op_names
+from tflms.passes.swaps import apply_swaps, inserted_op_names
 from tflms.sim import SimOptions, get_profile, simulate
 from tflms.sim.simulator import RECV_SUFFIX
 from tflms.testing import GraphBuilder, mlp_training_graph
 from tflms.tune.tuner import _Evaluator
-from tflms.tune.vdnn import VDNN_ALL, VDNN_CONV, choose_vdnn, plan_vdnn, search_vdnn, vdnn_layers
+from tflms.policies.vdnn import VDNN_ALL, VDNN_CONV, plan_vdnn, vdnn_layers
+from tflms.tune.vdnn import choose_vdnn, search_vdnn
 
 GPU = "/device:GPU:0"
 PROFILE = "v100-16gb-pcie3"
@@ -146,7 +147,7 @@ def test_shape_reads_neither_pull_the_map_back_nor_trigger_prefetches():
 def test_applied_vdnn_plan_simulates_with_prefetch_and_offload_sync():
     analysis = analyze_graph(conv_training_graph())
     plan = plan_vdnn(analysis, VDNN_ALL, accelerator_device=GPU)
-    graph = apply_plan(analysis.graph, plan)
+    graph = apply_swaps(analysis.graph, plan).graph
     graph.lint()
     assert set(inserted_op_names(plan)) == {op.name for op in graph if op.name.startswith("lms/")}
     sim = simulate(graph, PROFILE, options=SimOptions())
@@ -164,8 +165,8 @@ def test_vdnn_dyn_picks_the_first_policy_that_fits():
     analysis = analyze_graph(mlp_training_graph(6, batch=256, width=512))
     peaks = {}
     for policy in ("none", VDNN_CONV, VDNN_ALL):
-        graph = analysis.graph if policy == "none" else apply_plan(
-            analysis.graph, plan_vdnn(analysis, policy, accelerator_device=GPU))
+        graph = analysis.graph if policy == "none" else apply_swaps(
+            analysis.graph, plan_vdnn(analysis, policy, accelerator_device=GPU)).graph
         peaks[policy] = simulate(graph, PROFILE).peak_with_margin_bytes
     assert peaks[VDNN_ALL] < peaks["none"] == peaks[VDNN_CONV]  # an MLP has no convolution
     assert choose_vdnn(analysis, PROFILE, budget=peaks["none"]).policy == "none"
@@ -222,7 +223,7 @@ def test_vdnn_rewrite_trains_bitwise_identically(compress):
     def rewrite(original):
         graph = tf_io.from_concrete_function(original)
         plan = plan_vdnn(analyze_graph(graph), VDNN_ALL, accelerator_device="/device:CPU:0")
-        swapped = apply_plan(graph, plan)
+        swapped = apply_swaps(graph, plan).graph
         choices = {s.tensor: "zvc" for s in plan.swaps} if compress else {}
         compressed = compress_rewrite(swapped, plan, choices)
         return to_concrete_function(compressed, original), plan

@@ -8,7 +8,8 @@ run. Public API:
 - ``tflms.keras.LMS``: a Keras callback for ``model.fit``;
 - the ``tflms`` command: ``demo``, ``rewrite``/``analyze`` for SavedModels;
 - :func:`analyze`: categorized topological ordering of a training step;
-- :func:`rewrite`: insert swap ops as a :class:`LMSConfig` says, with a report.
+- :func:`rewrite`: insert swap ops as a :class:`LMSConfig` says, with a report;
+- :func:`rewrite_step`: the pipeline all of the above run (load, analyze, tune or plan, passes, build).
 """
 
 from tflms.config import LMSConfig
@@ -16,10 +17,10 @@ from tflms.errors import (BudgetError, ConfigError, DeviceError, DistributeError
                           SavedModelError, TflmsError, UnitsError, UnsupportedGraphError, UnsupportedModelError,
                           VariableCreationError)
 from tflms.integrations.function import function
-from tflms.rewrite.api import analyze, rewrite
+from tflms.pipeline import StepRewrite, analyze, rewrite, rewrite_step
 
 __version__ = "0.1.0"
 
 __all__ = ["BudgetError", "ConfigError", "DeviceError", "DistributeError", "GraphError", "LMSConfig", "NoTrainingStepError",
            "SavedModelError", "TflmsError", "UnitsError", "UnsupportedGraphError", "UnsupportedModelError", "analyze",
-           "VariableCreationError", "function", "rewrite"]
+           "StepRewrite", "VariableCreationError", "function", "rewrite", "rewrite_step"]

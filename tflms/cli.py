@@ -52,6 +52,10 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--host-device", default=defaults.host_device)
     group.add_argument("--accelerator-device", default=None,
                        help="default: the first GPU, else the CPU (nothing is saved then)")
+    group.add_argument("--compress", default=None, choices=("zvc", "fp16", "bf16", "int8", "auto"),
+                       help="compress swapped tensors before their copy: zvc is lossless (training stays "
+                            "bitwise); fp16, bf16 and int8 are lossy; auto picks per tensor from sparsity measured "
+                            "on real inputs (tflms.function and the Keras callback only). Default: no compression")
 
 
 def config_from_args(args: argparse.Namespace) -> LMSConfig:
@@ -62,7 +66,7 @@ def config_from_args(args: argparse.Namespace) -> LMSConfig:
         min_swap_bytes=int(min_bytes) if min_bytes.isdigit() else min_bytes,
         include_types=tuple(args.include_types), exclude_types=tuple(args.exclude_types),
         include_scopes=tuple(args.include_scopes), exclude_scopes=tuple(args.exclude_scopes),
-        host_device=args.host_device, accelerator_device=args.accelerator_device)
+        host_device=args.host_device, accelerator_device=args.accelerator_device, compress=args.compress)
 
 
 def _progress(message: str) -> None:
@@ -155,7 +159,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from tflms.integrations.savedmodel import analyze_saved_model
-    from tflms.plan.report import plan_step
+    from tflms.memplan.report import plan_step
 
     def run() -> int:
         traces = analyze_saved_model(args.input, _savedmodel_config(args), functions=args.functions)

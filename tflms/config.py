@@ -8,33 +8,21 @@ checked when the config is built; a bad or contradictory value raises
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
-from tflms.errors import ConfigError, DeviceError
+from tflms.devices import normalize_device
+from tflms.errors import ConfigError
 from tflms.units import parse_bytes
+
+#: ``compress`` values: no compression, CSwap+'s per-tensor choice, or one codec for every swapped tensor
+#: (the names of :data:`tflms.compress.codecs.CODEC_NAMES`; ``fp16``, ``bf16`` and ``int8`` are lossy).
+COMPRESS_AUTO = "auto"
+COMPRESS_CODECS = ("zvc", "fp16", "bf16", "int8-block")
+#: Short names accepted for codecs.
+COMPRESS_ALIASES = {"int8": "int8-block"}
 
 #: sync_mode values (TFLMS): which copies the computation waits for.
 SYNC_NONE, SYNC_SWAP_OUT, SYNC_SWAP_IN, SYNC_BOTH = 0, 1, 2, 3
-
-_DEVICE = re.compile(r"^(/job:[^/]+)?(/replica:\d+)?(/task:\d+)?/device:(CPU|GPU|TPU|XLA_GPU|XLA_CPU):\d+$",
-                     re.IGNORECASE)
-
-
-def normalize_device(value: str, *, field: str) -> str:
-    """Check a device string and return it in ``/device:TYPE:N`` form."""
-    if not isinstance(value, str):
-        raise DeviceError(f"{field}: expected a device string such as '/device:GPU:0', got {value!r}")
-    text = value.strip()
-    short = re.match(r"^(CPU|GPU|TPU):(\d+)$", text, re.IGNORECASE)
-    if short:
-        text = f"/device:{short.group(1).upper()}:{short.group(2)}"
-    if not _DEVICE.match(text):
-        raise DeviceError(f"{field}: {value!r} is not a device name; write e.g. '/device:GPU:0' or 'GPU:0'")
-    head, _, tail = text.rpartition("/device:")
-    kind, _, index = tail.partition(":")
-    return f"{head}/device:{kind.upper()}:{index}"
-
 
 @dataclasses.dataclass(frozen=True)
 class LMSConfig:
@@ -65,6 +53,12 @@ class LMSConfig:
         defaults to its memory. Default when tuning: ``v100-16gb-pcie3``.
       fit_by: how the tuner judges "fits": ``"live"`` (the simulated live-bytes
         peak) or ``"bfc"`` (what TensorFlow's BFC allocator, modelled, reserves).
+      compress: compress swapped tensors before their copy: ``None`` (never),
+        ``"zvc"`` (zero-value compression, lossless: training stays bitwise),
+        ``"fp16"`` / ``"bf16"`` / ``"int8"`` (= ``"int8-block"``; lossy: naming one accepts that
+        swapped activations lose precision), or ``"auto"`` (CSwap+: per tensor,
+        the lossless codec only where the simulator says it makes the step
+        faster, from sparsity measured on the first batch).
     """
 
     swapout_threshold: int = 1
@@ -82,6 +76,7 @@ class LMSConfig:
     budget_bytes: int | None = None
     profile: str | None = None
     fit_by: str = "live"
+    compress: str | None = None
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass normalisation
@@ -127,8 +122,12 @@ class LMSConfig:
             if self.budget_bytes == 0:
                 raise ConfigError("budget must be positive, e.g. '12GiB'")
         if self.profile is not None:
-            from tflms.sim.profiles import get_profile
+            from tflms.profiles import get_profile
             get_profile(self.profile)  # raises ConfigError naming the known profiles
+        set_("compress", COMPRESS_ALIASES.get(self.compress, self.compress))
+        if self.compress is not None and self.compress not in (COMPRESS_AUTO,) + COMPRESS_CODECS:
+            raise ConfigError(f"compress must be None, {COMPRESS_AUTO!r} or a codec name "
+                              f"({', '.join(COMPRESS_CODECS)}), got {self.compress!r}")
         if self.fit_by not in ("live", "bfc"):
             raise ConfigError(f"fit_by must be 'live' or 'bfc', got {self.fit_by!r}")
 

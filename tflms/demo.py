@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from tflms.config import LMSConfig
-from tflms.rewrite.report import RewriteReport
+from tflms.report import RewriteReport
 
 logger = logging.getLogger(__name__)
 

@@ -393,15 +393,15 @@ class Evaluator:
             return self._tune(size, ["tflms-distance"])
         from tflms.analysis.cto import analyze_graph
         from tflms.config import LMSConfig
-        from tflms.rewrite.apply import apply_plan
-        from tflms.rewrite.plan import plan_swaps
+        from tflms.passes.swaps import apply_swaps
+        from tflms.policies.tflms_rules import plan_swaps
         from tflms.sim import simulate
         graph, _ = self.steps.graph(self.model, "plain", size)
         analysis = analyze_graph(graph)
         best = None
         for params in QUICK_DISTANCE_PROBES:
             plan = plan_swaps(analysis, LMSConfig(**params), accelerator_device="/device:GPU:0")
-            rewritten = apply_plan(graph, plan)
+            rewritten = apply_swaps(graph, plan).graph
             sim = simulate(rewritten, self.profile)
             if best is None or sim.peak_with_margin_bytes < best.sim.peak_with_margin_bytes:
                 best = Probe(sim.peak_with_margin_bytes <= self.budget, sim, len(rewritten))
@@ -476,7 +476,7 @@ def run_model_profile(steps: Steps, model: str, profile_name: str, budget: int |
                       bisect_steps: int | None) -> dict[str, MethodResult]:
     from tflms.baselines.grappler_swap import grappler_swap
     from tflms.errors import BudgetError
-    from tflms.rewrite.apply import apply_plan
+    from tflms.passes.swaps import apply_swaps
     from tflms.sim import get_profile, simulate
     from tflms.tune.tuner import tune
 
@@ -562,7 +562,7 @@ def run_model_profile(steps: Steps, model: str, profile_name: str, budget: int |
         choices = [c for c in tuned.candidates if c.fits and c.strategy in ("none", "tflms-distance")]
         if choices:
             pick = min(choices, key=lambda c: (c.sim.step_time_s, c.swapped_bytes))
-            graph = plain if pick.plan is None else apply_plan(plain, pick.plan)
+            graph = plain if pick.plan is None else apply_swaps(plain, pick.plan).graph
             dist.overhead, dist.ops, dist.sim = fits_overhead(pick.sim), len(graph), pick.sim
             dist.detail += f"; chose {pick.strategy} {pick.params}"
         else:

@@ -2,7 +2,7 @@
 
 Builds a small VGG-like Keras CNN (Conv2D+ReLU blocks with max pooling, a Dense
 head; batch 32 of 64x64x3 by default), traces one SGD training step, plans
-vDNN's offloads (:mod:`tflms.tune.vdnn`) and runs the step's forward part *once*
+vDNN's offloads (:mod:`tflms.policies.vdnn`) and runs the step's forward part *once*
 on random inputs to measure every offloaded feature map (:mod:`tflms.compress.profiling`;
 the model's variables are not changed). Then, per hardware profile, it lets the
 cost model (:mod:`tflms.compress.policy`) pick the tensors to compress and simulates
@@ -113,9 +113,9 @@ def run(batch: int = DEFAULT_BATCH, image: int = DEFAULT_IMAGE, filters: Sequenc
     from tflms.compress.profiling import profile_tensors
     from tflms.config import LMSConfig
     from tflms.ir import tf_io
-    from tflms.rewrite.apply import apply_plan
+    from tflms.passes.swaps import apply_swaps
     from tflms.sim import SimOptions, simulate
-    from tflms.tune.vdnn import VDNN_ALL, VDNN_CONV, plan_vdnn
+    from tflms.policies.vdnn import VDNN_ALL, VDNN_CONV, plan_vdnn
 
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
@@ -125,7 +125,7 @@ def run(batch: int = DEFAULT_BATCH, image: int = DEFAULT_IMAGE, filters: Sequenc
     config = LMSConfig()
     accelerator = "/device:GPU:0"  # planning for the profiled GPU, whatever this machine has
     plans = {p: plan_vdnn(analysis, p, config, accelerator_device=accelerator) for p in (VDNN_CONV, VDNN_ALL)}
-    rewritten = {p: apply_plan(graph, plan) for p, plan in plans.items()}
+    rewritten = {p: apply_swaps(graph, plan).graph for p, plan in plans.items()}
     candidates = [s.tensor for s in plans[VDNN_ALL].swaps]
     say(f"traced: {len(graph)} ops; vdnn_all offloads {len(candidates)} feature maps; profiling one step")
     stats = profile_tensors(concrete, args, candidates, graph=graph)

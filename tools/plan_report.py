@@ -93,7 +93,7 @@ def main(argv=None) -> int:
 
     from tflms.errors import BudgetError
     from tflms.ir import tf_io
-    from tflms.plan.report import plan_step
+    from tflms.memplan.report import plan_step
     from tflms.sim import simulate
     from tflms.tune import tune
     from tflms.units import format_bytes

@@ -27,8 +27,9 @@ import enum
 import re
 from collections.abc import Iterator, Mapping
 
-from tflms.errors import GraphError
+from tflms.errors import GraphError, NoTrainingStepError
 from tflms.ir.graph import Graph, TensorInfo, TensorRef
+from tflms.ir.op_types import CALL_OP_TYPES, GRADIENT_OP_TYPES, TF1_CONTROL_FLOW_TYPES
 
 
 class Category(str, enum.Enum):
@@ -40,20 +41,6 @@ class Category(str, enum.Enum):
     def __str__(self) -> str:
         return self.value
 
-
-#: Op types that exist only to compute gradients.
-GRADIENT_OP_TYPES = frozenset({
-    "BiasAddGrad", "BiasAddGradV1", "BroadcastGradientArgs",
-    "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "LeakyReluGrad",
-    "SigmoidGrad", "TanhGrad", "SoftplusGrad", "SoftsignGrad", "RsqrtGrad", "SqrtGrad", "ReciprocalGrad",
-    "InvGrad", "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv2DBackpropInputV2",
-    "Conv2DBackpropFilterV2", "Conv3DBackpropInput", "Conv3DBackpropFilter", "Conv3DBackpropInputV2",
-    "Conv3DBackpropFilterV2", "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter",
-    "FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3", "MaxPoolGrad", "MaxPoolGradV2",
-    "MaxPoolGradGrad", "MaxPool3DGrad", "AvgPoolGrad", "AvgPool3DGrad", "LRNGrad", "ResizeBilinearGrad",
-    "ResizeNearestNeighborGrad", "ResizeBicubicGrad", "SoftmaxGrad", "LogSoftmaxGrad",
-    "_FusedBatchNormGradEx", "GeluGrad",
-})
 
 #: Op types that write variables (resource or TF1 ref variables).
 _UPDATE_TYPE = re.compile(
@@ -206,11 +193,6 @@ def categorize(graph: Graph, order: list[str]) -> dict[str, Category]:
     return categories
 
 
-#: Op types of TF1 control flow (loops form cycles; frames are not modelled).
-TF1_CONTROL_FLOW_TYPES = frozenset({"Switch", "Merge", "Enter", "Exit", "NextIteration", "RefSwitch",
-                                    "RefMerge", "RefEnter", "RefExit", "RefNextIteration", "LoopCond"})
-
-
 def check_supported(graph: Graph) -> None:
     """Raise :class:`UnsupportedGraphError` for constructs tflms cannot rewrite."""
     from tflms.errors import UnsupportedGraphError
@@ -232,3 +214,17 @@ def analyze_graph(graph: Graph) -> Analysis:
     levels = compute_levels(graph, order, adjacency[0])
     categories = categorize(graph, order)
     return Analysis(graph=graph, order=tuple(order), levels=levels, categories=categories)
+
+
+def no_training_step_error(analysis: Analysis) -> NoTrainingStepError:
+    """The error for a graph without gradient ops, naming nested function calls if that is why."""
+    calls = [op.name for op in analysis.graph if op.type in CALL_OP_TYPES]
+    if calls:
+        return NoTrainingStepError(
+            f"the graph has no gradient ops of its own but calls other functions ({calls[:3]}), which tflms treats "
+            "as opaque: the training step is probably a tf.function inside the function given to tflms. Give "
+            "tflms the plain Python step (do not decorate it with tf.function as well)")
+    return NoTrainingStepError(
+        "the graph has no gradient ops (no op of a gradient type such as ReluGrad or MatMul under "
+        "gradient_tape/): tflms swaps activations kept from the forward pass for the backward pass, so "
+        "give it a training step (forward + tape.gradient + optimizer update)")

@@ -58,7 +58,7 @@ from typing import Any
 
 from tflms.errors import GraphError, TflmsError
 from tflms.ir.graph import Graph, TensorRef
-from tflms.sim.profiles import HardwareProfile, get_profile
+from tflms.profiles import DEFAULT_PROFILE, HardwareProfile, get_profile
 from tflms.units import parse_bytes
 
 logger = logging.getLogger(__name__)
@@ -262,7 +262,7 @@ def run_grappler(graph_def, fetches: Sequence[str], devices: Sequence[Any],
         cluster.Shutdown()
 
 
-def grappler_swap(graph: Graph, profile: str | HardwareProfile = "v100-16gb-pcie3", *,
+def grappler_swap(graph: Graph, profile: str | HardwareProfile = DEFAULT_PROFILE, *,
                   budget: int | str | None = None, batch_size: int | None = None,
                   host_device: str = "/device:CPU:0", accelerator_device: str = "/device:GPU:0",
                   variables: Mapping[str, tuple[str, Sequence[int]]] | None = None,

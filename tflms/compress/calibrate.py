@@ -13,7 +13,7 @@ Without a calibration the cost model uses, per codec:
 - :data:`CPU_DEFAULTS`: measured here with ``tools/bench_codecs.py`` (and
   ``calibrate``) on a 2-core x86-64 CPU with TensorFlow 2.21 (16 MiB inputs,
   median of 5 runs). Labelled CPU: a GPU is one to two orders of magnitude faster.
-- :func:`assumed_for` a :class:`~tflms.sim.profiles.HardwareProfile`: the
+- :func:`assumed_for` a :class:`~tflms.profiles.HardwareProfile`: the
   *roofline* of the codec's TF kernels, ``effective memory bandwidth /
   memory passes`` (:data:`tflms.sim.cost.CODEC_TRAFFIC`, counted over the traced
   ops by :func:`memory_traffic`). The codecs are chains of element-wise kernels,
@@ -45,7 +45,7 @@ from typing import Any
 
 from tflms.errors import ConfigError
 from tflms.sim.cost import CODEC_TRAFFIC, DECODE, ENCODE
-from tflms.sim.profiles import HardwareProfile, get_profile
+from tflms.profiles import HardwareProfile, get_profile
 
 logger = logging.getLogger(__name__)
 

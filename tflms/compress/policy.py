@@ -2,7 +2,7 @@
 
 For each tensor of a swap plan, :func:`decide_compression` compares its plain
 round trip (one swap-out plus one swap-in per consumer group, each a host copy
-on the profile's link, :meth:`~tflms.sim.profiles.HardwareProfile.copy_time_s`)
+on the profile's link, :meth:`~tflms.profiles.HardwareProfile.copy_time_s`)
 with the compressed one: encode once, copy every part out and back in (each part
 is its own copy and pays the link latency), decode once per group. Encode and
 decode run on the accelerator's compute stream (:func:`tflms.sim.cost.codec_time_s`:
@@ -42,9 +42,9 @@ from tflms.compress.codecs import CODEC_NAMES, Codec, get_codec, require_lossles
 from tflms.compress.profiling import ProfileReport, TensorStats
 from tflms.compress.rewrite import CompressionChoice
 from tflms.ir.graph import DTYPE_BYTES, Graph, TensorRef
-from tflms.rewrite.plan import SwapDecision, SwapPlan
+from tflms.policies.swapplan import SwapDecision, SwapPlan
 from tflms.sim.cost import DECODE, ENCODE, codec_time_s
-from tflms.sim.profiles import HardwareProfile, get_profile
+from tflms.profiles import HardwareProfile, get_profile
 from tflms.sim.simulator import RECV_SUFFIX, SimOptions, SimResult, simulate
 
 logger = logging.getLogger(__name__)
@@ -262,7 +262,7 @@ def decide_compression(graph: Graph, plan: SwapPlan, stats: ProfileReport | Mapp
                        budget_bytes: int | None = None) -> CompressionPolicyResult:
     """Decide per swapped tensor whether and how to compress (see the module doc).
 
-    ``graph``: the uncompressed rewrite (``apply_plan(…, plan)``); ``stats``:
+    ``graph``: the uncompressed rewrite (``apply_swaps(…, plan).graph``); ``stats``:
     measured figures by tensor name; ``codecs``: candidates (default: the
     lossless ones, and the lossy ones too with ``allow_lossy``); ``throughputs``:
     calibrated codec speeds (default: the profile's, else its roofline);
@@ -357,7 +357,7 @@ def simulate_compressed(graph: Graph, plan: SwapPlan, choices: Sequence[Compress
                         sim_options: SimOptions | None = None) -> tuple[Graph, SimResult]:
     """Apply ``choices`` to the uncompressed rewrite ``graph`` and simulate it on ``profile``."""
     from tflms.compress.rewrite import apply_compression
-    compressed = apply_compression(graph, plan, choices, allow_lossy=allow_lossy)
+    compressed = apply_compression(graph, plan, choices, allow_lossy=allow_lossy).graph
     options = sim_options or SimOptions(host_device=plan.config.host_device)
     return compressed, simulate(compressed, profile, options=options)
 
@@ -376,6 +376,6 @@ def make_compressor(stats: ProfileReport | Mapping[str, TensorStats], profile: s
             return graph
         result = decide_compression(graph, plan, stats, profile, codecs=codecs, allow_lossy=allow_lossy,
                                     throughputs=throughputs, sim_options=sim_options, verify=verify)
-        return apply_compression(graph, plan, result.choices, allow_lossy=allow_lossy)
+        return apply_compression(graph, plan, result.choices, allow_lossy=allow_lossy).graph
 
     return compress

@@ -1,6 +1,6 @@
 """Compressed swaps: encode before the swap-out, decode after each swap-in.
 
-:func:`apply_compression` runs after :func:`~tflms.rewrite.apply.apply_plan`. For
+:func:`apply_compression` runs after :func:`~tflms.passes.swaps.apply_swaps`. For
 every swapped tensor ``T = <op>:<idx>`` with a chosen codec it inserts, in a copy
 of the graph:
 
@@ -18,7 +18,7 @@ of the graph:
 
 So only the encoded parts cross the host link, and TensorFlow's implicit
 ``_Send``/``_Recv`` pairs move them exactly as they moved ``T`` (the swap-ins stay
-on the host, see :mod:`tflms.rewrite.apply`). The traced ``FunctionDef`` s are added
+on the host, see :mod:`tflms.passes.swaps`). The traced ``FunctionDef`` s are added
 to a *copy* of the graph's function library under deterministic names
 (``tflms_<role>_<codec>_<dtype>_<shape>``); the input graph is not modified, and the
 same graph, plan and choices give a byte-identical result.
@@ -49,8 +49,9 @@ from tflms.compress.codecs import Codec, get_codec, require_lossless_allowed
 from tflms.errors import ConfigError, GraphError
 from tflms.ir.graph import DTYPE_BYTES, Graph, TensorInfo, TensorRef
 from tflms.ir.tf_io import DO_NOT_REMOVE_ATTR
-from tflms.rewrite.apply import inserted_op_names as plan_op_names
-from tflms.rewrite.plan import SwapDecision, SwapPlan
+from tflms.passes.swaps import inserted_op_names as plan_op_names
+from tflms.passes.result import PassResult
+from tflms.policies.swapplan import SwapDecision, SwapPlan
 from tflms.sim.cost import CODEC_ATTR, CODEC_ROLE_ATTR, DECODE, ENCODE
 
 logger = logging.getLogger(__name__)
@@ -250,7 +251,7 @@ def _with_functions(library: Any, defs: Sequence[Any]):
             present[fdef.signature.name] = fdef
         elif old.SerializeToString(deterministic=True) != fdef.SerializeToString(deterministic=True):
             raise GraphError(f"the function library already holds a different {fdef.signature.name!r}; rewrite "
-                             "the graph apply_plan returned, not one that was compressed already")
+                             "the graph apply_swaps returned, not one that was compressed already")
     return new
 
 
@@ -274,8 +275,10 @@ def part_infos(choice: CompressionChoice, info: TensorInfo, functions: CodecFunc
 # ------------------------------------------------------------------ the pass
 def apply_compression(graph: Graph, plan: SwapPlan,
                       choices: Mapping[TensorRef | str, ChoiceLike] | Iterable[CompressionChoice], *,
-                      allow_lossy: bool = False) -> Graph:
-    """Return a copy of ``graph`` (the output of ``apply_plan(…, plan)``) with compressed swaps.
+                      allow_lossy: bool = False) -> PassResult:
+    """A copy of ``graph`` (the output of ``apply_swaps(…, plan).graph``) with compressed swaps.
+
+    The report is the :class:`CompressionChoice` s applied, in plan order.
 
     See the module doc for the ops inserted and their names. ``choices`` maps
     swapped tensors to codecs (see :func:`normalize_choices`); tensors without a
@@ -285,14 +288,14 @@ def apply_compression(graph: Graph, plan: SwapPlan,
     """
     chosen = normalize_choices(plan, choices, allow_lossy=allow_lossy)
     if not chosen:
-        return graph.copy()
+        return PassResult(graph, changed=False, report=())
     swaps = {s.tensor: s for s in plan.swaps}
     for choice in chosen:
         swap = swaps[choice.tensor]
         for name in (swap.swap_out, *(g.name for g in swap.swap_ins)):
             if name not in graph:
                 raise GraphError(f"{name!r} is not in the graph: apply_compression rewrites the graph that "
-                                 "apply_plan(graph, plan) returned, with the same plan")
+                                 "apply_swaps(graph, plan) returned, with the same plan")
         if encode_op_name(choice.tensor) in graph:
             raise GraphError(f"{encode_op_name(choice.tensor)!r} already exists: the graph is compressed already")
     new = graph.copy()
@@ -301,7 +304,7 @@ def apply_compression(graph: Graph, plan: SwapPlan,
     for choice in chosen:
         _compress_swap(new, plan, swaps[choice.tensor], choice, traced[choice.tensor])
     new.lint()
-    return new
+    return PassResult(new, changed=True, report=chosen)
 
 
 def _compress_swap(graph: Graph, plan: SwapPlan, swap: SwapDecision, choice: CompressionChoice,
@@ -362,7 +365,7 @@ def _retype(graph: Graph, name: str, info: TensorInfo) -> None:
 
 def inserted_op_names(plan: SwapPlan, choices: Mapping[TensorRef | str, ChoiceLike] | Iterable[CompressionChoice],
                       graph: Graph | None = None) -> list[str]:
-    """Every op ``apply_plan`` + :func:`apply_compression` insert (for ``extra_control_outputs``).
+    """Every op ``apply_swaps`` + :func:`apply_compression` insert (for ``extra_control_outputs``).
 
     With ``graph`` (the compressed graph) the names are read from it; without,
     they are derived from the plan and the codecs' part counts (lossy codecs are
@@ -399,7 +402,7 @@ def compress_rewrite(graph: Graph, plan: SwapPlan,
                      allow_lossy: bool = False) -> CompressedRewrite:
     """:func:`apply_compression` plus the inserted op names (what ``to_concrete_function`` needs)."""
     chosen = normalize_choices(plan, choices, allow_lossy=allow_lossy)
-    new = apply_compression(graph, plan, chosen, allow_lossy=allow_lossy)
+    new = apply_compression(graph, plan, chosen, allow_lossy=allow_lossy).graph
     return CompressedRewrite(new, tuple(inserted_op_names(plan, chosen, new)), chosen)
 
 

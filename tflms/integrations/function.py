@@ -7,7 +7,7 @@ variables. A new signature retraces, exactly as with ``tf.function``.
 Under ``tf.distribute`` (``MirroredStrategy``, ``MultiWorkerMirroredStrategy``)
 wrap the step that calls ``strategy.run`` and ``strategy.reduce``, as with
 ``tf.function``: every local replica's part of the traced graph is rewritten,
-and each replica's swaps run on that replica's host (:mod:`tflms.distribute`).
+and each replica's swaps run on that replica's host (:mod:`tflms.passes.place`).
 Two things fail with an error naming the fix, where TensorFlow would fail
 obscurely or run one trace per replica thread:
 
@@ -30,10 +30,9 @@ import weakref
 from typing import Any, Callable
 
 from tflms.config import LMSConfig
-from tflms.distribute import Placement, place_swaps
+from tflms.passes.place import Placement
 from tflms.errors import DeviceError, DistributeError, VariableCreationError
-from tflms.ir import tf_io
-from tflms.rewrite.report import RewriteReport
+from tflms.report import RewriteReport
 
 logger = logging.getLogger(__name__)
 
@@ -56,17 +55,14 @@ class _Traced:
     placement: Placement  # where each replica's swap ops run
 
 
-def rewrite_concrete(concrete, config: LMSConfig):
-    """Rewrite one traced step and build the ``ConcreteFunction`` that runs in its place.
+def rewrite_concrete(concrete, config: LMSConfig, example_inputs=None, progress=None):
+    """Rewrite one traced step with :func:`tflms.pipeline.rewrite_step`; returns ``(rewritten, report, placement)``.
 
-    Returns ``(rewritten, report, placement)``. Shared by :class:`LMSFunction`
-    and the Keras callback.
+    Shared by :class:`LMSFunction` and the Keras callback.
     """
-    from tflms.tune.tuner import rewrite_for
-    result = rewrite_for(concrete, config)
-    graph, placement = place_swaps(result.graph, result.report.plan)
-    rewritten = tf_io.to_concrete_function(graph, concrete, extra_control_outputs=result.report.inserted_ops)
-    return rewritten, result.report, placement
+    from tflms.pipeline import rewrite_step
+    result = rewrite_step(concrete, config, example_inputs=example_inputs, progress=progress)
+    return result.function, result.report, result.placement
 
 
 def _created_distributed_variables(tf_function) -> bool:
@@ -144,7 +140,7 @@ class LMSFunction:
         concrete = self._concrete(*args, **kwargs)
         traced = self._traced.get(id(concrete))
         if traced is None or traced.original is not concrete:
-            rewritten, report, placement = rewrite_concrete(concrete, self.config)
+            rewritten, report, placement = rewrite_concrete(concrete, self.config, example_inputs=args)
             traced = _Traced(concrete, rewritten, report, placement)
             self._traced[id(concrete)] = traced
             logger.info("tflms: rewrote %s: %d tensors swapped (%d bytes)", concrete.graph.name,

@@ -3,7 +3,7 @@
 :func:`rewrite_saved_model` loads a SavedModel written by
 ``tf.saved_model.save`` (for example a ``tf.Module`` with a ``train``
 ``tf.function``), rewrites the traced graphs of the selected functions as
-:func:`tflms.tune.tuner.rewrite_for` says, and saves a new SavedModel in which
+:func:`tflms.pipeline.rewrite_step` says, and saves a new SavedModel in which
 the same attribute names hold the rewritten functions, running on the restored
 variables. ``tf.saved_model.load(out_dir).train(x, y)`` then runs the swapping
 graph. :func:`analyze_saved_model` shows the ordering, the swap report and the
@@ -54,7 +54,7 @@ from typing import Any
 
 from tflms.config import LMSConfig
 from tflms.errors import GraphError, NoTrainingStepError, SavedModelError, TflmsError
-from tflms.rewrite.report import RewriteReport
+from tflms.report import RewriteReport
 from tflms.units import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -462,11 +462,9 @@ def _rewritten_function(original, concrete_functions: list):
 
 
 def _rewrite_trace(cf, config: LMSConfig, progress: Callable[[str], None] | None):
-    from tflms.ir import tf_io
-    from tflms.tune.tuner import rewrite_for
-    result = rewrite_for(cf, config, progress=progress)
-    new = tf_io.to_concrete_function(result.graph, cf, extra_control_outputs=result.report.inserted_ops)
-    return new, result.report
+    from tflms.pipeline import rewrite_step
+    result = rewrite_step(cf, config, progress=progress)
+    return result.function, result.report
 
 
 def _rewrite_functions(loaded, info: SavedModelInfo, selected: list[FunctionInfo], explicit: bool,
@@ -889,9 +887,9 @@ def analyze_saved_model(in_dir: str | os.PathLike, config: LMSConfig | None = No
     """
     from tflms.analysis.cto import analyze_graph
     from tflms.errors import BudgetError
-    from tflms.rewrite.api import load_graph
+    from tflms.ir.tf_io import load_graph
     from tflms.sim.simulator import SimOptions, simulate
-    from tflms.tune.tuner import rewrite_for
+    from tflms.pipeline import rewrite_step
 
     config = LMSConfig.from_kwargs(config, **options)
     functions = [functions] if isinstance(functions, str) else functions
@@ -916,7 +914,7 @@ def analyze_saved_model(in_dir: str | os.PathLike, config: LMSConfig | None = No
                 note = "no training step (no gradient ops): nothing to swap; it is kept as is by tflms rewrite"
             else:
                 try:
-                    result = rewrite_for(cf, config)
+                    result = rewrite_step(cf, config, build=False)
                     report = result.report
                     rewritten = simulate(result.graph, profile, options=sim_options)
                 except BudgetError as err:

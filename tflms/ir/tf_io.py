@@ -271,3 +271,44 @@ def _function_attrs(original) -> Mapping[str, Any]:
         if value is not None:
             kept[key] = value
     return kept
+
+
+def is_concrete_function(value: Any) -> bool:
+    """Whether ``value`` is a TensorFlow ``ConcreteFunction`` (False without importing TF for IR graphs)."""
+    if isinstance(value, Graph):
+        return False
+    from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
+    return isinstance(value, cf_lib.ConcreteFunction)
+
+
+def load_graph(source: Any, *args: Any, batch_size: int | None = None, **kwargs: Any) -> Graph:
+    """Read ``source`` into the IR.
+
+    ``source`` may be an IR :class:`Graph`, a ``ConcreteFunction``, a
+    ``tf.function`` (traced with ``args``/``kwargs``), a ``GraphDef``, a
+    ``FunctionDef`` or a ``tf.Graph``.
+    """
+    if isinstance(source, Graph):
+        return source
+    import tensorflow as tf
+    from tensorflow.core.framework import function_pb2, graph_pb2
+    from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
+
+    inner = getattr(source, "original_function", None)  # a tflms.function wrapper
+    if inner is not None:
+        source = inner
+    if isinstance(source, cf_lib.ConcreteFunction):
+        return from_concrete_function(source, batch_size=batch_size)
+    if isinstance(source, graph_pb2.GraphDef):
+        return from_graph_def(source, batch_size=batch_size)
+    if isinstance(source, function_pb2.FunctionDef):
+        return from_function_def(source, batch_size=batch_size)
+    if isinstance(source, tf.Graph):
+        return from_tf_graph(source, batch_size=batch_size)
+    if hasattr(source, "get_concrete_function"):
+        if not args and not kwargs:
+            raise GraphError(f"{getattr(source, '__name__', source)!r} is a tf.function: pass example arguments "
+                             "(tensors or tf.TensorSpec) so it can be traced, e.g. analyze(step, x, y)")
+        return from_concrete_function(source.get_concrete_function(*args, **kwargs), batch_size=batch_size)
+    raise GraphError(f"cannot read a training step from {type(source).__name__}; give a tf.function with example "
+                     "arguments, a ConcreteFunction, a GraphDef or a FunctionDef")

@@ -80,7 +80,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from tflms.errors import ConfigError, GraphError, TflmsError
-from tflms.sim.profiles import GIB, HardwareProfile
+from tflms.profiles import GIB, HardwareProfile
 from tflms.sim.simulator import ONEDNN_CPU_WORKSPACES, SimOptions
 
 if TYPE_CHECKING:  # pragma: no cover - typing only

@@ -1,6 +1,6 @@
 """Memory and time simulator over an execution order, with hardware profiles."""
 
-from tflms.sim.profiles import HardwareProfile, get_profile, profile_names, register_profile
+from tflms.profiles import HardwareProfile, get_profile, profile_names, register_profile
 from tflms.sim.simulator import (ONEDNN_CPU_WORKSPACES, SimOptions, SimResult, compare, level_order,
                                  order_from_start_times, simulate)
 

@@ -15,7 +15,8 @@ import math
 from typing import Any
 
 from tflms.ir.graph import Graph, Op
-from tflms.sim.profiles import HardwareProfile
+from tflms.ir.op_types import FREE_OPS
+from tflms.profiles import HardwareProfile
 
 #: FLOPs per output element of elementwise-like ops that do more than one op.
 _FLOPS_PER_ELEMENT = {
@@ -24,10 +25,6 @@ _FLOPS_PER_ELEMENT = {
     "Sqrt": 2, "Pow": 8, "TanhGrad": 2, "SigmoidGrad": 3, "SoftmaxCrossEntropyWithLogits": 8,
     "SparseSoftmaxCrossEntropyWithLogits": 8,
 }
-#: Ops that cost nothing on the accelerator (metadata or aliasing).
-FREE_OPS = frozenset({"Const", "Placeholder", "_Arg", "_Retval", "NoOp", "Shape", "ShapeN", "Size", "Rank",
-                      "ReadVariableOp", "VarHandleOp", "Identity", "Reshape", "Squeeze", "ExpandDims",
-                      "StopGradient", "Snapshot", "PreventGradient", "BroadcastGradientArgs"})
 
 
 #: NodeDef attribute of an encode/decode call: the codec's cost key (``Codec.cost_key``, e.g. ``"zvc"``).

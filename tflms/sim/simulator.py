@@ -77,34 +77,16 @@ from tflms.analysis.cto import compute_levels
 from tflms.config import normalize_device
 from tflms.errors import ConfigError, GraphError
 from tflms.ir.graph import DTYPE_BYTES, Graph, TensorRef
+from tflms.ir.op_types import ALIAS_OPS, COPY_OPS, FORWARDING_OPS, SOURCE_OPS, VARIABLE_READ_OPS
 from tflms.sim.cost import op_time_s
-from tflms.sim.profiles import HardwareProfile, get_profile
+from tflms.profiles import HardwareProfile, get_profile
 
 ACCEL, HOST = "accelerator", "host"
 
-#: Ops whose output is a view of input 0 on the same device.
-ALIAS_OPS = frozenset({"Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "Snapshot",
-                       "PreventGradient", "EnsureShape", "CheckNumerics", "IdentityN"})
-#: Copy ops that move a tensor between devices when their input lives elsewhere.
-COPY_OPS = frozenset({"Identity", "DeepCopy", "Snapshot"})
-#: Element-wise ops whose output may reuse a same-sized input that dies with them (TensorFlow's
-#: cwise kernels call ``forward_input_or_allocate_output`` on every same-shaped input; ``Cast``
-#: only aliases a cast to the same dtype, so the dtype check leaves it allocating otherwise).
-FORWARDING_OPS = frozenset({
-    "Relu", "Relu6", "Elu", "Selu", "Tanh", "Sigmoid", "Neg", "Abs", "Exp", "Log", "Sqrt", "Rsqrt", "Square",
-    "Add", "AddV2", "Sub", "Mul", "RealDiv", "Maximum", "Minimum", "BiasAdd", "ReluGrad", "Relu6Grad",
-    "TanhGrad", "SigmoidGrad", "AddN", "Cast", "SquaredDifference", "DivNoNan", "LeakyRelu", "LeakyReluGrad",
-    "RsqrtGrad", "SqrtGrad", "ReciprocalGrad", "Reciprocal", "Inv", "EluGrad", "SeluGrad", "Softplus",
-    "SoftplusGrad", "Softsign", "SoftsignGrad", "Log1p", "Expm1", "Sign", "Floor", "Ceil", "Round", "Rint",
-    "Pow", "Div", "FloorDiv", "FloorMod", "Erf", "MulNoNan", "Xlogy", "Xdivy", "ClipByValue",
-})
 #: Kernel workspaces of TensorFlow's oneDNN CPU kernels (``SimOptions.workspace_bytes_per_element``):
 #: ``_MklNativeMaxPool`` returns a workspace of one byte per output element (the argmax
 #: index in the window) that ``MaxPoolGrad`` reads, so it lives as long as the output.
 ONEDNN_CPU_WORKSPACES = {"MaxPool": 1.0}
-#: Ops whose outputs are resident (variables) rather than step activations.
-VARIABLE_READ_OPS = frozenset({"ReadVariableOp", "VarHandleOp", "ResourceGather"})
-_SOURCE_OPS = frozenset({"Placeholder", "_Arg"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -371,7 +353,7 @@ def simulate(graph: Graph, profile: str | HardwareProfile, *, order: Sequence[st
                 unknown.append(ref.name)
         if op.type in VARIABLE_READ_OPS:
             variable_reads.add(TensorRef(name, 0))
-        elif (op.type in _SOURCE_OPS and options.resident_inputs) or op.type in ("Const", "HostConst"):
+        elif (op.type in SOURCE_OPS and options.resident_inputs) or op.type in ("Const", "HostConst"):
             resident.update(TensorRef(name, i) for i in range(len(op.outputs)))
         elif op.type in ALIAS_OPS and op.inputs:
             src = op.inputs[0]

@@ -16,8 +16,8 @@ from typing import Any
 from tflms.config import LMSConfig
 from tflms.errors import BudgetError, ConfigError, GraphError
 from tflms.ir.graph import Graph
-from tflms.rewrite.api import load_graph
-from tflms.sim.profiles import HardwareProfile, get_profile
+from tflms.ir.tf_io import load_graph
+from tflms.profiles import DEFAULT_PROFILE, HardwareProfile, get_profile
 from tflms.sim.simulator import SimOptions, SimResult, simulate
 from tflms.tune.tuner import STRATEGIES, TuneResult, tune
 from tflms.units import parse_bytes
@@ -59,7 +59,7 @@ def _graph_with_free_batch(source: Any, args: tuple) -> Graph:
 
 
 def max_batch(source: Any, *args: Any, budget: int | str | None = None,
-              profile: str | HardwareProfile = "v100-16gb-pcie3", with_tflms: bool = True,
+              profile: str | HardwareProfile = DEFAULT_PROFILE, with_tflms: bool = True,
               config: LMSConfig | None = None, strategies=STRATEGIES, sim_options: SimOptions | None = None,
               start: int = 1, progress: Callable[[str], None] | None = None) -> MaxBatchResult:
     """The largest batch size whose step fits ``budget`` (default: the profile's memory).

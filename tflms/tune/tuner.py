@@ -8,7 +8,7 @@ Strategies (each evaluated with the simulator on the same graph):
   ``sync_mode`` is raised only when nothing asynchronous fits. Unlike TFLMS, every
   fitting candidate is compared by simulated step time, not just by fit.
 - ``idle-time``: tensors ranked by how long they idle around the memory peak
-  (:mod:`tflms.tune.idle`), in ``stick-to-limit`` mode.
+  (:mod:`tflms.policies.idle_time`), in ``stick-to-limit`` mode.
 - ``idle-time-no-overhead``: the same, but only swaps whose copies hide behind
   compute; it fails rather than slow the step down.
 
@@ -24,16 +24,18 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tflms.analysis.cto import Analysis, analyze_graph
+from tflms.analysis.cto import Analysis, analyze_graph, no_training_step_error
+from tflms.devices import resolve_accelerator
 from tflms.config import LMSConfig
 from tflms.errors import BudgetError, ConfigError
 from tflms.ir.graph import Graph
-from tflms.rewrite.api import load_graph, no_training_step_error, resolve_accelerator
-from tflms.rewrite.apply import DEFAULT_COPY_OP, apply_plan
-from tflms.rewrite.plan import SwapPlan, plan_swaps
-from tflms.sim.profiles import HardwareProfile, get_profile
+from tflms.ir.tf_io import load_graph
+from tflms.passes.swaps import DEFAULT_COPY_OP, apply_swaps
+from tflms.policies.swapplan import SwapPlan
+from tflms.policies.tflms_rules import plan_swaps
+from tflms.profiles import DEFAULT_PROFILE, HardwareProfile, get_profile
 from tflms.sim.simulator import SimOptions, SimResult, simulate
-from tflms.tune.idle import NO_OVERHEAD, STICK_TO_LIMIT, idle_candidates, plan_idle
+from tflms.policies.idle_time import NO_OVERHEAD, STICK_TO_LIMIT, idle_candidates, plan_idle
 from tflms.tune.vdnn import search_vdnn
 from tflms.units import format_bytes, parse_bytes
 
@@ -147,7 +149,7 @@ class _Evaluator:
 
     def run(self, strategy: str, params: dict[str, Any], plan: SwapPlan, *, max_overhead: float | None = None,
             baseline: SimResult | None = None) -> Candidate:
-        graph = apply_plan(self.analysis.graph, plan, copy_op=self.copy_op)
+        graph = apply_swaps(self.analysis.graph, plan, copy_op=self.copy_op).graph
         if self.compress is not None:
             graph = self.compress(graph, plan)
         sim = simulate(graph, self.profile, options=self.sim_options)
@@ -170,7 +172,7 @@ class _Evaluator:
     def need(self, sim: SimResult) -> int:
         """Device bytes a simulated step needs: live-bytes peak, or what the BFC allocator model reserves."""
         if self.fit_by == FIT_BY_BFC:
-            from tflms.plan.report import plan_step
+            from tflms.memplan.report import plan_step
             margin = sim.peak_with_margin_bytes - sim.peak_bytes
             return plan_step(sim).bfc_total_bytes + margin
         return sim.peak_with_margin_bytes
@@ -292,7 +294,7 @@ def search_idle(ev: _Evaluator, baseline: SimResult, mode: str) -> None:
         sim = result.sim if selected is trial else sim
 
 
-def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str | HardwareProfile = "v100-16gb-pcie3",
+def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str | HardwareProfile = DEFAULT_PROFILE,
          config: LMSConfig | None = None, strategies: Sequence[str] = STRATEGIES, sim_options: SimOptions | None = None,
          host_budget: int | str | None = None, copy_op: str = DEFAULT_COPY_OP, first_fit: bool = False,
          require_backward: bool = True, fit_by: str = FIT_BY_LIVE,
@@ -322,11 +324,12 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     host_bytes = profile.host_memory_bytes if host_budget is None else parse_bytes(host_budget, what="host_budget")
     config = config or LMSConfig()
     sim_options = sim_options or SimOptions(host_device=config.host_device)
-    graph = load_graph(source, *args, batch_size=config.batch_size)
-    analysis = analyze_graph(graph)
+    analysis = source if isinstance(source, Analysis) else analyze_graph(
+        load_graph(source, *args, batch_size=config.batch_size))
+    graph = analysis.graph
     if require_backward and not analysis.has_backward:
         raise no_training_step_error(analysis)
-    accelerator = config.accelerator_device or resolve_accelerator(config)[0]
+    accelerator = config.accelerator_device or resolve_accelerator(config.accelerator_device)[0]
     if accelerator == config.host_device:
         accelerator = "/device:GPU:0"  # planning for a GPU we do not have: the profile is the device
     baseline = simulate(graph, profile, options=sim_options)
@@ -362,29 +365,3 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     best = min(fitting, key=lambda c: (c.sim.step_time_s, c.swapped_bytes, order.index(c.strategy)))
     return TuneResult(budget_bytes=budget_bytes, profile=profile.name, baseline=baseline, best=best,
                       candidates=tuple(ev.candidates), graph=ev.graphs[id(best)], analysis=analysis)
-
-
-def rewrite_for(source: Any, config: LMSConfig, *args: Any, copy_op: str = DEFAULT_COPY_OP,
-                progress: Callable[[str], None] | None = None):
-    """Rewrite ``source`` as ``config`` says: tuned for its budget/profile, or with its parameters as given.
-
-    Returns a :class:`~tflms.rewrite.api.RewriteResult` either way; after tuning,
-    ``report.tuning`` holds the tuner's summary.
-    """
-    import time
-
-    from tflms.rewrite.api import RewriteResult, rewrite
-    from tflms.rewrite.apply import inserted_op_names
-    from tflms.rewrite.report import RewriteReport
-    if not config.auto_tune:
-        return rewrite(source, config, *args, copy_op=copy_op)
-    t0 = time.perf_counter()
-    profile = config.profile or "v100-16gb-pcie3"
-    result = tune(source, *args, budget=config.budget_bytes, profile=profile, config=config, copy_op=copy_op,
-                  fit_by=config.fit_by, progress=progress)
-    plan = result.best.plan or SwapPlan(config=config, accelerator_device=resolve_accelerator(config)[0],
-                                        swaps=(), skipped=())
-    report = RewriteReport(plan=plan, graph_summary=result.analysis.summary(),
-                           inserted_ops=tuple(inserted_op_names(plan)),
-                           timings_s={"tune": time.perf_counter() - t0}, tuning=result.to_dict())
-    return RewriteResult(graph=result.graph, analysis=result.analysis, report=report)

@@ -34,7 +34,7 @@ from typing import Literal
 import numpy as np
 
 from tflms.errors import ConfigError, TflmsError
-from tflms.plan.lifetimes import Lifetime, check_lifetimes, live_bytes_profile, lower_bound, num_steps_of
+from tflms.memplan.lifetimes import Lifetime, check_lifetimes, live_bytes_profile, lower_bound, num_steps_of
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class Plan:
     """Offsets of every tensor in one pool of ``pool_bytes`` bytes.
 
     ``pool_bytes`` is the highest ``offset + size_bytes`` (not padded to ``alignment``).
-    ``lower_bound_bytes`` is :func:`tflms.plan.lifetimes.lower_bound` of the same lifetimes.
+    ``lower_bound_bytes`` is :func:`tflms.memplan.lifetimes.lower_bound` of the same lifetimes.
     """
 
     strategy: str

@@ -4,22 +4,22 @@ Pure Python + numpy; no TensorFlow. Feed it :class:`Lifetime` records (a tensor'
 size and the schedule steps it is alive over) and compare
 
 - the smallest single pool a static plan needs (:func:`best_plan` and the
-  individual strategies in :mod:`tflms.plan.offsets`), against
+  individual strategies in :mod:`tflms.memplan.offsets`), against
 - what TensorFlow's BFC allocator or PyTorch's caching allocator would reserve
-  for the same allocate/free sequence (:func:`replay` in :mod:`tflms.plan.allocators`),
+  for the same allocate/free sequence (:func:`replay` in :mod:`tflms.memplan.allocators`),
 
 both measured against the :func:`lower_bound` (the most bytes alive at once).
 """
 
-from tflms.plan.allocators import (
+from tflms.memplan.allocators import (
     AllocatorResult,
     BFCAllocatorModel,
     CachingAllocatorModel,
     OutOfMemoryError,
     replay,
 )
-from tflms.plan.lifetimes import Event, Lifetime, LifetimeError, events, live_bytes_profile, lower_bound
-from tflms.plan.offsets import (
+from tflms.memplan.lifetimes import Event, Lifetime, LifetimeError, events, live_bytes_profile, lower_bound
+from tflms.memplan.offsets import (
     STRATEGIES,
     InvalidPlanError,
     Plan,

@@ -1,4 +1,4 @@
-"""Applying a :class:`~tflms.rewrite.plan.SwapPlan`: returns a new IR graph.
+"""The swap pass: a :class:`~tflms.policies.swapplan.SwapPlan` becomes copy ops in a new IR graph.
 
 Each swap becomes a copy op on the host (swap-out) reading the tensor and, per
 consumer group, a swap-in op reading the swap-out with a control input from its
@@ -22,7 +22,8 @@ import functools
 from tflms.errors import GraphError
 from tflms.ir.graph import Graph, TensorRef
 from tflms.ir.tf_io import DO_NOT_REMOVE_ATTR
-from tflms.rewrite.plan import SwapPlan
+from tflms.passes.result import PassResult
+from tflms.policies.swapplan import SwapPlan
 
 #: Op type used for swap copies. ``Identity`` lets TensorFlow insert the
 #: device-to-host and host-to-device transfers; ``DeepCopy`` allocates a new
@@ -43,9 +44,9 @@ def _copy_attrs(dtype: str):
 SWAPIN_ON_HOST, SWAPIN_ON_ACCELERATOR = "host", "accelerator"
 
 
-def apply_plan(graph: Graph, plan: SwapPlan, *, copy_op: str = DEFAULT_COPY_OP,
-               swapin_on: str | None = None) -> Graph:
-    """Return a copy of ``graph`` with the plan's swap ops inserted.
+def apply_swaps(graph: Graph, plan: SwapPlan, *, copy_op: str = DEFAULT_COPY_OP,
+                swapin_on: str | None = None) -> PassResult:
+    """A copy of ``graph`` with the plan's swap ops inserted; the report is their names, in insertion order.
 
     ``swapin_on`` defaults to the host for ``Identity`` copies and to the
     accelerator for ``DeepCopy`` (see the module doc).
@@ -77,7 +78,7 @@ def apply_plan(graph: Graph, plan: SwapPlan, *, copy_op: str = DEFAULT_COPY_OP,
             for consumer, index in new.consumers(swap.tensor):
                 if consumer in members:
                     new.set_input(consumer, index, TensorRef(group.name, 0))
-    return new
+    return PassResult(new, changed=bool(plan.swaps), report=tuple(inserted_op_names(plan)))
 
 
 def inserted_op_names(plan: SwapPlan) -> list[str]:

@@ -26,6 +26,8 @@ from tflms.errors import ConfigError
 from tflms.units import parse_bytes
 
 GIB = 2**30
+#: The profile the tuner and the simulator use when none is named (said in every report that uses it).
+DEFAULT_PROFILE = "v100-16gb-pcie3"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Models of real device allocators, to replay a schedule's allocate/free sequence.
 
-A static plan (:mod:`tflms.plan.offsets`) says what a schedule *could* fit in;
+A static plan (:mod:`tflms.memplan.offsets`) says what a schedule *could* fit in;
 these models say what a framework's online allocator *will* reserve from the
-device for the same sequence of calls (:func:`tflms.plan.lifetimes.events`).
+device for the same sequence of calls (:func:`tflms.memplan.lifetimes.events`).
 
 Each model is a frozen config; :meth:`open` returns a fresh mutable session
 with ``allocate(tensor, num_bytes)`` / ``free(tensor)``. :func:`replay` drives a
@@ -81,7 +81,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tflms.errors import ConfigError, TflmsError
-from tflms.plan.lifetimes import ALLOC, Lifetime, check_lifetimes, events, lower_bound
+from tflms.memplan.lifetimes import ALLOC, Lifetime, check_lifetimes, events, lower_bound
 from tflms.units import format_bytes, parse_bytes
 
 MiB = 1 << 20
@@ -139,7 +139,7 @@ class OutOfMemoryError(TflmsError):
             f"{allocator}: out of memory allocating tensor {tensor!r} ({requested_bytes} bytes){where}: "
             f"{format_bytes(reserved_bytes)} reserved of a {format_bytes(limit_bytes)} limit, largest free "
             f"block {format_bytes(largest_free_bytes)}. Raise memory_limit_bytes, or compare with a static "
-            "plan (tflms.plan.offsets.best_plan) to see how much is lost to fragmentation")
+            "plan (tflms.memplan.offsets.best_plan) to see how much is lost to fragmentation")
 
     def at_step(self, step: int) -> OutOfMemoryError:
         """The same error, with the schedule step in its message."""
@@ -685,7 +685,7 @@ class CachingSession:
 # ======================================================================================================
 
 def replay(allocator: AllocatorModel, lifetimes: Iterable[Lifetime]) -> AllocatorResult:
-    """Run the lifetimes' :func:`~tflms.plan.lifetimes.events` through a fresh session of ``allocator``.
+    """Run the lifetimes' :func:`~tflms.memplan.lifetimes.events` through a fresh session of ``allocator``.
 
     Raises :class:`OutOfMemoryError` (naming the tensor and step) if the
     allocator's limit is exceeded.

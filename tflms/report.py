@@ -7,7 +7,7 @@ import json
 from collections import Counter
 from typing import Any
 
-from tflms.rewrite.plan import SwapPlan
+from tflms.policies.swapplan import SwapPlan
 from tflms.units import format_bytes
 
 
@@ -20,6 +20,7 @@ class RewriteReport:
     inserted_ops: tuple[str, ...]
     timings_s: dict[str, float]
     tuning: dict[str, Any] | None = None  # the tuner's summary when a budget chose the parameters
+    compression: dict[str, str] = dataclasses.field(default_factory=dict)  # swapped tensor -> codec
 
     @property
     def swaps(self):
@@ -66,6 +67,7 @@ class RewriteReport:
             "inserted_ops": list(self.inserted_ops),
             "timings_s": dict(self.timings_s),
             "tuning": self.tuning,
+            "compression": dict(self.compression),
         }
 
     def to_json(self, **kwargs: Any) -> str:
@@ -96,6 +98,9 @@ class RewriteReport:
             lines.extend(fmt.format(*r) for r in rows)
             if len(self.plan.swaps) > max_rows:
                 lines.append(f"... and {len(self.plan.swaps) - max_rows} more swapped tensors (see to_json())")
+        if self.compression:
+            codecs = Counter(self.compression.values())
+            lines.append("compressed: " + ", ".join(f"{n} with {c}" for c, n in sorted(codecs.items())))
         if self.plan.skipped:
             counts = Counter(k.reason for k in self.plan.skipped)
             lines.append("skipped candidates: " + ", ".join(f"{r} x{n}" for r, n in sorted(counts.items())))

@@ -25,8 +25,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from tflms.analysis.cto import Analysis, Category
 from tflms.config import LMSConfig
 from tflms.ir.graph import TensorRef
-from tflms.rewrite.plan import IDENTITY_OPS, SwapDecision, group_consumers, SwapInGroup, SwapPlan, skip_reason, swap_op_names
-from tflms.sim.profiles import HardwareProfile
+from tflms.ir.op_types import IDENTITY_OPS
+from tflms.policies.swapplan import SwapDecision, group_consumers, SwapInGroup, SwapPlan, skip_reason, swap_op_names
+from tflms.profiles import HardwareProfile
 from tflms.sim.simulator import SimResult
 
 #: Modes from Zhang et al.: only swaps whose copies hide behind compute, or meet the budget at any cost.

@@ -1,11 +1,12 @@
-"""Swap planning with the TFLMS rules: pure, returns a :class:`SwapPlan`.
+"""The swap plan record every policy returns, and the rules all policies share.
 
-For every forward tensor that may be swapped, the consumers whose level distance
-exceeds ``swapout_threshold`` read it back from host memory. Those consumers are
-grouped (``swapin_groupby``), and each group's swap-in is triggered by a control
-edge from an ancestor of the group's first consumer about ``swapin_ahead`` levels
-before it. Because the trigger's level is below every consumer's level and above
-the producer's, the new edges can never close a cycle.
+A policy (:mod:`tflms.policies.tflms_rules`, :mod:`tflms.policies.idle_time`,
+:mod:`tflms.policies.vdnn`) decides which tensors to swap and where their
+swap-ins are triggered; it returns a :class:`SwapPlan`, which the swap pass
+(:func:`tflms.passes.apply_swaps`) turns into ops. The rules here are shared:
+what may never be swapped (:func:`skip_reason`), how consumers are grouped
+(:func:`group_consumers`), how a trigger is found (:func:`find_trigger`) and the
+names of the inserted ops (:func:`swap_op_names`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tflms.analysis.cto import Analysis, Category
 from tflms.config import LMSConfig
 from tflms.errors import ConfigError
 from tflms.ir.graph import TensorRef
+from tflms.ir.op_types import HOST_PRODUCERS, IDENTITY_OPS
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +32,6 @@ HOST_MEMORY_DTYPES = frozenset({"int32"})
 NO_SWAP_PRODUCERS = {"Const": "constant", "HostConst": "constant", "ReadVariableOp": "variable-read",
                      "VarHandleOp": "variable-read", "Placeholder": "function-input",
                      "_Arg": "function-input"}
-#: Identity-like ops grappler removes (it reconnects their consumers to their input):
-#: never swap their outputs (swap the input instead) and never use them as triggers.
-IDENTITY_OPS = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot", "PreventGradient"})
-#: producers whose outputs TF keeps on the host.
-HOST_PRODUCERS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradientArgs", "TensorListLength"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,48 +203,3 @@ def find_trigger(analysis: Analysis, first_consumer: str, producer_level: int, t
                     best = key
         frontier = nxt
     return None if best is None else best[2]
-
-
-def plan_swaps(analysis: Analysis, config: LMSConfig, *, accelerator_device: str) -> SwapPlan:
-    """Decide which tensors to swap and where to trigger their swap-ins."""
-    warnings = check_filters(analysis, config)
-    graph, levels = analysis.graph, analysis.levels
-    swaps: list[SwapDecision] = []
-    skipped: list[Skip] = []
-    for name in analysis.order:
-        if analysis.categories[name] is not Category.FORWARD:
-            continue
-        op = graph.op(name)
-        for index in range(len(op.outputs)):
-            ref = TensorRef(name, index)
-            consumers = sorted({c for c, _ in graph.consumers(ref)}, key=lambda n: (levels[n], n))
-            p_level = levels[name]
-            far = [c for c in consumers if levels[c] - p_level > config.swapout_threshold]
-            if not far:
-                continue
-            reason = skip_reason(analysis, ref, config)
-            if reason is not None:
-                skipped.append(Skip(ref, *reason))
-                continue
-            near = tuple(c for c in consumers if c not in far)
-            out_name, in_base = swap_op_names(ref)
-            groups = []
-            for gi, members in enumerate(group_consumers(far, levels, config.swapin_groupby)):
-                first = members[0]
-                ahead = 1 if config.sync_swap_in else config.swapin_ahead
-                trigger = find_trigger(analysis, first, p_level, levels[first] - ahead)
-                note = ""
-                if trigger is None:
-                    note = (f"no op between the producer (level {p_level}) and {first!r} (level {levels[first]}) "
-                            "precedes it: the swap-in starts when the swap-out ends (synchronous fallback)")
-                groups.append(SwapInGroup(
-                    name=f"{in_base}_{gi}", consumers=tuple(members),
-                    consumer_levels=tuple(levels[m] for m in members), trigger=trigger,
-                    trigger_level=None if trigger is None else levels[trigger],
-                    sync=config.sync_swap_in or trigger is None, note=note))
-            swaps.append(SwapDecision(
-                tensor=ref, dtype=op.outputs[index].dtype, num_bytes=op.outputs[index].num_bytes,
-                producer_level=p_level, swap_out=out_name,
-                sync_out_consumers=near if config.sync_swap_out else (), swap_ins=tuple(groups)))
-    return SwapPlan(config=config, accelerator_device=accelerator_device, swaps=tuple(swaps),
-                    skipped=tuple(skipped), warnings=tuple(warnings))

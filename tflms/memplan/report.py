@@ -22,9 +22,9 @@ import dataclasses
 import json
 from typing import Any
 
-from tflms.plan.allocators import BFCAllocatorModel, CachingAllocatorModel, replay
-from tflms.plan.lifetimes import Lifetime, lower_bound
-from tflms.plan.offsets import STRATEGIES
+from tflms.memplan.allocators import BFCAllocatorModel, CachingAllocatorModel, replay
+from tflms.memplan.lifetimes import Lifetime, lower_bound
+from tflms.memplan.offsets import STRATEGIES
 from tflms.units import format_bytes
 
 

@@ -9,8 +9,8 @@ From a set of lifetimes this module derives
 - :func:`live_bytes_profile`: live bytes at each step;
 - :func:`lower_bound`: the largest live total over all steps. No placement of
   the tensors in one address space can use fewer bytes, so it is the yardstick
-  for both static plans (:mod:`tflms.plan.offsets`) and allocator models
-  (:mod:`tflms.plan.allocators`);
+  for both static plans (:mod:`tflms.memplan.offsets`) and allocator models
+  (:mod:`tflms.memplan.allocators`);
 - :func:`events`: the deterministic allocate/free sequence the allocator
   models replay.
 """

@@ -43,7 +43,8 @@ from typing import Any
 
 from tflms.errors import GraphError
 from tflms.ir.graph import Graph
-from tflms.rewrite.plan import SwapPlan
+from tflms.passes.result import PassResult
+from tflms.policies.swapplan import SwapPlan
 
 logger = logging.getLogger(__name__)
 
@@ -141,12 +142,13 @@ def _follow_compression(graph: Graph, plan: SwapPlan, moves: dict[str, str]) -> 
                 moves[decode_op_name(swap.tensor, gi)] = replica
 
 
-def place_swaps(graph: Graph, plan: SwapPlan) -> tuple[Graph, Placement]:
+def place_swaps(graph: Graph, plan: SwapPlan) -> PassResult:
     """Put each swap's ops on the host of the replica that produced the tensor.
 
-    ``graph`` is the output of ``apply_plan(original, plan)``; it is not
+    ``graph`` is the output of ``apply_swaps(original, plan).graph``; it is not
     modified. Returns the placed graph (``graph`` itself when no swapped tensor
-    has a device, so unplaced graphs stay byte-identical) and the placement.
+    has a device, so unplaced graphs stay byte-identical), with the
+    :class:`Placement` as the report.
     Raises :class:`~tflms.errors.GraphError` if a swap op of ``plan`` is missing.
     """
     config = plan.config
@@ -156,7 +158,7 @@ def place_swaps(graph: Graph, plan: SwapPlan) -> tuple[Graph, Placement]:
         for name in (swap.swap_out, *(g.name for g in swap.swap_ins)):
             if name not in graph:
                 raise GraphError(f"swap op {name!r} of the plan is not in the graph: place_swaps takes the graph "
-                                 "apply_plan returned for this plan")
+                                 "apply_swaps returned for this plan")
         replica = graph.op(swap.tensor.op).device
         host = host_for(replica, config.host_device)
         moves[swap.swap_out] = host
@@ -179,7 +181,7 @@ def place_swaps(graph: Graph, plan: SwapPlan) -> tuple[Graph, Placement]:
     _follow_compression(graph, plan, moves)
     changed = {name: device for name, device in moves.items() if graph.op(name).device != device}
     if not changed:
-        return graph, placement
+        return PassResult(graph, changed=False, report=placement)
     placed = graph.copy()
     for name, device in changed.items():
         placed.op(name).device = device  # a device is not an edge: no index to keep current
@@ -188,4 +190,4 @@ def place_swaps(graph: Graph, plan: SwapPlan) -> tuple[Graph, Placement]:
             logger.warning("tflms: %s is produced on %s but swapped back to consumers on %s", swap.tensor,
                            swap.replica_device, ", ".join(swap.consumer_devices))
     logger.info("tflms: %s", placement.table().replace("\n", "; "))
-    return placed, placement
+    return PassResult(placed, changed=True, report=placement)

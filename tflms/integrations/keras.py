@@ -1,0 +1,419 @@
+"""``tflms.keras.LMS``: a Keras 3 callback that trains ``model.fit`` with swapping.
+
+::
+
+    import tflms.keras
+    model.fit(x, y, callbacks=[tflms.keras.LMS()])                 # TFLMS parameters at their defaults
+    model.fit(x, y, callbacks=[tflms.keras.LMS(swapout_threshold=8, swapin_ahead=2)])
+    lms = tflms.keras.LMS(budget="12GiB", profile="v100-16gb-pcie3")  # let the tuner choose
+    model.fit(x, y, callbacks=[lms]); print(lms.report.table())
+
+How it hooks into Keras 3 (TensorFlow backend, ``keras/src/backend/tensorflow/trainer.py``):
+``fit`` calls ``make_train_function()`` and then ``callbacks.on_train_begin()``.
+``make_train_function`` stores in ``model.train_function`` a plain Python
+function built by ``TensorFlowTrainer._make_function``; it closes over
+``one_step_on_data``, the ``tf.function`` that is the real step (forward,
+backward, optimizer update; wrapped by ``_autoconvert_optionals``), and over
+``multi_step_on_iterator``, an outer ``tf.function`` that pulls batches from the
+iterator and calls the step (in a ``tf.while_loop`` when ``steps_per_execution``
+> 1). In ``on_train_begin`` this callback finds ``one_step_on_data`` in that
+closure and replaces ``model.train_function`` by a function that
+
+- pulls each batch from the iterator eagerly (``get_next_as_optional``, at most
+  ``steps_per_execution`` of them per call, as Keras's loop does);
+- traces ``one_step_on_data`` as Keras does, for the iterator's ``element_spec``
+  (``get_concrete_function``; Keras calls the step on the symbolic output of
+  ``get_next``, so a short last batch shares the trace), rewrites each trace once
+  (:func:`tflms.pipeline.rewrite_step`) and calls the rewritten
+  ``ConcreteFunction`` directly from Python.
+
+The rewritten step is never called from inside another ``tf.function``: there it
+would be inlined into the caller and optimized together with it, so whether the
+swaps survive would depend on what grappler does to the caller (a quick test lost
+them; ``_noinline`` keeps the function whole but hides its optimized graph from
+run metadata, so survival could not be checked). Called from Python it is
+optimized as a function of its own, whose control outputs (the swap ops) grappler
+must keep: the same path :func:`tflms.function` uses, and ``tests/test_keras.py``
+reads the graphs TensorFlow ran during ``fit`` to check every swap op is there.
+The price is one Python round trip per step instead of one per
+``steps_per_execution`` steps (about 1 ms per step on a CPU), small next to the
+step of a model that needs swapping.
+
+``on_train_end`` puts Keras's own train function back, so ``evaluate``,
+``predict``, a later ``fit`` without the callback, and saving see an untouched
+model (only ``model.train_function`` is ever replaced; ``test_function`` and
+``predict_function`` are not touched, so validation is not rewritten). Traces are
+kept by the callback: a second ``fit`` with the same callback and batch shapes
+reuses them; a new signature is traced and rewritten once more; a trace with an
+unknown batch dimension is sized by the first batch it runs on and rewritten
+again, once, if a larger batch comes (a later ``fit`` with a larger batch size).
+A ``compile()`` makes Keras build a new step, which gets its own rewrites.
+
+Distribution: under ``MirroredStrategy`` and ``MultiWorkerMirroredStrategy``
+(model built and compiled under ``strategy.scope()``) Keras's step calls
+``strategy.run`` and reduces the replicas' outputs; it is traced for the
+distributed iterator's ``element_spec`` (per-replica specs), every local
+replica's part of it is rewritten, and each replica's swaps run on the host of
+that replica's own task (:mod:`tflms.passes.place`). Training is bitwise identical
+to ``fit`` without the callback under the same strategy (``tests/test_distribute.py``).
+Two Keras 3.15 limits are Keras's, not the callback's: under
+``MultiWorkerMirroredStrategy`` Keras's own ``fit`` fails with or without LMS
+(``_maybe_symbolic_build`` hands a whole ``(x, y)`` batch to ``strategy.reduce``;
+``reduce_per_replica`` reduces the scalar loss with ``axis=0``), and under
+``MirroredStrategy`` its multi-step loop (``steps_per_execution`` > 1) fails on
+its first call, where LMS, which runs one step per Python call, trains.
+
+Not handled, and said so: ``jit_compile=True`` (XLA compiles the step as one
+cluster and ignores swap ops) and distribution strategies other than the default,
+``MirroredStrategy`` and ``MultiWorkerMirroredStrategy`` (not tested with tflms:
+``OneDeviceStrategy``, ``CentralStorageStrategy``, ``TPUStrategy``, whose steps
+XLA compiles, and ``ParameterServerStrategy``, whose steps a coordinator
+schedules on remote workers) raise :class:`UnsupportedModelError` before the
+first step; a train function that
+is not the one Keras builds (``make_train_function`` overridden, another backend,
+a Keras whose trainer has changed) raises it too; ``run_eagerly=True`` has no
+graph to rewrite, so the callback warns and stands aside.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import warnings
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tflms.config import LMSConfig
+from tflms.passes.place import Placement
+from tflms.errors import UnsupportedModelError
+from tflms.integrations.function import check_devices_exist, rewrite_concrete
+from tflms.report import RewriteReport
+from tflms.units import format_bytes
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["LMS", "UnsupportedModelError"]
+
+#: Where ``TensorFlowTrainer._make_function`` defines the train function it returns (Keras 3.0 - 3.15).
+_KERAS_TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
+_KERAS_TRAIN_FUNCTION_QUALNAME = "TensorFlowTrainer._make_function.<locals>.function"
+#: The name of the step ``tf.function`` in that function's closure.
+_KERAS_STEP_NAME = "one_step_on_data"
+
+#: ``verbose`` levels, as Keras callbacks use them.
+SILENT, SUMMARY, TABLE = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class _Trace:
+    original: Any  # the ConcreteFunction Keras's one_step_on_data traced
+    rewritten: Any  # the ConcreteFunction that runs instead
+    report: RewriteReport
+    placement: Placement  # where each replica's swap ops run
+    sized_batch: int | None = None  # the batch size an unknown batch dimension was sized for (None: not needed)
+
+
+def _none_for_optionals(data: Any) -> Any:
+    """What Keras's ``_autoconvert_optionals`` does before calling the step: ``tf.experimental.Optional`` -> None.
+
+    Applied to a batch and to its ``element_spec`` (where an Optional is an ``OptionalSpec``).
+    """
+    optional = (tf.experimental.Optional, tf.OptionalSpec)
+    return keras.tree.map_structure(lambda t: None if isinstance(t, optional) else t, data)
+
+
+def _leading_dim(data: Any) -> int:
+    """The largest leading dimension of the batch's tensors (0 if none has one; per replica when distributed)."""
+    dims = [t.shape[0] for t in tf.nest.flatten(data, expand_composites=True) if hasattr(t, "shape") and t.shape.rank]
+    return max([int(d) for d in dims if d is not None], default=0)
+
+
+def _input_specs(concrete) -> list[tf.TensorSpec]:
+    """The tensor specs of the step's inputs (a distributed step's per-replica specs give one per replica)."""
+    return [s for s in tf.nest.flatten(concrete.structured_input_signature, expand_composites=True)
+            if isinstance(s, tf.TensorSpec)]
+
+
+def _describe_inputs(concrete) -> str:
+    return ", ".join(f"{tuple(s.shape.as_list())} {s.dtype.name}" for s in _input_specs(concrete))
+
+
+class _RewrittenStep:
+    """Keras's ``one_step_on_data`` tf.function, run as tflms rewrites of its traces.
+
+    A step is traced as Keras traces it: for the iterator's ``element_spec``
+    (Keras calls the step inside ``multi_step_on_iterator`` on the symbolic
+    output of ``get_next``), so the graph that runs is the graph Keras would have
+    run, and a short last batch needs no new trace. A trace with an unknown batch
+    dimension is sized (for swap planning and the tuner) by the batches it runs
+    on: it is rewritten again, once, when a larger batch than it was sized for
+    arrives (a later ``fit`` with a larger ``batch_size``).
+    """
+
+    def __init__(self, tf_function, config: LMSConfig, on_trace):
+        self.tf_function = tf_function
+        self.config = config
+        self.on_trace = on_trace
+        self.traces: dict[int, _Trace] = {}  # by id of the original ConcreteFunction (kept alive in the _Trace)
+        self.last: _Trace | None = None
+
+    def __call__(self, data: Any, element_spec: Any = None) -> Any:
+        data = _none_for_optionals(data)
+        signature = data if element_spec is None else _none_for_optionals(element_spec)
+        concrete = self.tf_function.get_concrete_function(signature)
+        trace = self.traces.get(id(concrete))
+        if trace is None or trace.original is not concrete or _needs_resizing(trace, data):
+            trace = self._rewrite(concrete, data)
+            self.traces[id(concrete)] = trace
+            self.on_trace(trace, self)
+        self.last = trace
+        return trace.rewritten(data)
+
+    def _rewrite(self, concrete, data: Any) -> _Trace:
+        config = self.config
+        unknown = any(s.shape.rank and s.shape[0] is None for s in _input_specs(concrete))
+        sized = None
+        if unknown and config.batch_size is None:
+            sized = _leading_dim(data) or None
+            config = config.replace(batch_size=sized)
+        rewritten, report, placement = rewrite_concrete(concrete, config, example_inputs=[data])
+        return _Trace(concrete, rewritten, report, placement, sized)
+
+
+def _needs_resizing(trace: _Trace, data: Any) -> bool:
+    return trace.sized_batch is not None and _leading_dim(data) > trace.sized_batch
+
+
+class _LMSTrainFunction:
+    """Stands in ``model.train_function``: Keras's loop over ``steps_per_execution`` batches, in Python.
+
+    Mirrors ``function`` in ``TensorFlowTrainer._make_function``: at most
+    ``steps_per_execution`` batches are taken from the iterator (no extra
+    ``get_next``), the outputs of the last step are returned, and
+    ``StopIteration`` is raised when the iterator had nothing left.
+    """
+
+    def __init__(self, owner: "LMS", model, keras_function, step: _RewrittenStep):
+        self.owner, self.model, self.keras_function, self.step = owner, model, keras_function, step
+
+    def __call__(self, iterator):
+        steps = int(self.model.steps_per_execution)
+        outputs = None
+        if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+            for _ in range(steps):
+                optional = iterator.get_next_as_optional()
+                if not optional.has_value():
+                    break
+                outputs = self.step(optional.get_value(), iterator.element_spec)
+            if outputs is None:
+                raise StopIteration
+            return outputs
+        for _, data in zip(range(steps), iterator):
+            outputs = self.step(data)
+        return outputs
+
+
+def _supported_strategy(strategy) -> bool:
+    """The default strategy, ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` (see the module doc)."""
+    supported = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
+    return _is_default_strategy(strategy) or isinstance(strategy, supported)
+
+
+def _is_default_strategy(strategy) -> bool:
+    try:
+        from tensorflow.python.distribute import distribute_lib
+        return strategy is distribute_lib._get_default_strategy()  # noqa: SLF001 - no public equivalent
+    except (ImportError, AttributeError):  # pragma: no cover - a TF without the private helper
+        return type(strategy).__name__ == "_DefaultDistributionStrategy"
+
+
+def _keras_step(model, keras_function):
+    """Keras's ``one_step_on_data`` tf.function, found in the closure of ``keras_function``.
+
+    Raises :class:`UnsupportedModelError` naming what was not found.
+    """
+    name = getattr(model, "name", type(model).__name__)
+    if keras_function is None:
+        raise UnsupportedModelError(
+            f"tflms.keras.LMS: model {name!r} has no train_function yet; LMS replaces it in on_train_begin, which "
+            "Keras's fit calls right after make_train_function (call model.make_train_function() first when "
+            "driving the callback by hand)")
+    module, qualname = getattr(keras_function, "__module__", None), getattr(keras_function, "__qualname__", None)
+    if module != _KERAS_TRAINER_MODULE or qualname != _KERAS_TRAIN_FUNCTION_QUALNAME:
+        raise UnsupportedModelError(
+            f"tflms.keras.LMS: model {name!r} has a train_function {module}.{qualname}, not the one Keras's "
+            f"TensorFlow trainer builds ({_KERAS_TRAINER_MODULE}.{_KERAS_TRAIN_FUNCTION_QUALNAME}), so the training "
+            "step cannot be found. Do not override make_train_function or set model.train_function when using "
+            "LMS (overriding train_step is fine); for a custom training loop use tflms.function")
+    code, closure = keras_function.__code__, keras_function.__closure__ or ()
+    cells = dict(zip(code.co_freevars, closure))
+    try:
+        wrapper = cells[_KERAS_STEP_NAME].cell_contents
+    except (KeyError, ValueError):
+        wrapper = None
+    step = getattr(wrapper, "__wrapped__", wrapper)  # under keras's _autoconvert_optionals (functools.wraps)
+    if step is None or not hasattr(step, "get_concrete_function"):
+        raise UnsupportedModelError(
+            f"tflms.keras.LMS: no tf.function {_KERAS_STEP_NAME!r} in the closure of model {name!r}'s "
+            f"train_function (found {type(step).__name__}; closure names {list(code.co_freevars)}). This Keras "
+            f"({keras.__version__}) builds its train function differently from the Keras 3 versions tflms knows; "
+            "use tflms.function in a custom training loop instead")
+    return step
+
+
+class LMS(keras.callbacks.Callback):
+    """Train with tflms swapping: rewrites the training step of ``model.fit`` (see the module doc).
+
+    Args:
+      budget: accelerator memory budget (``"12GiB"`` or bytes); turns on the tuner,
+        which picks the swap parameters (with ``profile`` if given).
+      verbose: 0 silent; 1 one line per traced signature saying what was swapped;
+        2 the full report table per trace.
+      config: a base :class:`~tflms.LMSConfig`.
+      **options: :class:`~tflms.LMSConfig` fields (``swapout_threshold``,
+        ``swapin_ahead``, ``profile``, ``host_device``, ...), overriding ``config``.
+
+    Attributes:
+      config: the :class:`~tflms.LMSConfig` in use.
+      report: the :class:`~tflms.report.RewriteReport` of the step that
+        ran last (``None`` before the first step).
+      placement: the :class:`~tflms.passes.place.Placement` of that step's swap
+        ops (which replica device swaps to which host).
+      reports: every report, one per traced signature, in trace order.
+
+    Raises:
+      UnsupportedModelError: in ``on_train_begin``, for a model compiled with
+        ``jit_compile=True``, trained under a distribution strategy other than
+        ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy``, or whose train
+        function is not the one Keras builds.
+    """
+
+    def __init__(self, budget: int | str | None = None, verbose: int = SUMMARY, *, config: LMSConfig | None = None,
+                 **options: Any):
+        super().__init__()
+        if budget is not None:
+            options["budget"] = budget
+        self.config = LMSConfig.from_kwargs(config, **options)
+        check_devices_exist(self.config)
+        if verbose not in (SILENT, SUMMARY, TABLE):
+            raise ValueError(f"verbose must be 0 (silent), 1 (one line per trace) or 2 (report tables), "
+                             f"got {verbose!r}")
+        self.verbose = verbose
+        self._steps: dict[int, _RewrittenStep] = {}  # by id of Keras's one_step_on_data tf.function
+        self._order: list[_Trace] = []
+        self._last_step: _RewrittenStep | None = None
+        self._installed: _LMSTrainFunction | None = None
+
+    # ------------------------------------------------------------------ reports
+    @property
+    def report(self) -> RewriteReport | None:
+        """The report of the trace that ran last (``None`` before the first step)."""
+        step = self._last_step
+        return None if step is None or step.last is None else step.last.report
+
+    @property
+    def placement(self) -> Placement | None:
+        """Where the swap ops of the trace that ran last run (per replica under a strategy)."""
+        step = self._last_step
+        return None if step is None or step.last is None else step.last.placement
+
+    @property
+    def reports(self) -> list[RewriteReport]:
+        """One report per traced signature, in trace order (over every ``fit`` this callback was in)."""
+        return [t.report for t in self._order]
+
+    # ------------------------------------------------------------ Keras hooks
+    def on_train_begin(self, logs=None):
+        model = self.model
+        current = model.train_function
+        if isinstance(current, _LMSTrainFunction):
+            if current.owner is not self:
+                raise UnsupportedModelError(
+                    f"tflms.keras.LMS: model {model.name!r} is already trained through another LMS callback; pass "
+                    "only one (if an earlier fit with another LMS callback was interrupted, call "
+                    "model.make_train_function(force=True) first)")
+            current = current.keras_function  # an earlier fit with this callback ended without on_train_end
+        self._check_supported(model)
+        if model.run_eagerly:
+            warnings.warn(f"tflms.keras.LMS: model {model.name!r} runs eagerly (run_eagerly=True): there is no "
+                          "graph to rewrite, so LMS stands aside and this fit runs without swapping", stacklevel=2)
+            self._installed = None
+            return
+        keras_step = _keras_step(model, current)
+        if getattr(keras_step, "_jit_compile", False):
+            raise self._jit_error(model)
+        step = self._steps.get(id(keras_step))
+        if step is None or step.tf_function is not keras_step:
+            step = _RewrittenStep(keras_step, self.config, self._on_trace)
+            self._steps[id(keras_step)] = step
+        self._installed = _LMSTrainFunction(self, model, current, step)
+        model.train_function = self._installed
+        self._last_step = step
+
+    def on_train_end(self, logs=None):
+        self._restore()
+
+    def _restore(self) -> None:
+        installed, self._installed = self._installed, None
+        if installed is not None and installed.model.train_function is installed:
+            installed.model.train_function = installed.keras_function
+
+    # ----------------------------------------------------------------- checks
+    @staticmethod
+    def _jit_error(model) -> UnsupportedModelError:
+        return UnsupportedModelError(
+            f"tflms.keras.LMS: model {model.name!r} is compiled with jit_compile=True (Keras's default 'auto' "
+            "chooses it when a GPU is present): XLA compiles the whole step as one cluster and does its own memory "
+            "planning, so swap ops would be ignored. Compile with model.compile(..., jit_compile=False)")
+
+    def _check_supported(self, model) -> None:
+        if keras.backend.backend() != "tensorflow":
+            raise UnsupportedModelError(f"tflms.keras.LMS rewrites TensorFlow graphs; the Keras backend is "
+                                        f"{keras.backend.backend()!r}. Set KERAS_BACKEND=tensorflow")
+        if getattr(model, "jit_compile", False) and not model.run_eagerly:
+            raise self._jit_error(model)
+        strategy = model.distribute_strategy
+        if not _supported_strategy(strategy):
+            raise UnsupportedModelError(
+                f"tflms.keras.LMS: model {model.name!r} trains under {type(strategy).__name__}; this strategy is not "
+                "supported (LMS supports the default strategy, MirroredStrategy and MultiWorkerMirroredStrategy; "
+                "TPUStrategy compiles the step with XLA, ParameterServerStrategy runs it on remote workers, the others "
+                "are untested). Use MirroredStrategy (one machine) or MultiWorkerMirroredStrategy (several), or "
+                "tflms.function in a custom loop")
+
+    # ----------------------------------------------------------------- output
+    def _on_trace(self, trace: _Trace, step: _RewrittenStep) -> None:
+        self._order.append(trace)
+        self._last_step = step
+        report = trace.report
+        logger.info("tflms.keras: rewrote %s for %s: %d tensors swapped (%d bytes)", trace.original.name,
+                    _describe_inputs(trace.original), report.num_swapped, report.swapped_bytes)
+        if self.verbose == SILENT:
+            return
+        line = self._summary_line(trace)
+        text = line if self.verbose == SUMMARY else line + "\n" + report.table()
+        _print(text)
+
+    @staticmethod
+    def _summary_line(trace: _Trace) -> str:
+        report = trace.report
+        config = report.plan.config
+        if report.tuning:
+            how = f"tuner: {report.tuning['strategy']} for budget {format_bytes(report.tuning['budget_bytes'])}"
+        else:
+            how = f"swapout_threshold={config.swapout_threshold}, swapin_ahead={config.swapin_ahead}"
+        sized = "" if trace.sized_batch is None else f", sized for batch {trace.sized_batch}"
+        return (f"tflms.keras.LMS: training step for inputs {_describe_inputs(trace.original)}{sized}: "
+                f"{report.num_swapped} tensors swapped ({format_bytes(report.swapped_bytes)}) from "
+                f"{report.plan.accelerator_device} to {config.host_device} ({how})")
+
+
+def _print(text: str) -> None:
+    try:
+        from keras.src.utils import io_utils
+    except ImportError:  # pragma: no cover - a Keras without the private module
+        print(text)
+        return
+    io_utils.print_msg(text)

@@ -1,0 +1,70 @@
+"""Every set of TensorFlow op types tflms knows about, in one place.
+
+Each set says what tflms assumes about those ops; the modules that act on the assumption import it from here.
+"""
+
+#: Op types that call another function (opaque to tflms: their bodies are not rewritten).
+CALL_OP_TYPES = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
+
+# ---------------------------------------- Gradient and update ops (the categorized topological ordering)
+#: Op types that exist only to compute gradients.
+GRADIENT_OP_TYPES = frozenset({
+    "BiasAddGrad", "BiasAddGradV1", "BroadcastGradientArgs",
+    "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "LeakyReluGrad",
+    "SigmoidGrad", "TanhGrad", "SoftplusGrad", "SoftsignGrad", "RsqrtGrad", "SqrtGrad", "ReciprocalGrad",
+    "InvGrad", "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv2DBackpropInputV2",
+    "Conv2DBackpropFilterV2", "Conv3DBackpropInput", "Conv3DBackpropFilter", "Conv3DBackpropInputV2",
+    "Conv3DBackpropFilterV2", "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter",
+    "FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3", "MaxPoolGrad", "MaxPoolGradV2",
+    "MaxPoolGradGrad", "MaxPool3DGrad", "AvgPoolGrad", "AvgPool3DGrad", "LRNGrad", "ResizeBilinearGrad",
+    "ResizeNearestNeighborGrad", "ResizeBicubicGrad", "SoftmaxGrad", "LogSoftmaxGrad",
+    "_FusedBatchNormGradEx", "GeluGrad",
+})
+
+#: Op types of TF1 control flow (loops form cycles; frames are not modelled).
+TF1_CONTROL_FLOW_TYPES = frozenset({"Switch", "Merge", "Enter", "Exit", "NextIteration", "RefSwitch",
+                                    "RefMerge", "RefEnter", "RefExit", "RefNextIteration", "LoopCond"})
+
+# ---------------------------------------- Memory behaviour (the simulator)
+#: Ops whose output is a view of input 0 on the same device.
+ALIAS_OPS = frozenset({"Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "Snapshot",
+                       "PreventGradient", "EnsureShape", "CheckNumerics", "IdentityN"})
+#: Copy ops that move a tensor between devices when their input lives elsewhere.
+COPY_OPS = frozenset({"Identity", "DeepCopy", "Snapshot"})
+#: Element-wise ops whose output may reuse a same-sized input that dies with them (TensorFlow's
+#: cwise kernels call ``forward_input_or_allocate_output`` on every same-shaped input; ``Cast``
+#: only aliases a cast to the same dtype, so the dtype check leaves it allocating otherwise).
+FORWARDING_OPS = frozenset({
+    "Relu", "Relu6", "Elu", "Selu", "Tanh", "Sigmoid", "Neg", "Abs", "Exp", "Log", "Sqrt", "Rsqrt", "Square",
+    "Add", "AddV2", "Sub", "Mul", "RealDiv", "Maximum", "Minimum", "BiasAdd", "ReluGrad", "Relu6Grad",
+    "TanhGrad", "SigmoidGrad", "AddN", "Cast", "SquaredDifference", "DivNoNan", "LeakyRelu", "LeakyReluGrad",
+    "RsqrtGrad", "SqrtGrad", "ReciprocalGrad", "Reciprocal", "Inv", "EluGrad", "SeluGrad", "Softplus",
+    "SoftplusGrad", "Softsign", "SoftsignGrad", "Log1p", "Expm1", "Sign", "Floor", "Ceil", "Round", "Rint",
+    "Pow", "Div", "FloorDiv", "FloorMod", "Erf", "MulNoNan", "Xlogy", "Xdivy", "ClipByValue",
+})
+#: Ops whose outputs are resident (variables) rather than step activations.
+VARIABLE_READ_OPS = frozenset({"ReadVariableOp", "VarHandleOp", "ResourceGather"})
+SOURCE_OPS = frozenset({"Placeholder", "_Arg"})
+
+# ---------------------------------------- Cost (the cost model)
+#: Ops that cost nothing on the accelerator (metadata or aliasing).
+FREE_OPS = frozenset({"Const", "Placeholder", "_Arg", "_Retval", "NoOp", "Shape", "ShapeN", "Size", "Rank",
+                      "ReadVariableOp", "VarHandleOp", "Identity", "Reshape", "Squeeze", "ExpandDims",
+                      "StopGradient", "Snapshot", "PreventGradient", "BroadcastGradientArgs"})
+
+# ---------------------------------------- Swap rules (every policy)
+#: Identity-like ops grappler removes (it reconnects their consumers to their input):
+#: never swap their outputs (swap the input instead) and never use them as triggers.
+IDENTITY_OPS = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot", "PreventGradient"})
+#: producers whose outputs TF keeps on the host.
+HOST_PRODUCERS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradientArgs", "TensorListLength"})
+
+# ---------------------------------------- Layers (vDNN)
+#: Convolutions: the layers ``vdnn_conv`` offloads.
+CONV_TYPES = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "_FusedConv2D"})
+#: Compute-heavy forward ops: vDNN's layers (``vdnn_all``), and the layers whose backward ops trigger prefetches.
+COMPUTE_HEAVY_TYPES = CONV_TYPES | frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
+                                              "_FusedMatMul", "Einsum"})
+#: Consumers that read only a tensor's shape: they keep the resident tensor (they run as soon as it exists),
+#: so a ``ShapeN`` of the gradient code does not pull a feature map back at the start of the backward pass.
+METADATA_ONLY_TYPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})

@@ -1,0 +1,246 @@
+"""The rewrite pipeline every entry point runs: :func:`rewrite_step`.
+
+``tflms.function``, the Keras callback, the SavedModel commands and the
+:func:`rewrite` / :func:`analyze` API all call :func:`rewrite_step`, so a fix
+made here reaches every user. Its stages, in order:
+
+1. **load**: the step's graph into the IR (:func:`tflms.ir.tf_io.load_graph`);
+2. **analyze**: categorized topological ordering, once (:func:`tflms.analysis.cto.analyze_graph`);
+3. **choose**: the tuner over every policy for the config's budget and profile
+   (:func:`tflms.tune.tuner.tune`), or the TFLMS rules with the config's
+   parameters (:func:`tflms.policies.tflms_rules.plan_swaps`);
+4. **passes**, each returning a :class:`~tflms.passes.PassResult` and linted:
+   swaps (:func:`~tflms.passes.apply_swaps`), compression
+   (:func:`~tflms.compress.rewrite.apply_compression`, when ``config.compress``
+   asks for it), placement per replica (:func:`~tflms.passes.place_swaps`);
+5. **build**: the ``ConcreteFunction`` that runs the rewritten graph on the
+   original's variables, when the step is one.
+
+The result is one typed record, :class:`StepRewrite`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tflms.analysis.cto import Analysis, Category, analyze_graph, no_training_step_error
+from tflms.config import COMPRESS_AUTO, LMSConfig
+from tflms.devices import resolve_accelerator
+from tflms.errors import ConfigError
+from tflms.ir import tf_io
+from tflms.ir.graph import Graph, TensorRef
+from tflms.passes import DEFAULT_COPY_OP, Placement, apply_swaps, place_swaps
+from tflms.policies.swapplan import SwapPlan, skip_reason
+from tflms.policies.tflms_rules import plan_swaps
+from tflms.profiles import DEFAULT_PROFILE
+from tflms.report import RewriteReport
+
+logger = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRewrite:
+    """What :func:`rewrite_step` made of a training step.
+
+    ``graph``: the rewritten IR (swaps applied, compressed, placed);
+    ``analysis``: the analysis of the input graph; ``report``: the plan, the
+    passes' records, the tuning summary and timings; ``placement``: where each
+    replica's swap ops run; ``function``: the ``ConcreteFunction`` that runs
+    ``graph`` on the original's variables (``None`` unless the step was a
+    ``ConcreteFunction`` and building was asked for).
+    """
+
+    graph: Graph
+    analysis: Analysis
+    report: RewriteReport
+    placement: Placement
+    function: Any = None
+
+
+#: The record :func:`rewrite` returns (the same type: one record for every entry point).
+RewriteResult = StepRewrite
+
+
+def analyze(source: Any, *args: Any, batch_size: int | None = None, **kwargs: Any) -> Analysis:
+    """Categorized topological ordering of a training step.
+
+    Returns an :class:`~tflms.analysis.cto.Analysis`: ``levels`` and
+    ``categories`` per op, and ``tensor(name)`` / ``tensors()`` giving each
+    tensor's producer, consumers, level distances and bytes.
+    """
+    return analyze_graph(tf_io.load_graph(source, *args, batch_size=batch_size, **kwargs))
+
+
+def rewrite(source: Any, config: LMSConfig | None = None, *args: Any, copy_op: str = DEFAULT_COPY_OP,
+            require_backward: bool = True, **options: Any) -> StepRewrite:
+    """Analyze ``source`` and rewrite it as ``config`` says (see :func:`rewrite_step`); no function is built.
+
+    ``options`` override fields of ``config`` (e.g. ``swapout_threshold=4``).
+    ``args`` are example arguments when ``source`` is a ``tf.function``.
+    Raises :class:`~tflms.errors.NoTrainingStepError` if the graph has no
+    gradient ops (unless ``require_backward=False``).
+    """
+    return rewrite_step(source, LMSConfig.from_kwargs(config, **options), trace_args=args, build=False,
+                        copy_op=copy_op, require_backward=require_backward)
+
+
+def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequence[Any] = (),
+                 example_inputs: Sequence[Any] | None = None, build: bool = True, copy_op: str = DEFAULT_COPY_OP,
+                 require_backward: bool = True, progress: Progress | None = None) -> StepRewrite:
+    """Run the pipeline (see the module doc) on one training step.
+
+    ``step``: a ``ConcreteFunction``, a ``tf.function`` (traced with
+    ``trace_args``), a ``GraphDef``/``FunctionDef``/``tf.Graph`` or an IR
+    :class:`~tflms.ir.graph.Graph`. ``example_inputs``: the step's positional
+    arguments, needed only by ``config.compress="auto"`` (it measures the
+    activations' sparsity on them). ``build``: also build the
+    ``ConcreteFunction`` (only for a ``ConcreteFunction`` step).
+    ``progress``: called with one line per tuner candidate.
+    """
+    config = config or LMSConfig()
+    with _gc_paused():
+        timings: dict[str, float] = {}
+        clock = _Clock(timings)
+        graph = clock("load", lambda: tf_io.load_graph(step, *trace_args, batch_size=config.batch_size))
+        analysis = clock("analyze", lambda: analyze_graph(graph))
+        if require_backward and not analysis.has_backward:
+            raise no_training_step_error(analysis)
+        compressor = _compressor(config, analysis, step, example_inputs)
+        tuning = None
+        if config.auto_tune:
+            from tflms.tune.tuner import tune
+            profile = config.profile or DEFAULT_PROFILE
+            result = clock("tune", lambda: tune(analysis, budget=config.budget_bytes, profile=profile, config=config,
+                                                copy_op=copy_op, fit_by=config.fit_by, compress=compressor,
+                                                progress=progress))
+            plan = result.best.plan or _empty_plan(config)
+            swapped, tuning = result.graph, result.to_dict()
+        else:
+            accelerator, device_warnings = resolve_accelerator(config.accelerator_device)
+            plan = clock("plan", lambda: plan_swaps(analysis, config, accelerator_device=accelerator))
+            if device_warnings:
+                plan = dataclasses.replace(plan, warnings=tuple(device_warnings) + plan.warnings)
+            swapped = clock("apply", lambda: apply_swaps(graph, plan, copy_op=copy_op).graph)
+            if compressor is not None:
+                swapped = clock("compress", lambda: compressor(swapped, plan))
+        placed = clock("place", lambda: place_swaps(swapped, plan))
+        placed.graph.lint()
+        inserted = inserted_ops(graph, placed.graph)
+        report = RewriteReport(plan=plan, graph_summary=analysis.summary(), inserted_ops=inserted,
+                               timings_s=timings, tuning=tuning, compression=_compression_summary(placed.graph))
+        for w in plan.warnings:
+            logger.warning("tflms: %s", w)
+        function = None
+        if build and tf_io.is_concrete_function(step):
+            function = clock("build", lambda: _build(placed.graph, step, inserted))
+        return StepRewrite(graph=placed.graph, analysis=analysis, report=report, placement=placed.report,
+                           function=function)
+
+
+def inserted_ops(original: Graph, rewritten: Graph) -> tuple[str, ...]:
+    """The ops of ``rewritten`` that ``original`` does not have, in graph order.
+
+    These are every op the passes added (swap copies, codec calls and their part
+    copies); the built function keeps them as control outputs, which grappler's
+    dependency optimizer must not remove.
+    """
+    return tuple(op.name for op in rewritten if op.name not in original)
+
+
+class _Clock:
+    """Runs a stage and records its wall time under a name."""
+
+    def __init__(self, timings: dict[str, float]):
+        self.timings = timings
+
+    def __call__(self, name: str, fn: Callable[[], Any]) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.timings[name] = time.perf_counter() - start
+
+
+def _empty_plan(config: LMSConfig) -> SwapPlan:
+    return SwapPlan(config=config, accelerator_device=resolve_accelerator(config.accelerator_device)[0], swaps=(),
+                    skipped=())
+
+
+def _compression_summary(graph: Graph) -> dict[str, str]:
+    """``{swapped tensor: codec}`` read from the codec calls in ``graph``."""
+    from tflms.sim.cost import ENCODE, codec_call
+    out = {}
+    for op in graph:
+        call = codec_call(op)
+        if call is not None and call[1] == ENCODE:
+            out[op.inputs[0].name] = call[0]
+    return dict(sorted(out.items()))
+
+
+def _build(graph: Graph, original: Any, inserted: Sequence[str]):
+    from tflms.compress.rewrite import register_functions
+    register_functions(graph)
+    return tf_io.to_concrete_function(graph, original, extra_control_outputs=inserted)
+
+
+# ------------------------------------------------------------------------------------------------ compression
+def _compressor(config: LMSConfig, analysis: Analysis, step: Any,
+                example_inputs: Sequence[Any] | None) -> Callable[[Graph, SwapPlan], Graph] | None:
+    """The compression pass the config asks for, as ``(swapped graph, plan) -> compressed graph``."""
+    if config.compress is None:
+        return None
+    from tflms.compress.rewrite import apply_compression
+    if config.compress != COMPRESS_AUTO:
+        from tflms.compress.codecs import get_codec
+        codec = get_codec(config.compress)
+
+        def fixed(graph: Graph, plan: SwapPlan) -> Graph:
+            choices = {s.tensor: codec for s in plan.swaps if _supports(codec, s.dtype)}
+            return apply_compression(graph, plan, choices, allow_lossy=not codec.lossless).graph
+
+        return fixed
+    if example_inputs is None or not tf_io.is_concrete_function(step):
+        raise ConfigError(
+            "compress='auto' measures each candidate tensor's sparsity on real inputs, and this entry point has "
+            "none: name a codec instead (compress='zvc' is lossless), or use tflms.function / the Keras callback, "
+            "which measure on the first batch")
+    from tflms.compress.policy import make_compressor
+    from tflms.compress.profiling import profile_tensors
+    candidates = [TensorRef(name, i) for name in analysis.order if analysis.categories[name] is Category.FORWARD
+                  for i in range(len(analysis.graph.op(name).outputs))
+                  if skip_reason(analysis, TensorRef(name, i), config) is None]
+    stats = profile_tensors(step, list(example_inputs), candidates, graph=analysis.graph)
+    return make_compressor(stats, config.profile or DEFAULT_PROFILE)
+
+
+def _supports(codec: Any, dtype: str) -> bool:
+    try:
+        codec.check_dtype(dtype)
+    except ConfigError:  # CodecDtypeError: this tensor keeps its plain swap
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Pause CPython's cyclic collector while rewriting (and restore its state).
+
+    A rewrite of a 100k-op graph allocates about a million small objects, none of
+    them cyclic garbage; full collections then cost up to a second each and make
+    the rewrite time grow faster than the graph.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
