@@ -320,6 +320,34 @@ def test_lint_catches_broken_invariants():
         g2.lint()
 
 
+def test_append_input_keeps_the_consumer_index_current():
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder")
+    b.op("add", "AddV2", [x])
+    g = b.graph
+    assert g.append_input("add", TensorRef("x")) == 1
+    assert sorted(g.consumers(TensorRef("x"))) == [("add", 0), ("add", 1)]
+    g.lint()
+    with pytest.raises(GraphError, match="names no op"):
+        g.append_input("add", TensorRef("missing"))
+
+
+def test_no_module_edits_edges_behind_the_irs_back():
+    """Only tflms/ir/graph.py touches Op.inputs / control_inputs and the consumer indexes."""
+    import pathlib
+    import re
+    root = pathlib.Path(tflms.__file__).parent
+    pattern = re.compile(r"\.(inputs|control_inputs)\s*(\[[^\]]*\]\s*)?=[^=]|\.(inputs|control_inputs)\.(append|"
+                         r"insert|remove|extend|pop)\(|\._(control_)?consumers\b")
+    #: TensorFlow objects with attributes of the same names (not the IR).
+    allowed = {"new_graph.inputs = args + captures"}  # a tf FuncGraph's inputs, in tf_io.to_concrete_function
+    offenders = [f"{path.relative_to(root)}:{n}: {line.strip()}" for path in sorted(root.rglob("*.py"))
+                 if path.name != "graph.py" or path.parent.name != "ir"
+                 for n, line in enumerate(path.read_text().splitlines(), 1)
+                 if pattern.search(line) and line.strip() not in allowed]
+    assert offenders == [], offenders
+
+
 def test_units():
     assert parse_bytes("16GiB") == 16 * 2**30
     assert parse_bytes("1.5 kb") == 1500

@@ -189,6 +189,19 @@ class Graph:
             self.add_control_input(name, src)
         return op
 
+    def append_input(self, op_name: str, ref: TensorRef) -> int:
+        """Give ``op_name`` one more data input, ``ref``; returns its index.
+
+        For readers that add every op first and wire them after (a ``GraphDef``
+        may list an input before its producer).
+        """
+        op = self.op(op_name)
+        self._check_ref(ref, for_op=op_name)
+        op.inputs.append(ref)
+        index = len(op.inputs) - 1
+        self._consumers.setdefault(ref, []).append((op_name, index))
+        return index
+
     def set_input(self, op_name: str, index: int, ref: TensorRef) -> None:
         """Make input ``index`` of ``op_name`` read ``ref`` instead."""
         op = self.op(op_name)

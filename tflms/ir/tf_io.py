@@ -90,16 +90,12 @@ def from_tf_graph(tf_graph, graph_def=None, *, batch_size: int | None = None) ->
         graph.add_op(node.name, node.op, device=node.device, attrs=node.attr, outputs=outputs, node_def=node)
         wiring.append((node.name, list(node.input)))
     for name, inputs in wiring:
-        op = graph.op(name)
         for raw in inputs:
             is_ctrl, src = _split_input(raw)
             if is_ctrl:
                 pending_ctrl.append((name, src))
             else:
-                ref = TensorRef.parse(src)
-                graph._check_ref(ref, for_op=name)  # noqa: SLF001 - building the index
-                op.inputs.append(ref)
-                graph._consumers.setdefault(ref, []).append((name, len(op.inputs) - 1))  # noqa: SLF001
+                graph.append_input(name, TensorRef.parse(src))
     for name, src in pending_ctrl:
         graph.add_control_input(name, src)
     return graph
