@@ -192,6 +192,7 @@ def test_variable_specs_come_from_reads_and_assignments():
     assert set(variable_specs(graph).values()) == {("float32", (3, 5))}
 
 
+@pytest.mark.slow
 def test_bench_tiny_model_prints_records_quickly(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     t0 = time.perf_counter()

@@ -45,6 +45,7 @@ def test_bad_option_value_is_a_clear_error(capsys):
     assert "unknown unit" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_console_script_is_installed():
     out = subprocess.run([sys.executable, "-m", "tflms.cli", "--help"], capture_output=True, text=True, check=True)
     assert "tflms" in out.stdout

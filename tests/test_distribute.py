@@ -130,6 +130,7 @@ def _assert_equivalent_and_placed(result: dict[str, Any], replicas: list[str], h
 LOCAL = "/job:localhost/replica:0/task:0/device:"
 
 
+@pytest.mark.slow
 def test_custom_loop_on_the_briefs_two_devices(mirrored):
     """MirroredStrategy(["/cpu:0", "/cpu:1"]), accelerator CPU:1: the brief's experiment, variables built first.
 
@@ -251,6 +252,7 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+@pytest.mark.slow
 def test_multi_worker_mirrored_two_local_workers(tmp_path):
     ports = ",".join(map(str, _free_ports(2)))
     _run_children([["worker", str(task), ports, str(tmp_path)] for task in range(2)],

@@ -12,6 +12,7 @@ import pytest
 EXAMPLES = sorted((pathlib.Path(__file__).parent.parent / "examples").glob("*.py"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs(script, tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")

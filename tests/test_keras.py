@@ -363,6 +363,7 @@ def test_budget_chooses_the_rewrite():
     assert tuning["budget_bytes"] == tight and tuning["predicted_peak_bytes"] <= tight, tuning
 
 
+@pytest.mark.slow
 def test_saved_model_has_no_swap_ops_and_loads_without_tflms(tmp_path):
     fitted = fit_both(lambda: compiled_mlp("functional"), x=MLP_X[:48], y=MLP_Y[:48])
     model, callback = fitted.model, fitted.callback
@@ -397,6 +398,7 @@ def test_saved_model_has_no_swap_ops_and_loads_without_tflms(tmp_path):
     assert done.returncode == 0 and "loaded ok" in done.stdout, done.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_exported_saved_model_has_no_swap_ops(tmp_path):
     fitted = fit_both(lambda: compiled_mlp("sequential"), x=MLP_X[:32], y=MLP_Y[:32], epochs=1)
     model, callback = fitted.model, fitted.callback

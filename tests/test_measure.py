@@ -23,6 +23,9 @@ from tflms.measure import (ExecutorRequest, GrapplerEstimateError, MeasurementEr
                            grappler_peak, measure_executor_peak, measure_executor_peaks)
 from tflms.measure.executor import device_memory_from_records
 
+#: Runs TensorFlow's executor on emulated devices: the slow tier (pytest -m slow).
+pytestmark = pytest.mark.slow
+
 tf = pytest.importorskip("tensorflow")
 
 MiB = 2**20

@@ -30,6 +30,9 @@ from tflms.ir.tf_io import FunctionSignature
 from tflms.sim.simulator import SimOptions, order_from_start_times, simulate
 from tflms.testing import GraphBuilder
 
+#: Runs TensorFlow's executor on emulated devices: the slow tier (pytest -m slow).
+pytestmark = pytest.mark.slow
+
 MiB = 2**20
 RUNS = 3
 #: Tuner budget: resident + this fraction of the original's simulated transient peak.
