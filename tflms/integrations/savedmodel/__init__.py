@@ -53,13 +53,15 @@ from tflms.integrations.savedmodel.read import (INTERNAL_SIGNATURE_KEYS, SAVED_M
                                                 select_functions)
 from tflms.integrations.savedmodel.rewrite import (SavedModelRewrite, SkippedTrace, TraceRewrite,
                                                    rewrite_saved_model, unknown_size_hint)
-from tflms.integrations.savedmodel.verify import (VERIFY_SEED, VERIFY_UNKNOWN_DIM, _variables, example_inputs,  # noqa: F401
-                                                  verify_equivalence)
+from tflms.integrations.savedmodel.verify import (VERIFY_SEED, VERIFY_UNKNOWN_DIM, check_verifiable,
+                                                  example_inputs, verify_equivalence)
+from tflms.integrations.savedmodel.verify import _variables  # noqa: F401 - tests compare variables through it
 from tflms.integrations.savedmodel.write import (CUSTOM_GRADIENTS_WARNING, OLD_INFIX, TEMP_INFIX,
                                                  check_output_dir)
 
 __all__ = ["CUSTOM_GRADIENTS_WARNING", "DEFAULT_PROFILE", "INTERNAL_SIGNATURE_KEYS", "LIVE_AT_PEAK_KEPT", "OLD_INFIX",
            "SAVED_MODEL_FILES", "TEMP_INFIX", "VERIFY_SEED", "VERIFY_UNKNOWN_DIM", "FunctionInfo", "SavedModelError",
            "SavedModelInfo", "SavedModelRewrite", "SkippedTrace", "TraceAnalysis", "TraceRewrite",
-           "analyze_saved_model", "check_input_dir", "check_output_dir", "describe_trace", "example_inputs",
-           "read_saved_model", "rewrite_saved_model", "select_functions", "unknown_size_hint", "verify_equivalence"]
+           "analyze_saved_model", "check_input_dir", "check_output_dir", "check_verifiable", "describe_trace",
+           "example_inputs", "read_saved_model", "rewrite_saved_model", "select_functions", "unknown_size_hint",
+           "verify_equivalence"]

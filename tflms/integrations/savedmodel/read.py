@@ -119,8 +119,15 @@ def read_saved_model(in_dir: str | os.PathLike, role: str = "IN_DIR") -> SavedMo
     """List the functions and signatures of the SavedModel in ``in_dir`` (reads the proto only, no variables)."""
     path = check_input_dir(in_dir, role)
     proto = _parse(path)
-    meta = proto.meta_graphs[0] if proto.meta_graphs else None
-    if meta is None or not meta.HasField("object_graph_def") or not meta.object_graph_def.nodes:
+    if not proto.meta_graphs:
+        files = [name for name in SAVED_MODEL_FILES if (path / name).is_file()]
+        size = (path / files[0]).stat().st_size if files else 0
+        state = "is empty (0 bytes)" if size == 0 else f"holds no MetaGraph ({size} bytes)"
+        raise SavedModelError(f"{in_dir}: {files[0] if files else SAVED_MODEL_FILES[0]} {state}: the SavedModel is "
+                              "truncated or was not written completely (a save that was interrupted or a full "
+                              "disk?); write it again with tf.saved_model.save")
+    meta = proto.meta_graphs[0]
+    if not meta.HasField("object_graph_def") or not meta.object_graph_def.nodes:
         raise SavedModelError(f"{in_dir} is a TF1 SavedModel (no object graph): tflms rewrites TF2 SavedModels "
                               "written by tf.saved_model.save")
     nodes = meta.object_graph_def.nodes

@@ -11,12 +11,13 @@ from typing import Any
 
 from tflms.config import LMSConfig
 from tflms.errors import GraphError, NoTrainingStepError, TflmsError
+from tflms.faults import fault_point
 from tflms.integrations.savedmodel import verify as _verify
 from tflms.integrations.savedmodel.read import (_CALL_OPS, FunctionInfo, SavedModelInfo, _load, _resolve, _set_child,
                                                 _traces, check_input_dir, describe_trace, read_saved_model,
                                                 select_functions)
 from tflms.integrations.savedmodel.write import (TEMP_INFIX, _check_written, _commit, _make_sibling, _save,
-                                                 check_output_dir)
+                                                 check_output_dir, remove_stale_siblings)
 from tflms.rewrite.report import RewriteReport
 from tflms.units import format_bytes
 
@@ -234,32 +235,41 @@ def rewrite_saved_model(in_dir: str | os.PathLike, out_dir: str | os.PathLike, c
     functions = [functions] if isinstance(functions, str) else functions
     in_path = check_input_dir(in_dir)
     out_path = check_output_dir(out_dir, in_path, replace=replace)
-    info = read_saved_model(in_path)
-    selected, explicit = select_functions(info, functions)
-    if progress:
-        progress(f"loading {in_path}")
-    loaded = _load(in_path)
-    rewritten, skipped, replaced_traces, replacements = _rewrite_functions(loaded, info, selected, explicit,
-                                                                            config, progress)
-    _install(loaded, info, replacements)
-    signatures, signature_status = _signatures(loaded, replaced_traces)
-    existed = os.path.lexists(out_path)
-    tmp = _make_sibling(out_path, TEMP_INFIX)
+    for stale in remove_stale_siblings(out_path):
+        if progress:
+            progress(f"removed {stale}, left behind by a tflms process that was killed")
+    tmp = _make_sibling(out_path, TEMP_INFIX)  # first: OUT_DIR's parent must be writable before any work
     try:
+        info = read_saved_model(in_path)
+        selected, explicit = select_functions(info, functions)
+        if progress:
+            progress(f"loading {in_path}")
+        loaded = _load(in_path)
+        fault_point("after-load")
+        rewritten, skipped, replaced_traces, replacements = _rewrite_functions(loaded, info, selected, explicit,
+                                                                                config, progress)
+        if verify:
+            for t in rewritten:
+                cf = _traces(_resolve(loaded, t.function), info.function(t.function))[t.trace]
+                _verify.check_verifiable(cf, f"function {t.function!r} ({t.signature})")
+        fault_point("after-rewrite")
+        _install(loaded, info, replacements)
+        signatures, signature_status = _signatures(loaded, replaced_traces)
         if progress:
             progress(f"saving to {tmp}")
         warnings = _save(loaded, tmp, signatures)
+        fault_point("during-save")
         _check_written(tmp, info, rewritten)
         if verify:
             if progress:
                 progress("verifying: running every rewritten trace on the input and the output model")
             _verify.verify_equivalence(in_path, tmp, rewritten, info, config)
-        _commit(tmp, out_path, replace=existed)
+        replaced = _commit(tmp, out_path, replace=replace)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # after a commit: gone already, or the replaced model
         raise
     for w in warnings:
         logger.warning("tflms: %s", w)
     return SavedModelRewrite(str(in_path), str(out_path), config, tuple(rewritten), tuple(skipped),
-                             signature_status, replaced=existed, verified=verify, warnings=tuple(warnings))
+                             signature_status, replaced=replaced, verified=verify, warnings=tuple(warnings))
 

@@ -9,7 +9,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tflms import atomicfs, interrupts
 from tflms.errors import SavedModelError, TflmsError
+from tflms.faults import fault_point
 from tflms.integrations.savedmodel.read import (SAVED_MODEL_FILES, SavedModelInfo, _reject_url, _tf,
                                                 read_saved_model)
 
@@ -46,29 +48,49 @@ def check_output_dir(out_dir: str | os.PathLike, in_dir: Path, *, replace: bool)
         if not replace:
             raise SavedModelError(f"OUT_DIR {out_dir} already exists; pass --replace (replace=True) to replace it "
                                   "once the new model is complete, or choose another directory")
-        if not out.is_dir():
-            raise SavedModelError(f"OUT_DIR {out_dir} exists and is not a directory; remove it or choose another "
-                                  "output")
-        if any(out.iterdir()) and not any((out / name).is_file() for name in SAVED_MODEL_FILES):
-            raise SavedModelError(f"OUT_DIR {out_dir} exists and is not a SavedModel (no {SAVED_MODEL_FILES[0]}); "
-                                  "tflms only replaces SavedModel directories: choose another output")
+        _check_replaceable(out, out_dir)
     return out
 
+
+def _check_replaceable(out: Path, out_dir: str | os.PathLike, now: str = "") -> None:
+    """Only a directory holding a SavedModel, or an empty one, is ever replaced."""
+    if out.is_symlink() or not out.is_dir():
+        raise SavedModelError(f"OUT_DIR {out_dir} {now}exists and is not a directory; remove it or choose another "
+                              "output" + (NOTHING_WRITTEN if now else ""))
+    if any(out.iterdir()) and not any((out / name).is_file() for name in SAVED_MODEL_FILES):
+        raise SavedModelError(f"OUT_DIR {out_dir} {now}exists and is not a SavedModel (no {SAVED_MODEL_FILES[0]}); "
+                              "tflms only replaces SavedModel directories: choose another output"
+                              + (NOTHING_WRITTEN if now else ""))
+
+
+def remove_stale_siblings(out: Path) -> list[Path]:
+    """Remove the hidden siblings of ``out`` left by tflms processes that are gone (killed); returns them."""
+    removed = atomicfs.remove_stale_siblings(out, (TEMP_INFIX, OLD_INFIX))
+    for path in removed:
+        logger.warning("tflms: removed %s, left behind by a tflms process that was killed", path)
+    return removed
 
 
 def _make_sibling(out: Path, infix: str) -> Path:
     """A new empty hidden directory next to ``out`` (same file system, so renames are atomic).
 
-    Unlike ``tempfile.mkdtemp`` (mode 0700) it gets the permissions any new
-    directory gets (the umask applies), since it becomes the output.
+    Its name records this process (see :func:`tflms.atomicfs.sibling_path`),
+    so a later run can remove it if this process is killed. Unlike
+    ``tempfile.mkdtemp`` (mode 0700) it gets the permissions any new directory
+    gets (the umask applies), since it becomes the output. Creating it is
+    also the check that OUT_DIR's parent is writable, done before the work.
     """
     for _ in range(100):
-        path = out.parent / f".{out.name}{infix}{os.getpid()}-{os.urandom(4).hex()}"
+        path = atomicfs.sibling_path(out, infix)
         try:
             os.mkdir(path)
             return path
         except FileExistsError:
             continue
+        except OSError as err:
+            raise SavedModelError(f"cannot write next to OUT_DIR {out}: creating {path.name} in {out.parent} "
+                                  f"failed ({err.strerror or err}); make {out.parent} writable or choose an OUT_DIR "
+                                  "in a writable directory. Nothing was read or written") from err
     raise SavedModelError(f"cannot create a temporary directory next to {out}")
 
 
@@ -134,31 +156,91 @@ def _io_of(signature_def) -> tuple:
     return side(signature_def.inputs), side(signature_def.outputs), signature_def.method_name
 
 
-def _commit(tmp: Path, out: Path, *, replace: bool) -> None:
-    """Rename ``tmp`` to ``out``; an existing ``out`` is moved aside first and removed only after."""
-    if not replace:
-        try:
-            os.rename(tmp, out)
-        except OSError as err:
-            raise SavedModelError(f"cannot move the new model into {out} ({err}); did something else create it "
-                                  "meanwhile? Nothing was written") from err
-        return
-    old = _make_sibling(out, OLD_INFIX)
-    try:
-        os.rename(out, old)  # POSIX: a directory may be renamed over an empty one
-    except OSError as err:
-        os.rmdir(old)
-        raise SavedModelError(f"cannot move the previous model in {out} aside ({err}); nothing was "
-                              "changed") from err
-    try:
-        os.rename(tmp, out)
-    except BaseException as err:
-        os.rename(old, out)
-        if isinstance(err, OSError):
-            raise SavedModelError(f"cannot move the new model into {out} ({err}); the previous model was put "
-                                  "back") from err
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-    if os.path.lexists(old):
-        logger.warning("tflms: the new model is in %s, but the previous one could not be removed from %s", out, old)
+#: The end of every error raised once the work is done but before anything was written.
+NOTHING_WRITTEN = "; nothing was written"
 
+
+def _commit(tmp: Path, out: Path, *, replace: bool) -> bool:
+    """Move the complete model in ``tmp`` to ``out``; returns whether an old model was replaced.
+
+    Without ``replace`` the move is a no-clobber rename: anything that appeared
+    at ``out`` meanwhile is left alone and the commit is refused. With
+    ``replace``, ``out`` is checked again (a SavedModel or empty directory),
+    the new model gets its permission modes, and the two are exchanged in one
+    atomic step; the old model (now at ``tmp``) is removed after. A signal
+    arriving during the commit takes effect once it is complete; the
+    :class:`~tflms.interrupts.Interrupted` exception then names the output in
+    ``written``.
+    """
+    atomicfs.fsync_tree(tmp)
+    fault_point("before-commit")
+    done = False
+    try:
+        with interrupts.deferred():
+            replaced = _commit_now(tmp, out, replace=replace)
+            done = True
+    except KeyboardInterrupt as err:
+        if done:
+            err.written = str(out)
+        raise
+    return replaced
+
+
+def _commit_now(tmp: Path, out: Path, *, replace: bool) -> bool:
+    for _ in range(3):  # OUT_DIR may appear or vanish between the steps; each attempt is safe
+        if not replace or not os.path.lexists(out):
+            try:
+                atomicfs.rename_noreplace(tmp, out)
+            except FileExistsError:
+                if replace:
+                    continue
+                raise SavedModelError(f"OUT_DIR {out} was created by something else while tflms was running; it "
+                                      "was left as it is. Pass --replace to replace a SavedModel there, or choose "
+                                      "another directory" + NOTHING_WRITTEN) from None
+            except OSError as err:
+                raise SavedModelError(f"cannot move the new model into {out} ({err})" + NOTHING_WRITTEN) from err
+            atomicfs.fsync_path(out.parent)
+            fault_point("after-commit")
+            return False
+        _check_replaceable(out, out, now="now ")
+        keep_modes(out, tmp)
+        try:
+            atomicfs.rename_exchange(tmp, out)
+        except atomicfs.ExchangeUnsupported as err:
+            raise SavedModelError(f"cannot replace OUT_DIR {out} atomically here ({err.strerror}); tflms replaces "
+                                  "an output only in one atomic step, so that it is always the old or the new "
+                                  "model. Remove it yourself and run again without --replace, or choose another "
+                                  "directory" + NOTHING_WRITTEN) from err
+        except FileNotFoundError:
+            continue  # OUT_DIR was removed meanwhile: write it anew
+        except OSError as err:
+            raise SavedModelError(f"cannot move the new model into {out} ({err})" + NOTHING_WRITTEN) from err
+        atomicfs.fsync_path(out.parent)
+        fault_point("after-exchange")
+        shutil.rmtree(tmp, ignore_errors=True)  # the old model
+        if os.path.lexists(tmp):
+            logger.warning("tflms: the new model is in %s, but the previous one could not be removed from %s", out,
+                           tmp)
+        fault_point("after-commit")
+        return True
+    raise SavedModelError(f"OUT_DIR {out} keeps changing while tflms writes it (created and removed by something "
+                          "else); stop the other writer and run again" + NOTHING_WRITTEN)
+
+
+def keep_modes(old: Path, new: Path) -> None:
+    """Give the tree ``new`` the permission modes of the tree ``old`` it replaces.
+
+    A path in both gets the old mode; a path only in ``new`` loses the
+    group/other permissions the old top directory does not grant (a private
+    0700 output stays private).
+    """
+    removed = 0o077 & ~os.stat(old).st_mode
+    for dirpath, _, filenames in os.walk(new):
+        for path in [Path(dirpath)] + [Path(dirpath) / name for name in filenames]:
+            if path.is_symlink():
+                continue
+            try:
+                mode = os.stat(old / path.relative_to(new)).st_mode & 0o7777
+            except OSError:
+                mode = os.stat(path).st_mode & 0o7777 & ~removed
+            os.chmod(path, mode)
