@@ -23,15 +23,24 @@ What is kept and what changes:
   step is an error.
 
 Data safety: the input directory is never written (an output equal to, inside
-or containing the input is refused). The new model is written to a temporary
-directory next to the output and renamed into place only once it is complete
-and checked (every swap op is in the saved function, the signatures did not
-change); on any failure the temporary directory is removed and nothing else is
-touched. An existing output is refused unless ``replace=True``, and is then
-removed only after the new model took its place; only a SavedModel directory
-(or an empty one) is ever replaced. ``verify=True`` additionally loads both
-models, runs every rewritten trace once on example inputs and checks that the
-outputs and all variables are bitwise identical, before anything is renamed.
+or containing the input is refused). The new model is written to a hidden
+directory next to the output (created first: an unwritable parent is refused
+before any work), checked (every swap op is in the saved function, the
+signatures did not change), flushed to disk, and moved into place in one
+atomic step; on any failure or signal the hidden directory is removed and
+nothing else is touched. Without ``replace`` the move never replaces anything:
+an output that appeared meanwhile is left alone and the rewrite refused. With
+``replace=True`` the output is checked again at the commit (only a SavedModel
+directory, or an empty one, is ever replaced), the new model takes its
+permission modes, and the two are exchanged atomically (Linux
+``renameat2(RENAME_EXCHANGE)``; where that is missing, replacing is refused);
+the old model is removed after. OUT_DIR is therefore absent, the old model or
+the complete new one at every instant, also when the process is killed; the
+hidden directories a killed run leaves name their process and are removed by
+the next run once it is gone (see :mod:`tflms.atomicfs`). ``verify=True``
+additionally loads both models, runs every rewritten trace once on example
+inputs (executing the graph, side effects included) and checks that the
+outputs and all variables are bitwise identical, before anything is moved.
 
 Limits: a ``tf.function`` saved without an ``input_signature`` only has the
 traces it had when saved (exactly like the loaded original: another input shape

@@ -9,6 +9,7 @@ import shutil
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from tflms import interrupts
 from tflms.config import LMSConfig
 from tflms.errors import GraphError, NoTrainingStepError, TflmsError
 from tflms.faults import fault_point
@@ -235,9 +236,7 @@ def rewrite_saved_model(in_dir: str | os.PathLike, out_dir: str | os.PathLike, c
     functions = [functions] if isinstance(functions, str) else functions
     in_path = check_input_dir(in_dir)
     out_path = check_output_dir(out_dir, in_path, replace=replace)
-    for stale in remove_stale_siblings(out_path):
-        if progress:
-            progress(f"removed {stale}, left behind by a tflms process that was killed")
+    remove_stale_siblings(out_path)  # left by killed runs; each removal is logged as a warning
     tmp = _make_sibling(out_path, TEMP_INFIX)  # first: OUT_DIR's parent must be writable before any work
     try:
         info = read_saved_model(in_path)
@@ -266,7 +265,8 @@ def rewrite_saved_model(in_dir: str | os.PathLike, out_dir: str | os.PathLike, c
             _verify.verify_equivalence(in_path, tmp, rewritten, info, config)
         replaced = _commit(tmp, out_path, replace=replace)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # after a commit: gone already, or the replaced model
+        with interrupts.deferred():  # a second Ctrl-C must not cut the cleanup short
+            shutil.rmtree(tmp, ignore_errors=True)  # after a commit: gone already, or the replaced model
         raise
     for w in warnings:
         logger.warning("tflms: %s", w)
