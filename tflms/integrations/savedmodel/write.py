@@ -20,9 +20,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Infixes of the hidden siblings of the output: the model being written, and the old one being replaced.
+#: Infix of the hidden sibling the new model is written to (after an exchange it holds the replaced model).
 TEMP_INFIX = ".tflms-tmp-"
+#: Infix of the replaced model's hidden sibling in tflms before atomic exchanges; stale ones are still removed.
 OLD_INFIX = ".tflms-old-"
+#: The end of every error raised once the work is done but before anything was written.
+NOTHING_WRITTEN = "; nothing was written"
 
 
 def check_output_dir(out_dir: str | os.PathLike, in_dir: Path, *, replace: bool) -> Path:
@@ -156,14 +159,11 @@ def _io_of(signature_def) -> tuple:
     return side(signature_def.inputs), side(signature_def.outputs), signature_def.method_name
 
 
-#: The end of every error raised once the work is done but before anything was written.
-NOTHING_WRITTEN = "; nothing was written"
-
-
 def _commit(tmp: Path, out: Path, *, replace: bool) -> bool:
     """Move the complete model in ``tmp`` to ``out``; returns whether an old model was replaced.
 
-    Without ``replace`` the move is a no-clobber rename: anything that appeared
+    ``tmp`` is flushed to disk first, so that a power loss after the rename
+    cannot leave a renamed but incomplete model. Without ``replace`` the move is a no-clobber rename: anything that appeared
     at ``out`` meanwhile is left alone and the commit is refused. With
     ``replace``, ``out`` is checked again (a SavedModel or empty directory),
     the new model gets its permission modes, and the two are exchanged in one
