@@ -16,7 +16,8 @@ import tflms
 
 #: (layer, module prefixes), bottom first. The longest matching prefix decides a module's layer.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("leaves", ("tflms.errors", "tflms.units", "tflms.devices", "tflms.profiles", "tflms._compat")),
+    ("leaves", ("tflms.errors", "tflms.units", "tflms.devices", "tflms.profiles", "tflms._compat", "tflms.atomicfs",
+                "tflms.interrupts", "tflms.faults")),
     ("config", ("tflms.config",)),
     ("ir", ("tflms.ir",)),
     ("analysis", ("tflms.analysis",)),
@@ -57,7 +58,9 @@ def imports_of(path: pathlib.Path) -> list[tuple[int, str]]:
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module.split(".")[0] == "tflms":
+            if node.module == "tflms":  # from tflms import interrupts: the submodules named
+                found.extend((node.lineno, f"tflms.{a.name}") for a in node.names)
+            elif node.module.split(".")[0] == "tflms":
                 found.append((node.lineno, node.module))
         elif isinstance(node, ast.Import):
             found.extend((node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "tflms")

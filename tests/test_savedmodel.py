@@ -315,7 +315,7 @@ def test_a_failed_verification_writes_nothing(plain_dir, tmp_path, capsys, monke
     def differs(*args, **kwargs):
         raise savedmodel.SavedModelError("verification failed: variable 'w1' differs; nothing was written")
 
-    monkeypatch.setattr(savedmodel, "verify_equivalence", differs)
+    monkeypatch.setattr(savedmodel.verify, "verify_equivalence", differs)
     code, _, err = _run(capsys, "rewrite", plain_dir, tmp_path / "out", "--function", "train", "--verify")
     assert code == 2 and "verification failed" in err
     assert os.listdir(tmp_path) == []

@@ -17,6 +17,12 @@ Sub-commands:
 Errors tflms raises on purpose (bad paths, unknown functions, functions without
 a training step, ...) exit with status 2 and a message naming the fix; with
 --json, a {"error": ..., "type": ...} document is printed on stdout as well.
+SIGINT (Ctrl-C) and SIGTERM stop the command cleanly: temporary files are
+removed, one line says nothing was written, and the status is 128 + the
+signal number (130, 143).
+
+Only ``rewrite --verify`` executes the model's graph (with whatever side
+effects its ops have); analyze, plan and rewrite without --verify only read it.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
+from tflms import interrupts
 from tflms.config import LMSConfig
 from tflms.errors import TflmsError
 
@@ -209,17 +217,22 @@ def build_parser() -> argparse.ArgumentParser:
         description="Load the SavedModel in IN_DIR (written by tf.saved_model.save), rewrite the traced graphs of "
                     "its training functions and save a new SavedModel in OUT_DIR: tf.saved_model.load(OUT_DIR) "
                     "then runs the rewritten functions on the restored variables. Functions without a training step, "
-                    "variables and signatures are kept. IN_DIR is never written; OUT_DIR is written atomically.")
+                    "variables and signatures are kept. IN_DIR is never written; OUT_DIR is written atomically: at "
+                    "every instant it is absent, the previous model (--replace) or the complete new one, also when "
+                    "tflms is killed. Nothing of the model is executed unless --verify is given.")
     rewrite.add_argument("input", metavar="IN_DIR", help="the SavedModel to read")
     rewrite.add_argument("output", metavar="OUT_DIR", help="where to write the rewritten SavedModel")
     rewrite.add_argument("--function", dest="functions", action="append", metavar="NAME",
                          help="rewrite this function (attribute path, e.g. 'train' or 'trainer.step'); repeat for "
                               "several (default: every function with a training step)")
     rewrite.add_argument("--replace", action="store_true",
-                         help="replace an existing OUT_DIR (removed only once the new model is complete)")
+                         help="replace an existing OUT_DIR holding a SavedModel (or empty): the complete new model "
+                              "takes its place in one atomic exchange, with its permission modes")
     rewrite.add_argument("--verify", action="store_true",
                          help="before writing, run every rewritten function once in both models on example inputs "
-                              "and check outputs and variables bit for bit (loads the model twice)")
+                              "and check outputs and variables bit for bit (loads the model twice). This EXECUTES "
+                              "the model's graph, side effects included (e.g. a tf.io.write_file in the step "
+                              "writes its file, twice); without --verify nothing of the model is run")
     rewrite.add_argument("--json", action="store_true", help="print the result as one JSON document")
     add_budget_flags(rewrite)
     add_config_flags(rewrite)
@@ -267,10 +280,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
-        return args.func(args)
+        with interrupts.handled():
+            return args.func(args)
     except TflmsError as err:
         print(f"tflms: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (interrupts.Interrupted): cleanup has run
+        name = err.signal_name if isinstance(err, interrupts.Interrupted) else "SIGINT"
+        written = getattr(err, "written", None)
+        print(f"tflms: interrupted by {name}: " + (f"the new output was complete and is in {written}" if written
+                                                   else "stopped; nothing was written"), file=sys.stderr)
+        return 128 + (err.signum if isinstance(err, interrupts.Interrupted) else signal.SIGINT)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from tflms.errors import UnitsError
@@ -11,6 +12,8 @@ _UNITS = {
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
+#: The largest byte count accepted (int64, what TensorFlow and numpy count bytes in).
+MAX_BYTES = 2**63 - 1
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -26,6 +29,8 @@ def parse_bytes(value: int | str, *, what: str = "size") -> int:
     if isinstance(value, int):
         if value < 0:
             raise UnitsError(f"{what}: a byte count cannot be negative, got {value}")
+        if value > MAX_BYTES:
+            raise _too_large(what, value)
         return value
     if isinstance(value, float):
         raise UnitsError(
@@ -42,7 +47,15 @@ def parse_bytes(value: int | str, *, what: str = "size") -> int:
     if unit not in _UNITS:
         raise UnitsError(
             f"{what}: unknown unit {match.group(2)!r} in {value!r}; use one of B, KB, MB, GB, TB, KiB, MiB, GiB, TiB")
-    return int(round(number * _UNITS[unit]))
+    total = number * _UNITS[unit]
+    if not math.isfinite(total) or total > MAX_BYTES:
+        raise _too_large(what, value)
+    return int(round(total))
+
+
+def _too_large(what: str, value: int | str) -> UnitsError:
+    return UnitsError(f"{what}: {value!r} is too large: at most {MAX_BYTES} bytes (8 EiB) can be counted; give a "
+                      "real size such as '16GiB'")
 
 
 def format_bytes(num_bytes: int | float) -> str:

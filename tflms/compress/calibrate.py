@@ -38,6 +38,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -118,10 +119,14 @@ class CodecThroughputs:
         return cls(str(data.get("device", "")), str(data.get("source", "")), entries,
                    tuple(data.get("measurements", ())))
 
-    def save(self, path: str) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
-            f.write("\n")
+    def save(self, path: str, *, replace: bool = True) -> None:
+        """Write the JSON to ``path`` atomically (the file is the old one or the complete new one, never partial).
+
+        ``replace=False`` refuses an existing file with :class:`FileExistsError`.
+        """
+        from tflms.atomicfs import write_file_atomic
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+        write_file_atomic(path, text.encode("utf-8"), replace=replace)
 
     @classmethod
     def load(cls, path: str) -> "CodecThroughputs":
@@ -327,7 +332,10 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     parser.add_argument("--codecs", nargs="+", default=None,
                         help="codec names (default: all, with the non-saturating fp16/bf16 variants)")
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="timed calls per measurement")
-    parser.add_argument("--output", "-o", default=None, help="save the calibration as JSON to this file")
+    parser.add_argument("--output", "-o", default=None,
+                        help="save the calibration as JSON to this file (written atomically; an existing file only "
+                             "with --replace)")
+    parser.add_argument("--replace", action="store_true", help="replace an existing --output file")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--show-defaults", action="store_true",
                         help="print the documented defaults (CPU measured here, or --profile's roofline) and exit")
@@ -337,14 +345,39 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Run ``tflms calibrate`` for parsed ``args``; raises :class:`ConfigError` on bad options."""
+    if args.output:
+        check_output_file(args.output, replace=args.replace)  # before measuring, not after
     if args.show_defaults:
         result = assumed_for(args.profile) if args.profile else CPU_DEFAULTS
     else:
         result = calibrate(args.device, args.sizes_mib, codecs=args.codecs, repeats=args.repeats)
     if args.output:
-        result.save(args.output)
+        try:
+            result.save(args.output, replace=args.replace)
+        except FileExistsError:
+            raise ConfigError(f"--output {args.output} was created by something else while measuring; it was left "
+                              "as it is. Pass --replace to replace it, or choose another file") from None
+        except OSError as err:
+            raise ConfigError(f"cannot write --output {args.output}: {err.strerror or err}; nothing was "
+                              "written") from err
     print(json.dumps(result.to_dict(), indent=2, sort_keys=True) if args.json else result.table())
     return 0
+
+
+def check_output_file(path: str, *, replace: bool) -> None:
+    """A :class:`ConfigError` naming the fix if the calibration cannot be written to ``path``."""
+    target = os.path.abspath(path)
+    parent = os.path.dirname(target)
+    if os.path.isdir(target):
+        raise ConfigError(f"--output {path} is a directory; give a file name, e.g. "
+                          f"{os.path.join(path, 'codecs.json')}")
+    if not os.path.isdir(parent):
+        raise ConfigError(f"the directory of --output {path} does not exist; create {parent} first")
+    if os.path.lexists(target) and not replace:
+        raise ConfigError(f"--output {path} already exists; pass --replace to replace it (atomically, once the "
+                          "measurement is done), or choose another file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot write --output {path}: {parent} is not writable; choose another file")
 
 
 def calibrate_main(argv: Sequence[str] | None = None) -> int:
