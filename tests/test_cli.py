@@ -55,3 +55,30 @@ def test_calibrate_shows_documented_defaults(capsys):
     assert main(["calibrate", "--show-defaults", "--json"]) == 0
     out = capsys.readouterr().out
     assert "zvc" in out and "fp16" in out
+
+
+def _fresh_python(code: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_help_and_argument_errors_do_not_import_tensorflow():
+    done = _fresh_python(
+        "import sys\n"
+        "from tflms import cli\n"
+        "for argv in (['--help'], ['rewrite', '--help'], ['calibrate', '--help'], ['rewrite']):\n"
+        "    try:\n"
+        "        cli.build_parser().parse_args(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print('tensorflow' in sys.modules)\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_tensorflows_start_up_banner_is_filtered():
+    done = _fresh_python("from tflms import cli\ncli.import_tensorflow_quietly()\nimport tensorflow\n")
+    assert done.returncode == 0, done.stderr
+    assert "oneDNN" not in done.stderr and "absl::InitializeLog" not in done.stderr, done.stderr
+    control = _fresh_python("import tensorflow\n")
+    assert "oneDNN custom operations" in control.stderr, "the banner this test filters is no longer printed"

@@ -32,6 +32,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Sequence
 
 from tflms import interrupts
@@ -272,13 +273,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Lines TensorFlow's C++ start-up writes to stderr before any log level applies (absl logs before it is
+#: initialized; TF_CPP_MIN_LOG_LEVEL is read too late for them). Dropped by the CLI unless TF_CPP_MIN_LOG_LEVEL=0.
+STARTUP_NOISE = ("All log messages before absl::InitializeLog() is called", "oneDNN custom operations are on",
+                 "cpu_feature_guard.cc", "To enable the following instructions", "rebuild TensorFlow with")
+
+
+def import_tensorflow_quietly() -> None:
+    """Import TensorFlow and Keras with their start-up banner filtered out of stderr.
+
+    Every other line they write while importing (a warning, an error) is passed on.
+    """
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0" or "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as captured:
+        saved = os.dup(2)
+        os.dup2(captured.fileno(), 2)
+        try:
+            import keras  # noqa: F401 - imports TensorFlow too (the import is the point)
+            import tensorflow  # noqa: F401
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            for line in captured.read().decode(errors="replace").splitlines():
+                if not any(noise in line for noise in STARTUP_NOISE):
+                    print(line, file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    # Before anything imports TensorFlow: its C++ start-up lines (oneDNN, CPU features) are not the user's news.
+    # TF_CPP_MIN_LOG_LEVEL=0 in the environment brings them back.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    parser = build_parser()  # imports no TensorFlow: --help and argument errors are instant
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import_tensorflow_quietly()
     try:
         with interrupts.handled():
             return args.func(args)

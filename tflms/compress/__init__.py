@@ -13,44 +13,25 @@
 
 from __future__ import annotations
 
-from tflms.compress.calibrate import CodecThroughputs, assumed_for, with_throughputs
-from tflms.compress.codecs import (
-    CODEC_NAMES,
-    BFloat16Codec,
-    BlockInt8Codec,
-    Codec,
-    CodecDtypeError,
-    Float16Codec,
-    ZeroValueCodec,
-    encoded_nbytes,
-    get_codec,
-    require_lossless_allowed,
-)
-from tflms.compress.policy import CompressionPolicyResult, decide_compression
-from tflms.compress.profiling import ProfileReport, TensorStats, profile_tensors
-from tflms.compress.rewrite import CompressedRewrite, CompressionChoice, apply_compression, compress_rewrite
+import importlib
 
-__all__ = [
-    "BFloat16Codec",
-    "BlockInt8Codec",
-    "CODEC_NAMES",
-    "Codec",
-    "CodecDtypeError",
-    "CodecThroughputs",
-    "CompressedRewrite",
-    "CompressionChoice",
-    "CompressionPolicyResult",
-    "Float16Codec",
-    "ProfileReport",
-    "TensorStats",
-    "ZeroValueCodec",
-    "apply_compression",
-    "assumed_for",
-    "compress_rewrite",
-    "decide_compression",
-    "encoded_nbytes",
-    "get_codec",
-    "profile_tensors",
-    "require_lossless_allowed",
-    "with_throughputs",
-]
+#: Public name -> the submodule that defines it. Imported on first use: the codecs are TensorFlow ops, and
+#: ``tflms --help`` or ``tflms calibrate --help`` must not wait for TensorFlow to load.
+_EXPORTS = {
+    "CodecThroughputs": "calibrate", "assumed_for": "calibrate", "with_throughputs": "calibrate",
+    "CODEC_NAMES": "codecs", "BFloat16Codec": "codecs", "BlockInt8Codec": "codecs", "Codec": "codecs",
+    "CodecDtypeError": "codecs", "Float16Codec": "codecs", "ZeroValueCodec": "codecs", "encoded_nbytes": "codecs",
+    "get_codec": "codecs", "require_lossless_allowed": "codecs",
+    "CompressionPolicyResult": "policy", "decide_compression": "policy",
+    "ProfileReport": "profiling", "TensorStats": "profiling", "profile_tensors": "profiling",
+    "CompressedRewrite": "rewrite", "CompressionChoice": "rewrite", "apply_compression": "rewrite",
+    "compress_rewrite": "rewrite",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tflms.compress' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"tflms.compress.{module}"), name)
