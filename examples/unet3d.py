@@ -2,13 +2,13 @@
 
     python examples/unet3d.py
 
-:func:`build_unet3d` defines the network the TFLMS paper scaled to larger image
-resolutions: ``depth`` levels of two 3x3x3 convolutions (BatchNorm + ReLU) with
-2x2x2 max-pooling on the way down, transposed convolutions and skip connections
-(concatenation) on the way up, and a 1x1x1 convolution to per-voxel class
-probabilities. Spatial dimensions are left unknown, so one model serves every
-resolution (a multiple of ``2 ** depth``). :func:`make_train_step` is the
-``tf.GradientTape`` step; ``tools/bench.py`` traces it at many resolutions.
+:func:`tflms.models.build_unet3d` defines the network the TFLMS paper scaled to
+larger image resolutions: ``depth`` levels of two 3x3x3 convolutions (BatchNorm +
+ReLU) with 2x2x2 max-pooling on the way down, transposed convolutions and skip
+connections (concatenation) on the way up, and a 1x1x1 convolution to per-voxel
+class probabilities. Spatial dimensions are left unknown, so one model serves every
+resolution (a multiple of ``2 ** depth``); ``tools/bench.py`` traces the same network
+at many resolutions. :func:`make_train_step` is the ``tf.GradientTape`` step.
 
 Run as a script, it trains a small U-Net at 32^3 for a few steps with
 ``tf.function`` and with ``tflms.function`` and compares the weights (the swaps
@@ -24,42 +24,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-
-def build_unet3d(*, channels: int = 4, classes: int = 4, base_filters: int = 32, depth: int = 4,
-                 batch_norm: bool = True, name: str = "unet3d") -> keras.Model:
-    """A 3D U-Net for inputs ``(batch, D, H, W, channels)``; D, H, W multiples of ``2 ** depth``.
-
-    Level ``i`` (0 = full resolution) has ``base_filters * 2**i`` filters in its
-    first convolution and twice that in its second (as in the original 3D U-Net);
-    the bottom level sits below ``depth`` poolings.
-    """
-    if depth < 1 or base_filters < 1:
-        raise ValueError(f"depth and base_filters must be >= 1, got {depth} and {base_filters}")
-
-    def conv(x, filters, label):
-        x = keras.layers.Conv3D(filters, 3, padding="same", use_bias=not batch_norm, name=f"{label}_conv")(x)
-        if batch_norm:
-            x = keras.layers.BatchNormalization(name=f"{label}_bn")(x)
-        return keras.layers.ReLU(name=f"{label}_relu")(x)
-
-    inputs = keras.Input((None, None, None, channels), name="volume")
-    x, skips = inputs, []
-    for level in range(depth):
-        filters = base_filters * 2 ** level
-        x = conv(x, filters, f"down{level}_a")
-        x = conv(x, filters * 2, f"down{level}_b")
-        skips.append(x)
-        x = keras.layers.MaxPool3D(2, name=f"down{level}_pool")(x)
-    x = conv(x, base_filters * 2 ** depth, "bottom_a")
-    x = conv(x, base_filters * 2 ** (depth + 1), "bottom_b")
-    for level in reversed(range(depth)):
-        filters = base_filters * 2 ** (level + 1)
-        x = keras.layers.Conv3DTranspose(filters * 2, 2, strides=2, name=f"up{level}_upconv")(x)
-        x = keras.layers.Concatenate(name=f"up{level}_concat")([skips[level], x])
-        x = conv(x, filters, f"up{level}_a")
-        x = conv(x, filters, f"up{level}_b")
-    outputs = keras.layers.Conv3D(classes, 1, activation="softmax", name="probabilities")(x)
-    return keras.Model(inputs, outputs, name=name)
+from tflms.models import build_unet3d
 
 
 def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer | None = None, *,
@@ -83,12 +48,6 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer | 
         return loss
 
     return function(step)
-
-
-def input_specs(resolution: int, *, channels: int = 4, batch: int | None = None):
-    """``tf.TensorSpec``s of a cubic ``resolution``^3 volume and its labels (batch unknown by default)."""
-    return (tf.TensorSpec((batch, resolution, resolution, resolution, channels), tf.float32),
-            tf.TensorSpec((batch, resolution, resolution, resolution), tf.int32))
 
 
 def main() -> None:

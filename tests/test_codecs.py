@@ -27,13 +27,11 @@ from tflms.compress.codecs import (
     CodecDtypeError,
     Float16Codec,
     ZeroValueCodec,
-    _flag_ranks,
-    _pack_bits,
-    _unpack_bits,
     encoded_nbytes,
     get_codec,
     require_lossless_allowed,
 )
+from tflms.compress.codecs.zvc import _flag_ranks, _pack_bits, _unpack_bits
 from tflms.errors import ConfigError
 
 BF16 = tf.bfloat16.as_numpy_dtype

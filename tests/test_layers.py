@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("measurement", ("tflms.measure", "tflms.baselines")),
     ("pipeline", ("tflms.pipeline", "tflms.report")),
     ("integrations", ("tflms.integrations", "tflms.keras")),
-    ("front", ("tflms.cli", "tflms.demo", "tflms.testing", "tflms.__main__", "tflms")),
+    ("front", ("tflms.cli", "tflms.demo", "tflms.testing", "tflms.models", "tflms.__main__", "tflms")),
 )
 
 ROOT = pathlib.Path(tflms.__file__).parent
@@ -110,3 +110,44 @@ def test_leaves_import_no_tensorflow_at_import_time(module):
     code = f"import sys, {module}; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+TOOLS = ROOT.parent / "tools"
+#: Calls that load code from a path or a name given at run time.
+LOADERS = {"spec_from_file_location", "run_path", "import_module", "exec_module", "__import__"}
+
+
+def example_imports(path: pathlib.Path) -> list[str]:
+    """Places where a tool imports an example: ``import examples...`` or a loader call naming examples/."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "examples":
+            found.append(f"{path.name}:{node.lineno}: from {node.module} import ...")
+        elif isinstance(node, ast.Import):
+            found.extend(f"{path.name}:{node.lineno}: import {a.name}" for a in node.names
+                         if a.name.split(".")[0] == "examples")
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            mentions = any(isinstance(n, ast.Constant) and isinstance(n.value, str) and "examples" in n.value
+                           for n in ast.walk(node))
+            if name in LOADERS and mentions:
+                found.append(f"{path.name}:{node.lineno}: {name}(... examples ...)")
+    return found
+
+
+def test_tools_do_not_import_examples():
+    """Code shared by a tool and an example lives in the package (e.g. tflms.models), not in examples/."""
+    scripts = sorted(TOOLS.rglob("*.py"))
+    assert scripts, f"no tools found under {TOOLS}"
+    problems = [place for path in scripts for place in example_imports(path)]
+    assert not problems, "tools import examples:\n" + "\n".join(problems)
+
+
+def test_the_tools_check_sees_an_example_import(tmp_path):
+    """A control: the importlib pattern tools/bench.py used to load examples/unet3d.py is reported."""
+    bad = tmp_path / "tool.py"
+    bad.write_text('import importlib.util\nREPO = None\n'
+                   'spec = importlib.util.spec_from_file_location("m", REPO / "examples" / "unet3d.py")\n'
+                   'from examples.unet3d import build_unet3d\n')
+    assert sorted(p.split(":")[1] for p in example_imports(bad)) == ["3", "4"]

@@ -1,0 +1,142 @@
+"""The emulated machine of :mod:`tflms.measure.executor` and what its measurements hold.
+
+Two logical CPU devices stand in for a host and an accelerator (the device names, the
+simulator profile and options that match them); a traced step's allocation records
+become per-device live-bytes timelines (:func:`device_memory_from_records`), and the
+result of one step is an :class:`ExecutorMeasurement`. Importing this does not import
+TensorFlow.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from tflms.errors import TflmsError
+from tflms.profiles import GIB, HardwareProfile
+from tflms.sim.simulator import ONEDNN_CPU_WORKSPACES, SimOptions
+
+#: Device that plays the accelerator (gets every node without a device).
+ACCELERATOR_DEVICE = "/device:CPU:1"
+#: Device that plays the host (swap-out copies live here).
+HOST_DEVICE = "/device:CPU:0"
+#: Keys of :attr:`ExecutorMeasurement.devices` by logical CPU index.
+ROLE_BY_CPU_INDEX = {1: "accelerator", 0: "host"}
+#: Inter-op threads of the measuring session: one per emulated device, so a swap-out
+#: on the host runs while the accelerator computes (like a copy engine beside the
+#: compute stream). With one thread the host copies starve until the accelerator's
+#: ready ops are done, and swapped tensors stay live far longer than on real hardware.
+INTER_OP_THREADS = 2
+#: The emulated machine as a simulator profile, for comparing simulated and measured peaks.
+#: The memory a swapped graph needs depends on when copies run relative to compute, so
+#: plans judged with a GPU profile behave differently here. Rough figures from the step
+#: stats of ``tools/validate_memory.py`` on a 2-core x86 machine: MatMul/Conv2D kernels
+#: reach ~65 GFLOP/s, element-wise ops ~8 GB/s, a 4 MiB DeepCopy takes 0.5-2 ms, tiny
+#: ops 20-80 us.
+EMULATION_PROFILE = HardwareProfile(
+    "emulated-cpu", memory_bytes=64 * GIB, peak_flops=100e9, memory_gbps=12, link_gbps=5, link_latency_s=20e-6,
+    launch_overhead_s=20e-6, compute_efficiency=0.65, link_efficiency=0.8, host_memory_bytes=64 * GIB,
+    description="two logical CPU devices of tflms.measure.executor (CPU:1 = accelerator)")
+#: Simulator options matching the emulation: the host device, and the workspaces of the
+#: oneDNN kernels TensorFlow's x86 CPU build uses by default (``TF_ENABLE_ONEDNN_OPTS``).
+EMULATION_SIM_OPTIONS = SimOptions(host_device=HOST_DEVICE, workspace_bytes_per_element=ONEDNN_CPU_WORKSPACES)
+#: How much of the subprocess stderr an error message quotes.
+STDERR_TAIL_CHARS = 4000
+#: A device string of the emulated machine; group ``index`` is the logical CPU (0 or 1).
+DEVICE_RE = re.compile(
+    r"^(?:/job:localhost)?(?:/replica:0)?(?:/task:0)?/(?:device:)?CPU:(?P<index>[01])$", re.IGNORECASE)
+
+
+class MeasurementError(TflmsError, RuntimeError):
+    """TensorFlow could not run the graph being measured (names the node when known)."""
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """Memory of one device during the traced step.
+
+    ``timeline`` holds ``(micros since step start, live bytes)`` after each
+    allocation record, in time order; ``records`` the same records as
+    ``(micros since step start, +/- bytes, allocating node)``. ``peak_bytes`` is the
+    timeline's maximum (0 when the device allocated nothing); it excludes
+    ``persistent_bytes`` (variables and constants allocated before the step).
+    """
+
+    device: str
+    peak_bytes: int
+    timeline: tuple[tuple[int, int], ...]
+    persistent_bytes: int = 0
+    allocators: tuple[str, ...] = ()
+    records: tuple[tuple[int, int, str], ...] = ()
+
+    @property
+    def end_bytes(self) -> int:
+        """Bytes allocated during the step that were still live when it ended."""
+        return self.timeline[-1][1] if self.timeline else 0
+
+
+@dataclass(frozen=True)
+class NodeTime:
+    """When one node ran in the traced step: microseconds since the step start, and its device role."""
+
+    start_us: float
+    end_us: float
+    role: str  # "accelerator" or "host" ("" for a device of neither role)
+
+
+@dataclass(frozen=True)
+class ExecutorMeasurement:
+    """Result of one traced step: per-device memory, fetched values, variables after the step,
+    and when each node ran (``node_times``, by node name)."""
+
+    devices: Mapping[str, DeviceMemory]
+    fetch_values: Mapping[str, np.ndarray] = field(default_factory=dict)
+    variables_after: Mapping[str, np.ndarray] = field(default_factory=dict)
+    node_times: Mapping[str, NodeTime] = field(default_factory=dict)
+
+    def start_order(self) -> list[str]:
+        """Names of the nodes that ran, by start time (ties by end time, then name)."""
+        return sorted(self.node_times, key=lambda n: (self.node_times[n].start_us, self.node_times[n].end_us, n))
+
+    def spans_s(self) -> dict[str, tuple[float, float]]:
+        """``{node: (start_s, end_s)}``: ``node_times`` in seconds, the form ``simulate(observed=...)`` takes."""
+        return {name: (t.start_us * 1e-6, t.end_us * 1e-6) for name, t in self.node_times.items()}
+
+    def peak(self, which: str = "accelerator", *, include_persistent: bool = False) -> int:
+        """Peak live bytes of ``which`` ("accelerator" or "host") during the step.
+
+        With ``include_persistent`` the device's variable and constant bytes are added.
+        """
+        if which not in self.devices:
+            raise KeyError(f"no device {which!r} in this measurement; have {sorted(self.devices)}")
+        device = self.devices[which]
+        return device.peak_bytes + (device.persistent_bytes if include_persistent else 0)
+
+
+def role_of_device(device: str) -> str | None:
+    """"accelerator" or "host" for a device string ending in CPU:1 or CPU:0; None for any other."""
+    match = re.search(r"/device:CPU:(\d+)$", device, re.IGNORECASE)
+    return ROLE_BY_CPU_INDEX.get(int(match.group(1))) if match else None
+
+
+def device_memory_from_records(device: str, records: Sequence[Sequence[Any]], *, origin_micros: int = 0,
+                               persistent_bytes: int = 0, allocators: Sequence[str] = ()) -> DeviceMemory:
+    """Build a device's live-bytes timeline from ``(micros, bytes, node)`` allocation records.
+
+    Records are summed in time order; records with the same timestamp keep their
+    given order (TensorFlow lists them in the order they happened per node).
+    """
+    ordered = sorted(records, key=lambda record: record[0])  # stable
+    live = peak = 0
+    timeline, kept = [], []
+    for micros, num_bytes, *rest in ordered:
+        live += int(num_bytes)
+        peak = max(peak, live)
+        timeline.append((int(micros) - origin_micros, live))
+        kept.append((int(micros) - origin_micros, int(num_bytes), str(rest[0]) if rest else ""))
+    return DeviceMemory(device=device, peak_bytes=peak, timeline=tuple(timeline),
+                        persistent_bytes=persistent_bytes, allocators=tuple(sorted(set(allocators))),
+                        records=tuple(kept))

@@ -1,0 +1,213 @@
+"""The benchmark models (Keras applications, a 3D U-Net, a BERT-like encoder, a tiny MLP) and their traced steps."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .common import UNET_RESOLUTION_STEP, say
+
+
+def _bert_layers():
+    """Keras layers of the BERT-like encoder (defined lazily: importing keras is slow)."""
+    import keras
+    from keras import ops
+
+    class SelfAttention(keras.layers.Layer):
+        """Multi-head self-attention from Dense layers and batched matmuls.
+
+        (keras.layers.MultiHeadAttention uses Einsum, whose FLOPs the tflms cost
+        model does not know; these ops are MatMul / BatchMatMulV2.)
+        """
+
+        def __init__(self, hidden, heads, dropout, **kwargs):
+            super().__init__(**kwargs)
+            self.hidden, self.heads = hidden, heads
+            self.query, self.key = keras.layers.Dense(hidden, name="query"), keras.layers.Dense(hidden, name="key")
+            self.value, self.out = keras.layers.Dense(hidden, name="value"), keras.layers.Dense(hidden, name="output")
+            self.dropout = keras.layers.Dropout(dropout)
+
+        def call(self, x, training=None):
+            seq, head_dim = x.shape[1], self.hidden // self.heads
+
+            def heads(t):
+                return ops.transpose(ops.reshape(t, (-1, seq, self.heads, head_dim)), (0, 2, 1, 3))
+
+            q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+            probs = ops.softmax(ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * head_dim ** -0.5, axis=-1)
+            context = ops.matmul(self.dropout(probs, training=training), v)
+            return self.out(ops.reshape(ops.transpose(context, (0, 2, 1, 3)), (-1, seq, self.hidden)))
+
+    class PositionEmbedding(keras.layers.Layer):
+        def __init__(self, seq_len, hidden, **kwargs):
+            super().__init__(**kwargs)
+            self.table = self.add_weight(shape=(seq_len, hidden), initializer="random_normal", name="table")
+
+        def call(self, x):
+            return x + self.table
+
+    class FirstToken(keras.layers.Layer):
+        def call(self, x):
+            return x[:, 0]
+
+    return SelfAttention, PositionEmbedding, FirstToken
+
+
+def build_bert(*, layers=12, hidden=768, heads=12, ffn=3072, vocab=30522, seq_len=512, dropout=0.1, classes=2):
+    """A BERT-base-like encoder (Devlin et al. 2019 sizes) with a [CLS] classifier head."""
+    import keras
+    SelfAttention, PositionEmbedding, FirstToken = _bert_layers()
+    ids = keras.Input((seq_len,), dtype="int32", name="token_ids")
+    x = keras.layers.Embedding(vocab, hidden, name="token_embedding")(ids)
+    x = PositionEmbedding(seq_len, hidden, name="position_embedding")(x)
+    x = keras.layers.Dropout(dropout)(keras.layers.LayerNormalization(epsilon=1e-12, name="embedding_norm")(x))
+    for i in range(layers):
+        a = keras.layers.Dropout(dropout)(SelfAttention(hidden, heads, dropout, name=f"layer{i}_attention")(x))
+        x = keras.layers.LayerNormalization(epsilon=1e-12, name=f"layer{i}_attention_norm")(
+            keras.layers.Add()([x, a]))
+        f = keras.layers.Dense(ffn, activation="gelu", name=f"layer{i}_ffn_in")(x)
+        f = keras.layers.Dropout(dropout)(keras.layers.Dense(hidden, name=f"layer{i}_ffn_out")(f))
+        x = keras.layers.LayerNormalization(epsilon=1e-12, name=f"layer{i}_ffn_norm")(keras.layers.Add()([x, f]))
+    pooled = keras.layers.Dense(hidden, activation="tanh", name="pooler")(FirstToken(name="cls")(x))
+    return keras.Model(ids, keras.layers.Dense(classes, name="classifier")(pooled), name="bert_base")
+
+
+@dataclasses.dataclass
+class ModelSpec:
+    """How to build a model's training step. ``kind``: "batch" or "resolution" (batch 1, cubic input)."""
+
+    name: str
+    kind: str
+    description: str
+    build: Callable[[], tuple[Any, Any, Any]]  # -> (keras model, optimizer, loss_fn)
+    specs: Callable[[int | None], tuple[Any, Any]]  # resolution (or None) -> (x spec, y spec), batch unknown
+    budget_bytes: int | None = None  # judged against this instead of the profile's memory (unless --budget)
+
+
+def _image_specs(side: int, channels: int = 3):
+    import tensorflow as tf
+    return lambda _: (tf.TensorSpec((None, side, side, channels), tf.float32), tf.TensorSpec((None,), tf.int32))
+
+
+def _classifier(app: str, side: int):
+    def build():
+        import keras
+        model = getattr(keras.applications, app)(weights=None, input_shape=(side, side, 3), classes=1000)
+        return (model, keras.optimizers.SGD(0.01, momentum=0.9),
+                keras.losses.SparseCategoricalCrossentropy(from_logits=False))
+    return build
+
+
+def _unet():
+    import keras
+
+    from tflms.models import build_unet3d
+    model = build_unet3d(channels=4, classes=4, base_filters=32, depth=4)
+    return model, keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy()
+
+
+def _unet_specs(resolution):
+    from tflms.models import unet3d_input_specs
+    return unet3d_input_specs(resolution, channels=4)
+
+
+def _bert():
+    import keras
+    return (build_bert(), keras.optimizers.Adam(1e-4),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+def _bert_specs(_):
+    import tensorflow as tf
+    return tf.TensorSpec((None, 512), tf.int32), tf.TensorSpec((None,), tf.int32)
+
+
+def _mlp_tiny():
+    import keras
+    inputs = keras.Input((256,))
+    x = inputs
+    for i in range(4):
+        x = keras.layers.Dense(512, activation="relu", name=f"dense{i}")(x)
+    model = keras.Model(inputs, keras.layers.Dense(10, name="logits")(x), name="mlp_tiny")
+    return (model, keras.optimizers.SGD(0.01, momentum=0.9),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+def _mlp_specs(_):
+    import tensorflow as tf
+    return tf.TensorSpec((None, 256), tf.float32), tf.TensorSpec((None,), tf.int32)
+
+
+MODELS = {
+    "resnet50": ModelSpec("resnet50", "batch", "Keras ResNet-50, 224x224x3, 1000 classes, SGD momentum",
+                          _classifier("ResNet50", 224), _image_specs(224)),
+    "vgg16": ModelSpec("vgg16", "batch", "Keras VGG-16, 224x224x3, 1000 classes, SGD momentum",
+                       _classifier("VGG16", 224), _image_specs(224)),
+    "densenet121": ModelSpec("densenet121", "batch", "Keras DenseNet-121, 224x224x3, 1000 classes, SGD momentum",
+                             _classifier("DenseNet121", 224), _image_specs(224)),
+    "inception_v3": ModelSpec("inception_v3", "batch", "Keras Inception-v3, 299x299x3, 1000 classes, SGD momentum",
+                              _classifier("InceptionV3", 299), _image_specs(299)),
+    "unet3d": ModelSpec("unet3d", "resolution", "3D U-Net (tflms.models.build_unet3d), 4 levels, 32 base filters, "
+                        "4 channels, 4 classes, batch 1, Adam", _unet, _unet_specs),
+    "bert-base": ModelSpec("bert-base", "batch", "BERT-base-like encoder (12 x 768, 12 heads, FFN 3072, "
+                           "sequence 512, vocab 30522), [CLS] classifier, Adam", _bert, _bert_specs),
+    "mlp-tiny": ModelSpec("mlp-tiny", "batch", "4 x Dense(512) MLP for tests (budget 64 MiB), SGD momentum",
+                          _mlp_tiny, _mlp_specs, budget_bytes=64 * 2**20),
+}
+
+
+class Steps:
+    """Builds each model once and caches the traced IR graph of each (variant, resolution)."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, tuple] = {}
+        self._graphs: dict[tuple, tuple[Any, float]] = {}
+        self.trace_s = 0.0
+
+    def _functions(self, name: str):
+        if name not in self._built:
+            import keras
+            import tensorflow as tf
+
+            from tflms.baselines.recompute import checkpointed
+            keras.utils.set_random_seed(0)
+            model, optimizer, loss_fn = MODELS[name].build()
+            ckpt = checkpointed(model)
+
+            def make(forward):
+                @tf.function
+                def step(x, y):
+                    with tf.GradientTape() as tape:
+                        loss = loss_fn(y, forward(x, training=True))
+                    grads = tape.gradient(loss, model.trainable_variables)
+                    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                    return loss
+                return step
+
+            # The model and optimizer must outlive the traces: a tf.function only holds weak references.
+            self._built[name] = (model, optimizer, ckpt, {"plain": make(model), "recompute": make(ckpt)})
+        return self._built[name]
+
+    def checkpointing(self, name: str):
+        return self._functions(name)[2]
+
+    def graph(self, name: str, variant: str, size: int):
+        """The IR graph of ``name``'s step (``variant`` plain or recompute) at ``size``, and its trace seconds."""
+        from tflms.ir import tf_io
+        spec = MODELS[name]
+        resolution = size * UNET_RESOLUTION_STEP if spec.kind == "resolution" else None
+        key = (name, variant, resolution)
+        if key not in self._graphs:
+            step = self._functions(name)[3][variant]
+            t0 = time.perf_counter()
+            concrete = step.get_concrete_function(*spec.specs(resolution))
+            graph = tf_io.from_concrete_function(concrete)
+            seconds = time.perf_counter() - t0
+            self.trace_s += seconds
+            say(f"{name}: traced the {variant} step{f' at {resolution}^3' if resolution else ''}: "
+                f"{len(graph)} ops in {seconds:.1f} s")
+            self._graphs[key] = (graph, seconds)
+        graph, seconds = self._graphs[key]
+        return graph.with_batch_size(1 if resolution else size), seconds

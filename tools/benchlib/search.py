@@ -1,0 +1,274 @@
+"""Does a size fit with a method, and the largest size that does: the benchmark's search."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .common import IDLE_STRATEGIES, METHODS, QUICK_DISTANCE_PROBES, SEARCH_LIMIT, UNET_RESOLUTION_STEP, say
+from .models import MODELS, Steps
+
+
+@dataclasses.dataclass
+class Probe:
+    fits: bool
+    sim: Any = None  # SimResult of the graph judged (None when answered without simulating)
+    ops: int = 0
+    seconds: float = 0.0
+
+
+@dataclasses.dataclass
+class MethodResult:
+    method: str
+    max_size: int = 0
+    upper: int | None = None  # smallest size known not to fit
+    probes: list = dataclasses.field(default_factory=list)
+    search_s: float = 0.0
+    overhead: float | None = None  # at the common size; None = does not fit there
+    rewrite_s: float = 0.0
+    ops: int = 0
+    sim: Any = None  # at the common size
+    detail: str = ""
+    common: int = 0  # the common size the overhead refers to
+
+
+class Evaluator:
+    """Answers "does ``size`` fit with ``method``?" for one model on one profile, caching every answer."""
+
+    def __init__(self, steps: Steps, model: str, profile, budget_bytes: int, exact: bool):
+        self.steps, self.model, self.profile, self.budget = steps, model, profile, budget_bytes
+        self.exact = exact  # tflms-distance probes: the tuner's whole search (True) or QUICK_DISTANCE_PROBES
+        self.cache: dict[tuple[str, int], Probe] = {}
+
+    def fits(self, method: str, size: int) -> bool:
+        key = (method, size)
+        if key not in self.cache:
+            t0 = time.perf_counter()
+            probe = getattr(self, "_" + method.replace("-", "_"))(size)
+            probe.seconds = time.perf_counter() - t0
+            self.cache[key] = probe
+            say(f"{self.model} {self.profile.name} {method}: {self.label(size)} "
+                f"{'fits' if probe.fits else 'does not fit'}"
+                f"{f' (peak {probe.sim.peak_with_margin_bytes / 2**30:.2f} GiB)' if probe.sim is not None else ''}"
+                f" [{probe.seconds:.1f} s]")
+        return self.cache[key].fits
+
+    def label(self, size: int) -> str:
+        if MODELS[self.model].kind == "resolution":
+            return f"resolution {size * UNET_RESOLUTION_STEP}^3"
+        return f"batch {size}"
+
+    def _none(self, size):
+        from tflms.sim import simulate
+        graph, _ = self.steps.graph(self.model, "plain", size)
+        sim = simulate(graph, self.profile)
+        return Probe(sim.peak_with_margin_bytes <= self.budget, sim, len(graph))
+
+    def _tune(self, size, strategies):
+        from tflms.errors import BudgetError
+        from tflms.tune.tuner import tune
+        graph, _ = self.steps.graph(self.model, "plain", size)
+        try:
+            result = tune(graph, budget=self.budget, profile=self.profile, strategies=strategies, first_fit=True)
+        except BudgetError:
+            return Probe(False)
+        return Probe(True, result.best.sim, len(result.graph))
+
+    def _tflms_distance(self, size):
+        if self.fits("none", size):
+            return Probe(True)
+        if self.exact:
+            return self._tune(size, ["tflms-distance"])
+        from tflms.analysis.cto import analyze_graph
+        from tflms.config import LMSConfig
+        from tflms.passes.swaps import apply_swaps
+        from tflms.policies.tflms_rules import plan_swaps
+        from tflms.sim import simulate
+        graph, _ = self.steps.graph(self.model, "plain", size)
+        analysis = analyze_graph(graph)
+        best = None
+        for params in QUICK_DISTANCE_PROBES:
+            plan = plan_swaps(analysis, LMSConfig(**params), accelerator_device="/device:GPU:0")
+            rewritten = apply_swaps(graph, plan).graph
+            sim = simulate(rewritten, self.profile)
+            if best is None or sim.peak_with_margin_bytes < best.sim.peak_with_margin_bytes:
+                best = Probe(sim.peak_with_margin_bytes <= self.budget, sim, len(rewritten))
+            if best.fits:
+                break
+        return best
+
+    def _tflms_best(self, size):
+        if self.fits("tflms-distance", size):
+            return Probe(True)
+        return self._tune(size, list(IDLE_STRATEGIES))
+
+    def _grappler(self, size):
+        from tflms.baselines.grappler_swap import grappler_swap
+        from tflms.sim import simulate
+        graph, _ = self.steps.graph(self.model, "plain", size)
+        result = grappler_swap(graph, self.profile, budget=self.budget)
+        sim = simulate(result.graph, self.profile)
+        return Probe(sim.peak_with_margin_bytes <= self.budget, sim, len(result.graph))
+
+    def _recompute(self, size):
+        from tflms.sim import simulate
+        graph, _ = self.steps.graph(self.model, "recompute", size)
+        sim = simulate(graph, self.profile)
+        return Probe(sim.peak_with_margin_bytes <= self.budget, sim, len(graph))
+
+
+def search_max(fits: Callable[[int], bool], start: int, bisect_steps: int | None,
+               next_try: int | None = None) -> tuple[int, int | None]:
+    """``(largest size found to fit, smallest size found not to)``.
+
+    From ``start``: if it fits, try ``next_try`` (when larger) and then double until a
+    size does not fit; if it does not, halve until one does. Then bisect
+    ``bisect_steps`` times (``None``: until the two are adjacent).
+    """
+    start = max(1, start)
+    if fits(start):
+        low, high = start, None
+        if next_try is not None and next_try > start:
+            if fits(next_try):
+                low = next_try
+            else:
+                high = next_try
+        while high is None:
+            if low * 2 > SEARCH_LIMIT:
+                return low, None
+            if fits(low * 2):
+                low *= 2
+            else:
+                high = low * 2
+    else:
+        low, high = 0, start
+        while high > 1:
+            if fits(high // 2):
+                low = high // 2
+                break
+            high //= 2
+        if low == 0:
+            return 0, high
+    steps = 0
+    while high - low > 1 and (bisect_steps is None or steps < bisect_steps):
+        mid = (low + high) // 2
+        steps += 1
+        if fits(mid):
+            low = mid
+        else:
+            high = mid
+    return low, high
+
+
+def run_model_profile(steps: Steps, model: str, profile_name: str, budget: int | None,
+                      bisect_steps: int | None) -> dict[str, MethodResult]:
+    from tflms.baselines.grappler_swap import grappler_swap
+    from tflms.errors import BudgetError
+    from tflms.passes.swaps import apply_swaps
+    from tflms.sim import get_profile, simulate
+    from tflms.tune.tuner import tune
+
+    profile = get_profile(profile_name)
+    budget_bytes = budget or MODELS[model].budget_bytes or profile.memory_bytes
+    ev = Evaluator(steps, model, profile, budget_bytes, exact=bisect_steps is None)
+    results: dict[str, MethodResult] = {}
+    # Where each search starts, and the first larger size it tries (the previous method's first miss).
+    plan = {"none": ("none", False), "tflms-distance": ("none", True), "tflms-best": ("tflms-distance", True),
+            "grappler": ("none", True), "recompute": ("none", True)}
+    for method in METHODS:
+        t0 = time.perf_counter()
+        if method == "none":
+            start, next_try = 1, None
+        else:
+            ref = results[plan[method][0]]
+            start, next_try = ref.max_size, ref.upper
+        low, high = search_max(lambda s: ev.fits(method, s), start, bisect_steps, next_try)
+        res = MethodResult(method, low, high, [(s, p.fits) for (m, s), p in ev.cache.items() if m == method],
+                           time.perf_counter() - t0)
+        results[method] = res
+        say(f"{model} {profile_name} {method}: largest {ev.label(low)}"
+            f"{f' (< {ev.label(high)})' if high is not None else ''} in {res.search_s:.1f} s")
+    # Searches with different starts end at different granularities: probe the unchanged step at every
+    # size another method probed inside none's open interval, then read every maximum off all probes
+    # (a size none fits is fitted by tflms-distance, one tflms-distance fits by tflms-best).
+    none = results["none"]
+    for size in sorted({s for (_, s) in ev.cache}):
+        if none.max_size < size and (none.upper is None or size < none.upper):
+            ev.fits("none", size)
+    implied = {"none": (), "tflms-distance": ("none",), "tflms-best": ("none", "tflms-distance"),
+               "grappler": (), "recompute": ()}
+    for method, r in results.items():
+        known = {}
+        for (m, size), probe in ev.cache.items():
+            if m == method or (m in implied[method] and probe.fits):
+                known[size] = known.get(size, False) or probe.fits
+        fitting = [size for size, ok in known.items() if ok]
+        r.max_size = max(fitting, default=0)
+        failing = [size for size, ok in known.items() if not ok and size > r.max_size]
+        r.upper = min(failing) if failing else (r.upper if r.upper and r.upper > r.max_size else None)
+        r.probes = sorted(known.items())
+    # The common size: the smallest maximum among the methods that certainly extend none's.
+    extended = [r.max_size for r in results.values() if r.method != "none"
+                and (none.upper is None or r.max_size >= none.upper)]
+    common = max(1, min(extended) if extended else none.max_size)
+    say(f"{model} {profile_name}: maxima " + ", ".join(f"{m} {ev.label(r.max_size)}" for m, r in results.items()))
+    say(f"{model} {profile_name}: common {ev.label(common)}; full tune and rewrites there")
+    plain, _ = steps.graph(model, "plain", common)
+    baseline = simulate(plain, profile)
+
+    def fits_overhead(sim):
+        if sim is None or sim.peak_with_margin_bytes > budget_bytes:
+            return None
+        return sim.step_time_s / baseline.step_time_s - 1.0
+
+    for r in results.values():
+        r.common = common
+        r.detail = ev.label(common)
+    none.ops, none.sim, none.overhead = len(plain), baseline, fits_overhead(baseline)
+
+    # One full tune with every strategy. The tuner runs the distance search first, so the candidates it
+    # reports before the first idle-time one are exactly what tune(strategies=["tflms-distance"]) would
+    # evaluate: its wall time is the time of the last of them, its choice the fastest of them that fits.
+    t0 = time.perf_counter()
+    stamps: list[tuple[float, str]] = []
+    try:
+        tuned = tune(plain, budget=budget_bytes, profile=profile,
+                     progress=lambda msg: stamps.append((time.perf_counter() - t0, msg)))
+    except BudgetError as err:
+        tuned, error = None, str(err)
+    total = time.perf_counter() - t0
+    best, dist = results["tflms-best"], results["tflms-distance"]
+    best.rewrite_s = total
+    distance_stamps = [t for t, msg in stamps if msg.startswith("tflms-distance ")]
+    dist.rewrite_s = distance_stamps[-1] if distance_stamps else total
+    if tuned is None:
+        best.detail += f"; {error[:120]}"
+        dist.detail += "; nothing fits"
+    else:
+        best.overhead, best.ops, best.sim = fits_overhead(tuned.best.sim), len(tuned.graph), tuned.best.sim
+        best.detail += f"; chose {tuned.strategy} {tuned.best.params}"
+        choices = [c for c in tuned.candidates if c.fits and c.strategy in ("none", "tflms-distance")]
+        if choices:
+            pick = min(choices, key=lambda c: (c.sim.step_time_s, c.swapped_bytes))
+            graph = plain if pick.plan is None else apply_swaps(plain, pick.plan).graph
+            dist.overhead, dist.ops, dist.sim = fits_overhead(pick.sim), len(graph), pick.sim
+            dist.detail += f"; chose {pick.strategy} {pick.params}"
+        else:
+            dist.detail += "; nothing fits"
+    say(f"{model} {profile_name}: full tune in {total:.1f} s ({len(stamps)} candidates): "
+        f"distance {'-' if dist.overhead is None else f'{100 * dist.overhead:+.1f}%'}, "
+        f"best {'-' if best.overhead is None else f'{100 * best.overhead:+.1f}%'}")
+
+    r = results["grappler"]
+    swapped = grappler_swap(plain, profile, budget=budget_bytes)
+    r.sim = simulate(swapped.graph, profile)
+    r.rewrite_s, r.ops, r.overhead = swapped.total_s, len(swapped.graph), fits_overhead(r.sim)
+    r.detail += f"; {len(swapped.swaps)} swaps of {swapped.swapped_bytes / 2**30:.2f} GiB"
+    r = results["recompute"]
+    graph, trace_s = steps.graph(model, "recompute", common)
+    r.sim = simulate(graph, profile)
+    r.rewrite_s, r.ops, r.overhead = trace_s, len(graph), fits_overhead(r.sim)
+    r.detail += f"; {len(steps.checkpointing(model).segments)} segments"
+    return results
