@@ -82,3 +82,19 @@ def test_tensorflows_start_up_banner_is_filtered():
     assert "oneDNN" not in done.stderr and "absl::InitializeLog" not in done.stderr, done.stderr
     control = _fresh_python("import tensorflow\n")
     assert "oneDNN custom operations" in control.stderr, "the banner this test filters is no longer printed"
+
+
+def test_each_warning_is_said_once_and_the_loggers_are_restored(capsys, caplog):
+    import logging
+
+    from tflms import cli
+    ours = logging.getLogger("tflms")
+    before = ours.level
+    with cli.quiet_logs("rewrite"):
+        assert not ours.isEnabledFor(logging.WARNING)  # the report tables carry tflms's warnings
+        record = logging.LogRecord("absl", logging.WARNING, __file__, 1, "Importing a function (f) with ops with "
+                                   "unsaved custom gradients. Will likely fail if a gradient is requested.", (), None)
+        assert not logging.getLogger("absl").filter(record)
+    assert ours.level == before and logging.getLogger("absl").filter(record)
+    with cli.quiet_logs("calibrate"):
+        assert ours.isEnabledFor(logging.WARNING)  # calibrate prints no report: its warnings stay on

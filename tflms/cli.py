@@ -28,7 +28,9 @@ effects its ops have); analyze, plan and rewrite without --verify only read it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -279,6 +281,33 @@ STARTUP_NOISE = ("All log messages before absl::InitializeLog() is called", "one
                  "cpu_feature_guard.cc", "To enable the following instructions", "rebuild TensorFlow with")
 
 
+def _not_known_noise(record: logging.LogRecord) -> bool:
+    """absl log filter: TensorFlow's note on loading a model whose custom gradients were not saved.
+
+    tflms says what that means for the rewrite in its own report (CUSTOM_GRADIENTS_WARNING).
+    """
+    return "with ops with unsaved custom gradients" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def quiet_logs(command: str):
+    """Each message once: the report tables carry tflms's warnings, so its logger stays at errors.
+
+    ``calibrate`` prints no report; its warnings stay on. Both loggers are as before afterwards
+    (``main`` also runs in-process, from tests and notebooks).
+    """
+    absl, ours = logging.getLogger("absl"), logging.getLogger("tflms")
+    level = ours.level
+    absl.addFilter(_not_known_noise)
+    if command != "calibrate":
+        ours.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        absl.removeFilter(_not_known_noise)
+        ours.setLevel(level)
+
+
 def import_tensorflow_quietly() -> None:
     """Import TensorFlow and Keras with their start-up banner filtered out of stderr.
 
@@ -313,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     import_tensorflow_quietly()
     try:
-        with interrupts.handled():
+        with interrupts.handled(), quiet_logs(args.command):
             return args.func(args)
     except TflmsError as err:
         print(f"tflms: error: {err}", file=sys.stderr)
