@@ -53,3 +53,7 @@ class DistributeError(TflmsError, ValueError):
 
 class VariableCreationError(TflmsError, ValueError):
     """The first call creates variables TensorFlow cannot initialize outside the function."""
+
+
+class UnsupportedVersionError(TflmsError, ImportError):
+    """This TensorFlow or Keras lacks an internal tflms relies on (the message names it and the tested versions)."""

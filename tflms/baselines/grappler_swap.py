@@ -241,8 +241,8 @@ def run_grappler(graph_def, fetches: Sequence[str], devices: Sequence[Any],
                  memory_optimization: str = "SWAPPING_HEURISTICS"):
     """Grappler's ``OptimizeGraph`` on ``graph_def`` with a virtual cluster of ``devices``; returns a GraphDef."""
     import tensorflow as tf  # noqa: PLC0415
-    from tensorflow.python.grappler import cluster as grappler_cluster  # noqa: PLC0415
-    from tensorflow.python.grappler import tf_optimizer  # noqa: PLC0415
+    from tflms._compat.tf import grappler  # noqa: PLC0415
+    grappler_cluster, _, tf_optimizer = grappler()
 
     tf_graph = tf.Graph()
     with tf_graph.as_default():

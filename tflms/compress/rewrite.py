@@ -414,8 +414,8 @@ def register_functions(graph: Graph) -> list[str]:
     (those of the original step) can be called; the codec functions this pass adds
     are registered here (once; registering is idempotent).
     """
-    from tensorflow.python.eager import context
-    ctx = context.context()
+    from tflms._compat.tf import eager_context
+    ctx = eager_context()
     added = []
     if graph.library is None:
         return added

@@ -118,8 +118,8 @@ def grappler_estimate(graph_def: GraphDef, *, fetches: Sequence[str], accelerato
     """Like :func:`grappler_peak`, also returning live tensors at the peaks and, with
     ``measure_time``, grappler's estimated step time."""
     import tensorflow as tf  # noqa: PLC0415 - keep TensorFlow out of import time
-    from tensorflow.python.grappler import cluster as grappler_cluster  # noqa: PLC0415
-    from tensorflow.python.grappler import item as grappler_item  # noqa: PLC0415
+    from tflms._compat.tf import grappler  # noqa: PLC0415 - keep TensorFlow out of import time
+    grappler_cluster, grappler_item, _ = grappler()
 
     if isinstance(fetches, str) or not fetches:
         raise ConfigError(f"fetches must be a non-empty sequence of op or tensor names, got {fetches!r}")

@@ -127,8 +127,8 @@ def check_filters(analysis: Analysis, config: LMSConfig) -> list[str]:
 
 
 def _is_registered_op_type(op_type: str) -> bool:
-    from tensorflow.python.framework import op_def_registry
-    return op_def_registry.get(op_type) is not None
+    from tflms._compat.tf import op_def
+    return op_def(op_type) is not None
 
 
 def skip_reason(analysis: Analysis, ref: TensorRef, config: LMSConfig) -> tuple[str, str] | None:

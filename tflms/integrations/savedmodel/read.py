@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tflms.errors import SavedModelError
+from tflms._compat.tf import trackable_children
 from tflms.ir.op_types import CALL_OP_TYPES
 
 logger = logging.getLogger(__name__)
@@ -108,9 +109,9 @@ def check_input_dir(in_dir: str | os.PathLike, role: str = "IN_DIR") -> Path:
 
 
 def _parse(path: Path):
-    from tensorflow.python.saved_model import loader_impl
+    from tflms._compat.tf import parse_saved_model
     try:
-        return loader_impl.parse_saved_model(str(path))
+        return parse_saved_model(str(path))
     except (OSError, IOError, ValueError) as err:
         raise SavedModelError(f"cannot read the SavedModel in {path}: {err}") from err
 
@@ -248,7 +249,7 @@ def _load(path: Path):
 
 def _child(obj: Any, name: str) -> Any:
     try:
-        children = obj._trackable_children()  # noqa: SLF001 - the object graph's own names
+        children = trackable_children(obj)
     except Exception:  # noqa: BLE001 - not every object lists children in every save type
         children = {}
     if name in children:

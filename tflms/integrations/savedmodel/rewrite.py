@@ -118,7 +118,8 @@ def _rewritten_function(original, concrete_functions: list):
     Calls dispatch like TensorFlow's restored functions: the first trace that
     accepts the inputs without conversion, else the first that accepts them with.
     """
-    from tensorflow.python.saved_model import function_deserialization as fd
+    from tflms._compat.tf import function_deserialization
+    fd = function_deserialization()
 
     def restored_function_body(*args, **kwargs):
         inputs = (args, kwargs)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tflms._compat.tf import trackable_children
 from tflms.config import LMSConfig
 from tflms.errors import SavedModelError
 from tflms.faults import fault_point
@@ -122,7 +123,7 @@ def _variables(root) -> dict[str, Any]:
             found[path] = obj
             continue
         try:
-            children = obj._trackable_children()  # noqa: SLF001
+            children = trackable_children(obj)
         except Exception:  # noqa: BLE001 - not a trackable, or one that cannot list children now
             continue
         for name, child in children.items():

@@ -1,0 +1,77 @@
+"""TensorFlow internals tflms relies on, each behind one accessor.
+
+TensorFlow has no public API for these; each accessor imports what it needs when it is first
+called and, if this TensorFlow lacks it, raises :class:`~tflms.errors.UnsupportedVersionError`
+naming the internal, the installed version and the versions tflms is tested with. Public
+equivalents are used wherever they exist (``tf.types.experimental.ConcreteFunction``,
+``tf.nest``, ``tf.compat.v1.GraphDef``), so everything here is what has none.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from tflms.errors import UnsupportedVersionError
+
+#: The versions CI runs the suite on (pyproject.toml declares the same range).
+TESTED = "TensorFlow 2.21 with Keras 3.15"
+
+
+def private(module: str, attr: str | None = None) -> Any:
+    """``module`` (or its attribute ``attr``), or an error naming the internal and the tested versions."""
+    try:
+        found = importlib.import_module(module)
+        return getattr(found, attr) if attr else found
+    except (ImportError, AttributeError) as err:
+        what = f"{module}.{attr}" if attr else module
+        raise UnsupportedVersionError(
+            f"tflms uses TensorFlow's internal {what}, which this installation lacks ({_versions()}); tflms is "
+            f"tested with {TESTED}: install those (pip install 'tflms[cpu]' or 'tflms[gpu]')") from err
+
+
+def _versions() -> str:
+    try:
+        import tensorflow as tf
+        return f"TensorFlow {tf.__version__}"
+    except ImportError:  # pragma: no cover - tflms needs TensorFlow for every caller of this module
+        return "no TensorFlow"
+
+
+def op_def(op_type: str) -> Any:
+    """The registered ``OpDef`` of ``op_type`` (internal ops such as ``_FusedConv2D`` included), or ``None``."""
+    return private("tensorflow.python.framework.op_def_registry").get(op_type)
+
+
+def eager_context() -> Any:
+    """TensorFlow's eager context (function registration, run metadata)."""
+    return private("tensorflow.python.eager.context").context()
+
+
+def parse_saved_model(path: str) -> Any:
+    """The ``SavedModel`` proto of the directory ``path`` (read without loading the model)."""
+    return private("tensorflow.python.saved_model.loader_impl", "parse_saved_model")(path)
+
+
+def trackable_children(obj: Any) -> dict[str, Any]:
+    """The named children of a trackable object, as the SavedModel's object graph names them."""
+    try:
+        return obj._trackable_children()  # noqa: SLF001 - the object graph's own names; no public equivalent
+    except AttributeError as err:
+        raise UnsupportedVersionError(f"{type(obj).__name__} has no _trackable_children ({_versions()}); tflms is "
+                                      f"tested with {TESTED}") from err
+
+
+def function_deserialization() -> Any:
+    """The module that rebuilds restored ``tf.function`` s (``RestoredFunction`` and its call dispatch)."""
+    fd = private("tensorflow.python.saved_model.function_deserialization")
+    for name in ("RestoredFunction", "_concrete_function_callable_with", "_call_concrete_function"):
+        if not hasattr(fd, name):
+            private("tensorflow.python.saved_model.function_deserialization", name)  # raises, naming it
+    return fd
+
+
+def grappler() -> tuple[Any, Any, Any]:
+    """TensorFlow's grappler Python bindings: ``(cluster, item, tf_optimizer)`` modules."""
+    return (private("tensorflow.python.grappler.cluster"), private("tensorflow.python.grappler.item"),
+            private("tensorflow.python.grappler.tf_optimizer"))
