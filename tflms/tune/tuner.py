@@ -31,6 +31,7 @@ from tflms.ir.graph import Graph
 from tflms.rewrite.api import load_graph, no_training_step_error, resolve_accelerator
 from tflms.rewrite.apply import DEFAULT_COPY_OP, apply_plan
 from tflms.rewrite.plan import SwapPlan, plan_swaps
+from tflms.sim.incremental import PlanEvaluator
 from tflms.sim.profiles import HardwareProfile, get_profile
 from tflms.sim.simulator import SimOptions, SimResult, simulate
 from tflms.tune.idle import NO_OVERHEAD, STICK_TO_LIMIT, idle_candidates, plan_idle
@@ -54,6 +55,8 @@ IDLE_MAX_EVALUATIONS = 16
 IDLE_OVERSHOOT_SLACK = 0.05
 #: Largest relative slowdown the no-overhead mode accepts (simulation round-off, not a real cost).
 NO_OVERHEAD_TOLERANCE = 0.001
+#: The threshold ladder stops after this many fitting thresholds in a row that are no faster than the best.
+LADDER_PATIENCE = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,14 +146,24 @@ class _Evaluator:
         self.fit_by = FIT_BY_LIVE
         self.compress: Callable[[Graph, SwapPlan], Graph] | None = None
         self.candidates: list[Candidate] = []
-        self.graphs: dict[int, Graph] = {}
+        self.graphs: dict[int, Graph] = {}  # rewritten graphs by id(candidate), built by graph_of
+        # Candidates are simulated incrementally (no IR copy per plan, memoized by plan).
+        self.plans = PlanEvaluator(analysis.graph, profile, sim_options, copy_op=copy_op)
+
+    def graph_of(self, cand: Candidate) -> Graph:
+        """The rewritten graph of ``cand`` (built once, on demand: only the winner's is needed)."""
+        if id(cand) not in self.graphs:
+            self.graphs[id(cand)] = apply_plan(self.analysis.graph, cand.plan, copy_op=self.copy_op)
+        return self.graphs[id(cand)]
 
     def run(self, strategy: str, params: dict[str, Any], plan: SwapPlan, *, max_overhead: float | None = None,
             baseline: SimResult | None = None) -> Candidate:
-        graph = apply_plan(self.analysis.graph, plan, copy_op=self.copy_op)
+        graph = None
         if self.compress is not None:
-            graph = self.compress(graph, plan)
-        sim = simulate(graph, self.profile, options=self.sim_options)
+            graph = self.compress(apply_plan(self.analysis.graph, plan, copy_op=self.copy_op), plan)
+            sim = simulate(graph, self.profile, options=self.sim_options)
+        else:
+            sim = self.plans.evaluate(plan)
         why = ""
         need = self.need(sim)
         if need > self.budget:
@@ -160,7 +173,8 @@ class _Evaluator:
         elif max_overhead is not None and baseline is not None and sim.overhead_vs(baseline) > max_overhead:
             why = f"overhead {100 * sim.overhead_vs(baseline):.2f}% in no-overhead mode"
         cand = Candidate(strategy, params, plan, sim, fits=not why, why_not=why)
-        self.graphs[id(cand)] = graph
+        if graph is not None:
+            self.graphs[id(cand)] = graph
         self.candidates.append(cand)
         if self.progress:
             self.progress(f"{strategy} {params}: peak {format_bytes(sim.peak_with_margin_bytes)}, "
@@ -211,6 +225,7 @@ def search_distance(ev: _Evaluator, first_fit: bool = False) -> None:
     """
     ladder = _threshold_ladder(ev.analysis)
     fitting: list[Candidate] = []
+    no_better = 0  # fitting thresholds in a row no faster than the best (smaller ones only swap more)
     # One swap-in per consumer level can leave several copies of a tensor on the device
     # (consumers on adjacent levels); grouping them is the next resort before synchronous copies.
     for sync_mode, groupby in [(0, 0), (0, GROUPBY_RESORT_LEVELS), (1, GROUPBY_RESORT_LEVELS),
@@ -219,9 +234,13 @@ def search_distance(ev: _Evaluator, first_fit: bool = False) -> None:
             cand = ev.distance(swapout_threshold=threshold, swapin_ahead=1, swapin_groupby=groupby,
                                sync_mode=sync_mode)
             if cand.fits:
+                no_better = no_better + 1 if fitting and cand.sim.step_time_s >= min(
+                    c.sim.step_time_s for c in fitting) else 0
                 fitting.append(cand)
                 if first_fit:
                     return
+                if no_better >= LADDER_PATIENCE:
+                    break
             elif fitting:
                 break  # smaller thresholds only swap more: stop once fits have been found and lost
         if fitting:
@@ -232,10 +251,16 @@ def search_distance(ev: _Evaluator, first_fit: bool = False) -> None:
     params = dict(best.params)
     for name in ("swapin_ahead", "swapin_groupby"):
         limit = max(1, ev.analysis.num_levels // 4)
-        chosen = best
+        chosen = cand = best
         for value in _powers(limit)[1:] if name == "swapin_ahead" else [0] + _powers(limit):
             if name == "swapin_groupby" and value == params[name]:
                 continue
+            if name == "swapin_ahead" and value // 2 >= _useful_ahead(best.plan):
+                # Every trigger is already at its earliest level: larger values plan the same swaps. The last
+                # value would be chosen exactly when this one was (the same plan: memoized, not simulated).
+                if chosen is cand:
+                    chosen = ev.distance(**{**params, name: _powers(limit)[-1]})
+                break
             cand = ev.distance(**{**params, name: value})
             if cand.fits and cand.sim.step_time_s <= chosen.sim.step_time_s:
                 chosen = cand
@@ -243,6 +268,15 @@ def search_distance(ev: _Evaluator, first_fit: bool = False) -> None:
                 break
         params = dict(chosen.params)
         best = chosen
+
+
+def _useful_ahead(plan: SwapPlan) -> int:
+    """The largest ``swapin_ahead`` that can still move a trigger of ``plan`` (``find_trigger`` clamps
+    the target level to one above the producer's; synchronous swap-ins ignore ``swapin_ahead``)."""
+    if plan.config.sync_swap_in:
+        return 0
+    return max((g.consumer_levels[0] - s.producer_level - 1 for s in plan.swaps for g in s.swap_ins
+                if g.consumer_levels), default=0)
 
 
 def search_idle(ev: _Evaluator, baseline: SimResult, mode: str) -> None:
@@ -361,7 +395,7 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     order = ("none",) + STRATEGIES + OPT_IN_STRATEGIES
     best = min(fitting, key=lambda c: (c.sim.step_time_s, c.swapped_bytes, order.index(c.strategy)))
     return TuneResult(budget_bytes=budget_bytes, profile=profile.name, baseline=baseline, best=best,
-                      candidates=tuple(ev.candidates), graph=ev.graphs[id(best)], analysis=analysis)
+                      candidates=tuple(ev.candidates), graph=ev.graph_of(best), analysis=analysis)
 
 
 def rewrite_for(source: Any, config: LMSConfig, *args: Any, copy_op: str = DEFAULT_COPY_OP,
