@@ -40,7 +40,8 @@ def differences(new, old) -> list[str]:
     for name in FIELDS:
         a, b = getattr(new, name), getattr(old, name)
         if name == "ops":
-            a, b = [dataclasses.astuple(r) for r in a], [dataclasses.astuple(r) for r in b]
+            a, b = [tuple(dataclasses.astuple(r) if dataclasses.is_dataclass(r) else r) for r in a], \
+                [tuple(dataclasses.astuple(r) if dataclasses.is_dataclass(r) else r) for r in b]
         elif name == "buffer_owner":
             a, b = dict(a), dict(b)
         if a != b:

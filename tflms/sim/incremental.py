@@ -46,7 +46,7 @@ from tflms.rewrite.apply import COPY_OPS, DEFAULT_COPY_OP, SWAPIN_ON_ACCELERATOR
 from tflms.rewrite.plan import SwapPlan
 from tflms.sim.profiles import HardwareProfile, get_profile
 from tflms.sim.simulator import (IndexedGraph, OpCosts, SimOptions, SimResult, _add_recvs, _check_order,
-                                 _device_class, _level_sorted, _needed, _order_ids, _recv_needs, _run)
+                                 _device_class, _level_sorted, gc_paused, _needed, _order_ids, _recv_needs, _run)
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +131,7 @@ class PlanEvaluator:
             if i is not None and self._alive[i] and 0 <= ref.index < net.n_out[i]:
                 self._outputs.append(net.out_start[i] + ref.index)
         self._costs = OpCosts(base_graph, self.profile)
+        self._topo = [self._op_id[name] for name in base_graph.topological_order()]
         self._memo: dict = {}
         self.simulations = 0  # plans simulated (memo misses)
         self.memo_hits = 0
@@ -143,7 +144,8 @@ class PlanEvaluator:
         if hit is not None:
             self.memo_hits += 1
             return hit
-        result = self._simulate(plan)
+        with gc_paused():
+            result = self._simulate(plan)
         self._memo[key] = result
         self.simulations += 1
         return result
@@ -194,11 +196,59 @@ class PlanEvaluator:
             order = _order_ids(net, names, alive, recvs, needs)
             position = _check_order(net, order, alive)
         else:
-            order = _level_sorted(net, alive)
+            order = self._level_sorted(net, alive, n_base)
             position = [-1] * len(net.names)
             for k, i in enumerate(order):
                 position[i] = k
         return _run(net, order, position, self._outputs, self.profile, self.options, self._costs, alive)
+
+    def _level_sorted(self, net: IndexedGraph, alive: list[bool], n_base: int) -> list[int]:
+        """:func:`~tflms.sim.simulator._level_sorted`, walking the base's topological order with each added op
+        right after its latest predecessor; falls back to a full topological sort if a plan's edge runs backwards
+        in that order (a trigger after a consumer)."""
+        n = len(net.names)
+        preds = net.preds
+        rank = [0] * n
+        for k, i in enumerate(self._topo):
+            rank[i] = k
+        after: dict[int, list[int]] = {}
+        anchor: dict[int, int] = {}
+        for j in range(n_base, n):
+            if not alive[j]:
+                continue
+            best = None
+            for p in preds[j]:
+                q = p if p < n_base else anchor.get(p)
+                if q is None:
+                    return _level_sorted(net, alive)
+                if best is None or rank[q] > rank[best]:
+                    best = q
+            if best is None:
+                return _level_sorted(net, alive)
+            anchor[j] = best
+            after.setdefault(best, []).append(j)
+        level = [-1] * n
+
+        def visit(i: int) -> bool:
+            top = -1
+            for p in preds[i]:
+                lp = level[p]
+                if lp < 0:
+                    return False
+                if lp > top:
+                    top = lp
+            level[i] = top + 1
+            return True
+
+        for b in self._topo:
+            if alive[b] and not visit(b):
+                return _level_sorted(net, alive)
+            for j in after.get(b, ()):
+                if not visit(j):
+                    return _level_sorted(net, alive)
+        order = [i for i in range(n) if alive[i]]
+        order.sort(key=level.__getitem__)  # stable: ties keep graph order
+        return order
 
     def _apply(self, net: IndexedGraph, alive: list[bool], plan: SwapPlan) -> list[int]:
         """Append ``plan``'s swap ops to ``net`` as ``apply_plan`` inserts them; returns the ops whose edges changed."""

@@ -69,10 +69,13 @@ emulation: ``tflms.measure.EMULATION_PROFILE``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import gc
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 from tflms.analysis.cto import compute_levels
 from tflms.config import normalize_device
@@ -136,8 +139,9 @@ class SimOptions:
             raise ConfigError("margin_bytes must be >= 0")
 
 
-@dataclasses.dataclass(frozen=True)
-class OpRecord:
+class OpRecord(NamedTuple):
+    """When one op ran, where (a tuple: thousands are made per simulation)."""
+
     name: str
     device: str
     stream: str  # "compute", "d2h", "h2d" or "host"
@@ -247,6 +251,24 @@ def variable_bytes(graph: Graph) -> dict[str, int]:
             handle = op.inputs[0].name
             sizes[handle] = max(sizes.get(handle, 0), op.outputs[0].num_bytes or 0)
     return sizes
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Pause CPython's cyclic garbage collector for a simulation.
+
+    A simulation allocates tens of thousands of small tuples; each allocation burst triggers
+    collections that scan every tracked object of the process (the IR graph, earlier results), which
+    cost more than the simulation itself on a ResNet-50 step. The simulator makes no reference
+    cycles worth collecting early; the collector resumes afterwards (if it was enabled).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -569,6 +591,7 @@ class OpCosts:
         return t
 
 
+
 def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outputs: Iterable[int],
          profile: HardwareProfile, options: SimOptions, costs: OpCosts, alive: Sequence[bool],
          observed: Mapping[str, tuple[float, float]] | None = None) -> SimResult:
@@ -579,7 +602,9 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
     outputs = set(outputs)
     num_tensors = len(t_op)
     # ----------------------------------------------------------- buffers
-    buffer_of = list(range(num_tensors))  # tensor -> the tensor that owns its buffer
+    # buffer_of[t] is the tensor owning t's buffer; until forwarding it is always resolved (an owner),
+    # because an alias takes its input's (resolved) owner and inputs come earlier in the order.
+    buffer_of = list(range(num_tensors))
     in_order = [False] * num_tensors  # outputs of ops in the order
     resident = [False] * num_tensors
     variable_reads = [False] * num_tensors
@@ -617,7 +642,7 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
         return owner
 
     # ----------------------------------------------------------- timing
-    end: list[float | None] = [None] * n
+    end: list = [None] * n
     start = [0.0] * n
     event_seq = [0.0] * n
     records: list[tuple[float, float, str, int, str]] = []  # (start, end, name, op, stream)
@@ -635,12 +660,9 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
             dependents.setdefault(p, []).append(i)
     copy_time_s = profile.copy_time_s
 
-    def finish(i: int, when: float, seq: float) -> None:
-        end[i] = when
-        event_seq[i] = seq
-        deps = dependents.get(i)
-        if not deps:
-            return
+    def release(deps: list[int], seq: float) -> None:
+        """Start the transfers that waited only for an op that just finished (in order of position)."""
+        nonlocal transfer_time
         ready = []
         for dep in deps:
             waiting[dep] -= 1
@@ -648,22 +670,23 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
                 ready.append(dep)
         if len(ready) > 1:
             ready.sort(key=position.__getitem__)
-        for dep in ready:
-            run_transfer(dep, seq)
-
-    def run_transfer(i: int, seq: float) -> None:
-        nonlocal transfer_time
-        direction = "h2d" if dev[i] == ACCEL else "d2h"
-        ready_at = max((end[p] for p in preds[i]), default=0.0)
-        t0 = max(ready_at, stream_free[direction])
-        duration = copy_time_s(t_info[inputs[i][0]].num_bytes or 0)
-        stream_free[direction] = t0 + duration
-        transfer_time += duration
-        start[i] = t0
-        records.append((t0, t0 + duration, names[i], i, direction))
-        finish(i, t0 + duration, seq + 0.5)
+        for i in ready:
+            direction = "h2d" if dev[i] == ACCEL else "d2h"
+            ready_at = max((end[p] for p in preds[i]), default=0.0)
+            t0 = max(ready_at, stream_free[direction])
+            duration = copy_time_s(t_info[inputs[i][0]].num_bytes or 0)
+            stream_free[direction] = t0 + duration
+            transfer_time += duration
+            start[i] = t0
+            records.append((t0, t0 + duration, names[i], i, direction))
+            end[i] = t0 + duration
+            event_seq[i] = seq + 0.5
+            more = dependents.get(i)
+            if more:
+                release(more, seq + 0.5)
 
     src_ops = net.src_ops
+    times = costs._times
     for idx, i in enumerate(order):
         if observed is not None:  # replay: every op at its observed time
             ready_at = max((end[p] for p in preds[i]), default=0.0)
@@ -679,31 +702,34 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
             continue
         if is_transfer[i]:
             continue
-        p_list = preds[i]
         ready_at = 0.0
         latest = -1
-        for p in p_list:
+        for p in preds[i]:
             e = end[p]
             if e is None:  # a transfer whose own inputs come later cannot happen in a valid order
                 raise GraphError(f"{names[i]!r} depends on {names[p]!r}, which the schedule cannot run before it")
             if latest < 0 or e > ready_at:
                 ready_at, latest = e, p
         if dev[i] == HOST:
-            t0 = ready_at
-            duration = 0.0
-            stream = "host"
+            t0 = t1 = ready_at
+            records.append((t0, t1, names[i], i, "host"))
         else:
             t0 = compute_free if compute_free > ready_at else ready_at
             if ready_at > compute_free and is_transfer[latest]:
                 stall += ready_at - compute_free
-            duration = costs.time_s(i, src_ops[i]) if src_ops[i] is not None else op_time_s(
-                net.graph, _synthetic_op(net, i), profile)
-            compute_free = t0 + duration
+            duration = times.get(i) if src_ops[i] is not None else None
+            if duration is None:
+                duration = costs.time_s(i, src_ops[i]) if src_ops[i] is not None else op_time_s(
+                    net.graph, _synthetic_op(net, i), profile)
+            t1 = compute_free = t0 + duration
             compute_time += duration
-            stream = "compute"
+            records.append((t0, t1, names[i], i, "compute"))
         start[i] = t0
-        records.append((t0, t0 + duration, names[i], i, stream))
-        finish(i, t0 + duration, float(idx))
+        end[i] = t1
+        event_seq[i] = seq = float(idx)
+        deps = dependents.get(i)
+        if deps:
+            release(deps, seq)
     if observed is None:
         for i in pending_transfers:
             if end[i] is None:
@@ -715,19 +741,19 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
     # it is the buffer's last reader in the order and every other reader has ended by the
     # time it starts (a concurrent reader, e.g. a copy still running, keeps its reference).
     # Function outputs are read by the caller after the last op (never forwarded).
-    readers: dict[int, list[int]] = {}
+    readers: dict[int, list[int]] = {}  # buffer -> the ops reading it, in order
     for i in order:
         for t in inputs[i]:
-            o = owner_of(t)
+            o = buffer_of[t]
             r = readers.get(o)
             if r is None:
                 readers[o] = [i]
             else:
                 r.append(i)
-    last_reader: dict[int, int] = {buf: max(position[r] for r in rs) for buf, rs in readers.items()}
+    last_reader: dict[int, int] = {buf: position[rs[-1]] for buf, rs in readers.items()}
     for t in outputs:
         if in_order[t]:
-            last_reader[owner_of(t)] = len(order)
+            last_reader[buffer_of[t]] = len(order)
     if options.model_forwarding:
         for i in order:
             if types[i] not in FORWARDING_OPS or n_out[i] != 1 or is_transfer[i]:
@@ -749,70 +775,63 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
                     last_reader[buf] = max(last_reader[buf], last_reader.get(own, -1))
                     readers[buf].extend(readers.pop(own, ()))
                     break
+    # Resolve the chains forwarding made; ``readers`` is keyed by final owners already.
     for t in range(num_tensors):
-        if in_order[t]:
+        o = buffer_of[t]
+        if o != t and buffer_of[o] != o:
             owner_of(t)
-    readers = {}
-    for i in order:
-        for t in inputs[i]:
-            o = buffer_of[t]
-            r = readers.get(o)
-            if r is None:
-                readers[o] = [i]
-            else:
-                r.append(i)
 
     # ----------------------------------------------------------- memory events
-    events: list[tuple[float, float, int, int, str, int]] = []  # (time, seq, phase, delta, device, tensor id)
+    events: list[tuple[float, float, int, int, int, str]] = []  # (time, seq, phase, tensor id, delta, device)
     tensor_names: list[str] = []
     resident_bytes = _resident_variable_bytes(net, alive)
     host_resident = 0
-    owners = sorted({buffer_of[t] for t in range(num_tensors) if in_order[t]},
-                    key=lambda t: (position[t_op[t]], t_idx[t]))
     output_owners = {buffer_of[t] for t in outputs if in_order[t]}
     workspaces = options.workspace_bytes_per_element
     inf = float("inf")
-    for buf in owners:
-        info = t_info[buf]
-        size = info.num_bytes or 0
-        if size == 0 or variable_reads[buf]:
-            continue
-        op = t_op[buf]
-        per_element = workspaces.get(types[op], 0) if workspaces else 0
-        if per_element and t_idx[buf] == 0 and info.dtype in DTYPE_BYTES:
-            size += int(per_element * size // DTYPE_BYTES[info.dtype])
-        d = dev[op]
-        if resident[buf]:
-            if d == ACCEL:
-                resident_bytes += size
+    for op in order:  # owners in order of (position, output index)
+        s = out_start[op]
+        for buf in range(s, s + n_out[op]):
+            if buffer_of[buf] != buf:
+                continue
+            info = t_info[buf]
+            size = info.num_bytes or 0
+            if size == 0 or variable_reads[buf]:
+                continue
+            if workspaces:
+                per_element = workspaces.get(types[op], 0)
+                if per_element and buf == s and info.dtype in DTYPE_BYTES:
+                    size += int(per_element * size // DTYPE_BYTES[info.dtype])
+            d = dev[op]
+            if resident[buf]:
+                if d == ACCEL:
+                    resident_bytes += size
+                else:
+                    host_resident += size
+                continue
+            tid = len(tensor_names)
+            tensor_names.append(f"{names[op]}:{buf - s}")
+            users = readers.get(buf)
+            if buf in output_owners:
+                t_free, seq_free = step_time, inf
+            elif users:
+                last = users[0]
+                t_free, seq_free = end[last], event_seq[last]
+                for u in users:
+                    e = end[u]
+                    if e > t_free or (e == t_free and event_seq[u] > seq_free):
+                        t_free, seq_free = e, event_seq[u]
             else:
-                host_resident += size
-            continue
-        tid = len(tensor_names)
-        tensor_names.append(net.tensor_name(buf))
-        t_alloc = start[op]
-        seq_alloc = event_seq[op] - (0.25 if is_transfer[op] else 0.0)
-        users = readers.get(buf)
-        if buf in output_owners:
-            t_free, seq_free = step_time, inf
-        elif users:
-            last = users[0]
-            best = (end[last], event_seq[last])
-            for u in users:
-                key = (end[u], event_seq[u])
-                if key > best:
-                    last, best = u, key
-            t_free, seq_free = best
-        else:
-            t_free, seq_free = end[op], event_seq[op]
-        events.append((t_alloc, seq_alloc, 0, size, d, tid))
-        events.append((t_free, seq_free, 1, -size, d, tid))
-    events.sort(key=lambda e: (e[0], e[1], e[2]))
+                t_free, seq_free = end[op], event_seq[op]
+            events.append((start[op], event_seq[op] - (0.25 if is_transfer[op] else 0.0), 0, tid, size, d))
+            events.append((t_free, seq_free, 1, tid, -size, d))
+    # Ties of (time, seq, phase) keep tensor order (the order events were made in).
+    events.sort()
     live_accel, live_host = resident_bytes, host_resident
     peak, peak_index, peak_time, host_peak = live_accel, -1, 0.0, live_host
     timeline = [(0.0, live_accel, live_host)]
     append = timeline.append
-    for k, (t, _, _, delta, d, _) in enumerate(events):
+    for k, (t, _, _, _, delta, d) in enumerate(events):
         if d == ACCEL:
             live_accel += delta
             if live_accel > peak:
@@ -824,7 +843,7 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
         append((t, live_accel, live_host))
     first_event: dict[int, int] = {}
     lifetimes = []
-    for k, (_, _, phase, delta, d, tid) in enumerate(events):
+    for k, (_, _, phase, tid, delta, d) in enumerate(events):
         if d != ACCEL:
             continue
         if phase == 0:
@@ -833,7 +852,7 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
             lifetimes.append((tensor_names[tid], -delta, first_event[tid], max(first_event[tid], k - 1)))
     lifetimes.sort(key=lambda lt: (lt[2], lt[0]))
     alive_at: dict[int, int] = {}
-    for t, _, phase, delta, d, tid in events[:peak_index + 1]:
+    for _, _, phase, tid, delta, d in events[:peak_index + 1]:
         if d != ACCEL:
             continue
         if phase == 0:
@@ -842,7 +861,7 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
             alive_at.pop(tid, None)
     live_at_peak = tuple(sorted(((tensor_names[k], v) for k, v in alive_at.items()), key=lambda kv: (-kv[1], kv[0])))
     margin = int(peak * options.margin_fraction) + options.margin_bytes
-    records.sort(key=lambda r: (r[0], r[1], r[2]))
+    records.sort()  # (start, end, name): names are unique
     op_records = tuple(OpRecord(name, dev[i], stream, t0, t1) for t0, t1, name, i, stream in records)
     buffer_owner = {net.tensor_name(t): net.tensor_name(buffer_of[t]) for t in range(num_tensors)
                     if in_order[t] and buffer_of[t] != t}
@@ -895,8 +914,9 @@ def simulate(graph: Graph, profile: str | HardwareProfile, *, order: Sequence[st
         ref = TensorRef.parse(name)
         if ref.op in op_id and alive[op_id[ref.op]] and 0 <= ref.index < net.n_out[op_id[ref.op]]:
             outputs.append(net.out_start[op_id[ref.op]] + ref.index)
-    return _run(net, order_ids, position, outputs, profile, options, OpCosts(graph, profile), alive,
-                observed=observed)
+    with gc_paused():
+        return _run(net, order_ids, position, outputs, profile, options, OpCosts(graph, profile), alive,
+                    observed=observed)
 
 
 def compare(original: SimResult, rewritten: SimResult) -> Mapping[str, float]:

@@ -33,7 +33,7 @@ from tflms.rewrite.apply import DEFAULT_COPY_OP, apply_plan
 from tflms.rewrite.plan import SwapPlan, plan_swaps
 from tflms.sim.incremental import PlanEvaluator
 from tflms.sim.profiles import HardwareProfile, get_profile
-from tflms.sim.simulator import SimOptions, SimResult, simulate
+from tflms.sim.simulator import SimOptions, SimResult, gc_paused, simulate
 from tflms.tune.idle import NO_OVERHEAD, STICK_TO_LIMIT, idle_candidates, plan_idle
 from tflms.tune.vdnn import search_vdnn
 from tflms.units import format_bytes, parse_bytes
@@ -380,7 +380,8 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
         if base.fits or (first_fit and any(c.fits for c in ev.candidates)):
             break
         if name in strategies or (name == "vdnn" and set(strategies) & set(OPT_IN_STRATEGIES)):
-            search()
+            with gc_paused():  # the searches allocate much and make no cycles (see gc_paused)
+                search()
     fitting = [c for c in ev.candidates if c.fits]
     if not fitting:
         smallest = min(ev.candidates, key=lambda c: ev.need(c.sim))
