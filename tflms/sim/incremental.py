@@ -104,6 +104,14 @@ class PlanEvaluator:
         self.options = options or SimOptions()
         self.copy_op, self.swapin_on = copy_op, swapin_on
         self.order = tuple(order) if order is not None else None
+        with gc_paused():
+            self._derive(base_graph, output_names)
+        self._memo: dict = {}
+        self.simulations = 0  # plans simulated (memo misses)
+        self.memo_hits = 0
+
+    def _derive(self, base_graph: Graph, output_names: Sequence[str] | None) -> None:
+        """The plan-independent facts of the base graph (see module doc)."""
         sig = base_graph.signature
         if output_names is None:
             output_names = sig.output_names if sig is not None else ()
@@ -132,13 +140,12 @@ class PlanEvaluator:
                 self._outputs.append(net.out_start[i] + ref.index)
         self._costs = OpCosts(base_graph, self.profile)
         self._topo = [self._op_id[name] for name in base_graph.topological_order()]
-        self._memo: dict = {}
-        self.simulations = 0  # plans simulated (memo misses)
-        self.memo_hits = 0
 
     # ------------------------------------------------------------------ public
     def evaluate(self, plan: SwapPlan | None) -> SimResult:
         """The simulation of ``plan`` applied to the base graph (``None``: the base graph itself)."""
+        if plan is not None and not plan.swaps:
+            plan = None  # nothing inserted: the base graph
         key = None if plan is None else (plan.config.host_device, plan.accelerator_device, plan.swaps)
         hit = self._memo.get(key)
         if hit is not None:
@@ -228,24 +235,18 @@ class PlanEvaluator:
             anchor[j] = best
             after.setdefault(best, []).append(j)
         level = [-1] * n
-
-        def visit(i: int) -> bool:
-            top = -1
-            for p in preds[i]:
-                lp = level[p]
-                if lp < 0:
-                    return False
-                if lp > top:
-                    top = lp
-            level[i] = top + 1
-            return True
-
         for b in self._topo:
-            if alive[b] and not visit(b):
-                return _level_sorted(net, alive)
-            for j in after.get(b, ()):
-                if not visit(j):
-                    return _level_sorted(net, alive)
+            if not alive[b]:
+                continue
+            for i in (b, *after[b]) if b in after else (b,):
+                top = -1
+                for p in preds[i]:
+                    lp = level[p]
+                    if lp < 0:  # an input later in this order: sort properly
+                        return _level_sorted(net, alive)
+                    if lp > top:
+                        top = lp
+                level[i] = top + 1
         order = [i for i in range(n) if alive[i]]
         order.sort(key=level.__getitem__)  # stable: ties keep graph order
         return order

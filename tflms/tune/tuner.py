@@ -153,7 +153,8 @@ class _Evaluator:
     def graph_of(self, cand: Candidate) -> Graph:
         """The rewritten graph of ``cand`` (built once, on demand: only the winner's is needed)."""
         if id(cand) not in self.graphs:
-            self.graphs[id(cand)] = apply_plan(self.analysis.graph, cand.plan, copy_op=self.copy_op)
+            with gc_paused():
+                self.graphs[id(cand)] = apply_plan(self.analysis.graph, cand.plan, copy_op=self.copy_op)
         return self.graphs[id(cand)]
 
     def run(self, strategy: str, params: dict[str, Any], plan: SwapPlan, *, max_overhead: float | None = None,
@@ -363,8 +364,8 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     accelerator = config.accelerator_device or resolve_accelerator(config)[0]
     if accelerator == config.host_device:
         accelerator = "/device:GPU:0"  # planning for a GPU we do not have: the profile is the device
-    baseline = simulate(graph, profile, options=sim_options)
     ev = _Evaluator(analysis, profile, budget_bytes, host_bytes, sim_options, config, accelerator, copy_op, progress)
+    baseline = ev.plans.evaluate(None)  # = simulate(graph, profile, options=sim_options)
     ev.fit_by = fit_by
     ev.compress = compress
     base_need = ev.need(baseline)
