@@ -15,6 +15,13 @@ Model (checked against TensorFlow's executor in ``tools/validate_memory.py`` and
   replays a measured run instead: every listed op starts and ends when it did.
   :func:`order_from_start_times` turns observed start times (e.g. the executor's
   ``ExecutorMeasurement.node_times``) into an order for ``simulate(order=...)``.
+- **Copy queues.** Each direction has one copy stream; a copy waits for the copies
+  ahead of it. ``SimOptions.transfer_order="fifo"`` serves copies in the order they
+  became ready (an event-driven walk: compute in the given order, host ops and
+  copies when ready); the default ``"release"`` serves them in the order the walk
+  over the execution order releases them, which puts a copy whose trigger ran
+  early on a parallel branch behind copies released before it
+  (``tests/test_sim_queues.py`` works both out by hand).
 - **Memory.** Outputs are allocated when their op starts and freed when the last
   op reading them (directly or through an alias) has ended. Aliasing ops
   (``Identity`` on one device, ``Reshape``, ...) share their input's buffer;
@@ -109,6 +116,10 @@ ONEDNN_CPU_WORKSPACES = {"MaxPool": 1.0}
 #: Ops whose outputs are resident (variables) rather than step activations.
 VARIABLE_READ_OPS = frozenset({"ReadVariableOp", "VarHandleOp", "ResourceGather"})
 _SOURCE_OPS = frozenset({"Placeholder", "_Arg"})
+#: ``SimOptions.transfer_order``: copies take their stream in the order the simulator releases them while it
+#: walks the execution order ("release", the model so far), or first come first served by the time they became
+#: ready ("fifo", what one copy engine per direction does).
+TRANSFER_ORDER_RELEASE, TRANSFER_ORDER_FIFO = "release", "fifo"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +135,10 @@ class SimOptions:
     #: Extra bytes per element of output 0 that kernels of these op types allocate with
     #: that output and keep as long as it (see ``ONEDNN_CPU_WORKSPACES``); ``{type: bytes}``.
     workspace_bytes_per_element: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    #: How copies queue on each direction's stream (:data:`TRANSFER_ORDER_RELEASE` or :data:`TRANSFER_ORDER_FIFO`,
+    #: see the module doc). ``release`` serves a copy released later in the order after an earlier-released one
+    #: even when it was ready sooner (a host swap-in whose trigger ran earlier on a parallel branch).
+    transfer_order: str = TRANSFER_ORDER_RELEASE
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "host_device", normalize_device(self.host_device, field="host_device"))
@@ -137,6 +152,9 @@ class SimOptions:
             raise ConfigError(f"margin_fraction must be in [0, 10), got {self.margin_fraction}")
         if self.margin_bytes < 0:
             raise ConfigError("margin_bytes must be >= 0")
+        if self.transfer_order not in (TRANSFER_ORDER_RELEASE, TRANSFER_ORDER_FIFO):
+            raise ConfigError(f"transfer_order must be {TRANSFER_ORDER_RELEASE!r} or {TRANSFER_ORDER_FIFO!r}, "
+                              f"got {self.transfer_order!r}")
 
 
 class OpRecord(NamedTuple):
@@ -642,98 +660,208 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
         return owner
 
     # ----------------------------------------------------------- timing
-    end: list = [None] * n
-    start = [0.0] * n
-    event_seq = [0.0] * n
-    records: list[tuple[float, float, str, int, str]] = []  # (start, end, name, op, stream)
-    stream_free = {"d2h": 0.0, "h2d": 0.0}
-    compute_free = 0.0
-    stall = 0.0
-    compute_time = 0.0
-    transfer_time = 0.0
-    pending_transfers = [i for i in order if is_transfer[i]]
-    waiting = [0] * n
-    dependents: dict[int, list[int]] = {}
-    for i in pending_transfers:
-        waiting[i] = len(preds[i])
-        for p in preds[i]:
-            dependents.setdefault(p, []).append(i)
-    copy_time_s = profile.copy_time_s
-
-    def release(deps: list[int], seq: float) -> None:
-        """Start the transfers that waited only for an op that just finished (in order of position)."""
-        nonlocal transfer_time
-        ready = []
-        for dep in deps:
-            waiting[dep] -= 1
-            if waiting[dep] == 0:
-                ready.append(dep)
-        if len(ready) > 1:
-            ready.sort(key=position.__getitem__)
-        for i in ready:
-            direction = "h2d" if dev[i] == ACCEL else "d2h"
-            ready_at = max((end[p] for p in preds[i]), default=0.0)
-            t0 = max(ready_at, stream_free[direction])
-            duration = copy_time_s(t_info[inputs[i][0]].num_bytes or 0)
-            stream_free[direction] = t0 + duration
-            transfer_time += duration
-            start[i] = t0
-            records.append((t0, t0 + duration, names[i], i, direction))
-            end[i] = t0 + duration
-            event_seq[i] = seq + 0.5
-            more = dependents.get(i)
-            if more:
-                release(more, seq + 0.5)
-
-    src_ops = net.src_ops
-    times = costs._times
-    for idx, i in enumerate(order):
-        if observed is not None:  # replay: every op at its observed time
-            ready_at = max((end[p] for p in preds[i]), default=0.0)
-            t0, t1 = observed.get(names[i], (ready_at, ready_at))
-            if is_transfer[i]:
-                stream = "h2d" if dev[i] == ACCEL else "d2h"
-                transfer_time += t1 - t0
-            else:
-                stream = "host" if dev[i] == HOST else "compute"
-                compute_time += (t1 - t0) if stream == "compute" else 0.0
-            start[i], end[i], event_seq[i] = t0, t1, float(idx)
-            records.append((t0, t1, names[i], i, stream))
-            continue
-        if is_transfer[i]:
-            continue
-        ready_at = 0.0
-        latest = -1
-        for p in preds[i]:
-            e = end[p]
-            if e is None:  # a transfer whose own inputs come later cannot happen in a valid order
-                raise GraphError(f"{names[i]!r} depends on {names[p]!r}, which the schedule cannot run before it")
-            if latest < 0 or e > ready_at:
-                ready_at, latest = e, p
-        if dev[i] == HOST:
-            t0 = t1 = ready_at
-            records.append((t0, t1, names[i], i, "host"))
-        else:
-            t0 = compute_free if compute_free > ready_at else ready_at
-            if ready_at > compute_free and is_transfer[latest]:
-                stall += ready_at - compute_free
-            duration = times.get(i) if src_ops[i] is not None else None
-            if duration is None:
-                duration = costs.time_s(i, src_ops[i]) if src_ops[i] is not None else op_time_s(
-                    net.graph, _synthetic_op(net, i), profile)
-            t1 = compute_free = t0 + duration
-            compute_time += duration
-            records.append((t0, t1, names[i], i, "compute"))
-        start[i] = t0
-        end[i] = t1
-        event_seq[i] = seq = float(idx)
-        deps = dependents.get(i)
-        if deps:
-            release(deps, seq)
-    if observed is None:
+    if options.transfer_order == TRANSFER_ORDER_RELEASE or observed is not None:
+        end: list = [None] * n
+        start = [0.0] * n
+        event_seq = [0.0] * n
+        records: list[tuple[float, float, str, int, str]] = []  # (start, end, name, op, stream)
+        stream_free = {"d2h": 0.0, "h2d": 0.0}
+        compute_free = 0.0
+        stall = 0.0
+        compute_time = 0.0
+        transfer_time = 0.0
+        pending_transfers = [i for i in order if is_transfer[i]]
+        waiting = [0] * n
+        dependents: dict[int, list[int]] = {}
         for i in pending_transfers:
+            waiting[i] = len(preds[i])
+            for p in preds[i]:
+                dependents.setdefault(p, []).append(i)
+        copy_time_s = profile.copy_time_s
+
+        def release(deps: list[int], seq: float) -> None:
+            """Start the transfers that waited only for an op that just finished (in order of position)."""
+            nonlocal transfer_time
+            ready = []
+            for dep in deps:
+                waiting[dep] -= 1
+                if waiting[dep] == 0:
+                    ready.append(dep)
+            if len(ready) > 1:
+                ready.sort(key=position.__getitem__)
+            for i in ready:
+                direction = "h2d" if dev[i] == ACCEL else "d2h"
+                ready_at = max((end[p] for p in preds[i]), default=0.0)
+                t0 = max(ready_at, stream_free[direction])
+                duration = copy_time_s(t_info[inputs[i][0]].num_bytes or 0)
+                stream_free[direction] = t0 + duration
+                transfer_time += duration
+                start[i] = t0
+                records.append((t0, t0 + duration, names[i], i, direction))
+                end[i] = t0 + duration
+                event_seq[i] = seq + 0.5
+                more = dependents.get(i)
+                if more:
+                    release(more, seq + 0.5)
+
+        src_ops = net.src_ops
+        times = costs._times
+        for idx, i in enumerate(order):
+            if observed is not None:  # replay: every op at its observed time
+                ready_at = max((end[p] for p in preds[i]), default=0.0)
+                t0, t1 = observed.get(names[i], (ready_at, ready_at))
+                if is_transfer[i]:
+                    stream = "h2d" if dev[i] == ACCEL else "d2h"
+                    transfer_time += t1 - t0
+                else:
+                    stream = "host" if dev[i] == HOST else "compute"
+                    compute_time += (t1 - t0) if stream == "compute" else 0.0
+                start[i], end[i], event_seq[i] = t0, t1, float(idx)
+                records.append((t0, t1, names[i], i, stream))
+                continue
+            if is_transfer[i]:
+                continue
+            ready_at = 0.0
+            latest = -1
+            for p in preds[i]:
+                e = end[p]
+                if e is None:  # a transfer whose own inputs come later cannot happen in a valid order
+                    raise GraphError(f"{names[i]!r} depends on {names[p]!r}, which the schedule cannot run before it")
+                if latest < 0 or e > ready_at:
+                    ready_at, latest = e, p
+            if dev[i] == HOST:
+                t0 = t1 = ready_at
+                records.append((t0, t1, names[i], i, "host"))
+            else:
+                t0 = compute_free if compute_free > ready_at else ready_at
+                if ready_at > compute_free and is_transfer[latest]:
+                    stall += ready_at - compute_free
+                duration = times.get(i) if src_ops[i] is not None else None
+                if duration is None:
+                    duration = costs.time_s(i, src_ops[i]) if src_ops[i] is not None else op_time_s(
+                        net.graph, _synthetic_op(net, i), profile)
+                t1 = compute_free = t0 + duration
+                compute_time += duration
+                records.append((t0, t1, names[i], i, "compute"))
+            start[i] = t0
+            end[i] = t1
+            event_seq[i] = seq = float(idx)
+            deps = dependents.get(i)
+            if deps:
+                release(deps, seq)
+        if observed is None:
+            for i in pending_transfers:
+                if end[i] is None:
+                    raise GraphError(f"transfer {names[i]!r} never became ready (its inputs never ran)")
+    else:
+        end: list = [None] * n
+        start = [0.0] * n
+        event_seq = [0.0] * n
+        records: list[tuple[float, float, str, int, str]] = []  # (start, end, name, op, stream)
+        stall = 0.0
+        compute_time = 0.0
+        transfer_time = 0.0
+        # Events in time order. Compute ops run one at a time in the order; host ops run when their inputs
+        # are done; transfers queue on their direction's stream and are served first come (by the time they
+        # became ready), first served. ``event_seq`` breaks ties between memory events at one instant: an op's
+        # position in the order, and for a transfer the latest sequence of its inputs plus one half.
+        remaining = [0] * n
+        succs: dict[int, list[int]] = {}
+        for i in order:
+            p = preds[i]
+            remaining[i] = len(p)
+            for q in p:
+                s_list = succs.get(q)
+                if s_list is None:
+                    succs[q] = [i]
+                else:
+                    s_list.append(i)
+        ready_at = [0.0] * n
+        release_seq = [-1.0] * n
+        compute_ops = [i for i in order if not is_transfer[i] and dev[i] != HOST]
+        next_compute = 0
+        compute_free = 0.0
+        stream_free = {"d2h": 0.0, "h2d": 0.0}
+        waiting: dict[str, list] = {"d2h": [], "h2d": []}  # heaps of (ready, release seq, position, op)
+        heap: list = []  # (time, seq, kind, op, direction): kind 0 = an op finished, 1 = a stream may start a copy
+        heappush, heappop = heapq.heappush, heapq.heappop
+        copy_time_s = profile.copy_time_s
+        src_ops = net.src_ops
+        times = costs._times
+        inf = float("inf")
+        for i in order:
+            if remaining[i] == 0 and dev[i] == HOST and not is_transfer[i]:
+                start[i] = end[i] = 0.0
+                event_seq[i] = float(position[i])
+                records.append((0.0, 0.0, names[i], i, "host"))
+                heappush(heap, (0.0, event_seq[i], 0, i, ""))
+        while True:
+            while next_compute < len(compute_ops) and remaining[compute_ops[next_compute]] == 0:
+                i = compute_ops[next_compute]
+                next_compute += 1
+                ready = 0.0
+                latest = -1
+                for p in preds[i]:
+                    e = end[p]
+                    if latest < 0 or e > ready:
+                        ready, latest = e, p
+                t0 = compute_free if compute_free > ready else ready
+                if ready > compute_free and is_transfer[latest]:
+                    stall += ready - compute_free
+                duration = times.get(i) if src_ops[i] is not None else None
+                if duration is None:
+                    duration = costs.time_s(i, src_ops[i]) if src_ops[i] is not None else op_time_s(
+                        net.graph, _synthetic_op(net, i), profile)
+                t1 = compute_free = t0 + duration
+                compute_time += duration
+                records.append((t0, t1, names[i], i, "compute"))
+                start[i] = t0
+                end[i] = t1
+                event_seq[i] = float(position[i])
+                heappush(heap, (t1, event_seq[i], 0, i, ""))
+            if not heap:
+                break
+            now, _, kind, i, direction = heappop(heap)
+            if kind == 1:
+                queue = waiting[direction]
+                while queue and max(queue[0][0], stream_free[direction]) <= now:
+                    ready, rseq, _, j = heappop(queue)
+                    t0 = max(ready, stream_free[direction])
+                    duration = copy_time_s(t_info[inputs[j][0]].num_bytes or 0)
+                    stream_free[direction] = t0 + duration
+                    transfer_time += duration
+                    start[j] = t0
+                    end[j] = t0 + duration
+                    event_seq[j] = rseq + 0.5
+                    records.append((t0, t0 + duration, names[j], j, direction))
+                    heappush(heap, (end[j], event_seq[j], 0, j, ""))
+                if queue:
+                    heappush(heap, (max(queue[0][0], stream_free[direction]), inf, 1, -1, direction))
+                continue
+            e_i, s_i = end[i], event_seq[i]
+            for j in succs.get(i, ()):
+                if e_i > ready_at[j]:
+                    ready_at[j] = e_i
+                if s_i > release_seq[j]:
+                    release_seq[j] = s_i
+                remaining[j] -= 1
+                if remaining[j]:
+                    continue
+                if is_transfer[j]:
+                    d = "h2d" if dev[j] == ACCEL else "d2h"
+                    heappush(waiting[d], (ready_at[j], release_seq[j], position[j], j))
+                    heappush(heap, (max(ready_at[j], stream_free[d]), inf, 1, -1, d))
+                elif dev[j] == HOST:
+                    t = ready_at[j]
+                    start[j] = end[j] = t
+                    event_seq[j] = float(position[j])
+                    records.append((t, t, names[j], j, "host"))
+                    heappush(heap, (t, event_seq[j], 0, j, ""))
+        for i in order:
             if end[i] is None:
-                raise GraphError(f"transfer {names[i]!r} never became ready (its inputs never ran)")
+                blocked = [names[p] for p in preds[i] if end[p] is None]
+                raise GraphError(f"{names[i]!r} never ran: it waits for {blocked[:3]}, which the schedule cannot "
+                                 "run before it")
     step_time = max((end[i] for i in order), default=0.0)
 
     # ----------------------------------------------------------- forwarding
