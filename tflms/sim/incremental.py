@@ -50,6 +50,9 @@ from tflms.sim.simulator import (IndexedGraph, OpCosts, SimOptions, SimResult, _
 
 logger = logging.getLogger(__name__)
 
+#: Results a :class:`PlanEvaluator` keeps (oldest dropped first); a tune simulates a few dozen plans.
+MEMO_SIZE = 256
+
 
 def order_with_plan(order: Sequence[str], plan: SwapPlan) -> list[str]:
     """``order`` (op names of the base graph) with the plan's swap ops slotted in (see module doc).
@@ -87,7 +90,9 @@ class PlanEvaluator:
 
     ``copy_op`` and ``swapin_on`` mean what they mean for
     :func:`~tflms.rewrite.apply.apply_plan`; ``order`` (op names of the base
-    graph) replaces the level order (see :func:`order_with_plan`).
+    graph) replaces the level order (see :func:`order_with_plan`). Results are
+    memoized by plan (the last :data:`MEMO_SIZE`); ``simulations`` and
+    ``memo_hits`` count what was simulated and what was answered from memory.
     """
 
     def __init__(self, base_graph: Graph, profile: str | HardwareProfile, options: SimOptions | None = None, *,
@@ -153,6 +158,8 @@ class PlanEvaluator:
             return hit
         with gc_paused():
             result = self._simulate(plan)
+        if len(self._memo) >= MEMO_SIZE:
+            del self._memo[next(iter(self._memo))]
         self._memo[key] = result
         self.simulations += 1
         return result
