@@ -145,6 +145,9 @@ class PlanEvaluator:
                 self._outputs.append(net.out_start[i] + ref.index)
         self._costs = OpCosts(base_graph, self.profile)
         self._topo = [self._op_id[name] for name in base_graph.topological_order()]
+        self._rank = [0] * n  # position in ``_topo``
+        for k, i in enumerate(self._topo):
+            self._rank[i] = k
 
     # ------------------------------------------------------------------ public
     def evaluate(self, plan: SwapPlan | None) -> SimResult:
@@ -222,9 +225,7 @@ class PlanEvaluator:
         in that order (a trigger after a consumer)."""
         n = len(net.names)
         preds = net.preds
-        rank = [0] * n
-        for k, i in enumerate(self._topo):
-            rank[i] = k
+        rank = self._rank
         after: dict[int, list[int]] = {}
         anchor: dict[int, int] = {}
         for j in range(n_base, n):
