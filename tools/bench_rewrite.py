@@ -10,7 +10,12 @@ Graphs:
   at about 1k, 10k, 30k and 100k ops.
 
 ``total s`` is analyze + plan + apply (the rewrite proper); trace, load and
-write-back are reported in their own columns. After the table the tool fits the
+write-back are reported in their own columns. ``tune s`` is one ``tflms.tune``
+of the same IR graph (the budget-driven search, simulating every candidate) at
+a budget that needs swapping: the profile's memory if the step does not fit it,
+else the resident bytes plus ``TUNE_TRANSIENT_FRACTION`` of the transient peak.
+The JSON records carry ``ops``, ``rewrite_s`` (= total), ``tune_s`` and their
+ratio, the target of issue 12 (``MAX_TUNE_OVER_REWRITE`` for ResNet-50). After the table the tool fits the
 exponent of total time against op count (log-log slope, synthetic graphs) and
 prints PASS/FAIL for the targets below. The exit code is 0 unless ``--check``
 is given, then non-zero when a target fails.
@@ -21,6 +26,8 @@ Usage (from the repo root)::
     python tools/bench_rewrite.py --quick       # <= 10k synthetic ops, no ResNet-50
     python tools/bench_rewrite.py --json        # records for machines on stdout
     python tools/bench_rewrite.py --check       # non-zero exit on a failed target
+    python tools/bench_rewrite.py --json --batch 208 --sizes 100000   # issue 12's figures
+    python tools/bench_rewrite.py --no-tune     # rewrite timings only
 
 Progress goes to stderr; the table (or JSON) to stdout.
 """
@@ -54,6 +61,16 @@ QUICK_MAX_OPS = 10_000
 MLP_OPS_PER_LAYER, MLP_FIXED_OPS = 9, 5
 #: Stages whose sum is the ``total`` column.
 REWRITE_STAGES = ("analyze", "plan", "apply")
+#: Profile the tune is judged on.
+TUNE_PROFILE = "v100-16gb-pcie3"
+#: When the step fits the profile's memory, the tune's budget is resident + this fraction of the transient peak.
+TUNE_TRANSIENT_FRACTION = 0.6
+#: Largest synthetic graph tuned by default: a deep MLP's trigger search (``find_trigger`` walks every
+#: ancestor in a window of ``swapin_ahead`` levels) and the idle-time majority vote (pairs of candidates)
+#: grow about quadratically with depth; 10k ops take about 20 s here, 100k ops would take hours.
+TUNE_MAX_SYNTHETIC_OPS = 10_500
+#: Target: tuning ResNet-50 takes at most this many times one rewrite of the same step.
+MAX_TUNE_OVER_REWRITE = 15.0
 
 
 @dataclasses.dataclass
@@ -69,6 +86,7 @@ class Record:
     gc_s: float  # seconds in CPython's cyclic garbage collector during the rewrite() call
     gc_collections: dict[int, int]  # collections during the rewrite, by generation
     cpu_s: float  # process CPU seconds of the rewrite() call (less sensitive to other jobs on the machine)
+    tune: dict[str, Any] | None = None  # tune_s, tune_cpu_s, budget, strategy, candidates, simulations
 
     @property
     def total_s(self) -> float:
@@ -82,7 +100,11 @@ class Record:
         return {"graph": self.graph, "kind": self.kind, "ops": self.ops, "levels": self.levels,
                 "swapped_tensors": self.swapped, "timings_s": dict(self.timings_s),
                 "total_s": self.total_s, "us_per_op": self.us_per_op, "cpu_s": self.cpu_s, "gc_s": self.gc_s,
-                "gc_collections": {str(g): n for g, n in sorted(self.gc_collections.items())}}
+                "gc_collections": {str(g): n for g, n in sorted(self.gc_collections.items())},
+                "rewrite_s": self.total_s, "rewrite_cpu_s": self.cpu_s,
+                **({"tune_s": None} if self.tune is None else {
+                    **self.tune, "tune_over_rewrite": self.tune["tune_s"] / self.total_s,
+                    "tune_over_rewrite_cpu": self.tune["tune_cpu_s"] / self.cpu_s})}
 
 
 def progress(message: str) -> None:
@@ -161,6 +183,31 @@ def warm_up(accelerator_device: str) -> None:
     time_write_back(result.graph)
 
 
+def tune_budget(graph) -> int:
+    """A budget the step needs swapping for (see the module doc)."""
+    from tflms.sim import get_profile, simulate
+    profile = get_profile(TUNE_PROFILE)
+    base = simulate(graph, profile)
+    if base.peak_with_margin_bytes > profile.memory_bytes:
+        return profile.memory_bytes
+    return base.resident_bytes + int(TUNE_TRANSIENT_FRACTION * base.transient_peak_bytes)
+
+
+def time_tune(graph) -> dict[str, Any]:
+    """One tune of ``graph`` at :func:`tune_budget`: wall and CPU seconds and what it chose."""
+    from tflms.tune import tune
+    budget = tune_budget(graph)
+    progress(f"tuning ({len(graph)} ops, budget {budget / 2**30:.2f} GiB on {TUNE_PROFILE}) ...")
+    gc.collect()
+    cpu, t0 = time.process_time(), time.perf_counter()
+    result = tune(graph, budget=budget, profile=TUNE_PROFILE)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu
+    return {"tune_s": wall, "tune_cpu_s": cpu, "tune_budget_bytes": budget, "tune_strategy": result.strategy,
+            "tune_params": result.best.params, "tune_candidates": len(result.candidates),
+            "tune_step_time_s": result.best.sim.step_time_s,
+            "tune_peak_bytes": result.best.sim.peak_with_margin_bytes}
+
+
 def bench_synthetic(num_ops: int, args) -> Record:
     layers = layers_for(num_ops)
     progress(f"building synthetic MLP ({layers} layers) ...")
@@ -171,7 +218,8 @@ def bench_synthetic(num_ops: int, args) -> Record:
     timings["write"] = time_write_back(result.graph) if args.write_back else None
     return Record(graph=f"mlp-{layers}", kind="synthetic", ops=len(graph), levels=result.analysis.num_levels,
                   swapped=result.report.num_swapped, timings_s=timings, gc_s=gc_timer.seconds,
-                  gc_collections=gc_timer.collections, cpu_s=cpu)
+                  gc_collections=gc_timer.collections, cpu_s=cpu,
+                  tune=time_tune(graph) if args.tune and len(graph) <= args.tune_max_ops else None)
 
 
 def bench_resnet50(args) -> Record:
@@ -215,7 +263,8 @@ def bench_resnet50(args) -> Record:
     timings["write"] = time_write_back(result.graph)
     return Record(graph=f"resnet50-b{args.batch}-{args.optimizer}", kind="keras", ops=len(graph),
                   levels=result.analysis.num_levels, swapped=result.report.num_swapped, timings_s=timings,
-                  gc_s=gc_timer.seconds, gc_collections=gc_timer.collections, cpu_s=cpu)
+                  gc_s=gc_timer.seconds, gc_collections=gc_timer.collections, cpu_s=cpu,
+                  tune=time_tune(graph) if args.tune else None)
 
 
 def fit_slope(records: list[Record], measure: str = "total") -> float | None:
@@ -267,6 +316,17 @@ def evaluate(records: list[Record]) -> tuple[float | None, list[Check]]:
         checks.append(Check(name, "PASS" if slope <= MAX_SLOPE else "FAIL",
                             f"slope {slope:.3f} over {len(synthetic)} graphs "
                             f"({synthetic[0].ops}..{synthetic[-1].ops} ops)"))
+    name = f"ResNet-50 tune within {MAX_TUNE_OVER_REWRITE:g}x one rewrite"
+    keras_tuned = [r for r in records if r.kind == "keras" and r.tune is not None]
+    if keras_tuned:
+        r = keras_tuned[0]
+        ratio = r.tune["tune_s"] / r.total_s
+        checks.append(Check(name, "PASS" if ratio <= MAX_TUNE_OVER_REWRITE else "FAIL",
+                            f"tune {r.tune['tune_s']:.2f} s / rewrite {r.total_s:.3f} s = {ratio:.1f}x "
+                            f"(CPU: {r.tune['tune_cpu_s']:.2f} s / {r.cpu_s:.3f} s = "
+                            f"{r.tune['tune_cpu_s'] / r.cpu_s:.1f}x)"))
+    else:
+        checks.append(Check(name, "SKIP", "ResNet-50 not tuned"))
     return slope, checks
 
 
@@ -280,11 +340,13 @@ def _seconds(value: float | None) -> str:
 
 def format_table(records: list[Record]) -> str:
     header = ("graph", "ops", "levels", "swapped tensors", "analyze s", "plan s", "apply s", "total s", "us/op",
-              "cpu s", "gc s", "full gcs", "trace s", "load s", "write s")
+              "cpu s", "gc s", "full gcs", "trace s", "load s", "write s", "tune s", "tune/total")
     rows = [(r.graph, str(r.ops), str(r.levels), str(r.swapped), *(_seconds(r.timings_s[s]) for s in REWRITE_STAGES),
              f"{r.total_s:.3f}", f"{r.us_per_op:.1f}", f"{r.cpu_s:.3f}", f"{r.gc_s:.3f}",
              str(r.gc_collections.get(2, 0)),
-             *(_seconds(r.timings_s[s]) for s in ("trace", "load", "write")))
+             *(_seconds(r.timings_s[s]) for s in ("trace", "load", "write")),
+             _seconds(None if r.tune is None else r.tune["tune_s"]),
+             "-" if r.tune is None else f"{r.tune['tune_s'] / r.total_s:.1f}x")
             for r in records]
     widths = [max(len(h), *(len(row[c]) for row in rows)) for c, h in enumerate(header)]
     fmt = "  ".join(["{:<%d}" % widths[0]] + ["{:>%d}" % w for w in widths[1:]])
@@ -312,6 +374,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="rewrite each graph this many times and keep the fastest (default 3)")
     parser.add_argument("--no-write-back", dest="write_back", action="store_false",
                         help="do not time to_graph_def on the synthetic graphs")
+    parser.add_argument("--no-tune", dest="tune", action="store_false",
+                        help="do not time tflms.tune on each graph (tune s)")
+    parser.add_argument("--tune-max-ops", type=int, default=TUNE_MAX_SYNTHETIC_OPS,
+                        help="tune only synthetic graphs up to this many ops (default %(default)s; the trigger search "
+                             "and the idle-time vote grow faster than linearly with the MLP's depth)")
     parser.add_argument("--accelerator-device", default="/device:GPU:0",
                         help="accelerator device named in the plan (no device is needed; default /device:GPU:0)")
     args = parser.parse_args(argv)

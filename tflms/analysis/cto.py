@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import re
 from collections.abc import Iterator, Mapping
 
@@ -87,6 +88,11 @@ class Analysis:
     order: tuple[str, ...]
     levels: Mapping[str, int]
     categories: Mapping[str, Category]
+
+    @functools.cached_property
+    def predecessors(self) -> dict[str, list[str]]:
+        """Data and control predecessors of every op (``Graph.predecessors``, computed once)."""
+        return self.graph.adjacency()[0]
 
     @property
     def num_levels(self) -> int:

@@ -156,22 +156,25 @@ def majority_order(candidates: Sequence[IdleCandidate]) -> list[IdleCandidate]:
 
 
 def _load_integrals(timeline: Sequence[tuple[float, int, int]], windows: Sequence[tuple[float, float]]) -> list[float]:
-    """Integral of accelerator live bytes over each ``(start, end)`` window (0 for empty windows)."""
+    """Integral of accelerator live bytes over each ``(start, end)`` window (0 for empty windows).
+
+    Live bytes are a step function of time (``timeline``); its running integral is tabulated once,
+    so each window costs two binary searches.
+    """
     times = [t for t, _, _ in timeline]
-    out = []
-    for start, end in windows:
-        if end <= start:
-            out.append(0.0)
-            continue
-        total = 0.0
-        k = max(0, bisect.bisect_right(times, start) - 1)
-        while k < len(timeline) and timeline[k][0] < end:
-            seg_start = max(start, timeline[k][0])
-            seg_end = min(end, timeline[k + 1][0] if k + 1 < len(timeline) else end)
-            total += max(0.0, seg_end - seg_start) * timeline[k][1]
-            k += 1
-        out.append(total)
-    return out
+    if not times:
+        return [0.0 for _ in windows]
+    area = [0.0]  # integral from times[0] to times[k]
+    for k in range(1, len(timeline)):
+        area.append(area[-1] + (times[k] - times[k - 1]) * timeline[k - 1][1])
+
+    def integral_to(x: float) -> float:
+        k = bisect.bisect_right(times, x) - 1
+        if k < 0:
+            return 0.0
+        return area[k] + (x - times[k]) * timeline[k][1]
+
+    return [integral_to(end) - integral_to(max(start, times[0])) if end > start else 0.0 for start, end in windows]
 
 
 def _swap_in_choices(analysis: Analysis, producer: str, far: Sequence[str], spans, copy_s: float, peak_s: float,

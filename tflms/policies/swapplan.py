@@ -183,7 +183,7 @@ def find_trigger(analysis: Analysis, first_consumer: str, producer_level: int, t
     delay the swap-in). Ties prefer backward ops, then the name. ``None`` if no
     ancestor lies in the window.
     """
-    graph, levels, cats = analysis.graph, analysis.levels, analysis.categories
+    graph, levels, cats, preds = analysis.graph, analysis.levels, analysis.categories, analysis.predecessors
     floor = max(target_level, producer_level + 1)
     seen = {first_consumer}
     frontier = [first_consumer]
@@ -191,15 +191,13 @@ def find_trigger(analysis: Analysis, first_consumer: str, producer_level: int, t
     while frontier:
         nxt = []
         for name in frontier:
-            for pred in graph.predecessors(name):
+            for pred in preds[name]:
                 if pred in seen or levels[pred] < floor:
                     continue
                 seen.add(pred)
                 nxt.append(pred)
-                if pred in exclude or graph.op(pred).type in IDENTITY_OPS:
-                    continue
                 key = (levels[pred], 0 if cats[pred] is Category.BACKWARD else 1, pred)
-                if best is None or key < best:
+                if (best is None or key < best) and pred not in exclude and graph.op(pred).type not in IDENTITY_OPS:
                     best = key
         frontier = nxt
     return None if best is None else best[2]

@@ -15,6 +15,13 @@ Model (checked against TensorFlow's executor in ``tools/validate_memory.py`` and
   replays a measured run instead: every listed op starts and ends when it did.
   :func:`order_from_start_times` turns observed start times (e.g. the executor's
   ``ExecutorMeasurement.node_times``) into an order for ``simulate(order=...)``.
+- **Copy queues.** Each direction has one copy stream; a copy waits for the copies
+  ahead of it. ``SimOptions.transfer_order="fifo"`` serves copies in the order they
+  became ready (an event-driven walk: compute in the given order, host ops and
+  copies when ready); the default ``"release"`` serves them in the order the walk
+  over the execution order releases them, which puts a copy whose trigger ran
+  early on a parallel branch behind copies released before it
+  (``tests/test_sim_queues.py`` works both out by hand).
 - **Memory.** Outputs are allocated when their op starts and freed when the last
   op reading them (directly or through an alias) has ended. Aliasing ops
   (``Identity`` on one device, ``Reshape``, ...) share their input's buffer;
@@ -69,14 +76,18 @@ emulation: ``tflms.measure.EMULATION_PROFILE``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import gc
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 from tflms.analysis.cto import compute_levels
-from tflms.config import normalize_device
+from tflms.devices import normalize_device
 from tflms.errors import ConfigError, GraphError
-from tflms.ir.graph import DTYPE_BYTES, Graph, TensorRef
+from tflms.ir.graph import DTYPE_BYTES, Graph, Op, TensorInfo, TensorRef
 from tflms.ir.op_types import ALIAS_OPS, COPY_OPS, FORWARDING_OPS, SOURCE_OPS, VARIABLE_READ_OPS
 from tflms.sim.cost import op_time_s
 from tflms.profiles import HardwareProfile, get_profile
@@ -87,6 +98,10 @@ ACCEL, HOST = "accelerator", "host"
 #: ``_MklNativeMaxPool`` returns a workspace of one byte per output element (the argmax
 #: index in the window) that ``MaxPoolGrad`` reads, so it lives as long as the output.
 ONEDNN_CPU_WORKSPACES = {"MaxPool": 1.0}
+#: ``SimOptions.transfer_order``: copies take their stream in the order the simulator releases them while it
+#: walks the execution order ("release", the model so far), or first come first served by the time they became
+#: ready ("fifo", what one copy engine per direction does).
+TRANSFER_ORDER_RELEASE, TRANSFER_ORDER_FIFO = "release", "fifo"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +117,10 @@ class SimOptions:
     #: Extra bytes per element of output 0 that kernels of these op types allocate with
     #: that output and keep as long as it (see ``ONEDNN_CPU_WORKSPACES``); ``{type: bytes}``.
     workspace_bytes_per_element: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    #: How copies queue on each direction's stream (:data:`TRANSFER_ORDER_RELEASE` or :data:`TRANSFER_ORDER_FIFO`,
+    #: see the module doc). ``release`` serves a copy released later in the order after an earlier-released one
+    #: even when it was ready sooner (a host swap-in whose trigger ran earlier on a parallel branch).
+    transfer_order: str = TRANSFER_ORDER_RELEASE
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "host_device", normalize_device(self.host_device, field="host_device"))
@@ -115,10 +134,14 @@ class SimOptions:
             raise ConfigError(f"margin_fraction must be in [0, 10), got {self.margin_fraction}")
         if self.margin_bytes < 0:
             raise ConfigError("margin_bytes must be >= 0")
+        if self.transfer_order not in (TRANSFER_ORDER_RELEASE, TRANSFER_ORDER_FIFO):
+            raise ConfigError(f"transfer_order must be {TRANSFER_ORDER_RELEASE!r} or {TRANSFER_ORDER_FIFO!r}, "
+                              f"got {self.transfer_order!r}")
 
 
-@dataclasses.dataclass(frozen=True)
-class OpRecord:
+class OpRecord(NamedTuple):
+    """When one op ran, where (a tuple: thousands are made per simulation)."""
+
     name: str
     device: str
     stream: str  # "compute", "d2h", "h2d" or "host"
@@ -230,6 +253,25 @@ def variable_bytes(graph: Graph) -> dict[str, int]:
     return sizes
 
 
+@contextlib.contextmanager
+def gc_paused():
+    """Pause CPython's cyclic garbage collector for a simulation.
+
+    A simulation allocates tens of thousands of small tuples; each allocation burst triggers
+    collections that scan every tracked object of the process (the IR graph, earlier results), which
+    cost more than the simulation itself on a ResNet-50 step. The simulator makes no reference
+    cycles worth collecting early; the collector resumes afterwards (if it was enabled).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@functools.lru_cache(maxsize=4096)
 def _device_class(device: str, host: str) -> str:
     if not device:
         return ACCEL
@@ -242,10 +284,141 @@ def _device_class(device: str, host: str) -> str:
 
 #: Suffix of the virtual copy ops that stand for TensorFlow's _Send/_Recv pairs.
 RECV_SUFFIX = "/_recv"
+#: dtypes without a device buffer of their own (handles, host data): never copied, never counted.
+_NO_BUFFER_DTYPES = frozenset({"resource", "variant", "string"})
 
 
-def _with_implicit_copies(graph: Graph, order: Sequence[str] | None, host: str):
-    """Make TensorFlow's implicit cross-device copies explicit.
+class IndexedGraph:
+    """A graph as flat lists over integer op ids and tensor ids: what the simulator's inner loops read.
+
+    Op ``i`` has ``names[i]``, ``types[i]``, ``dev[i]`` (:data:`ACCEL` or :data:`HOST`), data
+    inputs ``inputs[i]`` (tensor ids), control inputs ``ctrl[i]`` (op ids), ``preds[i]`` (data then
+    control predecessors, deduplicated, like :meth:`Graph.predecessors`) and outputs
+    ``out_start[i] .. out_start[i] + n_out[i] - 1``. Tensor ``t`` is output ``t_idx[t]`` of op
+    ``t_op[t]`` with facts ``t_info[t]``. Op ids follow graph order, so sorting by id is sorting by
+    graph position. ``src_ops[i]`` is the IR :class:`Op` an op came from (``None`` for ops the
+    simulator adds), used only to cost it.
+
+    Built once per graph (:meth:`from_graph`); :class:`tflms.tune.evaluator.PlanEvaluator` derives
+    one per swap plan from a base graph's by copying the lists and appending the swap ops, instead
+    of copying the IR.
+    """
+
+    __slots__ = ("names", "types", "dev", "inputs", "ctrl", "preds", "out_start", "n_out", "t_op", "t_idx",
+                 "t_info", "src_ops", "graph")
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.types: list[str] = []
+        self.dev: list[str] = []
+        self.inputs: list[list[int]] = []
+        self.ctrl: list[list[int]] = []
+        self.preds: list[list[int]] = []
+        self.out_start: list[int] = []
+        self.n_out: list[int] = []
+        self.t_op: list[int] = []
+        self.t_idx: list[int] = []
+        self.t_info: list = []
+        self.src_ops: list = []
+        self.graph: Graph | None = None
+
+    @classmethod
+    def from_graph(cls, graph: Graph, host: str) -> "IndexedGraph":
+        net = cls()
+        net.graph = graph
+        op_id: dict[str, int] = {}
+        ops = graph.ops
+        for i, op in enumerate(ops):
+            op_id[op.name] = i
+            net.names.append(op.name)
+            net.types.append(op.type)
+            net.dev.append(_device_class(op.device, host))
+            net.out_start.append(len(net.t_op))
+            net.n_out.append(len(op.outputs))
+            for k, info in enumerate(op.outputs):
+                net.t_op.append(i)
+                net.t_idx.append(k)
+                net.t_info.append(info)
+            net.src_ops.append(op)
+        out_start = net.out_start
+        for op in ops:
+            ins = [out_start[op_id[r.op]] + r.index for r in op.inputs]
+            ctl = [op_id[c] for c in op.control_inputs]
+            net.inputs.append(ins)
+            net.ctrl.append(ctl)
+            net.preds.append(list(dict.fromkeys([op_id[r.op] for r in op.inputs] + ctl)))
+        return net
+
+    def copy(self) -> "IndexedGraph":
+        """A copy whose lists may be appended to and whose per-op lists are replaced, never mutated."""
+        new = IndexedGraph()
+        for slot in self.__slots__:
+            value = getattr(self, slot)
+            setattr(new, slot, list(value) if isinstance(value, list) else value)
+        return new
+
+    def add_op(self, name: str, type_: str, dev: str, inputs: list[int], ctrl: list[int],
+               infos: Sequence[TensorInfo]) -> int:
+        i = len(self.names)
+        self.names.append(name)
+        self.types.append(type_)
+        self.dev.append(dev)
+        self.inputs.append(inputs)
+        self.ctrl.append(ctrl)
+        self.preds.append(list(dict.fromkeys([self.t_op[t] for t in inputs] + ctrl)))
+        self.out_start.append(len(self.t_op))
+        self.n_out.append(len(infos))
+        for k, info in enumerate(infos):
+            self.t_op.append(i)
+            self.t_idx.append(k)
+            self.t_info.append(info)
+        self.src_ops.append(None)
+        return i
+
+    def refresh_preds(self, i: int) -> None:
+        self.preds[i] = list(dict.fromkeys([self.t_op[t] for t in self.inputs[i]] + self.ctrl[i]))
+
+    def tensor_name(self, t: int) -> str:
+        return f"{self.names[self.t_op[t]]}:{self.t_idx[t]}"
+
+    def tensor_id(self, ref: TensorRef, op_id: Mapping[str, int]) -> int:
+        return self.out_start[op_id[ref.op]] + ref.index
+
+    def roots(self, graph: Graph, output_names: Sequence[str], op_id: Mapping[str, int]) -> list[int]:
+        """The ops TensorFlow runs for their own sake: producers of the outputs, control outputs."""
+        roots = [TensorRef.parse(n).op for n in output_names] + list(graph.signature.control_output_names)
+        return [op_id[r] for r in roots if r in op_id]
+
+
+def _needed(net: IndexedGraph, roots: Sequence[int]) -> list[bool]:
+    """Which ops the roots need (their data and control ancestors, themselves included)."""
+    needed = [False] * len(net.names)
+    preds = net.preds
+    stack = list(roots)
+    while stack:
+        i = stack.pop()
+        if needed[i]:
+            continue
+        needed[i] = True
+        stack.extend(p for p in preds[i] if not needed[p])
+    return needed
+
+
+def _recv_needs(net: IndexedGraph, ops: Iterable[int], alive: Sequence[bool]) -> dict[int, list[tuple[int, int]]]:
+    """Host tensors that accelerator ops among ``ops`` read: ``{tensor: [(consumer, input index)]}``."""
+    needs: dict[int, list[tuple[int, int]]] = {}
+    dev, types, inputs, t_op, t_info = net.dev, net.types, net.inputs, net.t_op, net.t_info
+    for i in ops:
+        if not alive[i] or dev[i] != ACCEL or types[i] == "DeepCopy":
+            continue
+        for k, t in enumerate(inputs[i]):
+            if dev[t_op[t]] == HOST and t_info[t].dtype not in _NO_BUFFER_DTYPES:
+                needs.setdefault(t, []).append((i, k))
+    return needs
+
+
+def _add_recvs(net: IndexedGraph, needs: Mapping[int, Sequence[tuple[int, int]]], alive: list[bool]) -> list[int]:
+    """Make TensorFlow's implicit cross-device copies explicit; returns the new ops (alive, in id order).
 
     An accelerator op reading a host tensor gets it through a ``_Recv`` that
     TensorFlow inserts (one per tensor and device), which copies as soon as the
@@ -254,54 +427,566 @@ def _with_implicit_copies(graph: Graph, order: Sequence[str] | None, host: str):
     index appended when not 0), which the simulator then treats as a transfer.
     ``DeepCopy`` consumers are the exception: they are the explicit copies of the
     two-logical-CPU emulation, where cross-device edges share buffers.
+    Recvs are added in tensor-name order, after every other op.
     """
-    device = {op.name: _device_class(op.device, host) for op in graph}
-    needed: dict[TensorRef, list[tuple[str, int]]] = {}
-    for op in graph:
-        if device[op.name] != ACCEL or op.type == "DeepCopy":
+    added = []
+    names, t_op, t_idx = net.names, net.t_op, net.t_idx
+    for t in sorted(needs, key=lambda t: (names[t_op[t]], t_idx[t])):
+        name = names[t_op[t]] + RECV_SUFFIX + ("" if t_idx[t] == 0 else f"_{t_idx[t]}")
+        r = net.add_op(name, "Identity", ACCEL, [t], [], [net.t_info[t]])
+        alive.append(True)
+        out = net.out_start[r]
+        touched = []
+        for consumer, index in needs[t]:
+            ins = list(net.inputs[consumer])
+            ins[index] = out
+            net.inputs[consumer] = ins
+            touched.append(consumer)
+        for consumer in dict.fromkeys(touched):
+            net.refresh_preds(consumer)
+        added.append(r)
+    return added
+
+
+def _level_sorted(net: IndexedGraph, alive: Sequence[bool]) -> list[int]:
+    """Alive ops by CTO level (longest path from a source), ties by graph order (op id)."""
+    n = len(net.names)
+    preds = net.preds
+    indegree = [0] * n
+    succs: list[list[int]] = [[] for _ in range(n)]
+    ready = []
+    for i in range(n):
+        if not alive[i]:
             continue
-        for i, ref in enumerate(op.inputs):
-            if device[ref.op] == HOST and graph.tensor(ref).dtype not in ("resource", "variant", "string"):
-                needed.setdefault(ref, []).append((op.name, i))
-    if not needed:
-        return graph, order
-    graph = graph.copy()
-    order = list(order) if order is not None else None
-    for ref in sorted(needed):
-        name = ref.op + RECV_SUFFIX + ("" if ref.index == 0 else f"_{ref.index}")
-        graph.add_op(name, "Identity", inputs=[ref], device="", outputs=[graph.tensor(ref)])
-        for consumer, index in needed[ref]:
-            graph.set_input(consumer, index, TensorRef(name, 0))
-        if order is not None:
-            first = min(order.index(c) for c, _ in needed[ref])
-            order.insert(first, name)
-    return graph, order
+        p = preds[i]
+        indegree[i] = len(p)
+        for q in p:
+            succs[q].append(i)
+        if not p:
+            ready.append(i)
+    level = [0] * n
+    seen = 0
+    while ready:
+        i = ready.pop()
+        seen += 1
+        li = level[i] + 1
+        for j in succs[i]:
+            if level[j] < li:
+                level[j] = li
+            indegree[j] -= 1
+            if indegree[j] == 0:
+                ready.append(j)
+    count = sum(1 for a in alive if a)
+    if seen != count:
+        stuck = sorted(net.names[i] for i in range(n) if alive[i] and indegree[i] > 0)
+        raise GraphError(f"the graph has a cycle through {len(stuck)} ops, e.g. {stuck[:5]}; "
+                         "TF1 loops (NextIteration) are not supported: use TF2 control flow (tf.while_loop "
+                         "inside tf.function)")
+    order = [i for i in range(n) if alive[i]]
+    order.sort(key=level.__getitem__)  # stable: ties keep graph order
+    return order
 
 
-def _prune_unused(graph: Graph, output_names: Sequence[str]) -> Graph:
-    """``graph`` without the ops that neither the outputs nor the control outputs need.
+def _order_ids(net: IndexedGraph, names: Sequence[str], alive: Sequence[bool], recvs: Sequence[int],
+               recv_needs: Mapping[int, Sequence[tuple[int, int]]]) -> list[int]:
+    """A given order (names; unknown and pruned names dropped) with each recv just before its first consumer."""
+    recv_set = set(recvs)
+    op_id = {net.names[i]: i for i in range(len(net.names)) if alive[i] and i not in recv_set}
+    order = [op_id[n] for n in names if n in op_id]
+    if recvs:
+        pos = {op: k for k, op in enumerate(order)}
+        before: dict[int, list[int]] = {}
+        for r in recvs:  # recvs are in tensor-name order, as they were added
+            t = net.inputs[r][0]
+            consumers = [c for c, _ in recv_needs[t]]
+            if any(c not in pos for c in consumers):
+                continue  # a consumer missing from the order: reported by the completeness check
+            first = min(pos[c] for c in consumers)
+            before.setdefault(first, []).append(r)
+        out = []
+        for k, op in enumerate(order):
+            out.extend(before.get(k, ()))
+            out.append(op)
+        order = out
+    return order
 
-    Only for graphs with a signature (the roots are then known); others are returned as they are.
+
+def _check_order(net: IndexedGraph, order: Sequence[int], alive: Sequence[bool]) -> list[int]:
+    """``position`` of every op in ``order``; raises if the order is incomplete or runs an op before its input."""
+    n = len(net.names)
+    position = [-1] * n
+    for k, i in enumerate(order):
+        position[i] = k
+    count = sum(1 for a in alive if a)
+    if len(order) != count or any(alive[i] and position[i] < 0 for i in range(n)):
+        missing = sorted(net.names[i] for i in range(n) if alive[i] and position[i] < 0)[:5]
+        raise GraphError(f"the execution order must list every op exactly once; missing e.g. {missing}")
+    preds, names = net.preds, net.names
+    for k, i in enumerate(order):
+        for p in preds[i]:
+            if position[p] > k:
+                raise GraphError(f"the execution order runs {names[i]!r} before its input {names[p]!r}")
+    return position
+
+
+def _observed_order(net: IndexedGraph, alive: Sequence[bool], start_times: Mapping[str, float]) -> list[str]:
+    """:func:`order_from_start_times` over the alive ops of ``net`` (names out)."""
+    n = len(net.names)
+    preds, names = net.preds, net.names
+    indegree = [len(preds[i]) if alive[i] else 0 for i in range(n)]
+    succs: list[list[int]] = [[] for _ in range(n)]
+    for i in range(n):
+        if alive[i]:
+            for p in preds[i]:
+                succs[p].append(i)
+    key = [0.0] * n
+    ready = []
+    for i in range(n):
+        if alive[i] and indegree[i] == 0:
+            key[i] = start_times.get(names[i], float("-inf"))
+            heapq.heappush(ready, (key[i], i))
+    order: list[str] = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        order.append(names[i])
+        for j in succs[i]:
+            indegree[j] -= 1
+            if indegree[j] == 0:
+                inherited = max(key[p] for p in preds[j])
+                key[j] = start_times.get(names[j], inherited)
+                heapq.heappush(ready, (key[j], j))
+    if len(order) != sum(1 for a in alive if a):
+        raise GraphError("the graph has a cycle; no execution order exists")
+    return order
+
+
+def _resident_variable_bytes(net: IndexedGraph, alive: Sequence[bool]) -> int:
+    """:func:`variable_bytes` summed, over the alive ops of ``net``."""
+    known = net.graph.resource_bytes if net.graph is not None else None
+    if known:
+        return sum(known.values())
+    sizes: dict[int, int] = {}
+    for i, op_type in enumerate(net.types):
+        if alive[i] and op_type in VARIABLE_READ_OPS and net.inputs[i] and net.n_out[i]:
+            handle = net.inputs[i][0]
+            sizes[handle] = max(sizes.get(handle, 0), net.t_info[net.out_start[i]].num_bytes or 0)
+    return sum(sizes.values())
+
+
+class OpCosts:
+    """Compute time of each op of one IR graph on one profile, computed once per op (:func:`op_time_s`).
+
+    An op's time depends only on its type, attributes and the facts of its input and output
+    tensors, none of which a swap plan changes (swap-ins carry the swapped tensor's facts).
     """
-    sig = graph.signature
-    if sig is None:
-        return graph
-    roots = [TensorRef.parse(n).op for n in output_names] + list(sig.control_output_names)
-    needed: set[str] = set()
-    stack = [r for r in roots if r in graph]
-    while stack:
-        name = stack.pop()
-        if name in needed:
+
+    def __init__(self, graph: Graph, profile: HardwareProfile):
+        self.graph, self.profile = graph, profile
+        self._times: dict[int, float] = {}
+
+    def time_s(self, op_id: int, op) -> float:
+        t = self._times.get(op_id)
+        if t is None:
+            t = self._times[op_id] = op_time_s(self.graph, op, self.profile)
+        return t
+
+
+
+def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outputs: Iterable[int],
+         profile: HardwareProfile, options: SimOptions, costs: OpCosts, alive: Sequence[bool],
+         observed: Mapping[str, tuple[float, float]] | None = None) -> SimResult:
+    """The simulation proper (see module doc) over an :class:`IndexedGraph` and a checked order."""
+    n = len(net.names)
+    names, types, dev, inputs, preds = net.names, net.types, net.dev, net.inputs, net.preds
+    out_start, n_out, t_op, t_idx, t_info = net.out_start, net.n_out, net.t_op, net.t_idx, net.t_info
+    outputs = set(outputs)
+    num_tensors = len(t_op)
+    # ----------------------------------------------------------- buffers
+    # buffer_of[t] is the tensor owning t's buffer; until forwarding it is always resolved (an owner),
+    # because an alias takes its input's (resolved) owner and inputs come earlier in the order.
+    buffer_of = list(range(num_tensors))
+    in_order = [False] * num_tensors  # outputs of ops in the order
+    resident = [False] * num_tensors
+    variable_reads = [False] * num_tensors
+    unknown: list[str] = []
+    is_transfer = [False] * n
+    resident_inputs = options.resident_inputs
+    for i in order:
+        s, k = out_start[i], n_out[i]
+        for t in range(s, s + k):
+            in_order[t] = True
+            info = t_info[t]
+            if info.num_bytes is None and info.dtype not in _NO_BUFFER_DTYPES:
+                unknown.append(net.tensor_name(t))
+        op_type = types[i]
+        ins = inputs[i]
+        if op_type in COPY_OPS and ins and dev[t_op[ins[0]]] != dev[i]:
+            is_transfer[i] = True
+        if op_type in VARIABLE_READ_OPS:
+            if k:
+                variable_reads[s] = True
+        elif (op_type in SOURCE_OPS and resident_inputs) or op_type in ("Const", "HostConst"):
+            for t in range(s, s + k):
+                resident[t] = True
+        elif op_type in ALIAS_OPS and ins:
+            if dev[t_op[ins[0]]] == dev[i] or op_type not in COPY_OPS:
+                last = len(ins) - 1
+                for j in range(k):
+                    buffer_of[s + j] = buffer_of[ins[min(j, last)]]
+
+    def owner_of(t: int) -> int:
+        owner = buffer_of[t]
+        while buffer_of[owner] != owner:
+            owner = buffer_of[owner]
+        buffer_of[t] = owner
+        return owner
+
+    # ----------------------------------------------------------- timing
+    if options.transfer_order == TRANSFER_ORDER_RELEASE or observed is not None:
+        end: list = [None] * n
+        start = [0.0] * n
+        event_seq = [0.0] * n
+        records: list[tuple[float, float, str, int, str]] = []  # (start, end, name, op, stream)
+        stream_free = {"d2h": 0.0, "h2d": 0.0}
+        compute_free = 0.0
+        stall = 0.0
+        compute_time = 0.0
+        transfer_time = 0.0
+        pending_transfers = [i for i in order if is_transfer[i]]
+        waiting = [0] * n
+        dependents: dict[int, list[int]] = {}
+        for i in pending_transfers:
+            waiting[i] = len(preds[i])
+            for p in preds[i]:
+                dependents.setdefault(p, []).append(i)
+        copy_time_s = profile.copy_time_s
+
+        def release(deps: list[int], seq: float) -> None:
+            """Start the transfers that waited only for an op that just finished (in order of position)."""
+            nonlocal transfer_time
+            ready = []
+            for dep in deps:
+                waiting[dep] -= 1
+                if waiting[dep] == 0:
+                    ready.append(dep)
+            if len(ready) > 1:
+                ready.sort(key=position.__getitem__)
+            for i in ready:
+                direction = "h2d" if dev[i] == ACCEL else "d2h"
+                ready_at = max((end[p] for p in preds[i]), default=0.0)
+                t0 = max(ready_at, stream_free[direction])
+                duration = copy_time_s(t_info[inputs[i][0]].num_bytes or 0)
+                stream_free[direction] = t0 + duration
+                transfer_time += duration
+                start[i] = t0
+                records.append((t0, t0 + duration, names[i], i, direction))
+                end[i] = t0 + duration
+                event_seq[i] = seq + 0.5
+                more = dependents.get(i)
+                if more:
+                    release(more, seq + 0.5)
+
+        src_ops = net.src_ops
+        times = costs._times
+        for idx, i in enumerate(order):
+            if observed is not None:  # replay: every op at its observed time
+                ready_at = max((end[p] for p in preds[i]), default=0.0)
+                t0, t1 = observed.get(names[i], (ready_at, ready_at))
+                if is_transfer[i]:
+                    stream = "h2d" if dev[i] == ACCEL else "d2h"
+                    transfer_time += t1 - t0
+                else:
+                    stream = "host" if dev[i] == HOST else "compute"
+                    compute_time += (t1 - t0) if stream == "compute" else 0.0
+                start[i], end[i], event_seq[i] = t0, t1, float(idx)
+                records.append((t0, t1, names[i], i, stream))
+                continue
+            if is_transfer[i]:
+                continue
+            ready_at = 0.0
+            latest = -1
+            for p in preds[i]:
+                e = end[p]
+                if e is None:  # a transfer whose own inputs come later cannot happen in a valid order
+                    raise GraphError(f"{names[i]!r} depends on {names[p]!r}, which the schedule cannot run before it")
+                if latest < 0 or e > ready_at:
+                    ready_at, latest = e, p
+            if dev[i] == HOST:
+                t0 = t1 = ready_at
+                records.append((t0, t1, names[i], i, "host"))
+            else:
+                t0 = compute_free if compute_free > ready_at else ready_at
+                if ready_at > compute_free and is_transfer[latest]:
+                    stall += ready_at - compute_free
+                duration = times.get(i) if src_ops[i] is not None else None
+                if duration is None:
+                    duration = costs.time_s(i, src_ops[i]) if src_ops[i] is not None else op_time_s(
+                        net.graph, _synthetic_op(net, i), profile)
+                t1 = compute_free = t0 + duration
+                compute_time += duration
+                records.append((t0, t1, names[i], i, "compute"))
+            start[i] = t0
+            end[i] = t1
+            event_seq[i] = seq = float(idx)
+            deps = dependents.get(i)
+            if deps:
+                release(deps, seq)
+        if observed is None:
+            for i in pending_transfers:
+                if end[i] is None:
+                    raise GraphError(f"transfer {names[i]!r} never became ready (its inputs never ran)")
+    else:
+        end: list = [None] * n
+        start = [0.0] * n
+        event_seq = [0.0] * n
+        records: list[tuple[float, float, str, int, str]] = []  # (start, end, name, op, stream)
+        stall = 0.0
+        compute_time = 0.0
+        transfer_time = 0.0
+        # Events in time order. Compute ops run one at a time in the order; host ops run when their inputs
+        # are done; transfers queue on their direction's stream and are served first come (by the time they
+        # became ready), first served. ``event_seq`` breaks ties between memory events at one instant: an op's
+        # position in the order, and for a transfer the latest sequence of its inputs plus one half.
+        remaining = [0] * n
+        succs: dict[int, list[int]] = {}
+        for i in order:
+            p = preds[i]
+            remaining[i] = len(p)
+            for q in p:
+                s_list = succs.get(q)
+                if s_list is None:
+                    succs[q] = [i]
+                else:
+                    s_list.append(i)
+        ready_at = [0.0] * n
+        release_seq = [-1.0] * n
+        compute_ops = [i for i in order if not is_transfer[i] and dev[i] != HOST]
+        next_compute = 0
+        compute_free = 0.0
+        stream_free = {"d2h": 0.0, "h2d": 0.0}
+        waiting: dict[str, list] = {"d2h": [], "h2d": []}  # heaps of (ready, release seq, position, op)
+        heap: list = []  # (time, seq, kind, op, direction): kind 0 = an op finished, 1 = a stream may start a copy
+        heappush, heappop = heapq.heappush, heapq.heappop
+        copy_time_s = profile.copy_time_s
+        src_ops = net.src_ops
+        times = costs._times
+        inf = float("inf")
+        for i in order:
+            if remaining[i] == 0 and dev[i] == HOST and not is_transfer[i]:
+                start[i] = end[i] = 0.0
+                event_seq[i] = float(position[i])
+                records.append((0.0, 0.0, names[i], i, "host"))
+                heappush(heap, (0.0, event_seq[i], 0, i, ""))
+        while True:
+            while next_compute < len(compute_ops) and remaining[compute_ops[next_compute]] == 0:
+                i = compute_ops[next_compute]
+                next_compute += 1
+                ready = 0.0
+                latest = -1
+                for p in preds[i]:
+                    e = end[p]
+                    if latest < 0 or e > ready:
+                        ready, latest = e, p
+                t0 = compute_free if compute_free > ready else ready
+                if ready > compute_free and is_transfer[latest]:
+                    stall += ready - compute_free
+                duration = times.get(i) if src_ops[i] is not None else None
+                if duration is None:
+                    duration = costs.time_s(i, src_ops[i]) if src_ops[i] is not None else op_time_s(
+                        net.graph, _synthetic_op(net, i), profile)
+                t1 = compute_free = t0 + duration
+                compute_time += duration
+                records.append((t0, t1, names[i], i, "compute"))
+                start[i] = t0
+                end[i] = t1
+                event_seq[i] = float(position[i])
+                heappush(heap, (t1, event_seq[i], 0, i, ""))
+            if not heap:
+                break
+            now, _, kind, i, direction = heappop(heap)
+            if kind == 1:
+                queue = waiting[direction]
+                while queue and max(queue[0][0], stream_free[direction]) <= now:
+                    ready, rseq, _, j = heappop(queue)
+                    t0 = max(ready, stream_free[direction])
+                    duration = copy_time_s(t_info[inputs[j][0]].num_bytes or 0)
+                    stream_free[direction] = t0 + duration
+                    transfer_time += duration
+                    start[j] = t0
+                    end[j] = t0 + duration
+                    event_seq[j] = rseq + 0.5
+                    records.append((t0, t0 + duration, names[j], j, direction))
+                    heappush(heap, (end[j], event_seq[j], 0, j, ""))
+                if queue:
+                    heappush(heap, (max(queue[0][0], stream_free[direction]), inf, 1, -1, direction))
+                continue
+            e_i, s_i = end[i], event_seq[i]
+            for j in succs.get(i, ()):
+                if e_i > ready_at[j]:
+                    ready_at[j] = e_i
+                if s_i > release_seq[j]:
+                    release_seq[j] = s_i
+                remaining[j] -= 1
+                if remaining[j]:
+                    continue
+                if is_transfer[j]:
+                    d = "h2d" if dev[j] == ACCEL else "d2h"
+                    heappush(waiting[d], (ready_at[j], release_seq[j], position[j], j))
+                    heappush(heap, (max(ready_at[j], stream_free[d]), inf, 1, -1, d))
+                elif dev[j] == HOST:
+                    t = ready_at[j]
+                    start[j] = end[j] = t
+                    event_seq[j] = float(position[j])
+                    records.append((t, t, names[j], j, "host"))
+                    heappush(heap, (t, event_seq[j], 0, j, ""))
+        for i in order:
+            if end[i] is None:
+                blocked = [names[p] for p in preds[i] if end[p] is None]
+                raise GraphError(f"{names[i]!r} never ran: it waits for {blocked[:3]}, which the schedule cannot "
+                                 "run before it")
+    step_time = max((end[i] for i in order), default=0.0)
+
+    # ----------------------------------------------------------- forwarding
+    # An element-wise op reuses an input buffer when nothing else holds a reference to it:
+    # it is the buffer's last reader in the order and every other reader has ended by the
+    # time it starts (a concurrent reader, e.g. a copy still running, keeps its reference).
+    # Function outputs are read by the caller after the last op (never forwarded).
+    readers: dict[int, list[int]] = {}  # buffer -> the ops reading it, in order
+    for i in order:
+        for t in inputs[i]:
+            o = buffer_of[t]
+            r = readers.get(o)
+            if r is None:
+                readers[o] = [i]
+            else:
+                r.append(i)
+    last_reader: dict[int, int] = {buf: position[rs[-1]] for buf, rs in readers.items()}
+    for t in outputs:
+        if in_order[t]:
+            last_reader[buffer_of[t]] = len(order)
+    if options.model_forwarding:
+        for i in order:
+            if types[i] not in FORWARDING_OPS or n_out[i] != 1 or is_transfer[i]:
+                continue
+            own = out_start[i]
+            out = t_info[own]
+            if not out.num_bytes:
+                continue
+            pos_i, start_i, dev_i = position[i], start[i], dev[i]
+            for t in inputs[i]:
+                buf = owner_of(t)
+                info = t_info[buf]
+                if (not resident[buf] and not variable_reads[buf] and dev[t_op[buf]] == dev_i
+                        and last_reader.get(buf) == pos_i and info.num_bytes == out.num_bytes
+                        and info.dtype == out.dtype
+                        and all(end[r] <= start_i for r in readers[buf] if r != i)):
+                    buffer_of[own] = buf
+                    # The forwarded output's readers now read ``buf``: it lives as long as they do.
+                    last_reader[buf] = max(last_reader[buf], last_reader.get(own, -1))
+                    readers[buf].extend(readers.pop(own, ()))
+                    break
+    # Resolve the chains forwarding made; ``readers`` is keyed by final owners already.
+    for t in range(num_tensors):
+        o = buffer_of[t]
+        if o != t and buffer_of[o] != o:
+            owner_of(t)
+
+    # ----------------------------------------------------------- memory events
+    events: list[tuple[float, float, int, int, int, str]] = []  # (time, seq, phase, tensor id, delta, device)
+    tensor_names: list[str] = []
+    resident_bytes = _resident_variable_bytes(net, alive)
+    host_resident = 0
+    output_owners = {buffer_of[t] for t in outputs if in_order[t]}
+    workspaces = options.workspace_bytes_per_element
+    inf = float("inf")
+    for op in order:  # owners in order of (position, output index)
+        s = out_start[op]
+        for buf in range(s, s + n_out[op]):
+            if buffer_of[buf] != buf:
+                continue
+            info = t_info[buf]
+            size = info.num_bytes or 0
+            if size == 0 or variable_reads[buf]:
+                continue
+            if workspaces:
+                per_element = workspaces.get(types[op], 0)
+                if per_element and buf == s and info.dtype in DTYPE_BYTES:
+                    size += int(per_element * size // DTYPE_BYTES[info.dtype])
+            d = dev[op]
+            if resident[buf]:
+                if d == ACCEL:
+                    resident_bytes += size
+                else:
+                    host_resident += size
+                continue
+            tid = len(tensor_names)
+            tensor_names.append(f"{names[op]}:{buf - s}")
+            users = readers.get(buf)
+            if buf in output_owners:
+                t_free, seq_free = step_time, inf
+            elif users:
+                last = users[0]
+                t_free, seq_free = end[last], event_seq[last]
+                for u in users:
+                    e = end[u]
+                    if e > t_free or (e == t_free and event_seq[u] > seq_free):
+                        t_free, seq_free = e, event_seq[u]
+            else:
+                t_free, seq_free = end[op], event_seq[op]
+            events.append((start[op], event_seq[op] - (0.25 if is_transfer[op] else 0.0), 0, tid, size, d))
+            events.append((t_free, seq_free, 1, tid, -size, d))
+    # Ties of (time, seq, phase) keep tensor order (the order events were made in).
+    events.sort()
+    live_accel, live_host = resident_bytes, host_resident
+    peak, peak_index, peak_time, host_peak = live_accel, -1, 0.0, live_host
+    timeline = [(0.0, live_accel, live_host)]
+    append = timeline.append
+    for k, (t, _, _, _, delta, d) in enumerate(events):
+        if d == ACCEL:
+            live_accel += delta
+            if live_accel > peak:
+                peak, peak_index, peak_time = live_accel, k, t
+        else:
+            live_host += delta
+            if live_host > host_peak:
+                host_peak = live_host
+        append((t, live_accel, live_host))
+    first_event: dict[int, int] = {}
+    lifetimes = []
+    for k, (_, _, phase, tid, delta, d) in enumerate(events):
+        if d != ACCEL:
             continue
-        needed.add(name)
-        stack.extend(p for p in graph.predecessors(name) if p not in needed)
-    if len(needed) == len(graph):
-        return graph
-    pruned = graph.copy()
-    for name in reversed(graph.topological_order()):
-        if name not in needed:
-            pruned.remove_op(name)
-    return pruned
+        if phase == 0:
+            first_event[tid] = k
+        else:
+            lifetimes.append((tensor_names[tid], -delta, first_event[tid], max(first_event[tid], k - 1)))
+    lifetimes.sort(key=lambda lt: (lt[2], lt[0]))
+    alive_at: dict[int, int] = {}
+    for _, _, phase, tid, delta, d in events[:peak_index + 1]:
+        if d != ACCEL:
+            continue
+        if phase == 0:
+            alive_at[tid] = delta
+        else:
+            alive_at.pop(tid, None)
+    live_at_peak = tuple(sorted(((tensor_names[k], v) for k, v in alive_at.items()), key=lambda kv: (-kv[1], kv[0])))
+    margin = int(peak * options.margin_fraction) + options.margin_bytes
+    records.sort()  # (start, end, name): names are unique
+    op_records = tuple(OpRecord(name, dev[i], stream, t0, t1) for t0, t1, name, i, stream in records)
+    buffer_owner = {net.tensor_name(t): net.tensor_name(buffer_of[t]) for t in range(num_tensors)
+                    if in_order[t] and buffer_of[t] != t}
+    return SimResult(
+        profile=profile.name, peak_bytes=peak, resident_bytes=resident_bytes,
+        transient_peak_bytes=peak - resident_bytes, peak_with_margin_bytes=peak + margin, peak_time_s=peak_time,
+        live_at_peak=live_at_peak, host_peak_bytes=host_peak, step_time_s=step_time, compute_time_s=compute_time,
+        transfer_time_s=transfer_time, stall_time_s=stall, timeline=tuple(timeline), ops=op_records,
+        unknown_size_tensors=tuple(unknown), buffer_owner=buffer_owner, buffer_lifetimes=tuple(lifetimes))
+
+
+def _synthetic_op(net: IndexedGraph, i: int) -> Op:
+    """An IR op standing for op ``i`` of ``net`` (one the simulator added), to cost it."""
+    return Op(net.names[i], net.types[i], "", [TensorRef(net.names[net.t_op[t]], net.t_idx[t]) for t in net.inputs[i]],
+              [], {}, tuple(net.t_info[net.out_start[i] + k] for k in range(net.n_out[i])))
 
 
 def simulate(graph: Graph, profile: str | HardwareProfile, *, order: Sequence[str] | None = None,
@@ -319,254 +1004,29 @@ def simulate(graph: Graph, profile: str | HardwareProfile, *, order: Sequence[st
     sig = graph.signature
     if output_names is None:
         output_names = sig.output_names if sig is not None else ()
-    if options.prune_unused:
-        graph = _prune_unused(graph, output_names)
-    if observed is not None and order is None:
-        order = order_from_start_times(graph, {name: span[0] for name, span in observed.items()})
-    graph, order = _with_implicit_copies(graph, order, options.host_device)
-    if order is not None:
-        order = [name for name in order if name in graph]
+    net = IndexedGraph.from_graph(graph, options.host_device)
+    op_id = {name: i for i, name in enumerate(net.names)}
+    if options.prune_unused and sig is not None:
+        alive = _needed(net, net.roots(graph, output_names, op_id))
     else:
-        order = level_order(graph)
-    if len(order) != len(graph) or set(order) != {op.name for op in graph}:
-        missing = sorted({op.name for op in graph} - set(order))[:5]
-        raise GraphError(f"the execution order must list every op exactly once; missing e.g. {missing}")
-    position = {name: i for i, name in enumerate(order)}
-    for name in order:
-        for pred in graph.predecessors(name):
-            if position[pred] > position[name]:
-                raise GraphError(f"the execution order runs {name!r} before its input {pred!r}")
-    outputs = {TensorRef.parse(n) for n in output_names}
-
-    device = {op.name: _device_class(op.device, options.host_device) for op in graph}
-    # ----------------------------------------------------------- buffers
-    buffer_of: dict[TensorRef, TensorRef] = {}  # tensor -> the tensor that owns its buffer
-    resident: set[TensorRef] = set()
-    variable_reads: set[TensorRef] = set()
-    unknown: list[str] = []
-    for name in order:
-        op = graph.op(name)
-        for i, info in enumerate(op.outputs):
-            ref = TensorRef(name, i)
-            buffer_of[ref] = ref
-            if info.num_bytes is None and info.dtype not in ("resource", "variant", "string"):
-                unknown.append(ref.name)
-        if op.type in VARIABLE_READ_OPS:
-            variable_reads.add(TensorRef(name, 0))
-        elif (op.type in SOURCE_OPS and options.resident_inputs) or op.type in ("Const", "HostConst"):
-            resident.update(TensorRef(name, i) for i in range(len(op.outputs)))
-        elif op.type in ALIAS_OPS and op.inputs:
-            src = op.inputs[0]
-            if device[src.op] == device[name] or op.type not in COPY_OPS:
-                for i in range(len(op.outputs)):
-                    buffer_of[TensorRef(name, i)] = buffer_of[op.inputs[min(i, len(op.inputs) - 1)]]
-    is_transfer = {name: graph.op(name).type in COPY_OPS and bool(graph.op(name).inputs)
-                   and device[graph.op(name).inputs[0].op] != device[name] for name in order}
-
-    def owner_of(ref: TensorRef) -> TensorRef:
-        owner = buffer_of[ref]
-        while buffer_of[owner] != owner:
-            owner = buffer_of[owner]
-        buffer_of[ref] = owner
-        return owner
-
-    # ----------------------------------------------------------- timing
-    end: dict[str, float] = {}
-    records: list[OpRecord] = []
-    stream_free = {"d2h": 0.0, "h2d": 0.0}
-    compute_free = 0.0
-    stall = 0.0
-    compute_time = 0.0
-    transfer_time = 0.0
-    pending_transfers = [n for n in order if is_transfer[n]]
-    waiting = {n: set(graph.predecessors(n)) for n in pending_transfers}
-    dependents: dict[str, list[str]] = {}
-    for n, preds in waiting.items():
-        for p in preds:
-            dependents.setdefault(p, []).append(n)
-    start: dict[str, float] = {}
-    event_seq: dict[str, float] = {}
-
-    def finish(name: str, when: float, seq: float) -> None:
-        end[name] = when
-        event_seq[name] = seq
-        ready = []
-        for dep in dependents.get(name, ()):
-            waiting[dep].discard(name)
-            if not waiting[dep]:
-                ready.append(dep)
-        for dep in sorted(ready, key=lambda n: position[n]):
-            run_transfer(dep, seq)
-
-    def run_transfer(name: str, seq: float) -> None:
-        nonlocal transfer_time
-        op = graph.op(name)
-        direction = "h2d" if device[name] == ACCEL else "d2h"
-        ready_at = max((end[p] for p in graph.predecessors(name)), default=0.0)
-        t0 = max(ready_at, stream_free[direction])
-        duration = profile.copy_time_s(graph.tensor(op.inputs[0]).num_bytes or 0)
-        stream_free[direction] = t0 + duration
-        transfer_time += duration
-        start[name] = t0
-        records.append(OpRecord(name, device[name], direction, t0, t0 + duration))
-        finish(name, t0 + duration, seq + 0.5)
-
-    for idx, name in enumerate(order):
-        if observed is not None:  # replay: every op at its observed time
-            ready_at = max((end[p] for p in graph.predecessors(name)), default=0.0)
-            t0, t1 = observed.get(name, (ready_at, ready_at))
-            if is_transfer[name]:
-                stream = "h2d" if device[name] == ACCEL else "d2h"
-                transfer_time += t1 - t0
-            else:
-                stream = "host" if device[name] == HOST else "compute"
-                compute_time += (t1 - t0) if stream == "compute" else 0.0
-            start[name], end[name], event_seq[name] = t0, t1, float(idx)
-            records.append(OpRecord(name, device[name], stream, t0, t1))
-            continue
-        if is_transfer[name]:
-            continue
-        op = graph.op(name)
-        preds = graph.predecessors(name)
-        missing = [p for p in preds if p not in end]
-        if missing:  # a transfer whose own inputs come later cannot happen in a valid order
-            raise GraphError(f"{name!r} depends on {missing[0]!r}, which the schedule cannot run before it")
-        ready_at = max((end[p] for p in preds), default=0.0)
-        if device[name] == HOST:
-            t0 = ready_at
-            duration = 0.0
-            stream = "host"
-        else:
-            t0 = max(ready_at, compute_free)
-            if ready_at > compute_free and is_transfer[max(preds, key=lambda p: end[p])]:
-                stall += ready_at - compute_free
-            duration = op_time_s(graph, op, profile)
-            compute_free = t0 + duration
-            compute_time += duration
-            stream = "compute"
-        start[name] = t0
-        records.append(OpRecord(name, device[name], stream, t0, t0 + duration))
-        finish(name, t0 + duration, float(idx))
-    for name in pending_transfers if observed is None else ():
-        if name not in end:
-            raise GraphError(f"transfer {name!r} never became ready (its inputs never ran)")
-    step_time = max(end.values(), default=0.0)
-
-    # ----------------------------------------------------------- forwarding
-    # An element-wise op reuses an input buffer when nothing else holds a reference to it:
-    # it is the buffer's last reader in the order and every other reader has ended by the
-    # time it starts (a concurrent reader, e.g. a copy still running, keeps its reference).
-    # Function outputs are read by the caller after the last op (never forwarded).
-    readers: dict[TensorRef, list[str]] = {}
-    for name in order:
-        for ref in graph.op(name).inputs:
-            readers.setdefault(owner_of(ref), []).append(name)
-    last_reader: dict[TensorRef, int] = {buf: max(position[r] for r in rs) for buf, rs in readers.items()}
-    for ref in outputs:
-        if ref in buffer_of:
-            last_reader[owner_of(ref)] = len(order)
-    if options.model_forwarding:
-        for name in order:
-            op = graph.op(name)
-            if op.type not in FORWARDING_OPS or len(op.outputs) != 1 or is_transfer[name]:
-                continue
-            out = op.outputs[0]
-            own = TensorRef(name, 0)
-            for ref in op.inputs:
-                buf = owner_of(ref)
-                info = graph.tensor(buf)
-                if (buf not in resident and buf not in variable_reads and device[buf.op] == device[name]
-                        and last_reader.get(buf) == position[name] and info.num_bytes == out.num_bytes
-                        and info.dtype == out.dtype and out.num_bytes
-                        and all(end[r] <= start[name] for r in readers[buf] if r != name)):
-                    buffer_of[own] = buf
-                    # The forwarded output's readers now read ``buf``: it lives as long as they do.
-                    last_reader[buf] = max(last_reader[buf], last_reader.get(own, -1))
-                    readers[buf].extend(readers.pop(own, ()))
-                    break
-    # Resolve alias chains to their owners.
-    for ref in list(buffer_of):
-        owner_of(ref)
-    readers = {}
-    for name in order:
-        for ref in graph.op(name).inputs:
-            readers.setdefault(buffer_of[ref], []).append(name)
-
-    # ----------------------------------------------------------- memory events
-    events: list[tuple[float, float, int, int, str, int]] = []  # (time, seq, phase, delta, device, tensor id)
-    tensor_names: list[str] = []
-    resident_bytes = sum(variable_bytes(graph).values())
-    host_resident = 0
-    owners = sorted({b for b in buffer_of.values()}, key=lambda r: (position[r.op], r.index))
-    output_owners = {buffer_of[r] for r in outputs if r in buffer_of}
-    for buf in owners:
-        info = graph.tensor(buf)
-        size = info.num_bytes or 0
-        if size == 0 or buf in variable_reads:
-            continue
-        per_element = options.workspace_bytes_per_element.get(graph.op(buf.op).type, 0)
-        if per_element and buf.index == 0 and info.dtype in DTYPE_BYTES:
-            size += int(per_element * size // DTYPE_BYTES[info.dtype])
-        dev = device[buf.op]
-        if buf in resident:
-            if dev == ACCEL:
-                resident_bytes += size
-            else:
-                host_resident += size
-            continue
-        tid = len(tensor_names)
-        tensor_names.append(buf.name)
-        t_alloc = start[buf.op]
-        seq_alloc = event_seq[buf.op] - (0.25 if is_transfer[buf.op] else 0.0)
-        users = readers.get(buf, [])
-        if buf in output_owners:
-            t_free, seq_free = step_time, float("inf")
-        elif users:
-            last = max(users, key=lambda u: (end[u], event_seq[u]))
-            t_free, seq_free = end[last], event_seq[last]
-        else:
-            t_free, seq_free = end[buf.op], event_seq[buf.op]
-        events.append((t_alloc, seq_alloc, 0, size, dev, tid))
-        events.append((t_free, seq_free, 1, -size, dev, tid))
-    events.sort(key=lambda e: (e[0], e[1], e[2]))
-    live = {ACCEL: resident_bytes, HOST: host_resident}
-    peak, peak_index, peak_time, host_peak = live[ACCEL], -1, 0.0, live[HOST]
-    timeline = [(0.0, live[ACCEL], live[HOST])]
-    for i, (t, _, _, delta, dev, _) in enumerate(events):
-        live[dev] += delta
-        timeline.append((t, live[ACCEL], live[HOST]))
-        if dev == ACCEL and live[ACCEL] > peak:
-            peak, peak_index, peak_time = live[ACCEL], i, t
-        host_peak = max(host_peak, live[HOST])
-    first_event: dict[int, int] = {}
-    lifetimes = []
-    for i, (_, _, phase, delta, dev, tid) in enumerate(events):
-        if dev != ACCEL:
-            continue
-        if phase == 0:
-            first_event[tid] = i
-        else:
-            lifetimes.append((tensor_names[tid], -delta, first_event[tid], max(first_event[tid], i - 1)))
-    lifetimes.sort(key=lambda lt: (lt[2], lt[0]))
-    alive: dict[int, int] = {}
-    for t, _, phase, delta, dev, tid in events[:peak_index + 1]:
-        if dev != ACCEL:
-            continue
-        if phase == 0:
-            alive[tid] = delta
-        else:
-            alive.pop(tid, None)
-    live_at_peak = tuple(sorted(((tensor_names[k], v) for k, v in alive.items()), key=lambda kv: (-kv[1], kv[0])))
-    margin = int(peak * options.margin_fraction) + options.margin_bytes
-    records.sort(key=lambda r: (r.start_s, r.end_s, r.name))
-    return SimResult(
-        profile=profile.name, peak_bytes=peak, resident_bytes=resident_bytes,
-        transient_peak_bytes=peak - resident_bytes, peak_with_margin_bytes=peak + margin, peak_time_s=peak_time,
-        live_at_peak=live_at_peak, host_peak_bytes=host_peak, step_time_s=step_time, compute_time_s=compute_time,
-        transfer_time_s=transfer_time, stall_time_s=stall, timeline=tuple(timeline), ops=tuple(records),
-        unknown_size_tensors=tuple(unknown),
-        buffer_owner={r.name: o.name for r, o in buffer_of.items() if o != r},
-        buffer_lifetimes=tuple(lifetimes))
+        alive = [True] * len(net.names)
+    if observed is not None and order is None:
+        order = _observed_order(net, alive, {name: span[0] for name, span in observed.items()})
+    needs = _recv_needs(net, range(len(net.names)), alive)
+    recvs = _add_recvs(net, needs, alive)
+    if order is not None:
+        order_ids = _order_ids(net, order, alive, recvs, needs)
+    else:
+        order_ids = _level_sorted(net, alive)
+    position = _check_order(net, order_ids, alive)
+    outputs = []
+    for name in output_names:
+        ref = TensorRef.parse(name)
+        if ref.op in op_id and alive[op_id[ref.op]] and 0 <= ref.index < net.n_out[op_id[ref.op]]:
+            outputs.append(net.out_start[op_id[ref.op]] + ref.index)
+    with gc_paused():
+        return _run(net, order_ids, position, outputs, profile, options, OpCosts(graph, profile), alive,
+                    observed=observed)
 
 
 def compare(original: SimResult, rewritten: SimResult) -> Mapping[str, float]:

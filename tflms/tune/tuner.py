@@ -31,11 +31,12 @@ from tflms.errors import BudgetError, ConfigError
 from tflms.ir.graph import Graph
 from tflms.ir.tf_io import load_graph
 from tflms.passes.swaps import DEFAULT_COPY_OP, apply_swaps
+from tflms.policies.idle_time import NO_OVERHEAD, STICK_TO_LIMIT, idle_candidates, plan_idle
 from tflms.policies.swapplan import SwapPlan
 from tflms.policies.tflms_rules import plan_swaps
 from tflms.profiles import DEFAULT_PROFILE, HardwareProfile, get_profile
-from tflms.sim.simulator import SimOptions, SimResult, simulate
-from tflms.policies.idle_time import NO_OVERHEAD, STICK_TO_LIMIT, idle_candidates, plan_idle
+from tflms.tune.evaluator import PlanEvaluator
+from tflms.sim.simulator import SimOptions, SimResult, gc_paused, simulate
 from tflms.tune.vdnn import search_vdnn
 from tflms.units import format_bytes, parse_bytes
 
@@ -56,6 +57,8 @@ IDLE_MAX_EVALUATIONS = 16
 IDLE_OVERSHOOT_SLACK = 0.05
 #: Largest relative slowdown the no-overhead mode accepts (simulation round-off, not a real cost).
 NO_OVERHEAD_TOLERANCE = 0.001
+#: The threshold ladder stops after this many fitting thresholds in a row that are no faster than the best.
+LADDER_PATIENCE = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,14 +148,25 @@ class _Evaluator:
         self.fit_by = FIT_BY_LIVE
         self.compress: Callable[[Graph, SwapPlan], Graph] | None = None
         self.candidates: list[Candidate] = []
-        self.graphs: dict[int, Graph] = {}
+        self.graphs: dict[int, Graph] = {}  # rewritten graphs by id(candidate), built by graph_of
+        # Candidates are simulated incrementally (no IR copy per plan, memoized by plan).
+        self.plans = PlanEvaluator(analysis.graph, profile, sim_options, copy_op=copy_op)
+
+    def graph_of(self, cand: Candidate) -> Graph:
+        """The rewritten graph of ``cand`` (built once, on demand: only the winner's is needed)."""
+        if id(cand) not in self.graphs:
+            with gc_paused():
+                self.graphs[id(cand)] = apply_swaps(self.analysis.graph, cand.plan, copy_op=self.copy_op).graph
+        return self.graphs[id(cand)]
 
     def run(self, strategy: str, params: dict[str, Any], plan: SwapPlan, *, max_overhead: float | None = None,
             baseline: SimResult | None = None) -> Candidate:
-        graph = apply_swaps(self.analysis.graph, plan, copy_op=self.copy_op).graph
+        graph = None
         if self.compress is not None:
-            graph = self.compress(graph, plan)
-        sim = simulate(graph, self.profile, options=self.sim_options)
+            graph = self.compress(apply_swaps(self.analysis.graph, plan, copy_op=self.copy_op).graph, plan)
+            sim = simulate(graph, self.profile, options=self.sim_options)
+        else:
+            sim = self.plans.evaluate(plan)
         why = ""
         need = self.need(sim)
         if need > self.budget:
@@ -162,7 +176,8 @@ class _Evaluator:
         elif max_overhead is not None and baseline is not None and sim.overhead_vs(baseline) > max_overhead:
             why = f"overhead {100 * sim.overhead_vs(baseline):.2f}% in no-overhead mode"
         cand = Candidate(strategy, params, plan, sim, fits=not why, why_not=why)
-        self.graphs[id(cand)] = graph
+        if graph is not None:
+            self.graphs[id(cand)] = graph
         self.candidates.append(cand)
         if self.progress:
             self.progress(f"{strategy} {params}: peak {format_bytes(sim.peak_with_margin_bytes)}, "
@@ -213,6 +228,7 @@ def search_distance(ev: _Evaluator, first_fit: bool = False) -> None:
     """
     ladder = _threshold_ladder(ev.analysis)
     fitting: list[Candidate] = []
+    no_better = 0  # fitting thresholds in a row no faster than the best (smaller ones only swap more)
     # One swap-in per consumer level can leave several copies of a tensor on the device
     # (consumers on adjacent levels); grouping them is the next resort before synchronous copies.
     for sync_mode, groupby in [(0, 0), (0, GROUPBY_RESORT_LEVELS), (1, GROUPBY_RESORT_LEVELS),
@@ -221,9 +237,13 @@ def search_distance(ev: _Evaluator, first_fit: bool = False) -> None:
             cand = ev.distance(swapout_threshold=threshold, swapin_ahead=1, swapin_groupby=groupby,
                                sync_mode=sync_mode)
             if cand.fits:
+                no_better = no_better + 1 if fitting and cand.sim.step_time_s >= min(
+                    c.sim.step_time_s for c in fitting) else 0
                 fitting.append(cand)
                 if first_fit:
                     return
+                if no_better >= LADDER_PATIENCE:
+                    break
             elif fitting:
                 break  # smaller thresholds only swap more: stop once fits have been found and lost
         if fitting:
@@ -234,10 +254,16 @@ def search_distance(ev: _Evaluator, first_fit: bool = False) -> None:
     params = dict(best.params)
     for name in ("swapin_ahead", "swapin_groupby"):
         limit = max(1, ev.analysis.num_levels // 4)
-        chosen = best
+        chosen = cand = best
         for value in _powers(limit)[1:] if name == "swapin_ahead" else [0] + _powers(limit):
             if name == "swapin_groupby" and value == params[name]:
                 continue
+            if name == "swapin_ahead" and value // 2 >= _useful_ahead(best.plan):
+                # Every trigger is already at its earliest level: larger values plan the same swaps. The last
+                # value would be chosen exactly when this one was (the same plan: memoized, not simulated).
+                if chosen is cand:
+                    chosen = ev.distance(**{**params, name: _powers(limit)[-1]})
+                break
             cand = ev.distance(**{**params, name: value})
             if cand.fits and cand.sim.step_time_s <= chosen.sim.step_time_s:
                 chosen = cand
@@ -245,6 +271,15 @@ def search_distance(ev: _Evaluator, first_fit: bool = False) -> None:
                 break
         params = dict(chosen.params)
         best = chosen
+
+
+def _useful_ahead(plan: SwapPlan) -> int:
+    """The largest ``swapin_ahead`` that can still move a trigger of ``plan`` (``find_trigger`` clamps
+    the target level to one above the producer's; synchronous swap-ins ignore ``swapin_ahead``)."""
+    if plan.config.sync_swap_in:
+        return 0
+    return max((g.consumer_levels[0] - s.producer_level - 1 for s in plan.swaps for g in s.swap_ins
+                if g.consumer_levels), default=0)
 
 
 def search_idle(ev: _Evaluator, baseline: SimResult, mode: str) -> None:
@@ -332,8 +367,8 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     accelerator = config.accelerator_device or resolve_accelerator(config.accelerator_device)[0]
     if accelerator == config.host_device:
         accelerator = "/device:GPU:0"  # planning for a GPU we do not have: the profile is the device
-    baseline = simulate(graph, profile, options=sim_options)
     ev = _Evaluator(analysis, profile, budget_bytes, host_bytes, sim_options, config, accelerator, copy_op, progress)
+    baseline = ev.plans.evaluate(None)  # = simulate(graph, profile, options=sim_options)
     ev.fit_by = fit_by
     ev.compress = compress
     base_need = ev.need(baseline)
@@ -349,7 +384,8 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
         if base.fits or (first_fit and any(c.fits for c in ev.candidates)):
             break
         if name in strategies or (name == "vdnn" and set(strategies) & set(OPT_IN_STRATEGIES)):
-            search()
+            with gc_paused():  # the searches allocate much and make no cycles (see gc_paused)
+                search()
     fitting = [c for c in ev.candidates if c.fits]
     if not fitting:
         smallest = min(ev.candidates, key=lambda c: ev.need(c.sim))
@@ -364,4 +400,4 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     order = ("none",) + STRATEGIES + OPT_IN_STRATEGIES
     best = min(fitting, key=lambda c: (c.sim.step_time_s, c.swapped_bytes, order.index(c.strategy)))
     return TuneResult(budget_bytes=budget_bytes, profile=profile.name, baseline=baseline, best=best,
-                      candidates=tuple(ev.candidates), graph=ev.graphs[id(best)], analysis=analysis)
+                      candidates=tuple(ev.candidates), graph=ev.graph_of(best), analysis=analysis)

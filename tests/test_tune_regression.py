@@ -1,0 +1,132 @@
+"""The tuner's choice is at least as good as before the incremental evaluator, by the simulator's own measure.
+
+``OLD`` holds the choices of the tuner at commit c78da4f (before tflms.tune.evaluator, the ladder plateau
+stop and the swapin_ahead cut-off), produced by running this file as a script against that commit::
+
+    mkdir /tmp/tflms-old && git archive c78da4f | tar -x -C /tmp/tflms-old
+    TF_CPP_MIN_LOG_LEVEL=2 PYTHONPATH=/tmp/tflms-old python tests/test_tune_regression.py
+
+(run it with ``PYTHONPATH=$PWD`` to print today's choices). The fixtures use only APIs that commit has.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+#: case -> (budget bytes, strategy, peak_with_margin_bytes, step_time_s) chosen at commit c78da4f.
+OLD = {
+    "mlp-pcie-0.6": (293601284, "tflms-distance", 293601284, 0.03935669194984131),
+    "mlp-slow-0.7-distance": (306184196, "tflms-distance", 293601284, 0.03935669194984131),
+    "cnn-pcie-0.6": (31066960, "idle-time", 30240876, 0.00610220670179894),
+    "cnn-pcie-0.5-distance": (26030602, "tflms-distance", 21870508, 0.008118730187724849),
+}
+#: Candidates the old tuner simulated per case (the new one must not need more).
+OLD_CANDIDATES = {"mlp-pcie-0.6": 19, "mlp-slow-0.7-distance": 17, "cnn-pcie-0.6": 30, "cnn-pcie-0.5-distance": 19}
+
+
+def _slow():
+    from tflms.sim import HardwareProfile
+    return HardwareProfile("slow-link", "16GiB", 14e12, 900, 8)  # half of PCIe 3.0: not every copy hides
+
+
+SLOW = _slow()
+
+
+def mlp():
+    from tflms.testing import mlp_training_graph
+    return mlp_training_graph(12, batch=1024, width=2048)
+
+
+def cnn(batch=64):
+    import keras
+    import tensorflow as tf
+    from tflms.ir.tf_io import load_graph
+    keras.utils.set_random_seed(0)
+    layers = keras.layers
+    inputs = keras.Input((32, 32, 3))
+    h = layers.Conv2D(16, 3, padding="same", name="stem")(inputs)
+    for blk in range(3):
+        y = layers.ReLU(name=f"b{blk}_relu")(layers.BatchNormalization(name=f"b{blk}_bn")(
+            layers.Conv2D(16, 3, padding="same", use_bias=False, name=f"b{blk}_conv")(h)))
+        h = layers.Add(name=f"b{blk}_add")([h, y])
+    h = layers.MaxPooling2D(name="pool")(h)
+    outputs = layers.Dense(10, name="logits")(layers.GlobalAveragePooling2D(name="gap")(h))
+    model = keras.Model(inputs, outputs)
+    optimizer = keras.optimizers.SGD(learning_rate=0.05, momentum=0.9)
+    optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    graph = load_graph(step, tf.TensorSpec((batch, 32, 32, 3), tf.float32), tf.TensorSpec((batch,), tf.int32))
+    return graph, (model, optimizer)
+
+
+def cases():
+    from tflms.sim import simulate
+    slow = SLOW
+    g = mlp()
+    c, keep = cnn()
+    pcie = "v100-16gb-pcie3"
+
+    def budget(graph, profile, fraction):
+        sim = simulate(graph, profile)
+        return sim.resident_bytes + int(sim.transient_peak_bytes * fraction)
+
+    return [
+        ("mlp-pcie-0.6", g, pcie, budget(g, pcie, 0.6), None),
+        ("mlp-slow-0.7-distance", g, slow, budget(g, slow, 0.7), ["tflms-distance"]),
+        ("cnn-pcie-0.6", c, pcie, budget(c, pcie, 0.6), None),
+        ("cnn-pcie-0.5-distance", c, pcie, budget(c, pcie, 0.5), ["tflms-distance"]),
+    ], keep
+
+
+@pytest.fixture(scope="module")
+def tuned():
+    pytest.importorskip("keras")
+    from tflms.tune import tune
+    cs, keep = cases()
+    out = {}
+    for name, graph, profile, budget, strategies in cs:
+        kw = {} if strategies is None else {"strategies": strategies}
+        out[name] = (budget, profile, tune(graph, budget=budget, profile=profile, **kw))
+    yield out
+    del keep
+
+
+@pytest.mark.parametrize("name", sorted(OLD))
+def test_new_choice_is_at_least_as_good_as_the_old_one(tuned, name):
+    budget, profile, result = tuned[name]
+    old_budget, old_strategy, old_peak, old_step = OLD[name]
+    assert budget == old_budget  # the same problem as recorded
+    assert result.best.fits and result.best.sim.peak_with_margin_bytes <= budget
+    # Faster or as fast; where equally fast, no larger peak.
+    assert (result.best.sim.step_time_s, result.best.sim.peak_with_margin_bytes) <= (old_step, old_peak), (
+        f"{name}: new {result.strategy} {result.best.params} step {result.best.sim.step_time_s} s, peak "
+        f"{result.best.sim.peak_with_margin_bytes} vs old {old_strategy} step {old_step} s, peak {old_peak}")
+    assert len(result.candidates) <= OLD_CANDIDATES[name]
+    # The winner's rewritten graph is built (lazily) and simulates to the same answer.
+    from tflms.sim import simulate
+    assert simulate(result.graph, profile).step_time_s == result.best.sim.step_time_s
+
+
+if __name__ == "__main__":
+    import tflms
+    from tflms.tune import tune
+    print("tflms from", tflms.__file__, file=sys.stderr)
+    cs, keep = cases()
+    for name, graph, profile, budget, strategies in cs:
+        t0 = time.perf_counter()
+        kw = {} if strategies is None else {"strategies": strategies}
+        r = tune(graph, budget=budget, profile=profile, **kw)
+        print(f"{name!r}: ({budget}, {r.strategy!r}, {r.best.sim.peak_with_margin_bytes}, {r.best.sim.step_time_s!r}),"
+              f"  # {r.best.params}, {len(r.candidates)} candidates, {time.perf_counter() - t0:.2f} s")

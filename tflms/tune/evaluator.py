@@ -1,0 +1,319 @@
+"""Incremental evaluation of swap plans: many plans, one base graph, no IR copies.
+
+The tuner judges dozens of :class:`~tflms.policies.swapplan.SwapPlan` s of one graph.
+``simulate(apply_swaps(graph, plan))`` copies the IR, prunes it, inserts the
+implicit copies and recomputes adjacency and levels for every plan.
+:class:`PlanEvaluator` derives the plan-independent facts once per base graph:
+
+- the graph in index form (:class:`~tflms.sim.simulator.IndexedGraph`: integer
+  op and tensor ids, predecessor lists, device classes);
+- which ops run (pruning to the outputs and control outputs), and which host
+  tensors accelerator ops read (TensorFlow's implicit ``_Recv`` copies);
+- each op's compute time (:class:`~tflms.sim.simulator.OpCosts`; a swap plan
+  does not change any op's inputs' shapes, so costs never change);
+- the consumers of every tensor.
+
+:meth:`PlanEvaluator.evaluate` then copies the flat lists, appends the plan's
+swap ops exactly as :func:`~tflms.passes.swaps.apply_swaps` inserts them
+(same names, devices, edges, graph order), extends the pruning and the implicit
+copies from the base's (only ops whose edges changed are revisited) and runs the
+simulator's core on the result. The answer is the same :class:`SimResult`,
+field for field, as ``simulate(apply_swaps(base, plan, copy_op=...), profile,
+options=options)`` (``tests/test_incremental.py`` checks this on many plans),
+and it is memoized by plan.
+
+Execution order. By default the rewritten graph runs in CTO level order, as in
+:func:`~tflms.sim.simulator.simulate`. A given ``order`` (op names of the
+*base* graph, e.g. a memory-aware schedule) is extended to the swap ops by
+:func:`order_with_plan`: each swap op goes right after its last predecessor in
+the order (a swap-out after the tensor's producer; a swap-in after the later of
+its swap-out and its trigger), several after one op in ``apply_swaps``'s
+insertion order; the simulator then places each implicit ``_Recv`` just before
+its first consumer. Swap ops run on the host or a copy stream, so their place
+only decides ties between events at one instant and the order in which ready
+copies queue; the rule is "as early as the edges allow", which is where the level
+order puts them too (a swap op's level is one more than its latest input's).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from tflms.errors import GraphError
+from tflms.ir.graph import Graph, TensorRef
+from tflms.passes.swaps import COPY_OPS, DEFAULT_COPY_OP, SWAPIN_ON_ACCELERATOR, SWAPIN_ON_HOST, apply_swaps
+from tflms.policies.swapplan import SwapPlan
+from tflms.profiles import HardwareProfile, get_profile
+from tflms.sim.simulator import (IndexedGraph, OpCosts, SimOptions, SimResult, _add_recvs, _check_order,
+                                 _device_class, _level_sorted, gc_paused, _needed, _order_ids, _recv_needs, _run)
+
+logger = logging.getLogger(__name__)
+
+#: Results a :class:`PlanEvaluator` keeps (oldest dropped first); a tune simulates a few dozen plans.
+MEMO_SIZE = 256
+
+
+def order_with_plan(order: Sequence[str], plan: SwapPlan) -> list[str]:
+    """``order`` (op names of the base graph) with the plan's swap ops slotted in (see module doc).
+
+    A swap op whose predecessor is not in ``order`` is left out (the simulator
+    then reports the order as incomplete, unless the op does not run).
+    """
+    pos = {name: k for k, name in enumerate(order)}
+    after: dict[str, list[str]] = {}
+    anchor: dict[str, str] = {}  # new op -> the base op it follows
+    for swap in plan.swaps:
+        producer = swap.tensor.op
+        if producer not in pos:
+            continue
+        anchor[swap.swap_out] = producer
+        after.setdefault(producer, []).append(swap.swap_out)
+        for group in swap.swap_ins:
+            at = producer
+            if group.trigger is not None:
+                if group.trigger not in pos:
+                    continue
+                if pos[group.trigger] > pos[at]:
+                    at = group.trigger
+            anchor[group.name] = at
+            after.setdefault(at, []).append(group.name)
+    out: list[str] = []
+    for name in order:
+        out.append(name)
+        out.extend(after.get(name, ()))
+    return out
+
+
+class PlanEvaluator:
+    """Simulates swap plans of one base graph without copying it (see module doc).
+
+    ``copy_op`` and ``swapin_on`` mean what they mean for
+    :func:`~tflms.passes.swaps.apply_swaps`; ``order`` (op names of the base
+    graph) replaces the level order (see :func:`order_with_plan`). Results are
+    memoized by plan (the last :data:`MEMO_SIZE`); ``simulations`` and
+    ``memo_hits`` count what was simulated and what was answered from memory.
+    """
+
+    def __init__(self, base_graph: Graph, profile: str | HardwareProfile, options: SimOptions | None = None, *,
+                 copy_op: str = DEFAULT_COPY_OP, swapin_on: str | None = None, order: Sequence[str] | None = None,
+                 output_names: Sequence[str] | None = None):
+        if copy_op not in COPY_OPS:
+            raise GraphError(f"copy_op must be one of {COPY_OPS}, got {copy_op!r}")
+        if swapin_on is None:
+            swapin_on = SWAPIN_ON_HOST if copy_op == "Identity" else SWAPIN_ON_ACCELERATOR
+        if swapin_on not in (SWAPIN_ON_HOST, SWAPIN_ON_ACCELERATOR):
+            raise GraphError(f"swapin_on must be 'host' or 'accelerator', got {swapin_on!r}")
+        self.graph = base_graph
+        self.profile = get_profile(profile)
+        self.options = options or SimOptions()
+        self.copy_op, self.swapin_on = copy_op, swapin_on
+        self.order = tuple(order) if order is not None else None
+        with gc_paused():
+            self._derive(base_graph, output_names)
+        self._memo: dict = {}
+        self.simulations = 0  # plans simulated (memo misses)
+        self.memo_hits = 0
+
+    def _derive(self, base_graph: Graph, output_names: Sequence[str] | None) -> None:
+        """The plan-independent facts of the base graph (see module doc)."""
+        sig = base_graph.signature
+        if output_names is None:
+            output_names = sig.output_names if sig is not None else ()
+        host = self.options.host_device
+        net = IndexedGraph.from_graph(base_graph, host)
+        self._net = net
+        self._op_id = {name: i for i, name in enumerate(net.names)}
+        self._lms_op = next((name for name in net.names if name.startswith("lms/")), None)
+        self._prunes = self.options.prune_unused and sig is not None
+        n = len(net.names)
+        self._alive = _needed(net, net.roots(base_graph, output_names, self._op_id)) if self._prunes else [True] * n
+        self._recv_needs = _recv_needs(net, range(n), self._alive)
+        self._recv_entries: dict[int, list[tuple[int, int]]] = {}
+        for t, entries in self._recv_needs.items():
+            for consumer, index in entries:
+                self._recv_entries.setdefault(consumer, []).append((t, index))
+        self._consumers: dict[int, list[tuple[int, int]]] = {}
+        for i, ins in enumerate(net.inputs):
+            for k, t in enumerate(ins):
+                self._consumers.setdefault(t, []).append((i, k))
+        self._outputs = []
+        for name in output_names:
+            ref = TensorRef.parse(name)
+            i = self._op_id.get(ref.op)
+            if i is not None and self._alive[i] and 0 <= ref.index < net.n_out[i]:
+                self._outputs.append(net.out_start[i] + ref.index)
+        self._costs = OpCosts(base_graph, self.profile)
+        self._topo = [self._op_id[name] for name in base_graph.topological_order()]
+        self._rank = [0] * n  # position in ``_topo``
+        for k, i in enumerate(self._topo):
+            self._rank[i] = k
+
+    # ------------------------------------------------------------------ public
+    def evaluate(self, plan: SwapPlan | None) -> SimResult:
+        """The simulation of ``plan`` applied to the base graph (``None``: the base graph itself)."""
+        if plan is not None and not plan.swaps:
+            plan = None  # nothing inserted: the base graph
+        key = None if plan is None else (plan.config.host_device, plan.accelerator_device, plan.swaps)
+        hit = self._memo.get(key)
+        if hit is not None:
+            self.memo_hits += 1
+            return hit
+        with gc_paused():
+            result = self._simulate(plan)
+        if len(self._memo) >= MEMO_SIZE:
+            del self._memo[next(iter(self._memo))]
+        self._memo[key] = result
+        self.simulations += 1
+        return result
+
+    def rewritten_graph(self, plan: SwapPlan) -> Graph:
+        """The IR graph ``plan`` makes (what :meth:`evaluate` simulated), built on demand."""
+        return apply_swaps(self.graph, plan, copy_op=self.copy_op, swapin_on=self.swapin_on).graph
+
+    # ----------------------------------------------------------------- private
+    def _simulate(self, plan: SwapPlan | None) -> SimResult:
+        base = self._net
+        n_base = len(base.names)
+        net = base.copy()
+        alive = list(self._alive)
+        modified: list[int] = []
+        if plan is not None and plan.swaps:
+            modified = self._apply(net, alive, plan)
+        revived: list[int] = []
+        if self._prunes:
+            stack = [p for c in modified if alive[c] for p in net.preds[c] if not alive[p]]
+            preds = net.preds
+            while stack:
+                i = stack.pop()
+                if alive[i]:
+                    continue
+                alive[i] = True
+                if i < n_base:
+                    revived.append(i)
+                stack.extend(p for p in preds[i] if not alive[p])
+        else:
+            alive = [True] * len(net.names)
+        needs = self._recv_needs
+        if len(net.names) > n_base or revived:
+            needs = dict(needs)
+            affected = set(modified) | set(revived) | set(range(n_base, len(net.names)))
+            for op in affected:
+                for t, index in self._recv_entries.get(op, ()):
+                    rest = [e for e in needs[t] if e != (op, index)]
+                    if rest:
+                        needs[t] = rest
+                    else:
+                        del needs[t]
+            for t, entries in _recv_needs(net, sorted(affected), alive).items():
+                needs[t] = needs.get(t, []) + entries
+        recvs = _add_recvs(net, needs, alive)
+        if self.order is not None:
+            names = order_with_plan(self.order, plan) if plan is not None else self.order
+            order = _order_ids(net, names, alive, recvs, needs)
+            position = _check_order(net, order, alive)
+        else:
+            order = self._level_sorted(net, alive, n_base)
+            position = [-1] * len(net.names)
+            for k, i in enumerate(order):
+                position[i] = k
+        return _run(net, order, position, self._outputs, self.profile, self.options, self._costs, alive)
+
+    def _level_sorted(self, net: IndexedGraph, alive: list[bool], n_base: int) -> list[int]:
+        """:func:`~tflms.sim.simulator._level_sorted`, walking the base's topological order with each added op
+        right after its latest predecessor; falls back to a full topological sort if a plan's edge runs backwards
+        in that order (a trigger after a consumer)."""
+        n = len(net.names)
+        preds = net.preds
+        rank = self._rank
+        after: dict[int, list[int]] = {}
+        anchor: dict[int, int] = {}
+        for j in range(n_base, n):
+            if not alive[j]:
+                continue
+            best = None
+            for p in preds[j]:
+                q = p if p < n_base else anchor.get(p)
+                if q is None:
+                    return _level_sorted(net, alive)
+                if best is None or rank[q] > rank[best]:
+                    best = q
+            if best is None:
+                return _level_sorted(net, alive)
+            anchor[j] = best
+            after.setdefault(best, []).append(j)
+        level = [-1] * n
+        for b in self._topo:
+            if not alive[b]:
+                continue
+            for i in (b, *after[b]) if b in after else (b,):
+                top = -1
+                for p in preds[i]:
+                    lp = level[p]
+                    if lp < 0:  # an input later in this order: sort properly
+                        return _level_sorted(net, alive)
+                    if lp > top:
+                        top = lp
+                level[i] = top + 1
+        order = [i for i in range(n) if alive[i]]
+        order.sort(key=level.__getitem__)  # stable: ties keep graph order
+        return order
+
+    def _apply(self, net: IndexedGraph, alive: list[bool], plan: SwapPlan) -> list[int]:
+        """Append ``plan``'s swap ops to ``net`` as ``apply_swaps`` inserts them; returns the ops whose edges changed."""
+        if self._lms_op is not None:
+            raise GraphError(f"the graph already holds tflms swap ops (e.g. {self._lms_op!r}); rewrite the "
+                             "original graph, not a rewritten one")
+        host = self.options.host_device
+        swapin_device = plan.config.host_device if self.swapin_on == SWAPIN_ON_HOST else plan.accelerator_device
+        out_dev = _device_class(plan.config.host_device, host)
+        in_dev = _device_class(swapin_device, host)
+        op_id = self._op_id
+        new_ids: dict[str, int] = {}
+
+        def lookup(name: str, what: str) -> int:
+            i = op_id.get(name, new_ids.get(name))
+            if i is None:
+                raise GraphError(f"{what} {name!r} names no op in the graph")
+            return i
+
+        def claim(name: str) -> None:
+            if name in op_id or name in new_ids:
+                raise GraphError(f"an op named {name!r} already exists")
+
+        modified: list[int] = []
+        inputs, ctrl = net.inputs, net.ctrl
+        for swap in plan.swaps:
+            producer = lookup(swap.tensor.op, "swapped tensor's op")
+            if not 0 <= swap.tensor.index < net.n_out[producer]:
+                raise GraphError(f"op {swap.tensor.op!r} ({net.types[producer]}) has no output {swap.tensor.index}")
+            t = net.out_start[producer] + swap.tensor.index
+            info = net.t_info[t]
+            claim(swap.swap_out)
+            out_op = net.add_op(swap.swap_out, self.copy_op, out_dev, [t], [], [info])
+            new_ids[swap.swap_out] = out_op
+            alive.append(False)
+            for consumer in swap.sync_out_consumers:
+                c = lookup(consumer, "sync-out consumer")
+                if out_op not in ctrl[c]:
+                    ctrl[c] = ctrl[c] + [out_op]
+                    modified.append(c)
+            out_t = net.out_start[out_op]
+            for group in swap.swap_ins:
+                claim(group.name)
+                trigger = [lookup(group.trigger, f"control input of {group.name!r}:")] if group.trigger else []
+                in_op = net.add_op(group.name, self.copy_op, in_dev, [out_t], trigger, [info])
+                new_ids[group.name] = in_op
+                alive.append(False)
+                in_t = net.out_start[in_op]
+                members = {op_id[c] for c in group.consumers if c in op_id}
+                for consumer, index in self._consumers.get(t, ()):
+                    if consumer in members and inputs[consumer][index] == t:
+                        ins = list(inputs[consumer])
+                        ins[index] = in_t
+                        inputs[consumer] = ins
+                        modified.append(consumer)
+        modified = list(dict.fromkeys(modified))
+        for c in modified:
+            net.refresh_preds(c)
+        return modified
