@@ -312,10 +312,18 @@ def test_permutations_of_a_chain_are_unique_after_edges():
 
 
 def test_fusable_and_small_ops_are_not_ordered_by_default():
-    # Every op but out feeds exactly one op (grappler could fuse it into that op): with fusion_safe none of
-    # them is the end of an edge; with min_bytes above 1024 nothing here is ordered at all.
-    g = two_branches()
-    assert ordered_ops(g, SCHEDULE, min_bytes=0) == ["out"]
-    assert order_edges(g, SCHEDULE, min_bytes=0) == []
-    assert ordered_ops(g, SCHEDULE, min_bytes=2048, fusion_safe=False) == []
-    assert ordered_ops(g, SCHEDULE, min_bytes=1024, fusion_safe=False) == ["a_big", "a_small", "b_big", "b_small"]
+    # MatMul -> BiasAdd -> Relu: grappler fuses the first two into the Relu only without control edges, so
+    # with fusion_safe they are not ends of edges. Below min_bytes nothing is ordered.
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=BIG)
+    mm = b.op("mm", "MatMul", [x, x], shape=BIG)
+    ba = b.op("ba", "BiasAdd", [mm, x], shape=BIG)
+    r = b.op("r", "Relu", [ba], shape=BIG)
+    b.op("s1", "Sum", [r], shape=SMALL)
+    b.op("s2", "Sum", [r], shape=SMALL)
+    g = b.graph
+    order = ["x", "mm", "ba", "r", "s1", "s2"]
+    assert ordered_ops(g, order, min_bytes=0) == ["r", "s1", "s2"]
+    assert ordered_ops(g, order, min_bytes=0, fusion_safe=False) == ["mm", "ba", "r", "s1", "s2"]
+    assert ordered_ops(g, order, min_bytes=2048, fusion_safe=False) == []
+    assert order_edges(g, order, min_bytes=0) == [("s1", "s2")]

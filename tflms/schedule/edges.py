@@ -39,6 +39,19 @@ DEFAULT_MIN_BYTES = 1 << 16
 #: Ops that read only a tensor's metadata: grappler folds them to constants when shapes are static, and an
 #: edge on them would prevent that.
 METADATA_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradientArgs"})
+#: Producer -> sole consumer pairs grappler may fuse or re-associate only when the producer has no control
+#: edges (remapper: contraction + BiasAdd/activation/Add; arithmetic optimizer: add trees into AddN, common
+#: factors of Mul under an Add). Conservative: any producer of these types into any consumer of those.
+FUSABLE_PRODUCERS = frozenset({
+    "Conv2D", "Conv3D", "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "DepthwiseConv2dNative",
+    "BiasAdd", "Add", "AddV2", "AddN", "Sub", "Mul", "FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3",
+    "Sigmoid", "Tanh"})
+#: Ops that oneDNN's graph pass fuses with a sibling reading the same input (``Conv2DBackpropFilter`` with
+#: ``BiasAddGrad`` into ``_MklConv2DBackpropFilterWithBias``) unless they carry control edges: never ordered.
+FUSION_SENSITIVE_OPS = frozenset({"Conv2DBackpropFilter", "Conv3DBackpropFilterV2", "BiasAddGrad"})
+FUSABLE_CONSUMERS = frozenset({
+    "BiasAdd", "Add", "AddV2", "AddN", "Sub", "Mul", "Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid",
+    "Softplus", "Gelu", "Erf", "Cast", "FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
 
 
 def ordered_ops(graph: Graph, order: Sequence[str], options: SimOptions | None = None, *,
@@ -46,16 +59,21 @@ def ordered_ops(graph: Graph, order: Sequence[str], options: SimOptions | None =
     """The ops of ``order`` whose relative order the edges enforce (see the module doc).
 
     Accelerator ops that run and allocate or read a device buffer of at least ``min_bytes``, except
-    metadata ops (:data:`METADATA_OPS`) and, with ``fusion_safe``, ops whose output feeds exactly one op (besides metadata ops, which grappler folds):
-    grappler fuses such an op into its consumer (``Conv2D`` into ``BiasAdd``, an add tree into one
-    ``AddN``) only if it has no control edges, and a different fusion gives other bits. Such an op stays
-    between its inputs and its one consumer.
+    metadata ops (:data:`METADATA_OPS`) and, with ``fusion_safe``, ops grappler may fuse into their one
+    consumer (:data:`FUSABLE_PRODUCERS` into :data:`FUSABLE_CONSUMERS`, metadata consumers aside): it does
+    so (``Conv2D`` into ``BiasAdd``, an add tree into one ``AddN``) only if they have no control edges, and
+    a different fusion gives other bits. Such an op stays between its inputs and its one consumer.
     """
     m = buffer_model(graph, options)
     if fusion_safe:
-        inner = {op.name for op in graph if len({c for k in range(len(op.outputs))
-                                                  for c, _ in graph.consumers(op.output(k))
-                                                  if graph.op(c).type not in METADATA_OPS}) == 1}
+        inner = {op.name for op in graph if op.type in FUSION_SENSITIVE_OPS}
+        for op in graph:
+            if op.type not in FUSABLE_PRODUCERS:
+                continue
+            users = {c for k in range(len(op.outputs)) for c, _ in graph.consumers(op.output(k))
+                     if graph.op(c).type not in METADATA_OPS}
+            if len(users) == 1 and graph.op(next(iter(users))).type in FUSABLE_CONSUMERS:
+                inner.add(op.name)
     else:
         inner = set()
     touches = {m.names[i] for i in range(len(m))
