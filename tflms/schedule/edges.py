@@ -39,19 +39,26 @@ DEFAULT_MIN_BYTES = 1 << 16
 #: Ops that read only a tensor's metadata: grappler folds them to constants when shapes are static, and an
 #: edge on them would prevent that.
 METADATA_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradientArgs"})
-#: Producer -> sole consumer pairs grappler may fuse or re-associate only when the producer has no control
-#: edges (remapper: contraction + BiasAdd/activation/Add; arithmetic optimizer: add trees into AddN, common
-#: factors of Mul under an Add). Conservative: any producer of these types into any consumer of those.
-FUSABLE_PRODUCERS = frozenset({
-    "Conv2D", "Conv3D", "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "DepthwiseConv2dNative",
-    "BiasAdd", "Add", "AddV2", "AddN", "Sub", "Mul", "FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3",
-    "Sigmoid", "Tanh"})
+_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid", "Gelu"})
+_ADDS = frozenset({"Add", "AddV2", "AddN"})
+_CONTRACTIONS = frozenset({"Conv2D", "Conv3D", "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
+                           "DepthwiseConv2dNative"})
+#: Producer type -> consumer types that grappler may fuse or re-associate with it when the producer has no
+#: control edges and feeds only that consumer: the remapper (a contraction with BiasAdd, Add, Mul, Cast or
+#: an activation; BiasAdd or an add with an activation or add; FusedBatchNorm with Relu/Add; Sigmoid*x) and
+#: the arithmetic optimizer (add trees into one AddN, Mul/Add chains re-associated to minimize broadcasts,
+#: common factors of Muls hoisted out of an add). Both skip nodes with control fan-in or fan-out.
+FUSABLE = {
+    **{c: _ACTIVATIONS | _ADDS | {"BiasAdd", "Mul", "Cast"} for c in _CONTRACTIONS},
+    "BiasAdd": _ACTIVATIONS | _ADDS,
+    **{a: _ACTIVATIONS | _ADDS for a in _ADDS},
+    "Mul": frozenset({"Mul"}),
+    **{bn: frozenset({"Relu", "Add", "AddV2"}) for bn in ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")},
+    "Sigmoid": frozenset({"Mul"}), "Tanh": frozenset({"Mul"}),
+}
 #: Ops that oneDNN's graph pass fuses with a sibling reading the same input (``Conv2DBackpropFilter`` with
 #: ``BiasAddGrad`` into ``_MklConv2DBackpropFilterWithBias``) unless they carry control edges: never ordered.
 FUSION_SENSITIVE_OPS = frozenset({"Conv2DBackpropFilter", "Conv3DBackpropFilterV2", "BiasAddGrad"})
-FUSABLE_CONSUMERS = frozenset({
-    "BiasAdd", "Add", "AddV2", "AddN", "Sub", "Mul", "Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid",
-    "Softplus", "Gelu", "Erf", "Cast", "FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
 
 
 def ordered_ops(graph: Graph, order: Sequence[str], options: SimOptions | None = None, *,
@@ -60,7 +67,7 @@ def ordered_ops(graph: Graph, order: Sequence[str], options: SimOptions | None =
 
     Accelerator ops that run and allocate or read a device buffer of at least ``min_bytes``, except
     metadata ops (:data:`METADATA_OPS`) and, with ``fusion_safe``, ops grappler may fuse into their one
-    consumer (:data:`FUSABLE_PRODUCERS` into :data:`FUSABLE_CONSUMERS`, metadata consumers aside): it does
+    consumer (:data:`FUSABLE`, metadata consumers aside) and :data:`FUSION_SENSITIVE_OPS`: it does
     so (``Conv2D`` into ``BiasAdd``, an add tree into one ``AddN``) only if they have no control edges, and
     a different fusion gives other bits. Such an op stays between its inputs and its one consumer.
     """
@@ -68,11 +75,11 @@ def ordered_ops(graph: Graph, order: Sequence[str], options: SimOptions | None =
     if fusion_safe:
         inner = {op.name for op in graph if op.type in FUSION_SENSITIVE_OPS}
         for op in graph:
-            if op.type not in FUSABLE_PRODUCERS:
+            if op.type not in FUSABLE:
                 continue
             users = {c for k in range(len(op.outputs)) for c, _ in graph.consumers(op.output(k))
                      if graph.op(c).type not in METADATA_OPS}
-            if len(users) == 1 and graph.op(next(iter(users))).type in FUSABLE_CONSUMERS:
+            if len(users) == 1 and graph.op(next(iter(users))).type in FUSABLE[op.type]:
                 inner.add(op.name)
     else:
         inner = set()
