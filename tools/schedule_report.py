@@ -17,6 +17,8 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from tflms.schedule.edges import DEFAULT_MIN_BYTES  # noqa: E402
+
 GIB, MIB = 2**30, 2**20
 
 
@@ -58,6 +60,35 @@ def report(graph, profile: str, label: str) -> dict:
             "edges_s": edges_s, "exact_edges": len(exact), "exact_edges_level_peak_gib": exact_peak / GIB}
 
 
+def bitwise_check(batch: int, steps: int, min_bytes: int = DEFAULT_MIN_BYTES) -> dict:
+    """Train ResNet-50 ``steps`` steps plain, plain again (control) and with the order edges; compare bytes."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tflms.ir import tf_io
+    from tflms.rewrite.api import load_graph
+    from tflms.schedule import add_order_edges, order_edges, schedule_order
+    rng = np.random.RandomState(0)
+    data = [(tf.constant(rng.standard_normal((batch, 224, 224, 3)).astype("float32")),
+             tf.constant(rng.randint(0, 1000, size=(batch,)).astype("int32"))) for _ in range(steps)]
+    out, edges = {}, 0
+    for variant in ("plain", "plain-again", "ordered"):
+        base, (model, optimizer, step) = trace_resnet50()
+        fn = step
+        if variant == "ordered":
+            g = base.with_batch_size(batch)
+            e = order_edges(g, schedule_order(g), min_bytes=min_bytes)
+            edges = len(e)
+            specs = (tf.TensorSpec((None, 224, 224, 3), tf.float32), tf.TensorSpec((None,), tf.int32))
+            fn = tf_io.to_concrete_function(add_order_edges(load_graph(step.get_concrete_function(*specs)), e),
+                                            step.get_concrete_function(*specs))
+        losses = [fn(x, y).numpy().tobytes() for x, y in data]
+        out[variant] = losses + [v.numpy().tobytes() for v in model.weights + optimizer.variables]
+    return {"batch": batch, "steps": steps, "min_bytes": min_bytes, "edges": edges, "control_equal": out["plain"] == out["plain-again"],
+            "ordered_equal": out["ordered"] == out["plain"],
+            "differing": sum(a != b for a, b in zip(out["ordered"], out["plain"]))}
+
+
 def synthetic(n_pairs: int):
     from tflms.schedule import order_edges, schedule_order
     from tflms.testing import GraphBuilder
@@ -81,6 +112,10 @@ def main() -> None:
     parser.add_argument("--profile", default="v100-16gb-pcie3")
     parser.add_argument("--threshold", type=int, default=1, help="swapout_threshold of the distance plan")
     parser.add_argument("--synthetic", type=int, default=50000, help="pairs of the synthetic graph (0: skip)")
+    parser.add_argument("--bitwise", type=int, default=0, metavar="BATCH",
+                        help="also train ResNet-50 at this batch with and without the order edges (CPU)")
+    parser.add_argument("--bitwise-min-bytes", type=int, default=DEFAULT_MIN_BYTES,
+                        help="min_bytes of the order edges in the bitwise check (1: order every op it can)")
     parser.add_argument("--json", help="write the records here")
     args = parser.parse_args()
     from tflms.analysis.cto import analyze_graph
@@ -112,6 +147,11 @@ def main() -> None:
         print(f"synthetic: {syn['ops']} ops scheduled in {syn['schedule_s']:.2f} s, {syn['edges']} edges in "
               f"{syn['edges_s']:.2f} s")
         records.append({"graph": "synthetic", **syn})
+    if args.bitwise:
+        bw = bitwise_check(args.bitwise, 2, args.bitwise_min_bytes)
+        print(f"bitwise: batch {bw['batch']}, {bw['steps']} steps, min_bytes {bw['min_bytes']}, {bw['edges']} edges: plain vs plain "
+              f"{bw['control_equal']}, ordered vs plain {bw['ordered_equal']} ({bw['differing']} arrays differ)")
+        records.append({"graph": "bitwise", **bw})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)

@@ -120,32 +120,32 @@ def buffer_model(graph: Graph, options: SimOptions | None = None) -> BufferModel
     is_transfer = [crosses[i] and not reads_recv[i] for i in range(len(ops))]
     eager = [not needed[i] or not on_accel[i] or is_transfer[i] for i in range(len(ops))]
 
-    owner: dict[TensorRef, TensorRef] = {}
-    resident_refs: set[TensorRef] = set()
+    # Tensors are (op name, output index) tuples here: hashing them is much cheaper than TensorRefs.
+    alias_of: dict[tuple[str, int], tuple[str, int]] = {}
+    resident_refs: set[tuple[str, int]] = set()
     for i, op in enumerate(ops):  # graph order is not topological in general: resolve owners lazily below
-        for k in range(len(op.outputs)):
-            owner[TensorRef(op.name, k)] = TensorRef(op.name, k)
         if op.type in VARIABLE_READ_OPS:
-            resident_refs.add(TensorRef(op.name, 0))
+            resident_refs.add((op.name, 0))
         elif (op.type in SOURCE_OPS and options.resident_inputs) or op.type in CONSTANT_OPS:
-            resident_refs.update(TensorRef(op.name, k) for k in range(len(op.outputs)))
+            resident_refs.update((op.name, k) for k in range(len(op.outputs)))
         elif op.type in ALIAS_OPS and op.inputs:
             src = op.inputs[0]
             if (on_accel[index[src.op]] == on_accel[i] or op.type not in COPY_OPS) and not reads_recv[i]:
                 for k in range(len(op.outputs)):
-                    owner[TensorRef(op.name, k)] = op.inputs[min(k, len(op.inputs) - 1)]
+                    ref = op.inputs[min(k, len(op.inputs) - 1)]
+                    alias_of[(op.name, k)] = (ref.op, ref.index)
 
-    def root(ref: TensorRef) -> TensorRef:
+    def root(ref: tuple[str, int]) -> tuple[str, int]:
         seen = []
-        while owner[ref] != ref:
+        while ref in alias_of:
             seen.append(ref)
-            ref = owner[ref]
-        for r in seen:
-            owner[r] = ref
+            ref = alias_of[ref]
+        for r in seen[:-1]:
+            alias_of[r] = ref
         return ref
 
     resident_bytes = sum(variable_bytes(graph).values())
-    buf_id: dict[TensorRef, int] = {}
+    buf_id: dict[tuple[str, int], int] = {}
     size: list[int] = []
     dtype: list[str] = []
     buffer_names: list[str] = []
@@ -163,40 +163,42 @@ def buffer_model(graph: Graph, options: SimOptions | None = None) -> BufferModel
         if not needed[i]:
             continue
         for k, info in enumerate(op.outputs):
-            ref = TensorRef(op.name, k)
-            if root(ref) != ref or ref in resident_refs:
-                if ref in resident_refs and on_accel[i] and op.type not in VARIABLE_READ_OPS:
+            ref = (op.name, k)
+            if ref in resident_refs:
+                if on_accel[i] and op.type not in VARIABLE_READ_OPS:
                     resident_bytes += info.num_bytes or 0
                 continue
-            if not on_accel[i] or not info.num_bytes:
+            if ref in alias_of or not on_accel[i] or not info.num_bytes:
                 continue
-            buf_id[ref] = new_buffer(ref.name, info.num_bytes, info.dtype, i)
+            buf_id[ref] = new_buffer(f"{op.name}:{k}", info.num_bytes, info.dtype, i)
 
     # Implicit _Recv of host tensors read by accelerator ops (DeepCopy swap-ins are explicit copies).
-    recv_id: dict[TensorRef, int] = {}
+    recv_id: dict[tuple[str, int], int] = {}
     for i, op in enumerate(ops):
         if not needed[i] or not on_accel[i] or op.type == "DeepCopy":
             continue
         for ref in op.inputs:
-            src = index[ref.op]
-            if on_accel[src] or ref in recv_id:
+            key = (ref.op, ref.index)
+            if on_accel[index[ref.op]] or key in recv_id:
                 continue
             info = graph.tensor(ref)
             if info.dtype not in _NO_SIZE_DTYPES and info.num_bytes:
-                recv_id[ref] = new_buffer(ref.name + "/_recv", info.num_bytes, info.dtype, src)
-        if reads_recv[i] and op.inputs[0] in recv_id:
+                recv_id[key] = new_buffer(ref.name + "/_recv", info.num_bytes, info.dtype, index[ref.op])
+        first = (op.inputs[0].op, op.inputs[0].index) if op.inputs else None
+        if reads_recv[i] and first in recv_id:
             for k in range(len(op.outputs)):
-                buf_id[TensorRef(op.name, k)] = recv_id[op.inputs[0]]
+                buf_id[(op.name, k)] = recv_id[first]
     reads: list[list[int]] = [[] for _ in ops]
     for i, op in enumerate(ops):
         if not needed[i]:
             continue
         seen: set[int] = set()
         for ref in op.inputs:
+            key = (ref.op, ref.index)
             if on_accel[i] and not on_accel[index[ref.op]] and op.type != "DeepCopy":
-                b = recv_id.get(ref, -1)
+                b = recv_id.get(key, -1)
             else:
-                b = buf_id.get(root(ref), -1)
+                b = buf_id.get(root(key), -1)
             if b >= 0 and b not in seen:
                 seen.add(b)
                 reads[i].append(b)
@@ -209,7 +211,7 @@ def buffer_model(graph: Graph, options: SimOptions | None = None) -> BufferModel
     for name in (sig.output_names if sig is not None else ()):
         ref = TensorRef.parse(name)
         if ref.op in index:
-            b = buf_id.get(root(ref), -1)
+            b = buf_id.get(root((ref.op, ref.index)), -1)
             if b >= 0:
                 pinned[b] = True
     forward_out = [-1] * len(ops)
