@@ -12,8 +12,8 @@ import pytest
 from tflms.config import LMSConfig
 from tflms.errors import ConfigError, GraphError
 from tflms.ir.graph import TensorRef
-from tflms.schedule import (add_order_edges, buffer_model, order_edges, ordered_ops, replay_peak, schedule_order,
-                            schedule_with_report)
+from tflms.schedule import (add_order_edges, buffer_model, order_edges, ordered_ops, replay_peak, replay_peak_timed,
+                            schedule_order, schedule_with_report)
 from tflms.sim import HardwareProfile, level_order, simulate
 from tflms.testing import GraphBuilder, mlp_training_graph
 
@@ -158,6 +158,8 @@ def test_schedule_is_deterministic_and_rejects_unknown_heuristics():
     assert schedule_order(g) == schedule_order(g.copy())
     with pytest.raises(ConfigError, match="unknown scheduling heuristics"):
         schedule_order(g, heuristics=("magic",))
+    with pytest.raises(ConfigError, match="needs a hardware profile"):
+        schedule_order(g, heuristics=["greedy-timed"])
     # a caller's judge decides between heuristics
     chosen = schedule_with_report(g, judge=lambda order: 0 if order == level_order(g) else 1)
     assert chosen.chosen == "level"
@@ -327,3 +329,30 @@ def test_fusable_and_small_ops_are_not_ordered_by_default():
     assert ordered_ops(g, order, min_bytes=0, fusion_safe=False) == ["mm", "ba", "r", "s1", "s2"]
     assert ordered_ops(g, order, min_bytes=2048, fusion_safe=False) == []
     assert order_edges(g, order, min_bytes=0) == [("s1", "s2")]
+
+
+@pytest.mark.parametrize("copy_s", [0.01, 0.5, 3.0])
+def test_timed_memory_model_matches_the_simulator_with_slow_copies(copy_s):
+    # 64-byte copies take copy_s; element-wise 4x4 ops 1 s (16 FLOP/s). A slow swap-out keeps a_small on the
+    # device until its copy ends; a slow swap-in delays out.
+    profile = HardwareProfile("unit-slow", memory_bytes=1 << 20, peak_flops=16, memory_gbps=1e9,
+                              link_gbps=64 / copy_s / 1e9, link_latency_s=0, launch_overhead_s=0,
+                              compute_efficiency=1, link_efficiency=1)
+    g = swapped_branches()
+    m = buffer_model(g)
+    for order in nx.all_topological_sorts(g.to_networkx()):
+        assert replay_peak_timed(m, g, profile, order) == simulate(g, profile, order=order).peak_bytes, order
+    from tflms.analysis.cto import analyze_graph
+    from tflms.rewrite.apply import apply_plan
+    from tflms.rewrite.plan import plan_swaps
+    mlp = mlp_training_graph(5, batch=4, width=4)
+    plan = plan_swaps(analyze_graph(mlp), LMSConfig(swapout_threshold=1, swapin_ahead=1),
+                      accelerator_device="/device:GPU:0")
+    rewritten = apply_plan(mlp, plan)
+    mm = buffer_model(rewritten)
+    for order in (level_order(rewritten), schedule_order(rewritten), schedule_order(rewritten, profile=profile)):
+        assert replay_peak_timed(mm, rewritten, profile, order) == simulate(rewritten, profile,
+                                                                           order=order).peak_bytes
+    result = schedule_with_report(rewritten, profile=profile)
+    assert set(result.peaks) == {"level", "greedy", "greedy-timed", "dfs"}
+    assert simulate(rewritten, profile, order=list(result.order)).peak_bytes == result.peak_bytes

@@ -41,7 +41,7 @@ def report(graph, profile: str, label: str) -> dict:
     from tflms.schedule import add_order_edges, order_edges, ordered_ops, schedule_with_report
     from tflms.sim import simulate
     t0 = time.perf_counter()
-    result = schedule_with_report(graph)
+    result = schedule_with_report(graph, profile=profile)
     schedule_s = time.perf_counter() - t0
     order = list(result.order)
     t0 = time.perf_counter()
