@@ -84,7 +84,8 @@ def bitwise_check(batch: int, steps: int, min_bytes: int = DEFAULT_MIN_BYTES) ->
                                             step.get_concrete_function(*specs))
         losses = [fn(x, y).numpy().tobytes() for x, y in data]
         out[variant] = losses + [v.numpy().tobytes() for v in model.weights + optimizer.variables]
-    return {"batch": batch, "steps": steps, "min_bytes": min_bytes, "edges": edges, "control_equal": out["plain"] == out["plain-again"],
+    return {"batch": batch, "steps": steps, "min_bytes": min_bytes, "edges": edges,
+            "control_equal": out["plain"] == out["plain-again"],
             "ordered_equal": out["ordered"] == out["plain"],
             "differing": sum(a != b for a, b in zip(out["ordered"], out["plain"]))}
 
@@ -123,6 +124,9 @@ def main() -> None:
     from tflms.rewrite.apply import apply_plan
     from tflms.rewrite.plan import plan_swaps
     from tflms.sim.bounds import swap_only_bound
+    from tflms.sim import get_profile
+    from tflms.sim.bounds import step_time_bound, time_bound_ratio
+    budget = get_profile(args.profile).memory_bytes
     base, keep_alive = trace_resnet50()
     records = []
     for batch in [int(b) for b in args.batches.split(",")]:
@@ -130,18 +134,30 @@ def main() -> None:
         bound = swap_only_bound(graph)
         plan = plan_swaps(analyze_graph(graph), LMSConfig(swapout_threshold=args.threshold, swapin_ahead=1),
                           accelerator_device="/device:GPU:0")
+        tb = None
         for label, g in (("no swaps", graph), (f"distance plan t={args.threshold}", apply_plan(graph, plan))):
             rec = report(g, args.profile, label)
+            if tb is None:  # the bound of swap-only rewrites that keep the schedule of the unswapped step
+                from tflms.schedule import schedule_order
+                tb = step_time_bound(graph, args.profile, budget, order=schedule_order(graph, profile=args.profile))
+            rec.update(time_bound_s=tb.bound_s, min_swap_gib=tb.min_swap_bytes / GIB,
+                       time_bound_ratio=(time_bound_ratio(rec["schedule_step_s"], tb.bound_s)
+                                         if tb.feasible and rec["schedule_peak_gib"] * GIB <= budget else None))
             rec.update(batch=batch, swap_only_bound_gib=bound.bound_bytes / GIB,
                        bound_working_set_mib_per_sample=bound.working_set_bytes / MIB / batch,
                        bound_op=bound.op, resident_gib=bound.resident_bytes / GIB)
             records.append(rec)
             print(f"batch {batch:4d} {label:22s} ops {rec['ops']:6d}  peak level {rec['level_peak_gib']:6.2f} "
-                  f"schedule {rec['schedule_peak_gib']:6.2f} ({rec['chosen']}) edges-only {rec['edges_level_peak_gib']:6.2f}"
-                  f" GiB | step {rec['level_step_s']:.3f}/{rec['schedule_step_s']:.3f} s | ordered {rec['ordered_ops']}"
-                  f" edges {rec['edges']} (exact {rec['exact_edges']}: {rec['exact_edges_level_peak_gib']:.2f} GiB) | schedule {rec['schedule_s']:.2f} s edges {rec['edges_s']:.2f} s | bound "
+                  f"schedule {rec['schedule_peak_gib']:6.2f} ({rec['chosen']}) edges-only "
+                  f"{rec['edges_level_peak_gib']:6.2f} GiB | step {rec['level_step_s']:.3f}/"
+                  f"{rec['schedule_step_s']:.3f} s | ordered {rec['ordered_ops']}"
+                  f" edges {rec['edges']} (exact {rec['exact_edges']}: {rec['exact_edges_level_peak_gib']:.2f} GiB)"
+                  f" | schedule {rec['schedule_s']:.2f} s edges {rec['edges_s']:.2f} s | bound "
                   f"{rec['swap_only_bound_gib']:.2f} GiB ({rec['bound_working_set_mib_per_sample']:.2f} MiB/sample at "
-                  f"{rec['bound_op']})", flush=True)
+                  f"{rec['bound_op']}) | time bound at {budget / GIB:.0f} GiB {rec['time_bound_s']:.3f} s (>= "
+                  f"{rec['min_swap_gib']:.2f} GiB each way), ratio "
+                  f"{'-' if rec['time_bound_ratio'] is None else format(rec['time_bound_ratio'], '.2f')}",
+                  flush=True)
     if args.synthetic:
         syn = synthetic(args.synthetic)
         print(f"synthetic: {syn['ops']} ops scheduled in {syn['schedule_s']:.2f} s, {syn['edges']} edges in "
@@ -149,8 +165,9 @@ def main() -> None:
         records.append({"graph": "synthetic", **syn})
     if args.bitwise:
         bw = bitwise_check(args.bitwise, 2, args.bitwise_min_bytes)
-        print(f"bitwise: batch {bw['batch']}, {bw['steps']} steps, min_bytes {bw['min_bytes']}, {bw['edges']} edges: plain vs plain "
-              f"{bw['control_equal']}, ordered vs plain {bw['ordered_equal']} ({bw['differing']} arrays differ)")
+        print(f"bitwise: batch {bw['batch']}, {bw['steps']} steps, min_bytes {bw['min_bytes']}, {bw['edges']} edges: "
+              f"plain vs plain {bw['control_equal']}, ordered vs plain {bw['ordered_equal']} "
+              f"({bw['differing']} arrays differ)")
         records.append({"graph": "bitwise", **bw})
     if args.json:
         with open(args.json, "w") as f:

@@ -109,9 +109,9 @@ def order_edges(graph: Graph, order: Sequence[str], *, options: SimOptions | Non
                 fusion_safe: bool = True) -> list[tuple[str, str]]:
     """The fewest control edges ``(before, after)`` that make ``ops`` run in ``order``.
 
-    ``ops`` defaults to :func:`ordered_ops` (with ``min_bytes`` and ``fusion_safe``). ``order`` must be a topological order
-    of ``graph`` listing every op. Edges go forward in ``order``, so they never
-    close a cycle.
+    ``ops`` defaults to :func:`ordered_ops` (with ``min_bytes`` and ``fusion_safe``).
+    ``order`` must be a topological order of ``graph`` listing every op. Edges go
+    forward in ``order``, so they never close a cycle.
     """
     position = _check_order(graph, order)
     chain = list(ops) if ops is not None else ordered_ops(graph, order, options, min_bytes=min_bytes,

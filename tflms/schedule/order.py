@@ -243,8 +243,9 @@ def schedule_order(graph: Graph, *, options: SimOptions | None = None, profile=N
     :func:`tflms.rewrite.apply.apply_plan`). ``options`` are the simulator's (host
     device, forwarding, pruning). With a hardware ``profile`` the orders are judged
     with the simulator's timing (a swapped-out tensor leaves the device when its copy
-    ends, a swap-in arrives after its copy) and the ``greedy-timed`` heuristic runs. ``judge(order) -> peak bytes`` replaces the
-    sequential memory model when choosing between heuristics (e.g.
+    ends, a swap-in arrives after its copy) and the ``greedy-timed`` heuristic runs.
+    ``judge(order) -> peak bytes`` replaces the memory model when choosing between
+    heuristics (e.g.
     ``lambda o: simulate(graph, profile, order=o).peak_bytes``).
     """
     return list(schedule_with_report(graph, options=options, profile=profile, heuristics=heuristics,
