@@ -10,6 +10,11 @@ Sources:
   HBM2 900 GB/s). PCIe 3.0 x16: 15.75 GB/s per direction.
 - POWER9 AC922 with V100 SXM2 32GB: NVLink 2.0 CPU-GPU, 3 bricks x 25 GB/s = 75 GB/s
   per direction (IBM AC922 redbook; the setting of the TFLMS paper).
+- POWER9 AC922 with V100 SXM2 16GB (``v100-16gb-nvlink2``, TFLMS's hardware class: Le et al.,
+  ISMM 2019, trained on 16 GB V100s in an AC922): the same NVLink 2.0 host link, 3 bricks x
+  25 GB/s = 75 GB/s per direction (IBM Redbook REDP-5472, "IBM Power System AC922 Introduction
+  and Technical Overview", four-GPU configuration), 15.7 TFLOPS FP32 and 900 GB/s HBM2 (NVIDIA
+  Tesla V100 SXM2 datasheet).
 - A100 80GB PCIe: 19.5 TFLOPS FP32, 1935 GB/s HBM2e (NVIDIA A100 datasheet); PCIe 4.0 x16:
   31.5 GB/s per direction.
 - H100 80GB PCIe: 51 TFLOPS FP32, 2.0 TB/s HBM2e (NVIDIA H100 datasheet); PCIe 5.0 x16:
@@ -105,6 +110,8 @@ for _p in (
                     description="NVIDIA V100 16GB PCIe on PCIe 3.0 x16"),
     HardwareProfile("v100-32gb-nvlink2", 32 * GIB, 15.7e12, 900, 75, host_memory_bytes=512 * GIB,
                     description="NVIDIA V100 SXM2 32GB on IBM POWER9 AC922, NVLink 2.0 to the CPU (TFLMS paper setup)"),
+    HardwareProfile("v100-16gb-nvlink2", 16 * GIB, 15.7e12, 900, 75, host_memory_bytes=512 * GIB,
+                    description="NVIDIA V100 SXM2 16GB on IBM POWER9 AC922, NVLink 2.0 to the CPU (TFLMS's hardware)"),
     HardwareProfile("a100-80gb-pcie4", 80 * GIB, 19.5e12, 1935, 31.5, host_memory_bytes=512 * GIB,
                     description="NVIDIA A100 80GB PCIe on PCIe 4.0 x16"),
     HardwareProfile("h100-80gb-pcie5", 80 * GIB, 51e12, 2000, 63, host_memory_bytes=1024 * GIB,

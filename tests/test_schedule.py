@@ -1,0 +1,358 @@
+"""Memory-aware execution order and the control edges that enforce it."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import networkx as nx
+import numpy as np
+import pytest
+
+from tflms.config import LMSConfig
+from tflms.errors import ConfigError, GraphError
+from tflms.ir.graph import TensorRef
+from tflms.schedule import (add_order_edges, buffer_model, order_edges, ordered_ops, replay_peak, replay_peak_timed,
+                            schedule_order, schedule_with_report)
+from tflms.sim import HardwareProfile, level_order, simulate
+from tflms.testing import GraphBuilder, mlp_training_graph
+
+SMALL = (4, 4)  # 64-byte float32 tensors
+BIG = (16, 16)  # 1024-byte float32 tensors
+#: Hand-built graphs: order every op that touches device memory (their tensors are tiny and single-consumer).
+EXACT = {"min_bytes": 0, "fusion_safe": False}
+
+
+def unit_profile() -> HardwareProfile:
+    return HardwareProfile("unit", memory_bytes=1 << 20, peak_flops=16, memory_gbps=1e9, link_gbps=1e3,
+                           link_latency_s=0, launch_overhead_s=0, compute_efficiency=1, link_efficiency=1)
+
+
+def two_branches():
+    """x feeds two branches; each makes a 1024-byte temporary (Pad) and reduces it to 64 bytes (Sum).
+
+    Levels: x 0; a_big, b_big 1; a_small, b_small 2; out 3.
+    """
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=SMALL)
+    a_big = b.op("a_big", "Pad", [x], shape=BIG)
+    b_big = b.op("b_big", "Pad", [x], shape=BIG)
+    a_small = b.op("a_small", "Sum", [a_big], shape=SMALL)
+    b_small = b.op("b_small", "Sum", [b_big], shape=SMALL)
+    b.op("out", "AddV2", [a_small, b_small], shape=SMALL)
+    return b.graph
+
+
+SCHEDULE = ["x", "a_big", "a_small", "b_big", "b_small", "out"]
+
+
+def test_level_order_interleaves_the_branches_and_peaks_higher():
+    g = two_branches()
+    assert level_order(g) == ["x", "a_big", "b_big", "a_small", "b_small", "out"]
+    # Level order: x (64, resident) + a_big 1024 + b_big 1024 + a_small 64 while a_small runs = 2176.
+    assert simulate(g, unit_profile()).peak_bytes == 2176
+    # One branch then the other: x + a_big + a_small = 1152, then x + a_small + b_big + b_small = 1216
+    # (out writes into a_small's buffer).
+    assert simulate(g, unit_profile(), order=SCHEDULE).peak_bytes == 1216
+
+
+def test_schedule_runs_one_branch_then_the_other():
+    g = two_branches()
+    result = schedule_with_report(g)
+    assert list(result.order) == SCHEDULE
+    assert result.chosen == "greedy"
+    assert result.peaks["level"] == 2176 and result.peaks["greedy"] == 1216
+    assert simulate(g, unit_profile(), order=schedule_order(g)).peak_bytes == 1216
+
+
+def test_memory_model_matches_the_simulator_on_every_order_of_the_branches():
+    g = two_branches()
+    m = buffer_model(g)
+    orders = list(nx.all_topological_sorts(g.to_networkx()))
+    assert len(orders) == 6
+    for order in orders:
+        assert replay_peak(m, order) == simulate(g, unit_profile(), order=order).peak_bytes, order
+
+
+def test_order_edges_are_the_fewest_and_enforce_the_schedule():
+    g = two_branches()
+    assert ordered_ops(g, SCHEDULE, **EXACT) == ["a_big", "a_small", "b_big", "b_small", "out"]
+    edges = order_edges(g, SCHEDULE, **EXACT)
+    assert edges == [("a_small", "b_big")]  # every other consecutive pair is already a data edge
+    ordered = add_order_edges(g, edges)
+    ordered.lint()
+    assert ordered.op("b_big").control_inputs == ["a_small"]
+    assert g.op("b_big").control_inputs == []  # the input graph is not modified
+    # Every order TensorFlow may pick now runs the ordered ops as scheduled.
+    chain = ordered_ops(g, SCHEDULE, **EXACT)
+    for order in nx.all_topological_sorts(ordered.to_networkx()):
+        assert [n for n in order if n in chain] == chain
+    assert simulate(ordered, unit_profile()).peak_bytes == 1216  # even the level order of the new graph
+
+
+def long_ladder(n: int):
+    """n independent (Pad -> Sum) pairs from one input, summed by an AddN."""
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=SMALL)
+    smalls = []
+    for i in range(n):
+        big = b.op(f"big{i}", "Pad", [x], shape=BIG)
+        smalls.append(b.op(f"small{i}", "Sum", [big], shape=SMALL))
+    b.op("total", "AddN", smalls, shape=SMALL)
+    return b.graph
+
+
+def test_ladder_schedule_and_edge_count():
+    g = long_ladder(5)
+    order = schedule_order(g)
+    assert order == ["x"] + [n for i in range(5) for n in (f"big{i}", f"small{i}")] + ["total"]
+    # x + one big + up to five smalls at a time: 64 + 1024 + 5 * 64
+    assert simulate(g, unit_profile(), order=order).peak_bytes == 64 + 1024 + 5 * 64
+    assert simulate(g, unit_profile()).peak_bytes == 64 + 5 * 1024 + 64  # level order: all bigs at once
+    edges = order_edges(g, order, **EXACT)
+    assert edges == [(f"small{i}", f"big{i + 1}") for i in range(4)]
+    ordered = add_order_edges(g, edges)
+    dg = ordered.to_networkx()
+    for before, after in edges:  # none is implied by the other edges and the graph's paths
+        dg.remove_edge(before, after)
+        assert not nx.has_path(dg, before, after), (before, after)
+        dg.add_edge(before, after)
+
+
+def test_reachability_through_ops_that_are_not_ordered():
+    # c reads b only through a variable read chain: b -> (control) r -> c. r (a ReadVariableOp) is not an
+    # ordered op, but the path through it already orders b before c: no edge.
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=SMALL)
+    h = b.op("h", "Placeholder", shape=(), dtype="resource")
+    a = b.op("a", "Pad", [x], shape=BIG)
+    bb = b.op("b", "Sum", [a], shape=SMALL)
+    r = b.op("r", "ReadVariableOp", [h], control=["b"], shape=SMALL)
+    b.op("c", "Mul", [x, r], shape=SMALL)
+    b.op("d", "Pad", [x], shape=BIG)
+    del bb
+    g = b.graph
+    order = ["x", "h", "a", "b", "r", "c", "d"]
+    assert ordered_ops(g, order, **EXACT) == ["a", "b", "c", "d"]
+    assert order_edges(g, order, **EXACT) == [("c", "d")]
+
+
+def test_order_edges_reject_orders_that_are_not_topological():
+    g = two_branches()
+    with pytest.raises(GraphError, match="before its input"):
+        order_edges(g, ["x", "a_small", "a_big", "b_big", "b_small", "out"], **EXACT)
+    with pytest.raises(GraphError, match="every op"):
+        order_edges(g, ["x", "a_big"], **EXACT)
+
+
+def test_an_edge_that_closes_a_cycle_is_refused():
+    g = two_branches()
+    with pytest.raises(GraphError, match="closes a cycle"):
+        add_order_edges(g, [("a_small", "a_big")])
+    with pytest.raises(GraphError, match="no op named"):
+        add_order_edges(g, [("a_small", "nope")])
+
+
+def test_schedule_is_deterministic_and_rejects_unknown_heuristics():
+    g = long_ladder(6)
+    assert schedule_order(g) == schedule_order(g.copy())
+    with pytest.raises(ConfigError, match="unknown scheduling heuristics"):
+        schedule_order(g, heuristics=("magic",))
+    with pytest.raises(ConfigError, match="needs a hardware profile"):
+        schedule_order(g, heuristics=["greedy-timed"])
+    # a caller's judge decides between heuristics
+    chosen = schedule_with_report(g, judge=lambda order: 0 if order == level_order(g) else 1)
+    assert chosen.chosen == "level"
+
+
+def swapped_branches():
+    """The two branches with a_small swapped out after it is made and back in for ``out``, triggered by b_small."""
+    g = two_branches()
+    host = "/device:CPU:0"
+    g.add_op("swap_out", "Identity", inputs=[TensorRef("a_small")], device=host, outputs=[g.tensor("a_small:0")])
+    g.add_op("swap_in", "Identity", inputs=[TensorRef("swap_out")], control_inputs=["b_small"], device=host,
+             outputs=[g.tensor("a_small:0")])
+    g.set_input("out", 0, TensorRef("swap_in"))
+    return g
+
+
+def test_swap_ops_free_and_allocate_where_the_simulator_says():
+    g = swapped_branches()
+    m = buffer_model(g)
+    # swap_out is one more reader of a_small; swap_in's implicit copy back is allocated when swap_in runs
+    a_small = m.buffer_names.index("a_small:0")
+    assert sorted(m.names[r] for r in m.readers[a_small]) == ["swap_out"]
+    recv = m.buffer_names.index("swap_in:0/_recv")
+    assert [m.names[i] for i, a in enumerate(m.allocs) if recv in a] == ["swap_in"]
+    order = schedule_order(g)
+    assert order.index("swap_in") == order.index("b_small") + 1  # host ops run as soon as they are ready
+    # a_small leaves the device while b_big runs: x + b_big + b_small + a_small back = 64 + 1024 + 64 + 64
+    fast = unit_profile()
+    assert simulate(g, fast, order=order).peak_bytes == replay_peak(m, order) == 1216 - 64
+    assert simulate(g, fast, order=order).peak_bytes < simulate(g, fast).peak_bytes
+
+
+def test_schedule_of_a_training_step_with_swaps():
+    from tflms.analysis.cto import analyze_graph
+    from tflms.passes.swaps import apply_swaps
+    from tflms.policies.tflms_rules import plan_swaps
+    g = mlp_training_graph(6, batch=64, width=64)
+    plan = plan_swaps(analyze_graph(g), LMSConfig(swapout_threshold=1, swapin_ahead=1),
+                      accelerator_device="/device:GPU:0")
+    assert plan.swaps
+    rewritten = apply_swaps(g, plan).graph
+    order = schedule_order(rewritten)
+    edges = order_edges(rewritten, order, **EXACT)
+    ordered = add_order_edges(rewritten, edges)
+    ordered.lint()
+    profile = unit_profile()
+    peak = simulate(rewritten, profile, order=order).peak_bytes
+    assert peak <= simulate(rewritten, profile).peak_bytes
+    assert simulate(ordered, profile).peak_bytes == peak  # the edges make even level order follow the schedule
+    assert len(edges) < len(ordered_ops(rewritten, order, **EXACT))
+
+
+def test_scheduling_a_large_synthetic_graph():
+    # 20k pairs (40k ops): the scheduler and the edge finder stay linear-ish (timed in tools/schedule_report.py)
+    g = long_ladder(20000)
+    order = schedule_order(g, heuristics=("greedy",))
+    assert order[:3] == ["x", "big0", "small0"]
+    assert len(order_edges(g, order, **EXACT)) == 19999
+
+
+# ---------------------------------------------------------------- traced Keras step
+
+def _branchy_model(seed: int):
+    import keras
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((16, 16, 3))
+    h = keras.layers.Conv2D(8, 3, padding="same", name="stem")(inputs)
+    a = keras.layers.Conv2D(16, 3, padding="same", name="main_conv")(h)
+    a = keras.layers.BatchNormalization(name="main_bn")(a)
+    a = keras.layers.ReLU(name="main_relu")(a)
+    b = keras.layers.Conv2D(16, 1, name="short_conv")(h)
+    b = keras.layers.BatchNormalization(name="short_bn")(b)
+    h = keras.layers.Add(name="add")([a, b])
+    h = keras.layers.GlobalAveragePooling2D(name="gap")(h)
+    return keras.Model(inputs, keras.layers.Dense(10, name="logits")(h))
+
+
+def _traced_step(seed: int):
+    import keras
+    import tensorflow as tf
+
+    from tflms.demo import make_train_step
+    model = _branchy_model(seed)
+    optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+    optimizer.build(model.trainable_variables)
+    step = tf.function(make_train_step(model, optimizer))
+    specs = (tf.TensorSpec((None, 16, 16, 3), tf.float32), tf.TensorSpec((None,), tf.int32))
+    return model, optimizer, step, step.get_concrete_function(*specs)
+
+
+@pytest.fixture(scope="module")
+def tf_quiet():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def test_traced_two_branch_model_schedules_lower_and_trains_bitwise(tf_quiet):
+    import tensorflow as tf
+
+    from tflms.analysis.cto import analyze_graph
+    from tflms.ir import tf_io
+    from tflms.ir.tf_io import load_graph
+    from tflms.passes.swaps import apply_swaps
+    from tflms.policies.tflms_rules import plan_swaps
+
+    _, _, _, cf = _traced_step(0)
+    graph = load_graph(cf, batch_size=32)
+    profile = "v100-16gb-pcie3"
+    plan = plan_swaps(analyze_graph(graph), LMSConfig(swapout_threshold=1, swapin_ahead=1),
+                      accelerator_device="/device:GPU:0")
+    swapped = apply_swaps(graph, plan).graph
+    for g in (graph, swapped):
+        order = schedule_order(g)
+        assert simulate(g, profile, order=order).peak_bytes <= simulate(g, profile).peak_bytes
+    order = schedule_order(swapped)
+    assert simulate(swapped, profile, order=order).peak_bytes < simulate(swapped, profile).peak_bytes
+
+    # Bitwise: the plain step against the same step with its order edges, from the same seed and data.
+    rng = np.random.RandomState(0)
+    data = [(tf.constant(rng.standard_normal((32, 16, 16, 3)).astype("float32")),
+             tf.constant(rng.randint(0, 10, size=(32,)).astype("int32"))) for _ in range(3)]
+    results = {}
+    for variant in ("plain", "plain-again", "ordered"):
+        model, optimizer, step, cf = _traced_step(0)
+        fn = step
+        if variant == "ordered":
+            g = load_graph(cf, batch_size=32)
+            order = schedule_order(g)
+            edges = order_edges(g, order)
+            assert edges
+            fn = tf_io.to_concrete_function(add_order_edges(g, edges), cf)
+        losses = [fn(x, y).numpy().tobytes() for x, y in data]
+        results[variant] = (losses, [v.numpy().tobytes() for v in model.weights + optimizer.variables])
+    assert results["plain"] == results["plain-again"]  # the control: plain vs plain is bitwise
+    assert results["ordered"][0] == results["plain"][0]
+    mismatched = [i for i, (a, b) in enumerate(zip(results["ordered"][1], results["plain"][1])) if a != b]
+    assert not mismatched, f"{len(mismatched)} weights differ, e.g. index {mismatched[:3]}"
+
+
+def test_permutations_of_a_chain_are_unique_after_edges():
+    # Three independent accelerator ops: any order of them is forced by exactly two edges.
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=SMALL)
+    for n in "pqr":
+        b.op(n, "Pad", [x], shape=BIG)
+    g = b.graph
+    for perm in itertools.permutations("pqr"):
+        order = ["x", *perm]
+        edges = order_edges(g, order, **EXACT)
+        assert edges == [(perm[0], perm[1]), (perm[1], perm[2])]
+        sorts = list(nx.all_topological_sorts(add_order_edges(g, edges).to_networkx()))
+        assert sorts == [order]
+
+
+def test_fusable_and_small_ops_are_not_ordered_by_default():
+    # MatMul -> BiasAdd -> Relu: grappler fuses the first two into the Relu only without control edges, so
+    # with fusion_safe they are not ends of edges. Below min_bytes nothing is ordered.
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=BIG)
+    mm = b.op("mm", "MatMul", [x, x], shape=BIG)
+    ba = b.op("ba", "BiasAdd", [mm, x], shape=BIG)
+    r = b.op("r", "Relu", [ba], shape=BIG)
+    b.op("s1", "Sum", [r], shape=SMALL)
+    b.op("s2", "Sum", [r], shape=SMALL)
+    g = b.graph
+    order = ["x", "mm", "ba", "r", "s1", "s2"]
+    assert ordered_ops(g, order, min_bytes=0) == ["r", "s1", "s2"]
+    assert ordered_ops(g, order, min_bytes=0, fusion_safe=False) == ["mm", "ba", "r", "s1", "s2"]
+    assert ordered_ops(g, order, min_bytes=2048, fusion_safe=False) == []
+    assert order_edges(g, order, min_bytes=0) == [("s1", "s2")]
+
+
+@pytest.mark.parametrize("copy_s", [0.01, 0.5, 3.0])
+def test_timed_memory_model_matches_the_simulator_with_slow_copies(copy_s):
+    # 64-byte copies take copy_s; element-wise 4x4 ops 1 s (16 FLOP/s). A slow swap-out keeps a_small on the
+    # device until its copy ends; a slow swap-in delays out.
+    profile = HardwareProfile("unit-slow", memory_bytes=1 << 20, peak_flops=16, memory_gbps=1e9,
+                              link_gbps=64 / copy_s / 1e9, link_latency_s=0, launch_overhead_s=0,
+                              compute_efficiency=1, link_efficiency=1)
+    g = swapped_branches()
+    m = buffer_model(g)
+    for order in nx.all_topological_sorts(g.to_networkx()):
+        assert replay_peak_timed(m, g, profile, order) == simulate(g, profile, order=order).peak_bytes, order
+    from tflms.analysis.cto import analyze_graph
+    from tflms.passes.swaps import apply_swaps
+    from tflms.policies.tflms_rules import plan_swaps
+    mlp = mlp_training_graph(5, batch=4, width=4)
+    plan = plan_swaps(analyze_graph(mlp), LMSConfig(swapout_threshold=1, swapin_ahead=1),
+                      accelerator_device="/device:GPU:0")
+    rewritten = apply_swaps(mlp, plan).graph
+    mm = buffer_model(rewritten)
+    for order in (level_order(rewritten), schedule_order(rewritten), schedule_order(rewritten, profile=profile)):
+        assert replay_peak_timed(mm, rewritten, profile, order) == simulate(rewritten, profile,
+                                                                           order=order).peak_bytes
+    result = schedule_with_report(rewritten, profile=profile)
+    assert set(result.peaks) == {"level", "greedy", "greedy-timed", "dfs"}
+    assert simulate(rewritten, profile, order=list(result.order)).peak_bytes == result.peak_bytes

@@ -1,0 +1,184 @@
+"""Enforcing an execution order with the fewest control edges.
+
+Which ops are ordered (:func:`ordered_ops`): the accelerator ops that run and touch
+device memory (allocate a device buffer or read one). Their relative order is what
+decides the device peak; host ops and copies between devices run when their inputs
+are ready whatever the order, and ops such as variable reads and constants neither
+allocate nor free. docs/design.md ("Enforced order") says what TensorFlow guarantees
+once these ops form a chain.
+
+The edges (:func:`order_edges`): for consecutive ordered ops ``a``, ``b`` of the
+order, an edge ``a -> b`` unless ``b`` is already reachable from ``a``. This is the
+fewest edges that make the ordered ops run in exactly this order:
+
+- every such pair needs an edge, since nothing else forces ``b`` after ``a``;
+- one edge cannot serve two pairs: an edge ``x -> y`` that puts ``a_j`` before
+  ``a_{j+1}`` and ``a_k`` before ``a_{k+1}`` (``j < k``) needs ``a_k`` before ``x``
+  and ``y`` before ``a_{j+1}``, so ``x`` after ``y`` in the order: it would close a
+  cycle with the order's own paths or contradict the order;
+- no edge is implied by the others: a path from ``a_j`` to ``a_{j+1}`` only visits
+  ops between them in the order, and no other added edge starts there.
+
+A path between consecutive ordered ops only visits ops placed between them in the
+order, so each reachability test is a search of that window: linear time overall.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tflms.errors import GraphError
+from tflms.ir.graph import Graph
+from tflms.schedule.memory import buffer_model
+from tflms.sim.simulator import SimOptions
+
+
+#: Ops that touch only buffers below this size are not ordered (shape arithmetic, per-channel vectors): their
+#: place changes the peak by at most a few such buffers, and edges on them would stop grappler from folding them.
+DEFAULT_MIN_BYTES = 1 << 16
+#: Ops that read only a tensor's metadata: grappler folds them to constants when shapes are static, and an
+#: edge on them would prevent that.
+METADATA_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradientArgs"})
+_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid", "Gelu"})
+_ADDS = frozenset({"Add", "AddV2", "AddN"})
+_CONTRACTIONS = frozenset({"Conv2D", "Conv3D", "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
+                           "DepthwiseConv2dNative"})
+#: Producer type -> consumer types that grappler may fuse or re-associate with it when the producer has no
+#: control edges and feeds only that consumer: the remapper (a contraction with BiasAdd, Add, Mul, Cast or
+#: an activation; BiasAdd or an add with an activation or add; FusedBatchNorm with Relu/Add; Sigmoid*x) and
+#: the arithmetic optimizer (add trees into one AddN, Mul/Add chains re-associated to minimize broadcasts,
+#: common factors of Muls hoisted out of an add). Both skip nodes with control fan-in or fan-out.
+FUSABLE = {
+    **{c: _ACTIVATIONS | _ADDS | {"BiasAdd", "Mul", "Cast"} for c in _CONTRACTIONS},
+    "BiasAdd": _ACTIVATIONS | _ADDS,
+    **{a: _ACTIVATIONS | _ADDS for a in _ADDS},
+    "Mul": frozenset({"Mul"}),
+    **{bn: frozenset({"Relu", "Add", "AddV2"}) for bn in ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")},
+    "Sigmoid": frozenset({"Mul"}), "Tanh": frozenset({"Mul"}),
+}
+#: Ops that oneDNN's graph pass fuses with a sibling reading the same input (``Conv2DBackpropFilter`` with
+#: ``BiasAddGrad`` into ``_MklConv2DBackpropFilterWithBias``) unless they carry control edges: never ordered.
+FUSION_SENSITIVE_OPS = frozenset({"Conv2DBackpropFilter", "Conv3DBackpropFilterV2", "BiasAddGrad"})
+
+
+def ordered_ops(graph: Graph, order: Sequence[str], options: SimOptions | None = None, *,
+                min_bytes: int = DEFAULT_MIN_BYTES, fusion_safe: bool = True) -> list[str]:
+    """The ops of ``order`` whose relative order the edges enforce (see the module doc).
+
+    Accelerator ops that run and allocate or read a device buffer of at least ``min_bytes``, except
+    metadata ops (:data:`METADATA_OPS`) and, with ``fusion_safe``, ops grappler may fuse into their one
+    consumer (:data:`FUSABLE`, metadata consumers aside) and :data:`FUSION_SENSITIVE_OPS`: it does
+    so (``Conv2D`` into ``BiasAdd``, an add tree into one ``AddN``) only if they have no control edges, and
+    a different fusion gives other bits. Such an op stays between its inputs and its one consumer.
+    """
+    m = buffer_model(graph, options)
+    if fusion_safe:
+        inner = {op.name for op in graph if op.type in FUSION_SENSITIVE_OPS}
+        for op in graph:
+            if op.type not in FUSABLE:
+                continue
+            users = {c for k in range(len(op.outputs)) for c, _ in graph.consumers(op.output(k))
+                     if graph.op(c).type not in METADATA_OPS}
+            if len(users) == 1 and graph.op(next(iter(users))).type in FUSABLE[op.type]:
+                inner.add(op.name)
+    else:
+        inner = set()
+    touches = {m.names[i] for i in range(len(m))
+               if m.needed[i] and not m.eager[i] and graph.op(m.names[i]).type not in METADATA_OPS
+               and m.names[i] not in inner
+               and any(m.size[b] >= min_bytes for b in m.allocs[i] + m.reads[i])}
+    return [name for name in order if name in touches]
+
+
+def _check_order(graph: Graph, order: Sequence[str]) -> dict[str, int]:
+    position = {name: k for k, name in enumerate(order)}
+    if len(position) != len(order) or len(order) != len(graph) or any(op.name not in position for op in graph):
+        missing = sorted(op.name for op in graph if op.name not in position)[:5]
+        raise GraphError(f"the order must list every op of the graph exactly once (missing e.g. {missing}, "
+                         f"{len(order)} names for {len(graph)} ops)")
+    for op in graph:
+        for pred in graph.predecessors(op.name):
+            if position[pred] > position[op.name]:
+                raise GraphError(f"the order runs {op.name!r} before its input {pred!r}: it is not a "
+                                 "topological order of the graph")
+    return position
+
+
+def order_edges(graph: Graph, order: Sequence[str], *, options: SimOptions | None = None,
+                ops: Sequence[str] | None = None, min_bytes: int = DEFAULT_MIN_BYTES,
+                fusion_safe: bool = True) -> list[tuple[str, str]]:
+    """The fewest control edges ``(before, after)`` that make ``ops`` run in ``order``.
+
+    ``ops`` defaults to :func:`ordered_ops` (with ``min_bytes`` and ``fusion_safe``).
+    ``order`` must be a topological order of ``graph`` listing every op. Edges go
+    forward in ``order``, so they never close a cycle.
+    """
+    position = _check_order(graph, order)
+    chain = list(ops) if ops is not None else ordered_ops(graph, order, options, min_bytes=min_bytes,
+                                                              fusion_safe=fusion_safe)
+    chain.sort(key=position.__getitem__)
+    _, succs = graph.adjacency()
+    edges: list[tuple[str, str]] = []
+    for a, b in zip(chain, chain[1:]):
+        if not _reaches(a, b, succs, position):
+            edges.append((a, b))
+    return edges
+
+
+def _reaches(a: str, b: str, succs: dict[str, list[str]], position: dict[str, int]) -> bool:
+    """Whether ``b`` is reachable from ``a``, searching only ops between them in the order."""
+    limit = position[b]
+    if b in succs[a]:
+        return True
+    stack = [s for s in succs[a] if position[s] < limit]
+    seen = set(stack)
+    while stack:
+        node = stack.pop()
+        for s in succs[node]:
+            if s == b:
+                return True
+            if position[s] < limit and s not in seen:
+                seen.add(s)
+                stack.append(s)
+    return False
+
+
+def add_order_edges(graph: Graph, edges: Sequence[tuple[str, str]]) -> Graph:
+    """A copy of ``graph`` with the control edges ``before -> after`` added.
+
+    Raises :class:`GraphError` naming the edge if one would close a cycle (an edge
+    whose ``before`` is reachable from its ``after``).
+    """
+    new = graph.copy()
+    if not edges:
+        return new
+    for before, after in edges:
+        for name in (before, after):
+            if name not in new:
+                raise GraphError(f"order edge {before!r} -> {after!r}: no op named {name!r} in the graph")
+        new.add_control_input(after, before)
+    try:
+        new.topological_order()
+    except GraphError:
+        order = graph.topological_order()
+        position = {n: k for k, n in enumerate(order)}
+        _, succs = graph.adjacency()
+        for before, after in edges:
+            if position[after] < position[before] or _reaches_any(after, before, succs):
+                raise GraphError(f"order edge {before!r} -> {after!r} closes a cycle: {before!r} already "
+                                 f"depends on {after!r}; edges must follow a topological order") from None
+        raise
+    return new
+
+
+def _reaches_any(a: str, b: str, succs: dict[str, list[str]]) -> bool:
+    stack, seen = [a], {a}
+    while stack:
+        node = stack.pop()
+        if node == b:
+            return True
+        for s in succs[node]:
+            if s not in seen:
+                seen.add(s)
+                stack.append(s)
+    return False

@@ -1,0 +1,485 @@
+"""The accelerator-memory model the scheduler optimizes, as the simulator counts memory.
+
+:func:`buffer_model` reduces a graph to integer-indexed ops and *buffers* with the
+rules of :mod:`tflms.sim.simulator` (its module doc is the reference):
+
+- only ops the function's outputs and control outputs need run (``prune_unused``);
+- an alias op (``Identity`` on one device, ``Reshape``, ...) shares its input's buffer;
+  variable reads, constants and fed arguments are resident, not step memory;
+- a buffer is allocated when the op producing it runs and freed when the last op
+  reading it (directly or through an alias) has run; a function output lives to the end;
+- an element-wise op (:data:`~tflms.sim.simulator.FORWARDING_OPS`) writes into an input
+  buffer of its output's dtype and size when it is that buffer's last reader;
+- host ops and copies between devices take no compute-stream time: they run when their
+  inputs are ready (*eager*). A swap-out (host copy of an accelerator tensor) is one more
+  reader of the device buffer; an accelerator op reading a host tensor gets it through
+  TensorFlow's implicit ``_Recv``, a device buffer allocated when the host tensor's op
+  runs (for a tflms swap-in: when its trigger has run).
+
+The model is sequential (one compute op at a time, copies instantaneous); the
+simulator adds time. :func:`replay_peak` gives a model order's peak.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Sequence
+
+from tflms.devices import normalize_device
+from tflms.errors import ConfigError, GraphError
+from tflms.ir.graph import Graph, TensorRef
+from tflms.ir.op_types import ALIAS_OPS, COPY_OPS, FORWARDING_OPS, SOURCE_OPS, VARIABLE_READ_OPS
+from tflms.sim.simulator import SimOptions, variable_bytes
+CONSTANT_OPS = frozenset({"Const", "HostConst"})
+_NO_SIZE_DTYPES = ("resource", "variant", "string")
+
+
+def is_host(device: str, host_device: str) -> bool:
+    """Whether ``device`` is the host device (the simulator's device classes)."""
+    if not device:
+        return False
+    try:
+        local = normalize_device(device, field="device").rpartition("/device:")[2]
+    except ConfigError:
+        return False
+    return local == host_device.rpartition("/device:")[2]
+
+
+@dataclasses.dataclass
+class BufferModel:
+    """A graph as the scheduler sees it; ops and buffers are integers.
+
+    ``names[i]`` is op ``i`` (graph order). ``preds``/``succs``: data and control
+    edges. ``needed[i]``: op ``i`` runs. ``eager[i]``: a host op, a copy between
+    devices or an op that does not run: it takes no compute-stream time and runs
+    as soon as it is ready. ``allocs[i]``: device buffers op ``i`` allocates;
+    ``reads[i]``: device buffers it reads (distinct). ``size[b]``, ``dtype[b]``,
+    ``readers[b]`` (distinct needed ops), ``pinned[b]`` (a function output).
+    ``forward_out[i]``: for an element-wise op, the buffer it would allocate for its
+    output (which it may take from a dying input instead), else ``-1``.
+    """
+
+    names: list[str]
+    index: dict[str, int]
+    preds: list[list[int]]
+    succs: list[list[int]]
+    needed: list[bool]
+    eager: list[bool]
+    on_accelerator: list[bool]
+    allocs: list[list[int]]
+    reads: list[list[int]]
+    size: list[int]
+    dtype: list[str]
+    readers: list[list[int]]
+    pinned: list[bool]
+    forward_out: list[int]
+    resident_bytes: int
+    buffer_names: list[str]
+    transfer: list[bool] = dataclasses.field(default_factory=list)  # by op: a copy between devices
+    recv: list[bool] = dataclasses.field(default_factory=list)  # by buffer: TensorFlow's implicit _Recv
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def needed_ops(graph: Graph, options: SimOptions) -> set[str]:
+    """Ops that run: the fan-in of the function's outputs and control outputs (all ops without a signature)."""
+    sig = graph.signature
+    if sig is None or not options.prune_unused:
+        return {op.name for op in graph}
+    roots = [TensorRef.parse(n).op for n in sig.output_names] + list(sig.control_output_names)
+    needed: set[str] = set()
+    stack = [r for r in roots if r in graph]
+    while stack:
+        name = stack.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        stack.extend(p for p in graph.predecessors(name) if p not in needed)
+    return needed
+
+
+def buffer_model(graph: Graph, options: SimOptions | None = None) -> BufferModel:
+    """The memory model of ``graph`` (see the module doc)."""
+    options = options or SimOptions()
+    host = options.host_device
+    ops = graph.ops
+    names = [op.name for op in ops]
+    index = {n: i for i, n in enumerate(names)}
+    preds_n, succs_n = graph.adjacency()
+    preds = [[index[p] for p in preds_n[n]] for n in names]
+    succs = [[index[s] for s in succs_n[n]] for n in names]
+    needed_set = needed_ops(graph, options)
+    needed = [n in needed_set for n in names]
+    on_accel = [not is_host(op.device, host) for op in ops]
+    crosses = [op.type in COPY_OPS and bool(op.inputs) and on_accel[index[op.inputs[0].op]] != on_accel[i]
+               for i, op in enumerate(ops)]
+    # A copy on the accelerator of a host tensor other than DeepCopy reads TensorFlow's _Recv: an alias of it.
+    reads_recv = [crosses[i] and on_accel[i] and op.type != "DeepCopy" for i, op in enumerate(ops)]
+    is_transfer = [crosses[i] and not reads_recv[i] for i in range(len(ops))]
+    eager = [not needed[i] or not on_accel[i] or is_transfer[i] for i in range(len(ops))]
+
+    # Tensors are (op name, output index) tuples here: hashing them is much cheaper than TensorRefs.
+    alias_of: dict[tuple[str, int], tuple[str, int]] = {}
+    resident_refs: set[tuple[str, int]] = set()
+    for i, op in enumerate(ops):  # graph order is not topological in general: resolve owners lazily below
+        if op.type in VARIABLE_READ_OPS:
+            resident_refs.add((op.name, 0))
+        elif (op.type in SOURCE_OPS and options.resident_inputs) or op.type in CONSTANT_OPS:
+            resident_refs.update((op.name, k) for k in range(len(op.outputs)))
+        elif op.type in ALIAS_OPS and op.inputs:
+            src = op.inputs[0]
+            if (on_accel[index[src.op]] == on_accel[i] or op.type not in COPY_OPS) and not reads_recv[i]:
+                for k in range(len(op.outputs)):
+                    ref = op.inputs[min(k, len(op.inputs) - 1)]
+                    alias_of[(op.name, k)] = (ref.op, ref.index)
+
+    def root(ref: tuple[str, int]) -> tuple[str, int]:
+        seen = []
+        while ref in alias_of:
+            seen.append(ref)
+            ref = alias_of[ref]
+        for r in seen[:-1]:
+            alias_of[r] = ref
+        return ref
+
+    resident_bytes = sum(variable_bytes(graph).values())
+    buf_id: dict[tuple[str, int], int] = {}
+    size: list[int] = []
+    dtype: list[str] = []
+    buffer_names: list[str] = []
+    allocs: list[list[int]] = [[] for _ in ops]
+
+    def new_buffer(name: str, nbytes: int, dt: str, by: int) -> int:
+        b = len(size)
+        size.append(nbytes)
+        dtype.append(dt)
+        buffer_names.append(name)
+        allocs[by].append(b)
+        return b
+
+    for i, op in enumerate(ops):
+        if not needed[i]:
+            continue
+        for k, info in enumerate(op.outputs):
+            ref = (op.name, k)
+            if ref in resident_refs:
+                if on_accel[i] and op.type not in VARIABLE_READ_OPS:
+                    resident_bytes += info.num_bytes or 0
+                continue
+            if ref in alias_of or not on_accel[i] or not info.num_bytes:
+                continue
+            buf_id[ref] = new_buffer(f"{op.name}:{k}", info.num_bytes, info.dtype, i)
+
+    # Implicit _Recv of host tensors read by accelerator ops (DeepCopy swap-ins are explicit copies).
+    recv_id: dict[tuple[str, int], int] = {}
+    for i, op in enumerate(ops):
+        if not needed[i] or not on_accel[i] or op.type == "DeepCopy":
+            continue
+        for ref in op.inputs:
+            key = (ref.op, ref.index)
+            if on_accel[index[ref.op]] or key in recv_id:
+                continue
+            info = graph.tensor(ref)
+            if info.dtype not in _NO_SIZE_DTYPES and info.num_bytes:
+                recv_id[key] = new_buffer(ref.name + "/_recv", info.num_bytes, info.dtype, index[ref.op])
+        first = (op.inputs[0].op, op.inputs[0].index) if op.inputs else None
+        if reads_recv[i] and first in recv_id:
+            for k in range(len(op.outputs)):
+                buf_id[(op.name, k)] = recv_id[first]
+    reads: list[list[int]] = [[] for _ in ops]
+    for i, op in enumerate(ops):
+        if not needed[i]:
+            continue
+        seen: set[int] = set()
+        for ref in op.inputs:
+            key = (ref.op, ref.index)
+            if on_accel[i] and not on_accel[index[ref.op]] and op.type != "DeepCopy":
+                b = recv_id.get(key, -1)
+            else:
+                b = buf_id.get(root(key), -1)
+            if b >= 0 and b not in seen:
+                seen.add(b)
+                reads[i].append(b)
+    recv_set = set(recv_id.values())
+    readers: list[list[int]] = [[] for _ in size]
+    for i in range(len(ops)):
+        for b in reads[i]:
+            readers[b].append(i)
+    pinned = [False] * len(size)
+    sig = graph.signature
+    for name in (sig.output_names if sig is not None else ()):
+        ref = TensorRef.parse(name)
+        if ref.op in index:
+            b = buf_id.get(root((ref.op, ref.index)), -1)
+            if b >= 0:
+                pinned[b] = True
+    forward_out = [-1] * len(ops)
+    if options.model_forwarding:
+        for i, op in enumerate(ops):
+            if op.type in FORWARDING_OPS and len(op.outputs) == 1 and not eager[i] and len(allocs[i]) == 1:
+                forward_out[i] = allocs[i][0]
+    return BufferModel(names=names, index=index, preds=preds, succs=succs, needed=needed, eager=eager,
+                       on_accelerator=on_accel, allocs=allocs, reads=reads, size=size, dtype=dtype,
+                       readers=readers, pinned=pinned, forward_out=forward_out, resident_bytes=resident_bytes,
+                       buffer_names=buffer_names, transfer=is_transfer,
+                       recv=[b in recv_set for b in range(len(size))])
+
+
+class Replay:
+    """Runs ops of a :class:`BufferModel` one at a time and tracks live device bytes.
+
+    ``remaining[b]``: readers of buffer ``b`` not yet run. ``alias[b]``: the buffer
+    ``b`` was forwarded into (its readers are then that buffer's readers).
+    """
+
+    def __init__(self, model: BufferModel) -> None:
+        self.m = model
+        self.remaining = [len(r) for r in model.readers]
+        self.done = [False] * len(model)
+        self.alias = list(range(len(model.size)))
+        self.live = 0
+        self.peak = 0
+        self.peak_op = -1
+        self.pinned = list(model.pinned)
+
+    def owner(self, b: int) -> int:
+        while self.alias[b] != b:
+            b = self.alias[b]
+        return b
+
+    def forward_source(self, i: int) -> int:
+        """The dying input buffer op ``i`` would write its output into, or ``-1``."""
+        out = self.m.forward_out[i]
+        if out < 0:
+            return -1
+        m = self.m
+        for b in m.reads[i]:
+            o = self.owner(b)
+            if (self.remaining[o] == 1 and not self.pinned[o] and m.size[o] == m.size[out]
+                    and m.dtype[o] == m.dtype[out]):
+                return o
+        return -1
+
+    def net_bytes(self, i: int) -> tuple[int, int]:
+        """``(allocated, freed)`` device bytes if op ``i`` ran now."""
+        m = self.m
+        fwd = self.forward_source(i)
+        alloc = sum(m.size[b] for b in m.allocs[i])
+        freed = 0
+        for b in m.reads[i]:
+            o = self.owner(b)
+            if self.remaining[o] == 1 and not self.pinned[o] and o != fwd:
+                freed += m.size[o]
+        if fwd >= 0:
+            alloc -= m.size[m.forward_out[i]]
+        return alloc, freed
+
+    def run(self, i: int) -> list[int]:
+        """Run op ``i``; returns the buffers whose remaining reader count dropped to one."""
+        m = self.m
+        self.done[i] = True
+        if not m.needed[i]:
+            return []
+        fwd = self.forward_source(i)
+        new = m.allocs[i]
+        if fwd >= 0:
+            out = m.forward_out[i]
+            self.alias[out] = fwd
+            # the forwarded buffer now also serves the output's readers
+            self.remaining[fwd] += self.remaining[out]
+            self.pinned[fwd] = self.pinned[fwd] or self.pinned[out]
+            new = [b for b in new if b != out]
+        for b in new:
+            self.live += m.size[b]
+        if self.live > self.peak:
+            self.peak, self.peak_op = self.live, i
+        last_one: list[int] = []
+        for b in m.reads[i]:
+            o = self.owner(b)
+            self.remaining[o] -= 1
+            if self.remaining[o] == 0 and not self.pinned[o]:
+                self.live -= m.size[o]
+            elif self.remaining[o] == 1:
+                last_one.append(o)
+        for b in new:
+            if self.remaining[b] == 0 and not self.pinned[b]:
+                self.live -= m.size[b]
+        return last_one
+
+
+def replay_peak(model: BufferModel, order: Sequence[str] | Sequence[int]) -> int:
+    """Peak device bytes (resident included) of running ``order`` in the sequential model."""
+    replay = Replay(model)
+    pos = {}
+    for k, item in enumerate(order):
+        i = model.index[item] if isinstance(item, str) else item
+        for p in model.preds[i]:
+            if p not in pos:
+                raise GraphError(f"the order runs {model.names[i]!r} before its input {model.names[p]!r}")
+        pos[i] = k
+        replay.run(i)
+    if len(pos) != len(model):
+        missing = sorted(set(model.names) - {model.names[i] for i in pos})[:5]
+        raise GraphError(f"the order must list every op exactly once; missing e.g. {missing}")
+    return model.resident_bytes + replay.peak
+
+
+class TimedReplay(Replay):
+    """:class:`Replay` with the simulator's timing: one compute stream, one copy stream per direction.
+
+    ``durations[i]``: op ``i``'s time on its stream (compute ops: the cost model; copies:
+    the link). A buffer is freed when its last reader *ended* (a swap-out still copying
+    holds it); TensorFlow's ``_Recv`` of a host tensor copies on the host-to-device
+    stream once the host op ran, and its readers wait for it. Memory changes are events
+    in time order, as in the simulator; ``peak`` is over all of them.
+    """
+
+    def __init__(self, model: BufferModel, durations: Sequence[float], recv_durations: Sequence[float],
+                 transfer_direction: Sequence[str]) -> None:
+        super().__init__(model)
+        self.dur = durations
+        self.recv_dur = recv_durations  # by buffer: copy time of a _Recv buffer, else 0
+        self.direction = transfer_direction  # by op: "d2h", "h2d" or ""
+        self.clock = 0.0
+        self.stream_free = {"d2h": 0.0, "h2d": 0.0}
+        self.end = [0.0] * len(model)
+        self.last_end = [0.0] * len(model.size)
+        self.buf_ready = [0.0] * len(model.size)
+        self.events: list[tuple[float, int, int, int]] = []  # (time, seq, phase, delta)
+        self.seq = 0
+        self.recv_of_host = [[b for b in a if model.recv[b]] for a in model.allocs]
+
+    def _event(self, time: float, phase: int, delta: int) -> None:
+        heapq.heappush(self.events, (time, self.seq, phase, delta))
+
+    def advance(self, until: float) -> None:
+        while self.events and self.events[0][0] <= until:
+            _, _, phase, delta = heapq.heappop(self.events)
+            self.live += delta
+            if phase == 0 and self.live > self.peak:
+                self.peak = self.live
+
+    def flush(self) -> None:
+        self.advance(float("inf"))
+
+    def ready_at(self, i: int) -> float:
+        m = self.m
+        t = max((self.end[p] for p in m.preds[i]), default=0.0)
+        for b in m.reads[i]:
+            t = max(t, self.buf_ready[b])
+        return t
+
+    def start_of(self, i: int) -> float:
+        ready = self.ready_at(i)
+        if not self.m.eager[i]:
+            return max(self.clock, ready)
+        d = self.direction[i]
+        return max(ready, self.stream_free[d]) if d else ready
+
+    def forward_source(self, i: int) -> int:
+        out = self.m.forward_out[i]
+        if out < 0:
+            return -1
+        m, start = self.m, self.start_of(i)
+        for b in m.reads[i]:
+            o = self.owner(b)
+            if (self.remaining[o] == 1 and not self.pinned[o] and m.size[o] == m.size[out]
+                    and m.dtype[o] == m.dtype[out] and self.last_end[o] <= start):
+                return o
+        return -1
+
+    def net_bytes(self, i: int) -> tuple[int, int]:
+        """``(allocated, freed by its end)`` if op ``i`` ran next; a buffer a copy still reads is not freed."""
+        m = self.m
+        self.advance(self.clock)
+        end = self.start_of(i) + self.dur[i]
+        fwd = self.forward_source(i)
+        alloc = sum(m.size[b] for b in m.allocs[i])
+        freed = 0
+        for b in m.reads[i]:
+            o = self.owner(b)
+            if self.remaining[o] == 1 and not self.pinned[o] and o != fwd and self.last_end[o] <= end:
+                freed += m.size[o]
+        if fwd >= 0:
+            alloc -= m.size[m.forward_out[i]]
+        return alloc, freed
+
+    def run(self, i: int) -> list[int]:
+        m = self.m
+        self.done[i] = True
+        self.seq += 1
+        start = self.start_of(i)
+        end = start + (self.dur[i] if m.needed[i] else 0.0)
+        self.end[i] = end
+        if not m.needed[i]:
+            return []
+        if not m.eager[i]:
+            self.advance(start)
+            self.clock = end
+        elif self.direction[i]:
+            self.stream_free[self.direction[i]] = end
+        fwd = self.forward_source(i)
+        new = [b for b in m.allocs[i] if not m.recv[b]]
+        if fwd >= 0:
+            out = m.forward_out[i]
+            self.alias[out] = fwd
+            self.remaining[fwd] += self.remaining[out]
+            self.pinned[fwd] = self.pinned[fwd] or self.pinned[out]
+            new = [b for b in new if b != out]
+        for b in new:
+            self._event(start, 0, m.size[b])
+        for b in self.recv_of_host[i]:  # TensorFlow's _Recv: copies once this host op ran
+            t0 = max(end, self.stream_free["h2d"])
+            self.stream_free["h2d"] = self.buf_ready[b] = t0 + self.recv_dur[b]
+            self._event(t0, 0, m.size[b])
+            if self.remaining[b] == 0 and not self.pinned[b]:
+                self._event(self.buf_ready[b], 1, -m.size[b])
+        last_one: list[int] = []
+        for b in m.reads[i]:
+            o = self.owner(b)
+            self.remaining[o] -= 1
+            self.last_end[o] = max(self.last_end[o], end)
+            if self.remaining[o] == 0 and not self.pinned[o]:
+                self._event(self.last_end[o], 1, -m.size[o])
+            elif self.remaining[o] == 1:
+                last_one.append(o)
+        for b in new:
+            if self.remaining[b] == 0 and not self.pinned[b]:
+                self._event(end, 1, -m.size[b])
+        return last_one
+
+
+def timed_replay(model: BufferModel, graph: Graph, profile) -> TimedReplay:
+    """A :class:`TimedReplay` of ``model`` (built from ``graph``) on ``profile``."""
+    from tflms.sim.cost import op_time_s
+    from tflms.profiles import get_profile
+    profile = get_profile(profile)
+    ops = graph.ops
+    durations, direction = [], []
+    for i, op in enumerate(ops):
+        if not model.needed[i]:
+            durations.append(0.0)
+            direction.append("")
+        elif model.transfer[i]:
+            src = graph.tensor(op.inputs[0])
+            durations.append(profile.copy_time_s(src.num_bytes or 0))
+            direction.append("h2d" if model.on_accelerator[i] else "d2h")
+        elif not model.on_accelerator[i]:
+            durations.append(0.0)
+            direction.append("")
+        else:
+            durations.append(op_time_s(graph, op, profile))
+            direction.append("")
+    recv = [profile.copy_time_s(model.size[b]) if model.recv[b] else 0.0 for b in range(len(model.size))]
+    return TimedReplay(model, durations, recv, direction)
+
+
+def replay_peak_timed(model: BufferModel, graph: Graph, profile, order: Sequence[str]) -> int:
+    """Peak device bytes (resident included) of ``order`` with the simulator's timing (see :class:`TimedReplay`)."""
+    replay = timed_replay(model, graph, profile)
+    for name in order:
+        replay.run(model.index[name])
+    replay.flush()
+    return model.resident_bytes + replay.peak

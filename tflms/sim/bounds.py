@@ -1,0 +1,131 @@
+"""Lower bounds: the least memory any swap rewrite needs, the least time a step can take at a budget.
+
+Both are derived in docs/design.md ("Bounds"), under the simulator's memory model
+(:mod:`tflms.sim.simulator`): resident bytes (variables, optimizer slots, the step's
+arguments and constants) stay on the accelerator for the whole step; every other
+device buffer lives from its op's start to its last reader's end.
+
+- :func:`swap_only_bound`: an op runs with all its inputs and outputs on the
+  accelerator, so no swap rewrite of the step (in any order) fits in less than the
+  resident bytes plus the largest single op's *working set*: its distinct input
+  buffers and its output buffers, an element-wise op's output counted once with an
+  input of its size it may write into.
+- :func:`step_time_bound`: at a budget, ``max(compute time, D / link bandwidth)``
+  where ``D = transient peak - (budget - resident)`` is the fewest bytes that must be
+  swapped out, and as many back in, for the step (in a given order) to fit.
+- :func:`time_bound_ratio`: predicted step time over the bound (1.0 = at the bound).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from tflms.errors import ConfigError
+from tflms.ir.graph import Graph
+from tflms.profiles import HardwareProfile, get_profile
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryBound:
+    """The swap-only memory bound of one graph (see :func:`swap_only_bound`)."""
+
+    resident_bytes: int
+    working_set_bytes: int  # the largest single op's working set on the accelerator
+    op: str  # the op with that working set
+
+    @property
+    def bound_bytes(self) -> int:
+        return self.resident_bytes + self.working_set_bytes
+
+
+def swap_only_bound(graph: Graph, options=None) -> MemoryBound:
+    """Resident bytes plus the largest working set of one accelerator op (see the module doc).
+
+    ``options`` are the simulator's :class:`~tflms.sim.simulator.SimOptions` (host
+    device, forwarding, which inputs are resident). Ops that do not run (unused) and
+    host ops are not counted; a host tensor an accelerator op reads is on the
+    accelerator when it runs (TensorFlow's ``_Recv``), so it counts.
+    """
+    from tflms.schedule.memory import buffer_model
+    m = buffer_model(graph, options)
+    best, best_op = 0, ""
+    for i in range(len(m)):
+        if not m.needed[i] or not m.on_accelerator[i] or (m.eager[i] and not m.allocs[i]):
+            continue
+        inputs = sum(m.size[b] for b in m.reads[i])
+        outputs = sum(m.size[b] for b in m.allocs[i])
+        out = m.forward_out[i]
+        if out >= 0 and any(m.size[b] == m.size[out] and m.dtype[b] == m.dtype[out] for b in m.reads[i]):
+            outputs -= m.size[out]  # it may write into that input
+        ws = inputs + outputs
+        if ws > best or (ws == best and best_op and m.names[i] < best_op):
+            best, best_op = ws, m.names[i]
+    return MemoryBound(resident_bytes=m.resident_bytes, working_set_bytes=best, op=best_op)
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeBound:
+    """The step-time lower bound at one budget (see :func:`step_time_bound`)."""
+
+    budget_bytes: int
+    compute_s: float  # time of the accelerator's compute ops back to back
+    min_swap_bytes: int  # fewest bytes each link direction must carry for the step to fit
+    link_s: float  # min_swap_bytes at the profile's effective link bandwidth
+    feasible: bool  # False when even the swap-only bound exceeds the budget
+
+    @property
+    def bound_s(self) -> float:
+        return max(self.compute_s, self.link_s) if self.feasible else math.inf
+
+    @property
+    def link_bound(self) -> bool:
+        """Whether the link, not compute, sets the bound."""
+        return self.link_s > self.compute_s
+
+
+def min_swap_bytes(transient_peak_bytes: int, resident_bytes: int, budget_bytes: int) -> int:
+    """Fewest bytes that must leave the accelerator (and come back) for the step to fit ``budget_bytes``."""
+    return max(0, transient_peak_bytes - max(0, budget_bytes - resident_bytes))
+
+
+def time_bound(*, compute_s: float, transient_peak_bytes: int, resident_bytes: int, budget_bytes: int,
+               profile: str | HardwareProfile, swap_only_bytes: int | None = None) -> TimeBound:
+    """The step-time bound from the figures of an unswapped simulation (see :func:`step_time_bound`)."""
+    profile = get_profile(profile)
+    if budget_bytes <= 0:
+        raise ConfigError(f"budget_bytes must be positive, got {budget_bytes}")
+    need = min_swap_bytes(transient_peak_bytes, resident_bytes, budget_bytes)
+    feasible = resident_bytes <= budget_bytes and (swap_only_bytes is None or swap_only_bytes <= budget_bytes)
+    return TimeBound(budget_bytes=budget_bytes, compute_s=compute_s, min_swap_bytes=need,
+                     link_s=need / profile.effective_link_bytes_per_s, feasible=feasible)
+
+
+def step_time_bound(graph: Graph, profile: str | HardwareProfile, budget_bytes: int, *, order=None,
+                    options=None) -> TimeBound:
+    """Least step time of any swap rewrite of ``graph`` that runs in ``order`` and fits ``budget_bytes``.
+
+    ``graph`` is the step *without* swaps; ``order`` the execution order the
+    rewrite keeps (default: the simulator's, CTO levels; give the enforced order
+    of :func:`tflms.schedule.schedule_order` when the rewrite adds its edges).
+    ``max(compute, D / bandwidth)`` with ``D`` from :func:`min_swap_bytes` of the
+    unswapped transient peak in that order; infinite when the swap-only bound
+    exceeds the budget.
+    """
+    from tflms.sim.simulator import simulate
+    profile = get_profile(profile)
+    sim = simulate(graph, profile, order=order, options=options)
+    bound = swap_only_bound(graph, options)
+    return time_bound(compute_s=sim.compute_time_s, transient_peak_bytes=sim.transient_peak_bytes,
+                      resident_bytes=sim.resident_bytes, budget_bytes=budget_bytes, profile=profile,
+                      swap_only_bytes=bound.bound_bytes)
+
+
+def time_bound_ratio(predicted_step_s: float, bound_s: float) -> float:
+    """Predicted step time over its lower bound (>= 1 when both are right; 1.25 = 25% above the bound)."""
+    if not bound_s > 0 or math.isinf(bound_s):
+        raise ConfigError(f"the time bound must be positive and finite, got {bound_s!r} (an infeasible budget "
+                          "has no ratio)")
+    if predicted_step_s < 0:
+        raise ConfigError(f"predicted_step_s must be >= 0, got {predicted_step_s!r}")
+    return predicted_step_s / bound_s
