@@ -53,3 +53,7 @@ class DistributeError(TflmsError, ValueError):
 
 class VariableCreationError(TflmsError, ValueError):
     """The first call creates variables TensorFlow cannot initialize outside the function."""
+
+
+class UnsupportedTensorFlowError(TflmsError, RuntimeError):
+    """A private TensorFlow API tflms relies on is missing or changed (see :mod:`tflms._compat`)."""

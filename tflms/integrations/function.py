@@ -62,11 +62,13 @@ def rewrite_concrete(concrete, config: LMSConfig):
     Returns ``(rewritten, report, placement)``. Shared by :class:`LMSFunction`
     and the Keras callback.
     """
+    from tflms.ir import preoptimize
     from tflms.tune.tuner import rewrite_for
-    result = rewrite_for(concrete, config)
+    step = preoptimize.preoptimize(concrete)  # LOAD: grappler first (docs/design.md, "Bitwise under grappler")
+    result = rewrite_for(step, config)
     graph, placement = place_swaps(result.graph, result.report.plan)
-    rewritten = tf_io.to_concrete_function(graph, concrete, extra_control_outputs=result.report.inserted_ops)
-    return rewritten, result.report, placement
+    rewritten = tf_io.to_concrete_function(graph, step, extra_control_outputs=result.report.inserted_ops)
+    return preoptimize.run_preoptimized(rewritten, step), result.report, placement  # BUILD: grappler off
 
 
 def _created_distributed_variables(tf_function) -> bool:

@@ -462,11 +462,12 @@ def _rewritten_function(original, concrete_functions: list):
 
 
 def _rewrite_trace(cf, config: LMSConfig, progress: Callable[[str], None] | None):
-    from tflms.ir import tf_io
+    from tflms.ir import preoptimize, tf_io
     from tflms.tune.tuner import rewrite_for
-    result = rewrite_for(cf, config, progress=progress)
-    new = tf_io.to_concrete_function(result.graph, cf, extra_control_outputs=result.report.inserted_ops)
-    return new, result.report
+    step = preoptimize.preoptimize(cf)  # LOAD: grappler first (docs/design.md, "Bitwise under grappler")
+    result = rewrite_for(step, config, progress=progress)
+    new = tf_io.to_concrete_function(result.graph, step, extra_control_outputs=result.report.inserted_ops)
+    return preoptimize.run_preoptimized(new, step), result.report  # BUILD
 
 
 def _rewrite_functions(loaded, info: SavedModelInfo, selected: list[FunctionInfo], explicit: bool,

@@ -144,6 +144,11 @@ def _signature_of(func_graph, num_captures: int) -> FunctionSignature:
     )
 
 
+def signature_of(concrete_function) -> FunctionSignature:
+    """The :class:`FunctionSignature` of a ``ConcreteFunction``."""
+    return _signature_of(concrete_function.graph, num_captures=len(concrete_function.captured_inputs))
+
+
 def from_concrete_function(concrete_function, *, batch_size: int | None = None) -> Graph:
     """Read a ``ConcreteFunction``'s graph and remember its signature."""
     func_graph = concrete_function.graph
@@ -206,6 +211,7 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
     tf = _tf()
     from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
     from tensorflow.python.framework import func_graph as func_graph_lib
+    from tensorflow.python.ops import handle_data_util
     from tensorflow.python.util import nest
 
     sig: FunctionSignature | None = graph.signature
@@ -217,23 +223,26 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
     new_graph = func_graph_lib.FuncGraph(name or f"{old_graph.name}_lms")
     num_args = len(sig.input_names) - sig.num_captures
     with new_graph.as_default():
-        args = [tf.compat.v1.placeholder(t.dtype, t.shape, name=t.op.name)
-                for t in old_graph.inputs[:num_args]]
-        for new_t, old_t in zip(args, old_graph.inputs[:num_args]):
-            handle_data = getattr(old_t, "_handle_data", None)  # resource dtype/shape info, if any
-            if old_t.dtype == tf.resource and handle_data is not None:
-                new_t._handle_data = handle_data  # noqa: SLF001
-        captures = [new_graph.capture(h) for h in original.captured_inputs]
-        input_map = {name + ":0": t for name, t in zip(sig.input_names, args + captures)}
+        # The graph's own argument placeholders become the function's inputs (importing them under an input_map
+        # would leave unused copies in the function, which run when grappler is off).
         wanted = list(sig.output_names) + list(sig.control_output_names) + list(extra_control_outputs)
         try:
-            imported = tf.graph_util.import_graph_def(graph_def, input_map=input_map, return_elements=wanted,
-                                                      name="")
+            imported = tf.graph_util.import_graph_def(
+                graph_def, return_elements=wanted + [n + ":0" for n in sig.input_names], name="")
         except (ValueError, tf.errors.OpError) as err:
             raise GraphError(f"TensorFlow rejected the rewritten graph: {err}") from err
-        outputs = imported[:len(sig.output_names)]
-        control_outputs = imported[len(sig.output_names):]
-    by_name = dict(zip(sig.output_names, outputs))
+        inputs = imported[len(wanted):]
+        imported = imported[:len(wanted)]
+    for new_t, old_t in zip(inputs, old_graph.inputs):
+        if old_t.dtype == tf.resource:  # the variable's dtype/shape, read by shape inference and grappler
+            handle_data_util.copy_handle_data(old_t, new_t)
+    for handle, placeholder in zip(original.captured_inputs, inputs[num_args:]):
+        new_graph.replace_capture(handle, placeholder)
+    args, captures = inputs[:num_args], inputs[num_args:]
+    outputs = imported[:len(sig.output_names)]
+    control_outputs = imported[len(sig.output_names):]
+    # By position: a pre-optimized graph (tflms.grappler) may return other tensors than the traced graph did.
+    by_name = dict(zip((t.name for t in old_graph.outputs), outputs))
 
     def _swap(t):
         if isinstance(t, (tf.Tensor,)) and t.name in by_name:
