@@ -223,22 +223,34 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
     new_graph = func_graph_lib.FuncGraph(name or f"{old_graph.name}_lms")
     num_args = len(sig.input_names) - sig.num_captures
     with new_graph.as_default():
-        # The graph's own argument placeholders become the function's inputs (importing them under an input_map
-        # would leave unused copies in the function, which run when grappler is off).
+        args = [tf.compat.v1.placeholder(t.dtype, t.shape, name=t.op.name)
+                for t in old_graph.inputs[:num_args]]
+        for new_t, old_t in zip(args, old_graph.inputs[:num_args]):
+            if old_t.dtype == tf.resource:  # the variable's dtype/shape, for shape inference during the import
+                handle_data_util.copy_handle_data(old_t, new_t)
+        captures = [new_graph.capture(h) for h in original.captured_inputs]
+        # The argument placeholders are not imported (a copy under an input_map would stay in the function as an
+        # unused op, which runs when grappler is off); references to them are mapped to the new ones.
+        input_names = set(sig.input_names)
+        refs = [_split_input(i) for n in graph_def.node for i in n.input]
+        used = {src.split(":")[0] for is_ctrl, src in refs if not is_ctrl}
+        used_as_control = {src for is_ctrl, src in refs if is_ctrl}  # e.g. grappler's constant folding adds some
+        kept = [n for n in graph_def.node if n.name not in input_names]
+        del graph_def.node[:]
+        graph_def.node.extend(kept)
+        input_map = {name + ":0": t for name, t in zip(sig.input_names, args + captures) if name in used}
+        input_map.update({"^" + name: t for name, t in zip(sig.input_names, args + captures)
+                          if name in used_as_control})
         wanted = list(sig.output_names) + list(sig.control_output_names) + list(extra_control_outputs)
+        own = {name + ":0": t for name, t in zip(sig.input_names, args + captures)}  # returned arguments
+        to_import = [w for w in wanted if w.split(":")[0] not in input_names]
         try:
-            imported = tf.graph_util.import_graph_def(
-                graph_def, return_elements=wanted + [n + ":0" for n in sig.input_names], name="")
+            found = tf.graph_util.import_graph_def(graph_def, input_map=input_map, return_elements=to_import,
+                                                   name="")
         except (ValueError, tf.errors.OpError) as err:
             raise GraphError(f"TensorFlow rejected the rewritten graph: {err}") from err
-        inputs = imported[len(wanted):]
-        imported = imported[:len(wanted)]
-    for new_t, old_t in zip(inputs, old_graph.inputs):
-        if old_t.dtype == tf.resource:  # the variable's dtype/shape, read by shape inference and grappler
-            handle_data_util.copy_handle_data(old_t, new_t)
-    for handle, placeholder in zip(original.captured_inputs, inputs[num_args:]):
-        new_graph.replace_capture(handle, placeholder)
-    args, captures = inputs[:num_args], inputs[num_args:]
+        by_wanted = dict(zip(to_import, found))
+        imported = [by_wanted[w] if w in by_wanted else own[w if ":" in w else w + ":0"] for w in wanted]
     outputs = imported[:len(sig.output_names)]
     control_outputs = imported[len(sig.output_names):]
     # By position: a pre-optimized graph (tflms.grappler) may return other tensors than the traced graph did.
