@@ -66,12 +66,34 @@ def default_device() -> str:
     return _full_device_name((gpus or tf.config.list_logical_devices("CPU"))[0].name)
 
 
+def _cpu_cores() -> int:
+    import os
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 0
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_mhz() -> int:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("cpu MHz"):
+                    return int(float(line.split(":", 1)[1]))
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def _named_devices():
     import tensorflow as tf
     from tensorflow.core.protobuf import device_properties_pb2
     devices = []
     for logical in tf.config.list_logical_devices():
         props = device_properties_pb2.DeviceProperties(type=logical.device_type)
+        if logical.device_type == "CPU":  # as grappler's GetLocalCPUInfo: cores and MHz (0 when unknown)
+            props.num_cores, props.frequency = _cpu_cores(), _cpu_mhz()
         if logical.device_type == "GPU":  # the layout optimizer reads the compute capability
             physical = tf.config.list_physical_devices("GPU")
             index = int(logical.name.rsplit(":", 1)[-1])

@@ -167,13 +167,14 @@ SHAPE_ONLY_TYPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 
 
 def _static_ops(ops, order: list[str]) -> set[str]:
-    """Ops whose value does not depend on the step's data: no data inputs, shape-only, variable reads, or
-    computed from such ops only."""
+    """Ops whose value does not depend on the step's data (its non-resource arguments): constants, shapes,
+    variable reads, and ops computed from such ops only."""
     static: set[str] = set()
     for name in order:
         op = ops[name]
-        if (not op.inputs or op.type in SHAPE_ONLY_TYPES or op.type == "ReadVariableOp"
-                or all(ref.op in static for ref in op.inputs)):
+        data_argument = op.type in ("Placeholder", "_Arg") and any(o.dtype != "resource" for o in op.outputs)
+        if not data_argument and (op.type in SHAPE_ONLY_TYPES or op.type == "ReadVariableOp"
+                                  or all(ref.op in static for ref in op.inputs)):
             static.add(name)
     return static
 

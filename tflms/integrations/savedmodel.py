@@ -892,6 +892,7 @@ def analyze_saved_model(in_dir: str | os.PathLike, config: LMSConfig | None = No
     from tflms.errors import BudgetError
     from tflms.rewrite.api import load_graph
     from tflms.sim.simulator import SimOptions, simulate
+    from tflms.ir import preoptimize
     from tflms.tune.tuner import rewrite_for
 
     config = LMSConfig.from_kwargs(config, **options)
@@ -907,6 +908,7 @@ def analyze_saved_model(in_dir: str | os.PathLike, config: LMSConfig | None = No
         for i, cf in enumerate(_traces(_resolve(loaded, finfo.path), finfo)):
             signature = describe_trace(cf)
             try:
+                cf = preoptimize.preoptimize(cf)  # the graph `tflms rewrite` rewrites: after grappler
                 graph = load_graph(cf, batch_size=config.batch_size)
                 analysis = analyze_graph(graph)
             except TflmsError as err:

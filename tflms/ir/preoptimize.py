@@ -49,6 +49,9 @@ logger = logging.getLogger(__name__)
 
 #: Suffix of the renamed data placeholder while grappler runs (its name goes to an ``EnsureShape``).
 FEED_SUFFIX = "/_tflms_feed"
+#: TF1 control flow: what grappler's function optimizer lowers ``If``/``While`` ops into (tflms cannot rewrite it).
+LOWERED_CONTROL_FLOW_TYPES = frozenset({"Switch", "Merge", "Enter", "Exit", "NextIteration", "LoopCond",
+                                        "RefSwitch", "RefMerge", "RefEnter", "RefExit", "RefNextIteration"})
 #: Prefix of the ``_Retval`` nodes added while grappler runs.
 RETVAL_PREFIX = "_tflms_retval_"
 
@@ -174,6 +177,13 @@ def preoptimize(concrete_function):
     if _xla_compiled(concrete_function) or compat.is_grappler_done(concrete_function):
         return concrete_function
     graph_def, outputs = preoptimized_graph_def(concrete_function)
+    lowered = sorted({n.op for n in graph_def.node} & LOWERED_CONTROL_FLOW_TYPES)
+    if lowered:
+        logger.warning("tflms: grappler lowered the control flow of %s into %s, which tflms cannot rewrite; this "
+                       "step is rewritten before grappler instead, so grappler may treat it differently from the "
+                       "original (docs/design.md, 'Bitwise under grappler')", concrete_function.graph.name,
+                       "/".join(lowered))
+        return concrete_function
     graph = tf_io.from_graph_def(graph_def)
     signature = tf_io.signature_of(concrete_function)
     graph.signature = dataclasses.replace(signature, output_names=outputs)

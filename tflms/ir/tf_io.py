@@ -210,6 +210,7 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
     """
     tf = _tf()
     from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
+    from tensorflow.core.framework import attr_value_pb2
     from tensorflow.python.framework import func_graph as func_graph_lib
     from tensorflow.python.ops import handle_data_util
     from tensorflow.python.util import nest
@@ -236,6 +237,15 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
         used = {src.split(":")[0] for is_ctrl, src in refs if not is_ctrl}
         used_as_control = {src for is_ctrl, src in refs if is_ctrl}  # e.g. grappler's constant folding adds some
         kept = [n for n in graph_def.node if n.name not in input_names]
+        # Colocation with an argument becomes colocation with its new placeholder, set after the import (the
+        # importer only accepts colocation with nodes of the imported GraphDef).
+        renamed = {name: t.op.name for name, t in zip(sig.input_names, args + captures)}
+        colocations = {}
+        for node in kept:
+            groups = list(node.attr["_class"].list.s) if "_class" in node.attr else []
+            if any(_colocated_with(g, renamed) != g for g in groups):
+                colocations[node.name] = [_colocated_with(g, renamed) for g in groups]
+                del node.attr["_class"]
         del graph_def.node[:]
         graph_def.node.extend(kept)
         input_map = {name + ":0": t for name, t in zip(sig.input_names, args + captures) if name in used}
@@ -250,6 +260,9 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
         except (ValueError, tf.errors.OpError) as err:
             raise GraphError(f"TensorFlow rejected the rewritten graph: {err}") from err
         by_wanted = dict(zip(to_import, found))
+        for op_name, groups in colocations.items():
+            new_graph.get_operation_by_name(op_name)._set_attr(  # noqa: SLF001 - no public setter
+                "_class", attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(s=groups)))
         imported = [by_wanted[w] if w in by_wanted else own[w if ":" in w else w + ":0"] for w in wanted]
     outputs = imported[:len(sig.output_names)]
     control_outputs = imported[len(sig.output_names):]
@@ -273,6 +286,16 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
     new._arg_keywords = getattr(original, "_arg_keywords", None)  # noqa: SLF001
     new._num_positional_args = getattr(original, "_num_positional_args", None)  # noqa: SLF001
     return new
+
+
+def _colocated_with(group: bytes, renamed: Mapping[str, str]) -> bytes:
+    """A ``_class`` entry (``b"loc:@name"``) with ``name`` renamed as ``renamed`` says."""
+    prefix = b"loc:@"
+    if group.startswith(prefix):
+        name = group[len(prefix):].decode()
+        if name in renamed:
+            return prefix + renamed[name].encode()
+    return group
 
 
 def _register_library(graph_def) -> None:
