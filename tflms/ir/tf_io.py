@@ -243,7 +243,7 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
         colocations = {}
         for node in kept:
             groups = list(node.attr["_class"].list.s) if "_class" in node.attr else []
-            if any(_colocated_with(g, renamed) != g for g in groups):
+            if any(g.startswith(b"loc:@") and g[5:].decode() in renamed for g in groups):
                 colocations[node.name] = [_colocated_with(g, renamed) for g in groups]
                 del node.attr["_class"]
         del graph_def.node[:]
