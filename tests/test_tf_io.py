@@ -7,6 +7,8 @@ import pytest
 import tensorflow as tf
 
 import tflms
+import tflms.ir.tf_io
+from tflms.ir.op_types import CALL_OP_TYPES
 from tflms.analysis import Category
 from tflms.errors import GraphError, NoTrainingStepError
 from tflms.ir import tf_io
@@ -141,13 +143,29 @@ def test_unknown_device_is_refused_with_the_available_ones():
         tflms.function(lambda x: x, accelerator_device="GPU:3")
 
 
-def test_a_tf_function_inside_the_step_is_named_in_the_error():
+def test_a_tf_function_inside_the_step_is_inlined_by_grappler_and_rewritten():
+    """Grappler's function optimizer inlines the nested step before tflms reads the graph (the LOAD stage)."""
     step, _ = _step_and_vars()
 
     @tf.function
     def outer(x, y):
-        return step(x, y)  # the real step is another tf.function: an opaque call op here
+        return step(x, y)  # the real step is another tf.function: a call op in the traced graph
 
+    concrete = outer.get_concrete_function(X, Y)
+    assert any(op.type in CALL_OP_TYPES for op in concrete.graph.get_operations())
+    result = tflms.rewrite(concrete, accelerator_device="/device:CPU:0", host_device="/device:CPU:1")
+    assert result.report.num_swapped > 0
+    assert not any(op.type in CALL_OP_TYPES for op in result.graph)
+
+
+def test_an_opaque_function_call_is_named_in_the_error():
+    """Without grappler's inlining (an IR graph read as it is), the call op is named."""
+    step, _ = _step_and_vars()
+
+    @tf.function
+    def outer(x, y):
+        return step(x, y)
+
+    graph = tflms.ir.tf_io.load_graph(outer.get_concrete_function(X, Y))
     with pytest.raises(NoTrainingStepError, match="calls other functions"):
-        tflms.rewrite(outer.get_concrete_function(X, Y), accelerator_device="/device:CPU:0",
-                      host_device="/device:CPU:1")
+        tflms.rewrite(graph, accelerator_device="/device:CPU:0", host_device="/device:CPU:1")

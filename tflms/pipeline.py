@@ -4,7 +4,11 @@
 :func:`rewrite` / :func:`analyze` API all call :func:`rewrite_step`, so a fix
 made here reaches every user. Its stages, in order:
 
-1. **load**: the step's graph into the IR (:func:`tflms.ir.tf_io.load_graph`);
+1. **load**: the graph TensorFlow would run: a ``ConcreteFunction`` is first optimized by
+   grappler as TensorFlow does at its first call (:func:`tflms.ir.preoptimize.preoptimize`),
+   so that the swaps cannot change grappler's treatment of the user's ops
+   (docs/design.md, "Bitwise under grappler"); then into the IR
+   (:func:`tflms.ir.tf_io.load_graph`);
 2. **analyze**: categorized topological ordering, once (:func:`tflms.analysis.cto.analyze_graph`);
 3. **choose**: the tuner over every policy for the config's budget and profile
    (:func:`tflms.tune.tuner.tune`), or the TFLMS rules with the config's
@@ -14,7 +18,8 @@ made here reaches every user. Its stages, in order:
    (:func:`~tflms.compress.rewrite.apply_compression`, when ``config.compress``
    asks for it), placement per replica (:func:`~tflms.passes.place_swaps`);
 5. **build**: the ``ConcreteFunction`` that runs the rewritten graph on the
-   original's variables, when the step is one.
+   original's variables, when the step is one, with grappler off for it
+   (:func:`tflms.ir.preoptimize.run_preoptimized`): grappler already ran in step 1.
 
 The result is one typed record, :class:`StepRewrite`.
 """
@@ -76,7 +81,16 @@ def analyze(source: Any, *args: Any, batch_size: int | None = None, **kwargs: An
     ``categories`` per op, and ``tensor(name)`` / ``tensors()`` giving each
     tensor's producer, consumers, level distances and bytes.
     """
-    return analyze_graph(tf_io.load_graph(source, *args, batch_size=batch_size, **kwargs))
+    return analyze_graph(tf_io.load_graph(_preoptimized(source, args, kwargs), batch_size=batch_size))
+
+
+def _preoptimized(source: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> Any:
+    """LOAD: a ConcreteFunction after grappler (as TensorFlow would run it), else ``source`` as it is."""
+    concrete = tf_io.concrete_function_of(source, *args, **(kwargs or {}))
+    if concrete is None:
+        return source
+    from tflms.ir import preoptimize
+    return preoptimize.preoptimize(concrete)
 
 
 def rewrite(source: Any, config: LMSConfig | None = None, *args: Any, copy_op: str = DEFAULT_COPY_OP,
@@ -109,7 +123,8 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
     with _gc_paused():
         timings: dict[str, float] = {}
         clock = _Clock(timings)
-        graph = clock("load", lambda: tf_io.load_graph(step, *trace_args, batch_size=config.batch_size))
+        step = clock("preoptimize", lambda: _preoptimized(step, trace_args))
+        graph = clock("load", lambda: tf_io.load_graph(step, batch_size=config.batch_size))
         analysis = clock("analyze", lambda: analyze_graph(graph))
         if require_backward and not analysis.has_backward:
             raise no_training_step_error(analysis)
@@ -185,10 +200,13 @@ def _compression_summary(graph: Graph) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-def _build(graph: Graph, original: Any, inserted: Sequence[str]):
+def _build(graph: Graph, step: Any, inserted: Sequence[str]):
+    """BUILD: the rewritten function, on ``step``'s variables, run with grappler off when ``step`` went through it."""
     from tflms.compress.rewrite import register_functions
+    from tflms.ir import preoptimize
     register_functions(graph)
-    return tf_io.to_concrete_function(graph, original, extra_control_outputs=inserted)
+    rewritten = tf_io.to_concrete_function(graph, step, extra_control_outputs=inserted)
+    return preoptimize.run_preoptimized(rewritten, step)
 
 
 # ------------------------------------------------------------------------------------------------ compression

@@ -155,11 +155,37 @@ def _data_consumers(graph: Graph) -> dict[str, list[str]]:
     return {name: list(dict.fromkeys(v)) for name, v in out.items()}
 
 
+#: Ops whose outputs depend on their inputs' shapes only, not their values.
+SHAPE_ONLY_TYPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+
+
+def _static_ops(ops, order: list[str]) -> set[str]:
+    """Ops whose value does not depend on the step's data (its non-resource arguments): constants, shapes,
+    variable reads, and ops computed from such ops only."""
+    static: set[str] = set()
+    for name in order:
+        op = ops[name]
+        data_argument = op.type in ("Placeholder", "_Arg") and any(o.dtype != "resource" for o in op.outputs)
+        if not data_argument and (op.type in SHAPE_ONLY_TYPES or op.type == "ReadVariableOp"
+                                  or all(ref.op in static for ref in op.inputs)):
+            static.add(name)
+    return static
+
+
 def categorize(graph: Graph, order: list[str]) -> dict[str, Category]:
     """Category of every op; see the module doc for the rules."""
     ops = {op.name: op for op in graph}
     consumers_of = _data_consumers(graph)
-    grad_seed = {name for name, op in ops.items() if is_gradient_type(op.type) or _GRADIENT_SCOPE.match(name)}
+    static = _static_ops(ops, order)
+
+    def shared_with_forward(name: str) -> bool:
+        # grappler's deduplication keeps one of two identical nodes, e.g. a constant or a shape named
+        # gradient_tape/... that forward ops then read: such a node is no gradient seed.
+        return name in static and any(not _GRADIENT_SCOPE.match(c) and not is_gradient_type(ops[c].type)
+                                      for c in consumers_of[name])
+
+    grad_seed = {name for name, op in ops.items()
+                 if is_gradient_type(op.type) or (_GRADIENT_SCOPE.match(name) and not shared_with_forward(name))}
     # Data descendants of gradient seeds, in topological order.
     in_backward: set[str] = set()
     for name in order:

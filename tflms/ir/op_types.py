@@ -61,7 +61,8 @@ HOST_PRODUCERS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradien
 
 # ---------------------------------------- Layers (vDNN)
 #: Convolutions: the layers ``vdnn_conv`` offloads.
-CONV_TYPES = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "_FusedConv2D"})
+CONV_TYPES = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "_FusedConv2D", "_FusedConv3D",
+                        "_FusedDepthwiseConv2dNative"})
 #: Compute-heavy forward ops: vDNN's layers (``vdnn_all``), and the layers whose backward ops trigger prefetches.
 COMPUTE_HEAVY_TYPES = CONV_TYPES | frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
                                               "_FusedMatMul", "Einsum"})

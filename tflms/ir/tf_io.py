@@ -140,6 +140,11 @@ def _signature_of(func_graph, num_captures: int) -> FunctionSignature:
     )
 
 
+def signature_of(concrete_function) -> FunctionSignature:
+    """The :class:`FunctionSignature` of a ``ConcreteFunction``."""
+    return _signature_of(concrete_function.graph, num_captures=len(concrete_function.captured_inputs))
+
+
 def from_concrete_function(concrete_function, *, batch_size: int | None = None) -> Graph:
     """Read a ``ConcreteFunction``'s graph and remember its signature."""
     func_graph = concrete_function.graph
@@ -201,7 +206,9 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
     """
     tf = _tf()
     from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
+    from tensorflow.core.framework import attr_value_pb2
     from tensorflow.python.framework import func_graph as func_graph_lib
+    from tensorflow.python.ops import handle_data_util
     from tensorflow.python.util import nest
 
     sig: FunctionSignature | None = graph.signature
@@ -216,20 +223,47 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
         args = [tf.compat.v1.placeholder(t.dtype, t.shape, name=t.op.name)
                 for t in old_graph.inputs[:num_args]]
         for new_t, old_t in zip(args, old_graph.inputs[:num_args]):
-            handle_data = getattr(old_t, "_handle_data", None)  # resource dtype/shape info, if any
-            if old_t.dtype == tf.resource and handle_data is not None:
-                new_t._handle_data = handle_data  # noqa: SLF001
+            if old_t.dtype == tf.resource:  # the variable's dtype/shape, for shape inference during the import
+                handle_data_util.copy_handle_data(old_t, new_t)
         captures = [new_graph.capture(h) for h in original.captured_inputs]
-        input_map = {name + ":0": t for name, t in zip(sig.input_names, args + captures)}
+        # The argument placeholders are not imported (a copy under an input_map would stay in the function as an
+        # unused op, which runs when grappler is off); references to them are mapped to the new ones.
+        input_names = set(sig.input_names)
+        refs = [_split_input(i) for n in graph_def.node for i in n.input]
+        used = {src.split(":")[0] for is_ctrl, src in refs if not is_ctrl}
+        used_as_control = {src for is_ctrl, src in refs if is_ctrl}  # e.g. grappler's constant folding adds some
+        kept = [n for n in graph_def.node if n.name not in input_names]
+        # Colocation with an argument becomes colocation with its new placeholder, set after the import (the
+        # importer only accepts colocation with nodes of the imported GraphDef).
+        renamed = {name: t.op.name for name, t in zip(sig.input_names, args + captures)}
+        colocations = {}
+        for node in kept:
+            groups = list(node.attr["_class"].list.s) if "_class" in node.attr else []
+            if any(g.startswith(b"loc:@") and g[5:].decode() in renamed for g in groups):
+                colocations[node.name] = [_colocated_with(g, renamed) for g in groups]
+                del node.attr["_class"]
+        del graph_def.node[:]
+        graph_def.node.extend(kept)
+        input_map = {name + ":0": t for name, t in zip(sig.input_names, args + captures) if name in used}
+        input_map.update({"^" + name: t for name, t in zip(sig.input_names, args + captures)
+                          if name in used_as_control})
         wanted = list(sig.output_names) + list(sig.control_output_names) + list(extra_control_outputs)
+        own = {name + ":0": t for name, t in zip(sig.input_names, args + captures)}  # returned arguments
+        to_import = [w for w in wanted if w.split(":")[0] not in input_names]
         try:
-            imported = tf.graph_util.import_graph_def(graph_def, input_map=input_map, return_elements=wanted,
-                                                      name="")
+            found = tf.graph_util.import_graph_def(graph_def, input_map=input_map, return_elements=to_import,
+                                                   name="")
         except (ValueError, tf.errors.OpError) as err:
             raise GraphError(f"TensorFlow rejected the rewritten graph: {err}") from err
-        outputs = imported[:len(sig.output_names)]
-        control_outputs = imported[len(sig.output_names):]
-    by_name = dict(zip(sig.output_names, outputs))
+        by_wanted = dict(zip(to_import, found))
+        for op_name, groups in colocations.items():
+            new_graph.get_operation_by_name(op_name)._set_attr(  # noqa: SLF001 - no public setter
+                "_class", attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(s=groups)))
+        imported = [by_wanted[w] if w in by_wanted else own[w if ":" in w else w + ":0"] for w in wanted]
+    outputs = imported[:len(sig.output_names)]
+    control_outputs = imported[len(sig.output_names):]
+    # By position: a pre-optimized graph (tflms.grappler) may return other tensors than the traced graph did.
+    by_name = dict(zip((t.name for t in old_graph.outputs), outputs))
 
     def _swap(t):
         if isinstance(t, (tf.Tensor,)) and t.name in by_name:
@@ -248,6 +282,16 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
     new._arg_keywords = getattr(original, "_arg_keywords", None)  # noqa: SLF001
     new._num_positional_args = getattr(original, "_num_positional_args", None)  # noqa: SLF001
     return new
+
+
+def _colocated_with(group: bytes, renamed: Mapping[str, str]) -> bytes:
+    """A ``_class`` entry (``b"loc:@name"``) with ``name`` renamed as ``renamed`` says."""
+    prefix = b"loc:@"
+    if group.startswith(prefix):
+        name = group[len(prefix):].decode()
+        if name in renamed:
+            return prefix + renamed[name].encode()
+    return group
 
 
 def _register_library(graph_def) -> None:
@@ -277,6 +321,26 @@ def is_concrete_function(value: Any) -> bool:
     return isinstance(value, cf_lib.ConcreteFunction)
 
 
+def concrete_function_of(source: Any, *args: Any, **kwargs: Any) -> Any:
+    """The ``ConcreteFunction`` ``source`` stands for, or ``None`` if it is a graph (IR, GraphDef, FunctionDef...).
+
+    A ``tf.function`` (or a ``tflms.function``) is traced with ``args``/``kwargs``.
+    """
+    if isinstance(source, Graph):
+        return None
+    inner = getattr(source, "original_function", None)  # a tflms.function wrapper
+    if inner is not None:
+        source = inner
+    if is_concrete_function(source):
+        return source
+    if hasattr(source, "get_concrete_function"):
+        if not args and not kwargs:
+            raise GraphError(f"{getattr(source, '__name__', source)!r} is a tf.function: pass example arguments "
+                             "(tensors or tf.TensorSpec) so it can be traced, e.g. analyze(step, x, y)")
+        return source.get_concrete_function(*args, **kwargs)
+    return None
+
+
 def load_graph(source: Any, *args: Any, batch_size: int | None = None, **kwargs: Any) -> Graph:
     """Read ``source`` into the IR.
 
@@ -288,23 +352,15 @@ def load_graph(source: Any, *args: Any, batch_size: int | None = None, **kwargs:
         return source
     import tensorflow as tf
     from tensorflow.core.framework import function_pb2, graph_pb2
-    from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
 
-    inner = getattr(source, "original_function", None)  # a tflms.function wrapper
-    if inner is not None:
-        source = inner
-    if isinstance(source, cf_lib.ConcreteFunction):
-        return from_concrete_function(source, batch_size=batch_size)
+    concrete = concrete_function_of(source, *args, **kwargs)
+    if concrete is not None:
+        return from_concrete_function(concrete, batch_size=batch_size)
     if isinstance(source, graph_pb2.GraphDef):
         return from_graph_def(source, batch_size=batch_size)
     if isinstance(source, function_pb2.FunctionDef):
         return from_function_def(source, batch_size=batch_size)
     if isinstance(source, tf.Graph):
         return from_tf_graph(source, batch_size=batch_size)
-    if hasattr(source, "get_concrete_function"):
-        if not args and not kwargs:
-            raise GraphError(f"{getattr(source, '__name__', source)!r} is a tf.function: pass example arguments "
-                             "(tensors or tf.TensorSpec) so it can be traced, e.g. analyze(step, x, y)")
-        return from_concrete_function(source.get_concrete_function(*args, **kwargs), batch_size=batch_size)
     raise GraphError(f"cannot read a training step from {type(source).__name__}; give a tf.function with example "
                      "arguments, a ConcreteFunction, a GraphDef or a FunctionDef")

@@ -146,6 +146,24 @@ def op_flops(graph: Graph, op: Op) -> float:
     out = op.outputs[0].resolved_shape if op.outputs else None
     out_elems = _elements(out)
     t = op.type
+    if t in GRAPPLER_FUSED_OPS:  # grappler's remapper fusions: the contraction, then one pass per fused op
+        return _contraction_flops(graph, op, GRAPPLER_FUSED_OPS[t], out, out_elems) + out_elems * _num_fused(op)
+    return _contraction_flops(graph, op, t, out, out_elems)
+
+
+#: Grappler's fused ops (remapper.cc) and the op whose FLOPs their contraction has.
+GRAPPLER_FUSED_OPS = {"_FusedConv2D": "Conv2D", "_FusedConv3D": "Conv3D", "_FusedMatMul": "MatMul",
+                      "_FusedDepthwiseConv2dNative": "DepthwiseConv2dNative",
+                      "_FusedBatchMatMulV2": "BatchMatMulV2"}
+
+
+def _num_fused(op: Op) -> int:
+    """Element-wise ops fused after the contraction (``fused_ops`` attr, e.g. ``[BiasAdd, Relu]``)."""
+    attr = op.attrs.get("fused_ops")
+    return len(attr.list.s) if attr is not None and attr.HasField("list") else 1
+
+
+def _contraction_flops(graph: Graph, op: Op, t: str, out, out_elems) -> float:
     if t == "MatMul" and out:
         a = _elements(_in_shape(graph, op, 0))
         return 2.0 * out_elems * (a / out[0] if out[0] else 0)

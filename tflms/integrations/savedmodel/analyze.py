@@ -83,6 +83,7 @@ def analyze_saved_model(in_dir: str | os.PathLike, config: LMSConfig | None = No
     """
     from tflms.analysis.cto import analyze_graph
     from tflms.errors import BudgetError
+    from tflms.ir import preoptimize
     from tflms.ir.tf_io import load_graph
     from tflms.sim.simulator import SimOptions, simulate
     from tflms.pipeline import rewrite_step
@@ -100,6 +101,7 @@ def analyze_saved_model(in_dir: str | os.PathLike, config: LMSConfig | None = No
         for i, cf in enumerate(_traces(_resolve(loaded, finfo.path), finfo)):
             signature = describe_trace(cf)
             try:
+                cf = preoptimize.preoptimize(cf)  # the graph `tflms rewrite` rewrites: after grappler
                 graph = load_graph(cf, batch_size=config.batch_size)
                 analysis = analyze_graph(graph)
             except TflmsError as err:

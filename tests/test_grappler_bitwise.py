@@ -1,0 +1,304 @@
+"""Swaps must not change what grappler does to the user's computation (issue 10, docs/design.md).
+
+Grappler fuses Conv2D/MatMul + BiasAdd (+ activation), turns add trees into
+``AddN`` and reorders commutative inputs by name; a swap-out adds a consumer and
+a swap-in renames an input, which changed its decisions and broke bitwise
+training. tflms now runs grappler before the rewrite and runs the rewrite with
+grappler off (:mod:`tflms.ir.preoptimize`). Each model below holds one pattern;
+for each we check, with swapout_threshold=1:
+
+1. weights and optimizer state after 2 steps are bitwise those of plain TF (and
+   plain TF equals itself: the control);
+2. from the run metadata, the op-type counts of what TF ran equal the plain run's
+   (swap ops aside), and every swap op is alive in it;
+3. the old path (no grappler first) does change the counts on the Conv2D+BiasAdd
+   pattern: the test can fail.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from collections.abc import Callable
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+import tflms
+import tflms.keras
+from tflms.ir import preoptimize
+
+BATCH = 4
+STEPS = 2
+#: Ops that exist only on one side for reasons other than the rewrite: function plumbing, and the iterator ops
+#: of Keras's multi_step_on_iterator (the plain fit runs the step inlined there; LMS calls it directly).
+PLUMBING = frozenset({"_Arg", "_Retval", "NoOp", "IteratorGetNext", "OptionalFromValue", "OptionalNone"})
+
+
+# --------------------------------------------------------------------- models, one grappler pattern each
+def _conv_bias_relu():
+    inp = keras.Input((8, 8, 3))
+    h = keras.layers.Conv2D(4, 3, padding="same", activation="relu")(inp)  # remapper: _FusedConv2D
+    h = keras.layers.Conv2D(4, 3, padding="same")(h)  # Conv2D + BiasAdd
+    h = keras.layers.BatchNormalization()(h)
+    h = keras.layers.ReLU()(h)
+    return keras.Model(inp, keras.layers.Dense(5)(keras.layers.Flatten()(h))), (8, 8, 3)
+
+
+def _matmul_bias():
+    inp = keras.Input((16,))
+    h = keras.layers.Dense(32, activation="relu")(inp)  # remapper: _FusedMatMul (BiasAdd, Relu)
+    h = keras.layers.Dense(32)(h)  # _FusedMatMul (BiasAdd)
+    return keras.Model(inp, keras.layers.Dense(5)(keras.layers.Activation("tanh")(h))), (16,)
+
+
+def _add_tree():
+    inp = keras.Input((16,))
+    branches = [keras.layers.Dense(16, activation="tanh")(inp) for _ in range(4)]
+    h = keras.layers.Add()(branches)  # arithmetic optimizer: an add tree becomes AddN
+    return keras.Model(inp, keras.layers.Dense(5)(h)), (16,)
+
+
+def _residual():
+    inp = keras.Input((16,))
+    h = keras.layers.Dense(16, activation="relu")(inp)
+    for _ in range(2):
+        h = keras.layers.Add()([h, keras.layers.Dense(16, activation="relu")(h)])  # residual: AddN of gradients
+    return keras.Model(inp, keras.layers.Dense(5)(h)), (16,)
+
+
+def _layer_norm():
+    inp = keras.Input((6, 16))
+    h = keras.layers.LayerNormalization()(keras.layers.Dense(16)(inp))
+    return keras.Model(inp, keras.layers.Dense(5)(keras.layers.Flatten()(h))), (6, 16)
+
+
+def _gelu_dense():
+    inp = keras.Input((6, 16))
+    h = keras.layers.Dense(32, activation="gelu")(inp)
+    return keras.Model(inp, keras.layers.Dense(5)(keras.layers.Flatten()(h))), (6, 16)
+
+
+def _mha_block():
+    inp = keras.Input((6, 16))
+    a = keras.layers.MultiHeadAttention(num_heads=2, key_dim=8)(inp, inp)
+    h = keras.layers.LayerNormalization()(keras.layers.Add()([inp, a]))
+    h = keras.layers.Dense(32, activation="gelu")(h)
+    return keras.Model(inp, keras.layers.Dense(5)(keras.layers.Flatten()(h))), (6, 16)
+
+
+MODELS = {"conv_bias_relu": _conv_bias_relu, "matmul_bias": _matmul_bias, "add_tree": _add_tree,
+          "residual": _residual, "layer_norm": _layer_norm, "gelu_dense": _gelu_dense, "mha_block": _mha_block}
+
+
+def build(kind: str):
+    keras.backend.clear_session()  # the same layer names in every run (grappler sorts by name)
+    keras.utils.set_random_seed(0)
+    model, shape = MODELS[kind]()
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((BATCH * STEPS,) + shape).astype("float32")
+    y = np.eye(5, dtype="float32")[rng.integers(0, 5, BATCH * STEPS)]
+    return model, x, y
+
+
+# --------------------------------------------------------------------- what TF ran
+@contextlib.contextmanager
+def run_metadata():
+    """Collects the function graphs TF reports (at instantiation, so over every call) into the yielded list."""
+    ctx = context.context()
+    ctx.enable_run_metadata()
+    ctx.export_run_metadata()  # drop graphs of earlier tests
+    graphs: list = []
+    try:
+        yield graphs
+    finally:
+        graphs.extend(ctx.export_run_metadata().function_graphs)
+        ctx.disable_run_metadata()
+
+
+def step_graph(graphs):
+    """The post-optimization graph of the training step: the largest function TF instantiated."""
+    assert graphs, "TensorFlow reported no function graphs"
+    return max((g.post_optimization_graph for g in graphs), key=lambda g: len(g.node))
+
+
+def op_counts(graph_def, swap_ops=()) -> collections.Counter:
+    """Op types TF ran, without plumbing, swap ops and the Identity ops that return the function's outputs
+    (Keras's plain fit inlines the step into multi_step_on_iterator, where they disappear)."""
+    skip = set(swap_ops)
+    nodes = {n.name: n for n in graph_def.node}
+    for n in graph_def.node:
+        if n.op == "_Retval" and n.input and nodes.get(n.input[0].split(":")[0], n).op == "Identity":
+            skip.add(n.input[0].split(":")[0])
+    return collections.Counter(n.op for n in graph_def.node if n.op not in PLUMBING and n.name not in skip)
+
+
+def assert_same_counts(plain: collections.Counter, lms: collections.Counter, what: str) -> None:
+    diff = {op: (plain[op], lms[op]) for op in sorted(set(plain) | set(lms)) if plain[op] != lms[op]}
+    assert not diff, f"{what}: op types TF ran differ (plain, with swaps): {diff}"
+
+
+def assert_swaps_alive(graph_def, report) -> None:
+    assert report.num_swapped > 0, f"nothing was swapped, the test proves nothing:\n{report.table()}"
+    names = {n.name for n in graph_def.node}
+    missing = [n for n in report.inserted_ops if n not in names]
+    assert not missing, f"{len(missing)} of {len(report.inserted_ops)} swap ops are not in what TF ran: {missing[:5]}"
+
+
+def state(model) -> list[bytes]:
+    return [v.numpy().tobytes() for v in model.variables] + [v.numpy().tobytes() for v in model.optimizer.variables]
+
+
+def assert_bitwise(reference: list[bytes], candidate: list[bytes], what: str) -> None:
+    assert len(reference) == len(candidate)
+    differ = [i for i, (a, b) in enumerate(zip(reference, candidate)) if a != b]
+    assert not differ, f"{what}: {len(differ)} of {len(reference)} weights/optimizer variables differ: {differ[:8]}"
+
+
+# --------------------------------------------------------------------- tflms.function
+def _tape_run(kind: str, wrap: Callable):
+    """2 GradientTape steps of ``kind`` with rmsprop; returns (state, function graphs, wrapped step)."""
+    model, x, y = build(kind)
+    optimizer = keras.optimizers.RMSprop(0.01)
+    optimizer.build(model.trainable_variables)
+    model.optimizer = optimizer
+    loss_fn = keras.losses.CategoricalCrossentropy(from_logits=True)
+
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    fn = wrap(step)
+    with run_metadata() as graphs:
+        for i in range(STEPS):
+            fn(tf.constant(x[i * BATCH:(i + 1) * BATCH]), tf.constant(y[i * BATCH:(i + 1) * BATCH]))
+    return state(model), graphs, fn
+
+
+def _lms(step):
+    return tflms.function(step, swapout_threshold=1, swapin_ahead=1)
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_function_is_bitwise_and_runs_the_same_ops(kind):
+    plain, plain_graphs, _ = _tape_run(kind, tf.function)
+    again, _, _ = _tape_run(kind, tf.function)
+    assert_bitwise(plain, again, f"{kind}: plain tf.function vs itself (the control)")
+    lms, lms_graphs, fn = _tape_run(kind, _lms)
+    ran = step_graph(lms_graphs)
+    assert_swaps_alive(ran, fn.report)
+    assert_same_counts(op_counts(step_graph(plain_graphs)), op_counts(ran, fn.report.inserted_ops), kind)
+    assert_bitwise(plain, lms, f"{kind}: tflms.function(swapout_threshold=1) vs tf.function")
+
+
+@pytest.fixture
+def old_path(monkeypatch):
+    """The rewrite as it was before issue 10: swaps on the traced graph, grappler at instantiation."""
+    monkeypatch.setattr(preoptimize, "preoptimize", lambda concrete: concrete)
+
+
+def test_old_path_changes_what_grappler_does(old_path):
+    """Negative control: without grappler first, a swap-out blocks the remapper's Conv2D + BiasAdd fusion."""
+    kind = "conv_bias_relu"
+    plain, plain_graphs, _ = _tape_run(kind, tf.function)
+    _, lms_graphs, fn = _tape_run(kind, _lms)
+    plain_counts = op_counts(step_graph(plain_graphs))
+    old_counts = op_counts(step_graph(lms_graphs), fn.report.inserted_ops)
+    assert fn.report.num_swapped > 0
+    assert plain_counts["_FusedConv2D"] > old_counts["_FusedConv2D"], (plain_counts, old_counts)
+    with pytest.raises(AssertionError, match="op types TF ran differ"):
+        assert_same_counts(plain_counts, old_counts, kind)
+
+
+def test_preoptimized_step_keeps_fused_ops_and_the_simulator_costs_them():
+    """The graph tflms rewrites holds grappler's fused ops, with shapes; the cost model gives them FLOPs."""
+    from tflms.ir import tf_io
+    from tflms.sim.cost import op_flops
+    model, x, y = build("conv_bias_relu")
+    loss_fn = keras.losses.CategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        return tape.gradient(loss, model.trainable_variables)
+
+    concrete = step.get_concrete_function(tf.constant(x[:BATCH]), tf.constant(y[:BATCH]))
+    graph = tf_io.from_concrete_function(preoptimize.preoptimize(concrete))
+    fused = [op for op in graph if op.type == "_FusedConv2D"]
+    assert fused, sorted({op.type for op in graph})
+    conv = fused[0]
+    assert conv.outputs[0].shape == (BATCH, 8, 8, 4)
+    # 2 * output elements * (3*3*3 or 3*3*4 multiply-adds) + one pass per fused op (BiasAdd, Relu...)
+    kernel = graph.tensor(conv.inputs[1]).shape
+    expected = 2.0 * BATCH * 8 * 8 * 4 * kernel[0] * kernel[1] * kernel[2]
+    assert op_flops(graph, conv) >= expected + BATCH * 8 * 8 * 4
+
+
+# --------------------------------------------------------------------- Keras fit + LMS
+def _fit(kind: str, callbacks):
+    model, x, y = build(kind)
+    model.compile(optimizer="rmsprop", loss="categorical_crossentropy")
+    with run_metadata() as graphs:
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False, callbacks=callbacks)
+    return state(model), graphs
+
+
+@pytest.mark.parametrize("kind", ["conv_bias_relu"])  # the MHA block runs through tflms.function above
+def test_keras_fit_is_bitwise_and_runs_the_same_ops(kind):
+    plain, plain_graphs = _fit(kind, [])
+    again, _ = _fit(kind, [])
+    assert_bitwise(plain, again, f"{kind}: plain fit vs itself (the control)")
+    callback = tflms.keras.LMS(swapout_threshold=1, swapin_ahead=1, verbose=0)
+    lms, lms_graphs = _fit(kind, [callback])
+    ran = step_graph(lms_graphs)
+    assert_swaps_alive(ran, callback.report)
+    assert_same_counts(op_counts(step_graph(plain_graphs)), op_counts(ran, callback.report.inserted_ops), kind)
+    assert_bitwise(plain, lms, f"{kind}: fit + LMS(swapout_threshold=1) vs fit")
+
+
+# --------------------------------------------------------------------- SavedModel
+class _ConvTrainer(tf.Module):
+    def __init__(self):
+        super().__init__()
+        keras.backend.clear_session()
+        keras.utils.set_random_seed(0)
+        self.model, _ = _conv_bias_relu()
+        self.optimizer = keras.optimizers.RMSprop(0.01)
+        self.optimizer.build(self.model.trainable_variables)
+        self.loss_fn = keras.losses.CategoricalCrossentropy(from_logits=True)
+
+    @tf.function(input_signature=[tf.TensorSpec([BATCH, 8, 8, 3], tf.float32),
+                                  tf.TensorSpec([BATCH, 5], tf.float32)])
+    def train(self, x, y):
+        with tf.GradientTape() as tape:
+            loss = self.loss_fn(y, self.model(x, training=True))
+        variables = self.model.trainable_variables
+        self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+
+def test_saved_model_keeps_fused_ops_and_trains_bitwise(tmp_path):
+    """The saved rewrite holds grappler's fused ops, reloads, and trains like the original SavedModel."""
+    from tflms.integrations import savedmodel
+    in_dir, out_dir = tmp_path / "in", tmp_path / "out"
+    tf.saved_model.save(_ConvTrainer(), str(in_dir))
+    result = savedmodel.rewrite_saved_model(in_dir, out_dir, tflms.LMSConfig(swapout_threshold=1, swapin_ahead=1))
+    assert result.rewritten, result
+    original, rewritten = tf.saved_model.load(str(in_dir)), tf.saved_model.load(str(out_dir))
+    (cf,) = rewritten.train.concrete_functions
+    types = collections.Counter(op.type for op in cf.graph.get_operations())
+    assert types["_FusedConv2D"] >= 1 and any(op.name.startswith("lms/") for op in cf.graph.get_operations())
+    _, x, y = build("conv_bias_relu")
+    for i in range(STEPS):
+        xb, yb = tf.constant(x[i * BATCH:(i + 1) * BATCH]), tf.constant(y[i * BATCH:(i + 1) * BATCH])
+        assert original.train(xb, yb).numpy().tobytes() == rewritten.train(xb, yb).numpy().tobytes()
+    vars_a, vars_b = savedmodel._variables(original), savedmodel._variables(rewritten)  # noqa: SLF001
+    assert sorted(vars_a) == sorted(vars_b)
+    differ = [p for p in vars_a if vars_a[p].numpy().tobytes() != vars_b[p].numpy().tobytes()]
+    assert not differ, f"variables differ after {STEPS} steps: {differ[:5]}"

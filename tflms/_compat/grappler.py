@@ -1,0 +1,198 @@
+"""Private TensorFlow APIs for running grappler from Python (tested with TensorFlow 2.21).
+
+- :func:`function_call_config`: the ``ConfigProto`` eager function calls pass to
+  function instantiation (``context.function_call_options``), whose
+  ``rewrite_options`` choose grappler's optimizers;
+- :func:`run_grappler`: grappler's meta-optimizer on a ``GraphDef``
+  (``tf_optimizer.OptimizeGraph`` on a ``MetaGraphDef`` whose ``train_op``
+  collection lists the nodes to fetch), on a virtual cluster of this process's
+  devices;
+- :func:`resource_handle_shape`: the dtype and shape of a variable behind a
+  resource placeholder (``handle_data_util``);
+- :func:`mark_grappler_done`: make a ``ConcreteFunction`` run with grappler off
+  (a thread-local ``FunctionCallOptions`` around its eager call).
+
+Each raises :class:`~tflms.errors.UnsupportedVersionError` naming the TF
+version tflms was tested with when the private API is not there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+
+from tflms.errors import UnsupportedVersionError
+
+logger = logging.getLogger(__name__)
+
+#: TensorFlow versions whose private grappler APIs this module was tested with.
+TESTED_TF_VERSIONS = ("2.21",)
+
+
+def _unsupported(what: str, err: Exception) -> UnsupportedVersionError:
+    import tensorflow as tf
+    return UnsupportedVersionError(
+        f"tflms needs TensorFlow's private {what} to keep training bitwise identical under grappler, and this "
+        f"TensorFlow ({tf.__version__}) does not have it as tflms expects ({type(err).__name__}: {err}). tflms was "
+        f"tested with TensorFlow {', '.join(TESTED_TF_VERSIONS)}; install one of those")
+
+
+def function_call_config():
+    """The ``ConfigProto`` an eager call of a function passes to its instantiation (this thread)."""
+    try:
+        from tensorflow.core.protobuf import config_pb2
+        from tensorflow.python.eager import context
+        serialized = context.context().function_call_options.config_proto_serialized
+        return config_pb2.ConfigProto.FromString(serialized)
+    except (ImportError, AttributeError) as err:
+        raise _unsupported("eager function call options (context.function_call_options)", err) from err
+
+
+def _full_device_name(name: str) -> str:
+    return name if name.startswith("/job:") else "/job:localhost/replica:0/task:0" + name
+
+
+def local_devices() -> list[str]:
+    """Full names of this process's logical devices, in TensorFlow's order."""
+    import tensorflow as tf
+    return [_full_device_name(d.name) for d in tf.config.list_logical_devices()]
+
+
+def default_device() -> str:
+    """The device a function's unplaced ops go to: the first GPU, else the first CPU."""
+    import tensorflow as tf
+    gpus = tf.config.list_logical_devices("GPU")
+    return _full_device_name((gpus or tf.config.list_logical_devices("CPU"))[0].name)
+
+
+def _cpu_cores() -> int:
+    import os
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 0
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_mhz() -> int:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("cpu MHz"):
+                    return int(float(line.split(":", 1)[1]))
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _named_devices():
+    import tensorflow as tf
+    from tensorflow.core.protobuf import device_properties_pb2
+    devices = []
+    for logical in tf.config.list_logical_devices():
+        props = device_properties_pb2.DeviceProperties(type=logical.device_type)
+        if logical.device_type == "CPU":  # as grappler's GetLocalCPUInfo: cores and MHz (0 when unknown)
+            props.num_cores, props.frequency = _cpu_cores(), _cpu_mhz()
+        if logical.device_type == "GPU":  # the layout optimizer reads the compute capability
+            physical = tf.config.list_physical_devices("GPU")
+            index = int(logical.name.rsplit(":", 1)[-1])
+            if index < len(physical):
+                details = tf.config.experimental.get_device_details(physical[index])
+                capability = details.get("compute_capability")
+                if capability:
+                    props.environment["architecture"] = f"{capability[0]}.{capability[1]}"
+                props.vendor = "NVIDIA"
+        devices.append(device_properties_pb2.NamedDevice(name=_full_device_name(logical.name), properties=props))
+    return devices
+
+
+def run_grappler(graph_def, fetch_nodes, config):
+    """Grappler's meta-optimizer (as ``config`` sets it up) on ``graph_def``; returns the optimized ``GraphDef``.
+
+    ``fetch_nodes`` are node names grappler must keep and compute. The cluster
+    is a virtual one made of this process's devices, as at function
+    instantiation (grappler reads device types, e.g. for the remapper's CPU and
+    GPU fusions and the layout optimizer).
+    """
+    try:
+        from tensorflow.core.protobuf import meta_graph_pb2
+        from tensorflow.python.grappler import cluster as gcluster
+        from tensorflow.python.grappler import tf_optimizer
+    except ImportError as err:
+        raise _unsupported("grappler Python bindings (tensorflow.python.grappler)", err) from err
+    meta_graph = meta_graph_pb2.MetaGraphDef()
+    meta_graph.graph_def.CopyFrom(graph_def)
+    meta_graph.collection_def["train_op"].node_list.value.extend(fetch_nodes)
+    try:
+        cluster = gcluster.Cluster(devices=_named_devices())
+        return tf_optimizer.OptimizeGraph(config, meta_graph, verbose=False, cluster=cluster,
+                                          strip_default_attributes=False)
+    except (TypeError, AttributeError) as err:
+        raise _unsupported("grappler Python bindings (tf_optimizer.OptimizeGraph)", err) from err
+
+
+def resource_handle_shape(tensor):
+    """``(dtypes, shapes)`` (enum ints, ``TensorShapeProto`` s) of the variable behind a resource tensor, or ``None``."""
+    try:
+        from tensorflow.python.ops import handle_data_util
+    except ImportError as err:
+        raise _unsupported("resource handle data (handle_data_util)", err) from err
+    data = handle_data_util.get_resource_handle_data(tensor)
+    if data is None or not data.is_set or not data.shape_and_type:
+        return None
+    return [s.dtype for s in data.shape_and_type], [s.shape for s in data.shape_and_type]
+
+
+@contextlib.contextmanager
+def grappler_disabled():
+    """Eager function calls in this thread instantiate their functions with grappler off.
+
+    TensorFlow instantiates a function once per distinct call ``config_proto``,
+    so functions called here get their own instantiation; calls outside are
+    unaffected.
+    """
+    try:
+        from tensorflow.python.eager import context
+        ctx = context.context()
+        previous = ctx.function_call_options
+        config = function_call_config()
+        config.graph_options.rewrite_options.disable_meta_optimizer = True
+        options = context.FunctionCallOptions(executor_type=previous.executor_type, config_proto=config)
+    except (ImportError, AttributeError) as err:
+        raise _unsupported("eager function call options (context.FunctionCallOptions)", err) from err
+    ctx.function_call_options = options
+    try:
+        yield
+    finally:
+        ctx.function_call_options = previous
+
+
+@functools.lru_cache(maxsize=None)
+def _grappler_done_class():
+    try:
+        from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
+    except ImportError as err:
+        raise _unsupported("ConcreteFunction (polymorphic_function.concrete_function)", err) from err
+    if not hasattr(cf_lib.ConcreteFunction, "_call_flat"):
+        raise _unsupported("ConcreteFunction._call_flat", AttributeError("_call_flat"))
+
+    class GrapplerDoneFunction(cf_lib.ConcreteFunction):
+        """A ``ConcreteFunction`` whose graph grappler has already optimized: called with grappler off."""
+
+        def _call_flat(self, *args, **kwargs):  # noqa: D401 - TF's private entry of every call
+            with grappler_disabled():
+                return super()._call_flat(*args, **kwargs)
+
+    return GrapplerDoneFunction
+
+
+def mark_grappler_done(concrete_function):
+    """Make ``concrete_function`` run with grappler off when called eagerly (in place; returns it)."""
+    concrete_function.__class__ = _grappler_done_class()
+    return concrete_function
+
+
+def is_grappler_done(concrete_function) -> bool:
+    """Whether :func:`mark_grappler_done` was applied to ``concrete_function``."""
+    return type(concrete_function) is _grappler_done_class()

@@ -1,0 +1,219 @@
+"""Rewrite the step TensorFlow will run: grappler's optimizers first, tflms's swaps after.
+
+TensorFlow optimizes a function with grappler when it instantiates it (first
+call). Several of grappler's rewrites depend on how many consumers a tensor has
+(the remapper fuses Conv2D/MatMul + BiasAdd (+ activation) into ``_FusedConv2D``
+/ ``_FusedMatMul`` only when the intermediate has one consumer; the arithmetic
+optimizer turns add trees into ``AddN`` only through single-consumer adds), and
+some on node names (commutative inputs are sorted by name; leaves of product
+trees are grouped by name). A swap-out adds a consumer and a swap-in renames an
+input, so grappler would otherwise treat the rewritten step differently from the
+original, and training would not be bitwise identical (docs/design.md, "Bitwise
+under grappler").
+
+So the pipeline runs grappler itself, as function instantiation would, before
+the rewrite (:func:`preoptimize`, the LOAD point), rewrites the optimized graph,
+and runs the result with grappler off (:func:`run_preoptimized`, the BUILD
+point): grappler's decisions are made once, on the user's unmodified graph.
+
+What makes the Python run of grappler match instantiation (each checked against
+the post-optimization graphs TensorFlow reports, ``tests/test_grappler_bitwise.py``):
+
+- resource arguments are ``_Arg`` nodes carrying ``_handle_dtypes`` /
+  ``_handle_shapes`` (the variable's shape), as at instantiation
+  (``SetArgShape`` in ``optimize_function_graph_utils.cc``): shape-dependent
+  rewrites need them, and the remapper reads them for bias shapes;
+- data arguments stay ``Placeholder`` s (grappler's item builder erases
+  ``_output_shapes``, so an ``_Arg`` would lose its shape) but are read through an
+  ``EnsureShape`` under the argument's own name: grappler treats placeholders as
+  feeds of unknown shape, and the ``EnsureShape`` restores the static shape
+  without changing any name grappler sorts by;
+- outputs are fetched through ``_Retval`` nodes (so the producers are not
+  "preserved" nodes, as at instantiation) and control outputs are fetched;
+- every unplaced node is put on the function's default device for the run (the
+  remapper fuses only nodes it sees on a CPU or GPU), then unplaced again so that
+  TensorFlow's placer decides as before;
+- the ``ConfigProto`` is the one an eager call passes to instantiation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import weakref
+
+from tflms._compat import grappler as compat
+from tflms.errors import GraphError
+from tflms.ir import tf_io
+
+logger = logging.getLogger(__name__)
+
+#: Suffix of the renamed data placeholder while grappler runs (its name goes to an ``EnsureShape``).
+FEED_SUFFIX = "/_tflms_feed"
+#: TF1 control flow: what grappler's function optimizer lowers ``If``/``While`` ops into (tflms cannot rewrite it).
+LOWERED_CONTROL_FLOW_TYPES = frozenset({"Switch", "Merge", "Enter", "Exit", "NextIteration", "LoopCond",
+                                        "RefSwitch", "RefMerge", "RefEnter", "RefExit", "RefNextIteration"})
+#: Prefix of the ``_Retval`` nodes added while grappler runs.
+RETVAL_PREFIX = "_tflms_retval_"
+
+
+def _copy(node):
+    from tensorflow.core.framework import node_def_pb2
+    new = node_def_pb2.NodeDef()
+    new.CopyFrom(node)
+    return new
+
+
+def _instantiation_like(func_graph, device: str):
+    """The function's GraphDef as grappler sees it at instantiation; returns (graph_def, fetch, undo info)."""
+    import tensorflow as tf
+    graph_def = func_graph.as_graph_def()
+    by_name = {n.name: n for n in graph_def.node}
+    originals = {}
+    feeds = {}  # renamed placeholder -> argument name
+    for index, tensor in enumerate(func_graph.inputs):
+        node = by_name.get(tensor.op.name)
+        if node is None or node.op != "Placeholder":
+            raise GraphError(f"input {index} of {func_graph.name!r} is {tensor.op.name!r} of type "
+                             f"{getattr(node, 'op', None)!r}, not a Placeholder: this is not a traced function graph")
+        originals[node.name] = _copy(node)
+        if tensor.dtype == tf.resource:
+            handle = compat.resource_handle_shape(tensor)
+            dtype = node.attr["dtype"].type
+            node.op = "_Arg"
+            node.ClearField("attr")
+            node.attr["T"].type = dtype
+            node.attr["index"].i = index
+            if handle is not None:
+                node.attr["_handle_dtypes"].list.type.extend(handle[0])
+                for shape in handle[1]:
+                    node.attr["_handle_shapes"].list.shape.add().CopyFrom(shape)
+        elif not node.attr["shape"].shape.unknown_rank:
+            feed = node.name + FEED_SUFFIX
+            ensure = graph_def.node.add()
+            ensure.name, ensure.op = node.name, "EnsureShape"
+            ensure.input.append(feed)
+            ensure.attr["T"].type = node.attr["dtype"].type
+            ensure.attr["shape"].shape.CopyFrom(node.attr["shape"].shape)
+            node.name = feed
+            feeds[feed] = ensure.name
+    fetch = []
+    for index, tensor in enumerate(func_graph.outputs):
+        ret = graph_def.node.add()
+        ret.name, ret.op = f"{RETVAL_PREFIX}{index}", "_Retval"
+        ret.input.append(tensor.op.name if tensor.value_index == 0 else tensor.name)
+        ret.attr["T"].type = tensor.dtype.as_datatype_enum
+        ret.attr["index"].i = index
+        fetch.append(ret.name)
+    fetch.extend(op.name for op in func_graph.control_outputs)
+    unplaced = set()
+    for node in graph_def.node:
+        if not node.device:
+            node.device = device
+            unplaced.add(node.name)
+    return graph_def, fetch, originals, feeds, unplaced
+
+
+def _restore(optimized, func_graph, originals, feeds, unplaced, device: str):
+    """Undo the instantiation-like changes; returns (graph_def, output tensor names)."""
+    from tensorflow.core.framework import graph_pb2
+    known = {op.name for op in func_graph.get_operations()}
+    graph_def = graph_pb2.GraphDef()
+    graph_def.versions.CopyFrom(optimized.versions)
+    graph_def.library.CopyFrom(optimized.library)
+    outputs: dict[int, str] = {}
+    ensured = set(feeds.values())
+    for node in optimized.node:
+        if node.op == "_Retval" and node.name.startswith(RETVAL_PREFIX):
+            source = node.input[0]
+            outputs[int(node.name[len(RETVAL_PREFIX):])] = source if ":" in source else source + ":0"
+            continue
+        if node.name in ensured:
+            if node.op != "EnsureShape" or list(node.input) != [node.name + FEED_SUFFIX]:
+                raise GraphError(f"grappler rewrote the shape marker {node.name!r} into {node.op!r}; tflms cannot "
+                                 "restore the argument (please report this with your TensorFlow version)")
+            continue
+        new = graph_def.node.add()
+        if node.name in feeds:
+            new.CopyFrom(originals[feeds[node.name]])
+        elif node.name in originals:  # a resource argument (_Arg)
+            new.CopyFrom(originals[node.name])
+        else:
+            new.CopyFrom(node)
+            if new.device == device and (new.name in unplaced or new.name not in known):
+                new.device = ""
+    missing = [i for i in range(len(func_graph.outputs)) if i not in outputs]
+    if missing:
+        raise GraphError(f"grappler dropped output(s) {missing} of {func_graph.name!r}")
+    return graph_def, tuple(outputs[i] for i in range(len(func_graph.outputs)))
+
+
+def preoptimized_graph_def(concrete_function):
+    """Grappler's optimization of ``concrete_function``'s graph, as TensorFlow would do at instantiation.
+
+    Returns ``(graph_def, output_names)``: the optimized graph with the original
+    argument placeholders, and the tensors that now produce each output.
+    """
+    func_graph = concrete_function.graph
+    device = compat.default_device()
+    graph_def, fetch, originals, feeds, unplaced = _instantiation_like(func_graph, device)
+    optimized = compat.run_grappler(graph_def, fetch, compat.function_call_config())
+    return _restore(optimized, func_graph, originals, feeds, unplaced, device)
+
+
+def _xla_compiled(concrete_function) -> bool:
+    fdef = concrete_function.function_def
+    attr = fdef.attr.get("_XlaMustCompile") if fdef is not None else None
+    return bool(attr is not None and attr.b)
+
+
+#: One pre-optimized function per traced function: grappler's run costs seconds on a large step, and its result
+#: gets new names for the captured variables each time it is built, so reusing it keeps a second rewrite of the
+#: same step byte-identical to the first (rewrites are deterministic).
+_PREOPTIMIZED: "weakref.WeakKeyDictionary[object, object]" = weakref.WeakKeyDictionary()
+
+
+def preoptimize(concrete_function):
+    """LOAD: a ``ConcreteFunction`` running grappler's optimization of ``concrete_function``'s graph.
+
+    It captures the same variables and has the same signature; rewrite it (its
+    graph is what TensorFlow would have run) and hand the rewrite to
+    :func:`run_preoptimized`. Functions compiled with XLA are returned unchanged
+    (XLA, not grappler, decides what runs).
+    """
+    if _xla_compiled(concrete_function) or compat.is_grappler_done(concrete_function):
+        return concrete_function
+    cached = _PREOPTIMIZED.get(concrete_function)
+    if cached is not None:
+        return cached
+    new = _preoptimize(concrete_function)
+    _PREOPTIMIZED[concrete_function] = new
+    return new
+
+
+def _preoptimize(concrete_function):
+    graph_def, outputs = preoptimized_graph_def(concrete_function)
+    lowered = sorted({n.op for n in graph_def.node} & LOWERED_CONTROL_FLOW_TYPES)
+    if lowered:
+        logger.warning("tflms: grappler lowered the control flow of %s into %s, which tflms cannot rewrite; this "
+                       "step is rewritten before grappler instead, so grappler may treat it differently from the "
+                       "original (docs/design.md, 'Bitwise under grappler')", concrete_function.graph.name,
+                       "/".join(lowered))
+        return concrete_function
+    graph = tf_io.from_graph_def(graph_def)
+    signature = tf_io.signature_of(concrete_function)
+    graph.signature = dataclasses.replace(signature, output_names=outputs)
+    new = tf_io.to_concrete_function(graph, concrete_function, name=f"{concrete_function.graph.name}_optimized")
+    logger.debug("tflms: grappler took %s from %d to %d nodes", concrete_function.graph.name,
+                 len(concrete_function.graph.get_operations()), len(graph_def.node))
+    return compat.mark_grappler_done(new)
+
+
+def run_preoptimized(rewritten, source):
+    """BUILD: make ``rewritten`` (built from :func:`preoptimize`'s ``source``) run with grappler off.
+
+    Returns ``rewritten``. When ``source`` was not pre-optimized (XLA), nothing changes.
+    """
+    if compat.is_grappler_done(source):
+        compat.mark_grappler_done(rewritten)
+    return rewritten
