@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tflms.analysis import analyze_graph
+from tflms.config import LMSConfig
 from tflms.pipeline import rewrite
 from tflms.policies.swapplan import find_trigger
 from tflms.testing import GraphBuilder
@@ -45,3 +46,148 @@ def test_identity_window_no_longer_falls_back_to_a_synchronous_swap_in():
     swap = next(s for s in report.swaps if s.tensor.name == "fw/a:0")
     [group] = swap.swap_ins
     assert (group.trigger, group.trigger_level, group.sync) == ("loss/l", 4, False)
+
+
+# ------------------------------------------------------------------ a small step with an unknown batch
+def _step_with_unknown_batch():
+    """A training step traced for a ``None`` batch: (tf_function, concrete function, model, x, y)."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((12, 12, 3))
+    h = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(inputs)
+    h = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(h)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    model = keras.Model(inputs, keras.layers.Dense(4)(h))
+    optimizer = keras.optimizers.SGD(0.1)
+    optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    signature = (tf.TensorSpec((None, 12, 12, 3), tf.float32), tf.TensorSpec((None,), tf.int32))
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.standard_normal((8, 12, 12, 3)), tf.float32)
+    y = tf.constant(rng.integers(0, 4, 8), tf.int32)
+    fn = tf.function(step, input_signature=signature)
+    return step, signature, fn.get_concrete_function(), x, y
+
+
+@pytest.fixture(scope="module")
+def unknown_batch_step():
+    return _step_with_unknown_batch()
+
+
+def test_a_budget_verdict_on_unknown_sizes_is_refused_naming_batch_size(unknown_batch_step):
+    from tflms.errors import UnknownSizeError
+    _, _, concrete, _, _ = unknown_batch_step
+    with pytest.raises(UnknownSizeError) as info:
+        rewrite(concrete, budget="12GiB")
+    message = str(info.value)
+    assert "batch_size=N" in message and "--batch-size N" in message
+    assert "(None, 12, 12, 3)" in message  # names an example tensor and its shape
+
+
+def test_the_tuner_refuses_too(unknown_batch_step):
+    from tflms.errors import UnknownSizeError
+    from tflms.tune.tuner import tune
+    _, _, concrete, _, _ = unknown_batch_step
+    with pytest.raises(UnknownSizeError, match="batch_size"):
+        tune(concrete, budget="12GiB")
+    result = tune(concrete, budget="12GiB", config=LMSConfig(batch_size=8))
+    assert result.strategy == "none"
+    # what the batch size cannot size (a gradient's Reshape to a run-time tf.shape) is said, not hidden
+    unknown = result.baseline.unknown_size_tensors
+    assert unknown and all("Reshape" in name for name in unknown)
+    assert result.reason().endswith(f"; {len(unknown)} tensors whose size depends on the data are not counted")
+
+
+def test_without_a_budget_the_rewrite_proceeds_and_says_what_it_left(unknown_batch_step):
+    _, _, concrete, _, _ = unknown_batch_step
+    report = rewrite(concrete, accelerator_device=ACC).report
+    assert report.unknown_size_skips > 0 and report.prediction() is None
+    table = report.table()
+    assert f"note: {report.unknown_size_skips} tensors of unknown size were not swapped" in table
+    assert "give batch_size" in table
+
+
+def test_tflms_function_sizes_an_unknown_batch_from_its_arguments(unknown_batch_step):
+    import tflms
+    step, signature, _, x, y = unknown_batch_step
+    fn = tflms.function(step, input_signature=signature, budget="12GiB")
+    fn(x, y)
+    report = fn.report
+    assert report.plan.config.batch_size == 8
+    assert report.hardware["batch_size"] == "8, from the inputs of the first call"
+    assert report.unknown_size_skips == 0
+    prediction = report.prediction()
+    assert prediction["peak_before_bytes"] > 0 and prediction["profile"] == report.hardware["profile"]
+
+
+# ------------------------------------------------------------------ the hardware a report is for
+def test_cpu_only_budgeted_rewrite_says_it_plans_for_the_profiles_gpu(unknown_batch_step):
+    import tensorflow as tf
+    from tflms.profiles import DEFAULT_PROFILE
+    assert not tf.config.list_physical_devices("GPU")  # this test describes a CPU-only machine
+    _, _, concrete, _, _ = unknown_batch_step
+    report = rewrite(concrete, budget="12GiB", batch_size=8).report
+    h = report.hardware
+    assert (h["profile"], h["source"], h["planned_for"], h["runs_on"]) == (
+        DEFAULT_PROFILE, "default", "/device:GPU:0", "/device:CPU:0")
+    [warning] = [w for w in report.warnings if w.startswith("no GPU found")]
+    assert f"planned for the GPU of profile {DEFAULT_PROFILE}" in warning and "/device:CPU:0" in warning
+    table = report.table()
+    assert f"hardware: {DEFAULT_PROFILE} (the default profile" in table
+    assert "this machine runs the step on /device:CPU:0" in table
+    assert "warning: no GPU found" in table
+    assert report.to_dict()["hardware"]["profile"] == DEFAULT_PROFILE
+
+
+def test_a_given_profile_is_named_as_given(unknown_batch_step):
+    _, _, concrete, _, _ = unknown_batch_step
+    report = rewrite(concrete, profile="a100-80gb-pcie4", batch_size=8).report
+    assert (report.hardware["profile"], report.hardware["source"]) == ("a100-80gb-pcie4", "given")
+    assert report.table().splitlines()[1].startswith("hardware: a100-80gb-pcie4 (given")
+
+
+def test_a_rewrite_without_budget_says_no_profile_was_used(unknown_batch_step):
+    _, _, concrete, _, _ = unknown_batch_step
+    report = rewrite(concrete, accelerator_device=ACC, batch_size=8).report
+    assert report.hardware["profile"] is None
+    assert report.table().splitlines()[1].startswith("hardware: no profile (no budget or profile")
+
+
+@pytest.mark.parametrize("device_name, memory, expected, source_word", [
+    ("Tesla V100-PCIE-16GB", None, "v100-16gb-pcie3", "matched"),
+    ("Tesla V100-SXM2-32GB", 32 * 2**30, "v100-32gb-nvlink2", "matched"),
+    ("NVIDIA A100-SXM4-80GB", 79 * 2**30, "a100-80gb-pcie4", "matched"),
+    ("NVIDIA A100-SXM4-40GB", None, "a100-80gb-pcie4", "matched"),  # the only A100 profile
+    ("NVIDIA H100 80GB HBM3", None, "h100-80gb-pcie5", "matched"),
+    ("NVIDIA GH200 480GB", 95 * 2**30, "gh200", "matched"),
+    ("NVIDIA GeForce RTX 4090", 24 * 2**30, "v100-16gb-pcie3", "no profile"),  # 16 and 32 tie: the name decides
+    ("NVIDIA RTX 6000 Ada", 28 * 2**30, "v100-32gb-nvlink2", "no profile"),  # closest memory: 32 GiB
+    ("NVIDIA L4", 22 * 2**30, "v100-16gb-pcie3", "no profile"),  # 22 GiB: 16 is closer than 32
+])
+def test_profile_for_device_picks_family_then_closest_memory(device_name, memory, expected, source_word):
+    from tflms.profiles import profile_for_device
+    choice = profile_for_device(device_name, memory)
+    assert (choice.name, choice.source) == (expected, "device")
+    assert choice.why.startswith(source_word) and repr(device_name) in choice.why
+
+
+def test_select_profile_given_then_device_then_default():
+    from tflms.errors import ConfigError
+    from tflms.profiles import DEFAULT_PROFILE, select_profile
+    assert select_profile("gh200", ("Tesla V100-PCIE-16GB", None)).name == "gh200"
+    assert select_profile(None, ("Tesla V100-PCIE-16GB", None)).name == "v100-16gb-pcie3"
+    default = select_profile(None, None)
+    assert (default.name, default.source) == (DEFAULT_PROFILE, "default") and "no GPU" in default.why
+    with pytest.raises(ConfigError, match="unknown hardware profile"):
+        select_profile("p100", None)

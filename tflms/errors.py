@@ -53,3 +53,11 @@ class DistributeError(TflmsError, ValueError):
 
 class VariableCreationError(TflmsError, ValueError):
     """The first call creates variables TensorFlow cannot initialize outside the function."""
+
+
+class UnknownSizeError(ConfigError):
+    """A memory verdict (fits, peak, overhead) was asked for a graph with tensors of unknown size.
+
+    The message names the tensors and the fix: a batch size (``batch_size=`` /
+    ``--batch-size``) when the unknown dimension is the batch.
+    """
