@@ -57,8 +57,9 @@ def _step_with_unknown_batch():
 
     keras.utils.set_random_seed(1)
     inputs = keras.Input((12, 12, 3))
-    h = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(inputs)
-    h = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(h)
+    h = inputs
+    for _ in range(5):  # a chain long enough that swapping lowers the peak
+        h = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(h)
     h = keras.layers.GlobalAveragePooling2D()(h)
     model = keras.Model(inputs, keras.layers.Dense(4)(h))
     optimizer = keras.optimizers.SGD(0.1)
@@ -191,3 +192,93 @@ def test_select_profile_given_then_device_then_default():
     assert (default.name, default.source) == (DEFAULT_PROFILE, "default") and "no GPU" in default.why
     with pytest.raises(ConfigError, match="unknown hardware profile"):
         select_profile("p100", None)
+
+
+# ------------------------------------------------------------------ progress and summaries
+def _tight_budget(concrete) -> int:
+    """One byte under the step's predicted peak without swapping: the tuner must search."""
+    return rewrite(concrete, budget="12GiB", batch_size=8).report.prediction()["peak_before_bytes"] - 1
+
+
+@pytest.mark.parametrize("verbose", [0, 1, 2])
+def test_tflms_function_verbose_shows_progress_and_a_summary(unknown_batch_step, verbose, capsys):
+    import tflms
+    step, signature, concrete, x, y = unknown_batch_step
+    budget = _tight_budget(concrete)
+    capsys.readouterr()
+    fn = tflms.function(step, input_signature=signature, budget=budget, verbose=verbose)
+    fn(x, y)
+    fn(x, y)  # the second call reuses the trace: nothing more is printed
+    out = capsys.readouterr().out
+    report = fn.report
+    assert report.num_swapped > 0 and report.tuning["candidates"]
+    summaries = [line for line in out.splitlines() if line.startswith("tflms.function 'step': rewrote")]
+    if verbose == 0:
+        assert out == ""
+        return
+    assert len(summaries) == 1, out
+    p = report.prediction()
+    assert "inputs (None, 12, 12, 3) float32, (None,) int32" in summaries[0]
+    assert (f"predicted peak {__import__('tflms').units.format_bytes(p['peak_before_bytes'])} -> "
+            in summaries[0]), summaries[0]
+    assert "  hardware: v100-16gb-pcie3 (the default profile" in out
+    candidates = [line for line in out.splitlines() if line.startswith("tflms.function 'step': candidate ")]
+    if verbose == 1:
+        assert "simulating candidate rewrites" in out and "/Unknown" in out and not candidates  # a Progbar
+        assert "columns:" not in out
+    else:
+        assert len(candidates) == len(report.tuning["candidates"]) - 1  # every candidate but "none"
+        assert "peak" in candidates[0] and "step" in candidates[0] and "columns:" in out
+
+
+def test_tflms_function_refuses_a_bad_verbose():
+    import tflms
+    with pytest.raises(ValueError, match="verbose must be 0"):
+        tflms.function(lambda x: x, verbose=3)
+
+
+# ------------------------------------------------------------------ full JSON, wide tables, legend
+LONG_SCOPE = "functional/a_rather_long_keras_scope_name/residual_block"
+
+
+def _many_swaps_report():
+    """45 forward activations with names longer than a table column, each read again by the backward pass."""
+    b = GraphBuilder()
+    h = b.op("x", "Placeholder")
+    acts = []
+    for i in range(45):
+        h = b.op(f"{LONG_SCOPE}_{i}/Relu", "Relu", [h])
+        acts.append(h)
+    g = b.op("loss/l", "Mul", [h, h])
+    for i, act in reversed(list(enumerate(acts))):
+        g = b.op(f"gradient_tape/{LONG_SCOPE}_{i}/ReluGrad", "ReluGrad", [g, act])
+    return rewrite(b.graph, swapout_threshold=1, accelerator_device=ACC).report
+
+
+def test_json_carries_full_names_and_every_swap_while_tables_cut_and_say_so():
+    report = _many_swaps_report()
+    assert report.num_swapped > 40
+    data = json.loads(report.to_json())
+    assert [s["tensor"] for s in data["swaps"]] == [s.tensor.name for s in report.swaps]
+    assert "..." not in report.to_json()
+    short = report.table()
+    assert f"... and {report.num_swapped - 40} more swapped tensors (table(wide=True) or to_json() lists all)" in short
+    wide = report.table(wide=True)
+    assert "more swapped tensors" not in wide and "..." not in wide
+    assert f"{LONG_SCOPE}_0/Relu:0" not in short and f"{LONG_SCOPE}_0/Relu:0" in wide  # cut short, then whole
+    assert all(s.tensor.name in wide for s in report.swaps)
+    for text in (short, wide):
+        assert "columns: tensor = the swapped activation" in text and "sync = yes when" in text
+    assert "columns:" not in report.table(legend=False)
+
+
+def test_tuner_json_keeps_every_candidate_and_full_params(unknown_batch_step):
+    from tflms.tune.tuner import tune
+    _, _, concrete, _, _ = unknown_batch_step
+    result = tune(concrete, budget=_tight_budget(concrete), config=LMSConfig(batch_size=8))
+    data = json.loads(json.dumps(result.to_dict()))
+    assert len(data["candidates"]) == len(result.candidates)
+    assert [c["params"] for c in data["candidates"]] == [c.params for c in result.candidates]
+    wide = result.table(wide=True)
+    assert "..." not in wide and "columns: params" in wide
+    assert len(wide.splitlines()) == len(result.candidates) + 3
