@@ -282,3 +282,17 @@ def test_tuner_json_keeps_every_candidate_and_full_params(unknown_batch_step):
     wide = result.table(wide=True)
     assert "..." not in wide and "columns: params" in wide
     assert len(wide.splitlines()) == len(result.candidates) + 3
+
+
+def test_predict_gives_an_untuned_rewrite_its_peaks_before_and_after(unknown_batch_step):
+    from tflms.errors import UnknownSizeError
+    from tflms.pipeline import predict
+    _, _, concrete, _, _ = unknown_batch_step
+    sized = rewrite(concrete, swapout_threshold=1, batch_size=8, accelerator_device=ACC)
+    p = predict(sized)
+    assert p["profile"] == "v100-16gb-pcie3" and "default" in p["profile_why"]
+    assert p["peak_after_bytes"] < p["peak_before_bytes"] and p["overhead"] >= 0
+    tuned = rewrite(concrete, budget="12GiB", batch_size=8).report.prediction()
+    assert set(p) - {"profile_why"} == set(tuned)  # the same record as a tuned report's
+    with pytest.raises(UnknownSizeError, match="batch_size"):
+        predict(rewrite(concrete, swapout_threshold=1, accelerator_device=ACC))

@@ -199,6 +199,33 @@ def batch_size_of_inputs(step: Any, example_inputs: Sequence[Any]) -> int | None
     return max(known) if known else None
 
 
+def predict(result: StepRewrite, profile: str | None = None) -> dict[str, Any]:
+    """The simulator's verdict on a rewrite that was not tuned (e.g. the demo's, with given parameters).
+
+    Simulates the input graph and the rewritten one on ``profile`` (default: the
+    report's, else :func:`~tflms.profiles.select_profile`'s choice for this
+    machine) and returns the keys of :meth:`RewriteReport.prediction`
+    (``budget_bytes`` is ``None``) plus ``profile_why``. A tuned rewrite's report
+    already has it (:meth:`RewriteReport.prediction`). Raises
+    :class:`~tflms.errors.UnknownSizeError` when tensors of an unknown batch
+    dimension would count as 0 bytes (rewrite with ``batch_size``).
+    """
+    from tflms.sim.simulator import SimOptions, simulate
+    from tflms.tune.tuner import check_known_sizes
+    config = result.report.plan.config
+    if profile is None and result.report.hardware.get("profile"):
+        profile = result.report.hardware["profile"]
+    choice = select_profile(profile, local_gpu())
+    options = SimOptions(host_device=config.host_device)
+    before = simulate(result.analysis.graph, choice.name, options=options)
+    check_known_sizes(result.analysis.graph, before, config.batch_size)
+    after = simulate(result.graph, choice.name, options=options)
+    return {"profile": choice.name, "profile_why": choice.why, "budget_bytes": None,
+            "peak_before_bytes": before.peak_with_margin_bytes, "peak_after_bytes": after.peak_with_margin_bytes,
+            "step_time_before_s": before.step_time_s, "step_time_after_s": after.step_time_s,
+            "overhead": after.overhead_vs(before)}
+
+
 def inserted_ops(original: Graph, rewritten: Graph) -> tuple[str, ...]:
     """The ops of ``rewritten`` that ``original`` does not have, in graph order.
 
