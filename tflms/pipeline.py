@@ -119,7 +119,8 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         if require_backward and not analysis.has_backward:
             raise no_training_step_error(analysis)
         accelerator, device_warnings = resolve_accelerator(config.accelerator_device)
-        choice = select_profile(config.profile, local_gpu()) if config.auto_tune or config.compress == COMPRESS_AUTO else None
+        simulates = config.auto_tune or config.compress == COMPRESS_AUTO
+        choice = select_profile(config.profile, local_gpu()) if simulates else None
         compressor = _compressor(config, analysis, step, example_inputs, choice)
         tuning = None
         if config.auto_tune:
@@ -273,7 +274,8 @@ def _build(graph: Graph, original: Any, inserted: Sequence[str]):
 
 # ------------------------------------------------------------------------------------------------ compression
 def _compressor(config: LMSConfig, analysis: Analysis, step: Any,
-                example_inputs: Sequence[Any] | None, choice: ProfileChoice | None) -> Callable[[Graph, SwapPlan], Graph] | None:
+                example_inputs: Sequence[Any] | None,
+                choice: ProfileChoice | None) -> Callable[[Graph, SwapPlan], Graph] | None:
     """The compression pass the config asks for, as ``(swapped graph, plan) -> compressed graph``."""
     if config.compress is None:
         return None

@@ -63,8 +63,15 @@ Two Keras 3.15 limits are Keras's, not the callback's: under
 ``MirroredStrategy`` its multi-step loop (``steps_per_execution`` > 1) fails on
 its first call, where LMS, which runs one step per Python call, trains.
 
-Not handled, and said so: ``jit_compile=True`` (XLA compiles the step as one
-cluster and ignores swap ops) and distribution strategies other than the default,
+XLA: Keras 3's default ``compile(jit_compile="auto")`` turns XLA on when a GPU is
+present, and XLA compiles the step as one cluster and ignores swap ops. Where
+``"auto"`` chooses XLA, the fits this callback manages run a train function Keras
+builds with ``jit_compile=False`` (a warning says so once, and what it costs), and
+the XLA one is put back after them. Keras records no difference between ``"auto"``
+and an explicit ``True``, so ``jit_compile=True`` is refused only where ``"auto"``
+would not choose XLA (a machine without a GPU, or under a strategy).
+
+Not handled, and said so: an explicit ``jit_compile=True`` (see above) and distribution strategies other than the default,
 ``MirroredStrategy`` and ``MultiWorkerMirroredStrategy`` (not tested with tflms:
 ``OneDeviceStrategy``, ``CentralStorageStrategy``, ``TPUStrategy``, whose steps
 XLA compiles, and ``ParameterServerStrategy``, whose steps a coordinator
@@ -89,7 +96,7 @@ from tflms.config import LMSConfig
 from tflms.passes.place import Placement
 from tflms.errors import UnsupportedModelError
 from tflms.integrations.function import check_devices_exist, rewrite_concrete
-from tflms.integrations.progress import SILENT, SUMMARY, TABLE, check_verbose, summary_line, tuner_progress
+from tflms.integrations.progress import SILENT, SUMMARY, check_verbose, summary_line, tuner_progress
 from tflms.integrations.progress import default_print as _print
 from tflms.report import RewriteReport
 
@@ -303,7 +310,8 @@ class LMS(keras.callbacks.Callback):
 
     Raises:
       UnsupportedModelError: in ``on_train_begin``, for a model compiled with an
-        explicit ``jit_compile=True`` (where ``"auto"`` would not choose XLA), trained under a distribution strategy other than
+        explicit ``jit_compile=True`` (where ``"auto"`` would not choose XLA),
+        trained under a distribution strategy other than
         ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy``, or whose train
         function is not the one Keras builds.
     """
