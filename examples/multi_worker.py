@@ -98,6 +98,8 @@ def worker() -> None:
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     for step, (bx, by) in enumerate(strategy.experimental_distribute_dataset(dataset.with_options(options))):
         print(f"worker {task} step {step}: loss {float(train_step(bx, by)):.6f}", flush=True)
+    if not train_step.report.num_swapped:
+        raise SystemExit(f"worker {task}: nothing was swapped, so identical weights would prove nothing")
     if task == 0:
         print(train_step.report.table(max_rows=8))
     print(f"worker {task}: {train_step.placement.table()}")

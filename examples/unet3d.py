@@ -50,14 +50,29 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer | 
     return function(step)
 
 
+def input_specs(resolution: int, *, channels: int = 4, batch: int | None = None):
+    """``tf.TensorSpec``s of a cubic ``resolution``^3 volume and its labels (batch unknown by default)."""
+    return (tf.TensorSpec((batch, resolution, resolution, resolution, channels), tf.float32),
+            tf.TensorSpec((batch, resolution, resolution, resolution), tf.int32))
+
+
+#: With oneDNN's kernels the swaps change which fused kernels run: the loss may differ by this much (relative) ...
+ONEDNN_LOSS_RTOL = 1e-3
+#: ... and a weight by this much (Adam moves a weight by about its learning rate per step, whatever the gradient's
+#: size, so a round-off difference in a near-zero gradient can show as up to 2 * lr per step).
+ONEDNN_WEIGHT_ATOL = 2 * 1e-3 * 3
+
+
 def main() -> None:
+    import os
+
     import tflms
 
     resolution, batch = 32, 2
     rng = np.random.default_rng(0)
     volume = rng.standard_normal((batch, resolution, resolution, resolution, 4), dtype=np.float32)
     labels = rng.integers(0, 4, size=(batch, resolution, resolution, resolution), dtype=np.int32)
-    weights = []
+    weights, losses = [], []
     for wrap in (tf.function, tflms.function(swapout_threshold=8, min_swap_bytes="256KiB")):
         keras.utils.set_random_seed(0)
         model = build_unet3d(base_filters=8, depth=3)
@@ -67,9 +82,21 @@ def main() -> None:
             loss = float(step(volume, labels))
         print(f"{'tflms' if wrap is not tf.function else 'plain'}: loss after 3 steps {loss:.5f}")
         weights.append([v.numpy() for v in model.variables])
+        losses.append(loss)
     diff = max(float(np.max(np.abs(a - b))) for a, b in zip(*weights))
+    identical = all(a.tobytes() == b.tobytes() for a, b in zip(*weights))
     print(f"{model.count_params()} parameters; largest weight difference with and without tflms: {diff:.3g}")
     print(step.report.table().splitlines()[0])
+    assert step.report.num_swapped > 0, "nothing was swapped: the comparison would prove nothing"
+    if os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0":
+        assert identical, f"without oneDNN training must be bit-identical; largest weight difference {diff:.3g}"
+        print(f"{step.report.num_swapped} tensors swapped; weights bit-identical to tf.function's")
+    else:
+        assert abs(losses[1] - losses[0]) <= ONEDNN_LOSS_RTOL * abs(losses[0]), losses
+        assert diff <= ONEDNN_WEIGHT_ATOL, f"weights differ by {diff:.3g} > {ONEDNN_WEIGHT_ATOL:.3g}"
+        print(f"{step.report.num_swapped} tensors swapped; with oneDNN the weights agree to {diff:.3g} "
+              f"({'bit-identical' if identical else 'round-off, amplified by Adam'}); run with "
+              "TF_ENABLE_ONEDNN_OPTS=0 for a bit-identical check")
 
 
 if __name__ == "__main__":

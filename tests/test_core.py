@@ -337,8 +337,12 @@ def test_no_module_edits_edges_behind_the_irs_back():
     import pathlib
     import re
     root = pathlib.Path(tflms.__file__).parent
-    pattern = re.compile(r"\.(inputs|control_inputs)\s*(\[[^\]]*\]\s*)?=[^=]|\.(inputs|control_inputs)\.(append|"
-                         r"insert|remove|extend|pop)\(|\._(control_)?consumers\b")
+    # IR objects by their conventional names (an Op ``op``, a Graph ``graph``/``g``/``new``/``placed``...): other
+    # structures (the simulator's IndexedGraph) have fields of the same names and are not the IR.
+    ir = r"\b(op|\w*graph|g|new|placed|swapped)"
+    pattern = re.compile(ir + r"\.(inputs|control_inputs)\s*(\[[^\]]*\]\s*)?=[^=]|" + ir
+                         + r"\.(inputs|control_inputs)\.(append|insert|remove|extend|pop)\(|" + ir
+                         + r"\._(control_)?consumers\b")
     #: TensorFlow objects with attributes of the same names (not the IR).
     allowed = {"new_graph.inputs = args + captures"}  # a tf FuncGraph's inputs, in tf_io.to_concrete_function
     offenders = [f"{path.relative_to(root)}:{n}: {line.strip()}" for path in sorted(root.rglob("*.py"))

@@ -21,5 +21,15 @@ def test_example_runs(script, tmp_path):
     assert done.returncode == 0, f"{script.name} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
 
 
+def test_unet3d_is_bit_identical_without_onednn(tmp_path):
+    """examples/unet3d.py asserts bit-identical weights when oneDNN's fused kernels are off (see its docstring)."""
+    script = next(p for p in EXAMPLES if p.name == "unet3d.py")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, f"unet3d.py failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    assert "weights bit-identical to tf.function's" in done.stdout, done.stdout[-2000:]
+
+
 def test_there_are_examples():
     assert any(p.name == "custom_loop.py" for p in EXAMPLES)

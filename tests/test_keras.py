@@ -425,6 +425,49 @@ def test_jit_compile_is_refused_before_any_step():
     _weights_after_refused_fit(model, [LMS(verbose=0)], "jit_compile=True.*jit_compile=False")
 
 
+@pytest.fixture
+def keras_sees_a_gpu(monkeypatch):
+    """Keras's jit_compile="auto" resolution (``Trainer._resolve_auto_jit_compile``) sees a GPU.
+
+    It asks ``tf.config.list_physical_devices()`` (no device type) for a device that
+    is not a CPU; only that call gets a made-up GPU, so nothing tries to run on it.
+    """
+    real = tf.config.list_physical_devices
+    fake = tf.config.PhysicalDevice(name="/physical_device:GPU:0", device_type="GPU")
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda device_type=None: real(device_type) + ([fake] if device_type is None else []))
+
+
+def _uses_xla(model) -> bool:
+    return bool(keras_integration._keras_step(model, model.train_function)._jit_compile)  # noqa: SLF001
+
+
+def test_jit_compile_auto_on_a_gpu_machine_trains_without_xla_and_puts_xla_back(keras_sees_a_gpu):
+    reference = compiled_mlp("sequential", jit_compile=False)
+    reference.fit(MLP_X, MLP_Y, batch_size=16, shuffle=False, verbose=0)
+    model = compiled_mlp("sequential")  # Keras's default jit_compile="auto"
+    assert model.jit_compile is True, "the patched device list must make Keras choose XLA, as on a GPU machine"
+    callback = LMS(swapout_threshold=THRESHOLD, verbose=0)
+    with pytest.warns(UserWarning, match="jit_compile='auto'.*without XLA.*cost is XLA's kernel fusion") as said:
+        model.fit(MLP_X, MLP_Y, batch_size=16, shuffle=False, verbose=0, callbacks=[callback])
+    assert len([w for w in said if "jit_compile='auto'" in str(w.message)]) == 1
+    assert_swapped(callback, traces=1)
+    assert_same_state(model_state(reference), model_state(model), "LMS fit without XLA vs plain fit without XLA")
+    assert model.jit_compile is True and _uses_xla(model), "XLA must be back after the fit"
+    # a second fit reuses the XLA-free train function and its rewrite, and says nothing again
+    import warnings as _warnings
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("error")
+        model.fit(MLP_X, MLP_Y, batch_size=16, shuffle=False, verbose=0, callbacks=[callback])
+    assert len(callback.reports) == 1 and _uses_xla(model)
+
+
+def test_explicit_jit_compile_on_a_gpu_machine_without_lms_keeps_xla(keras_sees_a_gpu):
+    model = compiled_mlp("sequential", jit_compile=True)
+    model.fit(MLP_X[:16], MLP_Y[:16], batch_size=16, verbose=0)
+    assert _uses_xla(model)  # the comparison above is not vacuous: Keras really builds an XLA step here
+
+
 def test_distribution_strategy_is_refused():
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     with strategy.scope():
@@ -500,6 +543,31 @@ def test_verbose_says_what_it_did_once_per_trace(verbose, capsys):
     assert f"{callback.report.num_swapped} tensors swapped" in lines[0]
     assert "(None, 8) float32, (None, 4) float32, sized for batch 16" in lines[0], lines[0]
     assert ("tensor" in out and "skipped candidates" in out) == (verbose == 2), out
+
+
+@pytest.mark.parametrize("verbose", [1, 2])
+def test_verbose_shows_tuner_progress_prediction_and_profile(verbose, capsys):
+    fit = {"x": CNN_X[:32], "y": CNN_Y[:32], "epochs": 1, "batch_size": 16, "shuffle": False, "verbose": 0}
+    probe = LMS(budget="1GiB", verbose=0)
+    compiled_cnn("sequential").fit(callbacks=[probe], **fit)
+    tight = probe.report.prediction()["peak_before_bytes"] - 1
+    capsys.readouterr()
+    callback = LMS(budget=tight, verbose=verbose)
+    compiled_cnn("sequential").fit(callbacks=[callback], **fit)
+    out = capsys.readouterr().out
+    report = callback.report
+    assert report.num_swapped > 0
+    [summary] = [line for line in out.splitlines() if line.startswith("tflms.keras.LMS: training step")]
+    p = report.prediction()
+    assert f"predicted peak {tflms.units.format_bytes(p['peak_before_bytes'])} -> " in summary, summary
+    assert f"step time {100 * p['overhead']:+.1f}% on v100-16gb-pcie3" in summary, summary
+    assert "  hardware: v100-16gb-pcie3 (the default profile" in out
+    candidates = [line for line in out.splitlines() if line.startswith("tflms.keras.LMS: candidate ")]
+    if verbose == 1:  # a Keras progress bar counts the candidates
+        assert "simulating candidate rewrites" in out and "/Unknown" in out and not candidates, out
+    else:  # one line per candidate, with its peak and step time
+        assert len(candidates) == len(report.tuning["candidates"]) - 1, out
+        assert all(": peak " in line and ", step " in line for line in candidates)
 
 
 def test_options_are_checked_when_the_callback_is_built():

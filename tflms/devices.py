@@ -40,3 +40,40 @@ def resolve_accelerator(accelerator_device: str | None) -> tuple[str, list[str]]
     warning = ("no GPU found: swapping between host and the CPU accelerator (/device:CPU:0) saves no memory; "
                "the rewrite still runs, which is useful for testing")
     return device, [warning]
+
+
+def local_gpu() -> tuple[str, int | None] | None:
+    """This machine's first GPU as ``(device name, memory bytes or None)``, or ``None`` without one.
+
+    The name is CUDA's (``tf.config.experimental.get_device_details``, e.g.
+    ``"NVIDIA A100-SXM4-80GB"``). The memory is the limit configured for its
+    logical device if one was set (``tf.config.set_logical_device_configuration``),
+    else what TensorFlow's allocator may use on it (its device attributes), else
+    ``None`` (:func:`tflms.profiles.profile_for_device` then reads it from the name).
+    """
+    try:
+        import tensorflow as tf
+    except ImportError:  # pragma: no cover
+        return None
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return None
+    gpu = gpus[0]
+    try:
+        name = tf.config.experimental.get_device_details(gpu).get("device_name") or gpu.name
+    except (ValueError, RuntimeError):  # pragma: no cover - a build without device details
+        name = gpu.name
+    memory = None
+    try:
+        limits = [c.memory_limit for c in tf.config.get_logical_device_configuration(gpu) or ()]
+        memory = int(limits[0]) * 2**20 if limits and limits[0] else None
+    except (ValueError, RuntimeError, AttributeError):  # pragma: no cover
+        memory = None
+    if memory is None:
+        try:
+            from tensorflow.python.client import device_lib  # noqa: PLC0415 - the allocator's limit per device
+            local = [d for d in device_lib.list_local_devices() if d.device_type == "GPU"]
+            memory = int(local[0].memory_limit) if local and local[0].memory_limit else None
+        except Exception:  # noqa: BLE001 - best effort: the name still gives the family and often the memory
+            memory = None
+    return name, memory

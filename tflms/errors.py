@@ -57,3 +57,11 @@ class VariableCreationError(TflmsError, ValueError):
 
 class UnsupportedVersionError(TflmsError, ImportError):
     """This TensorFlow or Keras lacks an internal tflms relies on (the message names it and the tested versions)."""
+
+
+class UnknownSizeError(ConfigError):
+    """A memory verdict (fits, peak, overhead) was asked for a graph with tensors of unknown size.
+
+    The message names the tensors and the fix: a batch size (``batch_size=`` /
+    ``--batch-size``) when the unknown dimension is the batch.
+    """

@@ -36,14 +36,14 @@ from typing import Any
 
 from tflms.analysis.cto import Analysis, Category, analyze_graph, no_training_step_error
 from tflms.config import COMPRESS_AUTO, LMSConfig
-from tflms.devices import resolve_accelerator
+from tflms.devices import local_gpu, resolve_accelerator
 from tflms.errors import ConfigError
 from tflms.ir import tf_io
 from tflms.ir.graph import Graph, TensorRef
 from tflms.passes import DEFAULT_COPY_OP, Placement, apply_swaps, place_swaps
 from tflms.policies.swapplan import SwapPlan, skip_reason
 from tflms.policies.tflms_rules import plan_swaps
-from tflms.profiles import DEFAULT_PROFILE
+from tflms.profiles import ProfileChoice, select_profile
 from tflms.report import RewriteReport
 
 logger = logging.getLogger(__name__)
@@ -120,6 +120,11 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
     ``progress``: called with one line per tuner candidate.
     """
     config = config or LMSConfig()
+    sized_from_inputs = None
+    if config.batch_size is None and example_inputs is not None:
+        sized_from_inputs = batch_size_of_inputs(step, example_inputs)
+        if sized_from_inputs is not None:
+            config = config.replace(batch_size=sized_from_inputs)
     with _gc_paused():
         timings: dict[str, float] = {}
         clock = _Clock(timings)
@@ -128,18 +133,22 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         analysis = clock("analyze", lambda: analyze_graph(graph))
         if require_backward and not analysis.has_backward:
             raise no_training_step_error(analysis)
-        compressor = _compressor(config, analysis, step, example_inputs)
+        accelerator, device_warnings = resolve_accelerator(config.accelerator_device)
+        simulates = config.auto_tune or config.compress == COMPRESS_AUTO
+        choice = select_profile(config.profile, local_gpu()) if simulates else None
+        compressor = _compressor(config, analysis, step, example_inputs, choice)
         tuning = None
         if config.auto_tune:
             from tflms.tune.tuner import tune
-            profile = config.profile or DEFAULT_PROFILE
-            result = clock("tune", lambda: tune(analysis, budget=config.budget_bytes, profile=profile, config=config,
-                                                copy_op=copy_op, fit_by=config.fit_by, compress=compressor,
-                                                progress=progress))
-            plan = result.best.plan or _empty_plan(config)
+            result = clock("tune", lambda: tune(analysis, budget=config.budget_bytes, profile=choice.name,
+                                                config=config, copy_op=copy_op, fit_by=config.fit_by,
+                                                compress=compressor, progress=progress))
+            planned = accelerator if accelerator != config.host_device else PROFILE_DEVICE
+            plan = result.best.plan or _empty_plan(config, planned)
             swapped, tuning = result.graph, result.to_dict()
+            if accelerator == config.host_device:  # no GPU here: the tuner planned for the profile's
+                plan = dataclasses.replace(plan, warnings=(no_gpu_warning(choice.name, accelerator),) + plan.warnings)
         else:
-            accelerator, device_warnings = resolve_accelerator(config.accelerator_device)
             plan = clock("plan", lambda: plan_swaps(analysis, config, accelerator_device=accelerator))
             if device_warnings:
                 plan = dataclasses.replace(plan, warnings=tuple(device_warnings) + plan.warnings)
@@ -149,8 +158,13 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         placed = clock("place", lambda: place_swaps(swapped, plan))
         placed.graph.lint()
         inserted = inserted_ops(graph, placed.graph)
+        hardware = hardware_record(choice, planned_for=plan.accelerator_device, runs_on=accelerator,
+                                   simulated=config.auto_tune)
+        if sized_from_inputs is not None:
+            hardware["batch_size"] = f"{sized_from_inputs}, from the inputs of the first call"
         report = RewriteReport(plan=plan, graph_summary=analysis.summary(), inserted_ops=inserted,
-                               timings_s=timings, tuning=tuning, compression=_compression_summary(placed.graph))
+                               timings_s=timings, tuning=tuning, compression=_compression_summary(placed.graph),
+                               hardware=hardware)
         for w in plan.warnings:
             logger.warning("tflms: %s", w)
         function = None
@@ -158,6 +172,74 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             function = clock("build", lambda: _build(placed.graph, step, inserted))
         return StepRewrite(graph=placed.graph, analysis=analysis, report=report, placement=placed.report,
                            function=function)
+
+
+#: The device the tuner plans swap-ins for when this machine has no GPU (the profile's GPU).
+PROFILE_DEVICE = "/device:GPU:0"
+
+
+def no_gpu_warning(profile: str, runs_on: str) -> str:
+    """The warning of a budgeted rewrite on a machine without a GPU."""
+    return (f"no GPU found: planned for the GPU of profile {profile} ({PROFILE_DEVICE}), but this machine runs the "
+            f"step on {runs_on}, where swapping saves no memory; the predicted peaks and overheads are that "
+            "profile's, not this machine's (the rewrite still runs, which is useful for testing)")
+
+
+def hardware_record(choice: ProfileChoice | None, *, planned_for: str, runs_on: str,
+                    simulated: bool) -> dict[str, Any]:
+    """What hardware a report's plan and predictions are for (``RewriteReport.hardware``)."""
+    if choice is None:
+        return {"profile": None, "source": None, "why": "no budget or profile: the swap parameters are the "
+                "configuration's and nothing is simulated", "planned_for": planned_for, "runs_on": runs_on}
+    return {**choice.to_dict(), "profile": choice.name, "planned_for": planned_for, "runs_on": runs_on,
+            "simulated": simulated}
+
+
+def batch_size_of_inputs(step: Any, example_inputs: Sequence[Any]) -> int | None:
+    """The batch size of a step traced with an unknown batch dimension, read from the arguments of a call.
+
+    ``None`` when the step is not a ``ConcreteFunction``, its inputs have no
+    unknown leading dimension, or the arguments carry no leading dimension. The
+    largest leading dimension among the arguments' tensors counts (the batch).
+    """
+    if not tf_io.is_concrete_function(step):
+        return None
+    import tensorflow as tf
+    specs = [s for s in tf.nest.flatten(step.structured_input_signature, expand_composites=True)
+             if isinstance(s, tf.TensorSpec)]
+    if not any(s.shape.rank and s.shape[0] is None for s in specs):
+        return None
+    dims = [t.shape[0] for t in tf.nest.flatten(list(example_inputs), expand_composites=True)
+            if getattr(t, "shape", None) is not None and len(t.shape)]
+    known = [int(d) for d in dims if d is not None]
+    return max(known) if known else None
+
+
+def predict(result: StepRewrite, profile: str | None = None) -> dict[str, Any]:
+    """The simulator's verdict on a rewrite that was not tuned (e.g. the demo's, with given parameters).
+
+    Simulates the input graph and the rewritten one on ``profile`` (default: the
+    report's, else :func:`~tflms.profiles.select_profile`'s choice for this
+    machine) and returns the keys of :meth:`RewriteReport.prediction`
+    (``budget_bytes`` is ``None``) plus ``profile_why``. A tuned rewrite's report
+    already has it (:meth:`RewriteReport.prediction`). Raises
+    :class:`~tflms.errors.UnknownSizeError` when tensors of an unknown batch
+    dimension would count as 0 bytes (rewrite with ``batch_size``).
+    """
+    from tflms.sim.simulator import SimOptions, simulate
+    from tflms.tune.tuner import check_known_sizes
+    config = result.report.plan.config
+    if profile is None and result.report.hardware.get("profile"):
+        profile = result.report.hardware["profile"]
+    choice = select_profile(profile, local_gpu())
+    options = SimOptions(host_device=config.host_device)
+    before = simulate(result.analysis.graph, choice.name, options=options)
+    check_known_sizes(result.analysis.graph, before, config.batch_size)
+    after = simulate(result.graph, choice.name, options=options)
+    return {"profile": choice.name, "profile_why": choice.why, "budget_bytes": None,
+            "peak_before_bytes": before.peak_with_margin_bytes, "peak_after_bytes": after.peak_with_margin_bytes,
+            "step_time_before_s": before.step_time_s, "step_time_after_s": after.step_time_s,
+            "overhead": after.overhead_vs(before)}
 
 
 def inserted_ops(original: Graph, rewritten: Graph) -> tuple[str, ...]:
@@ -184,9 +266,8 @@ class _Clock:
             self.timings[name] = time.perf_counter() - start
 
 
-def _empty_plan(config: LMSConfig) -> SwapPlan:
-    return SwapPlan(config=config, accelerator_device=resolve_accelerator(config.accelerator_device)[0], swaps=(),
-                    skipped=())
+def _empty_plan(config: LMSConfig, accelerator: str) -> SwapPlan:
+    return SwapPlan(config=config, accelerator_device=accelerator, swaps=(), skipped=())
 
 
 def _compression_summary(graph: Graph) -> dict[str, str]:
@@ -211,7 +292,8 @@ def _build(graph: Graph, step: Any, inserted: Sequence[str]):
 
 # ------------------------------------------------------------------------------------------------ compression
 def _compressor(config: LMSConfig, analysis: Analysis, step: Any,
-                example_inputs: Sequence[Any] | None) -> Callable[[Graph, SwapPlan], Graph] | None:
+                example_inputs: Sequence[Any] | None,
+                choice: ProfileChoice | None) -> Callable[[Graph, SwapPlan], Graph] | None:
     """The compression pass the config asks for, as ``(swapped graph, plan) -> compressed graph``."""
     if config.compress is None:
         return None
@@ -236,7 +318,7 @@ def _compressor(config: LMSConfig, analysis: Analysis, step: Any,
                   for i in range(len(analysis.graph.op(name).outputs))
                   if skip_reason(analysis, TensorRef(name, i), config) is None]
     stats = profile_tensors(step, list(example_inputs), candidates, graph=analysis.graph)
-    return make_compressor(stats, config.profile or DEFAULT_PROFILE)
+    return make_compressor(stats, choice.name)
 
 
 def _supports(codec: Any, dtype: str) -> bool:

@@ -26,6 +26,7 @@ Sources:
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from tflms.errors import ConfigError
 from tflms.units import parse_bytes
@@ -135,3 +136,75 @@ def get_profile(profile: str | HardwareProfile) -> HardwareProfile:
 
 def profile_names() -> list[str]:
     return sorted(_PROFILES)
+
+
+#: How a profile was chosen (:attr:`ProfileChoice.source`).
+PROFILE_GIVEN, PROFILE_FROM_DEVICE, PROFILE_DEFAULT = "given", "device", "default"
+
+_MEMORY_IN_NAME = re.compile(r"(\d+)\s*G(?:i)?B", re.IGNORECASE)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileChoice:
+    """Which hardware profile a rewrite plans for, and why (printed in every report that simulates).
+
+    ``source``: ``"given"`` (named in the config), ``"device"`` (matched to this
+    machine's GPU by :func:`profile_for_device`) or ``"default"``
+    (:data:`DEFAULT_PROFILE`: none given and no GPU found). ``why``: one sentence.
+    """
+
+    name: str
+    source: str
+    why: str
+
+    def to_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+def profile_for_device(device_name: str, memory_bytes: int | None = None) -> ProfileChoice:
+    """The registered profile closest to a GPU, from the device's name and memory.
+
+    A profile's family is its name up to the first ``-`` (``v100``, ``a100``,
+    ``h100``, ``gh200``); profiles whose family appears in ``device_name`` as a
+    word (``"NVIDIA A100-SXM4-80GB"`` is an ``a100``) are preferred, and among
+    them (or among all profiles when no family matches) the one whose memory is
+    closest to ``memory_bytes`` wins (the memory in the name, e.g. ``80GB``, when
+    ``memory_bytes`` is ``None``). Then the host link: a name saying ``SXM`` or
+    ``NVLINK`` prefers an ``nvlink`` profile, any other (``PCIE``, consumer cards)
+    a ``pcie`` one.
+    Ties go to the name. Deterministic and pure:
+    it reads nothing from the machine (see :func:`tflms.devices.local_gpu`).
+    """
+    if memory_bytes is None:
+        found = _MEMORY_IN_NAME.search(device_name)
+        memory_bytes = int(found.group(1)) * GIB if found else None
+    words = set(re.split(r"[^a-z0-9]+", device_name.lower()))
+    family = [p for p in _PROFILES.values() if p.name.split("-")[0].lower() in words]
+    pool = family or list(_PROFILES.values())
+    link = "nvlink" if any(w in device_name.lower() for w in ("sxm", "nvlink")) else "pcie"
+
+    def other_link(p: HardwareProfile) -> bool:
+        return link not in p.name
+
+    if memory_bytes is None:
+        best = min(pool, key=lambda p: (other_link(p), p.name))
+    else:
+        best = min(pool, key=lambda p: (abs(p.memory_bytes - memory_bytes), other_link(p), p.name))
+    memory = "" if memory_bytes is None else f" with {memory_bytes / GIB:.0f} GiB"
+    if family:
+        why = (f"matched to this machine's GPU {device_name!r}{memory} (same family, closest memory); "
+               "name another with profile=... / --profile")
+    else:
+        why = (f"no profile for this machine's GPU {device_name!r}{memory}: the profile with the closest memory; "
+               "name a better one with profile=... / --profile, or register_profile(HardwareProfile(...))")
+    return ProfileChoice(best.name, PROFILE_FROM_DEVICE, why)
+
+
+def select_profile(given: str | None, gpu: tuple[str, int | None] | None) -> ProfileChoice:
+    """The profile to plan for: the one given, else the closest to ``gpu`` (name, memory), else the default."""
+    if given is not None:
+        return ProfileChoice(get_profile(given).name, PROFILE_GIVEN, "given in the configuration")
+    if gpu is not None:
+        return profile_for_device(*gpu)
+    return ProfileChoice(DEFAULT_PROFILE, PROFILE_DEFAULT,
+                         "the default profile: none was given and this machine has no GPU to match one to")

@@ -21,6 +21,9 @@ class RewriteReport:
     timings_s: dict[str, float]
     tuning: dict[str, Any] | None = None  # the tuner's summary when a budget chose the parameters
     compression: dict[str, str] = dataclasses.field(default_factory=dict)  # swapped tensor -> codec
+    #: the hardware the plan and any prediction are for: ``profile`` (None when nothing was simulated),
+    #: ``source`` (given / device / default), ``why``, ``planned_for`` (accelerator), ``runs_on`` (this machine)
+    hardware: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def swaps(self):
@@ -46,6 +49,46 @@ class RewriteReport:
     def changed(self) -> bool:
         return bool(self.plan.swaps)
 
+    @property
+    def unknown_size_skips(self) -> int:
+        """Candidates left unswapped because their size is unknown (reason ``unknown-shape``)."""
+        return sum(1 for k in self.plan.skipped if k.reason == "unknown-shape")
+
+    def prediction(self) -> dict[str, Any] | None:
+        """The simulator's verdict on this rewrite, or ``None`` when nothing was simulated (no budget/profile).
+
+        Keys: ``profile``, ``budget_bytes``, ``peak_before_bytes`` / ``peak_after_bytes``
+        (predicted accelerator peak without and with the swaps), ``step_time_before_s`` /
+        ``step_time_after_s``, ``overhead`` (relative step-time increase).
+        """
+        t = self.tuning
+        if not t:
+            return None
+        return {"profile": t["profile"], "budget_bytes": t["budget_bytes"],
+                "peak_before_bytes": t["baseline_peak_bytes"], "peak_after_bytes": t["predicted_peak_bytes"],
+                "step_time_before_s": t["baseline_step_time_s"], "step_time_after_s": t["predicted_step_time_s"],
+                "overhead": t["overhead"]}
+
+    def prediction_text(self) -> str:
+        """One line: predicted peak before -> after, overhead and the profile (or why there is no prediction)."""
+        p = self.prediction()
+        if p is None:
+            return "no prediction (no budget or profile given: nothing was simulated)"
+        return (f"predicted peak {format_bytes(p['peak_before_bytes'])} -> {format_bytes(p['peak_after_bytes'])} "
+                f"(budget {format_bytes(p['budget_bytes'])}), step time {100 * p['overhead']:+.1f}% "
+                f"on {p['profile']}")
+
+    def hardware_text(self) -> str:
+        """One line: the hardware profile the plan is for and why, and where the step runs."""
+        h = self.hardware
+        if not h:
+            return f"hardware: accelerator {self.plan.accelerator_device}"
+        if h.get("profile") is None:
+            return f"hardware: no profile ({h['why']}); swaps planned for {h['planned_for']}"
+        where = (f"planned for {h['planned_for']} of that profile" if h["planned_for"] == h["runs_on"] else
+                 f"planned for {h['planned_for']} of that profile; this machine runs the step on {h['runs_on']}")
+        return f"hardware: {h['profile']} ({h['why']}); {where}"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "config": self.plan.config.to_dict(),
@@ -68,45 +111,76 @@ class RewriteReport:
             "timings_s": dict(self.timings_s),
             "tuning": self.tuning,
             "compression": dict(self.compression),
+            "hardware": dict(self.hardware),
+            "prediction": self.prediction(),
         }
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
 
-    def table(self, max_rows: int = 40) -> str:
-        """A readable summary with one row per swapped tensor and skip counts."""
+    def table(self, max_rows: int | None = 40, *, wide: bool = False, legend: bool = True) -> str:
+        """A readable summary with one row per swapped tensor, skip counts and a legend of the columns.
+
+        ``max_rows`` swapped tensors at most (``None``: all); ``wide=True`` shows
+        every row with full tensor names and consumer levels (``to_json()`` always
+        has everything).
+        """
+        if wide:
+            max_rows = None
         lines = []
         g = self.graph_summary
         lines.append(f"graph: {g.get('ops')} ops, {g.get('levels')} levels, categories {g.get('categories')}")
+        lines.append(self.hardware_text())
         if self.tuning:
             lines.append(f"tuning: {self.tuning['reason']}")
+            lines.append(self.prediction_text())
         lines.append(f"swapped: {self.num_swapped} tensors, {format_bytes(self.swapped_bytes)} "
                      f"-> accelerator {self.plan.accelerator_device}, host {self.plan.config.host_device}")
-        if self.plan.swaps:
+        shown = self.plan.swaps if max_rows is None else self.plan.swaps[:max_rows]
+        if shown:
+            short = (lambda n: n) if wide else _short
+            levels = (lambda v: ",".join(str(x) for x in v)) if wide else _levels
             header = ("tensor", "bytes", "lvl", "consumer lvls", "trigger (lvl)", "sync")
             rows = []
-            for s in self.plan.swaps[:max_rows]:
+            for s in shown:
                 for i, grp in enumerate(s.swap_ins):
-                    trig = "-" if grp.trigger is None else f"{_short(grp.trigger)} ({grp.trigger_level})"
-                    rows.append((_short(s.tensor.name) if i == 0 else "", format_bytes(s.num_bytes) if i == 0 else "",
-                                 str(s.producer_level) if i == 0 else "", _levels(grp.consumer_levels), trig,
+                    trig = "-" if grp.trigger is None else f"{short(grp.trigger)} ({grp.trigger_level})"
+                    rows.append((short(s.tensor.name) if i == 0 else "", format_bytes(s.num_bytes) if i == 0 else "",
+                                 str(s.producer_level) if i == 0 else "", levels(grp.consumer_levels), trig,
                                  "yes" if grp.sync else "no"))
             widths = [max(len(h), *(len(r[c]) for r in rows)) for c, h in enumerate(header)]
             fmt = "  ".join(f"{{:<{w}}}" for w in widths)
             lines.append(fmt.format(*header))
             lines.append(fmt.format(*("-" * w for w in widths)))
-            lines.extend(fmt.format(*r) for r in rows)
-            if len(self.plan.swaps) > max_rows:
-                lines.append(f"... and {len(self.plan.swaps) - max_rows} more swapped tensors (see to_json())")
+            lines.extend(fmt.format(*r).rstrip() for r in rows)
+            if len(shown) < len(self.plan.swaps):
+                lines.append(f"... and {len(self.plan.swaps) - len(shown)} more swapped tensors "
+                             "(table(wide=True) or to_json() lists all)")
+            if legend:
+                lines.extend(LEGEND)
         if self.compression:
             codecs = Counter(self.compression.values())
             lines.append("compressed: " + ", ".join(f"{n} with {c}" for c, n in sorted(codecs.items())))
         if self.plan.skipped:
             counts = Counter(k.reason for k in self.plan.skipped)
             lines.append("skipped candidates: " + ", ".join(f"{r} x{n}" for r, n in sorted(counts.items())))
+        if self.unknown_size_skips:
+            lines.append(f"note: {self.unknown_size_skips} tensors of unknown size were not swapped"
+                         + (" (give batch_size to size an unknown batch dimension)"
+                            if self.plan.config.batch_size is None else ""))
         for w in self.plan.warnings:
             lines.append(f"warning: {w}")
         return "\n".join(lines)
+
+
+#: What the columns of :meth:`RewriteReport.table` mean.
+LEGEND = (
+    "columns: tensor = the swapped activation (op:output); bytes = its size; lvl = its producer's level "
+    "(longest path from the inputs);",
+    "  consumer lvls = levels of the consumers one swap-in feeds (one row per swap-in); trigger (lvl) = the op "
+    "whose completion starts that swap-in, and its level;",
+    "  sync = yes when the consumer waits for the copy (no trigger found, or sync_mode asks for it).",
+)
 
 
 def _short(name: str, width: int = 48) -> str:

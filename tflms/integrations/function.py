@@ -32,6 +32,7 @@ from typing import Any, Callable
 from tflms.config import LMSConfig
 from tflms.passes.place import Placement
 from tflms.errors import DeviceError, DistributeError, VariableCreationError
+from tflms.integrations.progress import SILENT, SUMMARY, check_verbose, summary_line, tuner_progress
 from tflms.report import RewriteReport
 
 logger = logging.getLogger(__name__)
@@ -110,9 +111,10 @@ def check_devices_exist(config: LMSConfig) -> None:
 class LMSFunction:
     """A ``tf.function`` whose traced graphs are rewritten by tflms (see module doc)."""
 
-    def __init__(self, fn: Callable, config: LMSConfig, tf_function_options: dict[str, Any]):
+    def __init__(self, fn: Callable, config: LMSConfig, tf_function_options: dict[str, Any], verbose: int = SILENT):
         import tensorflow as tf
         self.config = config
+        self.verbose = check_verbose(verbose)
         self.original_function = tf.function(fn, **tf_function_options)
         self._traced: dict[int, _Traced] = {}
         self._last: _Traced | None = None
@@ -140,11 +142,18 @@ class LMSFunction:
         concrete = self._concrete(*args, **kwargs)
         traced = self._traced.get(id(concrete))
         if traced is None or traced.original is not concrete:
-            rewritten, report, placement = rewrite_concrete(concrete, self.config, example_inputs=args)
+            name = getattr(self, "__name__", "step")
+            tuning = self.verbose if self.config.auto_tune else SILENT
+            with tuner_progress(tuning, f"tflms.function {name!r}", say=print) as progress:
+                rewritten, report, placement = rewrite_concrete(concrete, self.config, example_inputs=args,
+                                                                progress=progress)
             traced = _Traced(concrete, rewritten, report, placement)
             self._traced[id(concrete)] = traced
             logger.info("tflms: rewrote %s: %d tensors swapped (%d bytes)", concrete.graph.name,
                         report.num_swapped, report.swapped_bytes)
+            if self.verbose != SILENT:
+                text = summary_line(f"tflms.function {name!r}", report, f"rewrote the trace for {_describe(concrete)}")
+                print(text if self.verbose == SUMMARY else text + "\n" + report.table())
         self._last = traced
         return traced
 
@@ -179,12 +188,21 @@ class LMSFunction:
         if bound is None:
             bound = LMSFunction.__new__(LMSFunction)
             bound.config = self.config
+            bound.verbose = self.verbose
             bound.original_function = self.original_function.__get__(instance, owner)
             bound._traced, bound._last, bound._bound = {}, None, weakref.WeakKeyDictionary()
             bound._failed = None
             functools.update_wrapper(bound, self.__wrapped__)
             self._bound[instance] = bound
         return bound
+
+
+def _describe(concrete) -> str:
+    """The trace's input shapes and dtypes, e.g. ``(None, 8) float32, (None,) int32``."""
+    import tensorflow as tf
+    specs = [s for s in tf.nest.flatten(concrete.structured_input_signature, expand_composites=True)
+             if isinstance(s, tf.TensorSpec)]
+    return "inputs " + ", ".join(f"{tuple(s.shape.as_list())} {s.dtype.name}" for s in specs) if specs else "no inputs"
 
 
 def _check_not_in_replica_context(name: str) -> None:
@@ -198,7 +216,8 @@ def _check_not_in_replica_context(name: str) -> None:
             "tflms.function(lambda x, y: strategy.reduce('SUM', strategy.run(step_fn, args=(x, y)), axis=None))")
 
 
-def function(fn: Callable | None = None, *, config: LMSConfig | None = None, **options: Any):
+def function(fn: Callable | None = None, *, config: LMSConfig | None = None, verbose: int = SILENT,
+             **options: Any):
     """``tf.function`` with tflms swapping.
 
     Usable as ``@tflms.function``, ``@tflms.function(swapout_threshold=4)`` or
@@ -206,11 +225,26 @@ def function(fn: Callable | None = None, *, config: LMSConfig | None = None, **o
     :class:`~tflms.config.LMSConfig` fields (``budget="12GiB"`` and/or
     ``profile=...`` let the tuner choose the swap parameters), or ``tf.function``
     options (``input_signature``, ``jit_compile``, ``reduce_retracing``, ...).
+
+    ``verbose`` (printed to stdout when a signature is first traced and rewritten):
+    ``0`` (the default: a decorator stays quiet, like ``tf.function``; the
+    ``tflms`` loggers log at INFO, and warnings such as "no GPU found" still go to
+    the ``tflms`` loggers); ``1`` a progress bar while the tuner simulates
+    candidates (with a budget or profile), then one summary line per trace: what
+    was swapped, the predicted peak before -> after and overhead (when tuned),
+    and the hardware profile; ``2`` one line per tuner candidate, the summary
+    and the report's table.
+
+    A step traced with an unknown batch dimension (an ``input_signature`` with
+    ``None``) is sized by the arguments of its first call when ``batch_size`` is
+    not given.
     """
     tf_options = {k: v for k, v in options.items() if k in TF_FUNCTION_OPTIONS}
     lms_config = LMSConfig.from_kwargs(config, **{k: v for k, v in options.items() if k not in TF_FUNCTION_OPTIONS})
 
+    check_verbose(verbose)
+
     def wrap(f: Callable) -> LMSFunction:
-        return LMSFunction(f, lms_config, tf_options)
+        return LMSFunction(f, lms_config, tf_options, verbose)
 
     return wrap if fn is None else wrap(fn)

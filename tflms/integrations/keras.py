@@ -63,8 +63,15 @@ Two Keras 3.15 limits are Keras's, not the callback's: under
 ``MirroredStrategy`` its multi-step loop (``steps_per_execution`` > 1) fails on
 its first call, where LMS, which runs one step per Python call, trains.
 
-Not handled, and said so: ``jit_compile=True`` (XLA compiles the step as one
-cluster and ignores swap ops) and distribution strategies other than the default,
+XLA: Keras 3's default ``compile(jit_compile="auto")`` turns XLA on when a GPU is
+present, and XLA compiles the step as one cluster and ignores swap ops. Where
+``"auto"`` chooses XLA, the fits this callback manages run a train function Keras
+builds with ``jit_compile=False`` (a warning says so once, and what it costs), and
+the XLA one is put back after them. Keras records no difference between ``"auto"``
+and an explicit ``True``, so ``jit_compile=True`` is refused only where ``"auto"``
+would not choose XLA (a machine without a GPU, or under a strategy).
+
+Not handled, and said so: an explicit ``jit_compile=True`` (see above) and distribution strategies other than the default,
 ``MirroredStrategy`` and ``MultiWorkerMirroredStrategy`` (not tested with tflms:
 ``OneDeviceStrategy``, ``CentralStorageStrategy``, ``TPUStrategy``, whose steps
 XLA compiles, and ``ParameterServerStrategy``, whose steps a coordinator
@@ -89,8 +96,9 @@ from tflms.config import LMSConfig
 from tflms.passes.place import Placement
 from tflms.errors import UnsupportedModelError
 from tflms.integrations.function import check_devices_exist, rewrite_concrete
+from tflms.integrations.progress import SILENT, SUMMARY, check_verbose, summary_line, tuner_progress
+from tflms.integrations.progress import default_print as _print
 from tflms.report import RewriteReport
-from tflms.units import format_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -101,9 +109,6 @@ _KERAS_TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
 _KERAS_TRAIN_FUNCTION_QUALNAME = "TensorFlowTrainer._make_function.<locals>.function"
 #: The name of the step ``tf.function`` in that function's closure.
 _KERAS_STEP_NAME = "one_step_on_data"
-
-#: ``verbose`` levels, as Keras callbacks use them.
-SILENT, SUMMARY, TABLE = 0, 1, 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,10 +157,11 @@ class _RewrittenStep:
     arrives (a later ``fit`` with a larger ``batch_size``).
     """
 
-    def __init__(self, tf_function, config: LMSConfig, on_trace):
+    def __init__(self, tf_function, config: LMSConfig, on_trace, verbose: int = SILENT):
         self.tf_function = tf_function
         self.config = config
         self.on_trace = on_trace
+        self.verbose = verbose
         self.traces: dict[int, _Trace] = {}  # by id of the original ConcreteFunction (kept alive in the _Trace)
         self.last: _Trace | None = None
 
@@ -178,7 +184,9 @@ class _RewrittenStep:
         if unknown and config.batch_size is None:
             sized = _leading_dim(data) or None
             config = config.replace(batch_size=sized)
-        rewritten, report, placement = rewrite_concrete(concrete, config, example_inputs=[data])
+        with tuner_progress(self.verbose if config.auto_tune else SILENT, "tflms.keras.LMS") as progress:
+            rewritten, report, placement = rewrite_concrete(concrete, config, example_inputs=[data],
+                                                            progress=progress)
         return _Trace(concrete, rewritten, report, placement, sized)
 
 
@@ -229,6 +237,15 @@ def _is_default_strategy(strategy) -> bool:
         return type(strategy).__name__ == "_DefaultDistributionStrategy"
 
 
+def _auto_chooses_xla(model) -> bool:
+    """Whether Keras's ``jit_compile="auto"`` resolves to XLA for ``model`` on this machine (a GPU is present)."""
+    resolve = getattr(model, "_resolve_auto_jit_compile", None)  # Keras 3's own resolution (private)
+    try:
+        return bool(resolve()) if resolve is not None else False
+    except Exception:  # noqa: BLE001 - a Keras that resolves differently: treat True as explicit
+        return False
+
+
 def _keras_step(model, keras_function):
     """Keras's ``one_step_on_data`` tf.function, found in the closure of ``keras_function``.
 
@@ -269,8 +286,12 @@ class LMS(keras.callbacks.Callback):
     Args:
       budget: accelerator memory budget (``"12GiB"`` or bytes); turns on the tuner,
         which picks the swap parameters (with ``profile`` if given).
-      verbose: 0 silent; 1 one line per traced signature saying what was swapped;
-        2 the full report table per trace.
+      verbose: 0 silent; 1 a progress bar while the tuner simulates candidates
+        (with a budget or profile), then one summary line per traced signature:
+        what was swapped, the predicted peak before -> after and the step-time
+        overhead (when tuned), and the hardware profile; 2 one line per tuner
+        candidate (parameters, predicted peak, step time), the summary and the
+        report's table per trace.
       config: a base :class:`~tflms.LMSConfig`.
       **options: :class:`~tflms.LMSConfig` fields (``swapout_threshold``,
         ``swapin_ahead``, ``profile``, ``host_device``, ...), overriding ``config``.
@@ -283,9 +304,14 @@ class LMS(keras.callbacks.Callback):
         ops (which replica device swaps to which host).
       reports: every report, one per traced signature, in trace order.
 
+    XLA: a model compiled with Keras's default ``jit_compile="auto"`` gets XLA on
+    a machine with a GPU; the fits this callback manages then train without XLA
+    (said once, with its cost) and it is turned back on after them.
+
     Raises:
-      UnsupportedModelError: in ``on_train_begin``, for a model compiled with
-        ``jit_compile=True``, trained under a distribution strategy other than
+      UnsupportedModelError: in ``on_train_begin``, for a model compiled with an
+        explicit ``jit_compile=True`` (where ``"auto"`` would not choose XLA),
+        trained under a distribution strategy other than
         ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy``, or whose train
         function is not the one Keras builds.
     """
@@ -297,14 +323,15 @@ class LMS(keras.callbacks.Callback):
             options["budget"] = budget
         self.config = LMSConfig.from_kwargs(config, **options)
         check_devices_exist(self.config)
-        if verbose not in (SILENT, SUMMARY, TABLE):
-            raise ValueError(f"verbose must be 0 (silent), 1 (one line per trace) or 2 (report tables), "
-                             f"got {verbose!r}")
-        self.verbose = verbose
+        self.verbose = check_verbose(verbose)
         self._steps: dict[int, _RewrittenStep] = {}  # by id of Keras's one_step_on_data tf.function
         self._order: list[_Trace] = []
         self._last_step: _RewrittenStep | None = None
         self._installed: _LMSTrainFunction | None = None
+        #: Keras's XLA train functions and the ones rebuilt without XLA: id(xla) -> (xla, rebuilt)
+        self._without_xla: dict[int, tuple[Any, Any]] = {}
+        self._xla_restore: tuple[Any, Any] | None = None  # (model, its XLA train function) to put back
+        self._xla_said = False
 
     # ------------------------------------------------------------------ reports
     @property
@@ -341,12 +368,13 @@ class LMS(keras.callbacks.Callback):
                           "graph to rewrite, so LMS stands aside and this fit runs without swapping", stacklevel=2)
             self._installed = None
             return
+        current = self._xla_off(model, current)
         keras_step = _keras_step(model, current)
         if getattr(keras_step, "_jit_compile", False):
             raise self._jit_error(model)
         step = self._steps.get(id(keras_step))
         if step is None or step.tf_function is not keras_step:
-            step = _RewrittenStep(keras_step, self.config, self._on_trace)
+            step = _RewrittenStep(keras_step, self.config, self._on_trace, self.verbose)
             self._steps[id(keras_step)] = step
         self._installed = _LMSTrainFunction(self, model, current, step)
         model.train_function = self._installed
@@ -357,22 +385,63 @@ class LMS(keras.callbacks.Callback):
 
     def _restore(self) -> None:
         installed, self._installed = self._installed, None
+        xla, self._xla_restore = self._xla_restore, None
         if installed is not None and installed.model.train_function is installed:
-            installed.model.train_function = installed.keras_function
+            installed.model.train_function = installed.keras_function if xla is None else xla[1]
+
+    def _xla_off(self, model, current):
+        """Keras's train function without XLA when ``jit_compile`` was left to Keras's ``"auto"``.
+
+        ``compile(jit_compile="auto")`` (the default) turns XLA on when a GPU is
+        present; XLA compiles the step as one cluster and would ignore the swap
+        ops. The fits this callback manages then run a train function Keras builds
+        with ``jit_compile=False`` (built once per XLA train function);
+        ``on_train_end`` puts the XLA one back, and ``model.jit_compile`` is left
+        as it was. Said once per callback, with what it costs. An explicit
+        ``jit_compile=True`` on a machine where ``"auto"`` would not choose XLA is
+        refused in :meth:`_check_supported`.
+        """
+        if model.run_eagerly or not getattr(model, "jit_compile", False):
+            return current
+        for xla, rebuilt in self._without_xla.values():
+            if current is rebuilt:  # an interrupted fit left the rebuilt one in place
+                current = xla
+        entry = self._without_xla.get(id(current))
+        if entry is None or entry[0] is not current:
+            try:
+                model.jit_compile = False
+                model.make_train_function(force=True)
+                entry = (current, model.train_function)
+            finally:
+                model.jit_compile = True
+                model.train_function = current
+            self._without_xla[id(current)] = entry
+        self._xla_restore = (model, current)
+        if not self._xla_said:
+            self._xla_said = True
+            warnings.warn(
+                f"tflms.keras.LMS: model {model.name!r} is compiled with jit_compile='auto' (Keras's default), which "
+                "turns XLA on when a GPU is present (Keras records no difference from an explicit True). XLA compiles "
+                "the step as one cluster and would ignore the swap ops, so the fits LMS manages train without XLA; "
+                "it is back on after them (evaluate, predict and fits without LMS keep it). The cost is XLA's "
+                "kernel fusion, a speed-up that depends on the model. Compile with jit_compile=False to train "
+                "without XLA and silence this warning", stacklevel=3)
+        return entry[1]
 
     # ----------------------------------------------------------------- checks
     @staticmethod
     def _jit_error(model) -> UnsupportedModelError:
         return UnsupportedModelError(
-            f"tflms.keras.LMS: model {model.name!r} is compiled with jit_compile=True (Keras's default 'auto' "
-            "chooses it when a GPU is present): XLA compiles the whole step as one cluster and does its own memory "
-            "planning, so swap ops would be ignored. Compile with model.compile(..., jit_compile=False)")
+            f"tflms.keras.LMS: model {model.name!r} is compiled with jit_compile=True, and on this machine Keras's "
+            "default 'auto' would not choose XLA, so it was asked for explicitly: XLA compiles the whole step as one "
+            "cluster and does its own memory planning, so swap ops would be ignored. Compile with "
+            "model.compile(..., jit_compile=False) (or leave the default, which LMS turns off for its fits)")
 
     def _check_supported(self, model) -> None:
         if keras.backend.backend() != "tensorflow":
             raise UnsupportedModelError(f"tflms.keras.LMS rewrites TensorFlow graphs; the Keras backend is "
                                         f"{keras.backend.backend()!r}. Set KERAS_BACKEND=tensorflow")
-        if getattr(model, "jit_compile", False) and not model.run_eagerly:
+        if getattr(model, "jit_compile", False) and not model.run_eagerly and not _auto_chooses_xla(model):
             raise self._jit_error(model)
         strategy = model.distribute_strategy
         if not _supported_strategy(strategy):
@@ -398,22 +467,6 @@ class LMS(keras.callbacks.Callback):
 
     @staticmethod
     def _summary_line(trace: _Trace) -> str:
-        report = trace.report
-        config = report.plan.config
-        if report.tuning:
-            how = f"tuner: {report.tuning['strategy']} for budget {format_bytes(report.tuning['budget_bytes'])}"
-        else:
-            how = f"swapout_threshold={config.swapout_threshold}, swapin_ahead={config.swapin_ahead}"
         sized = "" if trace.sized_batch is None else f", sized for batch {trace.sized_batch}"
-        return (f"tflms.keras.LMS: training step for inputs {_describe_inputs(trace.original)}{sized}: "
-                f"{report.num_swapped} tensors swapped ({format_bytes(report.swapped_bytes)}) from "
-                f"{report.plan.accelerator_device} to {config.host_device} ({how})")
-
-
-def _print(text: str) -> None:
-    try:
-        from keras.src.utils import io_utils
-    except ImportError:  # pragma: no cover - a Keras without the private module
-        print(text)
-        return
-    io_utils.print_msg(text)
+        return summary_line("tflms.keras.LMS", trace.report,
+                            f"training step for inputs {_describe_inputs(trace.original)}{sized}")

@@ -75,7 +75,7 @@ class Skip:
 
 @dataclasses.dataclass(frozen=True)
 class SwapPlan:
-    """What the rewriter will do; built by :func:`plan_swaps`, applied by ``apply_plan``."""
+    """What the rewriter will do; built by :func:`plan_swaps`, applied by ``apply_swaps``."""
 
     config: LMSConfig
     accelerator_device: str
@@ -180,13 +180,29 @@ def find_trigger(analysis: Analysis, first_consumer: str, producer_level: int, t
     """The ancestor of ``first_consumer`` at the lowest level >= ``target_level``.
 
     Only ops strictly after the producer's level qualify (earlier ones would not
-    delay the swap-in). Ties prefer backward ops, then the name. ``None`` if no
-    ancestor lies in the window.
+    delay the swap-in). Identity-like ops (:data:`~tflms.ir.op_types.IDENTITY_OPS`)
+    and ``exclude`` never trigger. Ties prefer backward ops, then the name. When
+    the window holds no ancestor that may trigger (e.g. only identities), the
+    nearest one below the window is taken instead: the ancestor at the highest
+    level under ``target_level``, still after the producer's level (the swap-in
+    then starts a little earlier than asked, rather than synchronously). ``None``
+    if no ancestor after the producer's level may trigger.
+    """
+    floor = max(target_level, producer_level + 1)
+    best = _best_ancestor(analysis, first_consumer, floor, exclude, lowest=True)
+    if best is None and floor > producer_level + 1:
+        best = _best_ancestor(analysis, first_consumer, producer_level + 1, exclude, lowest=False)
+    return best
+
+
+def _best_ancestor(analysis: Analysis, start: str, floor: int, exclude: frozenset[str], *, lowest: bool) -> str | None:
+    """The ancestor of ``start`` at level >= ``floor`` that may trigger, at the lowest (or highest) level.
+
+    Ties prefer backward ops, then the name.
     """
     graph, levels, cats, preds = analysis.graph, analysis.levels, analysis.categories, analysis.predecessors
-    floor = max(target_level, producer_level + 1)
-    seen = {first_consumer}
-    frontier = [first_consumer]
+    seen = {start}
+    frontier = [start]
     best: tuple[int, int, str] | None = None
     while frontier:
         nxt = []
@@ -196,7 +212,7 @@ def find_trigger(analysis: Analysis, first_consumer: str, producer_level: int, t
                     continue
                 seen.add(pred)
                 nxt.append(pred)
-                key = (levels[pred], 0 if cats[pred] is Category.BACKWARD else 1, pred)
+                key = (levels[pred] if lowest else -levels[pred], 0 if cats[pred] is Category.BACKWARD else 1, pred)
                 if (best is None or key < best) and pred not in exclude and graph.op(pred).type not in IDENTITY_OPS:
                     best = key
         frontier = nxt

@@ -27,7 +27,7 @@ from typing import Any
 from tflms.analysis.cto import Analysis, analyze_graph, no_training_step_error
 from tflms.devices import resolve_accelerator
 from tflms.config import LMSConfig
-from tflms.errors import BudgetError, ConfigError
+from tflms.errors import BudgetError, ConfigError, UnknownSizeError
 from tflms.ir.graph import Graph
 from tflms.ir.tf_io import load_graph
 from tflms.passes.swaps import DEFAULT_COPY_OP, apply_swaps
@@ -102,9 +102,11 @@ class TuneResult:
         return None if self.best.plan is None else self.best.plan.config
 
     def reason(self) -> str:
+        unknown = len(self.baseline.unknown_size_tensors)
+        left_out = (f"; {unknown} tensors whose size depends on the data are not counted" if unknown else "")
         if self.best.strategy == "none":
             return (f"the step fits without swapping: predicted peak {format_bytes(self.baseline.peak_with_margin_bytes)}"
-                    f" <= budget {format_bytes(self.budget_bytes)}")
+                    f" <= budget {format_bytes(self.budget_bytes)}" + left_out)
         by_strategy = {}
         for c in self.candidates:
             if c.fits and (c.strategy not in by_strategy or c.sim.step_time_s < by_strategy[c.strategy].sim.step_time_s):
@@ -114,7 +116,7 @@ class TuneResult:
         return (f"{self.best.strategy} fits {format_bytes(self.budget_bytes)} with predicted peak "
                 f"{format_bytes(self.best.sim.peak_with_margin_bytes)} and the lowest predicted overhead "
                 f"({100 * self.overhead:+.1f}%)" + (f"; best of the others: {others}" if others else "")
-                + f"; {len(self.candidates)} configurations simulated")
+                + f"; {len(self.candidates)} configurations simulated" + left_out)
 
     def to_dict(self) -> dict[str, Any]:
         return {"budget_bytes": self.budget_bytes, "profile": self.profile, "strategy": self.strategy,
@@ -127,14 +129,25 @@ class TuneResult:
                                 "step_time_s": c.sim.step_time_s, "fits": c.fits, "why_not": c.why_not}
                                for c in self.candidates]}
 
-    def table(self) -> str:
+    def table(self, *, wide: bool = False) -> str:
+        """The verdict and one row per simulated candidate (``wide=True``: parameters never cut short)."""
+        width = max([44] + [len(_params_text(c.params)) + 1 for c in self.candidates]) if wide else 44
         lines = [f"budget {format_bytes(self.budget_bytes)} on {self.profile}: {self.reason()}",
-                 f"{'strategy':<24}{'params':<44}{'peak':>12}{'overhead':>10}  fits"]
+                 f"{'strategy':<24}{'params':<{width}}{'peak':>12}{'overhead':>10}  fits"]
         for c in self.candidates:
-            params = ",".join(f"{k}={v}" for k, v in c.params.items())
-            lines.append(f"{c.strategy:<24}{params[:43]:<44}{format_bytes(c.sim.peak_with_margin_bytes):>12}"
+            params = _params_text(c.params)
+            if not wide and len(params) > width - 1:
+                params = params[:width - 4] + "..."
+            lines.append(f"{c.strategy:<24}{params:<{width}}{format_bytes(c.sim.peak_with_margin_bytes):>12}"
                          f"{100 * c.sim.overhead_vs(self.baseline):>9.1f}%  {'yes' if c.fits else 'no'}")
+        lines.append("columns: params = the candidate's swap parameters; peak = its predicted accelerator peak "
+                     "(with the simulator's margin); overhead = predicted step time vs. no swapping; fits = peak "
+                     "within the budget (and host memory)")
         return "\n".join(lines)
+
+
+def _params_text(params: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in params.items())
 
 
 class _Evaluator:
@@ -329,6 +342,45 @@ def search_idle(ev: _Evaluator, baseline: SimResult, mode: str) -> None:
         sim = result.sim if selected is trial else sim
 
 
+#: Tensors of unknown size an :class:`~tflms.errors.UnknownSizeError` names.
+UNKNOWN_SIZE_EXAMPLES = 3
+
+
+def check_known_sizes(graph: Graph, sim: SimResult, batch_size: int | None) -> None:
+    """Refuse a memory verdict that would count tensors of an unknown batch size as 0 bytes.
+
+    Raises :class:`~tflms.errors.UnknownSizeError` when a tensor's only unknown
+    dimension is the leading (batch) one and no batch size was given, naming a
+    few of them and the fix: ``batch_size=N`` in the API and the Keras callback,
+    ``--batch-size N`` on the command line. Tensors whose size depends on the data
+    (e.g. a gradient's ``Reshape`` to a ``tf.shape`` computed at run time) do not
+    stop the verdict: :meth:`TuneResult.reason` says how many were left out. A
+    rewrite without a budget needs no verdict: it leaves tensors of unknown size
+    unswapped (reason ``unknown-shape``) instead.
+    """
+    if batch_size is not None or not sim.unknown_size_tensors:
+        return
+    from tflms.ir.graph import TensorRef
+    batch_only = []
+    for name in sim.unknown_size_tensors:
+        ref = TensorRef.parse(name)
+        shape = graph.op(ref.op).outputs[ref.index].shape
+        if shape and shape[0] is None and all(d is not None for d in shape[1:]):
+            batch_only.append((name, shape))
+    if not batch_only:
+        return
+    examples = ", ".join(f"{n} {_shape_text(s)}" for n, s in batch_only[:UNKNOWN_SIZE_EXAMPLES])
+    raise UnknownSizeError(
+        f"cannot predict the step's memory: {len(batch_only)} tensors have an unknown batch (leading) dimension "
+        f"(e.g. {examples}) and would count as 0 bytes. Give the batch size: batch_size=N in LMSConfig, "
+        "tflms.function or tflms.keras.LMS; --batch-size N on the command line. Without a budget or profile the "
+        "rewrite runs anyway and leaves tensors of unknown size unswapped")
+
+
+def _shape_text(shape) -> str:
+    return "(unknown rank)" if shape is None else "(" + ", ".join("None" if d is None else str(d) for d in shape) + ")"
+
+
 def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str | HardwareProfile = DEFAULT_PROFILE,
          config: LMSConfig | None = None, strategies: Sequence[str] = STRATEGIES, sim_options: SimOptions | None = None,
          host_budget: int | str | None = None, copy_op: str = DEFAULT_COPY_OP, first_fit: bool = False,
@@ -369,6 +421,7 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
         accelerator = "/device:GPU:0"  # planning for a GPU we do not have: the profile is the device
     ev = _Evaluator(analysis, profile, budget_bytes, host_bytes, sim_options, config, accelerator, copy_op, progress)
     baseline = ev.plans.evaluate(None)  # = simulate(graph, profile, options=sim_options)
+    check_known_sizes(graph, baseline, config.batch_size)
     ev.fit_by = fit_by
     ev.compress = compress
     base_need = ev.need(baseline)
