@@ -71,8 +71,8 @@ def local_gpu() -> tuple[str, int | None] | None:
         memory = None
     if memory is None:
         try:
-            from tensorflow.python.client import device_lib  # noqa: PLC0415 - the allocator's limit per device
-            local = [d for d in device_lib.list_local_devices() if d.device_type == "GPU"]
+            from tflms._compat.tf import local_device_protos  # noqa: PLC0415 - the allocator's limit per device
+            local = [d for d in local_device_protos() if d.device_type == "GPU"]
             memory = int(local[0].memory_limit) if local and local[0].memory_limit else None
         except Exception:  # noqa: BLE001 - best effort: the name still gives the family and often the memory
             memory = None

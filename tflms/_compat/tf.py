@@ -75,3 +75,49 @@ def grappler() -> tuple[Any, Any, Any]:
     """TensorFlow's grappler Python bindings: ``(cluster, item, tf_optimizer)`` modules."""
     return (private("tensorflow.python.grappler.cluster"), private("tensorflow.python.grappler.item"),
             private("tensorflow.python.grappler.tf_optimizer"))
+
+
+def function_def_to_graph(function_def: Any, input_shapes: Any = None) -> Any:
+    """A ``FuncGraph`` rebuilt from a ``FunctionDef``."""
+    return private("tensorflow.python.framework.function_def_to_graph", "function_def_to_graph")(
+        function_def, input_shapes=input_shapes)
+
+
+def func_graph_class() -> Any:
+    """``FuncGraph``: the graph a ``ConcreteFunction`` is built from."""
+    return private("tensorflow.python.framework.func_graph", "FuncGraph")
+
+
+def concrete_function_from_func_graph(func_graph: Any, function_type: Any, attrs: Any) -> Any:
+    """``ConcreteFunction.from_func_graph`` (the public type has no constructor)."""
+    cls = private("tensorflow.python.eager.polymorphic_function.concrete_function", "ConcreteFunction")
+    return cls.from_func_graph(func_graph, function_type, attrs=attrs)
+
+
+def handle_data_util() -> Any:
+    """Copying a resource tensor's handle data (variable shapes and dtypes) between graphs."""
+    return private("tensorflow.python.ops.handle_data_util")
+
+
+def unliftable_error() -> type:
+    """The error ``tf.function`` raises for variables it cannot initialize outside the function."""
+    return private("tensorflow.python.ops.op_selector", "UnliftableError")
+
+
+def default_strategy() -> Any:
+    """The default (no-op) distribution strategy object."""
+    return private("tensorflow.python.distribute.distribute_lib", "_get_default_strategy")()
+
+
+def local_device_protos() -> list[Any]:
+    """Every local device's ``DeviceAttributes`` (memory limit included)."""
+    return private("tensorflow.python.client.device_lib", "list_local_devices")()
+
+
+def keras_print_msg() -> Any:
+    """Keras's ``io_utils.print_msg`` (follows Keras's interactive-logging switch)."""
+    try:
+        return importlib.import_module("keras.src.utils.io_utils").print_msg
+    except (ImportError, AttributeError) as err:
+        raise UnsupportedVersionError(f"tflms uses Keras's internal keras.src.utils.io_utils.print_msg, which this "
+                                      f"Keras lacks; tflms is tested with {TESTED}") from err

@@ -127,10 +127,8 @@ class LMSFunction:
         """``get_concrete_function``, with the first call's variable initialization checked."""
         if self._failed is not None:  # the tf.function's variables were created but never initialized
             raise self._failed
-        try:
-            from tensorflow.python.ops.op_selector import UnliftableError
-        except ImportError:  # pragma: no cover - a TF that moved it
-            UnliftableError = ()  # noqa: N806
+        from tflms._compat.tf import unliftable_error
+        UnliftableError = unliftable_error()  # noqa: N806
         try:
             return self.original_function.get_concrete_function(*args, **kwargs)
         except UnliftableError as err:

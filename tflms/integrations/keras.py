@@ -230,11 +230,8 @@ def _supported_strategy(strategy) -> bool:
 
 
 def _is_default_strategy(strategy) -> bool:
-    try:
-        from tensorflow.python.distribute import distribute_lib
-        return strategy is distribute_lib._get_default_strategy()  # noqa: SLF001 - no public equivalent
-    except (ImportError, AttributeError):  # pragma: no cover - a TF without the private helper
-        return type(strategy).__name__ == "_DefaultDistributionStrategy"
+    from tflms._compat.tf import default_strategy
+    return strategy is default_strategy()
 
 
 def _auto_chooses_xla(model) -> bool:

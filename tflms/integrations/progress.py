@@ -37,12 +37,8 @@ def check_verbose(verbose: int) -> int:
 
 def default_print(text: str) -> None:
     """Print as Keras prints (``io_utils.print_msg``: honours Keras's interactive-logging switch)."""
-    try:
-        from keras.src.utils import io_utils
-    except ImportError:  # pragma: no cover - a Keras without the private module
-        print(text)
-        return
-    io_utils.print_msg(text)
+    from tflms._compat.tf import keras_print_msg
+    keras_print_msg()(text)
 
 
 @contextmanager

@@ -121,9 +121,9 @@ def from_function_def(function_def, *, batch_size: int | None = None,
     ``input_shapes`` (one ``TensorShape``-like per argument) fills in argument
     shapes the FunctionDef does not record.
     """
-    from tensorflow.python.framework import function_def_to_graph
+    from tflms._compat.tf import function_def_to_graph
     try:
-        func_graph = function_def_to_graph.function_def_to_graph(function_def, input_shapes=input_shapes)
+        func_graph = function_def_to_graph(function_def, input_shapes=input_shapes)
     except Exception as err:  # TF raises several types here
         raise GraphError(f"cannot read FunctionDef {function_def.signature.name!r}: {err}") from err
     graph = from_tf_graph(func_graph, batch_size=batch_size)
@@ -205,11 +205,10 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
     made control outputs so that grappler keeps them.
     """
     tf = _tf()
-    from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
     from tensorflow.core.framework import attr_value_pb2
-    from tensorflow.python.framework import func_graph as func_graph_lib
-    from tensorflow.python.ops import handle_data_util
-    from tensorflow.python.util import nest
+
+    from tflms._compat import tf as compat
+    handle_data_util = compat.handle_data_util()
 
     sig: FunctionSignature | None = graph.signature
     if sig is None:
@@ -217,7 +216,7 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
     old_graph = original.graph
     graph_def = to_graph_def(graph)
     _register_library(graph_def)
-    new_graph = func_graph_lib.FuncGraph(name or f"{old_graph.name}_lms")
+    new_graph = compat.func_graph_class()(name or f"{old_graph.name}_lms")
     num_args = len(sig.input_names) - sig.num_captures
     with new_graph.as_default():
         args = [tf.compat.v1.placeholder(t.dtype, t.shape, name=t.op.name)
@@ -274,10 +273,10 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
     new_graph.outputs = list(outputs)
     new_graph.control_outputs = list(control_outputs)
     new_graph.structured_input_signature = old_graph.structured_input_signature
-    new_graph.structured_outputs = nest.map_structure(_swap, old_graph.structured_outputs, expand_composites=True)
+    new_graph.structured_outputs = tf.nest.map_structure(_swap, old_graph.structured_outputs, expand_composites=True)
     new_graph.variables = old_graph.variables
     attrs = _function_attrs(original)
-    new = cf_lib.ConcreteFunction.from_func_graph(new_graph, original.function_type, attrs=attrs)
+    new = compat.concrete_function_from_func_graph(new_graph, original.function_type, attrs)
     # Signatures (e.g. tf.saved_model.save(signatures=...)) call by keyword: keep the keyword names.
     new._arg_keywords = getattr(original, "_arg_keywords", None)  # noqa: SLF001
     new._num_positional_args = getattr(original, "_num_positional_args", None)  # noqa: SLF001
@@ -296,8 +295,8 @@ def _colocated_with(group: bytes, renamed: Mapping[str, str]) -> bytes:
 
 def _register_library(graph_def) -> None:
     """Make the graph's library functions known to the eager runtime (e.g. codec functions tflms added)."""
-    from tensorflow.python.eager import context
-    ctx = context.context()
+    from tflms._compat.tf import eager_context
+    ctx = eager_context()
     for fdef in graph_def.library.function:
         if not ctx.has_function(fdef.signature.name):
             ctx.add_function_def(fdef)
@@ -317,8 +316,8 @@ def is_concrete_function(value: Any) -> bool:
     """Whether ``value`` is a TensorFlow ``ConcreteFunction`` (False without importing TF for IR graphs)."""
     if isinstance(value, Graph):
         return False
-    from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
-    return isinstance(value, cf_lib.ConcreteFunction)
+    import tensorflow as tf
+    return isinstance(value, tf.types.experimental.ConcreteFunction)
 
 
 def concrete_function_of(source: Any, *args: Any, **kwargs: Any) -> Any:

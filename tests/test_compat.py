@@ -1,0 +1,53 @@
+"""Private TensorFlow/Keras APIs live behind tflms/_compat, and fail with the versions tflms is tested with."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+import tflms
+from tflms._compat import tf as compat
+from tflms.errors import TflmsError, UnsupportedVersionError
+
+ROOT = pathlib.Path(tflms.__file__).parent
+PRIVATE_PREFIXES = ("tensorflow.python", "tensorflow.core", "keras.src")
+
+
+def private_imports() -> list[str]:
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if path.parent.name == "_compat":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else (
+                [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            found.extend(f"{path.relative_to(ROOT.parent)}:{node.lineno}: {n}" for n in names
+                         if n.startswith(PRIVATE_PREFIXES))
+    return found
+
+
+def test_private_modules_are_imported_only_in_compat():
+    # tensorflow.core holds the protos (GraphDef, FunctionDef, AttrValue): they are TensorFlow's file formats,
+    # stable across versions, and FunctionDef has no public alias; they are allowed where they are used.
+    problems = [p for p in private_imports() if "tensorflow.core." not in p]
+    assert problems == [], "import these through tflms._compat:\n" + "\n".join(problems)
+
+
+def test_a_missing_internal_names_itself_and_the_tested_versions():
+    with pytest.raises(UnsupportedVersionError, match=r"tensorflow\.python\.no_such_module.*tested with TensorFlow "
+                                                      r"2\.21 with Keras 3\.15") as err:
+        compat.private("tensorflow.python.no_such_module")
+    assert isinstance(err.value, TflmsError) and isinstance(err.value, ImportError)
+    with pytest.raises(UnsupportedVersionError, match="op_def_registry.no_such_attr"):
+        compat.private("tensorflow.python.framework.op_def_registry", "no_such_attr")
+
+
+def test_accessors_reach_what_tflms_uses():
+    assert compat.op_def("_FusedConv2D") is not None  # internal ops have OpDefs too
+    assert compat.op_def("NoSuchOp") is None
+    fd = compat.function_deserialization()
+    assert hasattr(fd, "RestoredFunction")
+    cluster, item, optimizer = compat.grappler()
+    assert hasattr(cluster, "Cluster") and hasattr(item, "Item") and hasattr(optimizer, "OptimizeGraph")
