@@ -331,7 +331,8 @@ def _op_changes(entry: dict[str, Any] | None) -> str:
     changes = entry["op_changes"]
     if not changes:
         return "none"
-    return " ".join(f"{t} {a}->{b}" for t, (a, b) in sorted(changes.items(), key=lambda kv: -abs(kv[1][0] - kv[1][1]))[:4])
+    biggest = sorted(changes.items(), key=lambda kv: -abs(kv[1][0] - kv[1][1]))[:4]
+    return " ".join(f"{t} {a}->{b}" for t, (a, b) in biggest)
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -342,7 +343,8 @@ def table(results: list[dict[str, Any]]) -> str:
             lines.append(f"{r['model']:<20}{'':>4}  {r['error']}")
             continue
         cells = "".join(f"{_cell(r['paths'].get(p)):<16}" for p in PATHS)
-        lines.append(f"{r['model']:<20}{r['input']:>4}  {cells}{r['seconds']:>6.0f}  {_op_changes(r['paths'].get('fit_t1'))}")
+        changes = _op_changes(r["paths"].get("fit_t1"))
+        lines.append(f"{r['model']:<20}{r['input']:>4}  {cells}{r['seconds']:>6.0f}  {changes}")
     notes = []
     for r in results:
         for path in ("fit_ctl", "function_ctl"):

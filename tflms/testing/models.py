@@ -96,7 +96,8 @@ def _transformer_layer(keras, h, mask, *, width: int, heads: int, ff: int, name:
     h = keras.layers.LayerNormalization(epsilon=1e-6, name=f"{name}_ln1")(keras.layers.Add(name=f"{name}_add1")([h, a]))
     f = keras.layers.Dense(ff, activation="gelu", name=f"{name}_ff_up")(h)
     f = keras.layers.Dense(width, name=f"{name}_ff_down")(f)
-    return keras.layers.LayerNormalization(epsilon=1e-6, name=f"{name}_ln2")(keras.layers.Add(name=f"{name}_add2")([h, f]))
+    h = keras.layers.Add(name=f"{name}_add2")([h, f])
+    return keras.layers.LayerNormalization(epsilon=1e-6, name=f"{name}_ln2")(h)
 
 
 def mha_block(*, seed: int = 0, length: int = 8, width: int = 16, heads: int = 2, classes: int = 5):
