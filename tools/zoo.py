@@ -21,11 +21,15 @@ user's op types (swap ops and plumbing aside) with and without tflms:
 ``op_changes`` lists the types whose counts differ (e.g. ``AddN 142->122``).
 
 One subprocess per model (a crash, an out-of-memory or the per-model timeout
-marks only that model), progress lines on stderr, a table on stdout.
+marks only that model; what finished before is kept), progress lines on stderr,
+a table on stdout. With ``--probe`` a model whose plain fit differs from itself
+is refitted with oneDNN off, with op determinism, and single-threaded, to name
+the cause.
 
     python tools/zoo.py --models ResNet50,MobileNetV2,DenseNet121
     python tools/zoo.py --quick                   # fit_t1 and its control only
     python tools/zoo.py --models 'EfficientNet*' --json zoo.json --timeout 1200
+    python tools/zoo.py --models InceptionV3 --quick --probe   # name the cause of plain nondeterminism
 """
 
 from __future__ import annotations
@@ -65,8 +69,17 @@ PROFILE = "v100-16gb-pcie3"
 RESIDENT_MARGIN = 1.05
 PATHS = ("fit_ctl", "fit_t1", "fit_budget", "function_ctl", "function")
 QUICK_PATHS = ("fit_ctl", "fit_t1")
-#: causes of plain-TF nondeterminism found so far, by model (shown under the table).
-KNOWN_CAUSES: dict[str, str] = {}
+#: environment switches a worker reads (the probes for nondeterminism set them).
+ENV_SINGLE_THREAD = "TFLMS_ZOO_SINGLE_THREAD"
+ENV_OP_DETERMINISM = "TFLMS_ZOO_OP_DETERMINISM"
+#: when plain training differs from itself, these variants of the plain fit are tried, in order; the first that
+#: makes it deterministic names the cause.
+PROBES = (
+    ("oneDNN off", {"TF_ENABLE_ONEDNN_OPTS": "0"}),
+    ("tf.config.experimental.enable_op_determinism()", {ENV_OP_DETERMINISM: "1"}),
+    ("one inter-op and one intra-op thread", {ENV_SINGLE_THREAD: "1"}),
+    ("all three", {"TF_ENABLE_ONEDNN_OPTS": "0", ENV_OP_DETERMINISM: "1", ENV_SINGLE_THREAD: "1"}),
+)
 
 
 def _say(msg: str) -> None:
@@ -191,6 +204,11 @@ def run_worker(name: str, paths: tuple[str, ...], out_path: str | None = None) -
 
     import tflms
     import tflms.keras
+    if os.environ.get(ENV_SINGLE_THREAD):
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+    if os.environ.get(ENV_OP_DETERMINISM):
+        tf.config.experimental.enable_op_determinism()
     result: dict[str, Any] = {"model": name, "input": _input_side(name), "tf": tf.__version__,
                               "keras": keras.__version__, "paths": {}}
     t_model = time.perf_counter()
@@ -265,12 +283,13 @@ def _select(patterns: str | None) -> list[str]:
     return chosen
 
 
-def run_model(name: str, paths: tuple[str, ...], timeout_s: float) -> dict[str, Any]:
+def run_model(name: str, paths: tuple[str, ...], timeout_s: float, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one model in its own Python process; a crash or timeout becomes an ``error`` entry."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as out:
         out_path = out.name
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--out", out_path, "--paths", ",".join(paths)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
     tail: list[str] = []
 
     def pump():  # progress lines through, TF's log noise kept for the error message
@@ -307,6 +326,16 @@ def run_model(name: str, paths: tuple[str, ...], timeout_s: float) -> dict[str, 
     if problem:
         result["error"] = f"{problem} (after {', '.join(result['paths']) or 'no path'})"
     return result
+
+
+def probe_nondeterminism(name: str, timeout_s: float) -> str:
+    """Which of :data:`PROBES` makes the plain fit equal itself: a cause, or that none did."""
+    for label, env in PROBES:
+        _say(f"  {name}: plain fit differs from itself; probing with {label}")
+        entry = run_model(name, ("fit_ctl",), timeout_s, env).get("paths", {}).get("fit_ctl", {})
+        if entry.get("identical"):
+            return f"deterministic with {label}"
+    return "still nondeterministic with oneDNN off, op determinism and one thread: cause not found"
 
 
 def _cell(entry: dict[str, Any] | None) -> str:
@@ -350,7 +379,7 @@ def table(results: list[dict[str, Any]]) -> str:
         for path in ("fit_ctl", "function_ctl"):
             entry = r.get("paths", {}).get(path)
             if entry and "error" not in entry and not entry["identical"]:
-                cause = KNOWN_CAUSES.get(r["model"], "cause not found yet")
+                cause = r.get("nondeterminism", "not probed (--probe)")
                 notes.append(f"  {r['model']}: plain {path[:-4]} is nondeterministic ({entry['first_difference']}); "
                              f"{cause}")
         if "paths" in r and r.get("error"):
@@ -369,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK_PATHS)}")
     parser.add_argument("--paths", help=f"comma-separated subset of {', '.join(PATHS)}")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per model (default 1800)")
+    parser.add_argument("--probe", action="store_true",
+                        help="when a plain fit differs from itself, retry it with oneDNN off / op determinism / "
+                             "one thread to name the cause")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-' for stdout)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -392,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     for i, name in enumerate(models, 1):
         _say(f"[{i}/{len(models)}] {name}")
         result = run_model(name, paths, args.timeout)
+        ctl = result.get("paths", {}).get("fit_ctl") or {}
+        if args.probe and ctl.get("identical") is False:
+            result["nondeterminism"] = probe_nondeterminism(name, args.timeout)
         results.append(result)
         _say(f"[{i}/{len(models)}] {name}: " + ", ".join(
             [f"{p} {_cell(e)}" for p, e in result.get("paths", {}).items()] + [result.get("error") or ""]).strip(", "))
