@@ -13,8 +13,13 @@ Two families:
   and optimizers; 2 steps of ``tflms.function`` are bitwise identical to 2 steps
   of ``tf.function``.
 
-Examples are derandomized (same examples every run). Every failure hypothesis
-has found is kept below as a named regression test.
+Examples are derandomized (same examples every run); TFLMS_FUZZ_SHRINK=1 turns
+on shrinking for the TensorFlow property (off by default: each shrink step
+trains two models). Every failure hypothesis has found is kept as a named
+regression test. The TensorFlow failures today are
+issue 10 (swap-outs change what grappler fuses and how it sums): those tests are
+strict xfails (``ISSUE_10``), so the fix turns them into XPASS failures until
+the marker is removed.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, currently_in_test_context, event, example, given, settings
+from hypothesis import HealthCheck, Phase, currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
 import tflms
@@ -45,10 +50,11 @@ IR_SETTINGS = settings(max_examples=IR_EXAMPLES, derandomize=True, deadline=None
 
 # ------------------------------------------------------------------ configs
 @st.composite
-def lms_configs(draw, *, accelerator: str | None = "/device:GPU:0") -> LMSConfig:
-    return LMSConfig(swapout_threshold=draw(st.integers(1, 5)), swapin_ahead=draw(st.integers(1, 4)),
+def lms_configs(draw, *, accelerator: str | None = "/device:GPU:0", max_threshold: int = 5,
+                min_bytes: tuple[int, ...] = (0, 64, 1024, 16384)) -> LMSConfig:
+    return LMSConfig(swapout_threshold=draw(st.integers(1, max_threshold)), swapin_ahead=draw(st.integers(1, 4)),
                      swapin_groupby=draw(st.integers(0, 3)), sync_mode=draw(st.integers(0, 3)),
-                     min_swap_bytes=draw(st.sampled_from([0, 64, 1024, 16384])), accelerator_device=accelerator)
+                     min_swap_bytes=draw(st.sampled_from(min_bytes)), accelerator_device=accelerator)
 
 
 # ------------------------------------------------------- IR training graphs
@@ -187,6 +193,11 @@ def test_ir_rewrite_is_lint_clean_acyclic_and_deterministic(recipe, config):
 
 
 # ------------------------------------------------------- TensorFlow training
+#: remove when the issue-10 fix (the rewrite leaves grappler's treatment of the user's ops unchanged) is merged.
+ISSUE_10 = pytest.mark.xfail(strict=True, raises=AssertionError,
+                             reason="issue 10: swap ops change grappler's add-tree and fusion rewrites")
+
+
 #: Keras node kinds of the random models; every node keeps the channel count, so any two can be added.
 TF_KINDS = ("dense", "conv", "relu", "tanh", "gelu", "mul", "add", "concat", "layernorm", "batchnorm")
 OPTIMIZERS = ("sgd", "momentum", "adam", "rmsprop")
@@ -301,16 +312,26 @@ def check_bitwise(recipe: TFRecipe, config: LMSConfig):
     return fn.report
 
 
+#: what hypothesis found (shrunk) on its first run of the bitwise property: LayerNormalization + Dense on (1, 2)
+#: vectors, SGD, swapout_threshold=2. Kept as a named test rather than an @example, so that until issue 10 is
+#: fixed the property still runs its generated examples (an explicit example that fails stops it first).
+FOUND_LAYERNORM_DENSE = (TFRecipe(side=0, channels=2, batch=1, optimizer="sgd",
+                                  nodes=(TFNode("layernorm", (0,), bias=False), TFNode("dense", (1,), bias=False))),
+                         LMSConfig(swapout_threshold=2))
+
+
+@ISSUE_10
 @TF_SETTINGS
-@given(recipe=tf_recipes(), config=lms_configs(accelerator=None))
+@given(recipe=tf_recipes(), config=lms_configs(accelerator=None, max_threshold=3, min_bytes=(0, 64, 1024)))
 def test_two_training_steps_are_bitwise_identical(recipe, config):
     check_bitwise(recipe, config)
 
 
 # ------------------------------------------------------------- regressions
-#: remove when the issue-10 fix (the rewrite leaves grappler's treatment of the user's ops unchanged) is merged.
-ISSUE_10 = pytest.mark.xfail(strict=True, raises=AssertionError,
-                             reason="issue 10: swap ops change grappler's add-tree and fusion rewrites")
+@ISSUE_10
+def test_regression_found_layernorm_dense():
+    """The first failure hypothesis found, shrunk (see FOUND_LAYERNORM_DENSE)."""
+    check_bitwise(*FOUND_LAYERNORM_DENSE)
 
 
 @ISSUE_10

@@ -82,6 +82,7 @@ def _application(name: str, side: int, **options):
     return build
 
 
+@pytest.mark.slow
 def test_mobilenet_fit_with_lms_is_bitwise():
     """MobileNet (alpha 0.25) at 32x32: depthwise/pointwise convs, BatchNorm, ReLU6."""
     fit_matches_plain(_application("MobileNet", 32, alpha=0.25), _image_data(32, 3))
@@ -120,6 +121,7 @@ def test_transformer_tflms_function_is_bitwise(name):
     _zoo_function(name)
 
 
+@pytest.mark.slow
 @ISSUE_10
 @pytest.mark.parametrize("name", ["mha_block", "bert"])
 def test_transformer_fit_with_lms_is_bitwise(name):
