@@ -133,3 +133,29 @@ def test_kit_models_tflms_function_is_bitwise(name):
     """Residual convs and an add tree: bitwise today although grappler fuses and sums differently (the op counts
     change; at these sizes the kernels agree), and must stay so with the issue-10 fix."""
     _zoo_function(name)
+
+
+@ISSUE_10
+@pytest.mark.parametrize("name", ["cnn", "residual", "layernorm_gelu"])
+def test_swaps_leave_grappler_op_counts_unchanged(name):
+    """What TensorFlow ran (post-optimization graph of the step): the same op-type counts with and without
+    swaps, swap ops aside. Today: e.g. residual _FusedConv2D 5 -> 2 (+3 Conv2D, +3 BiasAdd, +3 Relu)."""
+    from tflms.testing import op_type_counts
+    from tflms.testing.ran import count_differences
+
+    def counts(wrap):
+        model = build_model(name, seed=0, classes=3)
+        optimizer = keras.optimizers.SGD(0.05)
+        optimizer.build(model.trainable_variables)
+        fn = wrap(make_train_step(model, optimizer))
+        with record_run_metadata() as ran:
+            for x, y in make_batches(model, batch_size=BATCH, steps=1, seed=1):
+                fn(tf.constant(x), tf.constant(y))
+        inserted = fn.report.inserted_ops if hasattr(fn, "report") else ()
+        return op_type_counts(ran.step_graph(inserted).post_optimization_graph, exclude_names=inserted), fn
+
+    plain, _ = counts(tf.function)
+    swapped, fn = counts(lambda step: tflms.function(step, swapout_threshold=1))
+    assert fn.report.num_swapped > 0
+    changed = count_differences(plain, swapped)
+    assert not changed, f"{name}: op types whose counts swapping changed (plain, with swaps): {changed}"
