@@ -45,23 +45,15 @@ def build_model(kind: str, *, seed: int = 0):
 
 
 def make_train_step(model, optimizer, *, from_logits: bool = True) -> Callable:
-    """A custom-loop training step (forward, tape.gradient, optimizer update).
+    """A custom-loop training step: :func:`tflms.testing.make_train_step` with sparse categorical cross-entropy.
 
-    The loss is sparse categorical cross-entropy on the model's outputs, which are
-    logits unless ``from_logits=False`` (a softmax head).
+    The loss is on the model's outputs, which are logits unless
+    ``from_logits=False`` (a softmax head).
     """
     import keras
-    import tensorflow as tf
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits)
 
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    return train_step
+    from tflms.testing import make_train_step as kit_step
+    return kit_step(model, optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,15 +104,12 @@ def run_demo(model: str = "cnn", *, steps: int = 3, batch_size: int = 32, config
         say(f"training {steps} steps of the {model} demo model ({variant})")
         for x, y in data:
             losses[variant].append(float(fn(tf.constant(x), tf.constant(y)).numpy()))
-    plain_vars = runs["plain"][0].weights + runs["plain"][1].variables
-    lms_vars = runs["tflms"][0].weights + runs["tflms"][1].variables
-    mismatched, max_diff = [], 0.0
-    for a, b in zip(plain_vars, lms_vars):
-        va, vb = a.numpy(), b.numpy()
-        if not np.array_equal(va, vb):
-            mismatched.append(a.path if hasattr(a, "path") else a.name)
-            max_diff = max(max_diff, float(np.max(np.abs(va.astype("float64") - vb.astype("float64")))))
+    from tflms.testing import differences, snapshot
+    plain_state = snapshot(runs["plain"][0], runs["plain"][1])
+    found = differences(plain_state, snapshot(runs["tflms"][0], runs["tflms"][1]))  # bitwise: tobytes()
+    mismatched = [d.name for d in found]
+    max_diff = max((d.max_abs_diff for d in found if d.max_abs_diff == d.max_abs_diff), default=0.0)
     report = runs["tflms"][2].report
     return DemoResult(model=model, steps=steps, batch_size=batch_size, losses_plain=tuple(losses["plain"]),
-                      losses_tflms=tuple(losses["tflms"]), num_weights=len(plain_vars),
+                      losses_tflms=tuple(losses["tflms"]), num_weights=len(plain_state),
                       mismatched_weights=tuple(mismatched), max_abs_diff=max_diff, report=report)

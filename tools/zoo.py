@@ -1,0 +1,456 @@
+"""Every keras.applications family trained with and without tflms, compared bit for bit.
+
+For each model (``weights=None``, the smallest input the model accepts, 3
+classes, RMSprop, sparse cross-entropy on logits, 2 steps at batch 2) three
+tflms paths are each compared to a plain run of the same path:
+
+- ``fit_t1``: ``model.fit`` + ``tflms.keras.LMS(swapout_threshold=1)``;
+- ``fit_budget``: ``model.fit`` + ``LMS(budget=...)``, the budget half the
+  simulator's peak for the original step when the tuner can reach it, else the
+  smallest peak the tuner reaches (``budget_rule`` in the JSON). At batch 2 the
+  peak is at the weight update (weights, gradients, RMSprop slots), which
+  swapping activations cannot lower: ResNet50's simulated peak is 471 MB with
+  188 MB resident at 32x32 and 96x96, and the tuner gets 510 -> 472 MB at
+  224x224. At the minimum inputs this path then swaps nothing ("0 swaps" in the
+  table); ``--input 224`` makes it swap;
+- ``function``: a GradientTape step (:func:`tflms.testing.make_train_step`) in
+  ``tflms.function(swapout_threshold=1)`` against ``tf.function``.
+
+Weights and optimizer state are compared by bytes (:mod:`tflms.testing.bitwise`);
+a plain-vs-plain control per path (``fit_ctl``, ``function_ctl``) says whether
+plain TensorFlow is deterministic for the model at all. From run metadata (the
+post-optimization function graphs TensorFlow reported, collected over the whole
+run) each tflms path checks that every swap op survived grappler, and counts the
+user's op types (swap ops and plumbing aside) with and without tflms:
+``op_changes`` lists the types whose counts differ (e.g. ``AddN 142->122``).
+
+One subprocess per model (a crash, an out-of-memory or the per-model timeout
+marks only that model; what finished before is kept), progress lines on stderr,
+a table on stdout. With ``--probe`` a model whose plain fit differs from itself
+is refitted with oneDNN off, with op determinism, and single-threaded, to name
+the cause.
+
+    python tools/zoo.py --models ResNet50,MobileNetV2,DenseNet121
+    python tools/zoo.py --quick                   # fit_t1 and its control only
+    python tools/zoo.py --models 'EfficientNet*' --json zoo.json --timeout 1200
+    python tools/zoo.py --models InceptionV3 --quick --probe   # name the cause of plain nondeterminism
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+#: keras.applications model functions in Keras 3.15 (RegNet is not in keras.applications there).
+FAMILIES = (
+    "ResNet50", "ResNet101", "ResNet152", "ResNet50V2", "ResNet101V2", "ResNet152V2", "VGG16", "VGG19",
+    "InceptionV3", "InceptionResNetV2", "Xception", "MobileNet", "MobileNetV2", "MobileNetV3Small",
+    "MobileNetV3Large", "DenseNet121", "DenseNet169", "DenseNet201", "NASNetMobile", "NASNetLarge",
+    "EfficientNetB0", "EfficientNetB1", "EfficientNetB2", "EfficientNetB3", "EfficientNetB4", "EfficientNetB5",
+    "EfficientNetB6", "EfficientNetB7", "EfficientNetV2B0", "EfficientNetV2B1", "EfficientNetV2B2",
+    "EfficientNetV2B3", "EfficientNetV2S", "EfficientNetV2M", "EfficientNetV2L", "ConvNeXtTiny", "ConvNeXtSmall",
+    "ConvNeXtBase", "ConvNeXtLarge", "ConvNeXtXLarge")
+#: the smallest input side each model accepts (keras.applications' checks); 32 for the others.
+MIN_INPUT = {"InceptionV3": 75, "InceptionResNetV2": 75, "Xception": 71}
+DEFAULT_MIN_INPUT = 32
+CLASSES = 3
+BATCH = 2
+STEPS = 2
+SEED = 0
+#: the hardware profile the budget is simulated for (the tuner's default).
+PROFILE = "v100-16gb-pcie3"
+#: a budget this close above the resident bytes leaves the tuner nothing to work with.
+RESIDENT_MARGIN = 1.05
+PATHS = ("fit_ctl", "fit_t1", "fit_budget", "function_ctl", "function")
+QUICK_PATHS = ("fit_ctl", "fit_t1")
+#: environment switches a worker reads (the probes for nondeterminism set them).
+ENV_SINGLE_THREAD = "TFLMS_ZOO_SINGLE_THREAD"
+ENV_OP_DETERMINISM = "TFLMS_ZOO_OP_DETERMINISM"
+ENV_INPUT = "TFLMS_ZOO_INPUT"
+#: when plain training differs from itself, these variants of the plain fit are tried, in order; the first that
+#: makes it deterministic names the cause.
+PROBES = (
+    ("oneDNN off", {"TF_ENABLE_ONEDNN_OPTS": "0"}),
+    ("tf.config.experimental.enable_op_determinism()", {ENV_OP_DETERMINISM: "1"}),
+    ("one inter-op and one intra-op thread", {ENV_SINGLE_THREAD: "1"}),
+    ("all three", {"TF_ENABLE_ONEDNN_OPTS": "0", ENV_OP_DETERMINISM: "1", ENV_SINGLE_THREAD: "1"}),
+)
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------- worker side
+def _input_side(name: str) -> int:
+    """The model's minimum input side, or ``--input`` (ENV_INPUT) when that is larger."""
+    return max(MIN_INPUT.get(name, DEFAULT_MIN_INPUT), int(os.environ.get(ENV_INPUT, "0")))
+
+
+def _build(name: str):
+    import keras
+    keras.utils.set_random_seed(SEED)
+    side = _input_side(name)
+    return getattr(keras.applications, name)(weights=None, input_shape=(side, side, 3), classes=CLASSES,
+                                              classifier_activation=None)
+
+
+def _data(name: str):
+    import numpy as np
+    rng = np.random.default_rng(SEED)
+    side = _input_side(name)
+    x = rng.standard_normal((BATCH * STEPS, side, side, 3)).astype(np.float32)
+    y = rng.integers(0, CLASSES, size=(BATCH * STEPS,)).astype(np.int32)
+    return x, y
+
+
+def _loss():
+    import keras
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def _fit(name: str, callback=None):
+    """A fresh model fitted for STEPS steps; returns (snapshot, RanGraphs)."""
+    import keras
+
+    from tflms.testing import record_run_metadata, snapshot
+    keras.backend.clear_session()
+    model = _build(name)
+    model.compile(optimizer=keras.optimizers.RMSprop(), loss=_loss(), jit_compile=False)
+    x, y = _data(name)
+    with record_run_metadata() as ran:
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[callback] if callback is not None else [])
+    return snapshot(model), ran
+
+
+def _custom_loop(name: str, wrap):
+    """A fresh model trained STEPS steps by ``wrap(make_train_step(...))``; returns (snapshot, RanGraphs, fn)."""
+    import keras
+    import tensorflow as tf
+
+    from tflms.testing import make_train_step, record_run_metadata, snapshot
+    keras.backend.clear_session()
+    model = _build(name)
+    optimizer = keras.optimizers.RMSprop()
+    optimizer.build(model.trainable_variables)
+    fn = wrap(make_train_step(model, optimizer, _loss()))
+    x, y = _data(name)
+    with record_run_metadata() as ran:
+        losses = [fn(tf.constant(x[i:i + BATCH]), tf.constant(y[i:i + BATCH])) for i in range(0, len(x), BATCH)]
+    return snapshot(model, optimizer, losses=losses), ran, fn
+
+
+def _compare(reference, candidate) -> dict[str, Any]:
+    from tflms.testing import differences
+    found = differences(reference, candidate)
+    worst = max((d.max_abs_diff for d in found if d.max_abs_diff == d.max_abs_diff), default=0.0)
+    return {"identical": not found, "num_differing": len(found), "num_entries": len(reference),
+            "first_difference": str(found[0]) if found else None, "max_abs_diff": worst}
+
+
+def _ran_checks(plain_ran, lms_ran, reports) -> dict[str, Any]:
+    """Swap ops alive in what TF ran, and the user's op-type counts with and without tflms."""
+    from tflms.testing import op_type_counts
+    from tflms.testing.ran import count_differences
+    inserted = sorted({n for r in reports for n in r.inserted_ops})
+    missing = sorted({m for r in reports for m in lms_ran.missing_after_optimization(r.inserted_ops)})
+    plain_step = plain_ran.step_graph()
+    lms_step = lms_ran.step_graph(reports[-1].inserted_ops) if reports else None
+    out: dict[str, Any] = {"swapped": sum(r.num_swapped for r in reports), "swap_ops": len(inserted),
+                           "swap_ops_missing": len(missing), "missing_examples": missing[:5]}
+    if plain_step is not None and lms_step is not None:
+        plain = op_type_counts(plain_step.post_optimization_graph)
+        lms = op_type_counts(lms_step.post_optimization_graph, exclude_names=inserted)
+        out["op_changes"] = {t: list(v) for t, v in count_differences(plain, lms).items()}
+    else:
+        out["op_changes"] = None
+    return out
+
+
+def _budget_for(callback, name: str) -> tuple[int, str, dict[str, int]]:
+    """About half the simulated peak of the original step the callback traced.
+
+    Half the peak when the tuner finds a rewrite that fits it; otherwise (the
+    peak is not where activations are live, or the weights alone take half) the
+    smallest peak the tuner reaches, as its ``BudgetError`` reports.
+    """
+    from tflms.config import LMSConfig
+    from tflms.errors import BudgetError
+    from tflms.rewrite.api import load_graph
+    from tflms.sim.simulator import simulate
+    from tflms.tune.tuner import tune
+    original = callback._order[0].original  # noqa: SLF001 - the ConcreteFunction Keras traced (tool-only use)
+    graph = load_graph(original, batch_size=BATCH)
+    sim = simulate(graph, PROFILE)
+    facts = {"peak_bytes": sim.peak_with_margin_bytes, "resident_bytes": sim.resident_bytes}
+    budget = sim.peak_with_margin_bytes // 2
+    try:
+        tune(graph, budget=budget, profile=PROFILE, config=LMSConfig(batch_size=BATCH), first_fit=True)
+        return budget, "half the peak", facts
+    except BudgetError as err:
+        smallest = min(c.sim.peak_with_margin_bytes for c in err.candidates)
+        return smallest, "half does not fit: the smallest peak the tuner reaches", facts
+
+
+def run_worker(name: str, paths: tuple[str, ...], out_path: str | None = None) -> dict[str, Any]:
+    """Run the paths for one model; with ``out_path`` the results so far are written after every path."""
+    import keras
+    import tensorflow as tf
+
+    import tflms
+    import tflms.keras
+    if os.environ.get(ENV_SINGLE_THREAD):
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+    if os.environ.get(ENV_OP_DETERMINISM):
+        tf.config.experimental.enable_op_determinism()
+    result: dict[str, Any] = {"model": name, "input": _input_side(name), "tf": tf.__version__,
+                              "keras": keras.__version__, "paths": {}}
+    t_model = time.perf_counter()
+
+    def timed(label: str, fn):
+        t0 = time.perf_counter()
+        out = fn()
+        _say(f"  {name}: {label} {time.perf_counter() - t0:.1f}s")
+        return out
+
+    def guarded(path: str, fn) -> None:
+        try:
+            result["paths"][path] = fn()
+        except Exception as err:  # noqa: BLE001 - one path failing must not hide the others
+            result["paths"][path] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+            _say(f"  {name}: {path} failed: {type(err).__name__}: {str(err)[:200]}")
+        result["seconds"] = round(time.perf_counter() - t_model, 1)
+        if out_path:  # a later timeout or crash keeps what finished
+            with open(out_path, "w") as f:
+                json.dump(result, f)
+
+    need_fit = any(p.startswith("fit") for p in paths)
+    if need_fit:
+        plain, plain_ran = timed("fit plain", lambda: _fit(name))
+        if "fit_ctl" in paths:
+            guarded("fit_ctl", lambda: _compare(plain, timed("fit plain (control)", lambda: _fit(name))[0]))
+        lms_t1 = None
+        if "fit_t1" in paths or "fit_budget" in paths:
+            def fit_t1():
+                nonlocal lms_t1
+                lms_t1 = tflms.keras.LMS(swapout_threshold=1, verbose=0)
+                state, ran = timed("fit LMS(swapout_threshold=1)", lambda: _fit(name, lms_t1))
+                return {**_compare(plain, state), **_ran_checks(plain_ran, ran, lms_t1.reports)}
+            guarded("fit_t1", fit_t1)
+        if "fit_budget" in paths:
+            def fit_budget():
+                if lms_t1 is None or not lms_t1.reports:
+                    raise RuntimeError("no traced step to simulate (fit_t1 failed)")
+                budget, rule, sim = _budget_for(lms_t1, name)
+                lms = tflms.keras.LMS(budget=budget, profile=PROFILE, verbose=0)
+                state, ran = timed(f"fit LMS(budget={budget})", lambda: _fit(name, lms))
+                tuning = lms.reports[-1].tuning or {}
+                return {**_compare(plain, state), **_ran_checks(plain_ran, ran, lms.reports), "budget_bytes": budget,
+                        "budget_rule": rule, **sim, "strategy": tuning.get("strategy"),
+                        "predicted_peak_bytes": tuning.get("predicted_peak_bytes")}
+            guarded("fit_budget", fit_budget)
+    if "function_ctl" in paths or "function" in paths:
+        plain, plain_ran, _ = timed("tf.function", lambda: _custom_loop(name, tf.function))
+        if "function_ctl" in paths:
+            guarded("function_ctl", lambda: _compare(
+                plain, timed("tf.function (control)", lambda: _custom_loop(name, tf.function))[0]))
+        if "function" in paths:
+            def function():
+                state, ran, fn = timed("tflms.function(swapout_threshold=1)", lambda: _custom_loop(
+                    name, lambda step: tflms.function(step, swapout_threshold=1)))
+                return {**_compare(plain, state), **_ran_checks(plain_ran, ran, fn.reports)}
+            guarded("function", function)
+    result["seconds"] = round(time.perf_counter() - t_model, 1)
+    return result
+
+
+# ----------------------------------------------------------------- parent side
+def _select(patterns: str | None) -> list[str]:
+    if not patterns:
+        return list(FAMILIES)
+    chosen = []
+    for pattern in (p.strip() for p in patterns.split(",") if p.strip()):
+        matches = [f for f in FAMILIES if fnmatch.fnmatchcase(f.lower(), pattern.lower())]
+        if not matches:
+            raise SystemExit(f"zoo: no keras.applications model matches {pattern!r}; known: {', '.join(FAMILIES)}")
+        chosen += [m for m in matches if m not in chosen]
+    return chosen
+
+
+def run_model(name: str, paths: tuple[str, ...], timeout_s: float, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run one model in its own Python process; a crash or timeout becomes an ``error`` entry."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as out:
+        out_path = out.name
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--out", out_path, "--paths", ",".join(paths)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    tail: list[str] = []
+
+    def pump():  # progress lines through, TF's log noise kept for the error message
+        for line in proc.stderr:
+            if line.startswith(f"  {name}:"):
+                _say(line.rstrip())
+            else:
+                tail.append(line.rstrip())
+                del tail[:-20]
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    t0 = time.perf_counter()
+    problem = None
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        problem = f"timeout after {timeout_s:.0f}s"
+    reader.join(5)
+    try:
+        with open(out_path) as f:
+            result = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        result = None
+    finally:
+        os.unlink(out_path)
+    if problem is None and (result is None or not result.get("complete")):
+        last = next((line for line in reversed(tail) if line.strip()), "")
+        problem = f"worker exited with code {proc.returncode}: {last[:200]}"
+    if result is None:
+        return {"model": name, "error": problem, "seconds": round(time.perf_counter() - t0)}
+    if problem:
+        result["error"] = f"{problem} (after {', '.join(result['paths']) or 'no path'})"
+    return result
+
+
+def probe_nondeterminism(name: str, timeout_s: float) -> str:
+    """Which of :data:`PROBES` makes the plain fit equal itself: a cause, or that none did."""
+    for label, env in PROBES:
+        _say(f"  {name}: plain fit differs from itself; probing with {label}")
+        entry = run_model(name, ("fit_ctl",), timeout_s, env).get("paths", {}).get("fit_ctl", {})
+        if entry.get("identical"):
+            return f"deterministic with {label}"
+    return "still nondeterministic with oneDNN off, op determinism and one thread: cause not found"
+
+
+def _cell(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "-"
+    if "error" in entry:
+        return "ERROR"
+    if entry["identical"]:
+        text = "same"
+    else:
+        text = f"DIFF {entry['max_abs_diff']:.1e}" if entry["max_abs_diff"] else "DIFF bits"
+    if entry.get("swapped") == 0:
+        text += " (0 swaps)"
+    if entry.get("swap_ops_missing"):
+        text += f" ({entry['swap_ops_missing']} swaps lost)"
+    return text
+
+
+def _op_changes(entry: dict[str, Any] | None) -> str:
+    if not entry or "error" in entry or entry.get("op_changes") is None:
+        return "-"
+    changes = entry["op_changes"]
+    if not changes:
+        return "none"
+    biggest = sorted(changes.items(), key=lambda kv: -abs(kv[1][0] - kv[1][1]))[:4]
+    return " ".join(f"{t} {a}->{b}" for t, (a, b) in biggest)
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    header = f"{'model':<20}{'in':>4}  " + "".join(f"{p:<16}" for p in PATHS) + f"{'sec':>6}  op-type changes (fit_t1)"
+    lines = [header, "-" * len(header)]
+    for r in results:
+        if "paths" not in r:
+            lines.append(f"{r['model']:<20}{'':>4}  {r['error']}")
+            continue
+        cells = "".join(f"{_cell(r['paths'].get(p)):<16}" for p in PATHS)
+        changes = _op_changes(r["paths"].get("fit_t1"))
+        lines.append(f"{r['model']:<20}{r['input']:>4}  {cells}{r['seconds']:>6.0f}  {changes}")
+    notes = []
+    for r in results:
+        for path in ("fit_ctl", "function_ctl"):
+            entry = r.get("paths", {}).get(path)
+            if entry and "error" not in entry and not entry["identical"]:
+                cause = r.get("nondeterminism", "not probed (--probe)")
+                notes.append(f"  {r['model']}: plain {path[:-4]} is nondeterministic ({entry['first_difference']}); "
+                             f"{cause}")
+        if "paths" in r and r.get("error"):
+            notes.append(f"  {r['model']}: {r['error']}")
+        for path, entry in r.get("paths", {}).items():
+            if "error" in entry:
+                notes.append(f"  {r['model']} {path}: {entry['error']}")
+    if notes:
+        lines += ["", "notes:"] + notes
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", help="comma-separated names or globs (default: every family)")
+    parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK_PATHS)}")
+    parser.add_argument("--paths", help=f"comma-separated subset of {', '.join(PATHS)}")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per model (default 1800)")
+    parser.add_argument("--input", type=int, default=0,
+                        help="input side for every model (at least its minimum; default: the minimum). At the "
+                             "minimum the simulated peak is at the weight update, so the budget path swaps nothing")
+    parser.add_argument("--probe", action="store_true",
+                        help="when a plain fit differs from itself, retry it with oneDNN off / op determinism / "
+                             "one thread to name the cause")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-' for stdout)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    paths = QUICK_PATHS if args.quick else PATHS
+    if args.paths:
+        paths = tuple(p.strip() for p in args.paths.split(",") if p.strip())
+        unknown = sorted(set(paths) - set(PATHS))
+        if unknown:
+            parser.error(f"unknown paths {unknown}; choose from {list(PATHS)}")
+    if args.worker:
+        result = run_worker(args.worker, paths, args.out)
+        result["complete"] = True
+        with open(args.out, "w") as f:
+            json.dump(result, f)
+        return 0
+    models = _select(args.models)
+    if args.input:
+        os.environ[ENV_INPUT] = str(args.input)  # the workers inherit it
+    _say(f"zoo: {len(models)} models, paths {', '.join(paths)}, batch {BATCH}, {STEPS} steps, "
+         f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'default')}")
+    results = []
+    for i, name in enumerate(models, 1):
+        _say(f"[{i}/{len(models)}] {name}")
+        result = run_model(name, paths, args.timeout)
+        ctl = result.get("paths", {}).get("fit_ctl") or {}
+        if args.probe and ctl.get("identical") is False:
+            result["nondeterminism"] = probe_nondeterminism(name, args.timeout)
+        results.append(result)
+        _say(f"[{i}/{len(models)}] {name}: " + ", ".join(
+            [f"{p} {_cell(e)}" for p, e in result.get("paths", {}).items()] + [result.get("error") or ""]).strip(", "))
+    print(table(results))
+    if args.json:
+        text = json.dumps(results, indent=1)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
