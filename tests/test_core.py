@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 import tflms
+from tflms.policies.tflms_rules import plan_swaps
+from tflms.policies.swapplan import skip_reason
 from tflms.analysis import Category, analyze_graph
 from tflms.config import LMSConfig
 from tflms.errors import ConfigError, GraphError, NoTrainingStepError, UnitsError, UnsupportedGraphError
@@ -298,8 +300,36 @@ def test_tf1_control_flow_is_refused_with_the_node_name():
     b = GraphBuilder()
     x = b.op("x", "Placeholder")
     b.op("while/Enter", "Enter", [x])
-    with pytest.raises(UnsupportedGraphError, match="'while/Enter' is TF1 control flow"):
+    with pytest.raises(UnsupportedGraphError, match="'while/Enter' is TF1 loop control flow"):
         analyze_graph(b.graph)
+
+
+def test_lowered_conditionals_are_read_and_their_branches_never_swap_or_trigger():
+    """A lowered If (Switch/Merge): ops between them may be dead, so they neither swap nor trigger."""
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder")
+    pred = b.op("pred", "Placeholder", shape=(), dtype="bool")
+    w = b.op("fw/w", "Placeholder")
+    h = b.op("fw/MatMul", "MatMul", [x, w])
+    sw = b.op("cond/Switch", "Switch", [h, pred], num_outputs=2)
+    branch = b.op("cond/then/Relu", "Relu", [TensorRef("cond/Switch", 1)])
+    other = b.op("cond/else/Identity", "Identity", [sw])
+    merged = b.op("cond/Merge", "Merge", [branch, other], num_outputs=2)
+    act = b.op("fw/Relu", "Relu", [merged])
+    grads = [b.op(f"gradient_tape/ReluGrad_{i}", "ReluGrad", [act if i == 0 else TensorRef(f"gradient_tape/ReluGrad_{i - 1}"), h])
+             for i in range(4)]
+    b.op("gradient_tape/use_branch", "ReluGrad", [grads[-1], branch])
+    analysis = analyze_graph(b.graph)
+    # a reader of the branch that bypasses the Merge is dead with it
+    assert analysis.conditional == {"cond/then/Relu", "cond/else/Identity", "gradient_tape/use_branch"}
+    config = LMSConfig(swapout_threshold=1)
+    assert skip_reason(analysis, TensorRef("cond/then/Relu"), config)[0] == "conditional"
+    assert skip_reason(analysis, TensorRef("cond/Merge"), config)[0] == "conditional"
+    assert skip_reason(analysis, TensorRef("fw/MatMul"), config) is None
+    plan = plan_swaps(analysis, config, accelerator_device="/device:GPU:0")
+    assert "cond/then/Relu:0" not in {s.tensor.name for s in plan.swaps}
+    triggers = {g.trigger for s in plan.swaps for g in s.swap_ins}
+    assert triggers and not triggers & analysis.conditional
 
 
 def test_lint_catches_broken_invariants():

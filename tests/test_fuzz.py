@@ -16,10 +16,9 @@ Two families:
 Examples are derandomized (same examples every run); TFLMS_FUZZ_SHRINK=1 turns
 on shrinking for the TensorFlow property (off by default: each shrink step
 trains two models). Every failure hypothesis has found is kept as a named
-regression test. The TensorFlow failures today are
-issue 10 (swap-outs change what grappler fuses and how it sums): those tests are
-strict xfails (``ISSUE_10``), so the fix turns them into XPASS failures until
-the marker is removed.
+regression test. The TensorFlow failures it found were issue 10 (swap-outs
+changed what grappler fuses and how it sums); the named regressions pin the fix
+(the pipeline rewrites the graph grappler already optimized).
 """
 
 from __future__ import annotations
@@ -193,9 +192,6 @@ def test_ir_rewrite_is_lint_clean_acyclic_and_deterministic(recipe, config):
 
 
 # ------------------------------------------------------- TensorFlow training
-#: remove when the issue-10 fix (the rewrite leaves grappler's treatment of the user's ops unchanged) is merged.
-ISSUE_10 = pytest.mark.xfail(strict=True, raises=AssertionError,
-                             reason="issue 10: swap ops change grappler's add-tree and fusion rewrites")
 
 
 #: Keras node kinds of the random models; every node keeps the channel count, so any two can be added.
@@ -320,7 +316,6 @@ FOUND_LAYERNORM_DENSE = (TFRecipe(side=0, channels=2, batch=1, optimizer="sgd",
                          LMSConfig(swapout_threshold=2))
 
 
-@ISSUE_10
 @TF_SETTINGS
 @given(recipe=tf_recipes(), config=lms_configs(accelerator=None, max_threshold=3, min_bytes=(0, 64, 1024)))
 def test_two_training_steps_are_bitwise_identical(recipe, config):
@@ -328,13 +323,11 @@ def test_two_training_steps_are_bitwise_identical(recipe, config):
 
 
 # ------------------------------------------------------------- regressions
-@ISSUE_10
 def test_regression_found_layernorm_dense():
     """The first failure hypothesis found, shrunk (see FOUND_LAYERNORM_DENSE)."""
     check_bitwise(*FOUND_LAYERNORM_DENSE)
 
 
-@ISSUE_10
 def test_regression_layernorm_alone():
     """Minimal failing step (found reducing the kit's layer-norm + gelu model): one LayerNormalization on
     (4, 32) vectors, SGD, threshold 1. What ran (run metadata): AddN 2 -> 1, AddV2 3 -> 4 with tflms: an add
@@ -343,7 +336,6 @@ def test_regression_layernorm_alone():
                   LMSConfig())
 
 
-@ISSUE_10
 def test_regression_dense_residual_add():
     """Minimal failing step: Dense, Dense, Add(first, second) on (4, 32) vectors, SGD, threshold 1. What ran:
     _FusedMatMul 3 -> 2 (+ MatMul, + BiasAdd) and AddV2 1 -> 2: a MatMul + BiasAdd fusion is lost where the

@@ -11,11 +11,10 @@ Every comparison has a plain-vs-plain control first (plain TF must be
 deterministic for the comparison to mean anything), checks that swaps happened
 and that every swap op is in the graph TensorFlow ran.
 
-Tests marked ``ISSUE_10`` fail today: a swap-out adds a consumer to a tensor
+These failed before issue 10's fix: a swap-out added a consumer to a tensor
 inside a pattern grappler rewrites only when the tensor has one consumer (add
-trees into AddN, MatMul/Conv2D + BiasAdd fusions), so TensorFlow sums in another
-order. They are strict xfails so that the fix for issue 10 turns them into
-failures (XPASS) until the marker is removed.
+trees into AddN, MatMul/Conv2D + BiasAdd fusions), so TensorFlow summed in
+another order. The pipeline now rewrites the graph grappler already optimized.
 """
 
 from __future__ import annotations
@@ -30,9 +29,6 @@ import tflms.keras
 from tflms.testing import (assert_bitwise_equal, bitwise_diff, build_model, make_batches, make_train_step,
                            record_run_metadata, snapshot)
 
-#: remove when the issue-10 fix (the rewrite leaves grappler's treatment of the user's ops unchanged) is merged.
-ISSUE_10 = pytest.mark.xfail(strict=True, raises=AssertionError,
-                             reason="issue 10: swap ops change grappler's add-tree and fusion rewrites")
 
 BATCH, STEPS = 2, 2
 
@@ -115,14 +111,12 @@ def _zoo_function(name: str):
     assert_bitwise_equal(plain, swapped, "tflms.function(swapout_threshold=1) vs tf.function")
 
 
-@ISSUE_10
 @pytest.mark.parametrize("name", ["mha_block", "bert"])
 def test_transformer_tflms_function_is_bitwise(name):
     _zoo_function(name)
 
 
 @pytest.mark.slow
-@ISSUE_10
 @pytest.mark.parametrize("name", ["mha_block", "bert"])
 def test_transformer_fit_with_lms_is_bitwise(name):
     _zoo_fit(name)
@@ -135,7 +129,6 @@ def test_kit_models_tflms_function_is_bitwise(name):
     _zoo_function(name)
 
 
-@ISSUE_10
 @pytest.mark.parametrize("name", ["cnn", "residual", "layernorm_gelu"])
 def test_swaps_leave_grappler_op_counts_unchanged(name):
     """What TensorFlow ran (post-optimization graph of the step): the same op-type counts with and without

@@ -187,7 +187,7 @@ def _budget_for(callback, name: str) -> tuple[int, str, dict[str, int]]:
     """
     from tflms.config import LMSConfig
     from tflms.errors import BudgetError
-    from tflms.rewrite.api import load_graph
+    from tflms.ir.tf_io import load_graph
     from tflms.sim.simulator import simulate
     from tflms.tune.tuner import tune
     original = callback._order[0].original  # noqa: SLF001 - the ConcreteFunction Keras traced (tool-only use)

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 
 from tflms.errors import GraphError, NoTrainingStepError
 from tflms.ir.graph import Graph, TensorInfo, TensorRef
-from tflms.ir.op_types import CALL_OP_TYPES, GRADIENT_OP_TYPES, TF1_CONTROL_FLOW_TYPES
+from tflms.ir.op_types import CALL_OP_TYPES, CONDITIONAL_TYPES, GRADIENT_OP_TYPES, LOOP_TYPES
 
 
 class Category(str, enum.Enum):
@@ -88,6 +88,28 @@ class Analysis:
     order: tuple[str, ...]
     levels: Mapping[str, int]
     categories: Mapping[str, Category]
+
+    @functools.cached_property
+    def conditional(self) -> frozenset[str]:
+        """Ops that may be dead: reached from a ``Switch`` output without passing a ``Merge``.
+
+        Such an op runs only when its branch is taken. tflms never swaps its outputs
+        and never uses it as a trigger: a control edge from a dead op would make the
+        swap-in, and every consumer of it, dead too.
+        """
+        switches = [op.name for op in self.graph if op.type in CONDITIONAL_TYPES and "Switch" in op.type]
+        if not switches:
+            return frozenset()
+        successors = self.graph.adjacency()[1]
+        seen: set[str] = set()
+        stack = [s for sw in switches for s in successors[sw]]
+        while stack:
+            name = stack.pop()
+            if name in seen or "Merge" in self.graph.op(name).type:
+                continue
+            seen.add(name)
+            stack.extend(successors[name])
+        return frozenset(seen)
 
     @functools.cached_property
     def predecessors(self) -> dict[str, list[str]]:
@@ -229,11 +251,11 @@ def check_supported(graph: Graph) -> None:
     """Raise :class:`UnsupportedGraphError` for constructs tflms cannot rewrite."""
     from tflms.errors import UnsupportedGraphError
     for op in graph:
-        if op.type in TF1_CONTROL_FLOW_TYPES:
+        if op.type in LOOP_TYPES:
             raise UnsupportedGraphError(
-                f"op {op.name!r} is TF1 control flow ({op.type}); tflms handles TF2 control flow "
-                "(While/If ops, as made by tf.function) as opaque single ops. Trace the step with "
-                "tf.function under TF2 behaviour (no tf.compat.v1.disable_control_flow_v2())")
+                f"op {op.name!r} is TF1 loop control flow ({op.type}); tflms handles TF2 loops (While ops, as made "
+                "by tf.function) as opaque single ops and lowered conditionals (Switch/Merge), not lowered loops. "
+                "Trace the step with tf.function under TF2 behaviour (no tf.compat.v1.disable_control_flow_v2())")
 
 
 def analyze_graph(graph: Graph) -> Analysis:

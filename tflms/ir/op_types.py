@@ -21,6 +21,11 @@ GRADIENT_OP_TYPES = frozenset({
     "_FusedBatchNormGradEx", "GeluGrad",
 })
 
+#: Lowered conditionals (what grappler makes of an ``If``): acyclic, so tflms reads them, but an op between a
+#: ``Switch`` and its ``Merge`` may be dead (its branch not taken), and a dead op kills what it triggers.
+CONDITIONAL_TYPES = frozenset({"Switch", "Merge", "RefSwitch", "RefMerge"})
+#: Lowered loops (what grappler makes of a ``While``): frames and back edges, which tflms does not model.
+LOOP_TYPES = frozenset({"Enter", "Exit", "NextIteration", "LoopCond", "RefEnter", "RefExit", "RefNextIteration"})
 #: Op types of TF1 control flow (loops form cycles; frames are not modelled).
 TF1_CONTROL_FLOW_TYPES = frozenset({"Switch", "Merge", "Enter", "Exit", "NextIteration", "RefSwitch",
                                     "RefMerge", "RefEnter", "RefExit", "RefNextIteration", "LoopCond"})

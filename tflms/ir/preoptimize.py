@@ -45,14 +45,15 @@ import weakref
 from tflms._compat import grappler as compat
 from tflms.errors import GraphError
 from tflms.ir import tf_io
+from tflms.ir.op_types import LOOP_TYPES
 
 logger = logging.getLogger(__name__)
 
 #: Suffix of the renamed data placeholder while grappler runs (its name goes to an ``EnsureShape``).
 FEED_SUFFIX = "/_tflms_feed"
-#: TF1 control flow: what grappler's function optimizer lowers ``If``/``While`` ops into (tflms cannot rewrite it).
-LOWERED_CONTROL_FLOW_TYPES = frozenset({"Switch", "Merge", "Enter", "Exit", "NextIteration", "LoopCond",
-                                        "RefSwitch", "RefMerge", "RefEnter", "RefExit", "RefNextIteration"})
+#: What grappler's function optimizer lowers a ``While`` into (tflms cannot rewrite loops; lowered ``If`` s,
+#: Switch/Merge, it can: the analysis keeps swaps and triggers out of their branches).
+LOWERED_CONTROL_FLOW_TYPES = LOOP_TYPES
 #: Prefix of the ``_Retval`` nodes added while grappler runs.
 RETVAL_PREFIX = "_tflms_retval_"
 

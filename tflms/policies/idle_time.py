@@ -213,7 +213,7 @@ def _trigger(analysis: Analysis, consumer: str, producer: str, deadline_s: float
         end = spans[node][1]
         if end < peak_s:
             break
-        if graph.op(node).type in IDENTITY_OPS:
+        if graph.op(node).type in IDENTITY_OPS or node in analysis.conditional:  # a dead trigger kills the swap-in
             continue
         if end <= deadline_s:
             return node, True

@@ -20,7 +20,7 @@ from tflms.analysis.cto import Analysis, Category
 from tflms.config import LMSConfig
 from tflms.errors import ConfigError
 from tflms.ir.graph import TensorRef
-from tflms.ir.op_types import HOST_PRODUCERS, IDENTITY_OPS
+from tflms.ir.op_types import CONDITIONAL_TYPES, HOST_PRODUCERS, IDENTITY_OPS
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +142,8 @@ def skip_reason(analysis: Analysis, ref: TensorRef, config: LMSConfig) -> tuple[
         return NO_SWAP_PRODUCERS[op.type], f"output of {op.type}: swapping it frees no activation memory"
     if op.type in IDENTITY_OPS:
         return "identity", f"{op.type} output aliases its input and grappler may remove the op"
+    if ref.op in analysis.conditional or op.type in CONDITIONAL_TYPES:
+        return "conditional", f"{op.type} runs only when its branch of a conditional is taken (may be dead)"
     if info.dtype in HOST_MEMORY_DTYPES or op.type in HOST_PRODUCERS:
         return "host-memory", f"{info.dtype} output of {op.type} is kept in host memory by TensorFlow"
     if info.shape is None:
@@ -201,6 +203,7 @@ def _best_ancestor(analysis: Analysis, start: str, floor: int, exclude: frozense
     Ties prefer backward ops, then the name.
     """
     graph, levels, cats, preds = analysis.graph, analysis.levels, analysis.categories, analysis.predecessors
+    conditional = analysis.conditional  # a dead trigger would kill the swap-in
     seen = {start}
     frontier = [start]
     best: tuple[int, int, str] | None = None
@@ -213,7 +216,8 @@ def _best_ancestor(analysis: Analysis, start: str, floor: int, exclude: frozense
                 seen.add(pred)
                 nxt.append(pred)
                 key = (levels[pred] if lowest else -levels[pred], 0 if cats[pred] is Category.BACKWARD else 1, pred)
-                if (best is None or key < best) and pred not in exclude and graph.op(pred).type not in IDENTITY_OPS:
+                if ((best is None or key < best) and pred not in exclude and pred not in conditional
+                        and graph.op(pred).type not in IDENTITY_OPS):
                     best = key
         frontier = nxt
     return None if best is None else best[2]

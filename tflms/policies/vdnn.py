@@ -106,6 +106,7 @@ def next_layer_trigger(analysis: Analysis, next_layer: VdnnLayer | None, first_c
     for ref in next_layer.inputs:
         for consumer, _ in graph.consumers(ref):
             if (cats[consumer] is Category.BACKWARD and graph.op(consumer).type not in _NOT_TRIGGERS
+                    and consumer not in analysis.conditional
                     and producer_level < levels[consumer] < levels[first_consumer]):
                 found.add(consumer)
     for name in sorted(found, key=lambda n: (levels[n], n)):
