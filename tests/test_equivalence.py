@@ -3,7 +3,7 @@
 Every test trains the same model twice from identical initial weights on the
 same fixed batches, once with ``tf.function`` and once with the tflms rewrite,
 and compares losses, weights (BatchNorm moving statistics included) and
-optimizer slots *bitwise* with one helper, :func:`assert_same_state`.
+optimizer slots *bitwise* with one helper, :func:`assert_bitwise_equal`.
 ``test_comparison_detects_a_broken_rewrite`` shows that helper does fail when a
 swap-in delivers wrong data, so a passing equivalence test means something.
 
@@ -15,7 +15,7 @@ computes exactly what the original one does.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -28,57 +28,13 @@ from tensorflow.python.eager import context
 import tflms
 from tflms.ir import tf_io
 from tflms.ir.graph import Graph, TensorRef
+from tflms.testing import Snapshot, assert_bitwise_equal, bitwise_diff, make_train_step, snapshot
 
 #: training steps per run (the brief asks for 3..5).
 NUM_STEPS = 4
 #: a small threshold so that the tiny test models do get swaps.
 THRESHOLD = 1
 SEED = 1234
-
-State = list[tuple[str, np.ndarray]]
-
-
-# ------------------------------------------------------------------ comparison
-def snapshot(variables: Sequence[Any], losses: Sequence[Any] = ()) -> State:
-    """Copies of the losses and variable values, each with a readable name."""
-    state: State = [(f"loss[step {i}]", np.array(loss)) for i, loss in enumerate(losses)]
-    for v in variables:
-        state.append((getattr(v, "path", None) or v.name, np.array(v.numpy())))
-    return state
-
-
-def state_differences(reference: State, candidate: State) -> list[str]:
-    """One line per entry of ``candidate`` that is not bitwise equal to ``reference``.
-
-    Entries are matched by position (the two runs build separate models, whose
-    Keras names may differ) and reported under the reference name.
-    """
-    if len(reference) != len(candidate):
-        return [f"different number of entries: {len(reference)} vs {len(candidate)} "
-                f"({[n for n, _ in reference]} vs {[n for n, _ in candidate]})"]
-    diffs = []
-    for (name, a), (_, b) in zip(reference, candidate):
-        if a.dtype != b.dtype or a.shape != b.shape:
-            diffs.append(f"{name}: dtype/shape {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}")
-        elif a.tobytes() != b.tobytes():  # bitwise: stricter than np.array_equal (-0.0, NaN payloads)
-            delta = np.abs(a.astype(np.float64) - b.astype(np.float64))
-            if np.isnan(delta).all():
-                worst, where = float("nan"), ()
-            else:
-                where = tuple(int(i) for i in np.unravel_index(np.nanargmax(delta), delta.shape))
-                worst = float(delta[where])
-            diffs.append(f"{name}: max |diff| = {worst:.6g} at index {where} ({int(np.sum(a != b))} of {a.size} "
-                         f"elements differ; np.array_equal={np.array_equal(a, b)})")
-    return diffs
-
-
-def assert_same_state(reference: State, candidate: State, what: str = "state") -> None:
-    """Fail naming every entry (weight, slot, loss) that differs and its max difference."""
-    diffs = state_differences(reference, candidate)
-    if diffs:
-        shown = "\n  ".join(diffs[:25])
-        more = f"\n  ... and {len(diffs) - 25} more" if len(diffs) > 25 else ""
-        raise AssertionError(f"{what}: {len(diffs)} of {len(reference)} entries differ:\n  {shown}{more}")
 
 
 # ---------------------------------------------------------------- model cases
@@ -140,14 +96,7 @@ def build_mlp(kind: str) -> keras.Model:
 
 
 def keras_trainee(model: keras.Model, optimizer, loss_fn) -> Trainee:
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    return Trainee(step, lambda: list(model.weights) + list(optimizer.variables))
+    return Trainee(make_train_step(model, optimizer, loss_fn), lambda: list(model.weights) + list(optimizer.variables))
 
 
 def mlp_trainee(kind: str = "sequential", *, build_optimizer: bool = False) -> Trainee:
@@ -231,17 +180,17 @@ def raw_trainee() -> Trainee:
 
 
 # --------------------------------------------------------------------- runner
-def train(make: Callable[[], Trainee], wrap: Callable[[Callable], Any], batches) -> tuple[Any, State, State]:
+def train(make: Callable[[], Trainee], wrap: Callable[[Callable], Any], batches) -> tuple[Any, Snapshot, Snapshot]:
     """Build a fresh trainee, wrap its step, run one step per batch.
 
     Returns the wrapped function, the state before training (variables that
     exist then) and the state after (losses + every variable).
     """
     trainee = make()
-    before = snapshot(trainee.variables())
+    before = snapshot(variables=trainee.variables())
     fn = wrap(trainee.step)
     losses = [fn(tf.constant(x), tf.constant(y)) for x, y in batches]
-    return fn, before, snapshot(trainee.variables(), losses)
+    return fn, before, snapshot(variables=trainee.variables(), losses=losses)
 
 
 def lms(**options: Any) -> Callable[[Callable], Any]:
@@ -265,11 +214,11 @@ def check_equivalence(make: Callable[[], Trainee], batches, **options: Any):
     """Train with tf.function and with tflms.function; assert bitwise-identical results."""
     _, ref_before, ref_after = train(make, tf.function, batches)
     fn, lms_before, lms_after = train(make, lms(**{"swapout_threshold": THRESHOLD, **options}), batches)
-    assert_same_state(ref_before, lms_before, "initial weights (the two builds must start equal)")
-    assert state_differences(ref_before, ref_after[NUM_STEPS:len(ref_before) + NUM_STEPS]), \
+    assert_bitwise_equal(ref_before, lms_before, "initial weights (the two builds must start equal)")
+    assert bitwise_diff(ref_before, ref_after[NUM_STEPS:len(ref_before) + NUM_STEPS]), \
         "training did not change any weight: the comparison would be vacuous"
     assert_rewrite_ran(fn, batches)
-    assert_same_state(ref_after, lms_after, f"after {NUM_STEPS} steps, tflms vs tf.function")
+    assert_bitwise_equal(ref_after, lms_after, f"after {NUM_STEPS} steps, tflms vs tf.function")
     return fn, ref_after
 
 
@@ -333,15 +282,15 @@ def test_comparison_detects_a_broken_rewrite():
     # The by-hand path without corruption agrees (so a difference below comes from the corruption) ...
     fn, _, honest = train(mlp_trainee, lambda s: ManualRewrite(s, swapout_threshold=THRESHOLD), MLP_BATCHES)
     assert fn.report.num_swapped > 0
-    assert_same_state(reference, honest, "by-hand rewrite")
+    assert_bitwise_equal(reference, honest, "by-hand rewrite")
     # ... and a swap-in that delivers zeros is caught by the same helper every test uses.
     fn, _, broken = train(mlp_trainee, lambda s: ManualRewrite(s, zero_first_swap_in, swapout_threshold=THRESHOLD),
                           MLP_BATCHES)
     assert "lms_test/zeros" in {op.name for op in fn.concrete.graph.get_operations()}
-    diffs = state_differences(reference, broken)
+    diffs = bitwise_diff(reference, broken)
     assert diffs, "zeroing a swap-in changed nothing: the comparison cannot detect a broken rewrite"
-    with pytest.raises(AssertionError, match=r"kernel.*max \|diff\| = [0-9.e+-]+ at index") as info:
-        assert_same_state(reference, broken, "broken rewrite")
+    with pytest.raises(AssertionError, match=r"kernel.*max \|diff\| = [0-9.e+-]+ .*largest at index") as info:
+        assert_bitwise_equal(reference, broken, "broken rewrite")
     assert "loss[step 1]" in str(info.value), str(info.value)  # step 0 uses the initial weights
 
 
@@ -356,7 +305,7 @@ def test_new_batch_size_retraces_with_a_second_report():
     assert first.num_swapped > 0 and second.num_swapped > 0
     assert second.swapped_bytes < first.swapped_bytes, "the second report should size the batch-4 tensors"
     assert fn.report is first  # the last call used batch 8 again: the cached trace, no third report
-    assert_same_state(reference, got, "alternating batch sizes")
+    assert_bitwise_equal(reference, got, "alternating batch sizes")
 
 
 # ----------------------------------------------------------- grappler survival
@@ -517,7 +466,7 @@ def test_decorator_forms_and_tf_function_options():
     losses = [bare_step(tf.constant(x), tf.constant(y)) for x, y in MLP_BATCHES]
     assert bare_step.__name__ == "bare_step"
     assert_rewrite_ran(bare_step, MLP_BATCHES)
-    assert_same_state(reference, snapshot(trainee.variables(), losses), "@tflms.function")
+    assert_bitwise_equal(reference, snapshot(variables=trainee.variables(), losses=losses), "@tflms.function")
 
     # decorator with options
     trainee = mlp_trainee()
@@ -529,13 +478,13 @@ def test_decorator_forms_and_tf_function_options():
     losses = [step2(tf.constant(x), tf.constant(y)) for x, y in MLP_BATCHES]
     assert step2.config.swapout_threshold == 2
     assert_rewrite_ran(step2, MLP_BATCHES)
-    assert_same_state(reference, snapshot(trainee.variables(), losses), "@tflms.function(swapout_threshold=2)")
+    assert_bitwise_equal(reference, snapshot(variables=trainee.variables(), losses=losses), "@tflms.function(swapout_threshold=2)")
 
     # call form
     fn, _, got = train(mlp_trainee, lms(swapout_threshold=2), MLP_BATCHES)
     assert fn.config.swapout_threshold == 2
     assert_rewrite_ran(fn, MLP_BATCHES)
-    assert_same_state(reference, got, "tflms.function(step, swapout_threshold=2)")
+    assert_bitwise_equal(reference, got, "tflms.function(step, swapout_threshold=2)")
 
 
 def test_reduce_retracing_passes_through():
@@ -550,7 +499,7 @@ def test_reduce_retracing_passes_through():
     x_spec = relaxed.structured_input_signature[0][0]
     assert x_spec.shape.as_list() == [None, MLP_IN], x_spec
     assert all(r.num_swapped > 0 for r in fn.reports)
-    assert_same_state(reference, got, "reduce_retracing=True")
+    assert_bitwise_equal(reference, got, "reduce_retracing=True")
 
 
 def _trainer_class(build_optimizer: bool):
@@ -570,7 +519,7 @@ def _train_two_instances(trainer_class) -> None:
     trainers = [trainer_class(), trainer_class()]  # kept alive: a bound tf.function holds its instance weakly
     for trainer in trainers:
         losses = [trainer.step(tf.constant(x), tf.constant(y)) for x, y in MLP_BATCHES]
-        assert_same_state(reference, snapshot(trainer.trainee.variables(), losses), "method")
+        assert_bitwise_equal(reference, snapshot(variables=trainer.trainee.variables(), losses=losses), "method")
     reports = trainer_class.step.reports
     assert len(reports) == 2 and all(r.num_swapped > 0 for r in reports)
 
