@@ -31,33 +31,12 @@ import tflms
 import tflms.keras
 from tflms.integrations import keras as keras_integration
 from tflms.keras import LMS, UnsupportedModelError
+from tflms.testing import assert_bitwise_equal, snapshot
 
 SEED = 1234
 #: small enough that the tiny test models get swaps.
 THRESHOLD = 1
 KINDS = ["sequential", "functional", "subclassed", "custom_train_step"]
-
-State = list[tuple[str, np.ndarray]]
-
-
-# ------------------------------------------------------------------ comparison
-def model_state(model: keras.Model) -> State:
-    """Every model weight (trainable or not) and optimizer variable, by path."""
-    variables = list(model.weights) + list(model.optimizer.variables)
-    return [(v.path, np.array(v.numpy())) for v in variables]
-
-
-def assert_same_state(reference: State, candidate: State, what: str) -> None:
-    assert len(reference) == len(candidate), (f"{what}: {len(reference)} vs {len(candidate)} variables: "
-                                              f"{[n for n, _ in reference]} vs {[n for n, _ in candidate]}")
-    diffs = []
-    for (name, a), (_, b) in zip(reference, candidate):
-        if a.dtype != b.dtype or a.shape != b.shape:
-            diffs.append(f"{name}: {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}")
-        elif a.tobytes() != b.tobytes():
-            delta = np.abs(a.astype(np.float64) - b.astype(np.float64))
-            diffs.append(f"{name}: max |diff| {np.nanmax(delta):.6g}, {int(np.sum(a != b))} of {a.size} differ")
-    assert not diffs, f"{what}: {len(diffs)} of {len(reference)} variables differ:\n  " + "\n  ".join(diffs)
 
 
 def assert_swapped(callback: LMS, traces: int | None = None) -> None:
@@ -205,7 +184,7 @@ def fit_both(build: Callable[[], keras.Model], callback: LMS | None = None, *, r
     """
     fit_options = {"batch_size": 16, "epochs": 2, "shuffle": False, "verbose": 0, **fit_options}
     reference = build()
-    initial = [(v.path, np.array(v.numpy())) for v in reference.weights]
+    initial = snapshot(variables=reference.weights)
     ref_history = reference.fit(**fit_options).history
     model = build()
     callback = callback or LMS(swapout_threshold=THRESHOLD, verbose=0)
@@ -219,11 +198,11 @@ def fit_both(build: Callable[[], keras.Model], callback: LMS | None = None, *, r
     finally:
         if record:
             ctx.disable_run_metadata()
-    trained = [(v.path, np.array(v.numpy())) for v in model.weights]
+    trained = snapshot(variables=model.weights)
     with pytest.raises(AssertionError):
-        assert_same_state(initial, trained, "training changed nothing: the comparison is vacuous")
+        assert_bitwise_equal(initial, trained, "training changed nothing: the comparison is vacuous")
     assert history == ref_history, f"history differs:\n{history}\nvs plain fit\n{ref_history}"
-    assert_same_state(model_state(reference), model_state(model), "LMS fit vs plain fit")
+    assert_bitwise_equal(snapshot(reference), snapshot(model), "LMS fit vs plain fit")
     assert is_keras_function(model.train_function), "Keras's train function was not put back after fit"
     assert model.test_function is None or is_keras_function(model.test_function), "evaluate must not be touched"
     return Fitted(model, history, callback, metadata)
@@ -332,7 +311,7 @@ def test_repeated_fit_reuses_traces_and_retraces_new_signatures():
     counts = train(model, callback)
     assert counts == [1, 1, 2, 3, 3], counts
     assert is_keras_function(model.train_function)
-    assert_same_state(model_state(reference), model_state(model), "five fits, four with LMS")
+    assert_bitwise_equal(snapshot(reference), snapshot(model), "five fits, four with LMS")
     assert_swapped(callback, traces=3)
     assert [r.plan.config.batch_size for r in callback.reports] == [8, 16, 16]
 
@@ -346,7 +325,7 @@ def test_a_new_compile_gets_a_new_rewrite():
         m.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1, momentum=0.5), loss="mae")
         m.fit(MLP_X[:32], MLP_Y[:32], batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=cbs)
     assert_swapped(callback, traces=2)
-    assert_same_state(model_state(reference), model_state(model), "fit, compile, fit")
+    assert_bitwise_equal(snapshot(reference), snapshot(model), "fit, compile, fit")
 
 
 def test_budget_chooses_the_rewrite():
@@ -413,11 +392,11 @@ def test_exported_saved_model_has_no_swap_ops(tmp_path):
 
 # ------------------------------------------------------------------- refusals
 def _weights_after_refused_fit(model: keras.Model, callbacks: list, match: str):
-    weights = lambda: [(v.path, np.array(v.numpy())) for v in model.weights]  # noqa: E731
+    weights = lambda: snapshot(variables=model.weights)  # noqa: E731
     before = weights()
     with pytest.raises(UnsupportedModelError, match=match):
         model.fit(MLP_X[:16], MLP_Y[:16], batch_size=16, verbose=0, callbacks=callbacks)
-    assert_same_state(before, weights(), "a refused fit must not train")
+    assert_bitwise_equal(before, weights(), "a refused fit must not train")
 
 
 def test_jit_compile_is_refused_before_any_step():
@@ -452,7 +431,7 @@ def test_jit_compile_auto_on_a_gpu_machine_trains_without_xla_and_puts_xla_back(
         model.fit(MLP_X, MLP_Y, batch_size=16, shuffle=False, verbose=0, callbacks=[callback])
     assert len([w for w in said if "jit_compile='auto'" in str(w.message)]) == 1
     assert_swapped(callback, traces=1)
-    assert_same_state(model_state(reference), model_state(model), "LMS fit without XLA vs plain fit without XLA")
+    assert_bitwise_equal(snapshot(reference), snapshot(model), "LMS fit without XLA vs plain fit without XLA")
     assert model.jit_compile is True and _uses_xla(model), "XLA must be back after the fit"
     # a second fit reuses the XLA-free train function and its rewrite, and says nothing again
     import warnings as _warnings
@@ -501,7 +480,7 @@ def test_run_eagerly_stands_aside_with_a_warning():
     with pytest.warns(UserWarning, match="run_eagerly=True.*stands aside"):
         model.fit(MLP_X[:32], MLP_Y[:32], batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
     assert callback.report is None and callback.reports == []
-    assert_same_state(model_state(reference), model_state(model), "run_eagerly with LMS standing aside")
+    assert_bitwise_equal(snapshot(reference), snapshot(model), "run_eagerly with LMS standing aside")
 
 
 def test_interrupted_fit_is_recovered_by_the_next_fit():
@@ -522,7 +501,7 @@ def test_interrupted_fit_is_recovered_by_the_next_fit():
     train(model, [callback])
     assert is_keras_function(model.train_function)
     assert_swapped(callback)
-    assert_same_state(model_state(reference), model_state(model), "interrupted fit, then fit")
+    assert_bitwise_equal(snapshot(reference), snapshot(model), "interrupted fit, then fit")
     # a different LMS callback while the first one's step is still installed is refused, not stacked
     with pytest.raises(KeyboardInterrupt):
         model.fit(MLP_X, MLP_Y, batch_size=16, verbose=0, callbacks=[callback, Interrupt()])
