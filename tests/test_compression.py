@@ -36,7 +36,7 @@ from tflms.passes.swaps import apply_swaps
 from tflms.policies.tflms_rules import plan_swaps
 from tflms.sim import HardwareProfile, simulate
 from tflms.sim.cost import CODEC_TRAFFIC, DECODE, ENCODE, codec_time_s
-from tflms.testing import mlp_training_graph
+from tflms.testing import assert_bitwise_equal, bitwise_diff, make_train_step, mlp_training_graph, snapshot
 
 SEED = 1234
 NUM_STEPS = 3
@@ -216,35 +216,18 @@ def build_mlp():
     return keras.Model(inputs, keras.layers.Dense(4)(h))
 
 
-def make_step(model, optimizer):
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    return step
-
-
 def fresh(build, optimizer="sgd"):
     model = build()
     opt = keras.optimizers.SGD(0.05, momentum=0.9) if optimizer == "sgd" else keras.optimizers.Adam(1e-2)
     opt.build(model.trainable_variables)
-    return model, opt, make_step(model, opt)
-
-
-def state(model, opt):
-    return [np.array(v.numpy()) for v in list(model.weights) + list(opt.variables)]
+    return model, opt, make_train_step(model, opt)
 
 
 def train_plain(build, batches, optimizer="sgd"):
     model, opt, step = fresh(build, optimizer)
     fn = tf.function(step)
     losses = [float(fn(tf.constant(x), tf.constant(y))) for x, y in batches]
-    return losses, state(model, opt)
+    return losses, snapshot(model, opt)
 
 
 def train_compressed(build, batches, choose, *, optimizer="sgd", allow_lossy=False, input_signature=None,
@@ -259,11 +242,7 @@ def train_compressed(build, batches, choose, *, optimizer="sgd", allow_lossy=Fal
     compressed = compress_rewrite(result.graph, plan, choose(plan), allow_lossy=allow_lossy)
     fn = to_concrete_function(compressed, original)
     losses = [float(fn(tf.constant(x), tf.constant(y))) for x, y in batches]
-    return losses, state(model, opt), compressed, fn
-
-
-def differences(a, b):
-    return [i for i, (u, v) in enumerate(zip(a, b)) if u.dtype != v.dtype or u.tobytes() != v.tobytes()]
+    return losses, snapshot(model, opt), compressed, fn
 
 
 def all_zvc(plan):
@@ -278,8 +257,8 @@ def test_zvc_swaps_train_bitwise_identically(build, batches, optimizer):
     assert len(compressed.choices) >= 3, "too few compressed swaps for the test to mean anything"
     assert any("Relu" in c.tensor.op for c in compressed.choices)
     assert losses == ref_losses
-    assert not differences(ref_state, got), f"entries {differences(ref_state, got)} differ"
-    assert differences(ref_state, state(*fresh(build, optimizer)[:2])), "training changed nothing: vacuous"
+    assert_bitwise_equal(ref_state, got, "zvc-compressed training vs plain")
+    assert bitwise_diff(ref_state, snapshot(*fresh(build, optimizer)[:2])), "training changed nothing: vacuous"
 
 
 def test_zvc_with_unknown_batch_dimension_decodes_with_the_dynamic_shape():
@@ -291,7 +270,8 @@ def test_zvc_with_unknown_batch_dimension_decodes_with_the_dynamic_shape():
     enc = graph.op(tflms.compress.rewrite.encode_op_name(compressed.choices[0].tensor))
     assert enc.outputs[-1].dtype == "int32" and enc.outputs[-1].shape == (2,)  # tf.shape(x), kept on the device
     assert enc.outputs[0].shape is None  # the mask's length depends on the batch: sized by prediction
-    assert losses == ref_losses and not differences(ref_state, got)
+    assert losses == ref_losses
+    assert_bitwise_equal(ref_state, got, "zvc with a dynamic batch vs plain")
 
 
 def test_fp16_swaps_keep_the_loss_within_one_percent():
@@ -303,7 +283,7 @@ def test_fp16_swaps_keep_the_loss_within_one_percent():
                                                   lambda plan: {s.tensor: "fp16" for s in plan.swaps},
                                                   allow_lossy=True)
     assert len(compressed.choices) >= 3
-    assert differences(ref_state, got), "fp16 swaps changed nothing: is the codec really in the graph?"
+    assert bitwise_diff(ref_state, got), "fp16 swaps changed nothing: is the codec really in the graph?"
     assert abs(losses[-1] - ref_losses[-1]) <= FP16_LOSS_TOLERANCE * abs(ref_losses[-1]), (losses, ref_losses)
 
 
@@ -341,9 +321,9 @@ def test_profiling_measures_real_values_and_leaves_variables_alone():
     graph = tf_io.from_concrete_function(concrete)
     matmul = next(op.name for op in graph if op.type == "MatMul" and "gradient" not in op.name)
     relu = next(op.name for op in graph if op.type == "Relu")
-    before = state(model, opt)
+    before = snapshot(model, opt)
     report = profile_tensors(concrete, (x, y), [f"{matmul}:0", f"{relu}:0"], graph=graph)
-    assert not differences(before, state(model, opt))
+    assert_bitwise_equal(before, snapshot(model, opt), "variables after profiling")
     assert report.pruned_ops > report.kept_ops and not report.restored_variables
     first = (MLP_BATCHES[0][0] @ model.weights[0].numpy())  # the first Dense's MatMul, by hand
     stats = report[f"{matmul}:0"]

@@ -478,7 +478,8 @@ def test_decorator_forms_and_tf_function_options():
     losses = [step2(tf.constant(x), tf.constant(y)) for x, y in MLP_BATCHES]
     assert step2.config.swapout_threshold == 2
     assert_rewrite_ran(step2, MLP_BATCHES)
-    assert_bitwise_equal(reference, snapshot(variables=trainee.variables(), losses=losses), "@tflms.function(swapout_threshold=2)")
+    assert_bitwise_equal(reference, snapshot(variables=trainee.variables(), losses=losses),
+                         "@tflms.function(swapout_threshold=2)")
 
     # call form
     fn, _, got = train(mlp_trainee, lms(swapout_threshold=2), MLP_BATCHES)

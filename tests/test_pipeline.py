@@ -20,6 +20,7 @@ from tflms.config import LMSConfig
 from tflms.errors import ConfigError
 from tflms.ir import tf_io
 from tflms.pipeline import StepRewrite, inserted_ops, rewrite_step
+from tflms.testing import Snapshot, assert_bitwise_equal, bitwise_diff, make_train_step, snapshot
 
 BATCH = 8
 #: Every tensor is a candidate: the small model gets swaps.
@@ -41,36 +42,22 @@ def data(steps: int = 2):
              tf.constant(rng.integers(0, 4, BATCH), tf.int32)) for _ in range(steps)]
 
 
-def trained_state(wrap, steps: int = 2) -> list[bytes]:
+def trained_state(wrap, steps: int = 2) -> tuple[object, Snapshot]:
     """Train a fresh model for ``steps`` steps through ``wrap(step)``; every variable's bytes after."""
     model = build_model()
     optimizer = keras.optimizers.Adam(1e-2)
     optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    fn = wrap(step)
+    fn = wrap(make_train_step(model, optimizer))
     for x, y in data(steps):
         fn(x, y)
-    state = [np.asarray(v.numpy()) for v in model.weights + optimizer.variables]
-    return fn, state
-
-
-def same_bytes(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
-    return len(a) == len(b) and all(x.dtype == y.dtype and x.tobytes() == y.tobytes() for x, y in zip(a, b))
+    return fn, snapshot(model, optimizer)
 
 
 @pytest.fixture(scope="module")
 def plain_state():
     _, first = trained_state(tf.function)
     _, second = trained_state(tf.function)
-    assert same_bytes(first, second), "plain TensorFlow is not deterministic here: the comparison would mean nothing"
+    assert_bitwise_equal(first, second, "plain TensorFlow twice (must agree, or the comparison means nothing)")
     return first
 
 
@@ -119,14 +106,14 @@ def test_zvc_compression_through_tflms_function_is_bitwise(plain_state):
     fn, state = trained_state(lambda s: tflms.function(s, compress="zvc", **OPTIONS))
     assert fn.report.compression and set(fn.report.compression.values()) == {"zvc"}
     assert any(name.startswith("lms/encode_") for name in fn.report.inserted_ops)
-    assert same_bytes(plain_state, state)
+    assert_bitwise_equal(plain_state, state, "tflms.function(compress='zvc') vs plain")
 
 
 def test_lossy_compression_is_applied_and_stays_close(plain_state):
     fn, state = trained_state(lambda s: tflms.function(s, compress="bf16", **OPTIONS))
     assert set(fn.report.compression.values()) == {"bf16"}
-    assert not same_bytes(plain_state, state), "bf16 swaps should change some bits: was the codec applied?"
-    for a, b in zip(plain_state, state):
+    assert bitwise_diff(plain_state, state), "bf16 swaps should change some bits: was the codec applied?"
+    for (_, a), (_, b) in zip(plain_state, state):
         np.testing.assert_allclose(a, b, rtol=0.05, atol=0.05)
 
 
@@ -134,7 +121,7 @@ def test_auto_compression_measures_on_the_first_call(plain_state):
     fn, state = trained_state(lambda s: tflms.function(s, compress="auto", **OPTIONS))
     # CSwap+ only compresses exposed copies where it pays; whatever it chose is lossless
     assert set(fn.report.compression.values()) <= {"zvc"}
-    assert same_bytes(plain_state, state)
+    assert_bitwise_equal(plain_state, state, "tflms.function(compress='auto') vs plain")
 
 
 def test_zvc_compression_through_the_keras_callback_is_bitwise():
@@ -145,11 +132,11 @@ def test_zvc_compression_through_the_keras_callback_is_bitwise():
         xs = np.concatenate([x.numpy() for x, _ in data(2)])
         ys = np.concatenate([y.numpy() for _, y in data(2)])
         model.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
-        return [np.asarray(v.numpy()) for v in model.weights + model.optimizer.variables]
+        return snapshot(model)
 
     plain = fit([])
     lms = tflms.keras.LMS(compress="zvc", verbose=0, **OPTIONS)
-    assert same_bytes(plain, fit([lms]))
+    assert_bitwise_equal(plain, fit([lms]), "LMS(compress='zvc') fit vs plain fit")
     assert set(lms.report.compression.values()) == {"zvc"}
 
 
