@@ -22,6 +22,7 @@ from tflms.errors import ConfigError, GraphError
 from tflms.measure import (ExecutorRequest, GrapplerEstimateError, MeasurementError, grappler_estimate,
                            grappler_peak, measure_executor_peak, measure_executor_peaks)
 from tflms.measure.executor import device_memory_from_records
+from tflms.testing import make_train_step
 
 #: Runs TensorFlow's executor on emulated devices: the slow tier (pytest -m slow).
 pytestmark = pytest.mark.slow
@@ -83,15 +84,7 @@ def mlp_step():
                               keras.layers.Dense(10, name="dense_1")])
     optimizer = keras.optimizers.SGD(learning_rate=0.1)
     optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    step = tf.function(make_train_step(model, optimizer))
 
     rng = np.random.default_rng(1)
     x = rng.standard_normal((64, 32)).astype(np.float32)

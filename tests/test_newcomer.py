@@ -10,7 +10,7 @@ from tflms.analysis import analyze_graph
 from tflms.config import LMSConfig
 from tflms.pipeline import rewrite
 from tflms.policies.swapplan import find_trigger
-from tflms.testing import GraphBuilder
+from tflms.testing import GraphBuilder, make_train_step
 
 ACC = "/device:GPU:0"
 
@@ -64,14 +64,7 @@ def _step_with_unknown_batch():
     model = keras.Model(inputs, keras.layers.Dense(4)(h))
     optimizer = keras.optimizers.SGD(0.1)
     optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    step = make_train_step(model, optimizer)
 
     signature = (tf.TensorSpec((None, 12, 12, 3), tf.float32), tf.TensorSpec((None,), tf.int32))
     rng = np.random.default_rng(0)
@@ -212,7 +205,7 @@ def test_tflms_function_verbose_shows_progress_and_a_summary(unknown_batch_step,
     out = capsys.readouterr().out
     report = fn.report
     assert report.num_swapped > 0 and report.tuning["candidates"]
-    summaries = [line for line in out.splitlines() if line.startswith("tflms.function 'step': rewrote")]
+    summaries = [line for line in out.splitlines() if line.startswith("tflms.function 'train_step': rewrote")]
     if verbose == 0:
         assert out == ""
         return
@@ -222,7 +215,7 @@ def test_tflms_function_verbose_shows_progress_and_a_summary(unknown_batch_step,
     assert (f"predicted peak {__import__('tflms').units.format_bytes(p['peak_before_bytes'])} -> "
             in summaries[0]), summaries[0]
     assert "  hardware: v100-16gb-pcie3 (the default profile" in out
-    candidates = [line for line in out.splitlines() if line.startswith("tflms.function 'step': candidate ")]
+    candidates = [line for line in out.splitlines() if line.startswith("tflms.function 'train_step': candidate ")]
     if verbose == 1:
         assert "simulating candidate rewrites" in out and "/Unknown" in out and not candidates  # a Progbar
         assert "columns:" not in out

@@ -44,6 +44,7 @@ def cnn(batch=64):
     import keras
     import tensorflow as tf
     from tflms.ir.tf_io import load_graph
+    from tflms.testing import make_train_step
     keras.utils.set_random_seed(0)
     layers = keras.layers
     inputs = keras.Input((32, 32, 3))
@@ -57,15 +58,7 @@ def cnn(batch=64):
     model = keras.Model(inputs, outputs)
     optimizer = keras.optimizers.SGD(learning_rate=0.05, momentum=0.9)
     optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    step = tf.function(make_train_step(model, optimizer))
 
     graph = load_graph(step, tf.TensorSpec((batch, 32, 32, 3), tf.float32), tf.TensorSpec((batch,), tf.int32))
     return graph, (model, optimizer)

@@ -28,7 +28,7 @@ import tflms
 from tflms.errors import ConfigError
 from tflms.ir.tf_io import FunctionSignature
 from tflms.sim.simulator import SimOptions, order_from_start_times, simulate
-from tflms.testing import GraphBuilder
+from tflms.testing import GraphBuilder, make_train_step
 
 #: Runs TensorFlow's executor on emulated devices: the slow tier (pytest -m slow).
 pytestmark = pytest.mark.slow
@@ -75,15 +75,7 @@ def cnn():
     model = keras.Model(inputs, outputs, name="validation_cnn")
     optimizer = keras.optimizers.SGD(learning_rate=0.05, momentum=0.9)
     optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    train_step = tf.function(make_train_step(model, optimizer))
 
     concrete = train_step.get_concrete_function(tf.TensorSpec((BATCH, 32, 32, 3), tf.float32),
                                                 tf.TensorSpec((BATCH,), tf.int32))

@@ -22,7 +22,7 @@ from tflms.ir.graph import TensorRef
 from tflms.passes.swaps import apply_swaps, inserted_op_names
 from tflms.sim import SimOptions, get_profile, simulate
 from tflms.sim.simulator import RECV_SUFFIX
-from tflms.testing import GraphBuilder, mlp_training_graph
+from tflms.testing import GraphBuilder, assert_bitwise_equal, make_train_step, mlp_training_graph, snapshot
 from tflms.tune.tuner import _Evaluator
 from tflms.policies.vdnn import VDNN_ALL, VDNN_CONV, plan_vdnn, vdnn_layers
 from tflms.tune.vdnn import choose_vdnn, search_vdnn
@@ -199,19 +199,10 @@ def _train(rewrite, batches):
     model = _cnn()
     opt = keras.optimizers.SGD(0.05, momentum=0.9)
     opt.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    original = tf.function(step).get_concrete_function(*(tf.constant(a) for a in batches[0]))
+    original = tf.function(make_train_step(model, opt)).get_concrete_function(*(tf.constant(a) for a in batches[0]))
     fn, info = rewrite(original) if rewrite else (original, None)
     losses = [float(fn(tf.constant(x), tf.constant(y))) for x, y in batches]
-    return losses, [np.array(v.numpy()) for v in list(model.weights) + list(opt.variables)], info
+    return losses, snapshot(model, opt), info
 
 
 @pytest.mark.parametrize("compress", [False, True], ids=["plain", "zvc"])
@@ -229,9 +220,10 @@ def test_vdnn_rewrite_trains_bitwise_identically(compress):
         return to_concrete_function(compressed, original), plan
 
     ref_losses, ref_state, _ = _train(None, batches)
+    assert_bitwise_equal(ref_state, _train(None, batches)[1], "plain twice (the control)")
     losses, got, plan = _train(rewrite, batches)
     # the first conv reads the step's input: offloaded are the second conv's input and the dense layer's
     assert [s.tensor.op.rsplit("/", 1)[-1] for s in plan.swaps] == ["MaxPool2d", "Reshape"]
     assert all(s.swap_ins[0].trigger for s in plan.swaps)
     assert losses == ref_losses
-    assert all(a.tobytes() == b.tobytes() for a, b in zip(ref_state, got))
+    assert_bitwise_equal(ref_state, got, "vDNN rewrite vs plain")
