@@ -33,7 +33,6 @@ optimizer variable, every replica's copy included):
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import os
 import pathlib
@@ -46,6 +45,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from tflms.testing.bitwise import bitwise_diff
 
 HERE = pathlib.Path(__file__).resolve()
 SEED = 1234
@@ -267,9 +268,9 @@ def test_multi_worker_mirrored_two_local_workers(tmp_path):
         for run, reference in (("lms", "tf"), ("fit_lms", "fit")):
             keys = sorted(k for k in w.files if k.startswith(run + "/"))
             assert keys and len(keys) == len([k for k in w.files if k.startswith(reference + "/")])
-            diffs = [names[reference][int(k.split("/")[1])] for k in keys
-                     if w[k].tobytes() != w[reference + k[len(run):]].tobytes()]
-            assert not diffs, f"worker {task}: {run} differs from {reference} in {diffs}"
+            entries = [(names[reference][int(k.split("/")[1])], w[reference + k[len(run):]], w[k]) for k in keys]
+            diffs = bitwise_diff([(n, ref) for n, ref, _ in entries], [(n, got) for n, _, got in entries])
+            assert not diffs, f"worker {task}: {run} differs from {reference}:\n  " + "\n  ".join(diffs)
         for name in ("custom_loop", "keras_fit"):
             r = result[name]
             assert r["swaps_per_replica"] and set(r["swaps_per_replica"]) == {replica}, (task, name, r)
@@ -280,9 +281,9 @@ def test_multi_worker_mirrored_two_local_workers(tmp_path):
     # Synchronous training: both workers hold the same variables at the end.
     for run in ("tf", "lms", "fit", "fit_lms"):
         keys = sorted(k for k in weights[0].files if k.startswith(run + "/"))
-        diffs = [results[0]["names"][run][int(k.split("/")[1])] for k in keys
-                 if weights[0][k].tobytes() != weights[1][k].tobytes()]
-        assert not diffs, f"{run}: workers 0 and 1 differ in {diffs}"
+        named = [[(results[0]["names"][run][int(k.split("/")[1])], w[k]) for k in keys] for w in weights]
+        diffs = bitwise_diff(*named)
+        assert not diffs, f"{run}: workers 0 and 1 differ:\n  " + "\n  ".join(diffs)
 
 
 # =============================================================================================== child side
@@ -326,17 +327,6 @@ def _state(strategy, variables) -> list[tuple[str, np.ndarray]]:
         for i, component in enumerate(strategy.experimental_local_results(v.value)):
             state.append((f"{v.path}[replica {i}]", np.array(component.numpy())))
     return state
-
-
-def _diffs(reference: list[tuple[str, np.ndarray]], candidate: list[tuple[str, np.ndarray]]) -> list[str]:
-    if len(reference) != len(candidate):
-        return [f"{len(reference)} vs {len(candidate)} entries"]
-    out = []
-    for (name, a), (_, b) in zip(reference, candidate):
-        if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes():
-            delta = np.abs(a.astype(np.float64) - b.astype(np.float64)) if a.shape == b.shape else np.array([np.inf])
-            out.append(f"{name}: max |diff| {np.nanmax(delta):.6g}")
-    return out
 
 
 def _custom_loop(strategy, wrap, *, iterator_argument: bool = False):
@@ -485,7 +475,7 @@ def _custom_loop_scenario(strategy, replicas, **lms_options):
             candidate, initial, final, step = _custom_loop(strategy, lambda f: tflms.function(f, **lms_options),
                                                            iterator_argument=iterator_argument)
         rewritten = step._last.rewritten  # noqa: SLF001 - the ConcreteFunction that ran
-        return {"diffs": _diffs(reference, candidate), "changed": bool(_diffs(initial, final)),
+        return {"diffs": bitwise_diff(reference, candidate), "changed": bool(bitwise_diff(initial, final)),
                 **_summary(step.report, step.placement),
                 **_placement_facts(step.report, step.placement, rewritten, rec.metadata, replicas)}
     return run
@@ -524,8 +514,8 @@ def _keras_fit_scenario(strategy, replicas, case: str, steps_per_execution: int 
         variables = lambda m: list(m.weights) + list(m.optimizer.variables)  # noqa: E731
         trace = lms._last_step.last  # noqa: SLF001 - the trace that ran (its rewritten ConcreteFunction)
         return {"history": history, "reference_history": ref_history,
-                "diffs": _diffs(_state(strategy, variables(reference)), _state(strategy, variables(model))),
-                "changed": bool(_diffs(initial, _state(strategy, model.weights))),
+                "diffs": bitwise_diff(_state(strategy, variables(reference)), _state(strategy, variables(model))),
+                "changed": bool(bitwise_diff(initial, _state(strategy, model.weights))),
                 **_summary(lms.report, lms.placement),
                 **_placement_facts(lms.report, lms.placement, trace.rewritten, rec.metadata, replicas)}
     return run
@@ -665,7 +655,7 @@ def worker_main(task: int, ports: str, out_dir: str) -> None:
     arrays.update({f"lms/{i:03d}": a for i, (_, a) in enumerate(candidate)})
     rewritten = step._last.rewritten  # noqa: SLF001 - the ConcreteFunction that ran
     results["custom_loop"] = {
-        "changed": bool(_diffs(initial, final)), **_summary(step.report, step.placement),
+        "changed": bool(bitwise_diff(initial, final)), **_summary(step.report, step.placement),
         **_placement_facts(step.report, step.placement, rewritten, rec.metadata, [replica])}
 
     x, y = _data()
@@ -692,7 +682,7 @@ def worker_main(task: int, ports: str, out_dir: str) -> None:
         results.setdefault("names", {})[run] = [n for n, _ in state]
     trace = lms._last_step.last  # noqa: SLF001
     results["keras_fit"] = {"history": history, "reference_history": ref_history,
-                            "changed": bool(_diffs(initial, _state(strategy, model.weights))),
+                            "changed": bool(bitwise_diff(initial, _state(strategy, model.weights))),
                             **_summary(lms.report, lms.placement),
                             **_placement_facts(lms.report, lms.placement, trace.rewritten, rec.metadata, [replica])}
     results["seconds"] = round(time.monotonic() - t0, 2)
