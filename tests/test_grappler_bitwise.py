@@ -30,6 +30,7 @@ from tensorflow.python.eager import context
 import tflms
 import tflms.keras
 from tflms.ir import preoptimize
+from tflms.testing import Snapshot, assert_bitwise_equal, make_train_step, snapshot
 
 BATCH = 4
 STEPS = 2
@@ -148,14 +149,9 @@ def assert_swaps_alive(graph_def, report) -> None:
     assert not missing, f"{len(missing)} of {len(report.inserted_ops)} swap ops are not in what TF ran: {missing[:5]}"
 
 
-def state(model) -> list[bytes]:
-    return [v.numpy().tobytes() for v in model.variables] + [v.numpy().tobytes() for v in model.optimizer.variables]
-
-
-def assert_bitwise(reference: list[bytes], candidate: list[bytes], what: str) -> None:
-    assert len(reference) == len(candidate)
-    differ = [i for i, (a, b) in enumerate(zip(reference, candidate)) if a != b]
-    assert not differ, f"{what}: {len(differ)} of {len(reference)} weights/optimizer variables differ: {differ[:8]}"
+def state(model) -> Snapshot:
+    """Every variable of the model (seed states too) and of its optimizer, named."""
+    return snapshot(variables=[*model.variables, *model.optimizer.variables])
 
 
 # --------------------------------------------------------------------- tflms.function
@@ -165,15 +161,7 @@ def _tape_run(kind: str, wrap: Callable):
     optimizer = keras.optimizers.RMSprop(0.01)
     optimizer.build(model.trainable_variables)
     model.optimizer = optimizer
-    loss_fn = keras.losses.CategoricalCrossentropy(from_logits=True)
-
-    def step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
-    fn = wrap(step)
+    fn = wrap(make_train_step(model, optimizer, keras.losses.CategoricalCrossentropy(from_logits=True)))
     with run_metadata() as graphs:
         for i in range(STEPS):
             fn(tf.constant(x[i * BATCH:(i + 1) * BATCH]), tf.constant(y[i * BATCH:(i + 1) * BATCH]))
@@ -188,12 +176,12 @@ def _lms(step):
 def test_function_is_bitwise_and_runs_the_same_ops(kind):
     plain, plain_graphs, _ = _tape_run(kind, tf.function)
     again, _, _ = _tape_run(kind, tf.function)
-    assert_bitwise(plain, again, f"{kind}: plain tf.function vs itself (the control)")
+    assert_bitwise_equal(plain, again, f"{kind}: plain tf.function vs itself (the control)")
     lms, lms_graphs, fn = _tape_run(kind, _lms)
     ran = step_graph(lms_graphs)
     assert_swaps_alive(ran, fn.report)
     assert_same_counts(op_counts(step_graph(plain_graphs)), op_counts(ran, fn.report.inserted_ops), kind)
-    assert_bitwise(plain, lms, f"{kind}: tflms.function(swapout_threshold=1) vs tf.function")
+    assert_bitwise_equal(plain, lms, f"{kind}: tflms.function(swapout_threshold=1) vs tf.function")
 
 
 @pytest.fixture
@@ -253,13 +241,13 @@ def _fit(kind: str, callbacks):
 def test_keras_fit_is_bitwise_and_runs_the_same_ops(kind):
     plain, plain_graphs = _fit(kind, [])
     again, _ = _fit(kind, [])
-    assert_bitwise(plain, again, f"{kind}: plain fit vs itself (the control)")
+    assert_bitwise_equal(plain, again, f"{kind}: plain fit vs itself (the control)")
     callback = tflms.keras.LMS(swapout_threshold=1, swapin_ahead=1, verbose=0)
     lms, lms_graphs = _fit(kind, [callback])
     ran = step_graph(lms_graphs)
     assert_swaps_alive(ran, callback.report)
     assert_same_counts(op_counts(step_graph(plain_graphs)), op_counts(ran, callback.report.inserted_ops), kind)
-    assert_bitwise(plain, lms, f"{kind}: fit + LMS(swapout_threshold=1) vs fit")
+    assert_bitwise_equal(plain, lms, f"{kind}: fit + LMS(swapout_threshold=1) vs fit")
 
 
 # --------------------------------------------------------------------- SavedModel
@@ -295,10 +283,13 @@ def test_saved_model_keeps_fused_ops_and_trains_bitwise(tmp_path):
     types = collections.Counter(op.type for op in cf.graph.get_operations())
     assert types["_FusedConv2D"] >= 1 and any(op.name.startswith("lms/") for op in cf.graph.get_operations())
     _, x, y = build("conv_bias_relu")
+    losses_a, losses_b = [], []
     for i in range(STEPS):
         xb, yb = tf.constant(x[i * BATCH:(i + 1) * BATCH]), tf.constant(y[i * BATCH:(i + 1) * BATCH])
-        assert original.train(xb, yb).numpy().tobytes() == rewritten.train(xb, yb).numpy().tobytes()
+        losses_a.append(original.train(xb, yb))
+        losses_b.append(rewritten.train(xb, yb))
     vars_a, vars_b = savedmodel._variables(original), savedmodel._variables(rewritten)  # noqa: SLF001
     assert sorted(vars_a) == sorted(vars_b)
-    differ = [p for p in vars_a if vars_a[p].numpy().tobytes() != vars_b[p].numpy().tobytes()]
-    assert not differ, f"variables differ after {STEPS} steps: {differ[:5]}"
+    assert_bitwise_equal(snapshot(variables=[vars_a[p] for p in sorted(vars_a)], losses=losses_a),
+                         snapshot(variables=[vars_b[p] for p in sorted(vars_a)], losses=losses_b),
+                         f"rewritten SavedModel vs original after {STEPS} steps")

@@ -15,7 +15,7 @@ from tflms.ir.graph import TensorRef
 from tflms.schedule import (add_order_edges, buffer_model, order_edges, ordered_ops, replay_peak, replay_peak_timed,
                             schedule_order, schedule_with_report)
 from tflms.sim import HardwareProfile, level_order, simulate
-from tflms.testing import GraphBuilder, mlp_training_graph
+from tflms.testing import GraphBuilder, assert_bitwise_equal, make_train_step, mlp_training_graph, snapshot
 
 SMALL = (4, 4)  # 64-byte float32 tensors
 BIG = (16, 16)  # 1024-byte float32 tensors
@@ -241,7 +241,6 @@ def _traced_step(seed: int):
     import keras
     import tensorflow as tf
 
-    from tflms.demo import make_train_step
     model = _branchy_model(seed)
     optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
     optimizer.build(model.trainable_variables)
@@ -290,12 +289,9 @@ def test_traced_two_branch_model_schedules_lower_and_trains_bitwise(tf_quiet):
             edges = order_edges(g, order)
             assert edges
             fn = tf_io.to_concrete_function(add_order_edges(g, edges), cf)
-        losses = [fn(x, y).numpy().tobytes() for x, y in data]
-        results[variant] = (losses, [v.numpy().tobytes() for v in model.weights + optimizer.variables])
-    assert results["plain"] == results["plain-again"]  # the control: plain vs plain is bitwise
-    assert results["ordered"][0] == results["plain"][0]
-    mismatched = [i for i, (a, b) in enumerate(zip(results["ordered"][1], results["plain"][1])) if a != b]
-    assert not mismatched, f"{len(mismatched)} weights differ, e.g. index {mismatched[:3]}"
+        results[variant] = snapshot(model, optimizer, losses=[fn(x, y) for x, y in data])
+    assert_bitwise_equal(results["plain"], results["plain-again"], "plain vs plain (the control)")
+    assert_bitwise_equal(results["plain"], results["ordered"], "with order edges vs plain")
 
 
 def test_permutations_of_a_chain_are_unique_after_edges():
