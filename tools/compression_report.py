@@ -70,18 +70,12 @@ def traced_step(batch: int, image: int, filters: Sequence[int], classes: int, se
     import keras
     import numpy as np
     import tensorflow as tf
+
+    from tflms.testing import make_train_step
     model = build_cnn(image, filters, classes, seed)
     optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
     optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    step = tf.function(make_train_step(model, optimizer))
 
     rng = np.random.default_rng(seed)
     x = tf.constant(rng.standard_normal((batch, image, image, 3)).astype(np.float32))

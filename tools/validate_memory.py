@@ -139,20 +139,13 @@ def build_case(model: str, *, batch: int | None = None, seed: int = SEED) -> Cas
     import tensorflow as tf
 
     from tflms.ir import tf_io
+    from tflms.testing import make_train_step
 
     builder, default_batch = _BUILDERS[model]
     keras.utils.set_random_seed(seed)
     net, optimizer, x_shape = builder(keras, batch or default_batch)
     optimizer.build(net.trainable_variables)  # create the slots outside the traced step
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, net(x, training=True))
-        grads = tape.gradient(loss, net.trainable_variables)
-        optimizer.apply_gradients(zip(grads, net.trainable_variables))
-        return loss
+    train_step = tf.function(make_train_step(net, optimizer))
 
     concrete = train_step.get_concrete_function(tf.TensorSpec(x_shape, tf.float32),
                                                  tf.TensorSpec(x_shape[:1], tf.int32))
