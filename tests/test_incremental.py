@@ -122,20 +122,11 @@ def cnn_graph():
     keras = pytest.importorskip("keras")
     import tensorflow as tf
 
-    from tflms.demo import make_train_step
     from tflms.ir.tf_io import load_graph
+    from tflms.testing import make_train_step
+    from tflms.testing.models import residual_bn
 
-    keras.utils.set_random_seed(0)
-    layers = keras.layers
-    inputs = keras.Input((16, 16, 3))
-    h = layers.Conv2D(8, 3, padding="same", name="stem")(inputs)
-    for blk in range(2):
-        y = layers.ReLU(name=f"b{blk}_relu")(layers.BatchNormalization(name=f"b{blk}_bn")(
-            layers.Conv2D(8, 3, padding="same", use_bias=False, name=f"b{blk}_conv")(h)))
-        h = layers.Add(name=f"b{blk}_add")([h, y])
-    h = layers.MaxPooling2D(name="pool")(h)
-    outputs = layers.Dense(10, name="logits")(layers.GlobalAveragePooling2D(name="gap")(h))
-    model = keras.Model(inputs, outputs)
+    model = residual_bn(seed=0, size=16, filters=8, blocks=2)
     optimizer = keras.optimizers.SGD(learning_rate=0.05, momentum=0.9)
     optimizer.build(model.trainable_variables)
     step = tf.function(make_train_step(model, optimizer))

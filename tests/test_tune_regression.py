@@ -45,17 +45,8 @@ def cnn(batch=64):
     import tensorflow as tf
     from tflms.ir.tf_io import load_graph
     from tflms.testing import make_train_step
-    keras.utils.set_random_seed(0)
-    layers = keras.layers
-    inputs = keras.Input((32, 32, 3))
-    h = layers.Conv2D(16, 3, padding="same", name="stem")(inputs)
-    for blk in range(3):
-        y = layers.ReLU(name=f"b{blk}_relu")(layers.BatchNormalization(name=f"b{blk}_bn")(
-            layers.Conv2D(16, 3, padding="same", use_bias=False, name=f"b{blk}_conv")(h)))
-        h = layers.Add(name=f"b{blk}_add")([h, y])
-    h = layers.MaxPooling2D(name="pool")(h)
-    outputs = layers.Dense(10, name="logits")(layers.GlobalAveragePooling2D(name="gap")(h))
-    model = keras.Model(inputs, outputs)
+    from tflms.testing.models import residual_bn
+    model = residual_bn(seed=0, size=32, filters=16, blocks=3)
     optimizer = keras.optimizers.SGD(learning_rate=0.05, momentum=0.9)
     optimizer.build(model.trainable_variables)
     step = tf.function(make_train_step(model, optimizer))

@@ -69,6 +69,26 @@ def residual(*, seed: int = 0, size: int = 16, channels: int = 3, filters: int =
     return keras.Model(inputs, keras.layers.Dense(classes, name="logits")(h), name="zoo_residual")
 
 
+def residual_bn(*, seed: int = 0, size: int = 16, channels: int = 3, filters: int = 8, blocks: int = 2,
+                classes: int = 10):
+    """Residual blocks of conv (no bias) + BatchNormalization + ReLU, a max pool, a Dense head.
+
+    The CNN the tuner's regression cases and the incremental-analysis tests trace
+    (not in :data:`MODEL_BUILDERS`: its layer and model names are Keras defaults
+    or ``b{i}_*``, as those tests have always had them).
+    """
+    keras = _keras(seed)
+    layers = keras.layers
+    inputs = keras.Input((size, size, channels))
+    h = layers.Conv2D(filters, 3, padding="same", name="stem")(inputs)
+    for blk in range(blocks):
+        y = layers.ReLU(name=f"b{blk}_relu")(layers.BatchNormalization(name=f"b{blk}_bn")(
+            layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"b{blk}_conv")(h)))
+        h = layers.Add(name=f"b{blk}_add")([h, y])
+    h = layers.MaxPooling2D(name="pool")(h)
+    return keras.Model(inputs, layers.Dense(classes, name="logits")(layers.GlobalAveragePooling2D(name="gap")(h)))
+
+
 def add_tree(*, seed: int = 0, input_dim: int = 16, width: int = 32, branches: int = 4, classes: int = 5):
     keras = _keras(seed)
     inputs = keras.Input((input_dim,), name="x")
