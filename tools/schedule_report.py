@@ -68,6 +68,7 @@ def bitwise_check(batch: int, steps: int, min_bytes: int = DEFAULT_MIN_BYTES) ->
     from tflms.ir import tf_io
     from tflms.ir.tf_io import load_graph
     from tflms.schedule import add_order_edges, order_edges, schedule_order
+    from tflms.testing import bitwise_diff, snapshot
     rng = np.random.RandomState(0)
     data = [(tf.constant(rng.standard_normal((batch, 224, 224, 3)).astype("float32")),
              tf.constant(rng.randint(0, 1000, size=(batch,)).astype("int32"))) for _ in range(steps)]
@@ -82,12 +83,11 @@ def bitwise_check(batch: int, steps: int, min_bytes: int = DEFAULT_MIN_BYTES) ->
             specs = (tf.TensorSpec((None, 224, 224, 3), tf.float32), tf.TensorSpec((None,), tf.int32))
             fn = tf_io.to_concrete_function(add_order_edges(load_graph(step.get_concrete_function(*specs)), e),
                                             step.get_concrete_function(*specs))
-        losses = [fn(x, y).numpy().tobytes() for x, y in data]
-        out[variant] = losses + [v.numpy().tobytes() for v in model.weights + optimizer.variables]
+        out[variant] = snapshot(model, optimizer, losses=[fn(x, y) for x, y in data])
+    differing = bitwise_diff(out["plain"], out["ordered"])
     return {"batch": batch, "steps": steps, "min_bytes": min_bytes, "edges": edges,
-            "control_equal": out["plain"] == out["plain-again"],
-            "ordered_equal": out["ordered"] == out["plain"],
-            "differing": sum(a != b for a, b in zip(out["ordered"], out["plain"]))}
+            "control_equal": not bitwise_diff(out["plain"], out["plain-again"]),
+            "ordered_equal": not differing, "differing": len(differing)}
 
 
 def synthetic(n_pairs: int):
