@@ -265,6 +265,7 @@ def validate(cases: list[Case], variants: list[Variant], *, repeat: int = 1) -> 
                                step_request)
     from tflms.measure.executor import ACCELERATOR_DEVICE, HOST_DEVICE
     from tflms.sim.simulator import order_from_start_times, simulate
+    from tflms.testing import bitwise_diff
 
     by_model = {case.model: case for case in cases}
     requests = [step_request(by_model[v.model].concrete_function, by_model[v.model].args,
@@ -293,8 +294,9 @@ def validate(cases: list[Case], variants: list[Variant], *, repeat: int = 1) -> 
         identical = None
         if variant.variant != "original" and variant.model in original_after:
             before = original_after[variant.model]
-            identical = all(set(before) == set(m.variables_after) and all(
-                np.array_equal(before[name], m.variables_after[name]) for name in before) for m in measurements)
+            names = sorted(before)
+            identical = all(set(before) == set(m.variables_after) and not bitwise_diff(
+                [(n, before[n]) for n in names], [(n, m.variables_after[n]) for n in names]) for m in measurements)
         records.append(Record(
             model=variant.model, variant=variant.variant, params=variant.params,
             swapped_tensors=variant.swapped_tensors, budget_bytes=variant.budget_bytes,
