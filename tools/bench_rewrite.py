@@ -227,6 +227,7 @@ def bench_resnet50(args) -> Record:
     import keras
     import tensorflow as tf
     from tflms.ir import tf_io
+    from tflms.testing import make_train_step
 
     progress("building ResNet-50 (weights=None) ...")
     model = keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3), classes=1000)
@@ -235,16 +236,8 @@ def bench_resnet50(args) -> Record:
     else:
         optimizer = keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)
     optimizer.build(model.trainable_variables)  # create slots outside the traced step
-    loss_fn = keras.losses.SparseCategoricalCrossentropy()
-
-    @tf.function
-    def train_step(images, labels):
-        with tf.GradientTape() as tape:
-            predictions = model(images, training=True)
-            loss = loss_fn(labels, predictions)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    # ResNet-50 ends in a softmax: the loss is on probabilities, not logits
+    train_step = tf.function(make_train_step(model, optimizer, keras.losses.SparseCategoricalCrossentropy()))
 
     progress(f"tracing ResNet-50 training step (batch {args.batch}, {args.optimizer}) ...")
     t0 = time.perf_counter()
