@@ -76,24 +76,61 @@ def _train(wrap, data):
     return fn, losses, [v.numpy().tobytes() for v in model.weights + optimizer.variables]
 
 
-def test_a_budgeted_tflms_function_enforces_the_order_and_trains_bitwise(tf_quiet):
+@pytest.fixture(scope="module")
+def plain_run(tf_quiet):
     import tensorflow as tf
-
-    import tflms
     rng = np.random.RandomState(0)
     data = [(tf.constant(rng.standard_normal((BATCH, 16, 16, 3)).astype("float32")),
              tf.constant(rng.randint(0, 10, size=(BATCH,)).astype("int32"))) for _ in range(3)]
     _, plain_losses, plain = _train(tf.function, data)
     _, again_losses, again = _train(tf.function, data)
     assert (plain_losses, plain) == (again_losses, again)  # the control: plain vs plain is bitwise
-    # 4.3 MiB: the step needs 4.36 MiB unswapped on v100-16gb-pcie3, so the tuner swaps, and the schedule
-    # (one branch's batch norm before the other's) lowers the swapped step's peak further.
-    fn, losses, state = _train(lambda s: tflms.function(s, budget="4.3MiB"), data)
+    return data, plain_losses, plain
+
+
+# budget 4.3 MiB: the step needs 4.36 MiB in level order on v100-16gb-pcie3 and fits in the enforced order
+# (the tuner judges its finalists in it); swapout_threshold=1 with enforce_order=True: every swap the rules
+# allow, then the order on the swapped graph.
+@pytest.mark.parametrize("options", [{"budget": "4.3MiB"}, {"swapout_threshold": 1, "enforce_order": True}],
+                         ids=["tuned", "rules-with-swaps"])
+def test_tflms_function_enforces_the_order_and_trains_bitwise(plain_run, options):
+    import tflms
+    data, plain_losses, plain = plain_run
+    fn, losses, state = _train(lambda s: tflms.function(s, **options), data)
     order = fn.report.order
     assert order is not None and order["applied"] and order["edges"] > 0, order
     assert order["ordered_peak_bytes"] < order["level_peak_bytes"]
     assert f"{order['edges']} order edges" in fn.report.table()
-    assert fn.report.num_swapped > 0
+    if "swapout_threshold" in options:
+        assert fn.report.num_swapped > 0
     assert losses == plain_losses
     mismatched = [i for i, (a, b) in enumerate(zip(state, plain)) if a != b]
     assert not mismatched, f"{len(mismatched)} variables differ, e.g. index {mismatched[:3]}"
+
+
+def wide_branches():
+    """Like ``two_branches`` with 256 KiB temporaries (above the order pass's 64 KiB threshold)."""
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=(1, 16))
+    a_small = b.op("a_small", "Sum", [b.op("a_big", "Pad", [x], shape=(256, 256))], shape=(1, 16))
+    b_small = b.op("b_small", "Sum", [b.op("b_big", "Pad", [x], shape=(256, 256))], shape=(1, 16))
+    b.op("out", "AddV2", [a_small, b_small], shape=(1, 16))
+    return b.graph
+
+
+def test_the_tuner_accepts_a_step_that_fits_only_in_the_enforced_order():
+    from tflms.analysis.cto import analyze_graph
+    from tflms.errors import BudgetError
+    from tflms.tune.tuner import tune
+    g = wide_branches()
+    profile = unit_profile()
+    level, ordered = simulate(g, profile).peak_bytes, enforce_order(g, profile).report.ordered_peak_bytes
+    assert ordered < level
+    budget = (level + ordered) // 2
+    with pytest.raises(BudgetError):  # in level order nothing fits
+        tune(analyze_graph(g), budget=budget, profile=profile, require_backward=False)
+    result = tune(analyze_graph(g), budget=budget, profile=profile, require_backward=False, enforce_order=True)
+    assert result.best.order is not None and result.best.order["edges"] > 0
+    assert result.best.sim.peak_with_margin_bytes == ordered <= budget
+    assert "enforced order" in result.reason()
+    assert result.to_dict()["candidates"][-1]["order_edges"] == result.best.order["edges"]

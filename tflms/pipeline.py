@@ -144,7 +144,8 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             from tflms.tune.tuner import tune
             result = clock("tune", lambda: tune(analysis, budget=config.budget_bytes, profile=choice.name,
                                                 config=config, copy_op=copy_op, fit_by=config.fit_by,
-                                                compress=compressor, progress=progress))
+                                                compress=compressor, progress=progress,
+                                                enforce_order=config.orders))
             planned = accelerator if accelerator != config.host_device else PROFILE_DEVICE
             plan = result.best.plan or _empty_plan(config, planned)
             swapped, tuning = result.graph, result.to_dict()
