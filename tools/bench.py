@@ -61,8 +61,8 @@ import shlex
 import sys
 import time
 
-from benchlib.common import (ALL_MODELS, FULL_MODELS, FULL_PROFILES, QUICK_BISECT_STEPS, QUICK_MODELS, QUICK_PROFILES,
-                             say)
+from benchlib.common import (ALL_MODELS, FULL_MODELS, FULL_PROFILES, HEADROOM, QUICK_BISECT_STEPS, QUICK_MODELS,
+                             QUICK_PROFILES, say)
 from benchlib.models import MODELS, Steps
 from benchlib.report import markdown, plot_timelines, records_for
 from benchlib.search import run_model_profile
@@ -80,6 +80,9 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", help="accelerator budget for every profile instead of its memory (e.g. 64MiB)")
     parser.add_argument("--bisect-steps", type=int, default=None,
                         help=f"bisection steps after doubling (quick default {QUICK_BISECT_STEPS}; --full: exact)")
+    parser.add_argument("--headroom", type=float, default=HEADROOM,
+                        help=f"fraction of each peak (and of the swap-only bound) kept free, the same for every method "
+                             f"(default {HEADROOM})")
     parser.add_argument("--json", action="store_true", help="print JSON records instead of the Markdown report")
     parser.add_argument("--results", help="write the Markdown report here (default docs/results.md without --json)")
     parser.add_argument("--plots", help="directory for timeline PNGs (default docs/plots without --json)")
@@ -107,7 +110,7 @@ def main(argv=None) -> int:
     for model in models:
         for profile in profiles:
             say(f"=== {model} on {profile}")
-            results = run_model_profile(steps, model, profile, budget, bisect_steps)
+            results = run_model_profile(steps, model, profile, budget, bisect_steps, args.headroom)
             recs = records_for(model, profile, results)
             records += recs
             if plots_dir:

@@ -500,7 +500,7 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
         if name in strategies or (name == "vdnn" and set(strategies) & set(OPT_IN_STRATEGIES)):
             with gc_paused():  # the searches allocate much and make no cycles (see gc_paused)
                 search()
-    if enforce_order and not base.fits:
+    if enforce_order and not base.fits and not (first_fit and any(c.fits for c in ev.candidates)):
         with gc_paused():
             judge_ordered(ev)
     fitting = [c for c in ev.candidates if c.fits]
