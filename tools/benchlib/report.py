@@ -8,7 +8,7 @@ import os
 import pathlib
 import platform
 
-from .common import BOUND, IDLE_STRATEGIES, METHODS, QUICK_BISECT_STEPS, REPORTED, UNET_RESOLUTION_STEP, say
+from .common import BOUND, METHODS, QUICK_BISECT_STEPS, REPORTED, UNET_RESOLUTION_STEP, say
 from .models import MODELS
 from .search import MethodResult
 
@@ -180,8 +180,8 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
                  "miss could hide another fitting candidate, so the maximum is a lower bound; "
                  if mode == "quick" else "`tflms-distance` runs `tune(strategies=[\"tflms-distance\"], "
                  "first_fit=True)`; ")
-              + f"`tflms-best` runs `tune(strategies={json.dumps(list(IDLE_STRATEGIES))}, first_fit=True)` "
-              "where the distance rules miss. One full tune with every strategy runs at the common batch; the "
+              + "`tflms-best` runs `tune(first_fit=True, enforce_order=True)` (every strategy; finalists judged "
+              "in the order the pipeline's order pass enforces) where the distance rules miss. One full tune with every strategy runs at the common batch; the "
               "tuner evaluates the distance candidates first, so `tflms-distance`'s choice and wall time are "
               "read off the same run (its fastest fitting distance candidate, the time of its last one).",
               f"- The 3D U-Net is re-traced at every probed resolution (multiples of {UNET_RESOLUTION_STEP}, "

@@ -118,7 +118,10 @@ class Evaluator:
     def _tflms_best(self, size):
         if self.fits("tflms-distance", size):
             return Probe(True)
-        return self._tune(size, list(IDLE_STRATEGIES), enforce_order=True)
+        # Every strategy, judged in the enforced order: a distance plan the rules' probe saw miss in level
+        # order can fit once the order pass pins its schedule.
+        from tflms.tune.tuner import STRATEGIES
+        return self._tune(size, list(STRATEGIES), enforce_order=True)
 
     def _grappler(self, size):
         from tflms.baselines.grappler_swap import grappler_swap
