@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .common import (BOUND, HEADROOM, IDLE_STRATEGIES, METHODS, QUICK_DISTANCE_PROBES, SEARCH_LIMIT,
+from .common import (BOUND, HEADROOM, METHODS, QUICK_DISTANCE_PROBES, SEARCH_LIMIT,
                      UNET_RESOLUTION_STEP, say)
 from .models import MODELS, Steps
 
