@@ -134,3 +134,17 @@ def test_the_tuner_accepts_a_step_that_fits_only_in_the_enforced_order():
     assert result.best.sim.peak_with_margin_bytes == ordered <= budget
     assert "enforced order" in result.reason()
     assert result.to_dict()["candidates"][-1]["order_edges"] == result.best.order["edges"]
+
+
+def test_a_winner_judged_without_edges_gets_none(tf_quiet):
+    """A step that fits unswapped in level order: the tuner's winner has no order, so the pass does not run."""
+    from test_schedule import _traced_step
+
+    from tflms.pipeline import rewrite_step
+    _, _, _, cf = _traced_step(0)
+    roomy = rewrite_step(cf, LMSConfig(batch_size=BATCH, budget_bytes="10MiB"), build=False)
+    assert roomy.report.tuning["strategy"] == "none" and roomy.report.order is None
+    tight = rewrite_step(cf, LMSConfig(batch_size=BATCH, budget_bytes="4.3MiB"), build=False)
+    assert tight.report.order is not None and tight.report.order["edges"] > 0  # the control: same step, tighter
+    off = rewrite_step(cf, LMSConfig(batch_size=BATCH, budget_bytes="4.3MiB", enforce_order=False), build=False)
+    assert off.report.order is None

@@ -64,7 +64,8 @@ class LMSConfig:
         "Enforced order"): ``None`` (default) means on when tuning (a budget or profile is given) and off
         otherwise; ``True`` always (simulated on the profile, ``v100-16gb-pcie3`` when none is given);
         ``False`` never. The edges are added only when the graph with them peaks lower in the simulator
-        than without; they never change values (training stays bitwise).
+        than without and, when tuning, only if the winning candidate was judged with them; they never
+        change values (training stays bitwise).
     """
 
     swapout_threshold: int = 1

@@ -139,7 +139,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         simulates = config.auto_tune or config.compress == COMPRESS_AUTO or config.orders
         choice = select_profile(config.profile, local_gpu()) if simulates else None
         compressor = _compressor(config, analysis, step, example_inputs, choice)
-        tuning = None
+        tuning, ordered_by_tuner = None, True
         if config.auto_tune:
             from tflms.tune.tuner import tune
             result = clock("tune", lambda: tune(analysis, budget=config.budget_bytes, profile=choice.name,
@@ -149,6 +149,9 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             planned = accelerator if accelerator != config.host_device else PROFILE_DEVICE
             plan = result.best.plan or _empty_plan(config, planned)
             swapped, tuning = result.graph, result.to_dict()
+            # The tuner judged each finalist with and without the order's edges; the pass runs only when the
+            # winner was the ordered one, so that what runs is what was predicted.
+            ordered_by_tuner = result.best.order is not None and result.best.order["applied"]
             if accelerator == config.host_device:  # no GPU here: the tuner planned for the profile's
                 plan = dataclasses.replace(plan, warnings=(no_gpu_warning(choice.name, accelerator),) + plan.warnings)
         else:
@@ -161,7 +164,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         placed = clock("place", lambda: place_swaps(swapped, plan))
         placed.graph.lint()
         final, order = placed.graph, None
-        if config.orders:
+        if config.orders and ordered_by_tuner:
             from tflms.passes.order import enforce_order
             from tflms.sim.simulator import SimOptions
             ordered = clock("order", lambda: enforce_order(placed.graph, choice.name,

@@ -25,7 +25,8 @@ class RewriteReport:
     #: ``source`` (given / device / default), ``why``, ``planned_for`` (accelerator), ``runs_on`` (this machine)
     hardware: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: the order pass's record (:meth:`tflms.passes.order.OrderReport.to_dict`: ``applied``, ``edges`` (how
-    #: many), ``heuristic``, peaks, ``why``); ``None`` when the pass did not run (``LMSConfig.orders``)
+    #: many), ``heuristic``, peaks, ``why``); ``None`` when the pass did not run (``LMSConfig.orders`` off, or
+    #: the tuner's winner was judged without the order's edges)
     order: dict[str, Any] | None = None
 
     @property
