@@ -298,6 +298,7 @@ def run_model_profile(steps: Steps, model: str, profile_name: str, budget: int |
     low, high = search_max(lambda s: ev.fits(BOUND, s), max(top.max_size, 1), bisect_steps, top.upper)
     results[BOUND] = MethodResult(BOUND, low, high, [(s, p.fits) for (m, s), p in ev.cache.items() if m == BOUND],
                                   time.perf_counter() - t0, common=common, detail="resident + largest working set")
+    results[BOUND].ops = ev.cache[(BOUND, low)].ops if (BOUND, low) in ev.cache else 0  # the graph judged there
     say(f"{model} {profile_name}: swap-only bound {ev.label(low)}; "
         + ", ".join(f"{m} {r.max_size / low:.0%}" for m, r in results.items() if m != BOUND and low))
     return results
