@@ -59,6 +59,13 @@ class LMSConfig:
         swapped activations lose precision), or ``"auto"`` (CSwap+: per tensor,
         the lossless codec only where the simulator says it makes the step
         faster, from sparsity measured on the first batch).
+      enforce_order: pin a memory-aware execution order with control edges after the swaps, the
+        compression and the placement (:func:`tflms.passes.order.enforce_order`; docs/design.md,
+        "Enforced order"): ``None`` (default) means on when tuning (a budget or profile is given) and off
+        otherwise; ``True`` always (simulated on the profile, ``v100-16gb-pcie3`` when none is given);
+        ``False`` never. The edges are added only when the graph with them peaks lower in the simulator
+        than without and, when tuning, only if the winning candidate was judged with them; they never
+        change values (training stays bitwise).
     """
 
     swapout_threshold: int = 1
@@ -77,6 +84,7 @@ class LMSConfig:
     profile: str | None = None
     fit_by: str = "live"
     compress: str | None = None
+    enforce_order: bool | None = None
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass normalisation
@@ -128,6 +136,8 @@ class LMSConfig:
         if self.compress is not None and self.compress not in (COMPRESS_AUTO,) + COMPRESS_CODECS:
             raise ConfigError(f"compress must be None, {COMPRESS_AUTO!r} or a codec name "
                               f"({', '.join(COMPRESS_CODECS)}), got {self.compress!r}")
+        if self.enforce_order is not None and not isinstance(self.enforce_order, bool):
+            raise ConfigError(f"enforce_order must be None (on when tuning), True or False, got {self.enforce_order!r}")
         if self.fit_by not in ("live", "bfc"):
             raise ConfigError(f"fit_by must be 'live' or 'bfc', got {self.fit_by!r}")
 
@@ -135,6 +145,11 @@ class LMSConfig:
     def auto_tune(self) -> bool:
         """True when a budget or profile asks the tuner to choose the swap parameters."""
         return self.budget_bytes is not None or self.profile is not None
+
+    @property
+    def orders(self) -> bool:
+        """Whether the pipeline runs the order pass (``enforce_order``, or tuning when it is ``None``)."""
+        return self.auto_tune if self.enforce_order is None else self.enforce_order
 
     @property
     def sync_swap_out(self) -> bool:

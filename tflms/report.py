@@ -24,6 +24,10 @@ class RewriteReport:
     #: the hardware the plan and any prediction are for: ``profile`` (None when nothing was simulated),
     #: ``source`` (given / device / default), ``why``, ``planned_for`` (accelerator), ``runs_on`` (this machine)
     hardware: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the order pass's record (:meth:`tflms.passes.order.OrderReport.to_dict`: ``applied``, ``edges`` (how
+    #: many), ``heuristic``, peaks, ``why``); ``None`` when the pass did not run (``LMSConfig.orders`` off, or
+    #: the tuner's winner was judged without the order's edges)
+    order: dict[str, Any] | None = None
 
     @property
     def swaps(self):
@@ -112,6 +116,7 @@ class RewriteReport:
             "tuning": self.tuning,
             "compression": dict(self.compression),
             "hardware": dict(self.hardware),
+            "order": self.order,
             "prediction": self.prediction(),
         }
 
@@ -134,6 +139,8 @@ class RewriteReport:
         if self.tuning:
             lines.append(f"tuning: {self.tuning['reason']}")
             lines.append(self.prediction_text())
+        if self.order is not None:
+            lines.append(f"order: {self.order['edges']} order edges ({self.order['why']})")
         lines.append(f"swapped: {self.num_swapped} tensors, {format_bytes(self.swapped_bytes)} "
                      f"-> accelerator {self.plan.accelerator_device}, host {self.plan.config.host_device}")
         shown = self.plan.swaps if max_rows is None else self.plan.swaps[:max_rows]
