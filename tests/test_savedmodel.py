@@ -229,6 +229,25 @@ def test_analyze_prints_ordering_report_and_memory_and_writes_nothing(plain_dir,
     assert (sorted(os.listdir(parent)), _snapshot(plain_dir)) == before
 
 
+def test_analyze_without_batch_size_refuses_a_verdict_naming_the_flag(plain_dir, capsys):
+    code, out, err = _run(capsys, "analyze", plain_dir, "--function", "train")
+    assert code == 2 and "--batch-size N" in err and "batch_size=" not in err
+    assert "counted as 0" not in out + err
+
+
+def test_analyze_json_keeps_every_tensor_alive_at_the_peak_and_wide_tables(plain_dir, capsys):
+    code, out, err = _run(capsys, "analyze", plain_dir, "--function", "train", "--batch-size", BATCH, "--json")
+    assert code == 0, err
+    memory = json.loads(out)["functions"][0]["memory"]["original"]
+    assert len(memory["live_at_peak"]) == memory["live_at_peak_count"] > 0
+    code, out, err = _run(capsys, "analyze", plain_dir, "--function", "train", "--batch-size", BATCH, "--wide")
+    assert code == 0, err
+    assert f"alive at the peak ({memory['live_at_peak_count']} tensors)" in out
+    assert len([line for line in out.splitlines() if line.startswith("      ") and "B  " in line]) \
+        >= memory["live_at_peak_count"]
+    assert "..." not in out and "hint:" not in out
+
+
 def test_a_budget_tunes_the_training_function_and_leaves_inference_alone(plain_dir, tmp_path, capsys):
     code, out, err = _run(capsys, "analyze", plain_dir, "--function", "train", "--batch-size", BATCH, "--json")
     assert code == 0, err

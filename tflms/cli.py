@@ -38,6 +38,7 @@ import tempfile
 from collections.abc import Sequence
 
 from tflms import interrupts
+from tflms.cli_words import speak_flags
 from tflms.config import LMSConfig
 from tflms.errors import TflmsError
 
@@ -93,7 +94,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), indent=2))
         return 0 if result.identical else 1
     print(f"tflms demo: {result.model} model, batch {result.batch_size}, {result.steps} training steps\n")
-    print(result.report.table())
+    print(speak_flags(result.report.table(wide=args.wide)))
     print()
     for i, (a, b) in enumerate(zip(result.losses_plain, result.losses_tflms)):
         print(f"step {i + 1}: loss without tflms {a:.9g}   with tflms {b:.9g}")
@@ -106,6 +107,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 1
 
 
+def add_wide_flag(parser: argparse.ArgumentParser, help: str | None = None) -> None:  # noqa: A002
+    parser.add_argument("--wide", action="store_true",
+                        help=help or "tables with every swapped tensor, full tensor names and every consumer level "
+                                     "(and, in analyze, every tensor alive at the peak)")
+
+
 def add_budget_flags(parser: argparse.ArgumentParser) -> None:
     """Flags for the tuner and for sizing: ``--budget``, ``--profile``, ``--batch-size``."""
     group = parser.add_argument_group("tuning and sizing")
@@ -113,7 +120,8 @@ def add_budget_flags(parser: argparse.ArgumentParser) -> None:
                        help="accelerator memory budget, e.g. '12GiB'; turns on the tuner (it searches the swap "
                             "parameters)")
     group.add_argument("--profile", default=None,
-                       help="hardware profile to simulate, e.g. 'v100-16gb-pcie3'; turns on the tuner")
+                       help="hardware profile to simulate, e.g. 'v100-16gb-pcie3' (default: the closest to this "
+                            "machine's GPU, else v100-16gb-pcie3); turns on the tuner")
     group.add_argument("--batch-size", type=int, default=None,
                        help="size of unknown (batch) dimensions when sizing tensors; without it such tensors are "
                             "not swapped")
@@ -132,7 +140,7 @@ def _json_error(args: argparse.Namespace, run) -> int:
         return run()
     except TflmsError as err:
         if getattr(args, "json", False):
-            print(json.dumps({"error": str(err), "type": type(err).__name__}, indent=2))
+            print(json.dumps({"error": speak_flags(str(err)), "type": type(err).__name__}, indent=2))
         raise
 
 
@@ -146,7 +154,7 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(result.to_dict(), indent=2))
             return 0
-        print(result.table())
+        print(speak_flags(result.table(wide=args.wide)))
         print(f"\nOK: wrote {result.output_dir}" + (" (replacing the previous model)" if result.replaced else ""))
         return 0
 
@@ -162,7 +170,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             print(json.dumps({"input": os.path.realpath(args.input), "functions": [t.to_dict() for t in traces]},
                              indent=2))
         else:
-            print("\n\n".join(t.table() for t in traces))
+            print(speak_flags("\n\n".join(t.table(wide=args.wide) for t in traces)))
         return 0
 
     return _json_error(args, run)
@@ -187,7 +195,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 for r in records]}, indent=2))
             return 0
         for r in records:
-            print(f"{r['function']} [{r['trace']}] {r['signature']}" + (f"  ({r['note']})" if r["note"] else ""))
+            print(speak_flags(f"{r['function']} [{r['trace']}] {r['signature']}"
+                              + (f"  ({r['note']})" if r["note"] else "")))
             for variant in ("original", "rewritten"):
                 if r[variant] is not None:
                     print(f"  {variant}:")
@@ -210,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", choices=("cnn", "mlp"), default="cnn", help="built-in model (default %(default)s)")
     demo.add_argument("--steps", type=int, default=3, help="training steps (default %(default)s)")
     demo.add_argument("--batch-size", type=int, default=32, help="batch size (default %(default)s)")
+    add_wide_flag(demo)
     demo.add_argument("--json", action="store_true", help="print the result as JSON")
     add_config_flags(demo)
     # The demo swaps what a user would: tensors kept for the backward pass, not tiny ones.
@@ -236,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "and check outputs and variables bit for bit (loads the model twice). This EXECUTES "
                               "the model's graph, side effects included (e.g. a tf.io.write_file in the step "
                               "writes its file, twice); without --verify nothing of the model is run")
+    add_wide_flag(rewrite)
     rewrite.add_argument("--json", action="store_true", help="print the result as one JSON document")
     add_budget_flags(rewrite)
     add_config_flags(rewrite)
@@ -249,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("input", metavar="IN_DIR", help="the SavedModel to read")
     analyze.add_argument("--function", dest="functions", action="append", metavar="NAME",
                          help="analyze this function (repeat for several; default: all)")
+    add_wide_flag(analyze)
     analyze.add_argument("--json", action="store_true", help="print the result as one JSON document")
     add_budget_flags(analyze)
     add_config_flags(analyze)
@@ -264,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("input", metavar="IN_DIR", help="the SavedModel to read")
     plan.add_argument("--function", dest="functions", action="append", metavar="NAME",
                       help="plan this function (repeat for several; default: all)")
+    add_wide_flag(plan, "accepted as by analyze; plan's tables list every figure (none is truncated)")
     plan.add_argument("--json", action="store_true", help="print the result, with per-tensor offsets, as JSON")
     add_budget_flags(plan)
     add_config_flags(plan)
@@ -345,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with interrupts.handled(), quiet_logs(args.command):
             return args.func(args)
     except TflmsError as err:
-        print(f"tflms: error: {err}", file=sys.stderr)
+        print(f"tflms: error: {speak_flags(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (interrupts.Interrupted): cleanup has run
         name = err.signal_name if isinstance(err, interrupts.Interrupted) else "SIGINT"

@@ -372,9 +372,8 @@ def check_known_sizes(graph: Graph, sim: SimResult, batch_size: int | None) -> N
     examples = ", ".join(f"{n} {_shape_text(s)}" for n, s in batch_only[:UNKNOWN_SIZE_EXAMPLES])
     raise UnknownSizeError(
         f"cannot predict the step's memory: {len(batch_only)} tensors have an unknown batch (leading) dimension "
-        f"(e.g. {examples}) and would count as 0 bytes. Give the batch size: batch_size=N in LMSConfig, "
-        "tflms.function or tflms.keras.LMS; --batch-size N on the command line. Without a budget or profile the "
-        "rewrite runs anyway and leaves tensors of unknown size unswapped")
+        f"(e.g. {examples}) and would count as 0 bytes. Give the batch size: batch_size=N (--batch-size N), "
+        "accepted by LMSConfig, tflms.function and tflms.keras.LMS")
 
 
 def _shape_text(shape) -> str:
