@@ -296,3 +296,13 @@ def test_predict_gives_an_untuned_rewrite_its_peaks_before_and_after(unknown_bat
     assert set(p) - {"profile_why"} == set(tuned)  # the same record as a tuned report's
     with pytest.raises(UnknownSizeError, match="batch_size"):
         predict(rewrite(concrete, swapout_threshold=1, accelerator_device=ACC))
+
+
+def test_lms_config_accepts_the_documented_budget_alias():
+    from tflms.config import LMSConfig
+    from tflms.errors import ConfigError
+    config = LMSConfig(budget="12GiB")
+    assert config.budget_bytes == 12 * 2**30 and config.auto_tune
+    assert config.replace(swapout_threshold=2).budget_bytes == 12 * 2**30 and "budget" not in config.to_dict()
+    with pytest.raises(ConfigError, match="budget or budget_bytes"):
+        LMSConfig(budget="1GiB", budget_bytes=2**30)

@@ -386,6 +386,15 @@ def test_a_function_without_training_step(plain_dir, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_keras_export_directory_is_refused_with_what_to_save(tmp_path, capsys):
+    import keras
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    model.export(str(tmp_path / "exported"), verbose=False)
+    code, _, err = _run(capsys, "rewrite", tmp_path / "exported", tmp_path / "out", "--batch-size", BATCH)
+    assert code == 2 and "model.export()" in err and "input_signature" in err and "tf.Module" in err
+    assert not os.path.exists(tmp_path / "out")
+
+
 def test_a_budget_without_unit_is_refused_before_loading(plain_dir, tmp_path, capsys):
     code, _, err = _run(capsys, "rewrite", plain_dir, tmp_path / "out", "--budget", "12")
     assert code == 2 and "has no unit" in err

@@ -77,9 +77,15 @@ class LMSConfig:
     profile: str | None = None
     fit_by: str = "live"
     compress: str | None = None
+    #: ``LMSConfig(budget="12GiB")``: the alias of ``budget_bytes`` (as in tflms.function and the Keras callback).
+    budget: dataclasses.InitVar[int | str | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, budget: int | str | None = None) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass normalisation
+        if budget is not None:
+            if self.budget_bytes is not None:
+                raise ConfigError("give budget or budget_bytes, not both")
+            set_("budget_bytes", budget)
         for name, low in (("swapout_threshold", 1), ("swapin_ahead", 1), ("swapin_groupby", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):

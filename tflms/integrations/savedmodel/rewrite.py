@@ -14,7 +14,7 @@ from tflms.config import LMSConfig
 from tflms.errors import GraphError, NoTrainingStepError, TflmsError
 from tflms.faults import fault_point
 from tflms.integrations.savedmodel import verify as _verify
-from tflms.integrations.savedmodel.read import (FunctionInfo, SavedModelInfo, _load, _resolve, _set_child,
+from tflms.integrations.savedmodel.read import (HOW_TO_SAVE, FunctionInfo, SavedModelInfo, _load, _resolve, _set_child,
                                                 _traces, check_input_dir, describe_trace, read_saved_model,
                                                 select_functions)
 from tflms.integrations.savedmodel.write import (TEMP_INFIX, _check_written, _commit, _make_sibling, _save,
@@ -182,7 +182,8 @@ def _rewrite_functions(loaded, info: SavedModelInfo, selected: list[FunctionInfo
         tried = "; ".join(f"{k.function} ({k.signature}): {k.reason}" for k in skipped)
         raise NoTrainingStepError(
             f"no function of the SavedModel {info.path} has a training step (tried {tried}): tflms rewrites "
-            "training steps (forward + tape.gradient + optimizer update) saved as tf.function attributes")
+            "training steps (forward + tape.gradient + optimizer update) saved as tf.function attributes. "
+            + HOW_TO_SAVE)
     return rewritten, skipped, replaced_traces, replacements
 
 
