@@ -39,35 +39,48 @@ from collections.abc import Sequence
 
 from tflms import interrupts
 from tflms.cli_words import speak_flags
-from tflms.config import LMSConfig
+from tflms.config import RULE_DEFAULTS, LMSConfig
 from tflms.errors import TflmsError
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """Flags for every :class:`LMSConfig` field (TFLMS names)."""
-    group = parser.add_argument_group("swap parameters (TFLMS semantics)")
-    defaults = LMSConfig()
-    group.add_argument("--swapout-threshold", type=int, default=defaults.swapout_threshold,
-                       help="swap a tensor to consumers more than this many levels away (default %(default)s)")
-    group.add_argument("--swapin-ahead", type=int, default=defaults.swapin_ahead,
-                       help="trigger swap-ins this many levels before the consumer (default %(default)s)")
-    group.add_argument("--swapin-groupby", type=int, default=defaults.swapin_groupby,
-                       help="consumers within this many levels share one swap-in (default %(default)s)")
-    group.add_argument("--sync-mode", type=int, default=defaults.sync_mode, choices=(0, 1, 2, 3),
-                       help="0 async, 1 sync swap-out, 2 sync swap-in, 3 both (default %(default)s)")
-    group.add_argument("--min-swap-bytes", default=str(defaults.min_swap_bytes),
+    group = parser.add_argument_group(
+        "swap parameters (TFLMS semantics)",
+        "Default: without --swapout-threshold, --swapin-ahead, --swapin-groupby, --sync-mode, --budget and "
+        "--profile, tflms tunes for the accelerator's memory (this machine's GPU; without one, the chosen "
+        "profile's memory, said in the report): a step that fits is left alone, one that does not gets the fastest "
+        "rewrite that fits. Any of the four rule flags selects the TFLMS rules, the others at the defaults below.")
+    defaults = RULE_DEFAULTS
+    group.add_argument("--swapout-threshold", type=int, default=None,
+                       help="swap a tensor to consumers more than this many levels away "
+                            f"(default {defaults['swapout_threshold']} under the rules)")
+    group.add_argument("--swapin-ahead", type=int, default=None,
+                       help="trigger swap-ins this many levels before the consumer "
+                            f"(default {defaults['swapin_ahead']} under the rules)")
+    group.add_argument("--swapin-groupby", type=int, default=None,
+                       help="consumers within this many levels share one swap-in "
+                            f"(default {defaults['swapin_groupby']} under the rules)")
+    group.add_argument("--sync-mode", type=int, default=None, choices=(0, 1, 2, 3),
+                       help=f"0 async, 1 sync swap-out, 2 sync swap-in, 3 both (default {defaults['sync_mode']} "
+                            "under the rules)")
+    group.add_argument("--min-swap-bytes", default=str(LMSConfig().min_swap_bytes),
                        help="never swap smaller tensors; bytes or e.g. '1MiB' (default %(default)s)")
     group.add_argument("--include-types", nargs="*", default=[], metavar="OP_TYPE")
     group.add_argument("--exclude-types", nargs="*", default=[], metavar="OP_TYPE")
     group.add_argument("--include-scopes", nargs="*", default=[], metavar="SCOPE")
     group.add_argument("--exclude-scopes", nargs="*", default=[], metavar="SCOPE")
-    group.add_argument("--host-device", default=defaults.host_device)
+    group.add_argument("--host-device", default=LMSConfig().host_device)
     group.add_argument("--accelerator-device", default=None,
                        help="default: the first GPU, else the CPU (nothing is saved then)")
     group.add_argument("--compress", default=None, choices=("zvc", "fp16", "bf16", "int8", "auto"),
                        help="compress swapped tensors before their copy: zvc is lossless (training stays "
                             "bitwise); fp16, bf16 and int8 are lossy; auto picks per tensor from sparsity measured "
                             "on real inputs (tflms.function and the Keras callback only). Default: no compression")
+
+
+#: The demo's default budget, in percent of its predicted peak (also in tflms.demo; kept here so --help imports no TF).
+DEMO_BUDGET_PERCENT = 60
 
 
 def config_from_args(args: argparse.Namespace) -> LMSConfig:
@@ -87,13 +100,16 @@ def _progress(message: str) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from tflms.demo import run_demo
-    config = config_from_args(args)
+    config = config_from_args(args).replace(budget_bytes=args.budget)
     result = run_demo(args.model, steps=args.steps, batch_size=args.batch_size, config=config,
                       progress=None if args.json else _progress)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0 if result.identical else 1
-    print(f"tflms demo: {result.model} model, batch {result.batch_size}, {result.steps} training steps\n")
+    print(f"tflms demo: {result.model} model, batch {result.batch_size}, {result.steps} training steps")
+    if result.budget_note:
+        print(f"budget: {result.budget_note}")
+    print()
     print(speak_flags(result.report.table(wide=args.wide)))
     print()
     for i, (a, b) in enumerate(zip(result.losses_plain, result.losses_tflms)):
@@ -215,15 +231,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="train a built-in model with and without tflms and compare the weights",
                           description="Trace a built-in model's training step (no download, no GPU needed), "
                                       "train it for a few steps with and without the tflms rewrite, check that "
-                                      "the weights are bitwise identical and print the swap report.")
+                                      "the weights are bitwise identical and print the swap report. The demo "
+                                      "model fits any accelerator, so with no swap flag it tunes for a budget of "
+                                      f"{DEMO_BUDGET_PERCENT}% of its predicted peak, to have something to swap "
+                                      "(the output says so); --budget or the rule flags override that.")
     demo.add_argument("--model", choices=("cnn", "mlp"), default="cnn", help="built-in model (default %(default)s)")
     demo.add_argument("--steps", type=int, default=3, help="training steps (default %(default)s)")
     demo.add_argument("--batch-size", type=int, default=32, help="batch size (default %(default)s)")
     add_wide_flag(demo)
     demo.add_argument("--json", action="store_true", help="print the result as JSON")
+    demo.add_argument("--budget", default=None,
+                      help=f"accelerator memory budget (default: {DEMO_BUDGET_PERCENT}%% of the predicted peak)")
     add_config_flags(demo)
-    # The demo swaps what a user would: tensors kept for the backward pass, not tiny ones.
-    demo.set_defaults(func=cmd_demo, swapout_threshold=8, min_swap_bytes="64KiB")
+    demo.set_defaults(func=cmd_demo)
 
     rewrite = sub.add_parser(
         "rewrite", help="rewrite the training functions of a SavedModel into a new SavedModel",

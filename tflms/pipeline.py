@@ -135,12 +135,15 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             raise no_training_step_error(analysis)
         accelerator, device_warnings = resolve_accelerator(config.accelerator_device)
         simulates = config.auto_tune or config.compress == COMPRESS_AUTO
-        choice = select_profile(config.profile, local_gpu()) if simulates else None
+        gpu = local_gpu() if simulates else None
+        choice = select_profile(config.profile, gpu) if simulates else None
         compressor = _compressor(config, analysis, step, example_inputs, choice)
         tuning = None
+        budget_why = None
         if config.auto_tune:
             from tflms.tune.tuner import tune
-            result = clock("tune", lambda: tune(analysis, budget=config.budget_bytes, profile=choice.name,
+            budget, budget_why = default_budget(choice, gpu) if config.default_tuning else (config.budget_bytes, None)
+            result = clock("tune", lambda: tune(analysis, budget=budget, profile=choice.name,
                                                 config=config, copy_op=copy_op, fit_by=config.fit_by,
                                                 compress=compressor, progress=progress))
             planned = accelerator if accelerator != config.host_device else PROFILE_DEVICE
@@ -160,6 +163,8 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         inserted = inserted_ops(graph, placed.graph)
         hardware = hardware_record(choice, planned_for=plan.accelerator_device, runs_on=accelerator,
                                    simulated=config.auto_tune)
+        if budget_why is not None:
+            hardware["budget"] = budget_why
         if sized_from_inputs is not None:
             hardware["batch_size"] = f"{sized_from_inputs}, from the inputs of the first call"
         report = RewriteReport(plan=plan, graph_summary=analysis.summary(), inserted_ops=inserted,
@@ -172,6 +177,23 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             function = clock("build", lambda: _build(placed.graph, step, inserted))
         return StepRewrite(graph=placed.graph, analysis=analysis, report=report, placement=placed.report,
                            function=function)
+
+
+def default_budget(choice: ProfileChoice, gpu: tuple[str, int | None] | None) -> tuple[int | None, str]:
+    """The budget of the default (no rule parameter, budget or profile), and one sentence saying where it is from.
+
+    This machine's GPU memory when TensorFlow reports it; else the chosen
+    profile's memory (``None``: the tuner's default), said as such.
+    """
+    from tflms.profiles import get_profile
+    from tflms.units import format_bytes
+    if gpu is not None and gpu[1]:
+        return gpu[1], (f"the default: {format_bytes(gpu[1])}, the memory of this machine's GPU {gpu[0]!r} "
+                        "(give budget= (--budget) or TFLMS rule parameters to choose otherwise)")
+    memory = get_profile(choice.name).memory_bytes
+    where = "this machine has no GPU" if gpu is None else f"the memory of this machine's GPU {gpu[0]!r} is unknown"
+    return None, (f"the default: {format_bytes(memory)}, the memory of profile {choice.name} ({where}; give "
+                  "budget= (--budget) or TFLMS rule parameters to choose otherwise)")
 
 
 #: The device the tuner plans swap-ins for when this machine has no GPU (the profile's GPU).
@@ -189,8 +211,8 @@ def hardware_record(choice: ProfileChoice | None, *, planned_for: str, runs_on: 
                     simulated: bool) -> dict[str, Any]:
     """What hardware a report's plan and predictions are for (``RewriteReport.hardware``)."""
     if choice is None:
-        return {"profile": None, "source": None, "why": "no budget or profile: the swap parameters are the "
-                "configuration's and nothing is simulated", "planned_for": planned_for, "runs_on": runs_on}
+        return {"profile": None, "source": None, "why": "TFLMS rule parameters given, no budget or profile: the "
+                "swap parameters are the configuration's and nothing is simulated", "planned_for": planned_for, "runs_on": runs_on}
     return {**choice.to_dict(), "profile": choice.name, "planned_for": planned_for, "runs_on": runs_on,
             "simulated": simulated}
 

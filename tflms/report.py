@@ -87,7 +87,8 @@ class RewriteReport:
             return f"hardware: no profile ({h['why']}); swaps planned for {h['planned_for']}"
         where = (f"planned for {h['planned_for']} of that profile" if h["planned_for"] == h["runs_on"] else
                  f"planned for {h['planned_for']} of that profile; this machine runs the step on {h['runs_on']}")
-        return f"hardware: {h['profile']} ({h['why']}); {where}"
+        budget = f"; budget: {h['budget']}" if h.get("budget") else ""
+        return f"hardware: {h['profile']} ({h['why']}); {where}{budget}"
 
     def to_dict(self) -> dict[str, Any]:
         return {

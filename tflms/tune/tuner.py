@@ -408,7 +408,7 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     if budget_bytes <= 0:
         raise ConfigError("budget must be positive")
     host_bytes = profile.host_memory_bytes if host_budget is None else parse_bytes(host_budget, what="host_budget")
-    config = config or LMSConfig()
+    config = (config or LMSConfig()).with_rule_defaults()  # the base of every candidate's config
     sim_options = sim_options or SimOptions(host_device=config.host_device)
     analysis = source if isinstance(source, Analysis) else analyze_graph(
         load_graph(source, *args, batch_size=config.batch_size))
