@@ -133,8 +133,8 @@ def add_budget_flags(parser: argparse.ArgumentParser) -> None:
     """Flags for the tuner and for sizing: ``--budget``, ``--profile``, ``--batch-size``."""
     group = parser.add_argument_group("tuning and sizing")
     group.add_argument("--budget", default=None,
-                       help="accelerator memory budget, e.g. '12GiB'; turns on the tuner (it searches the swap "
-                            "parameters)")
+                       help="accelerator memory budget, e.g. '12GiB', that the tuner fits the step in (it searches "
+                            "the swap parameters); default: the accelerator's memory, unless a rule flag is given")
     group.add_argument("--profile", default=None,
                        help="hardware profile to simulate, e.g. 'v100-16gb-pcie3' (default: the closest to this "
                             "machine's GPU, else v100-16gb-pcie3); turns on the tuner")

@@ -41,7 +41,7 @@ from tflms.errors import ConfigError
 from tflms.ir import tf_io
 from tflms.ir.graph import Graph, TensorRef
 from tflms.passes import DEFAULT_COPY_OP, Placement, apply_swaps, place_swaps
-from tflms.policies.swapplan import SwapPlan, skip_reason
+from tflms.policies.swapplan import SwapPlan, check_filters, skip_reason
 from tflms.policies.tflms_rules import plan_swaps
 from tflms.profiles import ProfileChoice, select_profile
 from tflms.report import RewriteReport
@@ -142,6 +142,9 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         budget_why = None
         if config.auto_tune:
             from tflms.tune.tuner import tune
+            # The filters are checked before any search: a step that fits is never planned, yet a misspelt
+            # op type or scope is still an error.
+            filter_warnings = tuple(check_filters(analysis, config))
             budget, budget_why = default_budget(choice, gpu) if config.default_tuning else (config.budget_bytes, None)
             result = clock("tune", lambda: tune(analysis, budget=budget, profile=choice.name,
                                                 config=config, copy_op=copy_op, fit_by=config.fit_by,
@@ -149,6 +152,9 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             planned = accelerator if accelerator != config.host_device else PROFILE_DEVICE
             plan = result.best.plan or _empty_plan(config, planned)
             swapped, tuning = result.graph, result.to_dict()
+            if filter_warnings:
+                plan = dataclasses.replace(plan, warnings=tuple(w for w in filter_warnings if w not in plan.warnings)
+                                           + plan.warnings)
             if accelerator == config.host_device:  # no GPU here: the tuner planned for the profile's
                 plan = dataclasses.replace(plan, warnings=(no_gpu_warning(choice.name, accelerator),) + plan.warnings)
         else:
