@@ -355,8 +355,8 @@ def check_known_sizes(graph: Graph, sim: SimResult, batch_size: int | None) -> N
     ``--batch-size N`` on the command line. Tensors whose size depends on the data
     (e.g. a gradient's ``Reshape`` to a ``tf.shape`` computed at run time) do not
     stop the verdict: :meth:`TuneResult.reason` says how many were left out. A
-    rewrite without a budget needs no verdict: it leaves tensors of unknown size
-    unswapped (reason ``unknown-shape``) instead.
+    rewrite by the TFLMS rules without a budget needs no verdict: it leaves
+    tensors of unknown size unswapped (reason ``unknown-shape``) instead.
     """
     if batch_size is not None or not sim.unknown_size_tensors:
         return
@@ -372,8 +372,7 @@ def check_known_sizes(graph: Graph, sim: SimResult, batch_size: int | None) -> N
     examples = ", ".join(f"{n} {_shape_text(s)}" for n, s in batch_only[:UNKNOWN_SIZE_EXAMPLES])
     raise UnknownSizeError(
         f"cannot predict the step's memory: {len(batch_only)} tensors have an unknown batch (leading) dimension "
-        f"(e.g. {examples}) and would count as 0 bytes. Give the batch size: batch_size=N (--batch-size N), "
-        "accepted by LMSConfig, tflms.function and tflms.keras.LMS")
+        f"(e.g. {examples}) and would count as 0 bytes. Give the batch size: batch_size=N (--batch-size N)")
 
 
 def _shape_text(shape) -> str:
