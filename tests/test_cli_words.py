@@ -31,7 +31,8 @@ def test_every_mapped_flag_exists_on_the_command():
     from tflms.cli import build_parser
     parser = build_parser()
     sub = parser._subparsers._group_actions[0].choices  # noqa: SLF001 - argparse keeps no public accessor
-    known = {opt for name in ("rewrite", "demo") for a in sub[name]._actions for opt in a.option_strings}  # noqa: SLF001
+    known = {opt for name in ("rewrite", "demo")
+             for a in sub[name]._actions for opt in a.option_strings}  # noqa: SLF001
     assert set(FLAGS.values()) <= known
 
 

@@ -262,7 +262,8 @@ def test_json_carries_full_names_and_every_swap_while_tables_cut_and_say_so():
     assert [s["tensor"] for s in data["swaps"]] == [s.tensor.name for s in report.swaps]
     assert "..." not in report.to_json()
     short = report.table()
-    assert f"... and {report.num_swapped - 40} more swapped tensors (table(wide=True) (--wide) or to_json() (--json) lists all)" in short
+    assert (f"... and {report.num_swapped - 40} more swapped tensors "
+            "(table(wide=True) (--wide) or to_json() (--json) lists all)") in short
     wide = report.table(wide=True)
     assert "more swapped tensors" not in wide and "..." not in wide
     assert f"{LONG_SCOPE}_0/Relu:0" not in short and f"{LONG_SCOPE}_0/Relu:0" in wide  # cut short, then whole

@@ -218,7 +218,8 @@ def hardware_record(choice: ProfileChoice | None, *, planned_for: str, runs_on: 
     """What hardware a report's plan and predictions are for (``RewriteReport.hardware``)."""
     if choice is None:
         return {"profile": None, "source": None, "why": "TFLMS rule parameters given, no budget or profile: the "
-                "swap parameters are the configuration's and nothing is simulated", "planned_for": planned_for, "runs_on": runs_on}
+                "swap parameters are the configuration's and nothing is simulated", "planned_for": planned_for,
+                "runs_on": runs_on}
     return {**choice.to_dict(), "profile": choice.name, "planned_for": planned_for, "runs_on": runs_on,
             "simulated": simulated}
 
