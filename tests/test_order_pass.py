@@ -49,7 +49,8 @@ def test_a_chain_gets_no_edges_and_the_same_graph():
 
 
 def test_enforce_order_defaults_to_tuning_and_is_validated():
-    assert LMSConfig().orders is False
+    assert LMSConfig().orders is True  # the default tunes (for the accelerator's memory)
+    assert LMSConfig(swapout_threshold=1).orders is False  # TFLMS rules given: no tuning, no order
     assert LMSConfig(budget_bytes="1GiB").orders is True
     assert LMSConfig(budget_bytes="1GiB", enforce_order=False).orders is False
     assert LMSConfig(enforce_order=True).orders is True

@@ -88,7 +88,10 @@ def test_bad_budget_units(graph, budget, error):
 def test_budget_in_config():
     config = tflms.LMSConfig.from_kwargs(budget="12GiB")
     assert config.budget_bytes == 12 * 2**30 and config.auto_tune
-    assert not tflms.LMSConfig().auto_tune
+    assert tflms.LMSConfig().auto_tune and tflms.LMSConfig().default_tuning  # the default tunes
+    rules = tflms.LMSConfig(swapin_ahead=2)
+    assert not rules.auto_tune and rules.with_rule_defaults().swapout_threshold == 1
+    assert tflms.LMSConfig(swapout_threshold=1, budget="1GiB").auto_tune
     with pytest.raises(ConfigError, match="unknown hardware profile"):
         tflms.LMSConfig(profile="tpu-v9")
     with pytest.raises(ConfigError, match="not both"):

@@ -91,7 +91,8 @@ class RewriteReport:
             return f"hardware: no profile ({h['why']}); swaps planned for {h['planned_for']}"
         where = (f"planned for {h['planned_for']} of that profile" if h["planned_for"] == h["runs_on"] else
                  f"planned for {h['planned_for']} of that profile; this machine runs the step on {h['runs_on']}")
-        return f"hardware: {h['profile']} ({h['why']}); {where}"
+        budget = f"; budget: {h['budget']}" if h.get("budget") else ""
+        return f"hardware: {h['profile']} ({h['why']}); {where}{budget}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -162,7 +163,7 @@ class RewriteReport:
             lines.extend(fmt.format(*r).rstrip() for r in rows)
             if len(shown) < len(self.plan.swaps):
                 lines.append(f"... and {len(self.plan.swaps) - len(shown)} more swapped tensors "
-                             "(table(wide=True) or to_json() lists all)")
+                             "(table(wide=True) (--wide) or to_json() (--json) lists all)")
             if legend:
                 lines.extend(LEGEND)
         if self.compression:
@@ -173,7 +174,7 @@ class RewriteReport:
             lines.append("skipped candidates: " + ", ".join(f"{r} x{n}" for r, n in sorted(counts.items())))
         if self.unknown_size_skips:
             lines.append(f"note: {self.unknown_size_skips} tensors of unknown size were not swapped"
-                         + (" (give batch_size to size an unknown batch dimension)"
+                         + (" (give batch_size=N (--batch-size N) to size an unknown batch dimension)"
                             if self.plan.config.batch_size is None else ""))
         for w in self.plan.warnings:
             lines.append(f"warning: {w}")

@@ -137,7 +137,8 @@ def idle_candidates(analysis: Analysis, sim: SimResult, profile: HardwareProfile
             continue
         size = graph.tensor(ref).num_bytes or 0
         copy_s = profile.copy_time_s(size)
-        swap_ins = tuple(_swap_in_choices(analysis, ref.op, far, spans, copy_s, peak, config.swapin_groupby))
+        groupby = config.with_rule_defaults().swapin_groupby
+        swap_ins = tuple(_swap_in_choices(analysis, ref.op, far, spans, copy_s, peak, groupby))
         found.append(IdleCandidate(ref, size, last_before, spans[far[0]][0], copy_s, near, far, swap_ins,
                                    produced_s=spans[ref.op][1], peak_s=peak))
     loads = _load_integrals(sim.timeline, [(c.last_before_s + c.copy_s, c.next_after_s - c.copy_s) for c in found])

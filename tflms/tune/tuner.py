@@ -413,8 +413,8 @@ def check_known_sizes(graph: Graph, sim: SimResult, batch_size: int | None) -> N
     ``--batch-size N`` on the command line. Tensors whose size depends on the data
     (e.g. a gradient's ``Reshape`` to a ``tf.shape`` computed at run time) do not
     stop the verdict: :meth:`TuneResult.reason` says how many were left out. A
-    rewrite without a budget needs no verdict: it leaves tensors of unknown size
-    unswapped (reason ``unknown-shape``) instead.
+    rewrite by the TFLMS rules without a budget needs no verdict: it leaves
+    tensors of unknown size unswapped (reason ``unknown-shape``) instead.
     """
     if batch_size is not None or not sim.unknown_size_tensors:
         return
@@ -430,9 +430,7 @@ def check_known_sizes(graph: Graph, sim: SimResult, batch_size: int | None) -> N
     examples = ", ".join(f"{n} {_shape_text(s)}" for n, s in batch_only[:UNKNOWN_SIZE_EXAMPLES])
     raise UnknownSizeError(
         f"cannot predict the step's memory: {len(batch_only)} tensors have an unknown batch (leading) dimension "
-        f"(e.g. {examples}) and would count as 0 bytes. Give the batch size: batch_size=N in LMSConfig, "
-        "tflms.function or tflms.keras.LMS; --batch-size N on the command line. Without a budget or profile the "
-        "rewrite runs anyway and leaves tensors of unknown size unswapped")
+        f"(e.g. {examples}) and would count as 0 bytes. Give the batch size: batch_size=N (--batch-size N)")
 
 
 def _shape_text(shape) -> str:
@@ -470,7 +468,7 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     if budget_bytes <= 0:
         raise ConfigError("budget must be positive")
     host_bytes = profile.host_memory_bytes if host_budget is None else parse_bytes(host_budget, what="host_budget")
-    config = config or LMSConfig()
+    config = (config or LMSConfig()).with_rule_defaults()  # the base of every candidate's config
     sim_options = sim_options or SimOptions(host_device=config.host_device)
     analysis = source if isinstance(source, Analysis) else analyze_graph(
         load_graph(source, *args, batch_size=config.batch_size))
