@@ -141,7 +141,7 @@ class RewriteReport:
             lines.append(f"tuning: {self.tuning['reason']}")
             lines.append(self.prediction_text())
         if self.order is not None:
-            lines.append(f"order: {self.order['edges']} order edges ({self.order['why']})")
+            lines.append(f"order: {self.order['why']}")
         lines.append(f"swapped: {self.num_swapped} tensors, {format_bytes(self.swapped_bytes)} "
                      f"-> accelerator {self.plan.accelerator_device}, host {self.plan.config.host_device}")
         shown = self.plan.swaps if max_rows is None else self.plan.swaps[:max_rows]
