@@ -204,7 +204,7 @@ def test_bench_tiny_model_prints_records_quickly(tmp_path):
     records = json.loads(done.stdout)
     assert {(r["profile"], r["method"]) for r in records} == {
         (p, m) for p in ("v100-16gb-pcie3", "h100-80gb-pcie5")
-        for m in ("none", "tflms-distance", "tflms-best", "grappler", "recompute")}
+        for m in ("none", "tflms-distance", "tflms-best", "grappler", "recompute", "swap-only-bound")}
     for r in records:
         assert RECORD_KEYS <= set(r), r
         assert r["model"] == "mlp-tiny"
@@ -216,5 +216,14 @@ def test_bench_tiny_model_prints_records_quickly(tmp_path):
     assert by_method["tflms-best"]["max_batch"] >= by_method["tflms-distance"]["max_batch"] \
         >= by_method["none"]["max_batch"]
     assert by_method["recompute"]["overhead_pct"] > 0
+    # The swap-only bound (same headroom) is above every method; each max is a fraction of it, with its
+    # throughput and step-time ratio at that max.
+    bound = by_method["swap-only-bound"]["max_batch"]
+    for m in ("none", "tflms-distance", "tflms-best", "grappler", "recompute"):
+        r = by_method[m]
+        assert r["bound_batch"] == bound >= r["max_batch"]
+        assert r["fraction_of_bound"] == round(r["max_batch"] / bound, 4)
+        assert r["samples_per_s_at_max"] == pytest.approx(r["max_batch"] / (r["step_ms_at_max"] / 1e3), rel=1e-3)
+        assert r["time_bound_ratio_at_max"] >= 1.0 - 1e-9
     assert "[bench" in done.stderr  # progress on stderr
     assert not list(tmp_path.iterdir())  # --json writes no files

@@ -37,7 +37,17 @@ def test_demo_table(capsys):
     assert main(["demo", "--model", "cnn", "--steps", "1", "--batch-size", "8"]) == 0
     out = capsys.readouterr().out
     assert "OK: all" in out and "bitwise identical" in out
-    assert "trigger (lvl)" in out and "block0_relu" in out
+    assert "trigger (lvl)" in out and "block0_" in out
+    # The default tunes; the demo model fits any accelerator, so the demo gives itself a budget below its peak.
+    assert "budget: " in out and "of the step's predicted peak" in out and "--budget sets another" in out
+    assert "tuning: " in out and "predicted peak " in out
+
+
+def test_demo_help_states_its_budget():
+    from tflms.cli import build_parser
+    sub = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001 - argparse has no accessor
+    text = " ".join(sub["demo"].format_help().split())
+    assert "60% of its predicted peak" in text and "tunes for the accelerator's memory" in text
 
 
 def test_bad_option_value_is_a_clear_error(capsys):

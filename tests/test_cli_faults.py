@@ -405,7 +405,8 @@ def test_verify_out_of_memory_is_a_clear_error(models, tmp_path, capsys, monkeyp
                                                            "type float on /job:localhost/replica:0/task:0/device:CPU:0")
 
     monkeypatch.setattr(verify, "example_inputs", out_of_memory)
-    code, _, err = run(capsys, "rewrite", models["a"], tmp_path / "out", "--verify", "--batch-size", batch)
+    code, _, err = run(capsys, "rewrite", models["a"], tmp_path / "out", "--verify", "--batch-size", batch,
+                        "--swapout-threshold", "1")  # the rules: the default would tune, and nothing fits 3.2 TB
     assert code == 2, err
     assert "--verify ran out of memory making example inputs for function 'train'" in err
     assert f"with {batch} for every unknown dimension (--batch-size): OOM when allocating" in err

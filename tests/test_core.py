@@ -20,7 +20,9 @@ ACC = "/device:GPU:0"
 
 
 def _rewrite(graph: Graph, **options):
+    """The TFLMS rules (threshold 1 unless given): these tests are about the rules, not the default tuning."""
     options.setdefault("accelerator_device", ACC)
+    options.setdefault("swapout_threshold", 1)
     return rewrite(graph, **options)
 
 

@@ -465,7 +465,8 @@ def test_decorator_forms_and_tf_function_options():
 
     losses = [bare_step(tf.constant(x), tf.constant(y)) for x, y in MLP_BATCHES]
     assert bare_step.__name__ == "bare_step"
-    assert_rewrite_ran(bare_step, MLP_BATCHES)
+    # The default tunes for the accelerator's memory: this small step fits, so it is left alone (and still runs).
+    assert bare_step.report.tuning is not None and bare_step.report.num_swapped == 0
     assert_bitwise_equal(reference, snapshot(variables=trainee.variables(), losses=losses), "@tflms.function")
 
     # decorator with options

@@ -8,6 +8,7 @@ import is a dependency whatever its position. A new module must be given a layer
 from __future__ import annotations
 
 import ast
+import re
 import pathlib
 
 import pytest
@@ -151,3 +152,22 @@ def test_the_tools_check_sees_an_example_import(tmp_path):
                    'spec = importlib.util.spec_from_file_location("m", REPO / "examples" / "unet3d.py")\n'
                    'from examples.unet3d import build_unet3d\n')
     assert sorted(p.split(":")[1] for p in example_imports(bad)) == ["3", "4"]
+
+
+def test_op_type_sets_live_in_one_module():
+    """Every module-level set of op-type names is defined in tflms/ir/op_types.py (issue 13)."""
+    problems = []
+    for name, path in modules().items():
+        if name == "tflms.ir.op_types":
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
+                continue
+            call = node.value
+            if getattr(call.func, "id", None) != "frozenset" or not call.args:
+                continue
+            names = [e.value for e in getattr(call.args[0], "elts", []) if isinstance(e, ast.Constant)]
+            # op types are CamelCase TensorFlow names; dtype sets and option names are lower case
+            if names and all(isinstance(n, str) and re.match(r"_?[A-Z]", n) for n in names):
+                problems.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
+    assert problems == [], "move these op-type sets to tflms/ir/op_types.py: " + ", ".join(problems)

@@ -105,7 +105,7 @@ def test_the_tuner_refuses_too(unknown_batch_step):
 
 def test_without_a_budget_the_rewrite_proceeds_and_says_what_it_left(unknown_batch_step):
     _, _, concrete, _, _ = unknown_batch_step
-    report = rewrite(concrete, accelerator_device=ACC).report
+    report = rewrite(concrete, accelerator_device=ACC, swapout_threshold=1).report
     assert report.unknown_size_skips > 0 and report.prediction() is None
     table = report.table()
     assert f"note: {report.unknown_size_skips} tensors of unknown size were not swapped" in table
@@ -153,9 +153,9 @@ def test_a_given_profile_is_named_as_given(unknown_batch_step):
 
 def test_a_rewrite_without_budget_says_no_profile_was_used(unknown_batch_step):
     _, _, concrete, _, _ = unknown_batch_step
-    report = rewrite(concrete, accelerator_device=ACC, batch_size=8).report
+    report = rewrite(concrete, accelerator_device=ACC, batch_size=8, swapout_threshold=1).report
     assert report.hardware["profile"] is None
-    assert report.table().splitlines()[1].startswith("hardware: no profile (no budget or profile")
+    assert report.table().splitlines()[1].startswith("hardware: no profile (TFLMS rule parameters given")
 
 
 @pytest.mark.parametrize("device_name, memory, expected, source_word", [
@@ -255,7 +255,8 @@ def test_json_carries_full_names_and_every_swap_while_tables_cut_and_say_so():
     assert [s["tensor"] for s in data["swaps"]] == [s.tensor.name for s in report.swaps]
     assert "..." not in report.to_json()
     short = report.table()
-    assert f"... and {report.num_swapped - 40} more swapped tensors (table(wide=True) or to_json() lists all)" in short
+    assert (f"... and {report.num_swapped - 40} more swapped tensors "
+            "(table(wide=True) (--wide) or to_json() (--json) lists all)") in short
     wide = report.table(wide=True)
     assert "more swapped tensors" not in wide and "..." not in wide
     assert f"{LONG_SCOPE}_0/Relu:0" not in short and f"{LONG_SCOPE}_0/Relu:0" in wide  # cut short, then whole
@@ -289,3 +290,13 @@ def test_predict_gives_an_untuned_rewrite_its_peaks_before_and_after(unknown_bat
     assert set(p) - {"profile_why"} == set(tuned)  # the same record as a tuned report's
     with pytest.raises(UnknownSizeError, match="batch_size"):
         predict(rewrite(concrete, swapout_threshold=1, accelerator_device=ACC))
+
+
+def test_lms_config_accepts_the_documented_budget_alias():
+    from tflms.config import LMSConfig
+    from tflms.errors import ConfigError
+    config = LMSConfig(budget="12GiB")
+    assert config.budget_bytes == 12 * 2**30 and config.auto_tune
+    assert config.replace(swapout_threshold=2).budget_bytes == 12 * 2**30 and "budget" not in config.to_dict()
+    with pytest.raises(ConfigError, match="budget or budget_bytes"):
+        LMSConfig(budget="1GiB", budget_bytes=2**30)

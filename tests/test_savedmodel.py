@@ -71,6 +71,11 @@ class KerasTrainer(tf.Module):
         return loss
 
 
+#: The TFLMS rules at threshold 1: these small steps fit any accelerator, and the default (tuning for its memory)
+#: would leave them alone.
+RULES = ("--swapout-threshold", 1)
+
+
 def _inputs(kind: str, batch: int = BATCH, seed: int = 0):
     x = tf.random.stateless_normal((batch, 8), seed=(5, seed))
     if kind == "keras":
@@ -123,7 +128,7 @@ def test_loaded_rewrite_trains_bitwise_identically(kind, plain_dir, keras_dir, t
     in_dir = plain_dir if kind == "plain" else keras_dir
     before = _snapshot(in_dir)
     out_dir = tmp_path / "out"
-    code, out, err = _run(capsys, "rewrite", in_dir, out_dir, "--batch-size", BATCH, "--json")
+    code, out, err = _run(capsys, "rewrite", *RULES, in_dir, out_dir, "--batch-size", BATCH, "--json")
     assert code == 0, err
     doc = json.loads(out)
     assert doc["output"] == str(out_dir) and doc["input"] == os.path.realpath(in_dir)
@@ -147,7 +152,7 @@ def test_loaded_rewrite_trains_bitwise_identically(kind, plain_dir, keras_dir, t
 
 def test_other_functions_and_signatures_are_kept_or_follow_the_rewrite(plain_dir, tmp_path, capsys):
     out_dir = tmp_path / "out"
-    code, out, err = _run(capsys, "rewrite", plain_dir, out_dir, "--batch-size", BATCH, "--verify")
+    code, out, err = _run(capsys, "rewrite", *RULES, plain_dir, out_dir, "--batch-size", BATCH, "--verify")
     assert code == 0, err
     assert "signatures: serving_default kept, train rewritten (calls train)" in out
     assert "verified:" in out and "kept serve (x: float32[?,8]): no training step" in out
@@ -173,7 +178,7 @@ def test_every_traced_signature_is_rewritten(tmp_path, capsys):
     for batch in shapes:
         train(*_inputs("plain", batch))
     in_dir = _save(module, tmp_path / "in")
-    code, out, err = _run(capsys, "rewrite", in_dir, tmp_path / "out", "--function", "train_any", "--json")
+    code, out, err = _run(capsys, "rewrite", *RULES, in_dir, tmp_path / "out", "--function", "train_any", "--json")
     assert code == 0, err
     traces = json.loads(out)["functions"]["train_any"]
     assert [t["trace"] for t in traces] == [0, 1] and all(t["report"]["inserted_ops"] for t in traces)
@@ -194,7 +199,7 @@ def test_nested_aliased_and_concrete_function_attributes(tmp_path, capsys):
     root.alias = root.trainer.train  # one object under two attribute paths
     root.step = root.trainer.train.get_concrete_function()  # a bare ConcreteFunction attribute
     in_dir = _save(root, tmp_path / "in")
-    code, out, err = _run(capsys, "rewrite", in_dir, tmp_path / "out", "--batch-size", BATCH,
+    code, out, err = _run(capsys, "rewrite", *RULES, in_dir, tmp_path / "out", "--batch-size", BATCH,
                           "--function", "trainer.train", "--function", "step", "--json")
     assert code == 0, err
     assert sorted(json.loads(out)["functions"]) == ["alias", "step"]  # reported under the shortest path
@@ -212,14 +217,14 @@ def test_nested_aliased_and_concrete_function_attributes(tmp_path, capsys):
 def test_analyze_prints_ordering_report_and_memory_and_writes_nothing(plain_dir, capsys):
     parent = os.path.dirname(plain_dir)
     before = sorted(os.listdir(parent)), _snapshot(plain_dir)
-    code, out, err = _run(capsys, "analyze", plain_dir, "--batch-size", BATCH)
+    code, out, err = _run(capsys, "analyze", *RULES, plain_dir, "--batch-size", BATCH)
     assert code == 0, err
     assert "train (x: float32[?,8], y: float32[?,4])" in out
     assert "ordering: " in out and " levels; forward " in out
     assert "swapped: " in out and "memory (original, v100-16gb-pcie3): peak " in out
     assert "memory (rewritten, " in out and "alive at the peak" in out
     assert "serve (x: float32[?,8])" in out and "no training step" in out
-    code, out, err = _run(capsys, "analyze", plain_dir, "--function", "train", "--batch-size", BATCH, "--json")
+    code, out, err = _run(capsys, "analyze", *RULES, plain_dir, "--function", "train", "--batch-size", BATCH, "--json")
     assert code == 0, err
     (entry,) = json.loads(out)["functions"]
     assert entry["function"] == "train" and entry["graph"]["categories"]["backward"] > 0
@@ -227,6 +232,25 @@ def test_analyze_prints_ordering_report_and_memory_and_writes_nothing(plain_dir,
     assert original["peak_bytes"] > rewritten["peak_bytes"] and original["live_at_peak"]
     assert entry["report"]["swaps"]
     assert (sorted(os.listdir(parent)), _snapshot(plain_dir)) == before
+
+
+def test_analyze_without_batch_size_refuses_a_verdict_naming_the_flag(plain_dir, capsys):
+    code, out, err = _run(capsys, "analyze", plain_dir, "--function", "train")
+    assert code == 2 and "--batch-size N" in err and "batch_size=" not in err
+    assert "counted as 0" not in out + err
+
+
+def test_analyze_json_keeps_every_tensor_alive_at_the_peak_and_wide_tables(plain_dir, capsys):
+    code, out, err = _run(capsys, "analyze", plain_dir, "--function", "train", "--batch-size", BATCH, "--json")
+    assert code == 0, err
+    memory = json.loads(out)["functions"][0]["memory"]["original"]
+    assert len(memory["live_at_peak"]) == memory["live_at_peak_count"] > 0
+    code, out, err = _run(capsys, "analyze", plain_dir, "--function", "train", "--batch-size", BATCH, "--wide")
+    assert code == 0, err
+    assert f"alive at the peak ({memory['live_at_peak_count']} tensors)" in out
+    assert len([line for line in out.splitlines() if line.startswith("      ") and "B  " in line]) \
+        >= memory["live_at_peak_count"]
+    assert "..." not in out and "hint:" not in out
 
 
 def test_a_budget_tunes_the_training_function_and_leaves_inference_alone(plain_dir, tmp_path, capsys):
@@ -254,7 +278,7 @@ def test_output_overlapping_the_input_is_refused(where, plain_dir, tmp_path, cap
         in_dir, replace = _copy_model(plain_dir, tmp_path / "model"), []
         out_dir = in_dir if where == "same" else os.path.join(in_dir, "variables", "new")
     before = _snapshot(tmp_path)
-    code, _, err = _run(capsys, "rewrite", in_dir, out_dir, *replace)
+    code, _, err = _run(capsys, "rewrite", *RULES, in_dir, out_dir, *replace)
     assert code == 2
     assert {"same": "is IN_DIR", "inside": "is inside IN_DIR", "contains": "is inside OUT_DIR"}[where] in err
     assert _snapshot(tmp_path) == before
@@ -270,11 +294,11 @@ def test_existing_output_needs_replace_and_is_swapped_only_when_complete(plain_d
     out_dir = tmp_path / "out"
     _copy_model(plain_dir, out_dir)
     (out_dir / "marker").write_text("old model")
-    code, _, err = _run(capsys, "rewrite", plain_dir, out_dir, "--function", "train")
+    code, _, err = _run(capsys, "rewrite", *RULES, plain_dir, out_dir, "--function", "train")
     assert code == 2 and "already exists; pass --replace" in err
     assert (out_dir / "marker").exists()
     # --batch-size: without it only constants have a known size, and grappler folds them before the rewrite
-    code, out, err = _run(capsys, "rewrite", plain_dir, out_dir, "--function", "train", "--replace",
+    code, out, err = _run(capsys, "rewrite", *RULES, plain_dir, out_dir, "--function", "train", "--replace",
                           "--batch-size", BATCH)
     assert code == 0, err
     assert "replacing the previous model" in out
@@ -286,7 +310,7 @@ def test_existing_output_needs_replace_and_is_swapped_only_when_complete(plain_d
 def test_replace_refuses_a_directory_that_is_not_a_saved_model(plain_dir, tmp_path, capsys):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "notes.txt").write_text("precious")
-    code, _, err = _run(capsys, "rewrite", plain_dir, tmp_path / "out", "--replace")
+    code, _, err = _run(capsys, "rewrite", *RULES, plain_dir, tmp_path / "out", "--replace")
     assert code == 2 and "is not a SavedModel" in err and "only replaces SavedModel directories" in err
     assert (tmp_path / "out" / "notes.txt").read_text() == "precious"
 
@@ -306,7 +330,7 @@ def test_a_failed_save_leaves_no_output_and_no_temporary_directory(replace, plai
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(tf.saved_model, "save", half_save)
-    code, _, err = _run(capsys, "rewrite", plain_dir, out_dir, "--function", "train", *(["--replace"] if replace
+    code, _, err = _run(capsys, "rewrite", *RULES, plain_dir, out_dir, "--function", "train", *(["--replace"] if replace
                                                                                            else []))
     assert code == 2 and "saving the rewritten model failed" in err and "No space left" in err
     assert _snapshot(tmp_path) == before
@@ -318,7 +342,7 @@ def test_a_failed_verification_writes_nothing(plain_dir, tmp_path, capsys, monke
         raise savedmodel.SavedModelError("verification failed: variable 'w1' differs; nothing was written")
 
     monkeypatch.setattr(savedmodel.verify, "verify_equivalence", differs)
-    code, _, err = _run(capsys, "rewrite", plain_dir, tmp_path / "out", "--function", "train", "--verify")
+    code, _, err = _run(capsys, "rewrite", *RULES, plain_dir, tmp_path / "out", "--function", "train", "--verify")
     assert code == 2 and "verification failed" in err
     assert os.listdir(tmp_path) == []
 
@@ -365,6 +389,15 @@ def test_a_function_without_training_step(plain_dir, tmp_path, capsys):
     assert code == 2 and "no function of the SavedModel" in err
     assert "has a training step (tried serve (x: float32[?,8]): no training step)" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_keras_export_directory_is_refused_with_what_to_save(tmp_path, capsys):
+    import keras
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    model.export(str(tmp_path / "exported"), verbose=False)
+    code, _, err = _run(capsys, "rewrite", tmp_path / "exported", tmp_path / "out", "--batch-size", BATCH)
+    assert code == 2 and "model.export()" in err and "input_signature" in err and "tf.Module" in err
+    assert not os.path.exists(tmp_path / "out")
 
 
 def test_a_budget_without_unit_is_refused_before_loading(plain_dir, tmp_path, capsys):

@@ -81,10 +81,11 @@ def test_unknown_batch_dimension_is_resolved_by_batch_size():
     assert relu.outputs[0].shape == (None, 16) and relu.outputs[0].num_bytes is None
     assert sized.op(relu.name).outputs[0].num_bytes == 64 * 16 * 4
     # Without a batch size, the rewrite records a skip naming the fix instead of failing.
-    result = tflms.rewrite(cf, accelerator_device="/device:CPU:0", host_device="/device:CPU:1")
+    result = tflms.rewrite(cf, accelerator_device="/device:CPU:0", host_device="/device:CPU:1", swapout_threshold=1)
     reasons = {k.tensor.op: (k.reason, k.detail) for k in result.report.skipped}
     assert reasons[relu.name][0] == "unknown-shape" and "batch_size" in reasons[relu.name][1]
-    result = tflms.rewrite(cf, batch_size=64, accelerator_device="/device:CPU:0", host_device="/device:CPU:1")
+    result = tflms.rewrite(cf, batch_size=64, accelerator_device="/device:CPU:0", host_device="/device:CPU:1",
+                           swapout_threshold=1)
     assert relu.name + ":0" in {s.tensor.name for s in result.report.swaps}
 
 
@@ -134,7 +135,7 @@ def test_control_flow_ops_are_opaque():
     analysis = tflms.analyze(cf)
     whiles = [op for op in analysis.graph if op.type in ("While", "StatelessWhile")]
     assert whiles, "expected a While op in the traced step"
-    result = tflms.rewrite(cf, accelerator_device="/device:CPU:0", host_device="/device:CPU:1")
+    result = tflms.rewrite(cf, accelerator_device="/device:CPU:0", host_device="/device:CPU:1", swapout_threshold=1)
     # Nothing inside the loop bodies is touched: the body functions are carried over unchanged.
     assert tf_io.to_graph_def(result.graph).library == cf.graph.as_graph_def().library
 
@@ -154,7 +155,8 @@ def test_a_tf_function_inside_the_step_is_inlined_by_grappler_and_rewritten():
 
     concrete = outer.get_concrete_function(X, Y)
     assert any(op.type in CALL_OP_TYPES for op in concrete.graph.get_operations())
-    result = tflms.rewrite(concrete, accelerator_device="/device:CPU:0", host_device="/device:CPU:1")
+    result = tflms.rewrite(concrete, accelerator_device="/device:CPU:0", host_device="/device:CPU:1",
+                           swapout_threshold=1)
     assert result.report.num_swapped > 0
     assert not any(op.type in CALL_OP_TYPES for op in result.graph)
 

@@ -88,7 +88,10 @@ def test_bad_budget_units(graph, budget, error):
 def test_budget_in_config():
     config = tflms.LMSConfig.from_kwargs(budget="12GiB")
     assert config.budget_bytes == 12 * 2**30 and config.auto_tune
-    assert not tflms.LMSConfig().auto_tune
+    assert tflms.LMSConfig().auto_tune and tflms.LMSConfig().default_tuning  # the default tunes
+    rules = tflms.LMSConfig(swapin_ahead=2)
+    assert not rules.auto_tune and rules.with_rule_defaults().swapout_threshold == 1
+    assert tflms.LMSConfig(swapout_threshold=1, budget="1GiB").auto_tune
     with pytest.raises(ConfigError, match="unknown hardware profile"):
         tflms.LMSConfig(profile="tpu-v9")
     with pytest.raises(ConfigError, match="not both"):
@@ -164,18 +167,53 @@ def test_max_batch_with_and_without_tflms():
         max_batch(tf_io.from_concrete_function(fixed), profile=profile)
 
 
-def test_majority_vote_of_doa_aoa_wdoa():
+def test_majority_vote_of_saving_aoa_wdoa():
     from tflms.ir.graph import TensorRef
     from tflms.policies.idle_time import IdleCandidate, majority_order
 
     def cand(name, size, idle, load):
-        # copy_s 0: DOA = idle, AOA = idle * size, WDOA = load.
+        # copy_s 0: saving = size, AOA = idle * size, WDOA = load.
         return IdleCandidate(TensorRef(name), size, 0.0, idle, 0.0, (), ("c",), load_byte_s=load)
 
-    a = cand("a", 100, 1.0, 50.0)   # DOA 1, AOA 100, WDOA 50
-    b = cand("b", 10, 5.0, 80.0)    # DOA 5, AOA 50,  WDOA 80  -> beats a on 2 of 3
-    c = cand("c", 1000, 0.5, 10.0)  # DOA .5, AOA 500, WDOA 10 -> loses to b (2 of 3), loses to a (2 of 3)
-    assert [x.tensor.op for x in majority_order([a, b, c])] == ["b", "a", "c"]
+    a = cand("a", 100, 1.0, 50.0)   # saving 100, AOA 100, WDOA 50
+    b = cand("b", 10, 5.0, 80.0)    # saving 10, AOA 50, WDOA 80 -> loses to a on 2 of 3
+    c = cand("c", 1000, 0.5, 10.0)  # saving 1000, AOA 500, WDOA 10 -> beats a and b on 2 of 3
+    assert [x.tensor.op for x in majority_order([a, b, c])] == ["c", "a", "b"]
+
+
+def test_a_large_activation_outvotes_a_small_vector_that_idles_longer(monkeypatch):
+    """The saving score grows with bytes: DOA did not, and 1 KiB vectors won (issue 11)."""
+    from tflms.ir.graph import TensorRef
+    from tflms.policies import idle_time
+    from tflms.policies.idle_time import IdleCandidate, majority_order
+
+    big = IdleCandidate(TensorRef("big"), 100 << 20, 0.0, 0.1, 0.01, (), ("c",), load_byte_s=5e8)
+    small = IdleCandidate(TensorRef("small"), 1 << 10, 0.0, 1.0, 1e-7, (), ("c",), load_byte_s=1e9)
+    assert big.saving == 100 << 20 and small.saving == 1 << 10
+    assert [x.tensor.op for x in majority_order([small, big])] == ["big", "small"]
+    # The control: with DOA in the vote instead (Zhang et al.'s scores), the small vector wins.
+    monkeypatch.setattr(idle_time, "SCORES", (("doa", lambda c: c.doa_s),) + idle_time.SCORES[1:])
+    assert [x.tensor.op for x in majority_order([small, big])] == ["small", "big"]
+
+
+def test_backward_tensors_idle_across_the_peak_are_candidates(monkeypatch):
+    from tflms.analysis.cto import Category, analyze_graph
+    from tflms.config import LMSConfig
+    from tflms.policies import idle_time
+    from tflms.profiles import get_profile
+    from tflms.sim.simulator import simulate
+    from tflms.testing import mlp_training_graph
+
+    analysis = analyze_graph(mlp_training_graph(8, batch=256, width=512))
+    profile = get_profile("v100-16gb-pcie3")
+    sim = simulate(analysis.graph, profile)
+    found = idle_time.idle_candidates(analysis, sim, profile, LMSConfig())
+    categories = {analysis.categories[c.tensor.op] for c in found}
+    assert categories == {Category.FORWARD, Category.BACKWARD}
+    monkeypatch.setattr(idle_time, "CANDIDATE_CATEGORIES", frozenset({Category.FORWARD}))
+    forward_only = idle_time.idle_candidates(analysis, sim, profile, LMSConfig())
+    assert len(forward_only) < len(found)
+    assert {analysis.categories[c.tensor.op] for c in forward_only} == {Category.FORWARD}
 
 
 def test_load_integral_over_absence_windows():

@@ -38,35 +38,52 @@ import tempfile
 from collections.abc import Sequence
 
 from tflms import interrupts
-from tflms.config import LMSConfig
+from tflms.cli_words import speak_flags
+from tflms.config import RULE_DEFAULTS, LMSConfig
 from tflms.errors import TflmsError
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """Flags for every :class:`LMSConfig` field (TFLMS names)."""
-    group = parser.add_argument_group("swap parameters (TFLMS semantics)")
-    defaults = LMSConfig()
-    group.add_argument("--swapout-threshold", type=int, default=defaults.swapout_threshold,
-                       help="swap a tensor to consumers more than this many levels away (default %(default)s)")
-    group.add_argument("--swapin-ahead", type=int, default=defaults.swapin_ahead,
-                       help="trigger swap-ins this many levels before the consumer (default %(default)s)")
-    group.add_argument("--swapin-groupby", type=int, default=defaults.swapin_groupby,
-                       help="consumers within this many levels share one swap-in (default %(default)s)")
-    group.add_argument("--sync-mode", type=int, default=defaults.sync_mode, choices=(0, 1, 2, 3),
-                       help="0 async, 1 sync swap-out, 2 sync swap-in, 3 both (default %(default)s)")
-    group.add_argument("--min-swap-bytes", default=str(defaults.min_swap_bytes),
+    group = parser.add_argument_group(
+        "swap parameters (TFLMS semantics)",
+        "Default: without --swapout-threshold, --swapin-ahead, --swapin-groupby, --sync-mode, --budget and "
+        "--profile, tflms tunes for the accelerator's memory (this machine's GPU; without one, the chosen "
+        "profile's memory, said in the report): a step that fits is left alone, one that does not gets the fastest "
+        "rewrite that fits. Any of the four rule flags selects the TFLMS rules, the others at the defaults below.")
+    defaults = RULE_DEFAULTS
+    group.add_argument("--swapout-threshold", type=int, default=None,
+                       help="swap a tensor to consumers more than this many levels away "
+                            f"(default {defaults['swapout_threshold']} under the rules)")
+    group.add_argument("--swapin-ahead", type=int, default=None,
+                       help="trigger swap-ins this many levels before the consumer "
+                            f"(default {defaults['swapin_ahead']} under the rules)")
+    group.add_argument("--swapin-groupby", type=int, default=None,
+                       help="consumers within this many levels share one swap-in "
+                            f"(default {defaults['swapin_groupby']} under the rules)")
+    group.add_argument("--sync-mode", type=int, default=None, choices=(0, 1, 2, 3),
+                       help=f"0 async, 1 sync swap-out, 2 sync swap-in, 3 both (default {defaults['sync_mode']} "
+                            "under the rules)")
+    group.add_argument("--min-swap-bytes", default=str(LMSConfig().min_swap_bytes),
                        help="never swap smaller tensors; bytes or e.g. '1MiB' (default %(default)s)")
     group.add_argument("--include-types", nargs="*", default=[], metavar="OP_TYPE")
     group.add_argument("--exclude-types", nargs="*", default=[], metavar="OP_TYPE")
     group.add_argument("--include-scopes", nargs="*", default=[], metavar="SCOPE")
     group.add_argument("--exclude-scopes", nargs="*", default=[], metavar="SCOPE")
-    group.add_argument("--host-device", default=defaults.host_device)
+    group.add_argument("--host-device", default=LMSConfig().host_device)
     group.add_argument("--accelerator-device", default=None,
                        help="default: the first GPU, else the CPU (nothing is saved then)")
+    group.add_argument("--enforce-order", action=argparse.BooleanOptionalAction, default=None,
+                       help="pin a memory-aware execution order with control edges (default: when tuning, if it "
+                            "lowers the predicted peak)")
     group.add_argument("--compress", default=None, choices=("zvc", "fp16", "bf16", "int8", "auto"),
                        help="compress swapped tensors before their copy: zvc is lossless (training stays "
                             "bitwise); fp16, bf16 and int8 are lossy; auto picks per tensor from sparsity measured "
                             "on real inputs (tflms.function and the Keras callback only). Default: no compression")
+
+
+#: The demo's default budget, in percent of its predicted peak (also in tflms.demo; kept here so --help imports no TF).
+DEMO_BUDGET_PERCENT = 60
 
 
 def config_from_args(args: argparse.Namespace) -> LMSConfig:
@@ -77,7 +94,8 @@ def config_from_args(args: argparse.Namespace) -> LMSConfig:
         min_swap_bytes=int(min_bytes) if min_bytes.isdigit() else min_bytes,
         include_types=tuple(args.include_types), exclude_types=tuple(args.exclude_types),
         include_scopes=tuple(args.include_scopes), exclude_scopes=tuple(args.exclude_scopes),
-        host_device=args.host_device, accelerator_device=args.accelerator_device, compress=args.compress)
+        host_device=args.host_device, accelerator_device=args.accelerator_device, compress=args.compress,
+        enforce_order=args.enforce_order)
 
 
 def _progress(message: str) -> None:
@@ -86,14 +104,17 @@ def _progress(message: str) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from tflms.demo import run_demo
-    config = config_from_args(args)
+    config = config_from_args(args).replace(budget_bytes=args.budget)
     result = run_demo(args.model, steps=args.steps, batch_size=args.batch_size, config=config,
                       progress=None if args.json else _progress)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0 if result.identical else 1
-    print(f"tflms demo: {result.model} model, batch {result.batch_size}, {result.steps} training steps\n")
-    print(result.report.table())
+    print(f"tflms demo: {result.model} model, batch {result.batch_size}, {result.steps} training steps")
+    if result.budget_note:
+        print(f"budget: {result.budget_note}")
+    print()
+    print(speak_flags(result.report.table(wide=args.wide)))
     print()
     for i, (a, b) in enumerate(zip(result.losses_plain, result.losses_tflms)):
         print(f"step {i + 1}: loss without tflms {a:.9g}   with tflms {b:.9g}")
@@ -106,14 +127,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 1
 
 
+def add_wide_flag(parser: argparse.ArgumentParser, help: str | None = None) -> None:  # noqa: A002
+    parser.add_argument("--wide", action="store_true",
+                        help=help or "tables with every swapped tensor, full tensor names and every consumer level "
+                                     "(and, in analyze, every tensor alive at the peak)")
+
+
 def add_budget_flags(parser: argparse.ArgumentParser) -> None:
     """Flags for the tuner and for sizing: ``--budget``, ``--profile``, ``--batch-size``."""
     group = parser.add_argument_group("tuning and sizing")
     group.add_argument("--budget", default=None,
-                       help="accelerator memory budget, e.g. '12GiB'; turns on the tuner (it searches the swap "
-                            "parameters)")
+                       help="accelerator memory budget, e.g. '12GiB', that the tuner fits the step in (it searches "
+                            "the swap parameters); default: the accelerator's memory, unless a rule flag is given")
     group.add_argument("--profile", default=None,
-                       help="hardware profile to simulate, e.g. 'v100-16gb-pcie3'; turns on the tuner")
+                       help="hardware profile to simulate, e.g. 'v100-16gb-pcie3' (default: the closest to this "
+                            "machine's GPU, else v100-16gb-pcie3); turns on the tuner")
     group.add_argument("--batch-size", type=int, default=None,
                        help="size of unknown (batch) dimensions when sizing tensors; without it such tensors are "
                             "not swapped")
@@ -132,7 +160,7 @@ def _json_error(args: argparse.Namespace, run) -> int:
         return run()
     except TflmsError as err:
         if getattr(args, "json", False):
-            print(json.dumps({"error": str(err), "type": type(err).__name__}, indent=2))
+            print(json.dumps({"error": speak_flags(str(err)), "type": type(err).__name__}, indent=2))
         raise
 
 
@@ -146,7 +174,7 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(result.to_dict(), indent=2))
             return 0
-        print(result.table())
+        print(speak_flags(result.table(wide=args.wide)))
         print(f"\nOK: wrote {result.output_dir}" + (" (replacing the previous model)" if result.replaced else ""))
         return 0
 
@@ -162,7 +190,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             print(json.dumps({"input": os.path.realpath(args.input), "functions": [t.to_dict() for t in traces]},
                              indent=2))
         else:
-            print("\n\n".join(t.table() for t in traces))
+            print(speak_flags("\n\n".join(t.table(wide=args.wide) for t in traces)))
         return 0
 
     return _json_error(args, run)
@@ -187,7 +215,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 for r in records]}, indent=2))
             return 0
         for r in records:
-            print(f"{r['function']} [{r['trace']}] {r['signature']}" + (f"  ({r['note']})" if r["note"] else ""))
+            print(speak_flags(f"{r['function']} [{r['trace']}] {r['signature']}"
+                              + (f"  ({r['note']})" if r["note"] else "")))
             for variant in ("original", "rewritten"):
                 if r[variant] is not None:
                     print(f"  {variant}:")
@@ -206,14 +235,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="train a built-in model with and without tflms and compare the weights",
                           description="Trace a built-in model's training step (no download, no GPU needed), "
                                       "train it for a few steps with and without the tflms rewrite, check that "
-                                      "the weights are bitwise identical and print the swap report.")
+                                      "the weights are bitwise identical and print the swap report. The demo "
+                                      "model fits any accelerator, so with no swap flag it tunes for a budget of "
+                                      f"{DEMO_BUDGET_PERCENT}% of its predicted peak, to have something to swap "
+                                      "(the output says so); --budget or the rule flags override that.")
     demo.add_argument("--model", choices=("cnn", "mlp"), default="cnn", help="built-in model (default %(default)s)")
     demo.add_argument("--steps", type=int, default=3, help="training steps (default %(default)s)")
     demo.add_argument("--batch-size", type=int, default=32, help="batch size (default %(default)s)")
+    add_wide_flag(demo)
     demo.add_argument("--json", action="store_true", help="print the result as JSON")
+    demo.add_argument("--budget", default=None,
+                      help=f"accelerator memory budget (default: {DEMO_BUDGET_PERCENT}%% of the predicted peak)")
     add_config_flags(demo)
-    # The demo swaps what a user would: tensors kept for the backward pass, not tiny ones.
-    demo.set_defaults(func=cmd_demo, swapout_threshold=8, min_swap_bytes="64KiB")
+    demo.set_defaults(func=cmd_demo)
 
     rewrite = sub.add_parser(
         "rewrite", help="rewrite the training functions of a SavedModel into a new SavedModel",
@@ -236,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "and check outputs and variables bit for bit (loads the model twice). This EXECUTES "
                               "the model's graph, side effects included (e.g. a tf.io.write_file in the step "
                               "writes its file, twice); without --verify nothing of the model is run")
+    add_wide_flag(rewrite)
     rewrite.add_argument("--json", action="store_true", help="print the result as one JSON document")
     add_budget_flags(rewrite)
     add_config_flags(rewrite)
@@ -249,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("input", metavar="IN_DIR", help="the SavedModel to read")
     analyze.add_argument("--function", dest="functions", action="append", metavar="NAME",
                          help="analyze this function (repeat for several; default: all)")
+    add_wide_flag(analyze)
     analyze.add_argument("--json", action="store_true", help="print the result as one JSON document")
     add_budget_flags(analyze)
     add_config_flags(analyze)
@@ -264,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("input", metavar="IN_DIR", help="the SavedModel to read")
     plan.add_argument("--function", dest="functions", action="append", metavar="NAME",
                       help="plan this function (repeat for several; default: all)")
+    add_wide_flag(plan, "accepted as by analyze; plan's tables list every figure (none is truncated)")
     plan.add_argument("--json", action="store_true", help="print the result, with per-tensor offsets, as JSON")
     add_budget_flags(plan)
     add_config_flags(plan)
@@ -345,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with interrupts.handled(), quiet_logs(args.command):
             return args.func(args)
     except TflmsError as err:
-        print(f"tflms: error: {err}", file=sys.stderr)
+        print(f"tflms: error: {speak_flags(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (interrupts.Interrupted): cleanup has run
         name = err.signal_name if isinstance(err, interrupts.Interrupted) else "SIGINT"

@@ -24,13 +24,25 @@ COMPRESS_ALIASES = {"int8": "int8-block"}
 #: sync_mode values (TFLMS): which copies the computation waits for.
 SYNC_NONE, SYNC_SWAP_OUT, SYNC_SWAP_IN, SYNC_BOTH = 0, 1, 2, 3
 
+#: The TFLMS rule parameters, and the value each takes when some other rule parameter is given and it is not.
+RULE_DEFAULTS = {"swapout_threshold": 1, "swapin_ahead": 1, "swapin_groupby": 0, "sync_mode": SYNC_NONE}
+
 @dataclasses.dataclass(frozen=True)
 class LMSConfig:
     """What to swap and how (TFLMS semantics).
 
+    The default: with no rule parameter (``swapout_threshold``, ``swapin_ahead``,
+    ``swapin_groupby``, ``sync_mode``) and no ``budget``/``profile``, tflms
+    tunes for the accelerator's memory: this machine's GPU (its memory, and the
+    closest hardware profile for the costs), or without a GPU the chosen
+    profile's memory (the report says which). A step that fits is left alone; one
+    that does not gets the fastest rewrite that fits. Giving any rule parameter
+    selects the TFLMS rules instead, the others at :data:`RULE_DEFAULTS`.
+
     Attributes:
       swapout_threshold: a tensor is swapped out for those consumers whose level
-        distance from its producer exceeds this many levels (>= 1).
+        distance from its producer exceeds this many levels (>= 1). ``None``
+        (the default for all four rule parameters): not given.
       swapin_ahead: the swap-in is triggered by an op this many levels before its
         first consumer (>= 1); larger prefetches earlier.
       swapin_groupby: consumers within this many levels of the group's first
@@ -59,12 +71,19 @@ class LMSConfig:
         swapped activations lose precision), or ``"auto"`` (CSwap+: per tensor,
         the lossless codec only where the simulator says it makes the step
         faster, from sparsity measured on the first batch).
+      enforce_order: pin a memory-aware execution order with control edges after the swaps, the
+        compression and the placement (:func:`tflms.passes.order.enforce_order`; docs/design.md,
+        "Enforced order"): ``None`` (default) means on when tuning (a budget or profile is given) and off
+        otherwise; ``True`` always (simulated on the profile, ``v100-16gb-pcie3`` when none is given);
+        ``False`` never. The edges are added only when the graph with them peaks lower in the simulator
+        than without and, when tuning, only if the winning candidate was judged with them; they never
+        change values (training stays bitwise).
     """
 
-    swapout_threshold: int = 1
-    swapin_ahead: int = 1
-    swapin_groupby: int = 0
-    sync_mode: int = SYNC_NONE
+    swapout_threshold: int | None = None
+    swapin_ahead: int | None = None
+    swapin_groupby: int | None = None
+    sync_mode: int | None = None
     include_types: tuple[str, ...] = ()
     exclude_types: tuple[str, ...] = ()
     include_scopes: tuple[str, ...] = ()
@@ -77,16 +96,25 @@ class LMSConfig:
     profile: str | None = None
     fit_by: str = "live"
     compress: str | None = None
+    enforce_order: bool | None = None
+    #: ``LMSConfig(budget="12GiB")``: the alias of ``budget_bytes`` (as in tflms.function and the Keras callback).
+    budget: dataclasses.InitVar[int | str | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, budget: int | str | None = None) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass normalisation
+        if budget is not None:
+            if self.budget_bytes is not None:
+                raise ConfigError("give budget or budget_bytes, not both")
+            set_("budget_bytes", budget)
         for name, low in (("swapout_threshold", 1), ("swapin_ahead", 1), ("swapin_groupby", 0)):
             value = getattr(self, name)
+            if value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigError(f"{name} must be an int (levels), got {value!r}")
             if value < low:
                 raise ConfigError(f"{name} must be >= {low} levels, got {value}")
-        if self.sync_mode not in (SYNC_NONE, SYNC_SWAP_OUT, SYNC_SWAP_IN, SYNC_BOTH) or isinstance(
+        if self.sync_mode not in (None, SYNC_NONE, SYNC_SWAP_OUT, SYNC_SWAP_IN, SYNC_BOTH) or isinstance(
                 self.sync_mode, bool):
             raise ConfigError(f"sync_mode must be 0 (none), 1 (swap-out), 2 (swap-in) or 3 (both), "
                               f"got {self.sync_mode!r}")
@@ -128,13 +156,35 @@ class LMSConfig:
         if self.compress is not None and self.compress not in (COMPRESS_AUTO,) + COMPRESS_CODECS:
             raise ConfigError(f"compress must be None, {COMPRESS_AUTO!r} or a codec name "
                               f"({', '.join(COMPRESS_CODECS)}), got {self.compress!r}")
+        if self.enforce_order is not None and not isinstance(self.enforce_order, bool):
+            raise ConfigError(f"enforce_order must be None (on when tuning), True or False, got {self.enforce_order!r}")
         if self.fit_by not in ("live", "bfc"):
             raise ConfigError(f"fit_by must be 'live' or 'bfc', got {self.fit_by!r}")
 
     @property
+    def rules_given(self) -> bool:
+        """True when any TFLMS rule parameter was given (they select the rules unless a budget or profile is)."""
+        return any(getattr(self, name) is not None for name in RULE_DEFAULTS)
+
+    @property
     def auto_tune(self) -> bool:
-        """True when a budget or profile asks the tuner to choose the swap parameters."""
-        return self.budget_bytes is not None or self.profile is not None
+        """True when the tuner chooses the swap parameters: a budget or profile, or no rule parameter, was given."""
+        return self.budget_bytes is not None or self.profile is not None or not self.rules_given
+
+    @property
+    def default_tuning(self) -> bool:
+        """True for the default: tuning for the accelerator's own memory (no rule parameter, budget or profile)."""
+        return self.budget_bytes is None and self.profile is None and not self.rules_given
+
+    def with_rule_defaults(self) -> "LMSConfig":
+        """This config with every rule parameter not given at its :data:`RULE_DEFAULTS` value."""
+        missing = {k: v for k, v in RULE_DEFAULTS.items() if getattr(self, k) is None}
+        return dataclasses.replace(self, **missing) if missing else self
+
+    @property
+    def orders(self) -> bool:
+        """Whether the pipeline runs the order pass (``enforce_order``, or tuning when it is ``None``)."""
+        return self.auto_tune if self.enforce_order is None else self.enforce_order
 
     @property
     def sync_swap_out(self) -> bool:

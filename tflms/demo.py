@@ -19,6 +19,9 @@ from tflms.report import RewriteReport
 logger = logging.getLogger(__name__)
 
 DEMO_MODELS = ("cnn", "mlp")
+#: With no swap parameter, budget or profile, the demo tunes for this fraction of its step's predicted peak: its
+#: models fit any accelerator, and the default (tune for the accelerator's memory) would leave them alone.
+DEMO_BUDGET_FRACTION = 0.6
 
 
 def build_model(kind: str, *, seed: int = 0):
@@ -67,6 +70,7 @@ class DemoResult:
     mismatched_weights: tuple[str, ...]
     max_abs_diff: float
     report: RewriteReport
+    budget_note: str = ""
 
     @property
     def identical(self) -> bool:
@@ -77,7 +81,7 @@ class DemoResult:
                 "identical": self.identical, "losses_plain": list(self.losses_plain),
                 "losses_tflms": list(self.losses_tflms), "num_weights": self.num_weights,
                 "mismatched_weights": list(self.mismatched_weights), "max_abs_diff": self.max_abs_diff,
-                "report": self.report.to_dict()}
+                "budget_note": self.budget_note, "report": self.report.to_dict()}
 
 
 def run_demo(model: str = "cnn", *, steps: int = 3, batch_size: int = 32, config: LMSConfig | None = None,
@@ -88,19 +92,25 @@ def run_demo(model: str = "cnn", *, steps: int = 3, batch_size: int = 32, config
 
     import tflms
     say = progress or (lambda msg: None)
-    config = config or LMSConfig()
+    config, budget_note = config or LMSConfig(), ""
     rng = np.random.RandomState(seed)
     runs = {}
     for variant in ("plain", "tflms"):
         net, input_shape = build_model(model, seed=seed)
         optimizer = keras.optimizers.SGD(learning_rate=0.05, momentum=0.9)
+        optimizer.build(net.trainable_variables)  # so the step can be traced before its first call
         step = make_train_step(net, optimizer)
+        if variant == "tflms" and config.default_tuning:
+            config, budget_note = demo_config(step, input_shape, batch_size, config)
         fn = tf.function(step) if variant == "plain" else tflms.function(step, config=config)
         runs[variant] = (net, optimizer, fn)
     data = [(rng.standard_normal((batch_size, *input_shape)).astype("float32"),
              rng.randint(0, 10, size=(batch_size,)).astype("int32")) for _ in range(steps)]
     losses: dict[str, list[float]] = {"plain": [], "tflms": []}
-    for variant, (_, _, fn) in runs.items():
+    # tflms first: its first call traces and rewrites the step, so a bad option (e.g. --include-types Conv2d)
+    # is refused before the plain model spends any time training.
+    for variant in ("tflms", "plain"):
+        fn = runs[variant][2]
         say(f"training {steps} steps of the {model} demo model ({variant})")
         for x, y in data:
             losses[variant].append(float(fn(tf.constant(x), tf.constant(y)).numpy()))
@@ -112,4 +122,40 @@ def run_demo(model: str = "cnn", *, steps: int = 3, batch_size: int = 32, config
     report = runs["tflms"][2].report
     return DemoResult(model=model, steps=steps, batch_size=batch_size, losses_plain=tuple(losses["plain"]),
                       losses_tflms=tuple(losses["tflms"]), num_weights=len(plain_state),
-                      mismatched_weights=tuple(mismatched), max_abs_diff=max_diff, report=report)
+                      mismatched_weights=tuple(mismatched), max_abs_diff=max_diff, report=report,
+                      budget_note=budget_note)
+
+
+def demo_config(step: Callable, input_shape: tuple[int, ...], batch_size: int,
+                config: LMSConfig) -> tuple[LMSConfig, str]:
+    """``config`` with a budget below the step's predicted peak, and a note saying so.
+
+    :data:`DEMO_BUDGET_FRACTION` of the peak when some rewrite fits that; else
+    halfway between the smallest peak a rewrite reaches and the peak without one.
+    """
+    import tensorflow as tf
+
+    from tflms.devices import local_gpu
+    from tflms.pipeline import analyze
+    from tflms.profiles import select_profile
+    from tflms.sim.simulator import SimOptions, simulate
+    from tflms.units import format_bytes
+    specs = (tf.TensorSpec((batch_size, *input_shape), tf.float32), tf.TensorSpec((batch_size,), tf.int32))
+    profile = select_profile(config.profile, local_gpu()).name
+    analysis = analyze(tf.function(step).get_concrete_function(*specs))
+    peak = simulate(analysis.graph, profile, options=SimOptions(host_device=config.host_device)).peak_with_margin_bytes
+    from tflms.errors import BudgetError
+    from tflms.tune.tuner import tune
+    budget = int(peak * DEMO_BUDGET_FRACTION)
+    try:
+        tune(analysis, budget=budget, profile=profile, config=config, first_fit=True)
+        how = ""
+    except BudgetError as err:
+        smallest = min(c.sim.peak_with_margin_bytes for c in err.candidates)
+        budget = (smallest + peak) // 2
+        how = (f": no rewrite reaches {DEMO_BUDGET_FRACTION:.0%}, so halfway between the peak and the smallest peak "
+               f"a rewrite reaches, {format_bytes(smallest)}")
+    note = (f"{format_bytes(budget)}, {budget / peak:.0%} of the step's predicted peak {format_bytes(peak)} on "
+            f"{profile}{how}; the demo model fits any accelerator, and a budget below its peak gives it something "
+            "to swap (--budget sets another)")
+    return config.replace(budget_bytes=budget), note

@@ -16,7 +16,9 @@ made here reaches every user. Its stages, in order:
 4. **passes**, each returning a :class:`~tflms.passes.PassResult` and linted:
    swaps (:func:`~tflms.passes.apply_swaps`), compression
    (:func:`~tflms.compress.rewrite.apply_compression`, when ``config.compress``
-   asks for it), placement per replica (:func:`~tflms.passes.place_swaps`);
+   asks for it), placement per replica (:func:`~tflms.passes.place_swaps`), and the
+   enforced order (:func:`tflms.passes.order.enforce_order`, when ``config.orders``: by default
+   when tuning; control edges only where they lower the simulated peak);
 5. **build**: the ``ConcreteFunction`` that runs the rewritten graph on the
    original's variables, when the step is one, with grappler off for it
    (:func:`tflms.ir.preoptimize.run_preoptimized`): grappler already ran in step 1.
@@ -41,7 +43,7 @@ from tflms.errors import ConfigError
 from tflms.ir import tf_io
 from tflms.ir.graph import Graph, TensorRef
 from tflms.passes import DEFAULT_COPY_OP, Placement, apply_swaps, place_swaps
-from tflms.policies.swapplan import SwapPlan, skip_reason
+from tflms.policies.swapplan import SwapPlan, check_filters, skip_reason
 from tflms.policies.tflms_rules import plan_swaps
 from tflms.profiles import ProfileChoice, select_profile
 from tflms.report import RewriteReport
@@ -134,18 +136,31 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         if require_backward and not analysis.has_backward:
             raise no_training_step_error(analysis)
         accelerator, device_warnings = resolve_accelerator(config.accelerator_device)
-        simulates = config.auto_tune or config.compress == COMPRESS_AUTO
-        choice = select_profile(config.profile, local_gpu()) if simulates else None
+        simulates = config.auto_tune or config.compress == COMPRESS_AUTO or config.orders
+        gpu = local_gpu() if simulates else None
+        choice = select_profile(config.profile, gpu) if simulates else None
         compressor = _compressor(config, analysis, step, example_inputs, choice)
-        tuning = None
+        tuning, ordered_by_tuner = None, True
+        budget_why = None
         if config.auto_tune:
             from tflms.tune.tuner import tune
-            result = clock("tune", lambda: tune(analysis, budget=config.budget_bytes, profile=choice.name,
+            # The filters are checked before any search: a step that fits is never planned, yet a misspelt
+            # op type or scope is still an error.
+            filter_warnings = tuple(check_filters(analysis, config))
+            budget, budget_why = default_budget(choice, gpu) if config.default_tuning else (config.budget_bytes, None)
+            result = clock("tune", lambda: tune(analysis, budget=budget, profile=choice.name,
                                                 config=config, copy_op=copy_op, fit_by=config.fit_by,
-                                                compress=compressor, progress=progress))
+                                                compress=compressor, progress=progress,
+                                                enforce_order=config.orders))
             planned = accelerator if accelerator != config.host_device else PROFILE_DEVICE
             plan = result.best.plan or _empty_plan(config, planned)
             swapped, tuning = result.graph, result.to_dict()
+            # The tuner judged each finalist with and without the order's edges; the pass runs only when the
+            # winner was the ordered one, so that what runs is what was predicted.
+            ordered_by_tuner = result.best.order is not None and result.best.order["applied"]
+            if filter_warnings:
+                plan = dataclasses.replace(plan, warnings=tuple(w for w in filter_warnings if w not in plan.warnings)
+                                           + plan.warnings)
             if accelerator == config.host_device:  # no GPU here: the tuner planned for the profile's
                 plan = dataclasses.replace(plan, warnings=(no_gpu_warning(choice.name, accelerator),) + plan.warnings)
         else:
@@ -157,21 +172,48 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
                 swapped = clock("compress", lambda: compressor(swapped, plan))
         placed = clock("place", lambda: place_swaps(swapped, plan))
         placed.graph.lint()
-        inserted = inserted_ops(graph, placed.graph)
+        final, order = placed.graph, None
+        if config.orders and ordered_by_tuner:
+            from tflms.passes.order import enforce_order
+            from tflms.sim.simulator import SimOptions
+            ordered = clock("order", lambda: enforce_order(placed.graph, choice.name,
+                                                           options=SimOptions(host_device=config.host_device)))
+            ordered.graph.lint()
+            final, order = ordered.graph, ordered.report.to_dict()
+        inserted = inserted_ops(graph, final)
         hardware = hardware_record(choice, planned_for=plan.accelerator_device, runs_on=accelerator,
                                    simulated=config.auto_tune)
+        if budget_why is not None:
+            hardware["budget"] = budget_why
         if sized_from_inputs is not None:
             hardware["batch_size"] = f"{sized_from_inputs}, from the inputs of the first call"
         report = RewriteReport(plan=plan, graph_summary=analysis.summary(), inserted_ops=inserted,
                                timings_s=timings, tuning=tuning, compression=_compression_summary(placed.graph),
-                               hardware=hardware)
+                               hardware=hardware, order=order)
         for w in plan.warnings:
             logger.warning("tflms: %s", w)
         function = None
         if build and tf_io.is_concrete_function(step):
-            function = clock("build", lambda: _build(placed.graph, step, inserted))
-        return StepRewrite(graph=placed.graph, analysis=analysis, report=report, placement=placed.report,
+            function = clock("build", lambda: _build(final, step, inserted))
+        return StepRewrite(graph=final, analysis=analysis, report=report, placement=placed.report,
                            function=function)
+
+
+def default_budget(choice: ProfileChoice, gpu: tuple[str, int | None] | None) -> tuple[int | None, str]:
+    """The budget of the default (no rule parameter, budget or profile), and one sentence saying where it is from.
+
+    This machine's GPU memory when TensorFlow reports it; else the chosen
+    profile's memory (``None``: the tuner's default), said as such.
+    """
+    from tflms.profiles import get_profile
+    from tflms.units import format_bytes
+    if gpu is not None and gpu[1]:
+        return gpu[1], (f"the default: {format_bytes(gpu[1])}, the memory of this machine's GPU {gpu[0]!r} "
+                        "(give budget= (--budget) or TFLMS rule parameters to choose otherwise)")
+    memory = get_profile(choice.name).memory_bytes
+    where = "this machine has no GPU" if gpu is None else f"the memory of this machine's GPU {gpu[0]!r} is unknown"
+    return None, (f"the default: {format_bytes(memory)}, the memory of profile {choice.name} ({where}; give "
+                  "budget= (--budget) or TFLMS rule parameters to choose otherwise)")
 
 
 #: The device the tuner plans swap-ins for when this machine has no GPU (the profile's GPU).
@@ -189,8 +231,9 @@ def hardware_record(choice: ProfileChoice | None, *, planned_for: str, runs_on: 
                     simulated: bool) -> dict[str, Any]:
     """What hardware a report's plan and predictions are for (``RewriteReport.hardware``)."""
     if choice is None:
-        return {"profile": None, "source": None, "why": "no budget or profile: the swap parameters are the "
-                "configuration's and nothing is simulated", "planned_for": planned_for, "runs_on": runs_on}
+        return {"profile": None, "source": None, "why": "TFLMS rule parameters given, no budget or profile: the "
+                "swap parameters are the configuration's and nothing is simulated", "planned_for": planned_for,
+                "runs_on": runs_on}
     return {**choice.to_dict(), "profile": choice.name, "planned_for": planned_for, "runs_on": runs_on,
             "simulated": simulated}
 

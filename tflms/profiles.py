@@ -193,10 +193,10 @@ def profile_for_device(device_name: str, memory_bytes: int | None = None) -> Pro
     memory = "" if memory_bytes is None else f" with {memory_bytes / GIB:.0f} GiB"
     if family:
         why = (f"matched to this machine's GPU {device_name!r}{memory} (same family, closest memory); "
-               "name another with profile=... / --profile")
+               "name another with profile=... (--profile)")
     else:
         why = (f"no profile for this machine's GPU {device_name!r}{memory}: the profile with the closest memory; "
-               "name a better one with profile=... / --profile, or register_profile(HardwareProfile(...))")
+               "name a better one with profile=... (--profile), or register_profile(HardwareProfile(...))")
     return ProfileChoice(best.name, PROFILE_FROM_DEVICE, why)
 
 

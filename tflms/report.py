@@ -24,6 +24,10 @@ class RewriteReport:
     #: the hardware the plan and any prediction are for: ``profile`` (None when nothing was simulated),
     #: ``source`` (given / device / default), ``why``, ``planned_for`` (accelerator), ``runs_on`` (this machine)
     hardware: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the order pass's record (:meth:`tflms.passes.order.OrderReport.to_dict`: ``applied``, ``edges`` (how
+    #: many), ``heuristic``, peaks, ``why``); ``None`` when the pass did not run (``LMSConfig.orders`` off, or
+    #: the tuner's winner was judged without the order's edges)
+    order: dict[str, Any] | None = None
 
     @property
     def swaps(self):
@@ -87,7 +91,8 @@ class RewriteReport:
             return f"hardware: no profile ({h['why']}); swaps planned for {h['planned_for']}"
         where = (f"planned for {h['planned_for']} of that profile" if h["planned_for"] == h["runs_on"] else
                  f"planned for {h['planned_for']} of that profile; this machine runs the step on {h['runs_on']}")
-        return f"hardware: {h['profile']} ({h['why']}); {where}"
+        budget = f"; budget: {h['budget']}" if h.get("budget") else ""
+        return f"hardware: {h['profile']} ({h['why']}); {where}{budget}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -112,6 +117,7 @@ class RewriteReport:
             "tuning": self.tuning,
             "compression": dict(self.compression),
             "hardware": dict(self.hardware),
+            "order": self.order,
             "prediction": self.prediction(),
         }
 
@@ -134,6 +140,8 @@ class RewriteReport:
         if self.tuning:
             lines.append(f"tuning: {self.tuning['reason']}")
             lines.append(self.prediction_text())
+        if self.order is not None:
+            lines.append(f"order: {self.order['why']}")
         lines.append(f"swapped: {self.num_swapped} tensors, {format_bytes(self.swapped_bytes)} "
                      f"-> accelerator {self.plan.accelerator_device}, host {self.plan.config.host_device}")
         shown = self.plan.swaps if max_rows is None else self.plan.swaps[:max_rows]
@@ -155,7 +163,7 @@ class RewriteReport:
             lines.extend(fmt.format(*r).rstrip() for r in rows)
             if len(shown) < len(self.plan.swaps):
                 lines.append(f"... and {len(self.plan.swaps) - len(shown)} more swapped tensors "
-                             "(table(wide=True) or to_json() lists all)")
+                             "(table(wide=True) (--wide) or to_json() (--json) lists all)")
             if legend:
                 lines.extend(LEGEND)
         if self.compression:
@@ -166,7 +174,7 @@ class RewriteReport:
             lines.append("skipped candidates: " + ", ".join(f"{r} x{n}" for r, n in sorted(counts.items())))
         if self.unknown_size_skips:
             lines.append(f"note: {self.unknown_size_skips} tensors of unknown size were not swapped"
-                         + (" (give batch_size to size an unknown batch dimension)"
+                         + (" (give batch_size=N (--batch-size N) to size an unknown batch dimension)"
                             if self.plan.config.batch_size is None else ""))
         for w in self.plan.warnings:
             lines.append(f"warning: {w}")

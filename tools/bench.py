@@ -11,6 +11,17 @@ For each model and hardware profile the training step is traced (custom
     recompute       gradient checkpointing: the same Keras model run in sqrt(n) segments under
                     tf.recompute_grad (tflms.baselines.recompute), traced as its own step
 
+Headroom (``--headroom``, default ``benchlib.common.HEADROOM`` = 5%): every method's simulated peak
+counts ``1 + headroom`` times (``SimOptions.margin_fraction``) against the budget, ``none``
+included, for what the simulator cannot see (workspaces, allocator fragmentation). The
+swap-only bound (``tflms.sim.bounds.swap_only_bound``: resident bytes plus the largest op's
+working set) is judged the same way and searched like a method (row ``swap-only-bound``);
+each method's maximum is reported as a fraction of it, with the simulated step time,
+throughput (samples/s) and ``time_bound_ratio`` (step time over
+``tflms.sim.bounds.step_time_bound`` at the budget the headroom leaves) at that maximum.
+``tflms-best`` tunes with ``enforce_order=True``, as the pipeline does: its finalists are
+judged in the memory-aware order the order pass pins (docs/design.md, "Enforced order").
+
 Reported per model, profile and method: the largest batch that fits the profile's
 memory (for ``unet3d``: the largest cubic resolution at batch 1), the predicted
 step-time overhead at a *common batch* (the smallest of the maxima that exceed
@@ -25,7 +36,8 @@ unchanged step). ``--full`` answers a tflms-distance size with
 ``tune(strategies=["tflms-distance"], first_fit=True)``; quick mode simulates the
 tuner's two most aggressive distance candidates instead (``QUICK_DISTANCE_PROBES``:
 a fit is exact, a miss may hide another fitting candidate). tflms-best sizes the
-distance rules miss run ``tune(strategies=IDLE_STRATEGIES, first_fit=True)``. One
+distance rules miss run ``tune(first_fit=True, enforce_order=True)`` (every strategy, the
+finalists judged in the enforced order). One
 full tune with every strategy runs at the common batch; ``tflms-distance``'s choice
 and wall time are read off it (the tuner evaluates the distance candidates first).
 Quick mode bisects ``QUICK_BISECT_STEPS`` times: the reported maximum fits, and
@@ -61,8 +73,8 @@ import shlex
 import sys
 import time
 
-from benchlib.common import (ALL_MODELS, FULL_MODELS, FULL_PROFILES, QUICK_BISECT_STEPS, QUICK_MODELS, QUICK_PROFILES,
-                             say)
+from benchlib.common import (ALL_MODELS, FULL_MODELS, FULL_PROFILES, HEADROOM, QUICK_BISECT_STEPS, QUICK_MODELS,
+                             QUICK_PROFILES, say)
 from benchlib.models import MODELS, Steps
 from benchlib.report import markdown, plot_timelines, records_for
 from benchlib.search import run_model_profile
@@ -80,6 +92,9 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", help="accelerator budget for every profile instead of its memory (e.g. 64MiB)")
     parser.add_argument("--bisect-steps", type=int, default=None,
                         help=f"bisection steps after doubling (quick default {QUICK_BISECT_STEPS}; --full: exact)")
+    parser.add_argument("--headroom", type=float, default=HEADROOM,
+                        help=f"fraction of each peak (and of the swap-only bound) kept free, the same for every method "
+                             f"(default {HEADROOM})")
     parser.add_argument("--json", action="store_true", help="print JSON records instead of the Markdown report")
     parser.add_argument("--results", help="write the Markdown report here (default docs/results.md without --json)")
     parser.add_argument("--plots", help="directory for timeline PNGs (default docs/plots without --json)")
@@ -107,7 +122,7 @@ def main(argv=None) -> int:
     for model in models:
         for profile in profiles:
             say(f"=== {model} on {profile}")
-            results = run_model_profile(steps, model, profile, budget, bisect_steps)
+            results = run_model_profile(steps, model, profile, budget, bisect_steps, args.headroom)
             recs = records_for(model, profile, results)
             records += recs
             if plots_dir:

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 
 from tflms.errors import GraphError, NoTrainingStepError
 from tflms.ir.graph import Graph, TensorInfo, TensorRef
-from tflms.ir.op_types import CALL_OP_TYPES, CONDITIONAL_TYPES, GRADIENT_OP_TYPES, LOOP_TYPES
+from tflms.ir.op_types import CALL_OP_TYPES, CONDITIONAL_TYPES, GRADIENT_OP_TYPES, LOOP_TYPES, METADATA_ONLY_TYPES
 
 
 class Category(str, enum.Enum):
@@ -177,8 +177,7 @@ def _data_consumers(graph: Graph) -> dict[str, list[str]]:
     return {name: list(dict.fromkeys(v)) for name, v in out.items()}
 
 
-#: Ops whose outputs depend on their inputs' shapes only, not their values.
-SHAPE_ONLY_TYPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+
 
 
 def _static_ops(ops, order: list[str]) -> set[str]:
@@ -188,7 +187,7 @@ def _static_ops(ops, order: list[str]) -> set[str]:
     for name in order:
         op = ops[name]
         data_argument = op.type in ("Placeholder", "_Arg") and any(o.dtype != "resource" for o in op.outputs)
-        if not data_argument and (op.type in SHAPE_ONLY_TYPES or op.type == "ReadVariableOp"
+        if not data_argument and (op.type in METADATA_ONLY_TYPES or op.type == "ReadVariableOp"
                                   or all(ref.op in static for ref in op.inputs)):
             static.add(name)
     return static

@@ -220,9 +220,11 @@ def function(fn: Callable | None = None, *, config: LMSConfig | None = None, ver
 
     Usable as ``@tflms.function``, ``@tflms.function(swapout_threshold=4)`` or
     ``tflms.function(step, config=cfg)``. Keyword options are
-    :class:`~tflms.config.LMSConfig` fields (``budget="12GiB"`` and/or
-    ``profile=...`` let the tuner choose the swap parameters), or ``tf.function``
-    options (``input_signature``, ``jit_compile``, ``reduce_retracing``, ...).
+    :class:`~tflms.config.LMSConfig` fields (with none of the TFLMS rule
+    parameters, the default, the tuner fits the step in the accelerator's
+    memory, or in ``budget="12GiB"``; any rule parameter selects the TFLMS
+    rules), or ``tf.function`` options (``input_signature``, ``jit_compile``,
+    ``reduce_retracing``, ...).
 
     ``verbose`` (printed to stdout when a signature is first traced and rewritten):
     ``0`` (the default: a decorator stays quiet, like ``tf.function``; the

@@ -3,7 +3,7 @@
 ::
 
     import tflms.keras
-    model.fit(x, y, callbacks=[tflms.keras.LMS()])                 # TFLMS parameters at their defaults
+    model.fit(x, y, callbacks=[tflms.keras.LMS()])                 # the default: tuned for the accelerator's memory
     model.fit(x, y, callbacks=[tflms.keras.LMS(swapout_threshold=8, swapin_ahead=2)])
     lms = tflms.keras.LMS(budget="12GiB", profile="v100-16gb-pcie3")  # let the tuner choose
     model.fit(x, y, callbacks=[lms]); print(lms.report.table())

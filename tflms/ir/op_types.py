@@ -74,3 +74,42 @@ COMPUTE_HEAVY_TYPES = CONV_TYPES | frozenset({"MatMul", "BatchMatMul", "BatchMat
 #: Consumers that read only a tensor's shape: they keep the resident tensor (they run as soon as it exists),
 #: so a ``ShapeN`` of the gradient code does not pull a feature map back at the start of the backward pass.
 METADATA_ONLY_TYPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+
+# ---------------------------------------- Execution order (tflms.schedule)
+#: Ops that read only a tensor's metadata: grappler folds them to constants when shapes are static, and an
+#: edge on them would prevent that.
+METADATA_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradientArgs"})
+_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid", "Gelu"})
+_ADDS = frozenset({"Add", "AddV2", "AddN"})
+_CONTRACTIONS = frozenset({"Conv2D", "Conv3D", "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
+                           "DepthwiseConv2dNative"})
+#: Producer type -> consumer types that grappler may fuse or re-associate with it when the producer has no
+#: control edges and feeds only that consumer: the remapper (a contraction with BiasAdd, Add, Mul, Cast or
+#: an activation; BiasAdd or an add with an activation or add; FusedBatchNorm with Relu/Add; Sigmoid*x) and
+#: the arithmetic optimizer (add trees into one AddN, Mul/Add chains re-associated to minimize broadcasts,
+#: common factors of Muls hoisted out of an add). Both skip nodes with control fan-in or fan-out.
+FUSABLE = {
+    **{c: _ACTIVATIONS | _ADDS | {"BiasAdd", "Mul", "Cast"} for c in _CONTRACTIONS},
+    "BiasAdd": _ACTIVATIONS | _ADDS,
+    **{a: _ACTIVATIONS | _ADDS for a in _ADDS},
+    "Mul": frozenset({"Mul"}),
+    **{bn: frozenset({"Relu", "Add", "AddV2"}) for bn in ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")},
+    "Sigmoid": frozenset({"Mul"}), "Tanh": frozenset({"Mul"}),
+}
+#: Ops that oneDNN's graph pass fuses with a sibling reading the same input (``Conv2DBackpropFilter`` with
+#: ``BiasAddGrad`` into ``_MklConv2DBackpropFilterWithBias``) unless they carry control edges: never ordered.
+FUSION_SENSITIVE_OPS = frozenset({"Conv2DBackpropFilter", "Conv3DBackpropFilterV2", "BiasAddGrad"})
+
+# ---------------------------------------- Constants and Python callbacks
+#: Ops whose outputs are constants (resident, like variables).
+CONSTANT_OPS = frozenset({"Const", "HostConst"})
+#: Ops that call back into Python: their code is not part of a SavedModel, so a loaded model cannot run them.
+PYTHON_CALLBACK_OPS = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless"})
+
+# ---------------------------------------- What TensorFlow ran (tflms.testing.ran)
+#: Op types that are plumbing, not the user's computation (arguments, results, constants, no-ops, iterator and
+#: optional handling Keras's loop adds around the step, function calls).
+PLUMBING_OP_TYPES = frozenset({
+    "_Arg", "_Retval", "NoOp", "Const", "Identity", "IdentityN", "IteratorGetNext", "IteratorGetNextAsOptional",
+    "OptionalHasValue", "OptionalGetValue", "OptionalNone", "OptionalFromValue", "StatefulPartitionedCall",
+    "PartitionedCall", "_Send", "_Recv", "_HostSend", "_HostRecv"})

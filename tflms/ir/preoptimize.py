@@ -58,6 +58,10 @@ LOWERED_CONTROL_FLOW_TYPES = LOOP_TYPES
 RETVAL_PREFIX = "_tflms_retval_"
 
 
+class NonPlaceholderInputError(GraphError):
+    """A function input that is not a placeholder (a constant captured by value): the pre-pass cannot mimic it."""
+
+
 def _copy(node):
     from tensorflow.core.framework import node_def_pb2
     new = node_def_pb2.NodeDef()
@@ -75,8 +79,9 @@ def _instantiation_like(func_graph, device: str):
     for index, tensor in enumerate(func_graph.inputs):
         node = by_name.get(tensor.op.name)
         if node is None or node.op != "Placeholder":
-            raise GraphError(f"input {index} of {func_graph.name!r} is {tensor.op.name!r} of type "
-                             f"{getattr(node, 'op', None)!r}, not a Placeholder: this is not a traced function graph")
+            raise NonPlaceholderInputError(
+                f"input {index} of {func_graph.name!r} is {tensor.op.name!r} of type {getattr(node, 'op', None)!r}, "
+                "not a Placeholder: grappler cannot be run on it as TensorFlow's instantiation would")
         originals[node.name] = _copy(node)
         if tensor.dtype == tf.resource:
             handle = compat.resource_handle_shape(tensor)
@@ -193,7 +198,13 @@ def preoptimize(concrete_function):
 
 
 def _preoptimize(concrete_function):
-    graph_def, outputs = preoptimized_graph_def(concrete_function)
+    try:
+        graph_def, outputs = preoptimized_graph_def(concrete_function)
+    except NonPlaceholderInputError as err:
+        # e.g. Keras's normalization constants captured by value as function inputs (EfficientNet, ConvNeXt)
+        logger.warning("tflms: %s; this step is rewritten before grappler instead, so grappler may treat it "
+                       "differently from the original (docs/design.md, 'Bitwise under grappler')", err)
+        return concrete_function
     lowered = sorted({n.op for n in graph_def.node} & LOWERED_CONTROL_FLOW_TYPES)
     if lowered:
         logger.warning("tflms: grappler lowered the control flow of %s into %s, which tflms cannot rewrite; this "

@@ -4,7 +4,9 @@ The pipeline (:func:`tflms.pipeline.rewrite_step`) runs them in this order:
 
 1. :func:`apply_swaps` inserts a swap plan's copy ops (report: the inserted op names);
 2. :func:`tflms.compress.rewrite.apply_compression` wraps chosen swaps in codecs (report: the choices);
-3. :func:`place_swaps` puts each replica's swap ops on that replica's host (report: the placement).
+3. :func:`place_swaps` puts each replica's swap ops on that replica's host (report: the placement);
+4. :func:`tflms.passes.order.enforce_order` pins a lower-peak execution order with control edges, when
+   ``LMSConfig.orders`` (report: :class:`~tflms.passes.order.OrderReport`).
 
 No pass modifies its input graph; each output is linted by the pipeline.
 """

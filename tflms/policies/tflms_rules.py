@@ -18,7 +18,8 @@ from tflms.policies.swapplan import (Skip, SwapDecision, SwapInGroup, SwapPlan, 
 
 
 def plan_swaps(analysis: Analysis, config: LMSConfig, *, accelerator_device: str) -> SwapPlan:
-    """Decide which tensors to swap and where to trigger their swap-ins."""
+    """Decide which tensors to swap and where to trigger their swap-ins (rule parameters not given: RULE_DEFAULTS)."""
+    config = config.with_rule_defaults()
     warnings = check_filters(analysis, config)
     graph, levels = analysis.graph, analysis.levels
     swaps: list[SwapDecision] = []

@@ -31,34 +31,12 @@ from tflms.errors import GraphError
 from tflms.ir.graph import Graph
 from tflms.schedule.memory import buffer_model
 from tflms.sim.simulator import SimOptions
+from tflms.ir.op_types import METADATA_OPS, FUSABLE, FUSION_SENSITIVE_OPS
 
 
 #: Ops that touch only buffers below this size are not ordered (shape arithmetic, per-channel vectors): their
 #: place changes the peak by at most a few such buffers, and edges on them would stop grappler from folding them.
 DEFAULT_MIN_BYTES = 1 << 16
-#: Ops that read only a tensor's metadata: grappler folds them to constants when shapes are static, and an
-#: edge on them would prevent that.
-METADATA_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradientArgs"})
-_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid", "Gelu"})
-_ADDS = frozenset({"Add", "AddV2", "AddN"})
-_CONTRACTIONS = frozenset({"Conv2D", "Conv3D", "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
-                           "DepthwiseConv2dNative"})
-#: Producer type -> consumer types that grappler may fuse or re-associate with it when the producer has no
-#: control edges and feeds only that consumer: the remapper (a contraction with BiasAdd, Add, Mul, Cast or
-#: an activation; BiasAdd or an add with an activation or add; FusedBatchNorm with Relu/Add; Sigmoid*x) and
-#: the arithmetic optimizer (add trees into one AddN, Mul/Add chains re-associated to minimize broadcasts,
-#: common factors of Muls hoisted out of an add). Both skip nodes with control fan-in or fan-out.
-FUSABLE = {
-    **{c: _ACTIVATIONS | _ADDS | {"BiasAdd", "Mul", "Cast"} for c in _CONTRACTIONS},
-    "BiasAdd": _ACTIVATIONS | _ADDS,
-    **{a: _ACTIVATIONS | _ADDS for a in _ADDS},
-    "Mul": frozenset({"Mul"}),
-    **{bn: frozenset({"Relu", "Add", "AddV2"}) for bn in ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")},
-    "Sigmoid": frozenset({"Mul"}), "Tanh": frozenset({"Mul"}),
-}
-#: Ops that oneDNN's graph pass fuses with a sibling reading the same input (``Conv2DBackpropFilter`` with
-#: ``BiasAddGrad`` into ``_MklConv2DBackpropFilterWithBias``) unless they carry control edges: never ordered.
-FUSION_SENSITIVE_OPS = frozenset({"Conv2DBackpropFilter", "Conv3DBackpropFilterV2", "BiasAddGrad"})
 
 
 def ordered_ops(graph: Graph, order: Sequence[str], options: SimOptions | None = None, *,

@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from tflms.devices import normalize_device
 from tflms.errors import ConfigError, GraphError
 from tflms.ir.graph import Graph, TensorRef
-from tflms.ir.op_types import ALIAS_OPS, COPY_OPS, FORWARDING_OPS, SOURCE_OPS, VARIABLE_READ_OPS
+from tflms.ir.op_types import ALIAS_OPS, CONSTANT_OPS, COPY_OPS, FORWARDING_OPS, SOURCE_OPS, VARIABLE_READ_OPS
 from tflms.sim.simulator import SimOptions, variable_bytes
-CONSTANT_OPS = frozenset({"Const", "HostConst"})
+
 _NO_SIZE_DTYPES = ("resource", "variant", "string")
 
 

@@ -14,12 +14,8 @@ import dataclasses
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-#: op types that are plumbing, not the user's computation (arguments, results, constants, no-ops, iterator and
-#: optional handling Keras's loop adds around the step, function calls).
-PLUMBING_OP_TYPES = frozenset({
-    "_Arg", "_Retval", "NoOp", "Const", "Identity", "IdentityN", "IteratorGetNext", "IteratorGetNextAsOptional",
-    "OptionalHasValue", "OptionalGetValue", "OptionalNone", "OptionalFromValue", "StatefulPartitionedCall",
-    "PartitionedCall", "_Send", "_Recv", "_HostSend", "_HostRecv"})
+from tflms.ir.op_types import PLUMBING_OP_TYPES
+
 
 
 @dataclasses.dataclass

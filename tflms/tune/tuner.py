@@ -71,6 +71,9 @@ class Candidate:
     sim: SimResult
     fits: bool
     why_not: str = ""
+    #: the order pass's record when the candidate was judged in the order the pipeline will enforce
+    #: (:func:`tflms.passes.order.enforce_order`; ``tune(enforce_order=True)``), else ``None``
+    order: dict[str, Any] | None = None
 
     @property
     def swapped_bytes(self) -> int:
@@ -104,9 +107,11 @@ class TuneResult:
     def reason(self) -> str:
         unknown = len(self.baseline.unknown_size_tensors)
         left_out = (f"; {unknown} tensors whose size depends on the data are not counted" if unknown else "")
+        ordered = "" if self.best.order is None else f" in the enforced order ({self.best.order['edges']} edges)"
         if self.best.strategy == "none":
-            return (f"the step fits without swapping: predicted peak {format_bytes(self.baseline.peak_with_margin_bytes)}"
-                    f" <= budget {format_bytes(self.budget_bytes)}" + left_out)
+            return (f"the step fits without swapping{ordered}: predicted peak "
+                    f"{format_bytes(self.best.sim.peak_with_margin_bytes)} <= budget {format_bytes(self.budget_bytes)}"
+                    + left_out)
         by_strategy = {}
         for c in self.candidates:
             if c.fits and (c.strategy not in by_strategy or c.sim.step_time_s < by_strategy[c.strategy].sim.step_time_s):
@@ -114,7 +119,7 @@ class TuneResult:
         others = ", ".join(f"{s} {100 * c.sim.overhead_vs(self.baseline):+.1f}%" for s, c in sorted(by_strategy.items())
                            if s != self.best.strategy)
         return (f"{self.best.strategy} fits {format_bytes(self.budget_bytes)} with predicted peak "
-                f"{format_bytes(self.best.sim.peak_with_margin_bytes)} and the lowest predicted overhead "
+                f"{format_bytes(self.best.sim.peak_with_margin_bytes)}{ordered} and the lowest predicted overhead "
                 f"({100 * self.overhead:+.1f}%)" + (f"; best of the others: {others}" if others else "")
                 + f"; {len(self.candidates)} configurations simulated" + left_out)
 
@@ -126,7 +131,8 @@ class TuneResult:
                 "overhead": self.overhead, "swapped_bytes": self.best.swapped_bytes,
                 "host_peak_bytes": self.best.sim.host_peak_bytes, "reason": self.reason(),
                 "candidates": [{"strategy": c.strategy, "params": c.params, "peak_bytes": c.sim.peak_with_margin_bytes,
-                                "step_time_s": c.sim.step_time_s, "fits": c.fits, "why_not": c.why_not}
+                                "step_time_s": c.sim.step_time_s, "fits": c.fits, "why_not": c.why_not,
+                                "order_edges": None if c.order is None else c.order["edges"]}
                                for c in self.candidates]}
 
     def table(self, *, wide: bool = False) -> str:
@@ -209,6 +215,58 @@ class _Evaluator:
         config = self.base_config.replace(**params)
         return self.run("tflms-distance", params, plan_swaps(self.analysis, config,
                                                               accelerator_device=self.accelerator))
+
+
+#: How many candidates that do not fit in level order :func:`judge_ordered` judges again in the enforced order.
+ORDER_FINALISTS = 4
+
+
+def judge_ordered(ev: _Evaluator) -> list[Candidate]:
+    """Judge the finalists in the order the pipeline will enforce; returns the candidates added.
+
+    Scheduling costs seconds on a large step (docs/design.md, "Enforced order"), so only finalists
+    are scheduled, each distinct plan once: the fastest fitting candidate (the order pass may change
+    its step time and peak) and the :data:`ORDER_FINALISTS` lowest-peak candidates that do not fit in
+    level order and would be faster than it. Each gets the rewritten graph through
+    :func:`~tflms.passes.order.enforce_order` (the same pass, deterministic, as the pipeline runs) and a
+    full simulation of the result; the new candidate keeps the strategy and parameters, with ``order``
+    set. Its rewritten graph is stored without the edges: the pipeline's pass adds them.
+    """
+    from tflms.passes.order import enforce_order
+    fitting = [c for c in ev.candidates if c.fits and c.order is None and c.plan is not None]
+    best = min(fitting, key=lambda c: c.sim.step_time_s) if fitting else None
+    limit = best.sim.step_time_s if best is not None else float("inf")
+    over = sorted((c for c in ev.candidates if not c.fits and c.order is None and c.sim.step_time_s < limit
+                   and c.sim.host_peak_bytes <= ev.host_budget),
+                  key=lambda c: (ev.need(c.sim), c.sim.step_time_s))
+    finalists, seen = [], set()
+    for c in ([best] if best is not None else []) + over:
+        key = None if c.plan is None else tuple((s.tensor.name, tuple(g.name for g in s.swap_ins))
+                                                 for s in c.plan.swaps)
+        if key in seen:
+            continue
+        seen.add(key)
+        finalists.append(c)
+        if len(finalists) > ORDER_FINALISTS:
+            break
+    added = []
+    for c in finalists:
+        graph = ev.graph_of(c)
+        result = enforce_order(graph, ev.profile, options=ev.sim_options)
+        sim = simulate(result.graph, ev.profile, options=ev.sim_options) if result.changed else c.sim
+        need = ev.need(sim)
+        why = "" if need <= ev.budget and sim.host_peak_bytes <= ev.host_budget else (
+            f"peak {format_bytes(need)} > budget with the enforced order")
+        cand = Candidate(c.strategy, c.params, c.plan, sim, fits=not why, why_not=why,
+                         order=result.report.to_dict())
+        ev.graphs[id(cand)] = graph
+        ev.candidates.append(cand)
+        added.append(cand)
+        if ev.progress:
+            ev.progress(f"{c.strategy} {c.params} in the enforced order ({result.report.num_edges} edges): peak "
+                        f"{format_bytes(sim.peak_with_margin_bytes)}, step {sim.step_time_s * 1e3:.2f} ms"
+                        f"{'' if cand.fits else ' (' + why + ')'}")
+    return added
 
 
 def _threshold_ladder(analysis: Analysis) -> list[int]:
@@ -355,8 +413,8 @@ def check_known_sizes(graph: Graph, sim: SimResult, batch_size: int | None) -> N
     ``--batch-size N`` on the command line. Tensors whose size depends on the data
     (e.g. a gradient's ``Reshape`` to a ``tf.shape`` computed at run time) do not
     stop the verdict: :meth:`TuneResult.reason` says how many were left out. A
-    rewrite without a budget needs no verdict: it leaves tensors of unknown size
-    unswapped (reason ``unknown-shape``) instead.
+    rewrite by the TFLMS rules without a budget needs no verdict: it leaves
+    tensors of unknown size unswapped (reason ``unknown-shape``) instead.
     """
     if batch_size is not None or not sim.unknown_size_tensors:
         return
@@ -372,9 +430,7 @@ def check_known_sizes(graph: Graph, sim: SimResult, batch_size: int | None) -> N
     examples = ", ".join(f"{n} {_shape_text(s)}" for n, s in batch_only[:UNKNOWN_SIZE_EXAMPLES])
     raise UnknownSizeError(
         f"cannot predict the step's memory: {len(batch_only)} tensors have an unknown batch (leading) dimension "
-        f"(e.g. {examples}) and would count as 0 bytes. Give the batch size: batch_size=N in LMSConfig, "
-        "tflms.function or tflms.keras.LMS; --batch-size N on the command line. Without a budget or profile the "
-        "rewrite runs anyway and leaves tensors of unknown size unswapped")
+        f"(e.g. {examples}) and would count as 0 bytes. Give the batch size: batch_size=N (--batch-size N)")
 
 
 def _shape_text(shape) -> str:
@@ -386,7 +442,7 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
          host_budget: int | str | None = None, copy_op: str = DEFAULT_COPY_OP, first_fit: bool = False,
          require_backward: bool = True, fit_by: str = FIT_BY_LIVE,
          compress: Callable[[Graph, SwapPlan], Graph] | None = None,
-         progress: Callable[[str], None] | None = None) -> TuneResult:
+         progress: Callable[[str], None] | None = None, enforce_order: bool = False) -> TuneResult:
     """Find the rewrite of ``source`` that fits ``budget`` (default: the profile's memory) fastest.
 
     ``config`` supplies the fixed options (filters, devices, ``min_swap_bytes``,
@@ -398,6 +454,9 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     the live-bytes peak: a budget the live bytes meet but the allocator does not
     is not a fit. ``compress`` (e.g. ``tflms.compress.policy.make_compressor``)
     post-processes every candidate's rewritten graph with compressed swaps.
+    ``enforce_order``: the pipeline will pin a memory-aware order (:func:`tflms.passes.order.enforce_order`),
+    so the finalists (:func:`judge_ordered`) are judged again with the order's edges, and one that fits
+    only in that order can win.
     """
     if fit_by not in (FIT_BY_LIVE, FIT_BY_BFC):
         raise ConfigError(f"fit_by must be {FIT_BY_LIVE!r} or {FIT_BY_BFC!r}, got {fit_by!r}")
@@ -409,7 +468,7 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     if budget_bytes <= 0:
         raise ConfigError("budget must be positive")
     host_bytes = profile.host_memory_bytes if host_budget is None else parse_bytes(host_budget, what="host_budget")
-    config = config or LMSConfig()
+    config = (config or LMSConfig()).with_rule_defaults()  # the base of every candidate's config
     sim_options = sim_options or SimOptions(host_device=config.host_device)
     analysis = source if isinstance(source, Analysis) else analyze_graph(
         load_graph(source, *args, batch_size=config.batch_size))
@@ -439,6 +498,9 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
         if name in strategies or (name == "vdnn" and set(strategies) & set(OPT_IN_STRATEGIES)):
             with gc_paused():  # the searches allocate much and make no cycles (see gc_paused)
                 search()
+    if enforce_order and not base.fits and not (first_fit and any(c.fits for c in ev.candidates)):
+        with gc_paused():
+            judge_ordered(ev)
     fitting = [c for c in ev.candidates if c.fits]
     if not fitting:
         smallest = min(ev.candidates, key=lambda c: ev.need(c.sim))

@@ -25,6 +25,12 @@ QUICK_DISTANCE_PROBES = ({"swapout_threshold": 1, "swapin_ahead": 1, "swapin_gro
                          {"swapout_threshold": 1, "swapin_ahead": 1, "swapin_groupby": 0, "sync_mode": 3})
 #: tflms strategies of the tflms-best method besides the distance rules (tried when those fail).
 IDLE_STRATEGIES = ("idle-time", "idle-time-no-overhead")
+#: Headroom: every method's peak is judged as ``peak * (1 + HEADROOM)`` against the budget
+#: (``SimOptions.margin_fraction``), the swap-only bound the same way: room for what the simulator
+#: cannot see (kernel workspaces, allocator fragmentation). ``--headroom`` overrides it.
+HEADROOM = 0.05
+#: The row of the swap-only memory bound (tflms.sim.bounds.swap_only_bound) beside the methods.
+BOUND = "swap-only-bound"
 #: Figures from the papers, quoted from their abstracts; not measured here.
 #: (source, setting, reported figure, our model to set beside it, which of our numbers: "ratio" or "overhead").
 REPORTED = (

@@ -8,7 +8,7 @@ import os
 import pathlib
 import platform
 
-from .common import IDLE_STRATEGIES, METHODS, QUICK_BISECT_STEPS, REPORTED, UNET_RESOLUTION_STEP, say
+from .common import BOUND, METHODS, QUICK_BISECT_STEPS, REPORTED, UNET_RESOLUTION_STEP, say
 from .models import MODELS
 from .search import MethodResult
 
@@ -16,7 +16,8 @@ from .search import MethodResult
 def records_for(model: str, profile: str, results: dict[str, MethodResult]) -> list[dict]:
     unit = 1 if MODELS[model].kind == "batch" else UNET_RESOLUTION_STEP
     out = []
-    for method in METHODS:
+    bound = results.get(BOUND)
+    for method in METHODS + ((BOUND,) if bound is not None else ()):
         r = results[method]
         out.append({
             "model": model, "profile": profile, "method": method,
@@ -32,6 +33,14 @@ def records_for(model: str, profile: str, results: dict[str, MethodResult]) -> l
             "step_ms_at_common": None if r.sim is None else round(1e3 * r.sim.step_time_s, 3),
             "probes": [[s * unit, f] for s, f in sorted(r.probes)],
             "detail": r.detail,
+            "bound_batch": None if bound is None else bound.max_size * unit,
+            # max as a fraction of the bound (resolution models: of the bound's voxels)
+            "fraction_of_bound": (None if bound is None or not bound.max_size else
+                                  round((r.max_size / bound.max_size) ** (1 if unit == 1 else 3), 4)),
+            "step_ms_at_max": None if r.step_s_at_max is None else round(1e3 * r.step_s_at_max, 3),
+            "samples_per_s_at_max": None if r.samples_per_s_at_max is None else round(r.samples_per_s_at_max, 2),
+            "time_bound_ratio_at_max": (None if r.time_bound_ratio_at_max is None
+                                        else round(r.time_bound_ratio_at_max, 3)),
         })
     return out
 
@@ -102,6 +111,25 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
                 cell = f"{r['max_batch']}{'+' if r['max_batch_upper'] is None else ''}"
                 cells.append(cell if m == "none" else f"{cell} ({_ratio(r, base)})")
             lines.append(f"| {model} | {base['common_batch']} | " + " | ".join(cells) + " |")
+        lines += ["", "Each method at its own maximum, against the swap-only bound (`tflms.sim.bounds.swap_only_bound`: "
+                  "resident bytes plus the largest single op's working set, judged with the same headroom): "
+                  "**of bound** = max / bound (voxels for `unet3d`); **samples/s** = max / predicted step time; "
+                  "**time/bound** = predicted step time over the step-time bound at the budget left by the "
+                  "headroom (`time_bound_ratio`, the smaller bound of level order and the schedule).", "",
+                  "| model | method | max | of bound | x none | step ms | samples/s | time/bound |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for model in models:
+            base = by.get((model, profile, "none"))
+            for m in METHODS + (BOUND,):
+                r = by.get((model, profile, m))
+                if r is None or base is None:
+                    continue
+                frac = "-" if r.get("fraction_of_bound") is None else f"{100 * r['fraction_of_bound']:.0f}%"
+                step = "-" if r.get("step_ms_at_max") is None else f"{r['step_ms_at_max']:.0f}"
+                rate = "-" if r.get("samples_per_s_at_max") is None else f"{r['samples_per_s_at_max']:.1f}"
+                tbr = "-" if r.get("time_bound_ratio_at_max") is None else f"{r['time_bound_ratio_at_max']:.2f}"
+                lines.append(f"| {model} | {m} | {r['max_batch']} | {frac} | {_ratio(r, base)} | {step} | {rate} | "
+                             f"{tbr} |")
         lines += ["", "| model | method | max | upper | overhead at common | peak at common | rewrite s | ops | "
                   "search s | detail |", "|---|---|---|---|---|---|---|---|---|---|"]
         for model in models:
@@ -152,8 +180,8 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
                  "miss could hide another fitting candidate, so the maximum is a lower bound; "
                  if mode == "quick" else "`tflms-distance` runs `tune(strategies=[\"tflms-distance\"], "
                  "first_fit=True)`; ")
-              + f"`tflms-best` runs `tune(strategies={json.dumps(list(IDLE_STRATEGIES))}, first_fit=True)` "
-              "where the distance rules miss. One full tune with every strategy runs at the common batch; the "
+              + "`tflms-best` runs `tune(first_fit=True, enforce_order=True)` (every strategy; finalists judged "
+              "in the order the pipeline's order pass enforces) where the distance rules miss. One full tune with every strategy runs at the common batch; the "
               "tuner evaluates the distance candidates first, so `tflms-distance`'s choice and wall time are "
               "read off the same run (its fastest fitting distance candidate, the time of its last one).",
               f"- The 3D U-Net is re-traced at every probed resolution (multiples of {UNET_RESOLUTION_STEP}, "

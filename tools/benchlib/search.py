@@ -7,7 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .common import IDLE_STRATEGIES, METHODS, QUICK_DISTANCE_PROBES, SEARCH_LIMIT, UNET_RESOLUTION_STEP, say
+from .common import (BOUND, HEADROOM, METHODS, QUICK_DISTANCE_PROBES, SEARCH_LIMIT,
+                     UNET_RESOLUTION_STEP, say)
 from .models import MODELS, Steps
 
 
@@ -32,13 +33,19 @@ class MethodResult:
     sim: Any = None  # at the common size
     detail: str = ""
     common: int = 0  # the common size the overhead refers to
+    # at max_size: simulated step time, samples per second, and predicted step over the step-time bound
+    step_s_at_max: float | None = None
+    samples_per_s_at_max: float | None = None
+    time_bound_ratio_at_max: float | None = None
 
 
 class Evaluator:
     """Answers "does ``size`` fit with ``method``?" for one model on one profile, caching every answer."""
 
-    def __init__(self, steps: Steps, model: str, profile, budget_bytes: int, exact: bool):
+    def __init__(self, steps: Steps, model: str, profile, budget_bytes: int, exact: bool, options=None):
+        from tflms.sim import SimOptions
         self.steps, self.model, self.profile, self.budget = steps, model, profile, budget_bytes
+        self.options = options or SimOptions()  # margin_fraction: the headroom, the same for every method
         self.exact = exact  # tflms-distance probes: the tuner's whole search (True) or QUICK_DISTANCE_PROBES
         self.cache: dict[tuple[str, int], Probe] = {}
 
@@ -63,15 +70,24 @@ class Evaluator:
     def _none(self, size):
         from tflms.sim import simulate
         graph, _ = self.steps.graph(self.model, "plain", size)
-        sim = simulate(graph, self.profile)
+        sim = simulate(graph, self.profile, options=self.options)
         return Probe(sim.peak_with_margin_bytes <= self.budget, sim, len(graph))
 
-    def _tune(self, size, strategies):
+    def _swap_only_bound(self, size):
+        """The swap-only memory bound with the same headroom: no swap rewrite in any order fits beyond it."""
+        from tflms.sim.bounds import swap_only_bound
+        graph, _ = self.steps.graph(self.model, "plain", size)
+        bound = swap_only_bound(graph, self.options).bound_bytes
+        need = bound + int(bound * self.options.margin_fraction) + self.options.margin_bytes
+        return Probe(need <= self.budget, None, len(graph))
+
+    def _tune(self, size, strategies, enforce_order=False):
         from tflms.errors import BudgetError
         from tflms.tune.tuner import tune
         graph, _ = self.steps.graph(self.model, "plain", size)
         try:
-            result = tune(graph, budget=self.budget, profile=self.profile, strategies=strategies, first_fit=True)
+            result = tune(graph, budget=self.budget, profile=self.profile, strategies=strategies, first_fit=True,
+                          sim_options=self.options, enforce_order=enforce_order)
         except BudgetError:
             return Probe(False)
         return Probe(True, result.best.sim, len(result.graph))
@@ -92,7 +108,7 @@ class Evaluator:
         for params in QUICK_DISTANCE_PROBES:
             plan = plan_swaps(analysis, LMSConfig(**params), accelerator_device="/device:GPU:0")
             rewritten = apply_swaps(graph, plan).graph
-            sim = simulate(rewritten, self.profile)
+            sim = simulate(rewritten, self.profile, options=self.options)
             if best is None or sim.peak_with_margin_bytes < best.sim.peak_with_margin_bytes:
                 best = Probe(sim.peak_with_margin_bytes <= self.budget, sim, len(rewritten))
             if best.fits:
@@ -102,20 +118,23 @@ class Evaluator:
     def _tflms_best(self, size):
         if self.fits("tflms-distance", size):
             return Probe(True)
-        return self._tune(size, list(IDLE_STRATEGIES))
+        # Every strategy, judged in the enforced order: a distance plan the rules' probe saw miss in level
+        # order can fit once the order pass pins its schedule.
+        from tflms.tune.tuner import STRATEGIES
+        return self._tune(size, list(STRATEGIES), enforce_order=True)
 
     def _grappler(self, size):
         from tflms.baselines.grappler_swap import grappler_swap
         from tflms.sim import simulate
         graph, _ = self.steps.graph(self.model, "plain", size)
         result = grappler_swap(graph, self.profile, budget=self.budget)
-        sim = simulate(result.graph, self.profile)
+        sim = simulate(result.graph, self.profile, options=self.options)
         return Probe(sim.peak_with_margin_bytes <= self.budget, sim, len(result.graph))
 
     def _recompute(self, size):
         from tflms.sim import simulate
         graph, _ = self.steps.graph(self.model, "recompute", size)
-        sim = simulate(graph, self.profile)
+        sim = simulate(graph, self.profile, options=self.options)
         return Probe(sim.peak_with_margin_bytes <= self.budget, sim, len(graph))
 
 
@@ -163,16 +182,17 @@ def search_max(fits: Callable[[int], bool], start: int, bisect_steps: int | None
 
 
 def run_model_profile(steps: Steps, model: str, profile_name: str, budget: int | None,
-                      bisect_steps: int | None) -> dict[str, MethodResult]:
+                      bisect_steps: int | None, headroom: float = HEADROOM) -> dict[str, MethodResult]:
     from tflms.baselines.grappler_swap import grappler_swap
     from tflms.errors import BudgetError
     from tflms.passes.swaps import apply_swaps
-    from tflms.sim import get_profile, simulate
+    from tflms.sim import SimOptions, get_profile, simulate
     from tflms.tune.tuner import tune
 
     profile = get_profile(profile_name)
     budget_bytes = budget or MODELS[model].budget_bytes or profile.memory_bytes
-    ev = Evaluator(steps, model, profile, budget_bytes, exact=bisect_steps is None)
+    options = SimOptions(margin_fraction=headroom)
+    ev = Evaluator(steps, model, profile, budget_bytes, exact=bisect_steps is None, options=options)
     results: dict[str, MethodResult] = {}
     # Where each search starts, and the first larger size it tries (the previous method's first miss).
     plan = {"none": ("none", False), "tflms-distance": ("none", True), "tflms-best": ("tflms-distance", True),
@@ -216,7 +236,7 @@ def run_model_profile(steps: Steps, model: str, profile_name: str, budget: int |
     say(f"{model} {profile_name}: maxima " + ", ".join(f"{m} {ev.label(r.max_size)}" for m, r in results.items()))
     say(f"{model} {profile_name}: common {ev.label(common)}; full tune and rewrites there")
     plain, _ = steps.graph(model, "plain", common)
-    baseline = simulate(plain, profile)
+    baseline = simulate(plain, profile, options=options)
 
     def fits_overhead(sim):
         if sim is None or sim.peak_with_margin_bytes > budget_bytes:
@@ -234,7 +254,7 @@ def run_model_profile(steps: Steps, model: str, profile_name: str, budget: int |
     t0 = time.perf_counter()
     stamps: list[tuple[float, str]] = []
     try:
-        tuned = tune(plain, budget=budget_bytes, profile=profile,
+        tuned = tune(plain, budget=budget_bytes, profile=profile, sim_options=options, enforce_order=True,
                      progress=lambda msg: stamps.append((time.perf_counter() - t0, msg)))
     except BudgetError as err:
         tuned, error = None, str(err)
@@ -263,12 +283,61 @@ def run_model_profile(steps: Steps, model: str, profile_name: str, budget: int |
 
     r = results["grappler"]
     swapped = grappler_swap(plain, profile, budget=budget_bytes)
-    r.sim = simulate(swapped.graph, profile)
+    r.sim = simulate(swapped.graph, profile, options=options)
     r.rewrite_s, r.ops, r.overhead = swapped.total_s, len(swapped.graph), fits_overhead(r.sim)
     r.detail += f"; {len(swapped.swaps)} swaps of {swapped.swapped_bytes / 2**30:.2f} GiB"
     r = results["recompute"]
     graph, trace_s = steps.graph(model, "recompute", common)
-    r.sim = simulate(graph, profile)
+    r.sim = simulate(graph, profile, options=options)
     r.rewrite_s, r.ops, r.overhead = trace_s, len(graph), fits_overhead(r.sim)
     r.detail += f"; {len(steps.checkpointing(model).segments)} segments"
+    _at_max(ev, results, implied)
+    # The swap-only bound under the same headroom, searched like a method from tflms-best's maximum.
+    t0 = time.perf_counter()
+    top = results["tflms-best"]
+    low, high = search_max(lambda s: ev.fits(BOUND, s), max(top.max_size, 1), bisect_steps, top.upper)
+    results[BOUND] = MethodResult(BOUND, low, high, [(s, p.fits) for (m, s), p in ev.cache.items() if m == BOUND],
+                                  time.perf_counter() - t0, common=common, detail="resident + largest working set")
+    results[BOUND].ops = ev.cache[(BOUND, low)].ops if (BOUND, low) in ev.cache else 0  # the graph judged there
+    say(f"{model} {profile_name}: swap-only bound {ev.label(low)}; "
+        + ", ".join(f"{m} {r.max_size / low:.0%}" for m, r in results.items() if m != BOUND and low))
     return results
+
+
+def _sim_at(ev: Evaluator, method: str, size: int, implied: dict) -> Any:
+    """The simulation that answered ``method`` at ``size`` (or the method that implied the fit)."""
+    for m in (method,) + tuple(reversed(implied[method])):
+        probe = ev.cache.get((m, size))
+        if probe is not None and probe.fits and probe.sim is not None:
+            return probe.sim
+    return None
+
+
+def _at_max(ev: Evaluator, results: dict[str, MethodResult], implied: dict) -> None:
+    """Step time, throughput and time_bound_ratio of every method at its own maximum.
+
+    The step-time bound (tflms.sim.bounds.step_time_bound) is taken at the budget the headroom leaves,
+    in level order and in the memory-aware schedule of the unswapped step; the smaller of the two (the
+    enforced order may lower the unswapped peak, and with it the bytes that must cross the link).
+    """
+    from tflms.schedule import schedule_order
+    from tflms.sim.bounds import step_time_bound, time_bound_ratio
+    opts = ev.options
+    usable = int((ev.budget - opts.margin_bytes) / (1 + opts.margin_fraction))
+    bounds: dict[int, float] = {}
+    for r in results.values():
+        if not r.max_size:
+            continue
+        sim = _sim_at(ev, r.method, r.max_size, implied)
+        if sim is None:
+            continue
+        samples = r.max_size if MODELS[ev.model].kind == "batch" else 1
+        r.step_s_at_max, r.samples_per_s_at_max = sim.step_time_s, samples / sim.step_time_s
+        if r.max_size not in bounds:
+            graph, _ = ev.steps.graph(ev.model, "plain", r.max_size)
+            level = step_time_bound(graph, ev.profile, usable, options=opts).bound_s
+            ordered = step_time_bound(graph, ev.profile, usable, options=opts,
+                                      order=schedule_order(graph, options=opts, profile=ev.profile)).bound_s
+            bounds[r.max_size] = min(level, ordered)
+        if 0 < bounds[r.max_size] < float("inf"):
+            r.time_bound_ratio_at_max = time_bound_ratio(sim.step_time_s, bounds[r.max_size])

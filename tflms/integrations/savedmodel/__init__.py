@@ -56,7 +56,7 @@ commit), ``verify`` (:func:`verify_equivalence`), ``analyze``
 
 from tflms.errors import SavedModelError
 
-from tflms.integrations.savedmodel.analyze import DEFAULT_PROFILE, LIVE_AT_PEAK_KEPT, TraceAnalysis, analyze_saved_model
+from tflms.integrations.savedmodel.analyze import TraceAnalysis, analyze_saved_model
 from tflms.integrations.savedmodel.read import (INTERNAL_SIGNATURE_KEYS, SAVED_MODEL_FILES, FunctionInfo,
                                                 SavedModelInfo, check_input_dir, describe_trace, read_saved_model,
                                                 select_functions)
@@ -68,7 +68,7 @@ from tflms.integrations.savedmodel.verify import _variables  # noqa: F401 - test
 from tflms.integrations.savedmodel.write import (CUSTOM_GRADIENTS_WARNING, OLD_INFIX, TEMP_INFIX,
                                                  check_output_dir)
 
-__all__ = ["CUSTOM_GRADIENTS_WARNING", "DEFAULT_PROFILE", "INTERNAL_SIGNATURE_KEYS", "LIVE_AT_PEAK_KEPT", "OLD_INFIX",
+__all__ = ["CUSTOM_GRADIENTS_WARNING", "INTERNAL_SIGNATURE_KEYS", "OLD_INFIX",
            "SAVED_MODEL_FILES", "TEMP_INFIX", "VERIFY_SEED", "VERIFY_UNKNOWN_DIM", "FunctionInfo", "SavedModelError",
            "SavedModelInfo", "SavedModelRewrite", "SkippedTrace", "TraceAnalysis", "TraceRewrite",
            "analyze_saved_model", "check_input_dir", "check_output_dir", "check_verifiable", "describe_trace",

@@ -11,13 +11,8 @@ from tflms.config import LMSConfig
 from tflms.errors import TflmsError
 from tflms.integrations.savedmodel.read import (_load, _resolve, _traces, check_input_dir, describe_trace,
                                                 read_saved_model, select_functions)
-from tflms.integrations.savedmodel.rewrite import unknown_size_hint
-from tflms.profiles import DEFAULT_PROFILE
 from tflms.report import RewriteReport
 from tflms.units import format_bytes
-
-#: Tensors alive at the peak that an analysis keeps per simulation, largest first.
-LIVE_AT_PEAK_KEPT = 50
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,23 +33,22 @@ class TraceAnalysis:
             if sim is None:
                 return None
             return {**sim.summary(), "unknown_size_tensors": len(sim.unknown_size_tensors),
-                    "live_at_peak": [{"tensor": t, "bytes": b} for t, b in sim.live_at_peak[:LIVE_AT_PEAK_KEPT]],
+                    "live_at_peak": [{"tensor": t, "bytes": b} for t, b in sim.live_at_peak],
                     "live_at_peak_count": len(sim.live_at_peak)}
         return {"function": self.function, "trace": self.trace, "signature": self.signature,
                 "graph": dict(self.summary), "report": None if self.report is None else self.report.to_dict(),
                 "memory": {"original": memory(self.original_memory), "rewritten": memory(self.rewritten_memory)},
                 "note": self.note}
 
-    def table(self, top: int = 8) -> str:
+    def table(self, top: int = 8, *, wide: bool = False) -> str:
+        """Readable summary; ``top`` tensors alive at the peak (``wide=True``: all, and every swap row)."""
         s = self.summary
         cats = ", ".join(f"{k} {v}" for k, v in s["categories"].items())
         lines = [f"{self.function} ({self.signature})",
                  f"  ordering: {s['ops']} ops, {s['levels']} levels; {cats}"]
         if self.report is not None:  # its first line repeats the ordering summary
-            lines.extend("  " + line for line in self.report.table().splitlines() if not line.startswith("graph:"))
-            hint = unknown_size_hint(self.report)
-            if hint:
-                lines.append(f"  hint: {hint}")
+            lines.extend("  " + line for line in self.report.table(wide=wide).splitlines()
+                         if not line.startswith("graph:"))
         if self.note:
             lines.append(f"  note: {self.note}")
         for label, sim in (("original", self.original_memory), ("rewritten", self.rewritten_memory)):
@@ -67,7 +61,8 @@ class TraceAnalysis:
                             if sim.unknown_size_tensors else ""))
             if sim.live_at_peak:
                 lines.append(f"    alive at the peak ({len(sim.live_at_peak)} tensors), largest first:")
-                lines.extend(f"      {format_bytes(b):>12}  {t}" for t, b in sim.live_at_peak[:top])
+                shown = sim.live_at_peak if wide else sim.live_at_peak[:top]
+                lines.extend(f"      {format_bytes(b):>12}  {t}" for t, b in shown)
         return "\n".join(lines)
 
 
@@ -78,15 +73,21 @@ def analyze_saved_model(in_dir: str | os.PathLike, config: LMSConfig | None = No
     Every trace of the selected functions (default: all) gets its ordering
     summary and simulated memory; traces with a training step also get the swap
     report for ``config`` and the simulated memory after the rewrite. The
-    simulation uses ``config.profile`` (default :data:`DEFAULT_PROFILE`). A
-    budget nothing fits is reported in the trace's ``note``.
+    simulation uses ``config.profile``, else the profile closest to this
+    machine's GPU, else ``v100-16gb-pcie3`` (:func:`~tflms.profiles.select_profile`).
+    A budget nothing fits is reported in the trace's ``note``. Raises
+    :class:`~tflms.errors.UnknownSizeError` when tensors of an unknown batch
+    dimension would count as 0 bytes in a verdict (give ``batch_size``).
     """
     from tflms.analysis.cto import analyze_graph
     from tflms.errors import BudgetError
     from tflms.ir import preoptimize
     from tflms.ir.tf_io import load_graph
     from tflms.sim.simulator import SimOptions, simulate
+    from tflms.devices import local_gpu
     from tflms.pipeline import rewrite_step
+    from tflms.profiles import select_profile
+    from tflms.tune.tuner import check_known_sizes
 
     config = LMSConfig.from_kwargs(config, **options)
     functions = [functions] if isinstance(functions, str) else functions
@@ -94,7 +95,7 @@ def analyze_saved_model(in_dir: str | os.PathLike, config: LMSConfig | None = No
     info = read_saved_model(in_path)
     selected, _ = select_functions(info, functions)
     loaded = _load(in_path)
-    profile = config.profile or DEFAULT_PROFILE
+    profile = select_profile(config.profile, local_gpu()).name
     sim_options = SimOptions(host_device=config.host_device)
     out = []
     for finfo in selected:
@@ -107,6 +108,10 @@ def analyze_saved_model(in_dir: str | os.PathLike, config: LMSConfig | None = No
             except TflmsError as err:
                 raise type(err)(f"function {finfo.path!r} ({signature}) of {info.path}: {err}") from err
             original = simulate(graph, profile, options=sim_options)
+            try:
+                check_known_sizes(graph, original, config.batch_size)
+            except TflmsError as err:
+                raise type(err)(f"function {finfo.path!r} ({signature}) of {info.path}: {err}") from err
             report, rewritten, note = None, None, ""
             if not analysis.has_backward:
                 note = "no training step (no gradient ops): nothing to swap; it is kept as is by tflms rewrite"

@@ -204,11 +204,18 @@ def _called_functions(name: str | None, library) -> tuple[str, ...]:
     return tuple(n.attr["f"].func.name for n in fdef.node_def if n.op in CALL_OP_TYPES)
 
 
+#: What every "nothing to rewrite" error says to do (docs/guide.md has the example).
+HOW_TO_SAVE = ("Save the training step itself: a tf.Module holding the model and optimizer, with a tf.function "
+               "training method that has an input_signature, written with tf.saved_model.save (a Keras "
+               "model.export() directory holds only inference functions); docs/guide.md, 'A SavedModel that tflms "
+               "rewrite accepts', shows one")
+
+
 def select_functions(info: SavedModelInfo, names: Sequence[str] | None) -> tuple[list[FunctionInfo], bool]:
     """The functions to work on and whether they were named explicitly."""
     if not info.functions:
         raise SavedModelError(f"the SavedModel {info.path} has no functions (no tf.function or ConcreteFunction "
-                              "attribute): there is no training step to rewrite")
+                              f"attribute): there is no training step to rewrite. {HOW_TO_SAVE}")
     if not names:
         return list(info.functions), False
     chosen: dict[str, FunctionInfo] = {}

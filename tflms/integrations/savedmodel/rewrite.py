@@ -14,7 +14,7 @@ from tflms.config import LMSConfig
 from tflms.errors import GraphError, NoTrainingStepError, TflmsError
 from tflms.faults import fault_point
 from tflms.integrations.savedmodel import verify as _verify
-from tflms.integrations.savedmodel.read import (FunctionInfo, SavedModelInfo, _load, _resolve, _set_child,
+from tflms.integrations.savedmodel.read import (HOW_TO_SAVE, FunctionInfo, SavedModelInfo, _load, _resolve, _set_child,
                                                 _traces, check_input_dir, describe_trace, read_saved_model,
                                                 select_functions)
 from tflms.integrations.savedmodel.write import (TEMP_INFIX, _check_written, _commit, _make_sibling, _save,
@@ -83,15 +83,13 @@ class SavedModelRewrite:
                 "skipped": [s.to_dict() for s in self.skipped], "signatures": dict(self.signatures),
                 "warnings": list(self.warnings)}
 
-    def table(self) -> str:
+    def table(self, *, wide: bool = False) -> str:
+        """Readable summary (``wide=True``: every swap row with full names, as ``RewriteReport.table``)."""
         lines = [f"tflms rewrite: {self.input_dir} -> {self.output_dir}"]
         for t in self.rewritten:
             lines.append(f"\n{t.function} ({t.signature}): {t.report.num_swapped} tensors swapped "
                          f"({format_bytes(t.report.swapped_bytes)})")
-            lines.extend("  " + line for line in t.report.table().splitlines())
-            hint = unknown_size_hint(t.report)
-            if hint:
-                lines.append(f"  hint: {hint}")
+            lines.extend("  " + line for line in t.report.table(wide=wide).splitlines())
         if self.skipped:
             lines.append("")
             lines.extend(f"kept {s.function} ({s.signature}): {s.reason}" for s in self.skipped)
@@ -108,7 +106,7 @@ def unknown_size_hint(report: RewriteReport) -> str:
     unknown = sum(1 for k in report.skipped if k.reason == "unknown-shape")
     if unknown and report.plan.config.batch_size is None:
         return (f"{unknown} tensors have an unknown dimension and were not considered; give a batch size "
-                "(--batch-size N, or LMSConfig(batch_size=N)) to size them")
+                "batch_size=N (--batch-size N) to size them")
     return ""
 
 
@@ -184,7 +182,8 @@ def _rewrite_functions(loaded, info: SavedModelInfo, selected: list[FunctionInfo
         tried = "; ".join(f"{k.function} ({k.signature}): {k.reason}" for k in skipped)
         raise NoTrainingStepError(
             f"no function of the SavedModel {info.path} has a training step (tried {tried}): tflms rewrites "
-            "training steps (forward + tape.gradient + optimizer update) saved as tf.function attributes")
+            "training steps (forward + tape.gradient + optimizer update) saved as tf.function attributes. "
+            + HOW_TO_SAVE)
     return rewritten, skipped, replaced_traces, replacements
 
 

@@ -15,6 +15,7 @@ from tflms.faults import fault_point
 from tflms.integrations.savedmodel.read import SavedModelInfo, _load, _resolve, _tf, _traces
 
 from tflms.integrations.savedmodel.write import NOTHING_WRITTEN
+from tflms.ir.op_types import PYTHON_CALLBACK_OPS
 
 if TYPE_CHECKING:
     from tflms.integrations.savedmodel.rewrite import TraceRewrite
@@ -76,8 +77,7 @@ def _run_error(err: Exception, where: str, doing: str, config: LMSConfig) -> Sav
                            + NOTHING_WRITTEN)
 
 
-#: Ops that call back into Python: their code is not part of a SavedModel, so a loaded model cannot run them.
-PYTHON_CALLBACK_OPS = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless"})
+
 
 
 def check_verifiable(concrete_function, where: str) -> None:

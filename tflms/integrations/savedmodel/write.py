@@ -49,7 +49,7 @@ def check_output_dir(out_dir: str | os.PathLike, in_dir: Path, *, replace: bool)
                               f"{out.parent} first")
     if os.path.lexists(out):
         if not replace:
-            raise SavedModelError(f"OUT_DIR {out_dir} already exists; pass --replace (replace=True) to replace it "
+            raise SavedModelError(f"OUT_DIR {out_dir} already exists; pass replace=True (--replace) to replace it "
                                   "once the new model is complete, or choose another directory")
         _check_replaceable(out, out_dir)
     return out

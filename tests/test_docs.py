@@ -1,0 +1,159 @@
+"""Every code block in README.md and docs/ runs.
+
+Python blocks of one file run in order, in one fresh interpreter per file, sharing their
+names as a reader's session would; a failure names the document's own file and line. A
+``<!-- docs-test: setup`` comment whose body is a fenced python block (inside the comment) runs
+in its place, before the blocks after it, for what the reader is assumed to have (a model,
+data); the reader does not see it. Shell blocks run line by line: ``tflms`` commands run as
+written, in a fresh directory, after the file's shell setup (python blocks marked
+``<!-- docs-test: shell-setup -->``, visible or hidden, which make the directories they name;
+they also run with the file's python blocks); ``pip install`` lines are what CI runs itself
+(``.ci/run``) and are not repeated here. A block can opt out only with
+``<!-- docs-test: skip REASON -->`` right before it, and the reason is printed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(\w*)\s*$")
+MARK = re.compile(r"^<!--\s*docs-test:\s*(setup|shell-setup|skip)\s*(.*?)\s*(-->)?\s*$")
+#: Seconds one file's blocks may take.
+TIMEOUT_S = 600
+
+
+@dataclasses.dataclass
+class Block:
+    path: pathlib.Path
+    line: int
+    lang: str
+    code: str
+    role: str = ""  # "", "setup", "shell-setup" or "skip"
+    reason: str = ""
+
+
+def blocks(path: pathlib.Path) -> list[Block]:
+    out, lines, i, pending = [], path.read_text().splitlines(), 0, None
+    while i < len(lines):
+        mark = MARK.match(lines[i])
+        if mark:
+            pending = (mark.group(1), mark.group(2))
+            i += 1
+            continue
+        fence = FENCE.match(lines[i])
+        if fence and fence.group(1):
+            start, body = i + 1, []
+            i += 1
+            while i < len(lines) and not lines[i].startswith("```"):
+                body.append(lines[i])
+                i += 1
+            role, reason = pending or ("", "")
+            out.append(Block(path, start, fence.group(1), "\n".join(body) + "\n", role, reason))
+            pending = None
+        i += 1
+    return out
+
+
+def test_the_block_reader_sees_setups_skips_and_languages(tmp_path):
+    doc = tmp_path / "x.md"
+    doc.write_text("text\n<!-- docs-test: setup\n```python\na = 1\n```\n-->\n```python\nprint(a)\n```\n"
+                   "<!-- docs-test: skip needs a GPU -->\n```bash\nnvidia-smi\n```\n")
+    found = blocks(doc)
+    assert [(b.lang, b.role, b.reason) for b in found] == [("python", "setup", ""), ("python", "", ""),
+                                                            ("bash", "skip", "needs a GPU")]
+    assert found[1].code == "print(a)\n"
+
+
+def test_every_block_is_python_or_shell_and_every_skip_says_why():
+    for path in DOCS:
+        for b in blocks(path):
+            assert b.lang in ("python", "bash", "sh", "shell", "console", "text"), f"{path.name}:{b.line}: {b.lang}"
+            assert b.role != "skip" or b.reason, f"{path.name}:{b.line}: a skip needs a reason"
+
+
+def _skipped(path: pathlib.Path) -> None:
+    for b in blocks(path):
+        if b.role == "skip":
+            print(f"{path.name}:{b.line}: not run: {b.reason}")
+
+
+def _python_program(path: pathlib.Path) -> str:
+    """One program running the file's python blocks in order; tracebacks name the document and its lines."""
+    codes = ["\n" * b.line + b.code for b in blocks(path) if b.lang == "python" and b.role != "skip"]
+    if not codes:
+        return ""
+    return (f"scope = {{'__name__': '__main__'}}\nfor code in {codes!r}:\n"
+            f"    exec(compile(code, {str(path)!r}, 'exec'), scope)\n")
+
+
+def _shell_commands(path: pathlib.Path) -> list[tuple[int, str]]:
+    commands = []
+    for b in blocks(path):
+        if b.lang not in ("bash", "sh", "console", "shell") or b.role == "skip":
+            continue
+        lines = b.code.replace("\\\n", " ").splitlines()  # a trailing backslash continues the line
+        for offset, line in enumerate(lines):
+            text = line.strip().removeprefix("$ ")
+            if not text or text.startswith("#"):
+                continue
+            parts = [p.strip() for p in text.split("&&")]
+            parts = [p for p in parts if not p.startswith("pip install")]  # CI's own first step (.ci/run)
+            if parts:
+                commands.append((b.line + offset, " && ".join(parts)))
+    return commands
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT), TFLMS_DOCS_TEST="1")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_python_blocks_run(path, tmp_path):
+    _skipped(path)
+    program = _python_program(path)
+    if not program:
+        pytest.skip(f"{path.name} has no python blocks")
+    script = tmp_path / "doc.py"
+    script.write_text(program)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert done.returncode == 0, (f"{path.name}: a python block failed\n{done.stderr[-4000:]}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_shell_blocks_run(path, tmp_path):
+    _skipped(path)
+    commands = _shell_commands(path)
+    if not commands:
+        pytest.skip(f"{path.name} has no shell blocks")
+    setup = [b.code for b in blocks(path) if b.role == "shell-setup" and b.lang == "python"]
+    if setup:
+        script = tmp_path / "setup.py"
+        script.write_text("\n".join(setup))
+        done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+        assert done.returncode == 0, f"{path.name}: the shell setup failed\n{done.stderr[-3000:]}"
+    for line, command in commands:
+        argv = shlex.split(command, comments=True)  # a trailing "# ..." is a comment, as in a shell
+        if argv[0] == "tflms":
+            argv = [sys.executable, "-m", "tflms.cli", *argv[1:]]
+        elif argv[0] == "python":
+            argv = [sys.executable, *argv[1:]]
+        in_repo = len(argv) > 1 and argv[1].startswith(("tools/", "examples/"))  # scripts of the repository
+        done = subprocess.run(argv, cwd=ROOT if in_repo else tmp_path, env=_env(),
+                              capture_output=True, text=True, timeout=TIMEOUT_S)
+        assert done.returncode == 0, f"{path.name}:{line}: `{command}` exited {done.returncode}\n{done.stderr[-3000:]}"
