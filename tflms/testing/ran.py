@@ -53,8 +53,8 @@ class RanGraphs:
 @contextlib.contextmanager
 def record_run_metadata() -> Iterator[RanGraphs]:
     """Collect the function graphs TensorFlow optimizes and runs inside the block (every call's)."""
-    from tensorflow.python.eager import context  # noqa: TID251 - run metadata has no public API in TF 2.21
-    ctx = context.context()
+    from tflms._compat.tf import eager_context  # run metadata has no public API in TF 2.21
+    ctx = eager_context()
     ran = RanGraphs()
     ctx.enable_run_metadata()
     ctx.export_run_metadata()  # drop what earlier code left behind
