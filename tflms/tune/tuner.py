@@ -31,9 +31,9 @@ from tflms.errors import BudgetError, ConfigError, UnknownSizeError
 from tflms.ir.graph import Graph
 from tflms.ir.tf_io import load_graph
 from tflms.passes.swaps import DEFAULT_COPY_OP, apply_swaps
-from tflms.policies.idle_time import NO_OVERHEAD, STICK_TO_LIMIT, idle_candidates, plan_idle
+from tflms.policies.base import IdleTime, PlanContext, SwapPolicy, TflmsRules
+from tflms.policies.idle_time import NO_OVERHEAD, STICK_TO_LIMIT, idle_candidates
 from tflms.policies.swapplan import SwapPlan
-from tflms.policies.tflms_rules import plan_swaps
 from tflms.profiles import DEFAULT_PROFILE, HardwareProfile, get_profile
 from tflms.tune.evaluator import PlanEvaluator
 from tflms.sim.simulator import SimOptions, SimResult, gc_paused, simulate
@@ -74,6 +74,8 @@ class Candidate:
     #: the order pass's record when the candidate was judged in the order the pipeline will enforce
     #: (:func:`tflms.passes.order.enforce_order`; ``tune(enforce_order=True)``), else ``None``
     order: dict[str, Any] | None = None
+    #: the policy object whose plan this is (:mod:`tflms.policies.base`); ``None`` for the unrewritten step
+    policy: SwapPolicy | None = None
 
     @property
     def swapped_bytes(self) -> int:
@@ -170,6 +172,8 @@ class _Evaluator:
         self.graphs: dict[int, Graph] = {}  # rewritten graphs by id(candidate), built by graph_of
         # Candidates are simulated incrementally (no IR copy per plan, memoized by plan).
         self.plans = PlanEvaluator(analysis.graph, profile, sim_options, copy_op=copy_op)
+        #: what the policies are given besides the analysis and the config (``baseline`` set once simulated)
+        self.context = PlanContext(accelerator, profile)
 
     def graph_of(self, cand: Candidate) -> Graph:
         """The rewritten graph of ``cand`` (built once, on demand: only the winner's is needed)."""
@@ -178,8 +182,19 @@ class _Evaluator:
                 self.graphs[id(cand)] = apply_swaps(self.analysis.graph, cand.plan, copy_op=self.copy_op).graph
         return self.graphs[id(cand)]
 
+    def evaluate(self, policy: SwapPolicy, params: dict[str, Any], *, max_overhead: float | None = None,
+                 baseline: SimResult | None = None) -> Candidate:
+        """The one entry every search judges a policy through: plan it on the base config, simulate, record.
+
+        ``params`` is what the candidate reports (tables, ``to_dict``); ``max_overhead`` (with ``baseline``)
+        refuses a plan that slows the step down more than that.
+        """
+        plan = policy.plan(self.analysis, self.base_config, self.context)
+        return self.run(policy.name, params, plan, max_overhead=max_overhead, baseline=baseline, policy=policy)
+
     def run(self, strategy: str, params: dict[str, Any], plan: SwapPlan, *, max_overhead: float | None = None,
-            baseline: SimResult | None = None) -> Candidate:
+            baseline: SimResult | None = None, policy: SwapPolicy | None = None) -> Candidate:
+        """Simulate and record an already made ``plan`` (:meth:`evaluate` plans a policy and calls this)."""
         graph = None
         if self.compress is not None:
             graph = self.compress(apply_swaps(self.analysis.graph, plan, copy_op=self.copy_op).graph, plan)
@@ -194,7 +209,7 @@ class _Evaluator:
             why = f"host peak {format_bytes(sim.host_peak_bytes)} > host budget {format_bytes(self.host_budget)}"
         elif max_overhead is not None and baseline is not None and sim.overhead_vs(baseline) > max_overhead:
             why = f"overhead {100 * sim.overhead_vs(baseline):.2f}% in no-overhead mode"
-        cand = Candidate(strategy, params, plan, sim, fits=not why, why_not=why)
+        cand = Candidate(strategy, params, plan, sim, fits=not why, why_not=why, policy=policy)
         if graph is not None:
             self.graphs[id(cand)] = graph
         self.candidates.append(cand)
@@ -212,9 +227,8 @@ class _Evaluator:
         return sim.peak_with_margin_bytes
 
     def distance(self, **params: Any) -> Candidate:
-        config = self.base_config.replace(**params)
-        return self.run("tflms-distance", params, plan_swaps(self.analysis, config,
-                                                              accelerator_device=self.accelerator))
+        """The TFLMS rules with ``params`` laid over the base config."""
+        return self.evaluate(TflmsRules(**params), params)
 
 
 #: How many candidates that do not fit in level order :func:`judge_ordered` judges again in the enforced order.
@@ -258,7 +272,7 @@ def judge_ordered(ev: _Evaluator) -> list[Candidate]:
         why = "" if need <= ev.budget and sim.host_peak_bytes <= ev.host_budget else (
             f"peak {format_bytes(need)} > budget with the enforced order")
         cand = Candidate(c.strategy, c.params, c.plan, sim, fits=not why, why_not=why,
-                         order=result.report.to_dict())
+                         order=result.report.to_dict(), policy=c.policy)
         ev.graphs[id(cand)] = graph
         ev.candidates.append(cand)
         added.append(cand)
@@ -361,7 +375,6 @@ def search_idle(ev: _Evaluator, baseline: SimResult, mode: str) -> None:
     step slower is retried with half as many new tensors; a single tensor that
     still slows it down is dropped for good.
     """
-    name = "idle-time" if mode == STICK_TO_LIMIT else "idle-time-no-overhead"
     selected: dict = {}
     rejected: set = set()
     sim = baseline
@@ -384,10 +397,9 @@ def search_idle(ev: _Evaluator, baseline: SimResult, mode: str) -> None:
         while evaluations < IDLE_MAX_EVALUATIONS:
             evaluations += 1
             trial = {**selected, **{c.tensor: c for c in batch}}
-            plan = plan_idle(ev.analysis, trial.values(), ev.base_config, ev.accelerator, mode)
-            result = ev.run(name, {"tensors": len(trial), "round": round_ + 1}, plan,
-                            max_overhead=NO_OVERHEAD_TOLERANCE if mode == NO_OVERHEAD else None,
-                            baseline=baseline)
+            result = ev.evaluate(IdleTime(mode, tuple(trial.values())), {"tensors": len(trial), "round": round_ + 1},
+                                 max_overhead=NO_OVERHEAD_TOLERANCE if mode == NO_OVERHEAD else None,
+                                 baseline=baseline)
             if mode != NO_OVERHEAD or result.sim.overhead_vs(baseline) <= NO_OVERHEAD_TOLERANCE:
                 selected = trial
                 break
@@ -480,6 +492,7 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
         accelerator = "/device:GPU:0"  # planning for a GPU we do not have: the profile is the device
     ev = _Evaluator(analysis, profile, budget_bytes, host_bytes, sim_options, config, accelerator, copy_op, progress)
     baseline = ev.plans.evaluate(None)  # = simulate(graph, profile, options=sim_options)
+    ev.context = dataclasses.replace(ev.context, baseline=baseline)
     check_known_sizes(graph, baseline, config.batch_size)
     ev.fit_by = fit_by
     ev.compress = compress

@@ -16,6 +16,7 @@ from tflms.config import LMSConfig
 from tflms.errors import BudgetError
 from tflms.ir.graph import Graph
 from tflms.passes.swaps import DEFAULT_COPY_OP, apply_swaps
+from tflms.policies.base import Vdnn
 from tflms.policies.swapplan import SwapPlan
 from tflms.policies.vdnn import VDNN_NONE, VDNN_POLICIES, plan_vdnn
 from tflms.profiles import HardwareProfile, get_profile
@@ -101,6 +102,4 @@ def search_vdnn(ev: Any, sync_offload: bool = True, policies: Sequence[str] = VD
     strategies (``vdnn_dyn``'s first-fit order is :func:`choose_vdnn`).
     """
     for policy in policies:
-        plan = plan_vdnn(ev.analysis, policy, ev.base_config, accelerator_device=ev.accelerator,
-                         sync_offload=sync_offload)
-        ev.run(policy, {"sync_offload": sync_offload}, plan)
+        ev.evaluate(Vdnn(policy, sync_offload), {"sync_offload": sync_offload})
