@@ -106,8 +106,11 @@ def configs(cnn):
     graph = cnn["graph"]
     base = _sim(graph)
     budget = int(base.resident_bytes + BUDGET_FRACTION * base.transient_peak_bytes)
+    # The distance rules only: the idle-time winner here swaps backward temporaries with short idle windows,
+    # and on the emulated machine (two inter-op threads, no enforced order: the order pass does not yet handle
+    # DeepCopy swap-ins on the accelerator) its executor peak is bimodal from run to run (issue 11's note).
     tuned = tune(graph, budget=budget, profile=EMULATION_PROFILE, config=_config(), copy_op="DeepCopy",
-                 sim_options=EMULATION_SIM_OPTIONS)
+                 sim_options=EMULATION_SIM_OPTIONS, strategies=("tflms-distance",))
     assert tuned.best.plan is not None, "the budget is below the original peak: the tuner must swap"
     out = {"original": (graph, None), "tuned": (tuned.graph, budget)}
     levels = tflms.analyze(graph).levels
