@@ -72,6 +72,7 @@ def _fresh_python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_help_and_argument_errors_do_not_import_tensorflow():
     done = _fresh_python(
         "import sys\n"
@@ -86,6 +87,7 @@ def test_help_and_argument_errors_do_not_import_tensorflow():
     assert done.stdout.strip().splitlines()[-1] == "False"
 
 
+@pytest.mark.slow
 def test_tensorflows_start_up_banner_is_filtered():
     done = _fresh_python("from tflms import cli\ncli.import_tensorflow_quietly()\nimport tensorflow\n")
     assert done.returncode == 0, done.stderr

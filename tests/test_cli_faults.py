@@ -28,6 +28,9 @@ from tflms import cli, faults
 from tflms.config import LMSConfig
 from tflms.errors import UnitsError
 
+#: The slow tier (pytest -m slow): it runs the CLI in subprocesses and kills it at every phase.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 #: Flags that make the tiny model swap something (so a rewritten model is told from the input by its swap ops).
 FLAGS = ("--batch-size", "4", "--min-swap-bytes", "0", "--swapout-threshold", "1")

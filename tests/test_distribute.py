@@ -143,6 +143,7 @@ def test_custom_loop_on_the_briefs_two_devices(mirrored):
     _assert_equivalent_and_placed(result, replicas, {r: LOCAL + "CPU:0" for r in replicas})
 
 
+@pytest.mark.slow
 def test_custom_loop_replicas_swap_to_their_host_and_back(mirrored):
     """Replicas on CPU:1 and CPU:2, host CPU:0: every swap crosses devices both ways, per replica."""
     result = _scenario(mirrored, "custom_loop_cpu1_cpu2")
@@ -151,6 +152,7 @@ def test_custom_loop_replicas_swap_to_their_host_and_back(mirrored):
     assert result["recv_from_host"] == result["cross_device_feeds"] > 0, result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["mlp", "cnn_batchnorm_spe2"])
 def test_keras_fit_with_lms_matches_plain_fit(mirrored, case):
     result = _scenario(mirrored, f"keras_fit_{case}")
@@ -160,6 +162,7 @@ def test_keras_fit_with_lms_matches_plain_fit(mirrored, case):
     _assert_equivalent_and_placed(result, replicas, {r: LOCAL + "CPU:0" for r in replicas})
 
 
+@pytest.mark.slow
 def test_variables_created_by_the_first_call_are_refused_with_the_fix(mirrored):
     result = _scenario(mirrored, "variable_creation")
     assert "You must feed a value for placeholder" in result["tf_function_error"], result["tf_function_error"]
@@ -169,12 +172,14 @@ def test_variables_created_by_the_first_call_are_refused_with_the_fix(mirrored):
     assert result["second_call_error_type"] == "VariableCreationError", result
 
 
+@pytest.mark.slow
 def test_calling_a_tflms_function_inside_strategy_run_is_refused(mirrored):
     result = _scenario(mirrored, "inside_strategy_run")
     assert result["error_type"] == "DistributeError", result
     assert "Wrap the function that calls strategy.run" in result["message"]
 
 
+@pytest.mark.slow
 def test_iterator_argument(mirrored):
     """``train_step(iterator)`` with ``next(iterator)`` inside (the tf.distribute tutorials' loop)."""
     result = _scenario(mirrored, "iterator_argument")

@@ -21,6 +21,7 @@ def test_example_runs(script, tmp_path):
     assert done.returncode == 0, f"{script.name} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
 
 
+@pytest.mark.slow
 def test_unet3d_is_bit_identical_without_onednn(tmp_path):
     """examples/unet3d.py asserts bit-identical weights when oneDNN's fused kernels are off (see its docstring)."""
     script = next(p for p in EXAMPLES if p.name == "unet3d.py")

@@ -318,6 +318,7 @@ FOUND_LAYERNORM_DENSE = (TFRecipe(side=0, channels=2, batch=1, optimizer="sgd",
 
 
 @TF_SETTINGS
+@pytest.mark.slow
 @given(recipe=tf_recipes(), config=lms_configs(accelerator=None, max_threshold=3, min_bytes=(0, 64, 1024)))
 def test_two_training_steps_are_bitwise_identical(recipe, config):
     check_bitwise(recipe, config)

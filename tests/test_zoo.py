@@ -30,6 +30,9 @@ from tflms.testing import (assert_bitwise_equal, bitwise_diff, build_model, make
                            record_run_metadata, snapshot)
 
 
+#: The slow tier (pytest -m slow): it trains keras.applications and transformer models.
+pytestmark = pytest.mark.slow
+
 BATCH, STEPS = 2, 2
 
 
