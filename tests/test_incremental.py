@@ -167,7 +167,7 @@ def idle_plans(analysis, graph, config=LMSConfig()):
 
 
 # ----------------------------------------------------------------------------------------------- tests
-@pytest.mark.parametrize("name", ["mlp", "residual", "cnn"])
+@pytest.mark.parametrize("name", ["mlp", "residual", pytest.param("cnn", marks=pytest.mark.slow)])
 def test_evaluator_equals_apply_and_simulate_on_tflms_idle_and_vdnn_plans(request, name):
     graph = fixture_graph(request, name)
     analysis = analyze_graph(graph)
@@ -181,7 +181,7 @@ def test_evaluator_equals_apply_and_simulate_on_tflms_idle_and_vdnn_plans(reques
     assert evaluator.simulations == len({p.swaps for p in plans} | {()})  # plans without swaps: the base's result
 
 
-@pytest.mark.parametrize("name", ["mlp", "residual", "cnn"])
+@pytest.mark.parametrize("name", ["mlp", "residual", pytest.param("cnn", marks=pytest.mark.slow)])
 def test_evaluator_equals_reference_with_deep_copies_margins_and_workspaces(request, name):
     graph = fixture_graph(request, name)
     analysis = analyze_graph(graph)
@@ -191,7 +191,7 @@ def test_evaluator_equals_reference_with_deep_copies_margins_and_workspaces(requ
         assert_same(evaluator, graph, plan, copy_op="DeepCopy", options=options)
 
 
-@pytest.mark.parametrize("name", ["mlp", "residual", "cnn"])
+@pytest.mark.parametrize("name", ["mlp", "residual", pytest.param("cnn", marks=pytest.mark.slow)])
 def test_evaluator_follows_a_given_order(request, name):
     graph = fixture_graph(request, name)
     analysis = analyze_graph(graph)

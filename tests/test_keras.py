@@ -230,7 +230,8 @@ def assert_swaps_survived_grappler(run_metadata, report) -> None:
 
 # ---------------------------------------------------------------------- tests
 @pytest.mark.parametrize("kind,steps_per_execution", [
-    ("sequential", 1), ("sequential", 3), ("functional", 3), ("subclassed", 1), ("custom_train_step", 3)])
+    ("sequential", 1), ("functional", 3), ("subclassed", 1),
+    pytest.param("sequential", 3, marks=pytest.mark.slow), pytest.param("custom_train_step", 3, marks=pytest.mark.slow)])
 def test_fit_matches_plain_fit(kind, steps_per_execution, capsys):
     """MLP + Adam, 2 epochs of 3 full batches and a short one, with validation data.
 
@@ -247,8 +248,9 @@ def test_fit_matches_plain_fit(kind, steps_per_execution, capsys):
     assert "tflms.keras.LMS" not in capsys.readouterr().out, "verbose=0 must print nothing"
 
 
-@pytest.mark.parametrize("kind,weighting", [("sequential", "class_weight"), ("functional", "sample_weight"),
-                                            ("subclassed", "class_weight")])
+@pytest.mark.parametrize("kind,weighting", [
+    ("functional", "sample_weight"), pytest.param("sequential", "class_weight", marks=pytest.mark.slow),
+    pytest.param("subclassed", "class_weight", marks=pytest.mark.slow)])
 def test_cnn_batchnorm_with_weights_matches_plain_fit(kind, weighting):
     """Conv + BatchNorm + SGD with momentum, class or sample weights, a short last batch, validation data."""
     weights = {"class_weight": CNN_CLASS_WEIGHT} if weighting == "class_weight" else {
@@ -273,7 +275,7 @@ def mixed_float16():
         keras.mixed_precision.set_global_policy(previous)
 
 
-@pytest.mark.parametrize("kind", ["sequential", "subclassed"])
+@pytest.mark.parametrize("kind", ["sequential", pytest.param("subclassed", marks=pytest.mark.slow)])
 def test_mixed_precision_matches_plain_fit(kind, mixed_float16):
     fitted = fit_both(lambda: compiled_mlp(kind), x=MLP_X[:48], y=MLP_Y[:48])
     model, callback = fitted.model, fitted.callback
@@ -283,6 +285,7 @@ def test_mixed_precision_matches_plain_fit(kind, mixed_float16):
     assert "float16" in dtypes, f"expected float16 activations to be swapped, got {dtypes}"
 
 
+@pytest.mark.slow
 def test_repeated_fit_reuses_traces_and_retraces_new_signatures():
     """Five fits: the same data twice (one trace), a larger batch (resized once), sample weights (a new
     signature: a new trace), and finally without the callback (Keras's own step).
@@ -316,6 +319,7 @@ def test_repeated_fit_reuses_traces_and_retraces_new_signatures():
     assert [r.plan.config.batch_size for r in callback.reports] == [8, 16, 16]
 
 
+@pytest.mark.slow
 def test_a_new_compile_gets_a_new_rewrite():
     """compile() makes Keras build a new step (new optimizer variables): LMS must not reuse the old trace."""
     reference, model = compiled_mlp("sequential"), compiled_mlp("sequential")
@@ -524,7 +528,7 @@ def test_verbose_says_what_it_did_once_per_trace(verbose, capsys):
     assert ("tensor" in out and "skipped candidates" in out) == (verbose == 2), out
 
 
-@pytest.mark.parametrize("verbose", [1, 2])
+@pytest.mark.parametrize("verbose", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_verbose_shows_tuner_progress_prediction_and_profile(verbose, capsys):
     fit = {"x": CNN_X[:32], "y": CNN_Y[:32], "epochs": 1, "batch_size": 16, "shuffle": False, "verbose": 0}
     probe = LMS(budget="1GiB", verbose=0)

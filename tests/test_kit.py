@@ -36,7 +36,8 @@ def test_assert_bitwise_equal_names_first_difference_and_max():
     assert_bitwise_equal(ref, [(n, v.copy()) for n, v in ref])
 
 
-@pytest.mark.parametrize("name", sorted(MODEL_BUILDERS))
+@pytest.mark.parametrize(
+    "name", [n if n != "bert" else pytest.param(n, marks=pytest.mark.slow) for n in sorted(MODEL_BUILDERS)])
 def test_zoo_models_are_deterministic_and_train(name):
     """Same seed -> same bytes; another seed -> other weights; the kit's step changes weights and optimizer state."""
     import keras

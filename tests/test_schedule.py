@@ -212,6 +212,7 @@ def test_schedule_of_a_training_step_with_swaps():
     assert len(edges) < len(ordered_ops(rewritten, order, **EXACT))
 
 
+@pytest.mark.slow
 def test_scheduling_a_large_synthetic_graph():
     # 20k pairs (40k ops): the scheduler and the edge finder stay linear-ish (timed in tools/schedule_report.py)
     g = long_ladder(20000)
