@@ -300,3 +300,28 @@ def test_lms_config_accepts_the_documented_budget_alias():
     assert config.replace(swapout_threshold=2).budget_bytes == 12 * 2**30 and "budget" not in config.to_dict()
     with pytest.raises(ConfigError, match="budget or budget_bytes"):
         LMSConfig(budget="1GiB", budget_bytes=2**30)
+
+
+def test_a_static_batch_is_not_refused_for_shape_vectors_of_unknown_length():
+    """Attention gradients hold BroadcastGradientArgs shape vectors of unknown length; with every step
+    argument's batch known they are not a batch size to ask for (tools/plan_report.py's transformer)."""
+    import keras
+    import tensorflow as tf
+
+    from tflms.errors import UnknownSizeError
+    from tflms.testing.models import mha_block
+    from tflms.testing.steps import make_train_step
+    from tflms.tune.tuner import tune
+    model = mha_block()
+    optimizer = keras.optimizers.SGD(0.01)
+    optimizer.build(model.trainable_variables)
+    step = tf.function(make_train_step(model, optimizer))
+    fixed = step.get_concrete_function(tf.TensorSpec((4, 8, 16)), tf.TensorSpec((4,), tf.int32))
+    result = tune(fixed, budget="12GiB")
+    unknown = result.baseline.unknown_size_tensors
+    assert unknown and any("BroadcastGradientArgs" in name for name in unknown)  # what the check must see past
+    assert result.strategy == "none"
+    # the same step with an unknown batch is still refused
+    free = step.get_concrete_function(tf.TensorSpec((None, 8, 16)), tf.TensorSpec((None,), tf.int32))
+    with pytest.raises(UnknownSizeError, match="batch_size"):
+        tune(free, budget="12GiB")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 
 from tflms.analysis.cto import Analysis, Category
@@ -50,6 +51,8 @@ class SwapInChoice:
     consumers: tuple[str, ...]
     trigger: str | None
     on_time: bool  # the trigger ends a copy time before the first consumer starts
+    first: str = ""  # the group's consumer that starts first
+    need_s: float = 0.0  # when it starts (the copy must have arrived)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +70,9 @@ class IdleCandidate:
     produced_s: float = 0.0
     peak_s: float = 0.0
     load_byte_s: float = 0.0  # integral of accelerator live bytes over the absence window
+    #: op name -> (start, end) in the simulation the candidate was found in (for re-placing triggers)
+    spans: Mapping[str, tuple[float, float]] | None = dataclasses.field(default=None, compare=False, hash=False,
+                                                                       repr=False)
 
     @property
     def saving(self) -> float:
@@ -118,6 +124,7 @@ def idle_candidates(analysis: Analysis, sim: SimResult, profile: HardwareProfile
     alive = {TensorRef.parse(name) for name in owners}
     alive |= {TensorRef.parse(t) for t, owner in sim.buffer_owner.items() if owner in owners}
     found = []
+    h2d_free = _h2d_queue(sim)
     for ref in sorted(alive):
         if ref in excluded or ref.op not in analysis.categories:
             continue
@@ -138,14 +145,18 @@ def idle_candidates(analysis: Analysis, sim: SimResult, profile: HardwareProfile
         size = graph.tensor(ref).num_bytes or 0
         copy_s = profile.copy_time_s(size)
         groupby = config.with_rule_defaults().swapin_groupby
-        swap_ins = tuple(_swap_in_choices(analysis, ref.op, far, spans, copy_s, peak, groupby))
+        swap_ins = tuple(_swap_in_choices(analysis, ref.op, far, spans, copy_s, peak, groupby, h2d_free))
         found.append(IdleCandidate(ref, size, last_before, spans[far[0]][0], copy_s, near, far, swap_ins,
-                                   produced_s=spans[ref.op][1], peak_s=peak))
+                                   produced_s=spans[ref.op][1], peak_s=peak, spans=spans))
     loads = _load_integrals(sim.timeline, [(c.last_before_s + c.copy_s, c.next_after_s - c.copy_s) for c in found])
     found = [dataclasses.replace(c, load_byte_s=load) for c, load in zip(found, loads)]
     return majority_order(found)
 
 
+#: How often a swap-in's trigger is moved earlier when the host-to-device queue would make its copy late.
+TRIGGER_RETRIES = 2
+#: Times :func:`_pack_swap_ins` leaves out the candidates it cannot hide and packs the rest again.
+PACK_ROUNDS = 3
 #: The scores of Zhang et al. that vote on the order of candidates.
 SCORES = (("saving", lambda c: c.saving), ("aoa", lambda c: c.aoa), ("wdoa", lambda c: c.wdoa))
 #: Categories whose tensors may be swapped by idle time (variable updates never are).
@@ -195,14 +206,101 @@ def _load_integrals(timeline: Sequence[tuple[float, int, int]], windows: Sequenc
 
 
 def _swap_in_choices(analysis: Analysis, producer: str, far: Sequence[str], spans, copy_s: float, peak_s: float,
-                     groupby: int) -> list[SwapInChoice]:
-    choices = []
-    for members in group_consumers(far, analysis.levels, groupby):
+                     groupby: int, h2d_free=lambda t: t) -> list[SwapInChoice]:
+    """One swap-in per consumer group, with the host-to-device queue in mind.
+
+    Swap-ins share one host-to-device stream: a group's copy cannot start before
+    the copies already on the stream (``h2d_free``, from the simulation the
+    candidate was found in) and the previous group's copy have ended; a trigger
+    that would make the copy late behind them is moved earlier
+    (:data:`TRIGGER_RETRIES` times at most). A group whose first
+    consumer starts before a second copy could arrive behind the previous one
+    shares the previous group's swap-in instead (the tensor stays on the device
+    between them; a second copy would only make that consumer wait).
+    """
+    groups = sorted(group_consumers(far, analysis.levels, groupby),
+                    key=lambda members: min((spans[n][0], n) for n in members))
+    choices: list[SwapInChoice] = []
+    arrival = None  # when the previous group's copy arrives
+    for members in groups:
         first = min(members, key=lambda n: (spans[n][0], n))
-        deadline = spans[first][0] - copy_s
-        trigger, on_time = _trigger(analysis, first, producer, deadline, peak_s, spans)
-        choices.append(SwapInChoice(tuple(members), trigger, on_time))
+        start = spans[first][0]
+        if choices and arrival is not None and arrival + copy_s > start:
+            prev = choices[-1]
+            choices[-1] = dataclasses.replace(prev, consumers=prev.consumers + tuple(members))
+            continue
+        deadline = start - copy_s
+        for _ in range(TRIGGER_RETRIES + 1):
+            trigger, on_time = _trigger(analysis, first, producer, deadline, peak_s, spans)
+            released = spans[trigger][1] if trigger is not None else peak_s
+            copy_start = max(released, h2d_free(released), arrival if arrival is not None else 0.0)
+            late = copy_start + copy_s - start
+            if not on_time or late <= 0:
+                break
+            deadline -= late  # queued behind other copies: an earlier trigger
+        on_time = on_time and copy_start + copy_s <= start
+        arrival = copy_start + copy_s
+        choices.append(SwapInChoice(tuple(members), trigger, on_time, first, start))
     return choices
+
+
+def _pack_swap_ins(analysis: Analysis, selected: Sequence[IdleCandidate]) -> list[IdleCandidate]:
+    """Place the triggers of all ``selected`` swap-ins together, so that their copies queue without delaying.
+
+    Each candidate's triggers were chosen alone, as late as its copy allows; many
+    swap-ins needed at the end of the step then queue on the one host-to-device
+    stream and arrive late. Here the copies are packed backwards from the last
+    one needed: each gets the latest slot that ends by its consumer's start and by
+    the next copy's slot, and the latest trigger that ends by the slot's start
+    (``_trigger``, on the timeline the candidate was found in). A candidate with a
+    copy that finds no such trigger after the peak cannot be hidden beside the
+    others and is left out (no-overhead mode); the rest are packed again.
+    """
+    if not selected or any(c.spans is None for c in selected):
+        return list(selected)
+    kept = list(selected)
+    for _ in range(PACK_ROUNDS):
+        packed, failed = _pack_once(analysis, kept)
+        if not failed:
+            return packed
+        kept = [c for ci, c in enumerate(kept) if ci not in failed]
+    return _pack_once(analysis, kept)[0] if kept else []
+
+
+def _pack_once(analysis: Analysis, selected: Sequence[IdleCandidate]) -> tuple[list[IdleCandidate], set[int]]:
+    slots = sorted(((choice.need_s, ci, gi) for ci, c in enumerate(selected) for gi, choice in enumerate(c.swap_ins)
+                    if choice.first), reverse=True)
+    new = {ci: list(c.swap_ins) for ci, c in enumerate(selected)}
+    failed: set[int] = set()
+    next_start = float("inf")
+    for need_s, ci, gi in slots:
+        cand, choice = selected[ci], selected[ci].swap_ins[gi]
+        slot_end = min(need_s, next_start)
+        trigger, on_time = _trigger(analysis, choice.first, cand.tensor.op, slot_end - cand.copy_s, cand.peak_s,
+                                    cand.spans)
+        if trigger is None or not on_time:
+            failed.add(ci)
+            continue
+        new[ci][gi] = dataclasses.replace(choice, trigger=trigger, on_time=True)
+        next_start = slot_end - cand.copy_s  # the latest this copy may start; earlier ones must end by then
+    return [dataclasses.replace(c, swap_ins=tuple(new[ci])) for ci, c in enumerate(selected)], failed
+
+
+def _h2d_queue(sim: SimResult):
+    """``free(t)``: when the host-to-device stream of ``sim`` can start a copy released at ``t``.
+
+    The stream serves copies in the order they are released, so a copy released at
+    ``t`` waits for every copy that started before ``t`` to end.
+    """
+    copies = sorted((r.start_s, r.end_s) for r in sim.ops if r.stream == "h2d")
+    starts = [a for a, _ in copies]
+    ends = list(itertools.accumulate((b for _, b in copies), max))
+
+    def free(t: float) -> float:
+        k = bisect.bisect_left(starts, t)
+        return max(t, ends[k - 1]) if k else t
+
+    return free
 
 
 def _trigger(analysis: Analysis, consumer: str, producer: str, deadline_s: float, peak_s: float,
@@ -248,6 +346,8 @@ def plan_idle(analysis: Analysis, selected: Iterable[IdleCandidate], config: LMS
     """
     levels = analysis.levels
     selected = sorted(selected, key=lambda c: c.tensor)
+    if mode == NO_OVERHEAD:
+        selected = _pack_swap_ins(analysis, selected)
     # Swap-outs share one copy stream: a swap-out is late if the queue ahead of it
     # keeps it from finishing before the peak it was chosen for.
     late, stream_free = set(), 0.0

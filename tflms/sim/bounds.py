@@ -129,3 +129,40 @@ def time_bound_ratio(predicted_step_s: float, bound_s: float) -> float:
     if predicted_step_s < 0:
         raise ConfigError(f"predicted_step_s must be >= 0, got {predicted_step_s!r}")
     return predicted_step_s / bound_s
+
+
+@dataclasses.dataclass(frozen=True)
+class HiddenSwapBound:
+    """The lowest peak swapping can reach without slowing a simulated step (see :func:`hidden_swap_bound`)."""
+
+    peak_bytes: int  # the step's simulated peak
+    lowest_peak_bytes: int  # no zero-overhead swap rewrite (in this order) peaks lower
+    at_time_s: float  # the instant that decides it
+
+    @property
+    def max_saving(self) -> float:
+        """The largest fraction of the peak a zero-overhead swap rewrite can save."""
+        return 1.0 - self.lowest_peak_bytes / self.peak_bytes if self.peak_bytes else 0.0
+
+
+def hidden_swap_bound(sim, profile: str | HardwareProfile) -> HiddenSwapBound:
+    """How far swapping hidden behind compute can lower a simulated step's peak (docs/design.md, "Bounds").
+
+    A swap that costs no time leaves the step's compute timeline as it is, so at any
+    instant ``t`` of it the device holds what it held at ``t`` (``sim.timeline``) minus
+    what has left it: every byte gone at ``t`` was copied out on the device-to-host
+    link between 0 and ``t``, and comes back on the host-to-device link between ``t``
+    and the step's end ``T``, so at most ``B * min(t, T - t)`` bytes (``B`` the link's
+    effective bandwidth per direction), and never resident bytes. The lowest
+    zero-overhead peak is therefore at least
+    ``max over t of max(resident, live(t) - B * min(t, T - t))``.
+    """
+    profile = get_profile(profile)
+    rate = profile.effective_link_bytes_per_s
+    end = sim.step_time_s
+    lowest, at = sim.resident_bytes, 0.0
+    for t, live, _host in sim.timeline:
+        floor = max(sim.resident_bytes, live - int(rate * max(0.0, min(t, end - t))))
+        if floor > lowest:
+            lowest, at = floor, t
+    return HiddenSwapBound(peak_bytes=sim.peak_bytes, lowest_peak_bytes=min(lowest, sim.peak_bytes), at_time_s=at)

@@ -29,6 +29,7 @@ from tflms.devices import resolve_accelerator
 from tflms.config import LMSConfig
 from tflms.errors import BudgetError, ConfigError, UnknownSizeError
 from tflms.ir.graph import Graph
+from tflms.ir.op_types import SOURCE_OPS
 from tflms.ir.tf_io import load_graph
 from tflms.passes.swaps import DEFAULT_COPY_OP, apply_swaps
 from tflms.policies.base import IdleTime, PlanContext, SwapPolicy, TflmsRules
@@ -423,13 +424,17 @@ def check_known_sizes(graph: Graph, sim: SimResult, batch_size: int | None) -> N
     dimension is the leading (batch) one and no batch size was given, naming a
     few of them and the fix: ``batch_size=N`` in the API and the Keras callback,
     ``--batch-size N`` on the command line. Tensors whose size depends on the data
-    (e.g. a gradient's ``Reshape`` to a ``tf.shape`` computed at run time) do not
-    stop the verdict: :meth:`TuneResult.reason` says how many were left out. A
+    (e.g. a gradient's ``Reshape`` to a ``tf.shape`` computed at run time, or the
+    shape vectors of ``BroadcastGradientArgs`` when every step argument's leading
+    dimension is known) do not stop the verdict: :meth:`TuneResult.reason` says how many were left out. A
     rewrite by the TFLMS rules without a budget needs no verdict: it leaves
     tensors of unknown size unswapped (reason ``unknown-shape``) instead.
     """
     if batch_size is not None or not sim.unknown_size_tensors:
         return
+    if not any(info.shape and info.shape[0] is None for op in graph.ops if op.type in SOURCE_OPS
+               for info in op.outputs):
+        return  # every step argument has a known leading dimension: no unknown size is the batch's
     from tflms.ir.graph import TensorRef
     batch_only = []
     for name in sim.unknown_size_tensors:
