@@ -52,7 +52,7 @@ Batch models are traced once with an unknown batch dimension and re-sized in the
 Usage (from the repo root)::
 
     python tools/bench.py                       # quick: QUICK_MODELS on QUICK_PROFILES (< 10 min on 2 cores)
-    python tools/bench.py --full                # FULL_MODELS on FULL_PROFILES, exact search (hours)
+    python tools/bench.py --full                # FULL_MODELS on FULL_PROFILES (V100 PCIe 3 and NVLink 2), exact search
     python tools/bench.py --models resnet50,bert-base --profiles h100-80gb-pcie5
     python tools/bench.py --models mlp-tiny --json   # seconds (tiny MLP, 64 MiB budget); records on stdout
 

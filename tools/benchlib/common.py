@@ -8,7 +8,7 @@ import time
 METHODS = ("none", "tflms-distance", "tflms-best", "grappler", "recompute")
 ALL_MODELS = ("resnet50", "vgg16", "unet3d", "densenet121", "inception_v3", "bert-base", "mlp-tiny")
 FULL_MODELS = ("resnet50", "vgg16", "unet3d", "densenet121", "bert-base")
-FULL_PROFILES = ("v100-16gb-pcie3", "h100-80gb-pcie5")
+FULL_PROFILES = ("v100-16gb-pcie3", "v100-16gb-nvlink2")
 QUICK_MODELS = ("resnet50", "unet3d")
 QUICK_PROFILES = ("v100-16gb-pcie3", "h100-80gb-pcie5")
 #: Bisection steps after the doubling phase in quick mode (None = until exact).
