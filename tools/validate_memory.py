@@ -37,8 +37,13 @@ Usage (from the repo root)::
     python tools/validate_memory.py                 # table on stdout, progress on stderr
     python tools/validate_memory.py --json          # records for machines
     python tools/validate_memory.py --models cnn --threshold 8 --repeat 5
+    python tools/validate_memory.py --models resnet50,unet3d --enforce-order   # the real models, minutes
 
-A full run takes about half a minute on two cores.
+The default run takes about half a minute on two cores. ``--models resnet50,unet3d``
+adds keras.applications ResNet-50 (224x224, batch 8) and the 3D U-Net of
+``tflms.models`` (32^3 voxels, batch 1); ``--enforce-order`` tunes them with the
+enforced order and adds its edges, as the pipeline does. Records carry the batch and
+whether the executor's total peak stayed under the budget the tuner was given.
 """
 
 from __future__ import annotations
@@ -52,8 +57,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-#: Models the tool knows, in table order.
+#: Models the tool runs by default, in table order (small: about half a minute in all).
 MODELS = ("mlp", "cnn", "resnet")
+#: Real models, run when named with --models (minutes: ResNet-50 at 224x224 runs on the CPU executor).
+LARGE_MODELS = ("resnet50", "unet3d")
 #: Budget for the tuner: resident bytes + this fraction of the original's simulated transient peak.
 DEFAULT_BUDGET_FRACTION = 0.65
 #: If nothing fits, the fraction is raised by this step, at most this many times.
@@ -78,7 +85,7 @@ def _mlp(keras: Any, batch: int):
     model = keras.Sequential([keras.Input((256,))]
                              + [keras.layers.Dense(512, activation="relu", name=f"dense_{i}") for i in range(8)]
                              + [keras.layers.Dense(10, name="logits")], name="mlp")
-    return model, keras.optimizers.Adam(learning_rate=1e-3), (batch, 256)
+    return model, keras.optimizers.Adam(learning_rate=1e-3), (batch, 256), (batch,), 10
 
 
 def _cnn(keras: Any, batch: int):
@@ -94,7 +101,8 @@ def _cnn(keras: Any, batch: int):
         h = layers.MaxPooling2D(name=f"s{stage}_pool")(h)
     h = layers.GlobalAveragePooling2D(name="gap")(h)
     outputs = layers.Dense(10, name="logits")(h)
-    return keras.Model(inputs, outputs, name="cnn"), keras.optimizers.SGD(0.05, momentum=0.9), (batch, 32, 32, 3)
+    return (keras.Model(inputs, outputs, name="cnn"), keras.optimizers.SGD(0.05, momentum=0.9), (batch, 32, 32, 3),
+            (batch,), 10)
 
 
 def _resnet(keras: Any, batch: int):
@@ -116,10 +124,27 @@ def _resnet(keras: Any, batch: int):
         h = layers.ReLU(name=f"b{i}_out")(layers.Add(name=f"b{i}_add")([r, shortcut]))
     h = layers.GlobalAveragePooling2D(name="gap")(h)
     outputs = layers.Dense(10, name="logits")(h)
-    return keras.Model(inputs, outputs, name="resnet"), keras.optimizers.SGD(0.05, momentum=0.9), (batch, 32, 32, 3)
+    return (keras.Model(inputs, outputs, name="resnet"), keras.optimizers.SGD(0.05, momentum=0.9),
+            (batch, 32, 32, 3), (batch,), 10)
 
 
-_BUILDERS: dict[str, tuple[Callable, int]] = {"mlp": (_mlp, 2048), "cnn": (_cnn, 32), "resnet": (_resnet, 32)}
+def _resnet50(keras: Any, batch: int):
+    """keras.applications ResNet50 (weights=None) at 224x224x3, 10 classes, SGD momentum."""
+    model = keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3), classes=10,
+                                        classifier_activation=None)
+    return model, keras.optimizers.SGD(0.05, momentum=0.9), (batch, 224, 224, 3), (batch,), 10
+
+
+def _unet3d(keras: Any, batch: int):
+    """The 3D U-Net of tflms.models (depth 3, 8 base filters) at 32^3 voxels, 4 channels, 4 classes, Adam."""
+    from tflms.models import build_unet3d
+    model = build_unet3d(channels=4, classes=4, base_filters=8, depth=3)
+    return model, keras.optimizers.Adam(1e-3), (batch, 32, 32, 32, 4), (batch, 32, 32, 32), 4
+
+
+#: model -> (builder, default batch); the builder returns (model, optimizer, x shape, label shape, classes)
+_BUILDERS: dict[str, tuple[Callable, int]] = {"mlp": (_mlp, 2048), "cnn": (_cnn, 32), "resnet": (_resnet, 32),
+                                              "resnet50": (_resnet50, 8), "unet3d": (_unet3d, 1)}
 
 
 @dataclasses.dataclass
@@ -131,6 +156,7 @@ class Case:
     graph: Any  # tflms.ir.Graph
     args: tuple[np.ndarray, np.ndarray]
     owners: tuple[Any, ...] = ()  # the model and optimizer: a traced function holds its variables weakly
+    batch: int = 0
 
 
 def build_case(model: str, *, batch: int | None = None, seed: int = SEED) -> Case:
@@ -143,15 +169,15 @@ def build_case(model: str, *, batch: int | None = None, seed: int = SEED) -> Cas
 
     builder, default_batch = _BUILDERS[model]
     keras.utils.set_random_seed(seed)
-    net, optimizer, x_shape = builder(keras, batch or default_batch)
+    net, optimizer, x_shape, y_shape, classes = builder(keras, batch or default_batch)
     optimizer.build(net.trainable_variables)  # create the slots outside the traced step
     train_step = tf.function(make_train_step(net, optimizer))
 
-    concrete = train_step.get_concrete_function(tf.TensorSpec(x_shape, tf.float32),
-                                                 tf.TensorSpec(x_shape[:1], tf.int32))
+    concrete = train_step.get_concrete_function(tf.TensorSpec(x_shape, tf.float32), tf.TensorSpec(y_shape, tf.int32))
     rng = np.random.default_rng(seed)
-    args = (rng.standard_normal(x_shape).astype(np.float32), rng.integers(0, 10, x_shape[0]).astype(np.int32))
-    return Case(model, concrete, tf_io.from_concrete_function(concrete), args, owners=(net, optimizer))
+    args = (rng.standard_normal(x_shape).astype(np.float32), rng.integers(0, classes, y_shape).astype(np.int32))
+    return Case(model, concrete, tf_io.from_concrete_function(concrete), args, owners=(net, optimizer),
+                batch=x_shape[0])
 
 
 # ------------------------------------------------------------------------------------------------ rewrites
@@ -176,7 +202,7 @@ def rewrite_config(**params: Any):
     return LMSConfig(accelerator_device=ACCELERATOR_DEVICE, host_device=HOST_DEVICE, **params)
 
 
-def tuned_rewrite(case: Case, budget_fraction: float) -> Variant:
+def tuned_rewrite(case: Case, budget_fraction: float, enforce_order: bool = False) -> Variant:
     """The tuner's rewrite for ``resident + budget_fraction * transient`` (raised until something fits)."""
     from tflms.errors import BudgetError
     from tflms.measure import EMULATION_PROFILE, EMULATION_SIM_OPTIONS
@@ -190,14 +216,20 @@ def tuned_rewrite(case: Case, budget_fraction: float) -> Variant:
         budget = int(base.resident_bytes + fraction * base.transient_peak_bytes)
         try:
             result = tune(case.graph, budget=budget, profile=EMULATION_PROFILE, config=rewrite_config(),
-                          copy_op="DeepCopy", sim_options=EMULATION_SIM_OPTIONS)
+                          copy_op="DeepCopy", sim_options=EMULATION_SIM_OPTIONS, enforce_order=enforce_order)
         except BudgetError as exc:
             error = exc
             progress(f"  {case.model}: nothing fits {fraction:.2f} of the transient peak; trying more")
             continue
         swapped = 0 if result.best.plan is None else len(result.best.plan.swaps)
         params = {"strategy": result.strategy, **result.best.params, "budget_fraction": round(fraction, 3)}
-        return Variant(case.model, "rewritten", result.graph, params, budget_bytes=budget, swapped_tensors=swapped)
+        graph = result.graph
+        if enforce_order and result.best.order is not None:  # the pipeline's order pass, as tflms.rewrite runs it
+            from tflms.passes.order import enforce_order as order_pass
+            ordered = order_pass(graph, EMULATION_PROFILE, options=EMULATION_SIM_OPTIONS)
+            graph = ordered.graph
+            params["order_edges"] = ordered.report.num_edges
+        return Variant(case.model, "rewritten", graph, params, budget_bytes=budget, swapped_tensors=swapped)
     raise error
 
 
@@ -214,6 +246,7 @@ def threshold_rewrite(case: Case, threshold: int) -> Variant:
 @dataclasses.dataclass
 class Record:
     model: str
+    batch: int
     variant: str
     params: dict[str, Any]
     swapped_tensors: int
@@ -233,6 +266,11 @@ class Record:
     variables_identical: bool | None  # rewritten: bitwise equal to the original after one step (every run)
 
     @property
+    def executor_within_budget(self) -> bool | None:
+        """The executor's total peak (transient + resident) under the budget the tuner was given."""
+        return None if self.budget_bytes is None else self.executor_total_peak_bytes <= self.budget_bytes
+
+    @property
     def sim_ratio(self) -> float:
         return self.sim_peak_bytes / self.executor_peak_bytes if self.executor_peak_bytes else float("nan")
 
@@ -246,7 +284,8 @@ class Record:
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        out.update(sim_ratio=self.sim_ratio, sim_exec_order_ratio=self.sim_exec_order_ratio,
+        out.update(executor_within_budget=self.executor_within_budget,
+                   sim_ratio=self.sim_ratio, sim_exec_order_ratio=self.sim_exec_order_ratio,
                    sim_replay_ratio=self.sim_replay_ratio)
         return out
 
@@ -298,7 +337,7 @@ def validate(cases: list[Case], variants: list[Variant], *, repeat: int = 1) -> 
             identical = all(set(before) == set(m.variables_after) and not bitwise_diff(
                 [(n, before[n]) for n in names], [(n, m.variables_after[n]) for n in names]) for m in measurements)
         records.append(Record(
-            model=variant.model, variant=variant.variant, params=variant.params,
+            model=variant.model, batch=by_model[variant.model].batch, variant=variant.variant, params=variant.params,
             swapped_tensors=variant.swapped_tensors, budget_bytes=variant.budget_bytes,
             resident_bytes=level.resident_bytes, sim_peak_bytes=level.transient_peak_bytes,
             sim_total_peak_bytes=level.peak_bytes, sim_exec_order_peak_bytes=in_exec_order.transient_peak_bytes,
@@ -317,7 +356,7 @@ def _mib(num_bytes: int | None) -> str:
 
 def table(records: list[Record]) -> str:
     """The records as a text table (MiB; ratios are sim / executor median)."""
-    header = (f"{'model':<8}{'variant':<11}{'swaps':>6}{'sim level':>11}{'sim exec':>10}{'sim replay':>12}"
+    header = (f"{'model':<9}{'batch':>6} {'variant':<11}{'swaps':>6}{'sim level':>11}{'sim exec':>10}{'sim replay':>12}"
               f"{'sim total':>11}{'grappler':>10}{'executor':>10}{'ex min-max':>13}{'level/ex':>10}{'exec/ex':>9}"
               f"{'replay/ex':>11}{'host sim':>10}{'host ex':>9}  identical")
     lines = ["peaks in MiB: accelerator transient (sim total adds the resident bytes); executor = median run;",
@@ -325,7 +364,7 @@ def table(records: list[Record]) -> str:
     for r in records:
         identical = "" if r.variables_identical is None else ("yes" if r.variables_identical else "NO")
         spread = f"{_mib(min(r.executor_peak_runs))}-{_mib(max(r.executor_peak_runs))}"
-        lines.append(f"{r.model:<8}{r.variant:<11}{r.swapped_tensors:>6}{_mib(r.sim_peak_bytes):>11}"
+        lines.append(f"{r.model:<9}{r.batch:>6} {r.variant:<11}{r.swapped_tensors:>6}{_mib(r.sim_peak_bytes):>11}"
                      f"{_mib(r.sim_exec_order_peak_bytes):>10}{_mib(r.sim_replay_peak_bytes):>12}"
                      f"{_mib(r.sim_total_peak_bytes):>11}{_mib(r.grappler_peak_bytes):>10}"
                      f"{_mib(r.executor_peak_bytes):>10}{spread:>13}{r.sim_ratio:>10.3f}{r.sim_exec_order_ratio:>9.3f}"
@@ -342,21 +381,26 @@ def table(records: list[Record]) -> str:
         if r.variant != "original":
             lines.append(f"{r.model} rewrite: {json.dumps(r.params)}"
                          + (f", budget {_mib(r.budget_bytes)} MiB total" if r.budget_bytes else "")
-                         + f", executor total {_mib(r.executor_total_peak_bytes)} MiB")
+                         + f", executor total {_mib(r.executor_total_peak_bytes)} MiB"
+                         + ("" if r.executor_within_budget is None else
+                            " (within the budget)" if r.executor_within_budget else " (OVER the budget)"))
     return "\n".join(lines)
 
 
 def parse_models(text: str) -> tuple[str, ...]:
     models = tuple(m.strip() for m in text.split(",") if m.strip())
-    unknown = sorted(set(models) - set(MODELS))
+    unknown = sorted(set(models) - set(MODELS + LARGE_MODELS))
     if not models or unknown:
-        raise argparse.ArgumentTypeError(f"--models: choose from {','.join(MODELS)}; got {text!r}")
+        raise argparse.ArgumentTypeError(f"--models: choose from {','.join(MODELS + LARGE_MODELS)}; got {text!r}")
     return models
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", type=parse_models, default=MODELS, help="comma-separated, from " + ",".join(MODELS))
+    parser.add_argument("--models", type=parse_models, default=MODELS,
+                        help="comma-separated, from " + ",".join(MODELS + LARGE_MODELS))
+    parser.add_argument("--enforce-order", action="store_true",
+                        help="tune with the enforced order and add its edges to the rewrite (as the pipeline does)")
     parser.add_argument("--budget-fraction", type=float, default=DEFAULT_BUDGET_FRACTION,
                         help="tuner budget: resident + this fraction of the simulated transient peak")
     parser.add_argument("--threshold", type=int, default=None,
@@ -382,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         variants.append(Variant(model, "original", case.graph, {}))
         progress(f"choosing the rewrite of {model} ...")
         variants.append(threshold_rewrite(case, args.threshold) if args.threshold is not None
-                        else tuned_rewrite(case, args.budget_fraction))
+                        else tuned_rewrite(case, args.budget_fraction, args.enforce_order))
     records = validate(cases, variants, repeat=args.repeat)
     if args.json:
         print(json.dumps([r.to_dict() for r in records], indent=1))
