@@ -32,12 +32,13 @@ HEADROOM = 0.05
 #: The row of the swap-only memory bound (tflms.sim.bounds.swap_only_bound) beside the methods.
 BOUND = "swap-only-bound"
 #: Figures from the papers, quoted from their abstracts; not measured here.
-#: (source, setting, reported figure, our model to set beside it, which of our numbers: "ratio" or "overhead").
+#: (source, setting, reported figure, our model to set beside it, which of our numbers: "ratio", or
+#: "vdnn-like-for-like": the figure at vDNN's over-subscription, from tools/vdnn_like_for_like.py).
 REPORTED = (
     ("TFLMS (Le et al., ISMM 2019)", "ResNet-50", "4.9x larger mini-batch with LMS", "resnet50", "ratio"),
     ("TFLMS (Le et al., ISMM 2019)", "3D U-Net", "5.6x larger image resolution with LMS", "unet3d", "ratio"),
     ("vDNN (Rhu et al., MICRO 2016)", "VGG-16, batch 256 (28 GB) on a 12 GB Titan X",
-     "trains with 18% performance loss vs. a GPU with enough memory", "vgg16", "overhead"),
+     "trains with 18% performance loss vs. a GPU with enough memory", "vgg16", "vdnn-like-for-like"),
     ("vDNN (Rhu et al., MICRO 2016)", "AlexNet / OverFeat / GoogLeNet",
      "average GPU memory usage reduced by up to 89% / 91% / 95%", "", ""),
     ("Zhang et al. (SINGA), arXiv:1903.06631", "several CNNs",

@@ -150,9 +150,9 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
             r, base = by.get((model, profile, "tflms-best")), by.get((model, profile, "none"))
             if r and base and kind == "ratio":
                 ours.append(f"{profile}: {_ratio(r, base)} ({base['max_batch']} -> {r['max_batch']})")
-            elif r and kind == "overhead":
-                overhead = "does not fit" if r["overhead_pct"] is None else f"{r['overhead_pct']:+.1f}%"
-                ours.append(f"{profile}: {overhead} at batch {r['common_batch']}")
+        if kind == "vdnn-like-for-like":
+            ours.append("at the same 2.33x over-subscription: `python tools/vdnn_like_for_like.py` (section "
+                        "\"vDNN like for like\" below, when present)")
         lines.append(f"| {source} | {setting} | {figure} (reported) | {'; '.join(ours) or 'n/a'} |")
     lines += ["", "The papers ran on other hardware (TFLMS: POWER9 + V100 over NVLink; vDNN: Titan X over PCIe 3) "
               "with their own batch-size steps and allocators; compare trends, not digits.", ""]
