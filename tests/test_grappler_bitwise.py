@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 from collections.abc import Callable
 
 import keras
@@ -91,8 +92,19 @@ def _mha_block():
     return keras.Model(inp, keras.layers.Dense(5)(keras.layers.Flatten()(h))), (6, 16)
 
 
+def _normalized_swish():
+    inp = keras.Input((8, 8, 3))
+    # Normalization's mean and variance are small eager tensors: the step captures them by value, as Const
+    # function inputs (EfficientNet*, ConvNeXt*); the swish activations become oneDNN's _MklSwish.
+    h = keras.layers.Normalization(mean=[0.5, 0.4, 0.3], variance=[0.2, 0.3, 0.4])(inp)
+    h = keras.layers.Conv2D(4, 3, padding="same", activation="swish")(h)
+    h = keras.layers.Conv2D(4, 3, padding="same", activation="swish")(h)
+    return keras.Model(inp, keras.layers.Dense(5)(keras.layers.Flatten()(h))), (8, 8, 3)
+
+
 MODELS = {"conv_bias_relu": _conv_bias_relu, "matmul_bias": _matmul_bias, "add_tree": _add_tree,
-          "residual": _residual, "layer_norm": _layer_norm, "gelu_dense": _gelu_dense, "mha_block": _mha_block}
+          "residual": _residual, "layer_norm": _layer_norm, "gelu_dense": _gelu_dense, "mha_block": _mha_block,
+          "normalized_swish": _normalized_swish}
 
 
 def build(kind: str):
@@ -173,11 +185,14 @@ def _lms(step):
 
 
 @pytest.mark.parametrize("kind", sorted(MODELS))
-def test_function_is_bitwise_and_runs_the_same_ops(kind):
+def test_function_is_bitwise_and_runs_the_same_ops(kind, caplog):
     plain, plain_graphs, _ = _tape_run(kind, tf.function)
     again, _, _ = _tape_run(kind, tf.function)
     assert_bitwise_equal(plain, again, f"{kind}: plain tf.function vs itself (the control)")
-    lms, lms_graphs, fn = _tape_run(kind, _lms)
+    with caplog.at_level(logging.WARNING, logger=preoptimize.__name__):
+        lms, lms_graphs, fn = _tape_run(kind, _lms)
+    fallbacks = [r.getMessage() for r in caplog.records if r.name == preoptimize.__name__]
+    assert not fallbacks, f"{kind}: the grappler pre-pass fell back: {fallbacks}"
     ran = step_graph(lms_graphs)
     assert_swaps_alive(ran, fn.report)
     assert_same_counts(op_counts(step_graph(plain_graphs)), op_counts(ran, fn.report.inserted_ops), kind)
@@ -201,6 +216,25 @@ def test_old_path_changes_what_grappler_does(old_path):
     assert plain_counts["_FusedConv2D"] > old_counts["_FusedConv2D"], (plain_counts, old_counts)
     with pytest.raises(AssertionError, match="op types TF ran differ"):
         assert_same_counts(plain_counts, old_counts, kind)
+
+
+def test_captured_constants_are_arguments_for_the_pre_pass(old_path):
+    """The Const-input case is real in ``normalized_swish``, and without the pre-pass its swaps break bitwise.
+
+    (With the pre-pass it is bitwise with the same ops and no fallback:
+    ``test_function_is_bitwise_and_runs_the_same_ops[normalized_swish]``.)
+    """
+    model, x, y = build("normalized_swish")
+    step = tf.function(make_train_step(model, keras.optimizers.RMSprop(0.01),
+                                       keras.losses.CategoricalCrossentropy(from_logits=True)))
+    concrete = step.get_concrete_function(tf.constant(x[:BATCH]), tf.constant(y[:BATCH]))
+    assert "Const" in {t.op.type for t in concrete.graph.inputs}, [t.op.type for t in concrete.graph.inputs]
+    _, plain_graphs, _ = _tape_run("normalized_swish", tf.function)
+    _, lms_graphs, fn = _tape_run("normalized_swish", _lms)
+    plain_counts = op_counts(step_graph(plain_graphs))
+    old_counts = op_counts(step_graph(lms_graphs), fn.report.inserted_ops)
+    assert fn.report.num_swapped > 0
+    assert plain_counts != old_counts, plain_counts  # with oneDNN: _MklSwish 2 -> 0, Sigmoid 2 -> 4
 
 
 def test_preoptimized_step_keeps_fused_ops_and_the_simulator_costs_them():
