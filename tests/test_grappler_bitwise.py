@@ -102,9 +102,20 @@ def _normalized_swish():
     return keras.Model(inp, keras.layers.Dense(5)(keras.layers.Flatten()(h))), (8, 8, 3)
 
 
+def _max_pool():
+    inp = keras.Input((12, 12, 3))
+    # Overlapping max pools after relu (ties): oneDNN's MaxPoolGrad uses the forward op's workspace, TensorFlow's
+    # own kernel does not, and they differ in the last bits (NASNetMobile's reduction cells).
+    h = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(inp)
+    h = keras.layers.MaxPooling2D(3, strides=2, padding="same")(h)
+    h = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(h)
+    h = keras.layers.MaxPooling2D(3, strides=2, padding="same")(h)
+    return keras.Model(inp, keras.layers.Dense(5)(keras.layers.Flatten()(h))), (12, 12, 3)
+
+
 MODELS = {"conv_bias_relu": _conv_bias_relu, "matmul_bias": _matmul_bias, "add_tree": _add_tree,
           "residual": _residual, "layer_norm": _layer_norm, "gelu_dense": _gelu_dense, "mha_block": _mha_block,
-          "normalized_swish": _normalized_swish}
+          "normalized_swish": _normalized_swish, "max_pool": _max_pool}
 
 
 def build(kind: str):
@@ -235,6 +246,39 @@ def test_captured_constants_are_arguments_for_the_pre_pass(old_path):
     old_counts = op_counts(step_graph(lms_graphs), fn.report.inserted_ops)
     assert fn.report.num_swapped > 0
     assert plain_counts != old_counts, plain_counts  # with oneDNN: _MklSwish 2 -> 0, Sigmoid 2 -> 4
+
+
+def _partition_counts(graphs) -> collections.Counter:
+    """Op types of the step after oneDNN's graph pass (partition graphs), swap ops aside."""
+    step = max(graphs, key=lambda g: len(g.post_optimization_graph.node))
+    return collections.Counter(n.op for g in step.partition_graphs for n in g.node
+                               if not n.name.startswith("lms/") and n.op not in PLUMBING)
+
+
+def test_max_pool_gradients_keep_the_onednn_workspace(monkeypatch):
+    """A MaxPool output its MaxPoolGrad reads is never swapped on a oneDNN CPU, and the swap would break bitwise.
+
+    oneDNN's graph pass rewrites ``MaxPoolGrad`` to ``_MklNativeMaxPoolGrad`` (with the forward op's workspace)
+    only when it reads the ``MaxPool`` output directly. The positive case (bitwise, same ops, swaps alive) is
+    ``test_function_is_bitwise_and_runs_the_same_ops[max_pool]``; here the partition graphs and the control.
+    """
+    from tflms._compat.tf import onednn_enabled
+    from tflms.policies import swapplan
+    if not onednn_enabled():
+        pytest.skip("oneDNN is off in this TensorFlow (TF_ENABLE_ONEDNN_OPTS=0 or a non-x86 build)")
+    plain, plain_graphs, _ = _tape_run("max_pool", tf.function)
+    lms, lms_graphs, fn = _tape_run("max_pool", _lms)
+    reasons = {str(s.tensor): s.reason for s in fn.report.plan.skipped}
+    assert sorted(r for r in reasons.values() if r == "onednn-workspace") == ["onednn-workspace"] * 2, reasons
+    plain_parts, lms_parts = _partition_counts(plain_graphs), _partition_counts(lms_graphs)
+    assert plain_parts["_MklNativeMaxPoolGrad"] == 2 and lms_parts == plain_parts, (plain_parts, lms_parts)
+    # the control: swapping those outputs too leaves TensorFlow's MaxPoolGrad, and the weights differ
+    monkeypatch.setattr(swapplan, "_onednn_workspace_reader", lambda *args: None)
+    swapped, swapped_graphs, fn = _tape_run("max_pool", _lms)
+    assert not any(s.reason == "onednn-workspace" for s in fn.report.plan.skipped)
+    assert _partition_counts(swapped_graphs)["MaxPoolGrad"] == 2
+    with pytest.raises(AssertionError):
+        assert_bitwise_equal(plain, swapped, "max_pool with the MaxPool outputs swapped")
 
 
 def test_preoptimized_step_keeps_fused_ops_and_the_simulator_costs_them():
