@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -371,3 +372,75 @@ def test_saved_model_keeps_fused_ops_and_trains_bitwise(tmp_path):
     assert_bitwise_equal(snapshot(variables=[vars_a[p] for p in sorted(vars_a)], losses=losses_a),
                          snapshot(variables=[vars_b[p] for p in sorted(vars_a)], losses=losses_b),
                          f"rewritten SavedModel vs original after {STEPS} steps")
+
+
+# --------------------------------------------------------------------- loops: the documented fallback
+def _loop_step():
+    """A step whose forward pass runs a Dense layer in a tf.while_loop, its model and its optimizer."""
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    dense, head = keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(5)
+    inp = keras.Input((16,))
+    model = keras.Model(inp, head(dense(inp)))
+    optimizer = keras.optimizers.RMSprop(0.01)
+    optimizer.build(model.trainable_variables)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            h = tf.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, dense(h) + h), (tf.constant(0), x))[1]
+            loss = tf.reduce_mean(tf.square(head(h) - y))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    return model, optimizer, step
+
+
+def _loop_run(wrap) -> Snapshot:
+    model, optimizer, step = _loop_step()
+    fn = wrap(step)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((BATCH * STEPS, 16)).astype("float32")
+    y = rng.standard_normal((BATCH * STEPS, 5)).astype("float32")
+    losses = [fn(tf.constant(x[i:i + BATCH]), tf.constant(y[i:i + BATCH])) for i in range(0, BATCH * STEPS, BATCH)]
+    return snapshot(variables=[*model.variables, *optimizer.variables], losses=losses)
+
+
+def test_while_loop_steps_fall_back_because_tflms_cannot_read_lowered_loops(caplog):
+    """docs/design.md, "Exceptions to bitwise": why a step with a loop is rewritten before grappler.
+
+    Grappler lowers the ``While`` into Enter/Exit/NextIteration frames, and that lowered graph is what TF runs:
+    built into a function and run with grappler off it trains bitwise like plain TF (so the pre-pass itself
+    matches instantiation). What is missing is tflms's side: its analysis needs a DAG and refuses the frames.
+    """
+    from tflms.analysis.cto import analyze_graph
+    from tflms.errors import GraphError, UnsupportedGraphError
+    from tflms.ir import tf_io
+    from tflms._compat import grappler as compat_grappler
+
+    with caplog.at_level(logging.WARNING, logger=preoptimize.__name__):
+        _loop_run(_lms)
+    assert any("lowered the control flow" in r.getMessage() for r in caplog.records), caplog.records
+
+    def preoptimized(step):
+        traced, built = tf.function(step), {}
+
+        def call(x, y):
+            if not built:
+                concrete = traced.get_concrete_function(x, y)
+                graph_def, outputs = preoptimize.preoptimized_graph_def(concrete)
+                assert {n.op for n in graph_def.node} & preoptimize.LOWERED_CONTROL_FLOW_TYPES
+                assert not {n.op for n in graph_def.node} & {"While", "StatelessWhile"}
+                graph = tf_io.from_graph_def(graph_def)
+                with pytest.raises(UnsupportedGraphError, match="Enter"):
+                    analyze_graph(graph)
+                with pytest.raises(GraphError, match="cycle"):
+                    graph.topological_order()
+                graph.signature = dataclasses.replace(tf_io.signature_of(concrete), output_names=outputs)
+                built["fn"] = compat_grappler.mark_grappler_done(tf_io.to_concrete_function(graph, concrete))
+            return built["fn"](x, y)
+
+        return call
+
+    plain = _loop_run(tf.function)
+    assert_bitwise_equal(plain, _loop_run(tf.function), "loop step: plain vs itself (the control)")
+    assert_bitwise_equal(plain, _loop_run(preoptimized), "loop step: grappler's lowered graph run with grappler off")
