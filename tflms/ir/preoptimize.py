@@ -28,6 +28,11 @@ the post-optimization graphs TensorFlow reports, ``tests/test_grappler_bitwise.p
   ``EnsureShape`` under the argument's own name: grappler treats placeholders as
   feeds of unknown shape, and the ``EnsureShape`` restores the static shape
   without changing any name grappler sorts by;
+- constants the function captured by value (small eager tensors, e.g. Keras's
+  ``Normalization`` mean and variance: a ``Const`` in the traced graph that is
+  also a function input) are arguments like the data ones: the FunctionDef
+  drops the ``Const`` and each call feeds the eager value to an ``_Arg``, so
+  grappler may not fold them;
 - outputs are fetched through ``_Retval`` nodes (so the producers are not
   "preserved" nodes, as at instantiation) and control outputs are fetched;
 - every unplaced node is put on the function's default device for the run (the
