@@ -10,7 +10,9 @@ for each we check, with swapout_threshold=1:
 1. weights and optimizer state after 2 steps are bitwise those of plain TF (and
    plain TF equals itself: the control);
 2. from the run metadata, the op-type counts of what TF ran equal the plain run's
-   (swap ops aside), and every swap op is alive in it;
+   (swap ops aside), node for node the graph is the plain one (a swap-in read as
+   the tensor it brings back), the partition graphs (after oneDNN's graph pass)
+   hold the same op types, and every swap op is alive in it;
 3. the old path (no grappler first) does change the counts on the Conv2D+BiasAdd
    pattern: the test can fail.
 """
@@ -166,6 +168,37 @@ def assert_same_counts(plain: collections.Counter, lms: collections.Counter, wha
     assert not diff, f"{what}: op types TF ran differ (plain, with swaps): {diff}"
 
 
+def assert_same_graph(plain, lms, swap_ops) -> None:
+    """Every node of what TF ran with swaps is the plain run's node: op, data inputs (a swap-in read as the tensor it
+    brings back), attributes and device. Arguments are matched by index (the rewritten function names its captured
+    inputs differently); control inputs aside (the swaps add some)."""
+    swaps = set(swap_ops)
+    lms_nodes = {n.name: n for n in lms.node}
+
+    def args(graph):
+        return {n.name: f"<arg {n.attr['index'].i}>" for n in graph.node if n.op == "_Arg"}
+
+    plain_args, lms_args = args(plain), args(lms)
+
+    def source(ref: str, arg_names, follow_swaps: bool) -> str:
+        name, _, index = ref.partition(":")
+        while follow_swaps and name in swaps:  # swap-in -> swap-out -> the swapped tensor
+            name, _, index = lms_nodes[name].input[0].partition(":")
+        return arg_names.get(name, name) + (":" + index if index else "")
+
+    def key(node, arg_names, follow_swaps):
+        data = tuple(source(i, arg_names, follow_swaps) for i in node.input if not i.startswith("^"))
+        attrs = {k: v.SerializeToString() for k, v in node.attr.items()}
+        return node.op, data, attrs, node.device
+
+    plain_nodes = {n.name: key(n, plain_args, False) for n in plain.node if n.op not in ("_Arg", "_Retval")}
+    lms_keys = {n.name: key(n, lms_args, True) for n in lms.node
+                if n.op not in ("_Arg", "_Retval") and n.name not in swaps}
+    assert sorted(plain_nodes) == sorted(lms_keys), (sorted(set(plain_nodes) ^ set(lms_keys)))[:10]
+    differ = [name for name in plain_nodes if plain_nodes[name] != lms_keys[name]]
+    assert not differ, [(name, plain_nodes[name][:2], lms_keys[name][:2]) for name in differ[:3]]
+
+
 def assert_swaps_alive(graph_def, report) -> None:
     assert report.num_swapped > 0, f"nothing was swapped, the test proves nothing:\n{report.table()}"
     names = {n.name for n in graph_def.node}
@@ -208,6 +241,8 @@ def test_function_is_bitwise_and_runs_the_same_ops(kind, caplog):
     ran = step_graph(lms_graphs)
     assert_swaps_alive(ran, fn.report)
     assert_same_counts(op_counts(step_graph(plain_graphs)), op_counts(ran, fn.report.inserted_ops), kind)
+    assert_same_graph(step_graph(plain_graphs), ran, fn.report.inserted_ops)
+    assert_same_counts(_partition_counts(plain_graphs), _partition_counts(lms_graphs), f"{kind} after oneDNN's pass")
     assert_bitwise_equal(plain, lms, f"{kind}: tflms.function(swapout_threshold=1) vs tf.function")
 
 
@@ -228,6 +263,8 @@ def test_old_path_changes_what_grappler_does(old_path):
     assert plain_counts["_FusedConv2D"] > old_counts["_FusedConv2D"], (plain_counts, old_counts)
     with pytest.raises(AssertionError, match="op types TF ran differ"):
         assert_same_counts(plain_counts, old_counts, kind)
+    with pytest.raises(AssertionError):
+        assert_same_graph(step_graph(plain_graphs), step_graph(lms_graphs), fn.report.inserted_ops)
 
 
 def test_captured_constants_are_arguments_for_the_pre_pass(old_path):
