@@ -132,8 +132,13 @@ def _is_registered_op_type(op_type: str) -> bool:
     return op_def(op_type) is not None
 
 
-def skip_reason(analysis: Analysis, ref: TensorRef, config: LMSConfig) -> tuple[str, str] | None:
-    """Why ``ref`` must not be swapped, or ``None`` if it may be."""
+def skip_reason(analysis: Analysis, ref: TensorRef, config: LMSConfig,
+                accelerator_device: str | None = None) -> tuple[str, str] | None:
+    """Why ``ref`` must not be swapped, or ``None`` if it may be.
+
+    ``accelerator_device`` is where the plan's unplaced ops run (default:
+    ``config.accelerator_device``, else the first GPU, else the CPU).
+    """
     graph = analysis.graph
     op = graph.op(ref.op)
     info = op.outputs[ref.index]
@@ -145,7 +150,8 @@ def skip_reason(analysis: Analysis, ref: TensorRef, config: LMSConfig) -> tuple[
         return "identity", f"{op.type} output aliases its input and grappler may remove the op"
     if ref.op in analysis.conditional or op.type in CONDITIONAL_TYPES:
         return "conditional", f"{op.type} runs only when its branch of a conditional is taken (may be dead)"
-    workspace_reader = _onednn_workspace_reader(analysis, ref, op.type)
+    workspace_reader = _onednn_workspace_reader(analysis, ref, op.type,
+                                                accelerator_device or config.accelerator_device or "")
     if workspace_reader is not None:
         return "onednn-workspace", (f"{workspace_reader} reads it with {op.type}'s oneDNN workspace; through a "
                                     "swap-in it would run TensorFlow's own kernel, which is not bitwise the same "
@@ -172,11 +178,13 @@ def skip_reason(analysis: Analysis, ref: TensorRef, config: LMSConfig) -> tuple[
     return None
 
 
-def _onednn_workspace_reader(analysis: Analysis, ref: TensorRef, producer_type: str) -> str | None:
+def _onednn_workspace_reader(analysis: Analysis, ref: TensorRef, producer_type: str,
+                             default_device: str) -> str | None:
     """The gradient op that gets ``ref``'s producer's oneDNN workspace by reading ``ref`` directly, if any.
 
     See :data:`~tflms.ir.op_types.ONEDNN_WORKSPACE_EDGES`; only ops that run
     oneDNN's CPU kernels count (on a GPU nothing depends on the direct edge).
+    Unplaced ops run on ``default_device`` (``""``: the first GPU, else the CPU).
     """
     edge = ONEDNN_WORKSPACE_EDGES.get((producer_type, ref.index))
     if edge is None:
@@ -184,7 +192,7 @@ def _onednn_workspace_reader(analysis: Analysis, ref: TensorRef, producer_type: 
     graph = analysis.graph
     for consumer, index in graph.consumers(ref):
         op = graph.op(consumer)
-        if (op.type, index) == edge and runs_onednn_cpu_kernels(op.device):
+        if (op.type, index) == edge and runs_onednn_cpu_kernels(op.device or default_device):
             return consumer
     return None
 
