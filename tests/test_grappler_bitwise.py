@@ -10,7 +10,9 @@ for each we check, with swapout_threshold=1:
 1. weights and optimizer state after 2 steps are bitwise those of plain TF (and
    plain TF equals itself: the control);
 2. from the run metadata, the op-type counts of what TF ran equal the plain run's
-   (swap ops aside), and every swap op is alive in it;
+   (swap ops aside), node for node the graph is the plain one (a swap-in read as
+   the tensor it brings back), the partition graphs (after oneDNN's graph pass)
+   hold the same op types, and every swap op is alive in it;
 3. the old path (no grappler first) does change the counts on the Conv2D+BiasAdd
    pattern: the test can fail.
 """
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
+import logging
 from collections.abc import Callable
 
 import keras
@@ -91,8 +95,30 @@ def _mha_block():
     return keras.Model(inp, keras.layers.Dense(5)(keras.layers.Flatten()(h))), (6, 16)
 
 
+def _normalized_swish():
+    inp = keras.Input((8, 8, 3))
+    # Normalization's mean and variance are small eager tensors: the step captures them by value, as Const
+    # function inputs (EfficientNet*, ConvNeXt*); the swish activations become oneDNN's _MklSwish.
+    h = keras.layers.Normalization(mean=[0.5, 0.4, 0.3], variance=[0.2, 0.3, 0.4])(inp)
+    h = keras.layers.Conv2D(4, 3, padding="same", activation="swish")(h)
+    h = keras.layers.Conv2D(4, 3, padding="same", activation="swish")(h)
+    return keras.Model(inp, keras.layers.Dense(5)(keras.layers.Flatten()(h))), (8, 8, 3)
+
+
+def _max_pool():
+    inp = keras.Input((12, 12, 3))
+    # Overlapping max pools after relu (ties): oneDNN's MaxPoolGrad uses the forward op's workspace, TensorFlow's
+    # own kernel does not, and they differ in the last bits (NASNetMobile's reduction cells).
+    h = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(inp)
+    h = keras.layers.MaxPooling2D(3, strides=2, padding="same")(h)
+    h = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(h)
+    h = keras.layers.MaxPooling2D(3, strides=2, padding="same")(h)
+    return keras.Model(inp, keras.layers.Dense(5)(keras.layers.Flatten()(h))), (12, 12, 3)
+
+
 MODELS = {"conv_bias_relu": _conv_bias_relu, "matmul_bias": _matmul_bias, "add_tree": _add_tree,
-          "residual": _residual, "layer_norm": _layer_norm, "gelu_dense": _gelu_dense, "mha_block": _mha_block}
+          "residual": _residual, "layer_norm": _layer_norm, "gelu_dense": _gelu_dense, "mha_block": _mha_block,
+          "normalized_swish": _normalized_swish, "max_pool": _max_pool}
 
 
 def build(kind: str):
@@ -142,6 +168,37 @@ def assert_same_counts(plain: collections.Counter, lms: collections.Counter, wha
     assert not diff, f"{what}: op types TF ran differ (plain, with swaps): {diff}"
 
 
+def assert_same_graph(plain, lms, swap_ops) -> None:
+    """Every node of what TF ran with swaps is the plain run's node: op, data inputs (a swap-in read as the tensor it
+    brings back), attributes and device. Arguments are matched by index (the rewritten function names its captured
+    inputs differently); control inputs aside (the swaps add some)."""
+    swaps = set(swap_ops)
+    lms_nodes = {n.name: n for n in lms.node}
+
+    def args(graph):
+        return {n.name: f"<arg {n.attr['index'].i}>" for n in graph.node if n.op == "_Arg"}
+
+    plain_args, lms_args = args(plain), args(lms)
+
+    def source(ref: str, arg_names, follow_swaps: bool) -> str:
+        name, _, index = ref.partition(":")
+        while follow_swaps and name in swaps:  # swap-in -> swap-out -> the swapped tensor
+            name, _, index = lms_nodes[name].input[0].partition(":")
+        return arg_names.get(name, name) + (":" + index if index else "")
+
+    def key(node, arg_names, follow_swaps):
+        data = tuple(source(i, arg_names, follow_swaps) for i in node.input if not i.startswith("^"))
+        attrs = {k: v.SerializeToString() for k, v in node.attr.items()}
+        return node.op, data, attrs, node.device
+
+    plain_nodes = {n.name: key(n, plain_args, False) for n in plain.node if n.op not in ("_Arg", "_Retval")}
+    lms_keys = {n.name: key(n, lms_args, True) for n in lms.node
+                if n.op not in ("_Arg", "_Retval") and n.name not in swaps}
+    assert sorted(plain_nodes) == sorted(lms_keys), (sorted(set(plain_nodes) ^ set(lms_keys)))[:10]
+    differ = [name for name in plain_nodes if plain_nodes[name] != lms_keys[name]]
+    assert not differ, [(name, plain_nodes[name][:2], lms_keys[name][:2]) for name in differ[:3]]
+
+
 def assert_swaps_alive(graph_def, report) -> None:
     assert report.num_swapped > 0, f"nothing was swapped, the test proves nothing:\n{report.table()}"
     names = {n.name for n in graph_def.node}
@@ -173,18 +230,23 @@ def _lms(step):
 
 
 # matmul_bias and layer_norm are also inside gelu_dense and mha_block: the quick tier runs the larger ones
-QUICK = {"conv_bias_relu", "add_tree", "residual", "gelu_dense", "mha_block"}
+QUICK = {"conv_bias_relu", "add_tree", "residual", "gelu_dense", "mha_block", "normalized_swish", "max_pool"}
 
 
 @pytest.mark.parametrize("kind", [k if k in QUICK else pytest.param(k, marks=pytest.mark.slow) for k in sorted(MODELS)])
-def test_function_is_bitwise_and_runs_the_same_ops(kind):
+def test_function_is_bitwise_and_runs_the_same_ops(kind, caplog):
     plain, plain_graphs, _ = _tape_run(kind, tf.function)
     again, _, _ = _tape_run(kind, tf.function)
     assert_bitwise_equal(plain, again, f"{kind}: plain tf.function vs itself (the control)")
-    lms, lms_graphs, fn = _tape_run(kind, _lms)
+    with caplog.at_level(logging.WARNING, logger=preoptimize.__name__):
+        lms, lms_graphs, fn = _tape_run(kind, _lms)
+    fallbacks = [r.getMessage() for r in caplog.records if r.name == preoptimize.__name__]
+    assert not fallbacks, f"{kind}: the grappler pre-pass fell back: {fallbacks}"
     ran = step_graph(lms_graphs)
     assert_swaps_alive(ran, fn.report)
     assert_same_counts(op_counts(step_graph(plain_graphs)), op_counts(ran, fn.report.inserted_ops), kind)
+    assert_same_graph(step_graph(plain_graphs), ran, fn.report.inserted_ops)
+    assert_same_counts(_partition_counts(plain_graphs), _partition_counts(lms_graphs), f"{kind} after oneDNN's pass")
     assert_bitwise_equal(plain, lms, f"{kind}: tflms.function(swapout_threshold=1) vs tf.function")
 
 
@@ -205,6 +267,60 @@ def test_old_path_changes_what_grappler_does(old_path):
     assert plain_counts["_FusedConv2D"] > old_counts["_FusedConv2D"], (plain_counts, old_counts)
     with pytest.raises(AssertionError, match="op types TF ran differ"):
         assert_same_counts(plain_counts, old_counts, kind)
+    with pytest.raises(AssertionError):
+        assert_same_graph(step_graph(plain_graphs), step_graph(lms_graphs), fn.report.inserted_ops)
+
+
+def test_captured_constants_are_arguments_for_the_pre_pass(old_path):
+    """The Const-input case is real in ``normalized_swish``, and without the pre-pass its swaps break bitwise.
+
+    (With the pre-pass it is bitwise with the same ops and no fallback:
+    ``test_function_is_bitwise_and_runs_the_same_ops[normalized_swish]``.)
+    """
+    model, x, y = build("normalized_swish")
+    step = tf.function(make_train_step(model, keras.optimizers.RMSprop(0.01),
+                                       keras.losses.CategoricalCrossentropy(from_logits=True)))
+    concrete = step.get_concrete_function(tf.constant(x[:BATCH]), tf.constant(y[:BATCH]))
+    assert "Const" in {t.op.type for t in concrete.graph.inputs}, [t.op.type for t in concrete.graph.inputs]
+    _, plain_graphs, _ = _tape_run("normalized_swish", tf.function)
+    _, lms_graphs, fn = _tape_run("normalized_swish", _lms)
+    plain_counts = op_counts(step_graph(plain_graphs))
+    old_counts = op_counts(step_graph(lms_graphs), fn.report.inserted_ops)
+    assert fn.report.num_swapped > 0
+    assert plain_counts != old_counts, plain_counts  # with oneDNN: _MklSwish 2 -> 0, Sigmoid 2 -> 4
+
+
+def _partition_counts(graphs) -> collections.Counter:
+    """Op types of the step after oneDNN's graph pass (partition graphs), swap ops aside."""
+    step = max(graphs, key=lambda g: len(g.post_optimization_graph.node))
+    return collections.Counter(n.op for g in step.partition_graphs for n in g.node
+                               if not n.name.startswith("lms/") and n.op not in PLUMBING)
+
+
+def test_max_pool_gradients_keep_the_onednn_workspace(monkeypatch):
+    """A MaxPool output its MaxPoolGrad reads is never swapped on a oneDNN CPU, and the swap would break bitwise.
+
+    oneDNN's graph pass rewrites ``MaxPoolGrad`` to ``_MklNativeMaxPoolGrad`` (with the forward op's workspace)
+    only when it reads the ``MaxPool`` output directly. The positive case (bitwise, same ops, swaps alive) is
+    ``test_function_is_bitwise_and_runs_the_same_ops[max_pool]``; here the partition graphs and the control.
+    """
+    from tflms._compat.tf import onednn_enabled
+    from tflms.policies import swapplan
+    if not onednn_enabled():
+        pytest.skip("oneDNN is off in this TensorFlow (TF_ENABLE_ONEDNN_OPTS=0 or a non-x86 build)")
+    plain, plain_graphs, _ = _tape_run("max_pool", tf.function)
+    lms, lms_graphs, fn = _tape_run("max_pool", _lms)
+    reasons = {str(s.tensor): s.reason for s in fn.report.plan.skipped}
+    assert sorted(r for r in reasons.values() if r == "onednn-workspace") == ["onednn-workspace"] * 2, reasons
+    plain_parts, lms_parts = _partition_counts(plain_graphs), _partition_counts(lms_graphs)
+    assert plain_parts["_MklNativeMaxPoolGrad"] == 2 and lms_parts == plain_parts, (plain_parts, lms_parts)
+    # the control: swapping those outputs too leaves TensorFlow's MaxPoolGrad, and the weights differ
+    monkeypatch.setattr(swapplan, "_onednn_workspace_reader", lambda *args: None)
+    swapped, swapped_graphs, fn = _tape_run("max_pool", _lms)
+    assert not any(s.reason == "onednn-workspace" for s in fn.report.plan.skipped)
+    assert _partition_counts(swapped_graphs)["MaxPoolGrad"] == 2
+    with pytest.raises(AssertionError):
+        assert_bitwise_equal(plain, swapped, "max_pool with the MaxPool outputs swapped")
 
 
 def test_preoptimized_step_keeps_fused_ops_and_the_simulator_costs_them():
@@ -297,3 +413,75 @@ def test_saved_model_keeps_fused_ops_and_trains_bitwise(tmp_path):
     assert_bitwise_equal(snapshot(variables=[vars_a[p] for p in sorted(vars_a)], losses=losses_a),
                          snapshot(variables=[vars_b[p] for p in sorted(vars_a)], losses=losses_b),
                          f"rewritten SavedModel vs original after {STEPS} steps")
+
+
+# --------------------------------------------------------------------- loops: the documented fallback
+def _loop_step():
+    """A step whose forward pass runs a Dense layer in a tf.while_loop, its model and its optimizer."""
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    dense, head = keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(5)
+    inp = keras.Input((16,))
+    model = keras.Model(inp, head(dense(inp)))
+    optimizer = keras.optimizers.RMSprop(0.01)
+    optimizer.build(model.trainable_variables)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            h = tf.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, dense(h) + h), (tf.constant(0), x))[1]
+            loss = tf.reduce_mean(tf.square(head(h) - y))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    return model, optimizer, step
+
+
+def _loop_run(wrap) -> Snapshot:
+    model, optimizer, step = _loop_step()
+    fn = wrap(step)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((BATCH * STEPS, 16)).astype("float32")
+    y = rng.standard_normal((BATCH * STEPS, 5)).astype("float32")
+    losses = [fn(tf.constant(x[i:i + BATCH]), tf.constant(y[i:i + BATCH])) for i in range(0, BATCH * STEPS, BATCH)]
+    return snapshot(variables=[*model.variables, *optimizer.variables], losses=losses)
+
+
+def test_while_loop_steps_fall_back_because_tflms_cannot_read_lowered_loops(caplog):
+    """docs/design.md, "Exceptions to bitwise": why a step with a loop is rewritten before grappler.
+
+    Grappler lowers the ``While`` into Enter/Exit/NextIteration frames, and that lowered graph is what TF runs:
+    built into a function and run with grappler off it trains bitwise like plain TF (so the pre-pass itself
+    matches instantiation). What is missing is tflms's side: its analysis needs a DAG and refuses the frames.
+    """
+    from tflms.analysis.cto import analyze_graph
+    from tflms.errors import GraphError, UnsupportedGraphError
+    from tflms.ir import tf_io
+    from tflms._compat import grappler as compat_grappler
+
+    with caplog.at_level(logging.WARNING, logger=preoptimize.__name__):
+        _loop_run(_lms)
+    assert any("lowered the control flow" in r.getMessage() for r in caplog.records), caplog.records
+
+    def preoptimized(step):
+        traced, built = tf.function(step), {}
+
+        def call(x, y):
+            if not built:
+                concrete = traced.get_concrete_function(x, y)
+                graph_def, outputs = preoptimize.preoptimized_graph_def(concrete)
+                assert {n.op for n in graph_def.node} & preoptimize.LOWERED_CONTROL_FLOW_TYPES
+                assert not {n.op for n in graph_def.node} & {"While", "StatelessWhile"}
+                graph = tf_io.from_graph_def(graph_def)
+                with pytest.raises(UnsupportedGraphError, match="Enter"):
+                    analyze_graph(graph)
+                with pytest.raises(GraphError, match="cycle"):
+                    graph.topological_order()
+                graph.signature = dataclasses.replace(tf_io.signature_of(concrete), output_names=outputs)
+                built["fn"] = compat_grappler.mark_grappler_done(tf_io.to_concrete_function(graph, concrete))
+            return built["fn"](x, y)
+
+        return call
+
+    plain = _loop_run(tf.function)
+    assert_bitwise_equal(plain, _loop_run(tf.function), "loop step: plain vs itself (the control)")
+    assert_bitwise_equal(plain, _loop_run(preoptimized), "loop step: grappler's lowered graph run with grappler off")

@@ -222,8 +222,13 @@ def test_vdnn_rewrite_trains_bitwise_identically(compress):
     ref_losses, ref_state, _ = _train(None, batches)
     assert_bitwise_equal(ref_state, _train(None, batches)[1], "plain twice (the control)")
     losses, got, plan = _train(rewrite, batches)
-    # the first conv reads the step's input: offloaded are the second conv's input and the dense layer's
-    assert [s.tensor.op.rsplit("/", 1)[-1] for s in plan.swaps] == ["MaxPool2d", "Reshape"]
+    # the first conv reads the step's input: offloaded are the second conv's input and the dense layer's, but on
+    # a oneDNN CPU the second conv's input (a MaxPool output) stays: its MaxPoolGrad needs it for the workspace
+    from tflms._compat.tf import onednn_enabled
+    kept = ["MaxPool2d"] if onednn_enabled() else []
+    assert [s.tensor.op.rsplit("/", 1)[-1] for s in plan.swaps] == [n for n in ["MaxPool2d", "Reshape"]
+                                                                    if n not in kept]
+    assert [s.tensor.op.rsplit("/", 1)[-1] for s in plan.skipped if s.reason == "onednn-workspace"][:1] == kept
     assert all(s.swap_ins[0].trigger for s in plan.swaps)
     assert losses == ref_losses
     assert_bitwise_equal(ref_state, got, "vDNN rewrite vs plain")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 from tflms.errors import DeviceError
@@ -77,3 +78,23 @@ def local_gpu() -> tuple[str, int | None] | None:
         except Exception:  # noqa: BLE001 - best effort: the name still gives the family and often the memory
             memory = None
     return name, memory
+
+
+@functools.lru_cache(maxsize=None)
+def runs_onednn_cpu_kernels(device: str) -> bool:
+    """Whether an op placed on ``device`` runs oneDNN's CPU kernels (after oneDNN's graph pass).
+
+    ``device`` is an op's device string; ``""`` (unplaced) means the first GPU,
+    else the CPU, as TensorFlow's placer does for a function's ops.
+    """
+    try:
+        import tensorflow as tf
+    except ImportError:  # pragma: no cover
+        return False
+    from tflms._compat.tf import onednn_enabled
+    if not onednn_enabled():
+        return False
+    if not device:
+        return not tf.config.list_logical_devices("GPU")
+    kind = re.search(r"(?:^|[/:])(CPU|GPU|TPU|XLA_CPU|XLA_GPU):\d+$", device, re.IGNORECASE)
+    return kind is not None and kind.group(1).upper() == "CPU"

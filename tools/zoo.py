@@ -22,7 +22,9 @@ plain TensorFlow is deterministic for the model at all. From run metadata (the
 post-optimization function graphs TensorFlow reported, collected over the whole
 run) each tflms path checks that every swap op survived grappler, and counts the
 user's op types (swap ops and plumbing aside) with and without tflms:
-``op_changes`` lists the types whose counts differ (e.g. ``AddN 142->122``).
+``op_changes`` lists the types whose counts differ (e.g. ``AddN 142->122``), and
+``partition_op_changes`` the same in the partition graphs, after the graph passes
+that run past grappler (oneDNN's: e.g. ``MaxPoolGrad 0->8``).
 
 One subprocess per model (a crash, an out-of-memory or the per-model timeout
 marks only that model; what finished before is kept), progress lines on stderr,
@@ -173,9 +175,25 @@ def _ran_checks(plain_ran, lms_ran, reports) -> dict[str, Any]:
         plain = op_type_counts(plain_step.post_optimization_graph)
         lms = op_type_counts(lms_step.post_optimization_graph, exclude_names=inserted)
         out["op_changes"] = {t: list(v) for t, v in count_differences(plain, lms).items()}
+        # after the graph passes that run past grappler (oneDNN's layout pass): NASNetMobile's MaxPoolGrad lost its
+        # oneDNN kernel with unchanged grappler counts
+        plain_parts = _partition_counts(plain_step, ())
+        lms_parts = _partition_counts(lms_step, inserted)
+        out["partition_op_changes"] = {t: list(v) for t, v in count_differences(plain_parts, lms_parts).items()}
     else:
         out["op_changes"] = None
+        out["partition_op_changes"] = None
     return out
+
+
+def _partition_counts(function_graphs, inserted) -> dict[str, int]:
+    """Op-type counts over a step's partition graphs (what the executor ran), swap ops and plumbing aside."""
+    from tflms.testing import op_type_counts
+    total: dict[str, int] = {}
+    for graph in function_graphs.partition_graphs:
+        for op, n in op_type_counts(graph, exclude_names=inserted).items():
+            total[op] = total.get(op, 0) + n
+    return total
 
 
 def _budget_for(callback, name: str) -> tuple[int, str, dict[str, int]]:
@@ -363,11 +381,15 @@ def _cell(entry: dict[str, Any] | None) -> str:
 def _op_changes(entry: dict[str, Any] | None) -> str:
     if not entry or "error" in entry or entry.get("op_changes") is None:
         return "-"
-    changes = entry["op_changes"]
-    if not changes:
-        return "none"
-    biggest = sorted(changes.items(), key=lambda kv: -abs(kv[1][0] - kv[1][1]))[:4]
-    return " ".join(f"{t} {a}->{b}" for t, (a, b) in biggest)
+    def show(changes):
+        biggest = sorted(changes.items(), key=lambda kv: -abs(kv[1][0] - kv[1][1]))[:4]
+        return " ".join(f"{t} {a}->{b}" for t, (a, b) in biggest)
+
+    text = show(entry["op_changes"]) or "none"
+    after = entry.get("partition_op_changes")
+    if after:
+        text += f"; after oneDNN's pass: {show(after)}"
+    return text
 
 
 def table(results: list[dict[str, Any]]) -> str:

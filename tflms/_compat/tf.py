@@ -43,6 +43,12 @@ def op_def(op_type: str) -> Any:
     return private("tensorflow.python.framework.op_def_registry").get(op_type)
 
 
+def onednn_enabled() -> bool:
+    """Whether TensorFlow runs oneDNN's CPU kernels and graph pass (x86 builds by default; ``TF_ENABLE_ONEDNN_OPTS=0``
+    turns them off)."""
+    return bool(private("tensorflow.python.util._pywrap_util_port", "IsMklEnabled")())
+
+
 def eager_context() -> Any:
     """TensorFlow's eager context (function registration, run metadata)."""
     return private("tensorflow.python.eager.context").context()

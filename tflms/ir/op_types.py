@@ -100,6 +100,14 @@ FUSABLE = {
 #: ``BiasAddGrad`` into ``_MklConv2DBackpropFilterWithBias``) unless they carry control edges: never ordered.
 FUSION_SENSITIVE_OPS = frozenset({"Conv2DBackpropFilter", "Conv3DBackpropFilterV2", "BiasAddGrad"})
 
+#: oneDNN's CPU graph pass (``mkl_layout_pass.cc``: ``MaxpoolGradRewrite``, ``LrnGradRewrite``, the workspace
+#: table ``wsinfo_``) hands a forward op's workspace (the argmax of a max pool) to its gradient only when the
+#: gradient reads the forward op's output *directly*: ``{(forward type, output): (gradient type, input)}``.
+#: Read through a swap-in, ``MaxPoolGrad`` stays TensorFlow's Eigen kernel, which routes the gradient of tied
+#: maxima to another element than oneDNN's (NASNetMobile trained differently, docs/design.md).
+ONEDNN_WORKSPACE_EDGES = {("MaxPool", 0): ("MaxPoolGrad", 1), ("MaxPool3D", 0): ("MaxPool3DGrad", 1),
+                          ("LRN", 0): ("LRNGrad", 2)}
+
 # ---------------------------------------- Constants and Python callbacks
 #: Ops whose outputs are constants (resident, like variables).
 CONSTANT_OPS = frozenset({"Const", "HostConst"})

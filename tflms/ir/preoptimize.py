@@ -28,6 +28,11 @@ the post-optimization graphs TensorFlow reports, ``tests/test_grappler_bitwise.p
   ``EnsureShape`` under the argument's own name: grappler treats placeholders as
   feeds of unknown shape, and the ``EnsureShape`` restores the static shape
   without changing any name grappler sorts by;
+- constants the function captured by value (small eager tensors, e.g. Keras's
+  ``Normalization`` mean and variance: a ``Const`` in the traced graph that is
+  also a function input) are arguments like the data ones: the FunctionDef
+  drops the ``Const`` and each call feeds the eager value to an ``_Arg``, so
+  grappler may not fold them;
 - outputs are fetched through ``_Retval`` nodes (so the producers are not
   "preserved" nodes, as at instantiation) and control outputs are fetched;
 - every unplaced node is put on the function's default device for the run (the
@@ -59,7 +64,7 @@ RETVAL_PREFIX = "_tflms_retval_"
 
 
 class NonPlaceholderInputError(GraphError):
-    """A function input that is not a placeholder (a constant captured by value): the pre-pass cannot mimic it."""
+    """A function input that is neither a placeholder nor a captured ``Const``: the pre-pass cannot mimic it."""
 
 
 def _copy(node):
@@ -67,6 +72,24 @@ def _copy(node):
     new = node_def_pb2.NodeDef()
     new.CopyFrom(node)
     return new
+
+
+def _const_as_placeholder(node, tensor) -> None:
+    """Turn a captured-by-value ``Const`` input into a placeholder of its dtype and shape (in place).
+
+    A small eager tensor a function captures (``capture_container``: at most
+    128 elements, e.g. Keras's ``Normalization`` mean and variance) becomes a
+    ``Const`` in the traced graph *and* one of its inputs. The FunctionDef drops
+    the ``Const`` node: the input is an ``_Arg`` like any other (its
+    ``_output_shapes`` give the shape), and each call feeds the eager value
+    (``captured_inputs``). So grappler at instantiation sees an argument, not a
+    constant it could fold, and neither may the pre-pass.
+    """
+    dtype = node.attr["dtype"].type
+    node.op = "Placeholder"
+    node.ClearField("attr")
+    node.attr["dtype"].type = dtype
+    node.attr["shape"].shape.CopyFrom(tensor.shape.as_proto())
 
 
 def _instantiation_like(func_graph, device: str):
@@ -78,11 +101,14 @@ def _instantiation_like(func_graph, device: str):
     feeds = {}  # renamed placeholder -> argument name
     for index, tensor in enumerate(func_graph.inputs):
         node = by_name.get(tensor.op.name)
-        if node is None or node.op != "Placeholder":
+        if node is None or node.op not in ("Placeholder", "Const"):
             raise NonPlaceholderInputError(
                 f"input {index} of {func_graph.name!r} is {tensor.op.name!r} of type {getattr(node, 'op', None)!r}, "
-                "not a Placeholder: grappler cannot be run on it as TensorFlow's instantiation would")
+                "not a Placeholder or a captured Const: grappler cannot be run on it as TensorFlow's instantiation "
+                "would")
         originals[node.name] = _copy(node)
+        if node.op == "Const":
+            _const_as_placeholder(node, tensor)
         if tensor.dtype == tf.resource:
             handle = compat.resource_handle_shape(tensor)
             dtype = node.attr["dtype"].type
@@ -201,7 +227,6 @@ def _preoptimize(concrete_function):
     try:
         graph_def, outputs = preoptimized_graph_def(concrete_function)
     except NonPlaceholderInputError as err:
-        # e.g. Keras's normalization constants captured by value as function inputs (EfficientNet, ConvNeXt)
         logger.warning("tflms: %s; this step is rewritten before grappler instead, so grappler may treat it "
                        "differently from the original (docs/design.md, 'Bitwise under grappler')", err)
         return concrete_function

@@ -20,7 +20,8 @@ from tflms.analysis.cto import Analysis, Category
 from tflms.config import LMSConfig
 from tflms.errors import ConfigError
 from tflms.ir.graph import TensorRef
-from tflms.ir.op_types import CONDITIONAL_TYPES, HOST_PRODUCERS, IDENTITY_OPS
+from tflms.devices import runs_onednn_cpu_kernels
+from tflms.ir.op_types import CONDITIONAL_TYPES, HOST_PRODUCERS, IDENTITY_OPS, ONEDNN_WORKSPACE_EDGES
 
 logger = logging.getLogger(__name__)
 
@@ -131,8 +132,13 @@ def _is_registered_op_type(op_type: str) -> bool:
     return op_def(op_type) is not None
 
 
-def skip_reason(analysis: Analysis, ref: TensorRef, config: LMSConfig) -> tuple[str, str] | None:
-    """Why ``ref`` must not be swapped, or ``None`` if it may be."""
+def skip_reason(analysis: Analysis, ref: TensorRef, config: LMSConfig,
+                accelerator_device: str | None = None) -> tuple[str, str] | None:
+    """Why ``ref`` must not be swapped, or ``None`` if it may be.
+
+    ``accelerator_device`` is where the plan's unplaced ops run (default:
+    ``config.accelerator_device``, else the first GPU, else the CPU).
+    """
     graph = analysis.graph
     op = graph.op(ref.op)
     info = op.outputs[ref.index]
@@ -144,6 +150,12 @@ def skip_reason(analysis: Analysis, ref: TensorRef, config: LMSConfig) -> tuple[
         return "identity", f"{op.type} output aliases its input and grappler may remove the op"
     if ref.op in analysis.conditional or op.type in CONDITIONAL_TYPES:
         return "conditional", f"{op.type} runs only when its branch of a conditional is taken (may be dead)"
+    workspace_reader = _onednn_workspace_reader(analysis, ref, op.type,
+                                                accelerator_device or config.accelerator_device or "")
+    if workspace_reader is not None:
+        return "onednn-workspace", (f"{workspace_reader} reads it with {op.type}'s oneDNN workspace; through a "
+                                    "swap-in it would run TensorFlow's own kernel, which is not bitwise the same "
+                                    "(and the tensor stays alive until it anyway)")
     if info.dtype in HOST_MEMORY_DTYPES or op.type in HOST_PRODUCERS:
         return "host-memory", f"{info.dtype} output of {op.type} is kept in host memory by TensorFlow"
     if info.shape is None:
@@ -163,6 +175,25 @@ def skip_reason(analysis: Analysis, ref: TensorRef, config: LMSConfig) -> tuple[
         return "filtered", "producer not under include_scopes"
     if any(_in_scope(ref.op, s) for s in config.exclude_scopes):
         return "filtered", "producer is under exclude_scopes"
+    return None
+
+
+def _onednn_workspace_reader(analysis: Analysis, ref: TensorRef, producer_type: str,
+                             default_device: str) -> str | None:
+    """The gradient op that gets ``ref``'s producer's oneDNN workspace by reading ``ref`` directly, if any.
+
+    See :data:`~tflms.ir.op_types.ONEDNN_WORKSPACE_EDGES`; only ops that run
+    oneDNN's CPU kernels count (on a GPU nothing depends on the direct edge).
+    Unplaced ops run on ``default_device`` (``""``: the first GPU, else the CPU).
+    """
+    edge = ONEDNN_WORKSPACE_EDGES.get((producer_type, ref.index))
+    if edge is None:
+        return None
+    graph = analysis.graph
+    for consumer, index in graph.consumers(ref):
+        op = graph.op(consumer)
+        if (op.type, index) == edge and runs_onednn_cpu_kernels(op.device or default_device):
+            return consumer
     return None
 
 

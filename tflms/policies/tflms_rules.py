@@ -35,7 +35,7 @@ def plan_swaps(analysis: Analysis, config: LMSConfig, *, accelerator_device: str
             far = [c for c in consumers if levels[c] - p_level > config.swapout_threshold]
             if not far:
                 continue
-            reason = skip_reason(analysis, ref, config)
+            reason = skip_reason(analysis, ref, config, accelerator_device)
             if reason is not None:
                 skipped.append(Skip(ref, *reason))
                 continue

@@ -140,7 +140,7 @@ def plan_vdnn(analysis: Analysis, policy: str, config: LMSConfig | None = None, 
             if ref in planned:
                 continue
             planned.add(ref)
-            reason = skip_reason(analysis, ref, config)
+            reason = skip_reason(analysis, ref, config, accelerator_device)
             if reason is not None:
                 skipped.append(Skip(ref, *reason))
                 continue
