@@ -84,6 +84,32 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
+def extra_sections(steps, models, profiles, headroom: float) -> dict[str, list[str]]:
+    """The compute-model calibration (ResNet-50 in the run) and vDNN like for like (VGG-16, each V100 profile)."""
+    from benchlib.calibration import calibration_markdown, calibration_rows
+    from benchlib.vdnn import like_for_like, like_for_like_markdown
+    extras: dict[str, list[str]] = {}
+    if "resnet50" in models:
+        say("calibrating the compute model (ResNet-50, batch 128)")
+        extras["Compute model against a published throughput"] = [
+            "ResNet-50 training step, batch 128, FP32, simulated without swapping, beside NVIDIA's published "
+            "figure (`tools/calibrate_compute.py`). The FLOP-bound ops alone come close to it; Keras 3 builds "
+            "batch normalization from separate element-wise ops that a tuned run (cuDNN's fused batch norm, XLA) "
+            "fuses, and the roofline prices each of them at memory bandwidth.", "",
+            *calibration_markdown(calibration_rows(steps))]
+    if "vgg16" in models:
+        body = []
+        for profile in (p for p in profiles if p.startswith("v100")):
+            say(f"vDNN like for like on {profile}")
+            body += like_for_like_markdown(like_for_like(steps, profile, headroom=headroom)) + [""]
+        if body:
+            extras["vDNN like for like"] = body + [
+                "The paper's step needed 2.33x its card's memory. Here the swap-only bound (the largest single op's "
+                "working set with the resident bytes) does not fit at that over-subscription, so no swap rewrite "
+                "can; the second table compares each method at its own largest batch (`tools/vdnn_like_for_like.py`)."]
+    return extras
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--full", action="store_true", help="every model on every profile, exact bisection")
@@ -98,6 +124,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON records instead of the Markdown report")
     parser.add_argument("--results", help="write the Markdown report here (default docs/results.md without --json)")
     parser.add_argument("--plots", help="directory for timeline PNGs (default docs/plots without --json)")
+    parser.add_argument("--no-extras", action="store_true",
+                        help="skip the compute-model calibration (with resnet50) and vDNN like for like (with vgg16)")
     args = parser.parse_args(argv)
 
     from tflms.sim import get_profile
@@ -136,13 +164,14 @@ def main(argv=None) -> int:
                     except ValueError:
                         rel = str(path)
                     plots[f"{model} on {profile}"] = rel
+    extras = extra_sections(steps, models, profiles, args.headroom) if not args.no_extras else {}
     elapsed = time.perf_counter() - t_start
     say(f"done in {elapsed:.0f} s ({steps.trace_s:.0f} s tracing)")
     command = "python tools/bench.py" + ("" if argv is None and len(sys.argv) == 1 else " " + shlex.join(
         sys.argv[1:] if argv is None else argv))
     if args.json:
         print(json.dumps(records, indent=2))
-    report = markdown(records, command=command, mode=mode, elapsed_s=elapsed, plots=plots)
+    report = markdown(records, command=command, mode=mode, elapsed_s=elapsed, plots=plots, extras=extras)
     if not args.json:
         print(report)
     if results_path:

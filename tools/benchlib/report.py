@@ -54,7 +54,9 @@ def _ratio(record: dict, base: dict) -> str:
     return f"{ratio:.2f}x"
 
 
-def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, plots: dict[str, str]) -> str:
+def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, plots: dict[str, str],
+             extras: dict[str, list[str]] | None = None) -> str:
+    """The report; ``extras``: more sections (title -> Markdown lines) placed before "How the numbers were produced"."""
     import tensorflow as tf
     models = list(dict.fromkeys(r["model"] for r in records))
     profiles = list(dict.fromkeys(r["profile"] for r in records))
@@ -163,6 +165,8 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
         for key, path in plots.items():
             lines.append(f"![{key}]({path})")
         lines.append("")
+    for title, body in (extras or {}).items():
+        lines += [f"## {title}", "", *body, ""]
     lines += ["## How the numbers were produced", "",
               "- Search: doubling from a known fit until a size does not fit, then bisection. `none` starts at 1; "
               "`tflms-distance`, `grappler` and `recompute` start at `none`'s maximum, `tflms-best` at "
