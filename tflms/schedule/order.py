@@ -138,12 +138,13 @@ def _greedy_order(m: BufferModel, level: list[int], replay: Replay | None = None
                         push(s)
             stack.extend(sorted(ready_eager, reverse=True))
 
-    for i in range(len(m)):
-        if indegree[i] == 0:
-            if m.eager[i]:
-                run(i)
-            elif not in_heap[i]:
-                push(i)
+    # The sources, listed before any runs: running an eager source readies its successors, and an eager one
+    # that became ready that way has already run (it must not be taken for a source and run twice).
+    for i in [i for i in range(len(m)) if indegree[i] == 0]:
+        if m.eager[i]:
+            run(i)
+        elif not in_heap[i]:
+            push(i)
     while heap:
         net, *_, ver, i = heapq.heappop(heap)
         if ver != version[i] or replay.done[i]:

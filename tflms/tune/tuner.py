@@ -32,7 +32,7 @@ from tflms.ir.graph import Graph
 from tflms.ir.tf_io import load_graph
 from tflms.passes.swaps import DEFAULT_COPY_OP, apply_swaps
 from tflms.policies.base import IdleTime, PlanContext, SwapPolicy, TflmsRules
-from tflms.policies.idle_time import NO_OVERHEAD, STICK_TO_LIMIT, idle_candidates
+from tflms.policies.idle_time import NO_OVERHEAD, STICK_TO_LIMIT, majority_order, scored_candidates
 from tflms.policies.swapplan import SwapPlan
 from tflms.profiles import DEFAULT_PROFILE, HardwareProfile, get_profile
 from tflms.tune.evaluator import PlanEvaluator
@@ -59,6 +59,8 @@ IDLE_OVERSHOOT_SLACK = 0.05
 NO_OVERHEAD_TOLERANCE = 0.001
 #: The threshold ladder stops after this many fitting thresholds in a row that are no faster than the best.
 LADDER_PATIENCE = 2
+#: Simulations whose scored idle-time candidates the tuner keeps (the searches revisit the last one or two).
+SCORED_MEMO_SIZE = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +176,7 @@ class _Evaluator:
         self.plans = PlanEvaluator(analysis.graph, profile, sim_options, copy_op=copy_op)
         #: what the policies are given besides the analysis and the config (``baseline`` set once simulated)
         self.context = PlanContext(accelerator, profile)
+        self._scored: dict[int, tuple[SimResult, list]] = {}  # id(sim) -> (sim, its scored idle candidates)
 
     def graph_of(self, cand: Candidate) -> Graph:
         """The rewritten graph of ``cand`` (built once, on demand: only the winner's is needed)."""
@@ -217,6 +220,16 @@ class _Evaluator:
             self.progress(f"{strategy} {params}: peak {format_bytes(sim.peak_with_margin_bytes)}, "
                           f"step {sim.step_time_s * 1e3:.2f} ms{'' if cand.fits else ' (' + why + ')'}")
         return cand
+
+    def scored(self, sim: SimResult) -> list:
+        """:func:`~tflms.policies.idle_time.scored_candidates` of ``sim``, kept for the last few simulations
+        (the idle-time searches ask again about one simulation with more tensors excluded)."""
+        hit = self._scored.get(id(sim))
+        if hit is None or hit[0] is not sim:
+            if len(self._scored) >= SCORED_MEMO_SIZE:
+                del self._scored[next(iter(self._scored))]
+            hit = self._scored[id(sim)] = (sim, scored_candidates(self.analysis, sim, self.profile, self.base_config))
+        return hit[1]
 
     def need(self, sim: SimResult) -> int:
         """Device bytes a simulated step needs: live-bytes peak, or what the BFC allocator model reserves."""
@@ -383,7 +396,8 @@ def search_idle(ev: _Evaluator, baseline: SimResult, mode: str) -> None:
         need = ev.need(sim) - ev.budget
         if need <= 0:
             return
-        cands = idle_candidates(ev.analysis, sim, ev.profile, ev.base_config, exclude=set(selected) | rejected)
+        excluded = set(selected) | rejected
+        cands = majority_order([c for c in ev.scored(sim) if c.tensor not in excluded])  # = idle_candidates
         if mode == NO_OVERHEAD:
             cands = [c for c in cands if c.hides]
         if not cands:
