@@ -104,8 +104,10 @@ def check_filters(analysis: Analysis, config: LMSConfig) -> list[str]:
     A known op type that is absent from this graph only warns.
     """
     graph = analysis.graph
+    warnings: list[str] = []
+    if not (config.include_types or config.exclude_types or config.include_scopes or config.exclude_scopes):
+        return warnings  # nothing to check (the tuner plans dozens of times: skip the walks over the graph)
     present_types = {op.type for op in graph}
-    warnings = []
     for field in ("include_types", "exclude_types"):
         for op_type in getattr(config, field):
             if op_type in present_types:
