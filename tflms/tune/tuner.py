@@ -286,8 +286,9 @@ def judge_ordered(ev: _Evaluator) -> list[Candidate]:
     added = []
     for c in finalists:
         graph = ev.graph_of(c)
-        result = enforce_order(graph, ev.profile, options=ev.sim_options)
-        sim = simulate(result.graph, ev.profile, options=ev.sim_options) if result.changed else c.sim
+        # c.sim is the simulation of ``graph`` in level order (the incremental evaluator's answer is simulate's)
+        result = enforce_order(graph, ev.profile, options=ev.sim_options, level_peak_bytes=c.sim.peak_bytes)
+        sim = result.report.ordered_sim if result.changed else c.sim
         need = ev.need(sim)
         why = "" if need <= ev.budget and sim.host_peak_bytes <= ev.host_budget else (
             f"peak {format_bytes(need)} > budget with the enforced order")
