@@ -74,7 +74,7 @@ def enforce_order(graph: Graph, profile: Any, *, options: SimOptions | None = No
         return PassResult(graph, False, OrderReport((), False, chosen.chosen, level_peak, None,
                                                     "no schedule peaks lower than level order: no edges"))
     edges = order_edges(graph, list(chosen.order), options=options, min_bytes=min_bytes,
-                        fusion_safe=fusion_safe)
+                        fusion_safe=fusion_safe, model=chosen.model)
     if not edges:
         return PassResult(graph, False, OrderReport((), False, chosen.chosen, level_peak, None,
                                                     "no edge needed: the graph's own edges already order every "

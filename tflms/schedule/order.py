@@ -59,6 +59,8 @@ class ScheduleResult:
     order: tuple[str, ...]
     chosen: str
     peaks: dict[str, int]
+    #: the buffer model the orders were built on (:func:`~tflms.schedule.memory.buffer_model` of the graph)
+    model: BufferModel | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def peak_bytes(self) -> int:
@@ -232,7 +234,7 @@ def schedule_with_report(graph: Graph, *, options: SimOptions | None = None, pro
             best = (peak, rank)
     chosen = heuristics[best[1]]  # best is set: at least one heuristic ran
     logger.debug("schedule: peaks %s, chose %s", peaks, chosen)
-    return ScheduleResult(order=tuple(orders[chosen]), chosen=chosen, peaks=peaks)
+    return ScheduleResult(order=tuple(orders[chosen]), chosen=chosen, peaks=peaks, model=m)
 
 
 def schedule_order(graph: Graph, *, options: SimOptions | None = None, profile=None,
