@@ -28,6 +28,7 @@ Usage (from the repo root)::
     python tools/bench_rewrite.py --check       # non-zero exit on a failed target
     python tools/bench_rewrite.py --json --batch 208 --sizes 100000   # issue 12's figures
     python tools/bench_rewrite.py --no-tune     # rewrite timings only
+    python tools/bench_rewrite.py --tune-order  # tune as the pipeline does with a budget (enforce_order=True)
 
 Progress goes to stderr; the table (or JSON) to stdout.
 """
@@ -193,7 +194,7 @@ def tune_budget(graph) -> int:
     return base.resident_bytes + int(TUNE_TRANSIENT_FRACTION * base.transient_peak_bytes)
 
 
-def time_tune(graph) -> dict[str, Any]:
+def time_tune(graph, enforce_order: bool = False) -> dict[str, Any]:
     """One tune of ``graph`` at :func:`tune_budget`: wall and CPU seconds and what it chose.
 
     When nothing fits that budget (a small step whose transient peak is mostly what no swap can free), the
@@ -210,7 +211,7 @@ def time_tune(graph) -> dict[str, Any]:
         gc.collect()
         cpu, t0 = time.process_time(), time.perf_counter()
         try:
-            result = tune(graph, budget=budget, profile=TUNE_PROFILE)
+            result = tune(graph, budget=budget, profile=TUNE_PROFILE, enforce_order=enforce_order)
         except BudgetError as error:
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu
             memory = get_profile(TUNE_PROFILE).memory_bytes
@@ -229,7 +230,9 @@ def time_tune(graph) -> dict[str, Any]:
                 "tune_params": result.best.params, "tune_candidates": len(result.candidates),
                 "tune_swaps": 0 if plan is None else len(plan.swaps),
                 "tune_step_time_s": result.best.sim.step_time_s,
-                "tune_peak_bytes": result.best.sim.peak_with_margin_bytes, "tune_error": note}
+                "tune_peak_bytes": result.best.sim.peak_with_margin_bytes, "tune_error": note,
+                "tune_enforce_order": enforce_order,
+                "tune_order_edges": None if result.best.order is None else result.best.order["edges"]}
 
 
 def bench_synthetic(num_ops: int, args) -> Record:
@@ -243,7 +246,7 @@ def bench_synthetic(num_ops: int, args) -> Record:
     return Record(graph=f"mlp-{layers}", kind="synthetic", ops=len(graph), levels=result.analysis.num_levels,
                   swapped=result.report.num_swapped, timings_s=timings, gc_s=gc_timer.seconds,
                   gc_collections=gc_timer.collections, cpu_s=cpu,
-                  tune=time_tune(graph) if args.tune and len(graph) <= args.tune_max_ops else None)
+                  tune=time_tune(graph, args.tune_order) if args.tune and len(graph) <= args.tune_max_ops else None)
 
 
 def bench_resnet50(args) -> Record:
@@ -281,7 +284,7 @@ def bench_resnet50(args) -> Record:
     return Record(graph=f"resnet50-b{args.batch}-{args.optimizer}", kind="keras", ops=len(graph),
                   levels=result.analysis.num_levels, swapped=result.report.num_swapped, timings_s=timings,
                   gc_s=gc_timer.seconds, gc_collections=gc_timer.collections, cpu_s=cpu,
-                  tune=time_tune(graph) if args.tune else None)
+                  tune=time_tune(graph, args.tune_order) if args.tune else None)
 
 
 def fit_slope(records: list[Record], measure: str = "total") -> float | None:
@@ -403,6 +406,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="do not time to_graph_def on the synthetic graphs")
     parser.add_argument("--no-tune", dest="tune", action="store_false",
                         help="do not time tflms.tune on each graph (tune s)")
+    parser.add_argument("--tune-order", action="store_true",
+                        help="tune with enforce_order=True, as the pipeline does when given a budget (the finalists "
+                             "are judged again in the memory-aware order)")
     parser.add_argument("--tune-max-ops", type=int, default=TUNE_MAX_SYNTHETIC_OPS,
                         help="tune only synthetic graphs up to this many ops (default %(default)s; the trigger search "
                              "and the idle-time vote grow faster than linearly with the MLP's depth)")
