@@ -176,24 +176,29 @@ def majority_order(candidates: Sequence[IdleCandidate]) -> list[IdleCandidate]:
     return [candidates[k] for k in ranked]
 
 
-#: Rows of the pairwise vote compared at once (bounds the temporary arrays to about this x n x len(SCORES)).
-VOTE_BLOCK_ROWS = 512
+#: Rows of the pairwise vote compared at once (bounds the temporary arrays to about this x n bytes per score).
+VOTE_BLOCK_ROWS = 1024
 
 
 def _copeland_wins(scores: Sequence[Sequence[float]]) -> list[int]:
     """For each row of ``scores``, how many other rows it beats: more of its scores are larger than smaller.
 
-    The pairwise comparison is done with numpy, :data:`VOTE_BLOCK_ROWS` rows at a time.
+    The pairwise comparison is done with numpy, :data:`VOTE_BLOCK_ROWS` rows at a time, one score column
+    at a time (a row's margin over another, -len(SCORES)..len(SCORES), fits an int8).
     """
     n = len(scores)
     if n < 2:
         return [0] * n
     table = np.asarray(scores, dtype=np.float64)
+    columns = [np.ascontiguousarray(table[:, k]) for k in range(table.shape[1])]
     wins = np.zeros(n, dtype=np.int64)
     for lo in range(0, n, VOTE_BLOCK_ROWS):
-        rows = table[lo:lo + VOTE_BLOCK_ROWS, None, :]
-        margin = (rows > table[None, :, :]).sum(axis=2) - (rows < table[None, :, :]).sum(axis=2)
-        wins[lo:lo + VOTE_BLOCK_ROWS] = (margin > 0).sum(axis=1)
+        margin = np.zeros((min(VOTE_BLOCK_ROWS, n - lo), n), dtype=np.int8)
+        for column in columns:
+            mine = column[lo:lo + VOTE_BLOCK_ROWS, None]
+            margin += (mine > column).view(np.int8)
+            margin -= (mine < column).view(np.int8)
+        wins[lo:lo + VOTE_BLOCK_ROWS] = np.count_nonzero(margin > 0, axis=1)
     return wins.tolist()
 
 
