@@ -104,11 +104,12 @@ class _AlwaysSlower:
     """A tuner evaluator stand-in whose every idle-time trial slows the step down by 10% and does not fit."""
 
     def __init__(self, candidates, baseline):
-        self.budget, self.candidates, self._cands, self.rounds = 0, [], candidates, []
+        self.budget, self.candidates, self._cands, self.rounds = baseline.peak_with_margin_bytes - 1, [], candidates, []
         self._baseline = baseline
+        self.profile, self.sim_options = PROFILE, SimOptions()
 
     def need(self, sim):
-        return 1
+        return self.budget + 1  # one byte over, whatever the trial
 
     def scored(self, sim):
         return self._cands
@@ -148,3 +149,19 @@ def test_enforce_order_with_a_known_level_peak_and_its_simulation():
     assert known.report.to_dict() == full.report.to_dict()
     assert known.report.ordered_sim == simulate(known.graph, profile, options=options)
     assert known.report.ordered_peak_bytes == known.report.ordered_sim.peak_bytes
+
+
+def test_no_overhead_search_is_skipped_when_the_overshoot_cannot_be_copied_out_before_the_peak():
+    from tflms.tune import tuner
+    baseline = simulate(mlp_training_graph(2), PROFILE)
+    cands = [idle_time.IdleCandidate(TensorRef(f"t{k}"), 100, 0.0, 1.0, 0.0, (), ("c",)) for k in range(4)]
+    ev = _AlwaysSlower(cands, baseline)
+    # one byte over: its copy fits before the peak, the search runs (the control)
+    assert tuner._copies_can_hide(ev, baseline)
+    # an overshoot whose copy alone outlasts the time before the peak: no plan fits without overhead
+    before_peak = baseline.peak_time_s + tuner.NO_OVERHEAD_TOLERANCE * baseline.step_time_s
+    too_many = int(before_peak * PROFILE.effective_link_bytes_per_s) + (1 << 20)
+    ev.budget = baseline.peak_with_margin_bytes - too_many
+    assert not tuner._copies_can_hide(ev, baseline)
+    tuner.search_idle(ev, baseline, idle_time.NO_OVERHEAD)
+    assert ev.rounds == []
