@@ -51,4 +51,18 @@ def test_unreachable_budget_on_a_step_larger_than_the_card_is_a_row(bench, monke
     assert record["tune_strategy"] is None and record["tune_swaps"] is None
     assert record["tune_budget_bytes"] == 4096
     assert "nothing fits the budget" in record["tune_error"]
-    assert bench._tuned(record) == "nothing fits 0.00 GiB"
+    assert bench._tuned(record) == "nothing fits 4.00 KiB"
+
+
+def test_the_resnet_target_is_skipped_when_the_tune_needed_no_swapping(bench):
+    def record(tune):
+        return bench.Record(graph="resnet50-b2-sgd", kind="keras", ops=10, levels=3, swapped=0,
+                            timings_s={"analyze": 0.1, "plan": 0.0, "apply": 0.0}, gc_s=0.0, gc_collections={},
+                            cpu_s=0.1, tune=tune)
+
+    tuned = {"tune_s": 1.0, "tune_cpu_s": 1.0, "tune_error": None}
+    fallback = {**tuned, "tune_error": "nothing fits 0.38 GiB; tuned at the profile's memory instead"}
+    target = [c for c in bench.evaluate([record(tuned)])[1] if "ResNet-50" in c.name][0]
+    assert target.status == "PASS" and "10.0x" in target.detail
+    target = [c for c in bench.evaluate([record(fallback)])[1] if "ResNet-50" in c.name][0]
+    assert target.status == "SKIP" and "nothing fits 0.38 GiB" in target.detail
