@@ -253,9 +253,9 @@ class _Evaluator:
 
 #: How many candidates that do not fit in level order :func:`judge_ordered` judges again in the enforced order.
 ORDER_FINALISTS = 4
-#: ... among those needing at most this fraction more than the budget in level order. The order pass lowered
-#: ResNet-50's peak by 1-3% (batch 208 and 600); scheduling a candidate at twice the budget costs about a
-#: second and cannot make it fit.
+#: ... among those needing at most this fraction more than the budget in level order (a heuristic: the order
+#: pass lowered ResNet-50's peak by 1-3% at batch 208 and 600; scheduling one finalist costs about half a
+#: second there, and the candidates it skipped needed 2.3x the budget).
 ORDER_MAX_OVERSHOOT = 0.5
 
 
