@@ -353,3 +353,24 @@ def test_timed_memory_model_matches_the_simulator_with_slow_copies(copy_s):
     result = schedule_with_report(rewritten, profile=profile)
     assert set(result.peaks) == {"level", "greedy", "greedy-timed", "dfs"}
     assert simulate(rewritten, profile, order=list(result.order)).peak_bytes == result.peak_bytes
+
+
+def test_greedy_runs_a_host_op_readied_by_host_sources_once():
+    """Host sources make a host op ready before the scan of sources reaches it: it runs once, in every heuristic.
+
+    (A ResNet-50 step with swaps hit this: greedy listed ``.../Maximum`` twice and reported a cycle.)
+    """
+    from tflms.ir.graph import Graph
+    from tflms.testing.graphs import tensor_info
+    g = Graph()
+    host = "/device:CPU:0"
+    g.add_op("x", "Placeholder", outputs=[tensor_info(BIG, "float32")])
+    g.add_op("c1", "Const", device=host, outputs=[tensor_info((1,), "int32")])
+    g.add_op("c2", "Const", device=host, outputs=[tensor_info((1,), "int32")])
+    g.add_op("m", "Maximum", device=host, inputs=[TensorRef("c1", 0), TensorRef("c2", 0)],
+             outputs=[tensor_info((1,), "int32")])
+    g.add_op("out", "Reshape", inputs=[TensorRef("x", 0), TensorRef("m", 0)], outputs=[tensor_info(BIG, "float32")])
+    result = schedule_with_report(g, heuristics=("greedy", "dfs", "level"))
+    assert sorted(result.order) == sorted(op.name for op in g)
+    assert result.order.index("m") < result.order.index("out")
+    assert sorted(result.peaks) == ["dfs", "greedy", "level"]

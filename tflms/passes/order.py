@@ -21,7 +21,7 @@ from tflms.ir.graph import Graph
 from tflms.passes.result import PassResult
 from tflms.schedule import add_order_edges, order_edges, schedule_with_report
 from tflms.schedule.edges import DEFAULT_MIN_BYTES
-from tflms.sim.simulator import SimOptions, simulate
+from tflms.sim.simulator import SimOptions, SimResult, simulate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +41,8 @@ class OrderReport:
     level_peak_bytes: int
     ordered_peak_bytes: int | None
     why: str
+    #: the simulation of the graph with the edges (``None`` when no edges were tried); not in :meth:`to_dict`
+    ordered_sim: SimResult | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def num_edges(self) -> int:
@@ -53,32 +55,37 @@ class OrderReport:
 
 
 def enforce_order(graph: Graph, profile: Any, *, options: SimOptions | None = None,
-                  min_bytes: int = DEFAULT_MIN_BYTES, fusion_safe: bool = True) -> PassResult:
+                  min_bytes: int = DEFAULT_MIN_BYTES, fusion_safe: bool = True,
+                  level_peak_bytes: int | None = None) -> PassResult:
     """Add the control edges of the lowest-peak schedule of ``graph`` on ``profile``, if they lower its peak.
 
     Returns a :class:`PassResult` whose report is an :class:`OrderReport`; ``graph`` itself when nothing
     is added (``changed`` False). ``options`` are the simulator's (host device, pruning); ``min_bytes`` and
     ``fusion_safe`` choose the ordered ops (:func:`tflms.schedule.ordered_ops`; keep ``fusion_safe`` for
-    bitwise training).
+    bitwise training). ``level_peak_bytes``: the simulated peak of ``graph`` in level order with these
+    ``options``, when the caller has it (the tuner does), so it is not simulated again.
     """
     options = options or SimOptions()
-    level_peak = simulate(graph, profile, options=options).peak_bytes
+    level_peak = (simulate(graph, profile, options=options).peak_bytes if level_peak_bytes is None
+                  else level_peak_bytes)
     chosen = schedule_with_report(graph, options=options, profile=profile)
     best = chosen.peak_bytes
     if chosen.chosen == "level" or best >= chosen.peaks.get("level", level_peak):
         return PassResult(graph, False, OrderReport((), False, chosen.chosen, level_peak, None,
                                                     "no schedule peaks lower than level order: no edges"))
     edges = order_edges(graph, list(chosen.order), options=options, min_bytes=min_bytes,
-                        fusion_safe=fusion_safe)
+                        fusion_safe=fusion_safe, model=chosen.model)
     if not edges:
         return PassResult(graph, False, OrderReport((), False, chosen.chosen, level_peak, None,
                                                     "no edge needed: the graph's own edges already order every "
                                                     "op large enough to order"))
     ordered = add_order_edges(graph, edges)
-    ordered_peak = simulate(ordered, profile, options=options).peak_bytes
+    ordered_sim = simulate(ordered, profile, options=options)
+    ordered_peak = ordered_sim.peak_bytes
     if ordered_peak >= level_peak:
         return PassResult(graph, False, OrderReport((), False, chosen.chosen, level_peak, ordered_peak,
-                                                    "the edges alone do not lower the simulated peak: not added"))
+                                                    "the edges alone do not lower the simulated peak: not added",
+                                                    ordered_sim=ordered_sim))
     return PassResult(ordered, True, OrderReport(tuple(edges), True, chosen.chosen, level_peak, ordered_peak,
                                                  f"{len(edges)} order edges ({chosen.chosen} schedule) lower the "
-                                                 "simulated peak"))
+                                                 "simulated peak", ordered_sim=ordered_sim))

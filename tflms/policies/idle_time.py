@@ -32,6 +32,8 @@ import dataclasses
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 
+import numpy as np
+
 from tflms.analysis.cto import Analysis, Category
 from tflms.config import LMSConfig
 from tflms.ir.graph import TensorRef
@@ -114,19 +116,31 @@ def idle_candidates(analysis: Analysis, sim: SimResult, profile: HardwareProfile
     """Forward- and backward-produced tensors alive at ``sim``'s peak with a read after it, by majority vote.
 
     ``sim`` may be of a rewritten version of ``analysis.graph``: original ops keep
-    their names, so their simulated times apply.
+    their names, so their simulated times apply. The same as
+    ``majority_order([c for c in scored_candidates(...) if c.tensor not in exclude])``
+    (a caller asking again about one simulation keeps the scored list and votes again).
+    """
+    excluded = set(exclude)
+    return majority_order([c for c in scored_candidates(analysis, sim, profile, config) if c.tensor not in excluded])
+
+
+def scored_candidates(analysis: Analysis, sim: SimResult, profile: HardwareProfile,
+                      config: LMSConfig) -> list[IdleCandidate]:
+    """The candidates of :func:`idle_candidates`, unordered (by tensor) and before any exclusion.
+
+    Each candidate's fields depend only on its own tensor and ``sim``, so excluding
+    some afterwards gives what excluding them first would.
     """
     graph = analysis.graph
     spans = {r.name: (r.start_s, r.end_s) for r in sim.ops}
     peak = sim.peak_time_s
-    excluded = set(exclude)
     owners = {name for name, _ in sim.live_at_peak}
     alive = {TensorRef.parse(name) for name in owners}
     alive |= {TensorRef.parse(t) for t, owner in sim.buffer_owner.items() if owner in owners}
     found = []
     h2d_free = _h2d_queue(sim)
     for ref in sorted(alive):
-        if ref in excluded or ref.op not in analysis.categories:
+        if ref.op not in analysis.categories:
             continue
         if analysis.categories[ref.op] not in CANDIDATE_CATEGORIES:
             continue
@@ -149,8 +163,7 @@ def idle_candidates(analysis: Analysis, sim: SimResult, profile: HardwareProfile
         found.append(IdleCandidate(ref, size, last_before, spans[far[0]][0], copy_s, near, far, swap_ins,
                                    produced_s=spans[ref.op][1], peak_s=peak, spans=spans))
     loads = _load_integrals(sim.timeline, [(c.last_before_s + c.copy_s, c.next_after_s - c.copy_s) for c in found])
-    found = [dataclasses.replace(c, load_byte_s=load) for c, load in zip(found, loads)]
-    return majority_order(found)
+    return [dataclasses.replace(c, load_byte_s=load) for c, load in zip(found, loads)]
 
 
 #: How often a swap-in's trigger is moved earlier when the host-to-device queue would make its copy late.
@@ -169,18 +182,35 @@ def majority_order(candidates: Sequence[IdleCandidate]) -> list[IdleCandidate]:
     Candidate A beats B when at least two of the three scores prefer A; the
     order is by number of such wins (Copeland's method), ties by AOA then name.
     """
-    scores = [[fn(c) for _, fn in SCORES] for c in candidates]
-    wins = [0] * len(candidates)
-    for i in range(len(candidates)):
-        for j in range(i + 1, len(candidates)):
-            votes = sum(1 for a, b in zip(scores[i], scores[j]) if a > b)
-            against = sum(1 for a, b in zip(scores[i], scores[j]) if a < b)
-            if votes > against:
-                wins[i] += 1
-            elif against > votes:
-                wins[j] += 1
+    wins = _copeland_wins([[fn(c) for _, fn in SCORES] for c in candidates])
     ranked = sorted(range(len(candidates)), key=lambda k: (-wins[k], -candidates[k].aoa, candidates[k].tensor))
     return [candidates[k] for k in ranked]
+
+
+#: Rows of the pairwise vote compared at once (bounds the temporary arrays to about this x n bytes per score).
+VOTE_BLOCK_ROWS = 1024
+
+
+def _copeland_wins(scores: Sequence[Sequence[float]]) -> list[int]:
+    """For each row of ``scores``, how many other rows it beats: more of its scores are larger than smaller.
+
+    The pairwise comparison is done with numpy, :data:`VOTE_BLOCK_ROWS` rows at a time, one score column
+    at a time (a row's margin over another, -len(SCORES)..len(SCORES), fits an int8).
+    """
+    n = len(scores)
+    if n < 2:
+        return [0] * n
+    table = np.asarray(scores, dtype=np.float64)
+    columns = [np.ascontiguousarray(table[:, k]) for k in range(table.shape[1])]
+    wins = np.zeros(n, dtype=np.int64)
+    for lo in range(0, n, VOTE_BLOCK_ROWS):
+        margin = np.zeros((min(VOTE_BLOCK_ROWS, n - lo), n), dtype=np.int8)
+        for column in columns:
+            mine = column[lo:lo + VOTE_BLOCK_ROWS, None]
+            margin += (mine > column).view(np.int8)
+            margin -= (mine < column).view(np.int8)
+        wins[lo:lo + VOTE_BLOCK_ROWS] = np.count_nonzero(margin > 0, axis=1)
+    return wins.tolist()
 
 
 def _load_integrals(timeline: Sequence[tuple[float, int, int]], windows: Sequence[tuple[float, float]]) -> list[float]:

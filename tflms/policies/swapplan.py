@@ -105,8 +105,10 @@ def check_filters(analysis: Analysis, config: LMSConfig) -> list[str]:
     A known op type that is absent from this graph only warns.
     """
     graph = analysis.graph
+    warnings: list[str] = []
+    if not (config.include_types or config.exclude_types or config.include_scopes or config.exclude_scopes):
+        return warnings  # nothing to check (the tuner plans dozens of times: skip the walks over the graph)
     present_types = {op.type for op in graph}
-    warnings = []
     for field in ("include_types", "exclude_types"):
         for op_type in getattr(config, field):
             if op_type in present_types:
@@ -231,24 +233,77 @@ def find_trigger(analysis: Analysis, first_consumer: str, producer_level: int, t
 def _best_ancestor(analysis: Analysis, start: str, floor: int, exclude: frozenset[str], *, lowest: bool) -> str | None:
     """The ancestor of ``start`` at level >= ``floor`` that may trigger, at the lowest (or highest) level.
 
-    Ties prefer backward ops, then the name.
+    Ties prefer backward ops, then the name. Answered by the analysis's :class:`_TriggerIndex`.
     """
-    graph, levels, cats, preds = analysis.graph, analysis.levels, analysis.categories, analysis.predecessors
-    conditional = analysis.conditional  # a dead trigger would kill the swap-in
-    seen = {start}
-    frontier = [start]
-    best: tuple[int, int, str] | None = None
-    while frontier:
-        nxt = []
-        for name in frontier:
-            for pred in preds[name]:
-                if pred in seen or levels[pred] < floor:
+    return _trigger_index(analysis).best(start, floor, exclude, lowest)
+
+
+def _trigger_index(analysis: Analysis) -> "_TriggerIndex":
+    """The :class:`_TriggerIndex` of ``analysis``, built on first use and kept with it.
+
+    Stored in the analysis's ``__dict__`` the way :func:`functools.cached_property` stores
+    its values (the analysis is frozen; the index is derived from it and never changes it).
+    """
+    index = analysis.__dict__.get("_trigger_index")
+    if index is None:
+        index = analysis.__dict__["_trigger_index"] = _TriggerIndex(analysis)
+    return index
+
+
+#: Trigger answers a :class:`_TriggerIndex` keeps (a tune asks a few thousand, many of them repeatedly).
+TRIGGER_MEMO_SIZE = 1 << 16
+
+
+class _TriggerIndex:
+    """:func:`find_trigger`'s ancestor search over integer op ids, derived once per analysis.
+
+    Per op: its level, its predecessors (ids), whether it may trigger (not an identity, not
+    conditional) and its rank in the two tie orders ``(level, not backward, name)`` and
+    ``(-level, not backward, name)``, so the best of a set of ancestors is the one of least
+    rank. Answers are memoized by ``(start, floor, exclude, lowest)``: the tuner plans the
+    same swaps under many parameter values.
+    """
+
+    def __init__(self, analysis: Analysis):
+        names = list(analysis.order)
+        ids = {name: i for i, name in enumerate(names)}
+        levels, cats, preds = analysis.levels, analysis.categories, analysis.predecessors
+        graph, conditional = analysis.graph, analysis.conditional
+        self.names, self.ids = names, ids
+        self.level = [levels[n] for n in names]
+        self.preds = [[ids[p] for p in preds[n]] for n in names]
+        self.may_trigger = [n not in conditional and graph.op(n).type not in IDENTITY_OPS for n in names]
+        not_backward = [0 if cats[n] is Category.BACKWARD else 1 for n in names]
+        self.rank_low = [0] * len(names)
+        self.rank_high = [0] * len(names)
+        for r, i in enumerate(sorted(range(len(names)), key=lambda i: (self.level[i], not_backward[i], names[i]))):
+            self.rank_low[i] = r
+        for r, i in enumerate(sorted(range(len(names)), key=lambda i: (-self.level[i], not_backward[i], names[i]))):
+            self.rank_high[i] = r
+        self._memo: dict = {}
+
+    def best(self, start: str, floor: int, exclude: frozenset[str], lowest: bool) -> str | None:
+        key = (start, floor, exclude, lowest)
+        if key in self._memo:
+            return self._memo[key]
+        level, preds, may = self.level, self.preds, self.may_trigger
+        rank = self.rank_low if lowest else self.rank_high
+        excluded = {self.ids[n] for n in exclude if n in self.ids}
+        first = self.ids[start]
+        seen = {first}
+        stack = [first]
+        best = -1
+        while stack:
+            i = stack.pop()
+            for p in preds[i]:
+                if p in seen or level[p] < floor:
                     continue
-                seen.add(pred)
-                nxt.append(pred)
-                key = (levels[pred] if lowest else -levels[pred], 0 if cats[pred] is Category.BACKWARD else 1, pred)
-                if ((best is None or key < best) and pred not in exclude and pred not in conditional
-                        and graph.op(pred).type not in IDENTITY_OPS):
-                    best = key
-        frontier = nxt
-    return None if best is None else best[2]
+                seen.add(p)
+                stack.append(p)
+                if may[p] and (best < 0 or rank[p] < rank[best]) and p not in excluded:
+                    best = p
+        answer = None if best < 0 else self.names[best]
+        if len(self._memo) >= TRIGGER_MEMO_SIZE:
+            self._memo.clear()
+        self._memo[key] = answer
+        return answer

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from tflms.errors import GraphError
 from tflms.ir.graph import Graph
-from tflms.schedule.memory import buffer_model
+from tflms.schedule.memory import BufferModel, buffer_model
 from tflms.sim.simulator import SimOptions
 from tflms.ir.op_types import METADATA_OPS, FUSABLE, FUSION_SENSITIVE_OPS
 
@@ -40,7 +40,8 @@ DEFAULT_MIN_BYTES = 1 << 16
 
 
 def ordered_ops(graph: Graph, order: Sequence[str], options: SimOptions | None = None, *,
-                min_bytes: int = DEFAULT_MIN_BYTES, fusion_safe: bool = True) -> list[str]:
+                min_bytes: int = DEFAULT_MIN_BYTES, fusion_safe: bool = True,
+                model: BufferModel | None = None) -> list[str]:
     """The ops of ``order`` whose relative order the edges enforce (see the module doc).
 
     Accelerator ops that run and allocate or read a device buffer of at least ``min_bytes``, except
@@ -48,8 +49,9 @@ def ordered_ops(graph: Graph, order: Sequence[str], options: SimOptions | None =
     consumer (:data:`FUSABLE`, metadata consumers aside) and :data:`FUSION_SENSITIVE_OPS`: it does
     so (``Conv2D`` into ``BiasAdd``, an add tree into one ``AddN``) only if they have no control edges, and
     a different fusion gives other bits. Such an op stays between its inputs and its one consumer.
+    ``model``: ``buffer_model(graph, options)`` when the caller has it (e.g. from the schedule).
     """
-    m = buffer_model(graph, options)
+    m = model if model is not None else buffer_model(graph, options)
     if fusion_safe:
         inner = {op.name for op in graph if op.type in FUSION_SENSITIVE_OPS}
         for op in graph:
@@ -84,16 +86,16 @@ def _check_order(graph: Graph, order: Sequence[str]) -> dict[str, int]:
 
 def order_edges(graph: Graph, order: Sequence[str], *, options: SimOptions | None = None,
                 ops: Sequence[str] | None = None, min_bytes: int = DEFAULT_MIN_BYTES,
-                fusion_safe: bool = True) -> list[tuple[str, str]]:
+                fusion_safe: bool = True, model: BufferModel | None = None) -> list[tuple[str, str]]:
     """The fewest control edges ``(before, after)`` that make ``ops`` run in ``order``.
 
-    ``ops`` defaults to :func:`ordered_ops` (with ``min_bytes`` and ``fusion_safe``).
+    ``ops`` defaults to :func:`ordered_ops` (with ``min_bytes``, ``fusion_safe`` and ``model``).
     ``order`` must be a topological order of ``graph`` listing every op. Edges go
     forward in ``order``, so they never close a cycle.
     """
     position = _check_order(graph, order)
     chain = list(ops) if ops is not None else ordered_ops(graph, order, options, min_bytes=min_bytes,
-                                                              fusion_safe=fusion_safe)
+                                                              fusion_safe=fusion_safe, model=model)
     chain.sort(key=position.__getitem__)
     _, succs = graph.adjacency()
     edges: list[tuple[str, str]] = []

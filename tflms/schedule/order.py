@@ -59,6 +59,8 @@ class ScheduleResult:
     order: tuple[str, ...]
     chosen: str
     peaks: dict[str, int]
+    #: the buffer model the orders were built on (:func:`~tflms.schedule.memory.buffer_model` of the graph)
+    model: BufferModel | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def peak_bytes(self) -> int:
@@ -138,12 +140,13 @@ def _greedy_order(m: BufferModel, level: list[int], replay: Replay | None = None
                         push(s)
             stack.extend(sorted(ready_eager, reverse=True))
 
-    for i in range(len(m)):
-        if indegree[i] == 0:
-            if m.eager[i]:
-                run(i)
-            elif not in_heap[i]:
-                push(i)
+    # The sources, listed before any runs: running an eager source readies its successors, and an eager one
+    # that became ready that way has already run (it must not be taken for a source and run twice).
+    for i in [i for i in range(len(m)) if indegree[i] == 0]:
+        if m.eager[i]:
+            run(i)
+        elif not in_heap[i]:
+            push(i)
     while heap:
         net, *_, ver, i = heapq.heappop(heap)
         if ver != version[i] or replay.done[i]:
@@ -231,7 +234,7 @@ def schedule_with_report(graph: Graph, *, options: SimOptions | None = None, pro
             best = (peak, rank)
     chosen = heuristics[best[1]]  # best is set: at least one heuristic ran
     logger.debug("schedule: peaks %s, chose %s", peaks, chosen)
-    return ScheduleResult(order=tuple(orders[chosen]), chosen=chosen, peaks=peaks)
+    return ScheduleResult(order=tuple(orders[chosen]), chosen=chosen, peaks=peaks, model=m)
 
 
 def schedule_order(graph: Graph, *, options: SimOptions | None = None, profile=None,

@@ -400,9 +400,11 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
     live_at_peak = tuple(sorted(((tensor_names[k], v) for k, v in alive_at.items()), key=lambda kv: (-kv[1], kv[0])))
     margin = int(peak * options.margin_fraction) + options.margin_bytes
     records.sort()  # (start, end, name): names are unique
-    op_records = tuple(OpRecord(name, dev[i], stream, t0, t1) for t0, t1, name, i, stream in records)
-    buffer_owner = {net.tensor_name(t): net.tensor_name(buffer_of[t]) for t in range(num_tensors)
-                    if in_order[t] and buffer_of[t] != t}
+    new_record = tuple.__new__  # OpRecord(...) without the NamedTuple's Python-level __new__ (thousands per run)
+    op_records = tuple([new_record(OpRecord, (name, dev[i], stream, t0, t1)) for t0, t1, name, i, stream in records])
+    t_idx = net.t_idx
+    buffer_owner = {f"{names[t_op[t]]}:{t_idx[t]}": f"{names[t_op[o]]}:{t_idx[o]}"
+                    for t, o in enumerate(buffer_of) if o != t and in_order[t]}
     return SimResult(
         profile=profile.name, peak_bytes=peak, resident_bytes=resident_bytes,
         transient_peak_bytes=peak - resident_bytes, peak_with_margin_bytes=peak + margin, peak_time_s=peak_time,

@@ -33,7 +33,7 @@ from tflms.ir.op_types import SOURCE_OPS
 from tflms.ir.tf_io import load_graph
 from tflms.passes.swaps import DEFAULT_COPY_OP, apply_swaps
 from tflms.policies.base import IdleTime, PlanContext, SwapPolicy, TflmsRules
-from tflms.policies.idle_time import NO_OVERHEAD, STICK_TO_LIMIT, idle_candidates
+from tflms.policies.idle_time import NO_OVERHEAD, STICK_TO_LIMIT, majority_order, scored_candidates
 from tflms.policies.swapplan import SwapPlan
 from tflms.profiles import DEFAULT_PROFILE, HardwareProfile, get_profile
 from tflms.tune.evaluator import PlanEvaluator
@@ -60,6 +60,15 @@ IDLE_OVERSHOOT_SLACK = 0.05
 NO_OVERHEAD_TOLERANCE = 0.001
 #: The threshold ladder stops after this many fitting thresholds in a row that are no faster than the best.
 LADDER_PATIENCE = 2
+#: The swapin_ahead scan stops after this many values in a row that fit exactly as fast as the chosen value
+#: (ResNet-50's ahead 16..256 all simulate to one step time). Not the groupby scan: its plateaus end in gains
+#: (a CNN's groupby 4 and 8 tie, 16 is faster).
+AHEAD_PATIENCE = 2
+#: The no-overhead search stops after this many rounds in a row whose new tensors all slowed the step down
+#: (each costs a simulation; on ResNet-50 at batch 208, eleven rounds in a row did).
+NO_OVERHEAD_PATIENCE = 4
+#: Simulations whose scored idle-time candidates the tuner keeps (the searches revisit the last one or two).
+SCORED_MEMO_SIZE = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +184,7 @@ class _Evaluator:
         self.plans = PlanEvaluator(analysis.graph, profile, sim_options, copy_op=copy_op)
         #: what the policies are given besides the analysis and the config (``baseline`` set once simulated)
         self.context = PlanContext(accelerator, profile)
+        self._scored: dict[int, tuple[SimResult, list]] = {}  # id(sim) -> (sim, its scored idle candidates)
 
     def graph_of(self, cand: Candidate) -> Graph:
         """The rewritten graph of ``cand`` (built once, on demand: only the winner's is needed)."""
@@ -219,6 +229,16 @@ class _Evaluator:
                           f"step {sim.step_time_s * 1e3:.2f} ms{'' if cand.fits else ' (' + why + ')'}")
         return cand
 
+    def scored(self, sim: SimResult) -> list:
+        """:func:`~tflms.policies.idle_time.scored_candidates` of ``sim``, kept for the last few simulations
+        (the idle-time searches ask again about one simulation with more tensors excluded)."""
+        hit = self._scored.get(id(sim))
+        if hit is None or hit[0] is not sim:
+            if len(self._scored) >= SCORED_MEMO_SIZE:
+                del self._scored[next(iter(self._scored))]
+            hit = self._scored[id(sim)] = (sim, scored_candidates(self.analysis, sim, self.profile, self.base_config))
+        return hit[1]
+
     def need(self, sim: SimResult) -> int:
         """Device bytes a simulated step needs: live-bytes peak, or what the BFC allocator model reserves."""
         if self.fit_by == FIT_BY_BFC:
@@ -234,6 +254,10 @@ class _Evaluator:
 
 #: How many candidates that do not fit in level order :func:`judge_ordered` judges again in the enforced order.
 ORDER_FINALISTS = 4
+#: ... among those needing at most this fraction more than the budget in level order (a heuristic: the order
+#: pass lowered ResNet-50's peak by 1-3% at batch 208 and 600; scheduling one finalist costs about half a
+#: second there, and the candidates it skipped needed 2.3x the budget).
+ORDER_MAX_OVERSHOOT = 0.5
 
 
 def judge_ordered(ev: _Evaluator) -> list[Candidate]:
@@ -242,17 +266,19 @@ def judge_ordered(ev: _Evaluator) -> list[Candidate]:
     Scheduling costs seconds on a large step (docs/design.md, "Enforced order"), so only finalists
     are scheduled, each distinct plan once: the fastest fitting candidate (the order pass may change
     its step time and peak) and the :data:`ORDER_FINALISTS` lowest-peak candidates that do not fit in
-    level order and would be faster than it. Each gets the rewritten graph through
-    :func:`~tflms.passes.order.enforce_order` (the same pass, deterministic, as the pipeline runs) and a
-    full simulation of the result; the new candidate keeps the strategy and parameters, with ``order``
-    set. Its rewritten graph is stored without the edges: the pipeline's pass adds them.
+    level order (by at most :data:`ORDER_MAX_OVERSHOOT`) and would be faster than it. Each gets the
+    rewritten graph through :func:`~tflms.passes.order.enforce_order` (the same pass, deterministic, as the
+    pipeline runs) and the pass's simulation of the result; the new candidate keeps the strategy and
+    parameters, with ``order`` set. Its rewritten graph is stored without the edges: the pipeline's pass
+    adds them.
     """
     from tflms.passes.order import enforce_order
     fitting = [c for c in ev.candidates if c.fits and c.order is None and c.plan is not None]
     best = min(fitting, key=lambda c: c.sim.step_time_s) if fitting else None
     limit = best.sim.step_time_s if best is not None else float("inf")
     over = sorted((c for c in ev.candidates if not c.fits and c.order is None and c.sim.step_time_s < limit
-                   and c.sim.host_peak_bytes <= ev.host_budget),
+                   and c.sim.host_peak_bytes <= ev.host_budget
+                   and ev.need(c.sim) <= ev.budget * (1 + ORDER_MAX_OVERSHOOT)),
                   key=lambda c: (ev.need(c.sim), c.sim.step_time_s))
     finalists, seen = [], set()
     for c in ([best] if best is not None else []) + over:
@@ -267,8 +293,9 @@ def judge_ordered(ev: _Evaluator) -> list[Candidate]:
     added = []
     for c in finalists:
         graph = ev.graph_of(c)
-        result = enforce_order(graph, ev.profile, options=ev.sim_options)
-        sim = simulate(result.graph, ev.profile, options=ev.sim_options) if result.changed else c.sim
+        # c.sim is the simulation of ``graph`` in level order (the incremental evaluator's answer is simulate's)
+        result = enforce_order(graph, ev.profile, options=ev.sim_options, level_peak_bytes=c.sim.peak_bytes)
+        sim = result.report.ordered_sim if result.changed else c.sim
         need = ev.need(sim)
         why = "" if need <= ev.budget and sim.host_peak_bytes <= ev.host_budget else (
             f"peak {format_bytes(need)} > budget with the enforced order")
@@ -341,6 +368,7 @@ def search_distance(ev: _Evaluator, first_fit: bool = False) -> None:
     for name in ("swapin_ahead", "swapin_groupby"):
         limit = max(1, ev.analysis.num_levels // 4)
         chosen = cand = best
+        flat = 0  # fitting values in a row exactly as fast as the chosen one
         for value in _powers(limit)[1:] if name == "swapin_ahead" else [0] + _powers(limit):
             if name == "swapin_groupby" and value == params[name]:
                 continue
@@ -352,11 +380,32 @@ def search_distance(ev: _Evaluator, first_fit: bool = False) -> None:
                 break
             cand = ev.distance(**{**params, name: value})
             if cand.fits and cand.sim.step_time_s <= chosen.sim.step_time_s:
+                flat = flat + 1 if cand.sim.step_time_s == chosen.sim.step_time_s else 0
                 chosen = cand
+                if name == "swapin_ahead" and flat >= AHEAD_PATIENCE:
+                    break  # a plateau: larger values have moved triggers without changing the step time
             elif not cand.fits:
                 break
         params = dict(chosen.params)
         best = chosen
+
+
+def _copies_can_hide(ev: _Evaluator, baseline: SimResult) -> bool:
+    """Whether a swap plan might fit without slowing the step: a cheap necessary condition.
+
+    To fit, the live bytes at the baseline's peak must drop by the overshoot ``D`` (live bytes; the
+    margin scales with them), so at least ``D`` bytes must be copied out before that instant, one copy
+    stream from the step's start. Without overhead the step keeps its timing (to
+    :data:`NO_OVERHEAD_TOLERANCE` of its length), so ``copy_time(D)`` must fit before the peak. On
+    ResNet-50 at batch 600 (peak 47.9 GiB for a 16 GiB card) it does not: sixteen no-overhead trials were
+    simulated for nothing.
+    """
+    overshoot = ev.need(baseline) - ev.budget
+    live_overshoot = (baseline.peak_with_margin_bytes - ev.budget) / (1 + ev.sim_options.margin_fraction)
+    if overshoot <= 0 or live_overshoot <= 0:
+        return True
+    before_peak = baseline.peak_time_s + NO_OVERHEAD_TOLERANCE * baseline.step_time_s
+    return ev.profile.copy_time_s(int(live_overshoot)) <= before_peak
 
 
 def _useful_ahead(plan: SwapPlan) -> int:
@@ -376,15 +425,19 @@ def search_idle(ev: _Evaluator, baseline: SimResult, mode: str) -> None:
     step slower is retried with half as many new tensors; a single tensor that
     still slows it down is dropped for good.
     """
+    if mode == NO_OVERHEAD and not _copies_can_hide(ev, baseline):
+        return
     selected: dict = {}
     rejected: set = set()
     sim = baseline
     evaluations = 0
+    slowed = 0  # no-overhead rounds in a row that added nothing (every trial slowed the step down)
     for round_ in range(IDLE_MAX_ROUNDS):
         need = ev.need(sim) - ev.budget
         if need <= 0:
             return
-        cands = idle_candidates(ev.analysis, sim, ev.profile, ev.base_config, exclude=set(selected) | rejected)
+        excluded = set(selected) | rejected
+        cands = majority_order([c for c in ev.scored(sim) if c.tensor not in excluded])  # = idle_candidates
         if mode == NO_OVERHEAD:
             cands = [c for c in cands if c.hides]
         if not cands:
@@ -409,6 +462,9 @@ def search_idle(ev: _Evaluator, baseline: SimResult, mode: str) -> None:
                 break
             batch = batch[:len(batch) // 2]
         if result.fits or evaluations >= IDLE_MAX_EVALUATIONS:
+            return
+        slowed = 0 if selected is trial else slowed + 1
+        if mode == NO_OVERHEAD and slowed >= NO_OVERHEAD_PATIENCE:
             return
         sim = result.sim if selected is trial else sim
 
@@ -477,6 +533,19 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     """
     if fit_by not in (FIT_BY_LIVE, FIT_BY_BFC):
         raise ConfigError(f"fit_by must be {FIT_BY_LIVE!r} or {FIT_BY_BFC!r}, got {fit_by!r}")
+    # One pause for the whole search: the simulations allocate about a million small objects, none of them
+    # cyclic garbage; a collection at the end of each search would scan all that the tune still holds.
+    with gc_paused():
+        return _tune(source, args, budget, profile, config, strategies, sim_options, host_budget, copy_op, first_fit,
+                     require_backward, fit_by, compress, progress, enforce_order)
+
+
+def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: str | HardwareProfile,
+          config: LMSConfig | None, strategies: Sequence[str], sim_options: SimOptions | None,
+          host_budget: int | str | None, copy_op: str, first_fit: bool, require_backward: bool, fit_by: str,
+          compress: Callable[[Graph, SwapPlan], Graph] | None, progress: Callable[[str], None] | None,
+          enforce_order: bool) -> TuneResult:
+    """:func:`tune`'s body (run with the cyclic collector paused)."""
     profile = get_profile(profile)
     unknown = sorted(set(strategies) - set(STRATEGIES) - set(OPT_IN_STRATEGIES))
     if unknown:
@@ -514,11 +583,9 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
         if base.fits or (first_fit and any(c.fits for c in ev.candidates)):
             break
         if name in strategies or (name == "vdnn" and set(strategies) & set(OPT_IN_STRATEGIES)):
-            with gc_paused():  # the searches allocate much and make no cycles (see gc_paused)
-                search()
+            search()
     if enforce_order and not base.fits and not (first_fit and any(c.fits for c in ev.candidates)):
-        with gc_paused():
-            judge_ordered(ev)
+        judge_ordered(ev)
     fitting = [c for c in ev.candidates if c.fits]
     if not fitting:
         smallest = min(ev.candidates, key=lambda c: ev.need(c.sim))
