@@ -124,17 +124,17 @@ class _AlwaysSlower:
 
 
 def test_no_overhead_search_gives_up_after_rounds_that_only_slow_the_step():
-    from tflms.tune import tuner
+    from tflms.tune import search
     baseline = simulate(mlp_training_graph(2), PROFILE)
     cands = [idle_time.IdleCandidate(TensorRef(f"t{k}"), 100, 0.0, 1.0, 0.0, (), ("c",)) for k in range(40)]
     ev = _AlwaysSlower(cands, baseline)
-    tuner.search_idle(ev, baseline, idle_time.NO_OVERHEAD)
-    assert sorted(set(ev.rounds)) == list(range(1, tuner.NO_OVERHEAD_PATIENCE + 1))
-    assert len(ev.candidates) == tuner.NO_OVERHEAD_PATIENCE  # one tensor each (need 1 byte): rejected
+    search.search_idle(ev, baseline, idle_time.NO_OVERHEAD)
+    assert sorted(set(ev.rounds)) == list(range(1, search.NO_OVERHEAD_PATIENCE + 1))
+    assert len(ev.candidates) == search.NO_OVERHEAD_PATIENCE  # one tensor each (need 1 byte): rejected
     # The control: stick-to-limit mode keeps selecting (slower is allowed) until its round limit.
     ev = _AlwaysSlower(cands, baseline)
-    tuner.search_idle(ev, baseline, idle_time.STICK_TO_LIMIT)
-    assert len(set(ev.rounds)) == tuner.IDLE_MAX_ROUNDS
+    search.search_idle(ev, baseline, idle_time.STICK_TO_LIMIT)
+    assert len(set(ev.rounds)) == search.IDLE_MAX_ROUNDS
 
 
 def test_enforce_order_with_a_known_level_peak_and_its_simulation():
@@ -152,16 +152,16 @@ def test_enforce_order_with_a_known_level_peak_and_its_simulation():
 
 
 def test_no_overhead_search_is_skipped_when_the_overshoot_cannot_be_copied_out_before_the_peak():
-    from tflms.tune import tuner
+    from tflms.tune import search
     baseline = simulate(mlp_training_graph(2), PROFILE)
     cands = [idle_time.IdleCandidate(TensorRef(f"t{k}"), 100, 0.0, 1.0, 0.0, (), ("c",)) for k in range(4)]
     ev = _AlwaysSlower(cands, baseline)
     # one byte over: its copy fits before the peak, the search runs (the control)
-    assert tuner._copies_can_hide(ev, baseline)
+    assert search._copies_can_hide(ev, baseline)
     # an overshoot whose copy alone outlasts the time before the peak: no plan fits without overhead
-    before_peak = baseline.peak_time_s + tuner.NO_OVERHEAD_TOLERANCE * baseline.step_time_s
+    before_peak = baseline.peak_time_s + search.NO_OVERHEAD_TOLERANCE * baseline.step_time_s
     too_many = int(before_peak * PROFILE.effective_link_bytes_per_s) + (1 << 20)
     ev.budget = baseline.peak_with_margin_bytes - too_many
-    assert not tuner._copies_can_hide(ev, baseline)
-    tuner.search_idle(ev, baseline, idle_time.NO_OVERHEAD)
+    assert not search._copies_can_hide(ev, baseline)
+    search.search_idle(ev, baseline, idle_time.NO_OVERHEAD)
     assert ev.rounds == []

@@ -1,0 +1,352 @@
+"""The tuner's searches: the TFLMS distance ladder, greedy idle-time rounds, the enforced-order finalists.
+
+Each search judges candidates through one :class:`_Evaluator` (simulated by
+:class:`~tflms.tune.evaluator.PlanEvaluator`, memoized by plan) and records them;
+:func:`tflms.tune.tuner.tune` runs the searches and picks the winner.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from tflms.analysis.cto import Analysis
+from tflms.config import LMSConfig
+from tflms.passes.swaps import apply_swaps
+from tflms.policies.base import IdleTime, PlanContext, SwapPolicy, TflmsRules
+from tflms.policies.idle_time import NO_OVERHEAD, majority_order, scored_candidates
+from tflms.policies.swapplan import SwapPlan
+from tflms.profiles import HardwareProfile
+from tflms.sim.simulator import SimOptions, SimResult, gc_paused, simulate
+from tflms.tune.evaluator import PlanEvaluator
+from tflms.tune.result import Candidate
+from tflms.ir.graph import Graph
+from tflms.units import format_bytes
+
+logger = logging.getLogger(__name__)
+
+#: Rounds of re-simulation the idle-time strategy may take (the peak moves after each).
+IDLE_MAX_ROUNDS = 12
+#: How "fits" is judged: the live-bytes peak, or what TensorFlow's BFC allocator (modelled) would reserve.
+FIT_BY_LIVE, FIT_BY_BFC = "live", "bfc"
+#: swapin_groupby the distance search falls back to when one swap-in per level fits nothing.
+GROUPBY_RESORT_LEVELS = 4
+#: Simulations one idle-time search may run in all (rounds plus no-overhead retries).
+IDLE_MAX_EVALUATIONS = 16
+#: Extra bytes the idle-time strategy asks for per round beyond the overshoot, as a fraction.
+IDLE_OVERSHOOT_SLACK = 0.05
+#: Largest relative slowdown the no-overhead mode accepts (simulation round-off, not a real cost).
+NO_OVERHEAD_TOLERANCE = 0.001
+#: The threshold ladder stops after this many fitting thresholds in a row that are no faster than the best.
+LADDER_PATIENCE = 2
+#: The swapin_ahead scan stops after this many values in a row that fit exactly as fast as the chosen value
+#: (ResNet-50's ahead 16..256 all simulate to one step time). Not the groupby scan: its plateaus end in gains
+#: (a CNN's groupby 4 and 8 tie, 16 is faster).
+AHEAD_PATIENCE = 2
+#: The no-overhead search stops after this many rounds in a row whose new tensors all slowed the step down
+#: (each costs a simulation; on ResNet-50 at batch 208, eleven rounds in a row did).
+NO_OVERHEAD_PATIENCE = 4
+#: Simulations whose scored idle-time candidates the tuner keeps (the searches revisit the last one or two).
+SCORED_MEMO_SIZE = 4
+
+
+class _Evaluator:
+    def __init__(self, analysis: Analysis, profile: HardwareProfile, budget: int, host_budget: int,
+                 sim_options: SimOptions, base_config: LMSConfig, accelerator: str, copy_op: str,
+                 progress: Callable[[str], None] | None):
+        self.analysis, self.profile, self.budget, self.host_budget = analysis, profile, budget, host_budget
+        self.sim_options, self.base_config, self.accelerator, self.copy_op = (sim_options, base_config,
+                                                                             accelerator, copy_op)
+        self.progress = progress
+        self.fit_by = FIT_BY_LIVE
+        self.compress: Callable[[Graph, SwapPlan], Graph] | None = None
+        self.candidates: list[Candidate] = []
+        self.graphs: dict[int, Graph] = {}  # rewritten graphs by id(candidate), built by graph_of
+        # Candidates are simulated incrementally (no IR copy per plan, memoized by plan).
+        self.plans = PlanEvaluator(analysis.graph, profile, sim_options, copy_op=copy_op)
+        #: what the policies are given besides the analysis and the config (``baseline`` set once simulated)
+        self.context = PlanContext(accelerator, profile)
+        self._scored: dict[int, tuple[SimResult, list]] = {}  # id(sim) -> (sim, its scored idle candidates)
+
+    def graph_of(self, cand: Candidate) -> Graph:
+        """The rewritten graph of ``cand`` (built once, on demand: only the winner's is needed)."""
+        if id(cand) not in self.graphs:
+            with gc_paused():
+                self.graphs[id(cand)] = apply_swaps(self.analysis.graph, cand.plan, copy_op=self.copy_op).graph
+        return self.graphs[id(cand)]
+
+    def evaluate(self, policy: SwapPolicy, params: dict[str, Any], *, max_overhead: float | None = None,
+                 baseline: SimResult | None = None) -> Candidate:
+        """The one entry every search judges a policy through: plan it on the base config, simulate, record.
+
+        ``params`` is what the candidate reports (tables, ``to_dict``); ``max_overhead`` (with ``baseline``)
+        refuses a plan that slows the step down more than that.
+        """
+        plan = policy.plan(self.analysis, self.base_config, self.context)
+        return self.run(policy.name, params, plan, max_overhead=max_overhead, baseline=baseline, policy=policy)
+
+    def run(self, strategy: str, params: dict[str, Any], plan: SwapPlan, *, max_overhead: float | None = None,
+            baseline: SimResult | None = None, policy: SwapPolicy | None = None) -> Candidate:
+        """Simulate and record an already made ``plan`` (:meth:`evaluate` plans a policy and calls this)."""
+        graph = None
+        if self.compress is not None:
+            graph = self.compress(apply_swaps(self.analysis.graph, plan, copy_op=self.copy_op).graph, plan)
+            sim = simulate(graph, self.profile, options=self.sim_options)
+        else:
+            sim = self.plans.evaluate(plan)
+        why = ""
+        need = self.need(sim)
+        if need > self.budget:
+            why = f"{'BFC-model need' if self.fit_by == FIT_BY_BFC else 'peak'} {format_bytes(need)} > budget"
+        elif sim.host_peak_bytes > self.host_budget:
+            why = f"host peak {format_bytes(sim.host_peak_bytes)} > host budget {format_bytes(self.host_budget)}"
+        elif max_overhead is not None and baseline is not None and sim.overhead_vs(baseline) > max_overhead:
+            why = f"overhead {100 * sim.overhead_vs(baseline):.2f}% in no-overhead mode"
+        cand = Candidate(strategy, params, plan, sim, fits=not why, why_not=why, policy=policy)
+        if graph is not None:
+            self.graphs[id(cand)] = graph
+        self.candidates.append(cand)
+        if self.progress:
+            self.progress(f"{strategy} {params}: peak {format_bytes(sim.peak_with_margin_bytes)}, "
+                          f"step {sim.step_time_s * 1e3:.2f} ms{'' if cand.fits else ' (' + why + ')'}")
+        return cand
+
+    def scored(self, sim: SimResult) -> list:
+        """:func:`~tflms.policies.idle_time.scored_candidates` of ``sim``, kept for the last few simulations
+        (the idle-time searches ask again about one simulation with more tensors excluded)."""
+        hit = self._scored.get(id(sim))
+        if hit is None or hit[0] is not sim:
+            if len(self._scored) >= SCORED_MEMO_SIZE:
+                del self._scored[next(iter(self._scored))]
+            hit = self._scored[id(sim)] = (sim, scored_candidates(self.analysis, sim, self.profile, self.base_config))
+        return hit[1]
+
+    def need(self, sim: SimResult) -> int:
+        """Device bytes a simulated step needs: live-bytes peak, or what the BFC allocator model reserves."""
+        if self.fit_by == FIT_BY_BFC:
+            from tflms.memplan.report import plan_step
+            margin = sim.peak_with_margin_bytes - sim.peak_bytes
+            return plan_step(sim).bfc_total_bytes + margin
+        return sim.peak_with_margin_bytes
+
+    def distance(self, **params: Any) -> Candidate:
+        """The TFLMS rules with ``params`` laid over the base config."""
+        return self.evaluate(TflmsRules(**params), params)
+
+
+#: How many candidates that do not fit in level order :func:`judge_ordered` judges again in the enforced order.
+ORDER_FINALISTS = 4
+#: ... among those needing at most this fraction more than the budget in level order (a heuristic: the order
+#: pass lowered ResNet-50's peak by 1-3% at batch 208 and 600; scheduling one finalist costs about half a
+#: second there, and the candidates it skipped needed 2.3x the budget).
+ORDER_MAX_OVERSHOOT = 0.5
+
+
+def judge_ordered(ev: _Evaluator) -> list[Candidate]:
+    """Judge the finalists in the order the pipeline will enforce; returns the candidates added.
+
+    Scheduling costs seconds on a large step (docs/design.md, "Enforced order"), so only finalists
+    are scheduled, each distinct plan once: the fastest fitting candidate (the order pass may change
+    its step time and peak) and the :data:`ORDER_FINALISTS` lowest-peak candidates that do not fit in
+    level order (by at most :data:`ORDER_MAX_OVERSHOOT`) and would be faster than it. Each gets the
+    rewritten graph through :func:`~tflms.passes.order.enforce_order` (the same pass, deterministic, as the
+    pipeline runs) and the pass's simulation of the result; the new candidate keeps the strategy and
+    parameters, with ``order`` set. Its rewritten graph is stored without the edges: the pipeline's pass
+    adds them.
+    """
+    from tflms.passes.order import enforce_order
+    fitting = [c for c in ev.candidates if c.fits and c.order is None and c.plan is not None]
+    best = min(fitting, key=lambda c: c.sim.step_time_s) if fitting else None
+    limit = best.sim.step_time_s if best is not None else float("inf")
+    over = sorted((c for c in ev.candidates if not c.fits and c.order is None and c.sim.step_time_s < limit
+                   and c.sim.host_peak_bytes <= ev.host_budget
+                   and ev.need(c.sim) <= ev.budget * (1 + ORDER_MAX_OVERSHOOT)),
+                  key=lambda c: (ev.need(c.sim), c.sim.step_time_s))
+    finalists, seen = [], set()
+    for c in ([best] if best is not None else []) + over:
+        key = None if c.plan is None else tuple((s.tensor.name, tuple(g.name for g in s.swap_ins))
+                                                 for s in c.plan.swaps)
+        if key in seen:
+            continue
+        seen.add(key)
+        finalists.append(c)
+        if len(finalists) > ORDER_FINALISTS:
+            break
+    added = []
+    for c in finalists:
+        graph = ev.graph_of(c)
+        # c.sim is the simulation of ``graph`` in level order (the incremental evaluator's answer is simulate's)
+        result = enforce_order(graph, ev.profile, options=ev.sim_options, level_peak_bytes=c.sim.peak_bytes)
+        sim = result.report.ordered_sim if result.changed else c.sim
+        need = ev.need(sim)
+        why = "" if need <= ev.budget and sim.host_peak_bytes <= ev.host_budget else (
+            f"peak {format_bytes(need)} > budget with the enforced order")
+        cand = Candidate(c.strategy, c.params, c.plan, sim, fits=not why, why_not=why,
+                         order=result.report.to_dict(), policy=c.policy)
+        ev.graphs[id(cand)] = graph
+        ev.candidates.append(cand)
+        added.append(cand)
+        if ev.progress:
+            ev.progress(f"{c.strategy} {c.params} in the enforced order ({result.report.num_edges} edges): peak "
+                        f"{format_bytes(sim.peak_with_margin_bytes)}, step {sim.step_time_s * 1e3:.2f} ms"
+                        f"{'' if cand.fits else ' (' + why + ')'}")
+    return added
+
+
+def _threshold_ladder(analysis: Analysis) -> list[int]:
+    """Thresholds worth trying, largest first: the distinct far distances, thinned geometrically."""
+    levels = analysis.levels
+    max_distance = 1
+    for name in analysis.order:
+        for c in analysis.graph.successors(name):
+            max_distance = max(max_distance, levels[c] - levels[name])
+    ladder, t = [], max_distance - 1
+    while t >= 1:
+        ladder.append(t)
+        t = t * 2 // 3 if t > 3 else t - 1
+    return ladder or [1]
+
+
+def _powers(limit: int) -> list[int]:
+    out, v = [], 1
+    while v <= max(1, limit):
+        out.append(v)
+        v *= 2
+    return out
+
+
+def search_distance(ev: _Evaluator, first_fit: bool = False) -> None:
+    """TFLMS's search, choosing by simulated time among fitting candidates.
+
+    With ``first_fit`` it stops at the first fitting configuration (a yes/no
+    answer for the max-batch search).
+    """
+    ladder = _threshold_ladder(ev.analysis)
+    fitting: list[Candidate] = []
+    no_better = 0  # fitting thresholds in a row no faster than the best (smaller ones only swap more)
+    # One swap-in per consumer level can leave several copies of a tensor on the device
+    # (consumers on adjacent levels); grouping them is the next resort before synchronous copies.
+    for sync_mode, groupby in [(0, 0), (0, GROUPBY_RESORT_LEVELS), (1, GROUPBY_RESORT_LEVELS),
+                               (2, GROUPBY_RESORT_LEVELS), (3, GROUPBY_RESORT_LEVELS)]:
+        for threshold in ladder:
+            cand = ev.distance(swapout_threshold=threshold, swapin_ahead=1, swapin_groupby=groupby,
+                               sync_mode=sync_mode)
+            if cand.fits:
+                no_better = no_better + 1 if fitting and cand.sim.step_time_s >= min(
+                    c.sim.step_time_s for c in fitting) else 0
+                fitting.append(cand)
+                if first_fit:
+                    return
+                if no_better >= LADDER_PATIENCE:
+                    break
+            elif fitting:
+                break  # smaller thresholds only swap more: stop once fits have been found and lost
+        if fitting:
+            break
+    if not fitting:
+        return
+    best = min(fitting, key=lambda c: (c.sim.step_time_s, -c.params["swapout_threshold"]))
+    params = dict(best.params)
+    for name in ("swapin_ahead", "swapin_groupby"):
+        limit = max(1, ev.analysis.num_levels // 4)
+        chosen = cand = best
+        flat = 0  # fitting values in a row exactly as fast as the chosen one
+        for value in _powers(limit)[1:] if name == "swapin_ahead" else [0] + _powers(limit):
+            if name == "swapin_groupby" and value == params[name]:
+                continue
+            if name == "swapin_ahead" and value // 2 >= _useful_ahead(best.plan):
+                # Every trigger is already at its earliest level: larger values plan the same swaps. The last
+                # value would be chosen exactly when this one was (the same plan: memoized, not simulated).
+                if chosen is cand:
+                    chosen = ev.distance(**{**params, name: _powers(limit)[-1]})
+                break
+            cand = ev.distance(**{**params, name: value})
+            if cand.fits and cand.sim.step_time_s <= chosen.sim.step_time_s:
+                flat = flat + 1 if cand.sim.step_time_s == chosen.sim.step_time_s else 0
+                chosen = cand
+                if name == "swapin_ahead" and flat >= AHEAD_PATIENCE:
+                    break  # a plateau: larger values have moved triggers without changing the step time
+            elif not cand.fits:
+                break
+        params = dict(chosen.params)
+        best = chosen
+
+
+def _copies_can_hide(ev: _Evaluator, baseline: SimResult) -> bool:
+    """Whether a swap plan might fit without slowing the step: a cheap necessary condition.
+
+    To fit, the live bytes at the baseline's peak must drop by the overshoot ``D`` (live bytes; the
+    margin scales with them), so at least ``D`` bytes must be copied out before that instant, one copy
+    stream from the step's start. Without overhead the step keeps its timing (to
+    :data:`NO_OVERHEAD_TOLERANCE` of its length), so ``copy_time(D)`` must fit before the peak. On
+    ResNet-50 at batch 600 (peak 47.9 GiB for a 16 GiB card) it does not: sixteen no-overhead trials were
+    simulated for nothing.
+    """
+    overshoot = ev.need(baseline) - ev.budget
+    live_overshoot = (baseline.peak_with_margin_bytes - ev.budget) / (1 + ev.sim_options.margin_fraction)
+    if overshoot <= 0 or live_overshoot <= 0:
+        return True
+    before_peak = baseline.peak_time_s + NO_OVERHEAD_TOLERANCE * baseline.step_time_s
+    return ev.profile.copy_time_s(int(live_overshoot)) <= before_peak
+
+
+def _useful_ahead(plan: SwapPlan) -> int:
+    """The largest ``swapin_ahead`` that can still move a trigger of ``plan`` (``find_trigger`` clamps
+    the target level to one above the producer's; synchronous swap-ins ignore ``swapin_ahead``)."""
+    if plan.config.sync_swap_in:
+        return 0
+    return max((g.consumer_levels[0] - s.producer_level - 1 for s in plan.swaps for g in s.swap_ins
+                if g.consumer_levels), default=0)
+
+
+def search_idle(ev: _Evaluator, baseline: SimResult, mode: str) -> None:
+    """Greedy idle-time selection, re-simulating as the peak moves.
+
+    Each round adds the best-scoring tensors alive at the current peak until
+    their bytes cover the overshoot. In no-overhead mode a round that makes the
+    step slower is retried with half as many new tensors; a single tensor that
+    still slows it down is dropped for good.
+    """
+    if mode == NO_OVERHEAD and not _copies_can_hide(ev, baseline):
+        return
+    selected: dict = {}
+    rejected: set = set()
+    sim = baseline
+    evaluations = 0
+    slowed = 0  # no-overhead rounds in a row that added nothing (every trial slowed the step down)
+    for round_ in range(IDLE_MAX_ROUNDS):
+        need = ev.need(sim) - ev.budget
+        if need <= 0:
+            return
+        excluded = set(selected) | rejected
+        cands = majority_order([c for c in ev.scored(sim) if c.tensor not in excluded])  # = idle_candidates
+        if mode == NO_OVERHEAD:
+            cands = [c for c in cands if c.hides]
+        if not cands:
+            return
+        batch, got = [], 0
+        for cand in cands:
+            batch.append(cand)
+            got += cand.num_bytes
+            if got >= need * (1 + IDLE_OVERSHOOT_SLACK):
+                break
+        while evaluations < IDLE_MAX_EVALUATIONS:
+            evaluations += 1
+            trial = {**selected, **{c.tensor: c for c in batch}}
+            result = ev.evaluate(IdleTime(mode, tuple(trial.values())), {"tensors": len(trial), "round": round_ + 1},
+                                 max_overhead=NO_OVERHEAD_TOLERANCE if mode == NO_OVERHEAD else None,
+                                 baseline=baseline)
+            if mode != NO_OVERHEAD or result.sim.overhead_vs(baseline) <= NO_OVERHEAD_TOLERANCE:
+                selected = trial
+                break
+            if len(batch) == 1:
+                rejected.add(batch[0].tensor)
+                break
+            batch = batch[:len(batch) // 2]
+        if result.fits or evaluations >= IDLE_MAX_EVALUATIONS:
+            return
+        slowed = 0 if selected is trial else slowed + 1
+        if mode == NO_OVERHEAD and slowed >= NO_OVERHEAD_PATIENCE:
+            return
+        sim = result.sim if selected is trial else sim
