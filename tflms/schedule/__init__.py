@@ -5,7 +5,8 @@
 """
 
 from tflms.schedule.edges import add_order_edges, order_edges, ordered_ops
-from tflms.schedule.memory import buffer_model, replay_peak, replay_peak_timed
+from tflms.schedule.memory import buffer_model, replay_peak
+from tflms.schedule.timed import replay_peak_timed
 from tflms.schedule.order import HEURISTICS, ScheduleResult, schedule_order, schedule_with_report
 
 __all__ = ["HEURISTICS", "ScheduleResult", "add_order_edges", "buffer_model", "order_edges", "ordered_ops",

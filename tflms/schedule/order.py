@@ -13,7 +13,7 @@ heuristics and keeps the order with the lowest peak in the sequential memory mod
   tensor's last consumer therefore runs as soon as its inputs allow, and a branch
   that was started is finished before a new one allocates;
 - ``greedy-timed`` (with a hardware ``profile``): the same list scheduling on the
-  simulator's timing (:class:`~tflms.schedule.memory.TimedReplay`): a buffer a
+  simulator's timing (:class:`~tflms.schedule.timed.TimedReplay`): a buffer a
   swap-out is still copying does not count as freed;
 - ``dfs``: post-order depth-first search from the step's sinks, which finishes each
   input's whole sub-computation before starting the next (deepest input first).
@@ -38,7 +38,8 @@ from collections.abc import Callable, Sequence
 
 from tflms.errors import ConfigError, GraphError
 from tflms.ir.graph import Graph
-from tflms.schedule.memory import BufferModel, Replay, buffer_model, replay_peak, replay_peak_timed, timed_replay
+from tflms.schedule.memory import BufferModel, Replay, buffer_model, replay_peak
+from tflms.schedule.timed import replay_peak_timed, timed_replay
 from tflms.sim.simulator import SimOptions
 
 logger = logging.getLogger(__name__)
