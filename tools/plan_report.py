@@ -32,7 +32,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 #: Largest slowdown counted as "zero overhead" (simulation round-off).
 ZERO_OVERHEAD = 0.001
-#: Budget (fraction of the original peak) at which strategies are searched.
+#: Budget at which strategies are searched: resident + this fraction of the transient peak, or the link bound if higher.
 SEARCH_BUDGET_FRACTION = 0.5
 
 
@@ -111,7 +111,11 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         planned = plan_step(base)
         plan_s = time.perf_counter() - t0
-        budget = int(base.resident_bytes + SEARCH_BUDGET_FRACTION * base.transient_peak_bytes)
+        # Aim at the lowest peak any zero-overhead rewrite could reach (at least half the transient peak): a
+        # lower budget makes the tuner skip the no-overhead search as hopeless (tflms.tune.search._copies_can_hide).
+        link = hidden_swap_bound(base, args.profile)
+        budget = max(int(base.resident_bytes + SEARCH_BUDGET_FRACTION * base.transient_peak_bytes),
+                     link.lowest_peak_bytes)
         _say(f"{name}: searching strategies at budget {format_bytes(budget)}")
         t0 = time.perf_counter()
         try:
@@ -129,7 +133,6 @@ def main(argv=None) -> int:
             low = lowest_peak_at_zero_overhead(candidates, base, strategy)
             record[f"{key}_zero_overhead_peak_bytes"] = low
             record[f"{key}_zero_overhead_saved"] = None if low is None else 1 - low / base.peak_bytes
-        link = hidden_swap_bound(base, args.profile)
         record["link_bound_peak_bytes"] = link.lowest_peak_bytes
         record["link_bound_saved"] = link.max_saving
         best = max((v for v in (record["idle_zero_overhead_saved"], record["distance_zero_overhead_saved"])

@@ -41,8 +41,11 @@ Usage (from the repo root)::
 
 The default run takes about half a minute on two cores. ``--models resnet50,unet3d``
 adds keras.applications ResNet-50 (224x224, batch 8) and the 3D U-Net of
-``tflms.models`` (32^3 voxels, batch 1); ``--enforce-order`` tunes them with the
-enforced order and adds its edges, as the pipeline does. Records carry the batch and
+``tflms.models`` (64^3 voxels, batch 1); ``--enforce-order`` tunes them with the
+enforced order and pins the winner's order with the order pass's edges (the pipeline
+adds them when the tuner judged the winner in that order), or, where level order is
+already the lowest, with edges that pin level order: the emulated machine's two
+inter-op threads otherwise run ops in another order than the one simulated. Records carry the batch and
 whether the executor's total peak stayed under the budget the tuner was given.
 """
 
@@ -136,10 +139,10 @@ def _resnet50(keras: Any, batch: int):
 
 
 def _unet3d(keras: Any, batch: int):
-    """The 3D U-Net of tflms.models (depth 3, 8 base filters) at 32^3 voxels, 4 channels, 4 classes, Adam."""
+    """The 3D U-Net of tflms.models (depth 3, 8 base filters) at 64^3 voxels, 4 channels, 4 classes, Adam."""
     from tflms.models import build_unet3d
     model = build_unet3d(channels=4, classes=4, base_filters=8, depth=3)
-    return model, keras.optimizers.Adam(1e-3), (batch, 32, 32, 32, 4), (batch, 32, 32, 32), 4
+    return model, keras.optimizers.Adam(1e-3), (batch, 64, 64, 64, 4), (batch, 64, 64, 64), 4
 
 
 #: model -> (builder, default batch); the builder returns (model, optimizer, x shape, label shape, classes)
@@ -224,11 +227,16 @@ def tuned_rewrite(case: Case, budget_fraction: float, enforce_order: bool = Fals
         swapped = 0 if result.best.plan is None else len(result.best.plan.swaps)
         params = {"strategy": result.strategy, **result.best.params, "budget_fraction": round(fraction, 3)}
         graph = result.graph
-        if enforce_order and result.best.order is not None:  # the pipeline's order pass, as tflms.rewrite runs it
+        if enforce_order:  # the order pass on the winner (the pipeline runs it when the tuner judged it ordered)
             from tflms.passes.order import enforce_order as order_pass
             ordered = order_pass(graph, EMULATION_PROFILE, options=EMULATION_SIM_OPTIONS)
-            graph = ordered.graph
-            params["order_edges"] = ordered.report.num_edges
+            graph, params["order_edges"], params["order"] = ordered.graph, ordered.report.num_edges, "schedule"
+            if not ordered.changed:  # level order is the lowest: pin it, so the executor runs what was simulated
+                from tflms.schedule import add_order_edges, order_edges
+                from tflms.schedule.order import schedule_with_report
+                level = schedule_with_report(graph, options=EMULATION_SIM_OPTIONS, heuristics=("level",)).order
+                edges = order_edges(graph, list(level), options=EMULATION_SIM_OPTIONS)
+                graph, params["order_edges"], params["order"] = add_order_edges(graph, edges), len(edges), "level"
         return Variant(case.model, "rewritten", graph, params, budget_bytes=budget, swapped_tensors=swapped)
     raise error
 
@@ -400,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", type=parse_models, default=MODELS,
                         help="comma-separated, from " + ",".join(MODELS + LARGE_MODELS))
     parser.add_argument("--enforce-order", action="store_true",
-                        help="tune with the enforced order and add its edges to the rewrite (as the pipeline does)")
+                        help="tune with the enforced order and pin the winner's order with the order pass's edges")
     parser.add_argument("--budget-fraction", type=float, default=DEFAULT_BUDGET_FRACTION,
                         help="tuner budget: resident + this fraction of the simulated transient peak")
     parser.add_argument("--threshold", type=int, default=None,
