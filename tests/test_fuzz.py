@@ -186,6 +186,7 @@ def test_ir_generator_makes_training_steps_that_swap():
     assert {"fw/MatMul_0", "fw/Relu_1"} <= {s.tensor.op for s in result.report.swaps}
 
 
+@pytest.mark.slow  # 1000 examples per CI run (the README command runs the slow tier too)
 @IR_SETTINGS
 @given(recipe=ir_recipes(), config=lms_configs())
 def test_ir_rewrite_is_lint_clean_acyclic_and_deterministic(recipe, config):

@@ -425,6 +425,7 @@ def _uses_xla(model) -> bool:
     return bool(keras_integration._keras_step(model, model.train_function)._jit_compile)  # noqa: SLF001
 
 
+@pytest.mark.slow
 def test_jit_compile_auto_on_a_gpu_machine_trains_without_xla_and_puts_xla_back(keras_sees_a_gpu):
     reference = compiled_mlp("sequential", jit_compile=False)
     reference.fit(MLP_X, MLP_Y, batch_size=16, shuffle=False, verbose=0)
@@ -514,7 +515,7 @@ def test_interrupted_fit_is_recovered_by_the_next_fit():
 
 
 # --------------------------------------------------------------- user surface
-@pytest.mark.parametrize("verbose", [1, 2])
+@pytest.mark.parametrize("verbose", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_verbose_says_what_it_did_once_per_trace(verbose, capsys):
     model = compiled_mlp("sequential")
     callback = LMS(verbose=verbose, swapout_threshold=THRESHOLD)
