@@ -264,19 +264,35 @@ class Replay:
                 return o
         return -1
 
-    def net_bytes(self, i: int) -> tuple[int, int]:
-        """``(allocated, freed)`` device bytes if op ``i`` ran now."""
+    def net_bytes(self, i: int, end: float | None = None) -> tuple[int, int]:
+        """``(allocated, freed)`` device bytes if op ``i`` ran now.
+
+        With ``end`` (the timed model), a buffer whose last read ends after ``end`` is not freed.
+        """
         m = self.m
         fwd = self.forward_source(i)
         alloc = sum(m.size[b] for b in m.allocs[i])
         freed = 0
         for b in m.reads[i]:
             o = self.owner(b)
-            if self.remaining[o] == 1 and not self.pinned[o] and o != fwd:
+            if (self.remaining[o] == 1 and not self.pinned[o] and o != fwd
+                    and (end is None or self.last_end[o] <= end)):
                 freed += m.size[o]
         if fwd >= 0:
             alloc -= m.size[m.forward_out[i]]
         return alloc, freed
+
+    def _forward(self, i: int, new: list[int]) -> list[int]:
+        """Let op ``i`` write into the dying input it may forward (if any); ``new`` without its output then."""
+        fwd = self.forward_source(i)
+        if fwd < 0:
+            return new
+        out = self.m.forward_out[i]
+        self.alias[out] = fwd
+        # the forwarded buffer now also serves the output's readers
+        self.remaining[fwd] += self.remaining[out]
+        self.pinned[fwd] = self.pinned[fwd] or self.pinned[out]
+        return [b for b in new if b != out]
 
     def run(self, i: int) -> list[int]:
         """Run op ``i``; returns the buffers whose remaining reader count dropped to one."""
@@ -284,15 +300,7 @@ class Replay:
         self.done[i] = True
         if not m.needed[i]:
             return []
-        fwd = self.forward_source(i)
-        new = m.allocs[i]
-        if fwd >= 0:
-            out = m.forward_out[i]
-            self.alias[out] = fwd
-            # the forwarded buffer now also serves the output's readers
-            self.remaining[fwd] += self.remaining[out]
-            self.pinned[fwd] = self.pinned[fwd] or self.pinned[out]
-            new = [b for b in new if b != out]
+        new = self._forward(i, m.allocs[i])
         for b in new:
             self.live += m.size[b]
         if self.live > self.peak:

@@ -73,21 +73,10 @@ class TimedReplay(Replay):
                 return o
         return -1
 
-    def net_bytes(self, i: int) -> tuple[int, int]:
+    def net_bytes(self, i: int, end: float | None = None) -> tuple[int, int]:
         """``(allocated, freed by its end)`` if op ``i`` ran next; a buffer a copy still reads is not freed."""
-        m = self.m
         self.advance(self.clock)
-        end = self.start_of(i) + self.dur[i]
-        fwd = self.forward_source(i)
-        alloc = sum(m.size[b] for b in m.allocs[i])
-        freed = 0
-        for b in m.reads[i]:
-            o = self.owner(b)
-            if self.remaining[o] == 1 and not self.pinned[o] and o != fwd and self.last_end[o] <= end:
-                freed += m.size[o]
-        if fwd >= 0:
-            alloc -= m.size[m.forward_out[i]]
-        return alloc, freed
+        return super().net_bytes(i, self.start_of(i) + self.dur[i] if end is None else end)
 
     def run(self, i: int) -> list[int]:
         m = self.m
@@ -103,14 +92,7 @@ class TimedReplay(Replay):
             self.clock = end
         elif self.direction[i]:
             self.stream_free[self.direction[i]] = end
-        fwd = self.forward_source(i)
-        new = [b for b in m.allocs[i] if not m.recv[b]]
-        if fwd >= 0:
-            out = m.forward_out[i]
-            self.alias[out] = fwd
-            self.remaining[fwd] += self.remaining[out]
-            self.pinned[fwd] = self.pinned[fwd] or self.pinned[out]
-            new = [b for b in new if b != out]
+        new = self._forward(i, [b for b in m.allocs[i] if not m.recv[b]])
         for b in new:
             self._event(start, 0, m.size[b])
         for b in self.recv_of_host[i]:  # TensorFlow's _Recv: copies once this host op ran
