@@ -395,3 +395,22 @@ def test_units():
 def test_public_api_surface():
     assert callable(tflms.function) and callable(tflms.analyze) and callable(tflms.rewrite)
     assert issubclass(tflms.ConfigError, tflms.TflmsError)
+
+
+def test_reshapes_of_run_time_shapes_take_their_input_size():
+    """Graph.fill_alias_bytes: a Reshape/IdentityN holds its input's elements, whatever shape it was traced with."""
+    from tflms.ir.graph import TensorInfo
+    g = Graph()
+    g.add_op("x", "Placeholder", outputs=[TensorInfo("float32", (None, 6, 4), None)])
+    g.add_op("y", "Placeholder", outputs=[TensorInfo("int32", (None, 2), None)])
+    g.add_op("flat", "Reshape", inputs=[TensorRef("x")], outputs=[TensorInfo("float32", (None, None), None)])
+    g.add_op("pair", "IdentityN", inputs=[TensorRef("flat"), TensorRef("y")],
+             outputs=[TensorInfo("float32", (None, None), None), TensorInfo("int32", (None, None), None)])
+    g.add_op("cast", "Cast", inputs=[TensorRef("flat")], outputs=[TensorInfo("float16", (None, None), None)])
+    sized = g.with_batch_size(5)
+    assert sized.tensor(TensorRef("flat")).num_bytes == 5 * 6 * 4 * 4  # from x, through the alias
+    assert sized.tensor(TensorRef("pair", 0)).num_bytes == 5 * 6 * 4 * 4
+    assert sized.tensor(TensorRef("pair", 1)).num_bytes == 5 * 2 * 4  # IdentityN: output k from input k
+    assert sized.tensor(TensorRef("cast")).num_bytes is None  # not an alias: its shape is really unknown
+    assert sized.tensor(TensorRef("flat")).shape == (None, None)  # sizes only; shapes stay as traced
+    assert g.tensor(TensorRef("flat")).num_bytes is None  # the original is untouched

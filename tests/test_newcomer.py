@@ -97,9 +97,33 @@ def test_the_tuner_refuses_too(unknown_batch_step):
         tune(concrete, budget="12GiB")
     result = tune(concrete, budget="12GiB", config=LMSConfig(batch_size=8))
     assert result.strategy == "none"
-    # what the batch size cannot size (a gradient's Reshape to a run-time tf.shape) is said, not hidden
+    # a gradient's Reshape to a run-time tf.shape holds its input's elements: sized from it (Graph.fill_alias_bytes)
+    from tflms.ir.tf_io import load_graph
+    graph = load_graph(concrete, batch_size=8)
+    reshapes = [i for op in graph.ops if op.type == "Reshape" for i in op.outputs if not i.fully_defined]
+    assert reshapes and all(i.num_bytes for i in reshapes)
+    assert result.baseline.unknown_size_tensors == () and "not counted" not in result.reason()
+
+
+def test_sizes_that_depend_on_the_data_are_said_not_hidden():
+    """A boolean mask's output has a data-dependent dimension: no batch size sizes it; the verdict says so."""
+    import tensorflow as tf
+
+    from tflms.tune.tuner import tune
+    weights = tf.Variable(tf.ones((3, 4)))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            kept = tf.boolean_mask(x, tf.reduce_any(x > 0, axis=0), axis=1)  # (batch, data-dependent)
+            loss = tf.reduce_sum(tf.matmul(x, weights)) + tf.reduce_sum(kept)
+        weights.assign_sub(0.1 * tape.gradient(loss, weights))
+        return loss
+
+    concrete = step.get_concrete_function(tf.TensorSpec((None, 3)))
+    result = tune(concrete, budget="12GiB", config=LMSConfig(batch_size=8))
     unknown = result.baseline.unknown_size_tensors
-    assert unknown and all("Reshape" in name for name in unknown)
+    assert unknown and any("boolean_mask" in name for name in unknown)
     assert result.reason().endswith(f"; {len(unknown)} tensors whose size depends on the data are not counted")
 
 

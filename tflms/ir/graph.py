@@ -248,7 +248,34 @@ class Graph:
         new = self.copy()
         for op in new._ops.values():
             op.outputs = tuple(info.with_batch_size(batch_size) for info in op.outputs)
+        new.fill_alias_bytes()
         return new
+
+    def fill_alias_bytes(self) -> int:
+        """Give reshaping ops' outputs their input's size where only their shape is unknown; returns how many.
+
+        A ``Reshape`` (or ``Squeeze``, ``Identity``, ... :data:`~tflms.ir.op_types.ALIAS_OPS`) holds exactly
+        its input's elements, so its output's size is known whenever the input's is, even when its shape
+        comes from a tensor computed at run time (``Tensordot``'s ``[None, None]`` reshapes of Keras's
+        ``Dense`` on 3-D inputs). Sizes only; the shapes stay as traced.
+        """
+        from tflms.ir.op_types import ALIAS_OPS
+        filled = 0
+        for name in self.topological_order():
+            op = self._ops[name]
+            if op.type not in ALIAS_OPS or not op.inputs:
+                continue
+            outputs = list(op.outputs)
+            for k, info in enumerate(outputs):
+                if info.num_bytes is not None:
+                    continue
+                source = op.inputs[k] if op.type == "IdentityN" and k < len(op.inputs) else op.inputs[0]
+                known = self.tensor(source)
+                if known.num_bytes is not None and known.dtype == info.dtype:
+                    outputs[k] = dataclasses.replace(info, num_bytes=known.num_bytes)
+                    filled += 1
+            op.outputs = tuple(outputs)
+        return filled
 
     def copy(self) -> "Graph":
         """A structural copy: new Op records, shared (immutable) attrs and TensorInfos."""

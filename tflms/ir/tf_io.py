@@ -98,6 +98,7 @@ def from_tf_graph(tf_graph, graph_def=None, *, batch_size: int | None = None) ->
                 graph.append_input(name, TensorRef.parse(src))
     for name, src in pending_ctrl:
         graph.add_control_input(name, src)
+    graph.fill_alias_bytes()
     return graph
 
 
