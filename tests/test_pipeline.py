@@ -91,6 +91,24 @@ def test_rewrite_step_runs_every_stage_and_builds_the_function():
     assert unbuilt.function is None and "build" not in unbuilt.report.timings_s
 
 
+def test_a_step_left_alone_runs_the_users_own_function():
+    """Nothing inserted (the step fits the budget): the built function is the user's, not the pre-optimized one.
+
+    A rebuilt function would run the pre-pass's graph, the same only where it mimics TensorFlow exactly
+    (AccumulateNV2 and while loops are the known exceptions: docs/design.md).
+    """
+    model = build_model()
+    optimizer = keras.optimizers.SGD(0.1)
+    optimizer.build(model.trainable_variables)
+    step = tf.function(make_train_step(model, optimizer))
+    x, y = data(1)[0]
+    concrete = step.get_concrete_function(x, y)
+    fits = rewrite_step(concrete, LMSConfig(budget="12GiB"))
+    assert fits.report.inserted_ops == () and fits.function is concrete
+    swapped = rewrite_step(concrete, LMSConfig(**OPTIONS))  # the control: a rewrite builds a new function
+    assert swapped.report.inserted_ops and swapped.function is not concrete
+
+
 def test_entry_points_rewrite_the_same_step_identically():
     """tflms.function and tflms.rewrite go through one pipeline: the same graph, byte for byte."""
     fn, _ = trained_state(lambda s: tflms.function(s, **OPTIONS), steps=1)

@@ -88,11 +88,16 @@ def analyze(source: Any, *args: Any, batch_size: int | None = None, **kwargs: An
 
 def _preoptimized(source: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> Any:
     """LOAD: a ConcreteFunction after grappler (as TensorFlow would run it), else ``source`` as it is."""
+    return _traced_and_preoptimized(source, args, kwargs)[1]
+
+
+def _traced_and_preoptimized(source: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None):
+    """``(the ConcreteFunction of source or None, what LOAD reads)``."""
     concrete = tf_io.concrete_function_of(source, *args, **(kwargs or {}))
     if concrete is None:
-        return source
+        return None, source
     from tflms.ir import preoptimize
-    return preoptimize.preoptimize(concrete)
+    return concrete, preoptimize.preoptimize(concrete)
 
 
 def rewrite(source: Any, config: LMSConfig | None = None, *args: Any, copy_op: str = DEFAULT_COPY_OP,
@@ -130,7 +135,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
     with _gc_paused():
         timings: dict[str, float] = {}
         clock = _Clock(timings)
-        step = clock("preoptimize", lambda: _preoptimized(step, trace_args))
+        original, step = clock("preoptimize", lambda: _traced_and_preoptimized(step, trace_args))
         graph = clock("load", lambda: tf_io.load_graph(step, batch_size=config.batch_size))
         analysis = clock("analyze", lambda: analyze_graph(graph))
         if require_backward and not analysis.has_backward:
@@ -194,7 +199,11 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             logger.warning("tflms: %s", w)
         function = None
         if build and tf_io.is_concrete_function(step):
-            function = clock("build", lambda: _build(final, step, inserted))
+            # Nothing inserted (the step fits, or nothing qualifies): the user's own function, as TensorFlow runs
+            # it; a rebuilt one would run the pre-optimized graph, identical only where the pre-pass mimics
+            # TensorFlow exactly (docs/design.md, "Exceptions to bitwise").
+            function = original if not inserted and original is not None else clock(
+                "build", lambda: _build(final, step, inserted))
         return StepRewrite(graph=final, analysis=analysis, report=report, placement=placed.report,
                            function=function)
 
