@@ -260,21 +260,23 @@ class Graph:
         ``Dense`` on 3-D inputs). Sizes only; the shapes stay as traced.
         """
         from tflms.ir.op_types import ALIAS_OPS
-        filled = 0
-        for name in self.topological_order():
-            op = self._ops[name]
-            if op.type not in ALIAS_OPS or not op.inputs:
-                continue
-            outputs = list(op.outputs)
-            for k, info in enumerate(outputs):
-                if info.num_bytes is not None:
+        filled, progress = 0, True
+        while progress:  # passes in graph order until nothing more is known (no topological order: loops)
+            progress = False
+            for op in self._ops.values():
+                if op.type not in ALIAS_OPS or not op.inputs:
                     continue
-                source = op.inputs[k] if op.type == "IdentityN" and k < len(op.inputs) else op.inputs[0]
-                known = self.tensor(source)
-                if known.num_bytes is not None and known.dtype == info.dtype:
-                    outputs[k] = dataclasses.replace(info, num_bytes=known.num_bytes)
-                    filled += 1
-            op.outputs = tuple(outputs)
+                outputs = list(op.outputs)
+                for k, info in enumerate(outputs):
+                    if info.num_bytes is not None:
+                        continue
+                    source = op.inputs[k] if op.type == "IdentityN" and k < len(op.inputs) else op.inputs[0]
+                    known = self.tensor(source)
+                    if known.num_bytes is not None and known.dtype == info.dtype:
+                        outputs[k] = dataclasses.replace(info, num_bytes=known.num_bytes)
+                        filled += 1
+                        progress = True
+                op.outputs = tuple(outputs)
         return filled
 
     def copy(self) -> "Graph":
