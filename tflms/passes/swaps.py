@@ -44,6 +44,18 @@ def _copy_attrs(dtype: str):
 SWAPIN_ON_HOST, SWAPIN_ON_ACCELERATOR = "host", "accelerator"
 
 
+def resolve_swapin_on(copy_op: str, swapin_on: str | None) -> str:
+    """Check ``copy_op`` and ``swapin_on``; ``swapin_on`` defaults to the host for ``Identity`` copies and to the
+    accelerator for ``DeepCopy`` (see the module doc)."""
+    if copy_op not in COPY_OPS:
+        raise GraphError(f"copy_op must be one of {COPY_OPS}, got {copy_op!r}")
+    if swapin_on is None:
+        swapin_on = SWAPIN_ON_HOST if copy_op == "Identity" else SWAPIN_ON_ACCELERATOR
+    if swapin_on not in (SWAPIN_ON_HOST, SWAPIN_ON_ACCELERATOR):
+        raise GraphError(f"swapin_on must be 'host' or 'accelerator', got {swapin_on!r}")
+    return swapin_on
+
+
 def apply_swaps(graph: Graph, plan: SwapPlan, *, copy_op: str = DEFAULT_COPY_OP,
                 swapin_on: str | None = None) -> PassResult:
     """A copy of ``graph`` with the plan's swap ops inserted; the report is their names, in insertion order.
@@ -51,12 +63,7 @@ def apply_swaps(graph: Graph, plan: SwapPlan, *, copy_op: str = DEFAULT_COPY_OP,
     ``swapin_on`` defaults to the host for ``Identity`` copies and to the
     accelerator for ``DeepCopy`` (see the module doc).
     """
-    if copy_op not in COPY_OPS:
-        raise GraphError(f"copy_op must be one of {COPY_OPS}, got {copy_op!r}")
-    if swapin_on is None:
-        swapin_on = SWAPIN_ON_HOST if copy_op == "Identity" else SWAPIN_ON_ACCELERATOR
-    if swapin_on not in (SWAPIN_ON_HOST, SWAPIN_ON_ACCELERATOR):
-        raise GraphError(f"swapin_on must be 'host' or 'accelerator', got {swapin_on!r}")
+    swapin_on = resolve_swapin_on(copy_op, swapin_on)
     swapin_device = plan.config.host_device if swapin_on == SWAPIN_ON_HOST else plan.accelerator_device
     existing = [op.name for op in graph if op.name.startswith("lms/")]
     if existing and plan.swaps:

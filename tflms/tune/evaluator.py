@@ -42,7 +42,7 @@ from collections.abc import Sequence
 
 from tflms.errors import GraphError
 from tflms.ir.graph import Graph, TensorRef
-from tflms.passes.swaps import COPY_OPS, DEFAULT_COPY_OP, SWAPIN_ON_ACCELERATOR, SWAPIN_ON_HOST, apply_swaps
+from tflms.passes.swaps import DEFAULT_COPY_OP, SWAPIN_ON_HOST, apply_swaps, resolve_swapin_on
 from tflms.policies.swapplan import SwapPlan
 from tflms.profiles import HardwareProfile, get_profile
 from tflms.sim.simulator import (IndexedGraph, OpCosts, SimOptions, SimResult, _add_recvs, _check_order,
@@ -98,12 +98,7 @@ class PlanEvaluator:
     def __init__(self, base_graph: Graph, profile: str | HardwareProfile, options: SimOptions | None = None, *,
                  copy_op: str = DEFAULT_COPY_OP, swapin_on: str | None = None, order: Sequence[str] | None = None,
                  output_names: Sequence[str] | None = None):
-        if copy_op not in COPY_OPS:
-            raise GraphError(f"copy_op must be one of {COPY_OPS}, got {copy_op!r}")
-        if swapin_on is None:
-            swapin_on = SWAPIN_ON_HOST if copy_op == "Identity" else SWAPIN_ON_ACCELERATOR
-        if swapin_on not in (SWAPIN_ON_HOST, SWAPIN_ON_ACCELERATOR):
-            raise GraphError(f"swapin_on must be 'host' or 'accelerator', got {swapin_on!r}")
+        swapin_on = resolve_swapin_on(copy_op, swapin_on)
         self.graph = base_graph
         self.profile = get_profile(profile)
         self.options = options or SimOptions()
