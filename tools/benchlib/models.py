@@ -172,19 +172,13 @@ class Steps:
             import tensorflow as tf
 
             from tflms.baselines.recompute import checkpointed
+            from tflms.testing import make_train_step
             keras.utils.set_random_seed(0)
             model, optimizer, loss_fn = MODELS[name].build()
             ckpt = checkpointed(model)
 
             def make(forward):
-                @tf.function
-                def step(x, y):
-                    with tf.GradientTape() as tape:
-                        loss = loss_fn(y, forward(x, training=True))
-                    grads = tape.gradient(loss, model.trainable_variables)
-                    optimizer.apply_gradients(zip(grads, model.trainable_variables))
-                    return loss
-                return step
+                return tf.function(make_train_step(model, optimizer, loss_fn, forward=forward))
 
             # The model and optimizer must outlive the traces: a tf.function only holds weak references.
             self._built[name] = (model, optimizer, ckpt, {"plain": make(model), "recompute": make(ckpt)})
