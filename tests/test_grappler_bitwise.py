@@ -324,6 +324,76 @@ def test_max_pool_gradients_keep_the_onednn_workspace(monkeypatch):
         assert_bitwise_equal(plain, swapped, "max_pool with the MaxPool outputs swapped")
 
 
+def _accumulated():
+    """A ReLU map read by three activations and summed: the sum and the map's gradient are AddNs of three 64 MiB
+    tensors (batch 4) live at a statically estimated peak above 80% of a CPU device's 256 MiB, so grappler's memory
+    optimizer turns each into a TemporaryVariable accumulator."""
+    inp = keras.Input((256, 256, 3))
+    h = keras.layers.Conv2D(64, 1, activation="relu")(inp)
+    h = keras.layers.Add()([keras.layers.Activation(a)(h) for a in ("tanh", "sigmoid", "softplus")])
+    return keras.Model(inp, keras.layers.Dense(5)(keras.layers.GlobalAveragePooling2D()(h))), (256, 256, 3)
+
+
+def _accumulators(graph_def) -> dict[str, list]:
+    """Each accumulator's result name -> its AssignAdd nodes."""
+    nodes = [n for n in graph_def.node if n.op == "AssignAdd" and "/tmp_var_accum_" in n.name]
+    return {r.name: [n for n in nodes if n.name.startswith(r.name + "/")]
+            for r in graph_def.node if r.op == preoptimize.ACCUMULATOR_RESULT_TYPE}
+
+
+def test_pre_pass_makes_grappler_accumulators_and_pins_their_order(monkeypatch):
+    """The pre-pass gives grappler the device memory instantiation gives it, so the memory optimizer makes the
+    same accumulators as in the user's step, and tflms orders their AssignAdds (what TF ran says both).
+
+    Not bitwise here: in this model the user's own step sums racily (docs/design.md, "Exceptions to bitwise");
+    ResNet50 at 224x224, whose plain run is steady, is bitwise (tests/test_zoo.py).
+    """
+    monkeypatch.setitem(MODELS, "accumulated", _accumulated)
+    _, plain_graphs, _ = _tape_run("accumulated", tf.function)
+    plain = step_graph(plain_graphs)
+    assert len(_accumulators(plain)) == 2, "grappler made no accumulator: the test proves nothing"
+    _, lms_graphs, fn = _tape_run("accumulated", _lms)
+    ran = step_graph(lms_graphs)
+    assert_swaps_alive(ran, fn.report)
+    assert_same_counts(op_counts(plain), op_counts(ran, fn.report.inserted_ops), "accumulated")
+    for result, adds in _accumulators(ran).items():
+        by_index = sorted(adds, key=lambda n: int(n.name.rsplit("_", 1)[1]))  # grappler made them in input order
+        assert len(by_index) == 3, (result, [a.name for a in adds])
+        # a CPU runs them in reverse (ScheduleReady, the thread pool's LIFO queue): each waits for the next one
+        for later, earlier in zip(by_index, by_index[1:]):
+            assert "^" + earlier.name in later.input, (later.name, list(later.input))
+    # the control: a device of unknown memory (what the pre-pass gave grappler before) gets no accumulator
+    monkeypatch.setattr(preoptimize.compat, "CPU_DEVICE_MEMORY_LIMIT", 0)
+    _, unknown_graphs, fn = _tape_run("accumulated", _lms)
+    assert not _accumulators(step_graph(unknown_graphs))
+
+
+def test_pin_accumulations_follows_the_executors_order_per_device():
+    """GPU: inline in graph order; CPU: the last inline, the rest LIFO from the pool (reverse graph order)."""
+    from tflms.testing.graphs import GraphBuilder
+
+    def accumulator(device: str):
+        b = GraphBuilder()
+        grads = [b.op(f"g{i}", "Mul") for i in range(3)]
+        b.op("acc/tmp_var", "TemporaryVariable", control=["g1"])
+        init = b.op("acc/tmp_var_initializer", "Assign", ["acc/tmp_var:0", "g0"])
+        adds = [b.op(f"acc/tmp_var_accum_{i}", "AssignAdd", [init, g]).op for i, g in enumerate(grads)]
+        b.op("acc", preoptimize.ACCUMULATOR_RESULT_TYPE, [init], control=adds)
+        b.op("other", "AddN", grads)  # an AddN left alone
+        b.graph.op("acc").device = device
+        return b.graph
+
+    for device, expected in [("/device:GPU:0", [(0, 1), (1, 2)]), ("/device:CPU:0", [(2, 1), (1, 0)]),
+                             ("", [(2, 1), (1, 0)])]:
+        graph = accumulator(device)
+        assert preoptimize.pin_accumulations(graph, "/job:localhost/replica:0/task:0/device:CPU:0") == 1
+        edges = [(int(src[-1]), int(op.name[-1])) for op in graph.ops if op.type == "AssignAdd"
+                 for src in op.control_inputs]
+        assert sorted(edges) == sorted(expected), (device, edges)
+        assert graph.op("other").control_inputs == []
+    assert preoptimize.pin_accumulations(accumulator("/device:GPU:0"), "") == 1
+
+
 def test_preoptimized_step_keeps_fused_ops_and_the_simulator_costs_them():
     """The graph tflms rewrites holds grappler's fused ops, with shapes; the cost model gives them FLOPs."""
     from tflms.ir import tf_io

@@ -86,7 +86,33 @@ def _cpu_mhz() -> int:
     return 0
 
 
+#: The ``memory_limit`` TensorFlow gives every CPU device (``ThreadPoolDevice`` in
+#: ``threadpool_device_factory.cc``: ``Bytes(256 << 20)``), logical ones included.
+CPU_DEVICE_MEMORY_LIMIT = 256 << 20
+
+
+@functools.lru_cache(maxsize=1)
+def _gpu_memory_limits() -> dict[str, int]:
+    """``memory_limit`` of each local GPU device by full name (what its allocator may use)."""
+    try:
+        from tensorflow.python.client import device_lib
+    except ImportError as err:
+        raise _unsupported("device attributes (device_lib.list_local_devices)", err) from err
+    return {_full_device_name(d.name): int(d.memory_limit)
+            for d in device_lib.list_local_devices() if d.device_type == "GPU"}
+
+
 def _named_devices():
+    """This process's logical devices with the properties function instantiation gives grappler.
+
+    At instantiation grappler's cluster is a ``VirtualCluster`` over the runtime's
+    devices (``virtual_cluster.cc``), whose ``memory_size`` is each device's
+    ``memory_limit``. The memory optimizer reads it: its scheduling pass rewrites an
+    ``AddN`` of more than two inputs into a ``TemporaryVariable`` accumulator when the
+    statically estimated peak passes 80% of it. Left at 0 (unknown), that pass never
+    runs here while it does in the user's own function (e.g. ResNet50 at 224x224,
+    whose estimate passes 80% of a CPU device's 256 MiB).
+    """
     import tensorflow as tf
     from tensorflow.core.protobuf import device_properties_pb2
     devices = []
@@ -94,6 +120,7 @@ def _named_devices():
         props = device_properties_pb2.DeviceProperties(type=logical.device_type)
         if logical.device_type == "CPU":  # as grappler's GetLocalCPUInfo: cores and MHz (0 when unknown)
             props.num_cores, props.frequency = _cpu_cores(), _cpu_mhz()
+            props.memory_size = CPU_DEVICE_MEMORY_LIMIT
         if logical.device_type == "GPU":  # the layout optimizer reads the compute capability
             physical = tf.config.list_physical_devices("GPU")
             index = int(logical.name.rsplit(":", 1)[-1])
@@ -103,6 +130,7 @@ def _named_devices():
                 if capability:
                     props.environment["architecture"] = f"{capability[0]}.{capability[1]}"
                 props.vendor = "NVIDIA"
+            props.memory_size = _gpu_memory_limits().get(_full_device_name(logical.name), 0)
         devices.append(device_properties_pb2.NamedDevice(name=_full_device_name(logical.name), properties=props))
     return devices
 

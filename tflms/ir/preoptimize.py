@@ -59,6 +59,8 @@ FEED_SUFFIX = "/_tflms_feed"
 #: What grappler's function optimizer lowers a ``While`` into (tflms cannot rewrite loops; lowered ``If`` s,
 #: Switch/Merge, it can: the analysis keeps swaps and triggers out of their branches).
 LOWERED_CONTROL_FLOW_TYPES = LOOP_TYPES
+#: What grappler's memory optimizer turns an ``AddN`` it accumulates into (see :func:`pin_accumulations`).
+ACCUMULATOR_RESULT_TYPE = "DestroyTemporaryVariable"
 #: Prefix of the ``_Retval`` nodes added while grappler runs.
 RETVAL_PREFIX = "_tflms_retval_"
 
@@ -238,12 +240,60 @@ def _preoptimize(concrete_function):
                        "/".join(lowered))
         return concrete_function
     graph = tf_io.from_graph_def(graph_def)
+    pinned = pin_accumulations(graph, compat.default_device())
+    if pinned:
+        logger.debug("tflms: pinned the summation order of %d grappler accumulator(s)", pinned)
     signature = tf_io.signature_of(concrete_function)
     graph.signature = dataclasses.replace(signature, output_names=outputs)
     new = tf_io.to_concrete_function(graph, concrete_function, name=f"{concrete_function.graph.name}_optimized")
     logger.debug("tflms: grappler took %s from %d to %d nodes", concrete_function.graph.name,
                  len(concrete_function.graph.get_operations()), len(graph_def.node))
     return compat.mark_grappler_done(new)
+
+
+def _accumulations(graph):
+    """Grappler's ``AddN`` accumulators: ``(DestroyTemporaryVariable op, its AssignAdd ops)``.
+
+    The ``AssignAdd`` s come in graph order, which is the order of the zeroing
+    ``Assign``'s out-edges when TensorFlow builds the graph it runs.
+    """
+    position = {op.name: i for i, op in enumerate(graph.ops)}
+    for op in graph.ops:
+        if op.type != ACCUMULATOR_RESULT_TYPE or not op.inputs:
+            continue
+        adds = [graph.op(c) for c in op.control_inputs if graph.op(c).type == "AssignAdd"]
+        if adds and all(a.inputs and a.inputs[0] == op.inputs[0] for a in adds):
+            yield op, sorted(adds, key=lambda a: position[a.name])
+
+
+def pin_accumulations(graph, default_device: str) -> int:
+    """Fix the order in which each grappler accumulator adds its inputs; returns how many were pinned.
+
+    When an ``AddN`` of more than two inputs is live at the device's estimated peak
+    and that peak passes 80% of the device's memory, grappler's memory optimizer
+    (``SchedulingPass`` in ``memory_optimizer.cc``) turns it into a temporary
+    variable, a zeroing ``Assign`` and one ``AssignAdd`` per input (use_locking),
+    with nothing ordering the ``AssignAdd`` s: the sum is taken in the order they
+    run. In the user's step the inputs are live at the peak, so they are usually
+    all ready when the zeroing ``Assign`` (which waits for one of them) completes,
+    and TensorFlow's executor (``ScheduleReady``) then runs them in an order of its
+    own. On a GPU they are inexpensive kernels, run inline in graph order (the
+    order of the ``Assign``'s out-edges). On a CPU they are expensive: the last one
+    runs inline, the others go to the thread pool, whose worker takes them
+    last-in first-out: reverse graph order. Swaps change when the inputs are ready,
+    so the rewritten step would sum in another order (different bits); control
+    edges make it sum in the order above whatever the swaps do. With more inter-op
+    threads the user's own step races (docs/design.md, "Exceptions to bitwise").
+    """
+    pinned = 0
+    for result, adds in _accumulations(graph):
+        device = result.device or default_device
+        if "GPU" not in device.upper():
+            adds = adds[::-1]
+        for earlier, later in zip(adds, adds[1:]):
+            graph.add_control_input(later.name, earlier.name)
+        pinned += 1
+    return pinned
 
 
 def run_preoptimized(rewritten, source):
