@@ -325,13 +325,10 @@ def test_max_pool_gradients_keep_the_onednn_workspace(monkeypatch):
 
 
 def _accumulated():
-    """A ReLU map read by three activations and summed: the sum and the map's gradient are AddNs of three 64 MiB
-    tensors (batch 4) live at a statically estimated peak above 80% of a CPU device's 256 MiB, so grappler's memory
-    optimizer turns each into a TemporaryVariable accumulator."""
-    inp = keras.Input((256, 256, 3))
-    h = keras.layers.Conv2D(64, 1, activation="relu")(inp)
-    h = keras.layers.Add()([keras.layers.Activation(a)(h) for a in ("tanh", "sigmoid", "softplus")])
-    return keras.Model(inp, keras.layers.Dense(5)(keras.layers.GlobalAveragePooling2D()(h))), (256, 256, 3)
+    """The kit's accumulated model (tflms.testing.models): its sum and the gradient of its ReLU map are AddNs of three
+    64 MiB tensors at batch 4, which grappler's memory optimizer turns into TemporaryVariable accumulators."""
+    from tflms.testing import build_model
+    return build_model("accumulated", classes=5), (256, 256, 3)
 
 
 def _accumulators(graph_def) -> dict[str, list]:

@@ -15,7 +15,11 @@ logits:
   ``Dense(gelu)`` on a float sequence;
 - ``bert``: a BERT-style encoder: token + position embeddings, several
   post-LN transformer layers, attention masked by the padding (token id 0),
-  a tanh pooler on the first token.
+  a tanh pooler on the first token;
+- ``accumulated``: a 1x1 Conv2D + ReLU read by several activations that are
+  added: at 256x256 and batch 4 the sum and the map's gradient are ``AddN`` s of
+  64 MiB tensors, big enough (on a CPU device) for grappler's memory optimizer
+  to turn them into ``TemporaryVariable`` accumulators with three activations.
 
 :func:`make_batches` makes fixed data for any of them (integer tokens with
 padding for ``bert``).
@@ -159,9 +163,19 @@ def bert(*, seed: int = 0, vocab: int = 64, length: int = 12, width: int = 32, h
     return keras.Model(tokens, keras.layers.Dense(classes, name="logits")(pooled), name="zoo_bert")
 
 
+def accumulated(*, seed: int = 0, size: int = 256, filters: int = 64,
+                activations: tuple[str, ...] = ("tanh", "sigmoid", "softplus"), classes: int = 5):
+    keras = _keras(seed)
+    inputs = keras.Input((size, size, 3), name="x")
+    h = keras.layers.Conv2D(filters, 1, activation="relu", name="conv")(inputs)
+    h = keras.layers.Add(name="sum")([keras.layers.Activation(a, name=f"act_{a}")(h) for a in activations])
+    h = keras.layers.GlobalAveragePooling2D(name="gap")(h)
+    return keras.Model(inputs, keras.layers.Dense(classes, name="logits")(h), name="zoo_accumulated")
+
+
 MODEL_BUILDERS: dict[str, Callable[..., Any]] = {
     "mlp": mlp, "cnn": cnn, "residual": residual, "add_tree": add_tree, "layernorm_gelu": layernorm_gelu,
-    "mha_block": mha_block, "bert": bert}
+    "mha_block": mha_block, "bert": bert, "accumulated": accumulated}
 
 
 def build_model(name: str, *, seed: int = 0, **sizes: Any):
