@@ -51,3 +51,14 @@ def test_accessors_reach_what_tflms_uses():
     assert hasattr(fd, "RestoredFunction")
     cluster, item, optimizer = compat.grappler()
     assert hasattr(cluster, "Cluster") and hasattr(item, "Item") and hasattr(optimizer, "OptimizeGraph")
+
+
+def test_grappler_gets_each_devices_memory_limit_as_at_instantiation():
+    """Instantiation's VirtualCluster gives grappler each device's memory_limit; the pre-pass must give the same
+    (the memory optimizer's AddN accumulators depend on it), and TensorFlow reports it for this CPU."""
+    from tensorflow.python.client import device_lib
+
+    from tflms._compat import grappler
+    reported = {d.memory_limit for d in device_lib.list_local_devices() if d.device_type == "CPU"}
+    given = {d.properties.memory_size for d in grappler._named_devices() if d.properties.type == "CPU"}
+    assert reported == given == {grappler.CPU_DEVICE_MEMORY_LIMIT} == {256 << 20}

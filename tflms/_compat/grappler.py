@@ -91,15 +91,30 @@ def _cpu_mhz() -> int:
 CPU_DEVICE_MEMORY_LIMIT = 256 << 20
 
 
-@functools.lru_cache(maxsize=1)
-def _gpu_memory_limits() -> dict[str, int]:
-    """``memory_limit`` of each local GPU device by full name (what its allocator may use)."""
+def _gpu_memory_limits() -> list[int]:
+    """``memory_limit`` in bytes of each logical GPU, in TensorFlow's order (what its allocator may use).
+
+    A physical GPU split into logical ones (``tf.config.set_logical_device_configuration``)
+    gives each its configured limit (MiB); otherwise the device's own limit, as
+    ``device_lib`` reports it. Not checked on a GPU (there is none here): 0 (unknown)
+    for a device it cannot find, which is what grappler got before.
+    """
+    import tensorflow as tf
     try:
         from tensorflow.python.client import device_lib
     except ImportError as err:
         raise _unsupported("device attributes (device_lib.list_local_devices)", err) from err
-    return {_full_device_name(d.name): int(d.memory_limit)
-            for d in device_lib.list_local_devices() if d.device_type == "GPU"}
+    reported = None
+    limits = []
+    for index, physical in enumerate(tf.config.list_physical_devices("GPU")):
+        configured = tf.config.get_logical_device_configuration(physical)
+        if configured:
+            limits.extend(int(c.memory_limit or 0) << 20 for c in configured)
+            continue
+        if reported is None:
+            reported = [int(d.memory_limit) for d in device_lib.list_local_devices() if d.device_type == "GPU"]
+        limits.append(reported[index] if index < len(reported) else 0)
+    return limits
 
 
 def _named_devices():
@@ -116,6 +131,7 @@ def _named_devices():
     import tensorflow as tf
     from tensorflow.core.protobuf import device_properties_pb2
     devices = []
+    gpu_limits = None
     for logical in tf.config.list_logical_devices():
         props = device_properties_pb2.DeviceProperties(type=logical.device_type)
         if logical.device_type == "CPU":  # as grappler's GetLocalCPUInfo: cores and MHz (0 when unknown)
@@ -130,7 +146,8 @@ def _named_devices():
                 if capability:
                     props.environment["architecture"] = f"{capability[0]}.{capability[1]}"
                 props.vendor = "NVIDIA"
-            props.memory_size = _gpu_memory_limits().get(_full_device_name(logical.name), 0)
+            gpu_limits = _gpu_memory_limits() if gpu_limits is None else gpu_limits
+            props.memory_size = gpu_limits[index] if index < len(gpu_limits) else 0
         devices.append(device_properties_pb2.NamedDevice(name=_full_device_name(logical.name), properties=props))
     return devices
 
