@@ -92,11 +92,12 @@ def test_no_zero_overhead_rewrite_beats_the_link_bound(mlp, profile):
     profile = get_profile(profile)
     base = PlanEvaluator(graph, profile).evaluate(None)
     bound = hidden_swap_bound(base, profile)
-    assert base.resident_bytes <= bound.lowest_peak_bytes <= base.peak_bytes
+    tight = hidden_swap_bound(base, profile, graph)  # knowing when each buffer is made and read
+    assert base.resident_bytes <= bound.lowest_peak_bytes <= tight.lowest_peak_bytes <= base.peak_bytes
     result = tune(graph, budget=base.peak_bytes - 1, profile=profile, strategies=["idle-time-no-overhead"])
     zero = [c for c in result.candidates if c.sim.overhead_vs(base) <= 0.0 and c.plan is not None]
     assert zero, "the search must find some zero-overhead rewrite that lowers the peak"
-    assert all(c.sim.peak_bytes >= bound.lowest_peak_bytes for c in zero)
+    assert all(c.sim.peak_bytes >= tight.lowest_peak_bytes for c in zero)
 
 
 def test_link_bound_grows_with_the_link():
@@ -106,3 +107,21 @@ def test_link_bound_grows_with_the_link():
         profile = slow_link(gbps)
         savings.append(hidden_swap_bound(PlanEvaluator(graph, profile).evaluate(None), profile).max_saving)
     assert savings == sorted(savings) and savings[0] < 0.05 < savings[-1]
+
+
+def test_away_at_most_counts_only_buffers_made_before_and_back_before_their_next_read():
+    """One 100-byte buffer made at 1 s, read at [1.5, 2) and at 5 s, on a 10 B/s link (step ends at 10 s)."""
+    from tflms.sim.bounds import _away_at_most, _Buffer
+    buf = _Buffer(size=100, first=0, last=9, ready_s=1.0, reads=((1.5, 2.0), (5.0, 5.5)))
+    # at 3 s: out since 1 s (20 B), back by 5 s (20 B)
+    assert _away_at_most([buf], 3, 3.0, 10.0, 10.0) == 20
+    # read at 1.7 s: nothing away; before it is made (0.5 s): nothing
+    assert _away_at_most([buf], 3, 1.7, 10.0, 10.0) == 0
+    assert _away_at_most([buf], 3, 0.5, 10.0, 10.0) == 0
+    # a fast link: the whole buffer; outside its lifetime (entry 10): nothing
+    assert _away_at_most([buf], 3, 3.0, 10.0, 1e9) == 100
+    assert _away_at_most([buf], 10, 3.0, 10.0, 1e9) == 0
+    # two buffers: the one made at 2.9 s can barely leave by 3 s: at most 10 * 0.1 = 1 B of it
+    late = _Buffer(size=100, first=0, last=9, ready_s=2.9, reads=((9.0, 9.5),))
+    assert _away_at_most([buf, late], 3, 3.0, 10.0, 10.0) == 20  # the out link (20 B since 1 s) limits both
+    assert _away_at_most([late], 3, 3.0, 10.0, 10.0) == 1

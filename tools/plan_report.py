@@ -113,7 +113,7 @@ def main(argv=None) -> int:
         plan_s = time.perf_counter() - t0
         # Aim at the lowest peak any zero-overhead rewrite could reach (at least half the transient peak): a
         # lower budget makes the tuner skip the no-overhead search as hopeless (tflms.tune.search._copies_can_hide).
-        link = hidden_swap_bound(base, args.profile)
+        link = hidden_swap_bound(base, args.profile, graph)
         budget = max(int(base.resident_bytes + SEARCH_BUDGET_FRACTION * base.transient_peak_bytes),
                      link.lowest_peak_bytes)
         _say(f"{name}: searching strategies at budget {format_bytes(budget)}")

@@ -18,6 +18,7 @@ device buffer lives from its op's start to its last reader's end.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 
@@ -145,7 +146,7 @@ class HiddenSwapBound:
         return 1.0 - self.lowest_peak_bytes / self.peak_bytes if self.peak_bytes else 0.0
 
 
-def hidden_swap_bound(sim, profile: str | HardwareProfile) -> HiddenSwapBound:
+def hidden_swap_bound(sim, profile: str | HardwareProfile, graph: Graph | None = None) -> HiddenSwapBound:
     """How far swapping hidden behind compute can lower a simulated step's peak (docs/design.md, "Bounds").
 
     A swap that costs no time leaves the step's compute timeline as it is, so at any
@@ -156,13 +157,89 @@ def hidden_swap_bound(sim, profile: str | HardwareProfile) -> HiddenSwapBound:
     effective bandwidth per direction), and never resident bytes. The lowest
     zero-overhead peak is therefore at least
     ``max over t of max(resident, live(t) - B * min(t, T - t))``.
+
+    With the simulated ``graph``, the bound also knows each buffer: only a buffer made
+    before ``t`` and not read at ``t`` can be away, its bytes leave after its producer
+    ends and are back before its next read, so for every ``s <= t`` at most
+    ``B * (t - s)`` plus the bytes of such buffers made before ``s`` are away, and for
+    every ``u >= t`` at most ``B * (u - t)`` plus those of such buffers next read after
+    ``u`` (:func:`_away_at_most`). Still optimistic (a tensor may be partly away).
     """
     profile = get_profile(profile)
     rate = profile.effective_link_bytes_per_s
     end = sim.step_time_s
+    floors = [(max(sim.resident_bytes, live - int(rate * max(0.0, min(t, end - t)))), i)
+              for i, (t, live, _host) in enumerate(sim.timeline)]
+    if graph is None:
+        lowest, i = max(floors, default=(sim.resident_bytes, 0), key=lambda f: (f[0], -f[1]))
+        at = sim.timeline[i][0] if sim.timeline else 0.0
+        return HiddenSwapBound(peak_bytes=sim.peak_bytes, lowest_peak_bytes=min(lowest, sim.peak_bytes), at_time_s=at)
+    buffers = _swappable_buffers(sim, graph)
     lowest, at = sim.resident_bytes, 0.0
-    for t, live, _host in sim.timeline:
-        floor = max(sim.resident_bytes, live - int(rate * max(0.0, min(t, end - t))))
+    # The link-only floor is an upper bound of the buffer-aware one: visit instants by it, stop when it is beaten.
+    for loose, i in sorted(floors, key=lambda f: (-f[0], f[1])):
+        if loose <= lowest:
+            break
+        t, live, _host = sim.timeline[i]
+        floor = max(sim.resident_bytes, live - _away_at_most(buffers, i, t, end, rate))
         if floor > lowest:
             lowest, at = floor, t
     return HiddenSwapBound(peak_bytes=sim.peak_bytes, lowest_peak_bytes=min(lowest, sim.peak_bytes), at_time_s=at)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Buffer:
+    size: int
+    first: int  # live from timeline entry ``first`` to ``last`` inclusive
+    last: int
+    ready_s: float  # its producer's end: the earliest a copy out can start
+    reads: tuple[tuple[float, float], ...]  # (start, end) of every op reading it, by start
+
+
+def _swappable_buffers(sim, graph: Graph) -> list[_Buffer]:
+    """The simulated step's transient device buffers with when they are made and read."""
+    from tflms.ir.graph import TensorRef
+    span = {r.name: (r.start_s, r.end_s) for r in sim.ops}
+    members: dict[str, list[str]] = {}
+    for tensor, owner in sim.buffer_owner.items():
+        members.setdefault(owner, []).append(tensor)
+    out = []
+    for owner, size, first, last in sim.buffer_lifetimes:
+        producer = owner.rsplit(":", 1)[0]
+        if producer not in span:
+            continue
+        reads = sorted({span[c] for t in [owner, *members.get(owner, ())]
+                        for c, _ in graph.consumers(TensorRef.parse(t)) if c in span})
+        # timeline entry k + 1 follows memory event k: the buffer is live in entries first + 1 .. last + 1
+        out.append(_Buffer(size, first + 1, last + 1, span[producer][1], tuple(reads)))
+    return out
+
+
+def _away_at_most(buffers: list[_Buffer], index: int, t: float, end: float, rate: float) -> int:
+    """The most bytes a zero-overhead rewrite can have off the device at timeline entry ``index`` (time ``t``)."""
+    made, back_by = [], []  # (ready, size), (next read, size) of the buffers that may be away at t
+    for b in buffers:
+        if not b.first <= index <= b.last or b.ready_s > t:
+            continue
+        if any(start <= t < stop for start, stop in b.reads):
+            continue  # read now
+        following = bisect.bisect_right(b.reads, (t, math.inf))
+        made.append((b.ready_s, b.size))
+        back_by.append((b.reads[following][0] if following < len(b.reads) else end, b.size))
+    if not made:
+        return 0
+    # out: for s in {0, ready times}: B (t - s) + bytes made before s; at s = t, all of them
+    made.sort()
+    total = sum(size for _, size in made)
+    best, before = min(total, rate * t), 0
+    for ready, size in made:
+        best = min(best, rate * (t - ready) + before)
+        before += size
+    # back: for u in {next reads, T}: B (u - t) + bytes next read after u
+    back_by.sort()
+    after = total
+    best = min(best, rate * (end - t))
+    for due, size in back_by:
+        best = min(best, rate * (due - t) + after - size)
+        after -= size
+    return int(max(0.0, best))
