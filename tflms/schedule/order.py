@@ -128,7 +128,7 @@ def _greedy_order(m: BufferModel, level: list[int], replay: Replay | None = None
 
     def key(i: int) -> int:
         alloc, freed = replay.net_bytes(i)
-        return (alloc - freed) // quantum
+        return (alloc - freed + quantum // 2) // quantum
 
     def push(i: int, net: int | None = None) -> None:
         version[i] += 1
