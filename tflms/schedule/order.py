@@ -115,7 +115,7 @@ def _greedy_order(m: BufferModel, level: list[int], replay: Replay | None = None
     With a :class:`TimedReplay` a buffer counts as freed only if every copy reading it ends by the op's
     end; since that changes with time, a popped op's priority is recomputed and it waits if it got worse.
     ``tie``: the secondary key by op (default: the CTO level); ``quantum``: net bytes are compared in
-    steps of this many bytes (floor division).
+    steps of this many bytes (rounded to the nearest step).
     """
     timed = replay is not None
     replay = replay or Replay(m)
@@ -220,7 +220,7 @@ def _dfs_order(m: BufferModel, level: list[int]) -> list[int]:
 
 
 def _greedy_dfs_order(m: BufferModel, level: list[int], replay: Replay | None = None) -> list[int]:
-    """``greedy`` on net bytes rounded down to :data:`QUANTUM_SHIFT` steps, ties by DFS post-order rank.
+    """``greedy`` on net bytes rounded to :data:`QUANTUM_SHIFT` steps, ties by DFS post-order rank.
 
     Two ops whose net bytes differ by a few bytes (on ResNet-50 a 3 GiB ``BroadcastTo`` that also frees
     1,040 bytes against a 3 GiB ``Mul`` that frees 1,024) are a tie here, and the tie goes to the op
