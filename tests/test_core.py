@@ -414,3 +414,21 @@ def test_reshapes_of_run_time_shapes_take_their_input_size():
     assert sized.tensor(TensorRef("cast")).num_bytes is None  # not an alias: its shape is really unknown
     assert sized.tensor(TensorRef("flat")).shape == (None, None)  # sizes only; shapes stay as traced
     assert g.tensor(TensorRef("flat")).num_bytes is None  # the original is untouched
+
+
+def test_a_reduction_reshaped_to_a_known_shape_takes_that_size():
+    """Graph.fill_alias_bytes backwards: the gradient of a broadcasting Add sums over axes known only at run time
+    (BroadcastGradientArgs) and reshapes the sum to the operand's shape, so the sum holds that many elements;
+    it was 0 bytes in the simulator, and so was the upstream gradient it forwards."""
+    from tflms.ir.graph import TensorInfo
+    g = Graph()
+    g.add_op("grad", "Placeholder", outputs=[TensorInfo("float32", (8, 6, 4), 8 * 6 * 4 * 4)])
+    g.add_op("axes", "Placeholder", outputs=[TensorInfo("int32", (None,), None)])
+    g.add_op("sum", "Sum", inputs=[TensorRef("grad"), TensorRef("axes")],
+             outputs=[TensorInfo("float32", None, None)])
+    g.add_op("shaped", "Reshape", inputs=[TensorRef("sum")], outputs=[TensorInfo("float32", (8, 6, 4), 768)])
+    g.add_op("cast", "Cast", inputs=[TensorRef("axes")], outputs=[TensorInfo("int64", (None,), None)])
+    assert g.fill_alias_bytes() == 1
+    assert g.tensor(TensorRef("sum")).num_bytes == 768
+    assert g.tensor(TensorRef("axes")).num_bytes is None  # not reshaped into anything known
+    assert g.tensor(TensorRef("sum")).shape is None  # sizes only

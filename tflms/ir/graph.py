@@ -257,7 +257,9 @@ class Graph:
         A ``Reshape`` (or ``Squeeze``, ``Identity``, ... :data:`~tflms.ir.op_types.ALIAS_OPS`) holds exactly
         its input's elements, so its output's size is known whenever the input's is, even when its shape
         comes from a tensor computed at run time (``Tensordot``'s ``[None, None]`` reshapes of Keras's
-        ``Dense`` on 3-D inputs). Sizes only; the shapes stay as traced.
+        ``Dense`` on 3-D inputs), and its input's size is known whenever its output's is (a gradient's
+        ``Sum`` over axes computed at run time, reshaped back to the operand's shape: without this the
+        upstream gradient it forwards counted 0 bytes). Sizes only; the shapes stay as traced.
         """
         from tflms.ir.op_types import ALIAS_OPS
         filled, progress = 0, True
@@ -277,6 +279,20 @@ class Graph:
                         filled += 1
                         progress = True
                 op.outputs = tuple(outputs)
+                # and backwards: an input of unknown size holds the elements of the output it is reshaped into
+                # (a gradient's ``Sum`` over axes known only at run time, then ``Reshape`` d to the input's shape)
+                for k, info in enumerate(op.outputs):
+                    source = op.inputs[k] if op.type == "IdentityN" and k < len(op.inputs) else op.inputs[0]
+                    producer = self._ops.get(source.op)
+                    if info.num_bytes is None or producer is None or source.index >= len(producer.outputs):
+                        continue
+                    unknown = producer.outputs[source.index]
+                    if unknown.num_bytes is None and unknown.dtype == info.dtype:
+                        produced = list(producer.outputs)
+                        produced[source.index] = dataclasses.replace(unknown, num_bytes=info.num_bytes)
+                        producer.outputs = tuple(produced)
+                        filled += 1
+                        progress = True
         return filled
 
     def copy(self) -> "Graph":
