@@ -2,7 +2,9 @@
 reference that pins the fast index-based simulator (tflms/sim/simulator.py) and the incremental
 evaluator (tflms/tune/evaluator.py) to identical results in tests/test_incremental.py.
 
-Only this module doc differs from the original; nothing in tflms imports this file.
+Changed since, each where the simulator's memory model deliberately changed (and marked "changed:"):
+a reduction that reduces nothing shares its input's buffer, as TensorFlow's ``ReductionOp`` does
+(tflms.ir.op_types.IDENTITY_REDUCTION_OPS). Nothing in tflms imports this file.
 """
 
 
@@ -16,6 +18,7 @@ from tflms.analysis.cto import compute_levels
 from tflms.config import normalize_device
 from tflms.errors import ConfigError, GraphError
 from tflms.ir.graph import DTYPE_BYTES, Graph, TensorRef
+from tflms.ir.op_types import IDENTITY_REDUCTION_OPS, trivial_reduction  # changed: trivial reductions
 from tflms.sim.cost import op_time_s
 from tflms.profiles import HardwareProfile, get_profile
 
@@ -317,6 +320,9 @@ def simulate(graph: Graph, profile: str | HardwareProfile, *, order: Sequence[st
             if device[src.op] == device[name] or op.type not in COPY_OPS:
                 for i in range(len(op.outputs)):
                     buffer_of[TensorRef(name, i)] = buffer_of[op.inputs[min(i, len(op.inputs) - 1)]]
+        elif (op.type in IDENTITY_REDUCTION_OPS and op.inputs and len(op.outputs) == 1  # changed: trivial reductions
+              and trivial_reduction(graph.tensor(op.inputs[0]), op.outputs[0])):
+            buffer_of[TensorRef(name, 0)] = buffer_of[op.inputs[0]]
     is_transfer = {name: graph.op(name).type in COPY_OPS and bool(graph.op(name).inputs)
                    and device[graph.op(name).inputs[0].op] != device[name] for name in order}
 

@@ -45,6 +45,24 @@ def test_chain_peak_without_forwarding():
     assert result.live_at_peak == (("a:0", 64), ("b:0", 64), ("c:0", 64))
 
 
+@pytest.mark.parametrize("reduced, expected_peak", [((4, 4), 64 + 64 + 64), ((4, 1), 64 + 64 + 16 + 64)])
+def test_a_reduction_that_reduces_nothing_shares_its_input_buffer(reduced, expected_peak):
+    """TensorFlow's ReductionOp hands back its input's buffer when it reduces nothing (a broadcasting Add's
+    gradient Sum over run-time axes); a real reduction allocates. Simulator and scheduler agree."""
+    from tflms.schedule import replay_peak
+    from tflms.schedule.memory import buffer_model
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=T)
+    a = b.op("a", "Relu", [x], shape=T)
+    axes = b.op("axes", "Const", shape=(1,), dtype="int32")
+    s = b.op("s", "Sum", [a, axes], shape=reduced)
+    b.op("out", "Mul", [a, s], shape=T)  # a stays alive past the Sum
+    result = simulate(b.graph, unit_profile(), options=SimOptions(model_forwarding=False))
+    assert result.peak_bytes - 4 == expected_peak  # the Const axes (4 bytes) are resident
+    order = [op.name for op in b.graph.ops]
+    assert replay_peak(buffer_model(b.graph, SimOptions(model_forwarding=False)), order) == result.peak_bytes
+
+
 def swapped_chain(copy_s: float, swapin_device: str = "/device:CPU:0"):
     """a is swapped out after it is made and back in (triggered by b) for its last consumer e."""
     b = GraphBuilder()

@@ -34,6 +34,11 @@ TF1_CONTROL_FLOW_TYPES = frozenset({"Switch", "Merge", "Enter", "Exit", "NextIte
 #: Ops whose output is a view of input 0 on the same device.
 ALIAS_OPS = frozenset({"Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "Snapshot",
                        "PreventGradient", "EnsureShape", "CheckNumerics", "IdentityN"})
+#: Reductions that hand back their input's buffer when they reduce nothing (TensorFlow's ``ReductionOp``: a
+#: trivial reduction, over no axis or only axes of size 1, is ``out.CopyFrom(data, shape)``, a shared buffer, for
+#: reducers whose scalar identity holds). A broadcasting ``Add``'s gradient is such a ``Sum`` over axes that
+#: ``BroadcastGradientArgs`` computes at run time. Known by sizes: output bytes equal to the input's.
+IDENTITY_REDUCTION_OPS = frozenset({"Sum", "Prod", "Max", "Min", "All", "Any"})
 #: Copy ops that move a tensor between devices when their input lives elsewhere.
 COPY_OPS = frozenset({"Identity", "DeepCopy", "Snapshot"})
 #: Element-wise ops whose output may reuse a same-sized input that dies with them (TensorFlow's
@@ -121,3 +126,8 @@ PLUMBING_OP_TYPES = frozenset({
     "_Arg", "_Retval", "NoOp", "Const", "Identity", "IdentityN", "IteratorGetNext", "IteratorGetNextAsOptional",
     "OptionalHasValue", "OptionalGetValue", "OptionalNone", "OptionalFromValue", "StatefulPartitionedCall",
     "PartitionedCall", "_Send", "_Recv", "_HostSend", "_HostRecv"})
+
+
+def trivial_reduction(data, out) -> bool:
+    """Whether a reduction from ``data`` to ``out`` (``TensorInfo`` s) reduces nothing: same dtype and bytes."""
+    return out.num_bytes is not None and out.num_bytes == data.num_bytes and out.dtype == data.dtype

@@ -4,7 +4,8 @@
 rules of :mod:`tflms.sim.simulator` (its module doc is the reference):
 
 - only ops the function's outputs and control outputs need run (``prune_unused``);
-- an alias op (``Identity`` on one device, ``Reshape``, ...) shares its input's buffer;
+- an alias op (``Identity`` on one device, ``Reshape``, ...) shares its input's buffer, and so does a
+  reduction that reduces nothing (:data:`~tflms.ir.op_types.IDENTITY_REDUCTION_OPS`);
   variable reads, constants and fed arguments are resident, not step memory;
 - a buffer is allocated when the op producing it runs and freed when the last op
   reading it (directly or through an alias) has run; a function output lives to the end;
@@ -28,7 +29,8 @@ from collections.abc import Sequence
 from tflms.devices import normalize_device
 from tflms.errors import ConfigError, GraphError
 from tflms.ir.graph import Graph, TensorRef
-from tflms.ir.op_types import ALIAS_OPS, CONSTANT_OPS, COPY_OPS, FORWARDING_OPS, SOURCE_OPS, VARIABLE_READ_OPS
+from tflms.ir.op_types import (ALIAS_OPS, CONSTANT_OPS, COPY_OPS, FORWARDING_OPS, IDENTITY_REDUCTION_OPS, SOURCE_OPS,
+                               VARIABLE_READ_OPS, trivial_reduction)
 from tflms.sim.simulator import SimOptions, variable_bytes
 
 _NO_SIZE_DTYPES = ("resource", "variant", "string")
@@ -136,6 +138,9 @@ def buffer_model(graph: Graph, options: SimOptions | None = None) -> BufferModel
                 for k in range(len(op.outputs)):
                     ref = op.inputs[min(k, len(op.inputs) - 1)]
                     alias_of[(op.name, k)] = (ref.op, ref.index)
+        elif (op.type in IDENTITY_REDUCTION_OPS and op.inputs and len(op.outputs) == 1
+              and trivial_reduction(graph.tensor(op.inputs[0]), op.outputs[0])):
+            alias_of[(op.name, 0)] = (op.inputs[0].op, op.inputs[0].index)
 
     def root(ref: tuple[str, int]) -> tuple[str, int]:
         seen = []

@@ -12,7 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from tflms.errors import GraphError
 from tflms.ir.graph import DTYPE_BYTES
-from tflms.ir.op_types import ALIAS_OPS, COPY_OPS, FORWARDING_OPS, SOURCE_OPS, VARIABLE_READ_OPS
+from tflms.ir.op_types import (ALIAS_OPS, COPY_OPS, FORWARDING_OPS, IDENTITY_REDUCTION_OPS, SOURCE_OPS,
+                               VARIABLE_READ_OPS, trivial_reduction)
 from tflms.sim.cost import op_time_s
 from tflms.sim.indexed import (_NO_BUFFER_DTYPES, ACCEL, HOST, IndexedGraph, OpCosts, _resident_variable_bytes,
                                _synthetic_op)
@@ -61,6 +62,8 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
                 last = len(ins) - 1
                 for j in range(k):
                     buffer_of[s + j] = buffer_of[ins[min(j, last)]]
+        elif op_type in IDENTITY_REDUCTION_OPS and ins and k == 1 and trivial_reduction(t_info[ins[0]], t_info[s]):
+            buffer_of[s] = buffer_of[ins[0]]
 
     def owner_of(t: int) -> int:
         owner = buffer_of[t]
