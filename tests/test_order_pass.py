@@ -149,3 +149,52 @@ def test_a_winner_judged_without_edges_gets_none(tf_quiet):
     assert tight.report.order is not None and tight.report.order["edges"] > 0  # the control: same step, tighter
     off = rewrite_step(cf, LMSConfig(batch_size=BATCH, budget_bytes="4.3MiB", enforce_order=False), build=False)
     assert off.report.order is None
+
+
+def test_a_small_op_is_ordered_when_only_it_keeps_an_unordered_big_reader_early():
+    """BiasAddGrad is never ordered (oneDNN fuses it): only its small Reshape can pull it, and with it the
+    last read of the big gradient d, before e allocates. The edges among 64 KiB ops cannot."""
+    from tflms.schedule import add_order_edges, order_edges, schedule_order
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=SMALL)
+    d = b.op("d", "Pad", [x], shape=(256, 256))  # 256 KiB
+    e = b.op("e", "Pad", [x], shape=(256, 256))
+    bg = b.op("bg", "BiasAddGrad", [d], shape=(256,))
+    b.op("f", "Sum", [e], shape=SMALL)
+    b.op("r", "Reshape", [bg], shape=(256,))
+    g = b.graph
+    profile = unit_profile()
+    level = simulate(g, profile).peak_bytes
+    order = schedule_order(g, profile=profile)
+    assert order.index("bg") < order.index("e")  # the schedule reads d for the last time first
+    coarse = add_order_edges(g, order_edges(g, order))
+    assert simulate(coarse, profile).peak_bytes == level  # control: the 64 KiB edges alone change nothing
+    result = enforce_order(g, profile)
+    assert result.changed
+    assert ("r", "e") in result.report.edges
+    assert result.report.ordered_peak_bytes == simulate(result.graph, profile).peak_bytes < level
+    assert simulate(result.graph, profile).peak_bytes <= level - 256 * 256 * 4 + 1024
+
+
+def test_the_tuner_also_judges_the_ungrouped_twin_of_a_grouped_finalist_in_the_enforced_order():
+    """A grouped swap-in keeps its tensor from the group's first consumer to its last in every order; the
+    twin with one swap-in per consumer level (never made by the ladder with a sync mode) is judged too."""
+    from tflms.analysis.cto import analyze_graph
+    from tflms.passes.swaps import DEFAULT_COPY_OP
+    from tflms.sim import SimOptions, get_profile
+    from tflms.testing import mlp_training_graph
+    from tflms.tune.search import ORDER_UNGROUPED_TWINS, _Evaluator, judge_ordered
+    g = mlp_training_graph(6, batch=64, width=256)
+    profile = get_profile("v100-16gb-pcie3")
+    base = simulate(g, profile)
+    budget = base.resident_bytes + (base.peak_bytes - base.resident_bytes) // 4  # nothing fits
+    ev = _Evaluator(analyze_graph(g), profile, budget, profile.host_memory_bytes, SimOptions(),
+                    LMSConfig().with_rule_defaults(), "/device:GPU:0", DEFAULT_COPY_OP, None)
+    grouped = ev.distance(swapout_threshold=1, swapin_ahead=1, swapin_groupby=4, sync_mode=1)
+    assert not grouped.fits and ORDER_UNGROUPED_TWINS >= 1
+    added = judge_ordered(ev)
+    twin = {"swapout_threshold": 1, "swapin_ahead": 1, "swapin_groupby": 0, "sync_mode": 1}
+    assert [c.params for c in ev.candidates if c.order is None][1] == twin  # simulated in level order
+    judged = {tuple(sorted(c.params.items())) for c in added}
+    assert tuple(sorted(twin.items())) in judged and tuple(sorted(grouped.params.items())) in judged
+    assert all(c.order is not None for c in added)

@@ -439,3 +439,46 @@ def test_greedy_runs_a_host_op_readied_by_host_sources_once():
     assert sorted(result.order) == sorted(op.name for op in g)
     assert result.order.index("m") < result.order.index("out")
     assert sorted(result.peaks) == ["dfs", "greedy", "level"]
+
+
+def _listed_late(model, order):
+    """``order`` with every eager op (host op, copy) moved down to just before its first successor."""
+    succs = {model.names[i]: [model.names[s] for s in model.succs[i]] for i in range(len(model))}
+    eager = {model.names[i] for i in range(len(model)) if model.eager[i]}
+    out = [n for n in order if n not in eager]
+    for name in reversed([n for n in order if n in eager]):
+        firsts = [out.index(s) for s in succs[name] if s in out]
+        out.insert(min(firsts) if firsts else len(out), name)
+    return out
+
+
+@pytest.mark.parametrize("copy_s", [0.5, 3.0])
+def test_timed_model_runs_host_ops_when_ready_wherever_the_order_lists_them(copy_s):
+    """A swap-in listed after a compute op that waits for another copy still copies when its trigger ran.
+
+    The timed model used to push that ``_Recv`` into the past, after the frees of later ops, and judged
+    the level order of VGG-16 (batch 362, threshold 1) at 15.8 GiB where the simulator said 19.6 GiB,
+    so the order pass kept no edges. The control: the simulator gives both lists the same peak.
+    """
+    from tflms.analysis.cto import analyze_graph
+    from tflms.passes.swaps import apply_swaps
+    from tflms.policies.tflms_rules import plan_swaps
+    from tflms.schedule.memory import eager_asap
+    profile = HardwareProfile("unit-slow", memory_bytes=1 << 20, peak_flops=16, memory_gbps=1e9,
+                              link_gbps=64 / copy_s / 1e9, link_latency_s=0, launch_overhead_s=0,
+                              compute_efficiency=1, link_efficiency=1)
+    mlp = mlp_training_graph(5, batch=4, width=4)
+    plan = plan_swaps(analyze_graph(mlp), LMSConfig(swapout_threshold=1, swapin_ahead=1, swapin_groupby=0),
+                      accelerator_device="/device:GPU:0")
+    g = apply_swaps(mlp, plan).graph
+    m = buffer_model(g)
+    level = level_order(g)
+    late = _listed_late(m, level)
+    assert late != level and nx.is_directed_acyclic_graph(g.to_networkx())
+    assert all(late.index(p) < late.index(s) for p, s in g.to_networkx().edges)  # still topological
+    simulated = simulate(g, profile, order=level).peak_bytes
+    assert simulate(g, profile, order=late).peak_bytes == simulated  # the simulator runs them when ready
+    assert replay_peak_timed(m, g, profile, late) == replay_peak_timed(m, g, profile, level) == simulated
+    names = [m.names[i] for i in eager_asap(m, [m.index[n] for n in late])]
+    assert [n for n in names if not m.eager[m.index[n]]] == [n for n in late if not m.eager[m.index[n]]]
+    assert schedule_with_report(g, profile=profile).peaks["level"] == simulated

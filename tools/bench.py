@@ -15,7 +15,10 @@ Headroom (``--headroom``, default ``benchlib.common.HEADROOM`` = 5%): every meth
 counts ``1 + headroom`` times (``SimOptions.margin_fraction``) against the budget, ``none``
 included, for what the simulator cannot see (workspaces, allocator fragmentation). The
 swap-only bound (``tflms.sim.bounds.swap_only_bound``: resident bytes plus the largest op's
-working set) is judged the same way and searched like a method (row ``swap-only-bound``);
+working set; and ``tflms.sim.footprint.footprint_bound``, what the step holds at once in every
+order, within the accelerator plus the profile's host memory) is judged the same way and
+searched like a method (row ``swap-only-bound``); a swapping method's probe fits only if its
+host peak is within the host memory too, as in the tuner;
 each method's maximum is reported as a fraction of it, with the simulated step time,
 throughput (samples/s) and ``time_bound_ratio`` (step time over
 ``tflms.sim.bounds.step_time_bound`` at the budget the headroom leaves) at that maximum.

@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 
 from tflms.errors import ConfigError, GraphError
 from tflms.ir.graph import Graph
-from tflms.schedule.memory import BufferModel, Replay, buffer_model, replay_peak
+from tflms.schedule.memory import BufferModel, Replay, buffer_model, eager_asap, replay_peak
 from tflms.schedule.timed import replay_peak_timed, timed_replay
 from tflms.sim.simulator import SimOptions
 
@@ -105,7 +105,7 @@ def _topological(m: BufferModel) -> list[int]:
 
 
 def _level_order(m: BufferModel, level: list[int]) -> list[int]:
-    return sorted(range(len(m)), key=lambda i: (level[i], i))
+    return eager_asap(m, sorted(range(len(m)), key=lambda i: (level[i], i)))
 
 
 def _greedy_order(m: BufferModel, level: list[int], replay: Replay | None = None,

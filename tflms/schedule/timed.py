@@ -6,7 +6,7 @@ import heapq
 from collections.abc import Sequence
 
 from tflms.ir.graph import Graph
-from tflms.schedule.memory import BufferModel, Replay
+from tflms.schedule.memory import BufferModel, Replay, eager_asap
 
 
 class TimedReplay(Replay):
@@ -146,9 +146,13 @@ def timed_replay(model: BufferModel, graph: Graph, profile) -> TimedReplay:
 
 
 def replay_peak_timed(model: BufferModel, graph: Graph, profile, order: Sequence[str]) -> int:
-    """Peak device bytes (resident included) of ``order`` with the simulator's timing (see :class:`TimedReplay`)."""
+    """Peak device bytes (resident included) of ``order`` with the simulator's timing (see :class:`TimedReplay`).
+
+    Eager ops (host ops, copies) run as soon as their inputs ran, wherever ``order`` lists them
+    (:func:`~tflms.schedule.memory.eager_asap`), as in the simulator and TensorFlow.
+    """
     replay = timed_replay(model, graph, profile)
-    for name in order:
-        replay.run(model.index[name])
+    for i in eager_asap(model, [model.index[name] for name in order]):
+        replay.run(i)
     replay.flush()
     return model.resident_bytes + replay.peak

@@ -114,7 +114,9 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
                 cells.append(cell if m == "none" else f"{cell} ({_ratio(r, base)})")
             lines.append(f"| {model} | {base['common_batch']} | " + " | ".join(cells) + " |")
         lines += ["", "Each method at its own maximum, against the swap-only bound (`tflms.sim.bounds.swap_only_bound`: "
-                  "resident bytes plus the largest single op's working set, judged with the same headroom): "
+                  "resident bytes plus the largest single op's working set, judged with the same headroom, and "
+                  "`tflms.sim.footprint.footprint_bound` within the accelerator and the profile's host memory "
+                  "together): "
                   "**of bound** = max / bound (voxels for `unet3d`); **samples/s** = max / predicted step time; "
                   "**time/bound** = predicted step time over the step-time bound at the budget left by the "
                   "headroom (`time_bound_ratio`, the smaller bound of level order and the schedule).", "",

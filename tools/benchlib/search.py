@@ -67,6 +67,11 @@ class Evaluator:
             return f"resolution {size * UNET_RESOLUTION_STEP}^3"
         return f"batch {size}"
 
+    def _fits(self, sim) -> bool:
+        """The tuner's verdict on a simulation: the peak with headroom within the budget and the swapped
+        tensors within the profile's host memory (``tune``'s ``host_budget`` default)."""
+        return sim.peak_with_margin_bytes <= self.budget and sim.host_peak_bytes <= self.profile.host_memory_bytes
+
     def _none(self, size):
         from tflms.sim import simulate
         graph, _ = self.steps.graph(self.model, "plain", size)
@@ -74,12 +79,22 @@ class Evaluator:
         return Probe(sim.peak_with_margin_bytes <= self.budget, sim, len(graph))
 
     def _swap_only_bound(self, size):
-        """The swap-only memory bound with the same headroom: no swap rewrite in any order fits beyond it."""
+        """The swap-only memory bound with the same headroom: no swap rewrite in any order fits beyond it.
+
+        Two conditions (docs/design.md, "Bounds"): the largest op's working set fits the accelerator, and
+        what some moment of the step holds in every order (:func:`tflms.sim.footprint.footprint_bound`)
+        fits the accelerator and the host together (swapping moves bytes, it does not remove them).
+        """
         from tflms.sim.bounds import swap_only_bound
+        from tflms.sim.footprint import footprint_bound
         graph, _ = self.steps.graph(self.model, "plain", size)
         bound = swap_only_bound(graph, self.options).bound_bytes
         need = bound + int(bound * self.options.margin_fraction) + self.options.margin_bytes
-        return Probe(need <= self.budget, None, len(graph))
+        if need > self.budget:
+            return Probe(False, None, len(graph))
+        device = int((self.budget - self.options.margin_bytes) / (1 + self.options.margin_fraction))
+        fits = footprint_bound(graph, self.options).fits(device, self.profile.host_memory_bytes)
+        return Probe(fits, None, len(graph))
 
     def _tune(self, size, strategies, enforce_order=False):
         from tflms.errors import BudgetError
@@ -109,8 +124,9 @@ class Evaluator:
             plan = plan_swaps(analysis, LMSConfig(**params), accelerator_device="/device:GPU:0")
             rewritten = apply_swaps(graph, plan).graph
             sim = simulate(rewritten, self.profile, options=self.options)
-            if best is None or sim.peak_with_margin_bytes < best.sim.peak_with_margin_bytes:
-                best = Probe(sim.peak_with_margin_bytes <= self.budget, sim, len(rewritten))
+            if best is None or (self._fits(sim), -sim.peak_with_margin_bytes) > (
+                    best.fits, -best.sim.peak_with_margin_bytes):
+                best = Probe(self._fits(sim), sim, len(rewritten))
             if best.fits:
                 break
         return best
@@ -129,7 +145,7 @@ class Evaluator:
         graph, _ = self.steps.graph(self.model, "plain", size)
         result = grappler_swap(graph, self.profile, budget=self.budget)
         sim = simulate(result.graph, self.profile, options=self.options)
-        return Probe(sim.peak_with_margin_bytes <= self.budget, sim, len(result.graph))
+        return Probe(self._fits(sim), sim, len(result.graph))
 
     def _recompute(self, size):
         from tflms.sim import simulate

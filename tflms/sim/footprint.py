@@ -1,0 +1,165 @@
+"""The least device-plus-host memory any order and any swap rewrite of a step needs.
+
+A swap rewrite moves bytes between the accelerator and the host; it does not make them
+disappear. So besides the accelerator bound of :func:`tflms.sim.bounds.swap_only_bound`
+(one op's working set must be on the device), a swap-only rewrite fits only if, at every
+moment, what is live fits the accelerator *and the host together* (docs/design.md,
+"Bounds", "Host capacity").
+
+:func:`footprint_bound` gives an order-independent lower bound on that total. Under the
+simulator's memory model (:func:`tflms.schedule.memory.buffer_model`), when op ``x`` runs
+in *any* topological order, every buffer produced by ``x`` or one of its ancestors and
+read by ``x`` or one of its descendants has been made and is still needed: it is live
+somewhere, on the device or (swapped out) on the host. An element-wise op may write its
+output into an input buffer it is the last reader of (``forward_out``); such a pair is
+counted once whenever some order could make ``x`` that last reader (the input has no
+reader among ``x``'s descendants). A function output (pinned) counts once its producer ran.
+
+The maximum over ``x`` is found without scanning every op: in the model's level order
+the live bytes while ``x`` runs are at least its cut (the cut's buffers are live in
+every order), so ops are visited by decreasing level-order live bytes and the search
+stops when that drops below the best cut found.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tflms.ir.graph import Graph
+
+
+@dataclasses.dataclass(frozen=True)
+class FootprintBound:
+    """Device plus host bytes some moment of the step needs in every order (see :func:`footprint_bound`)."""
+
+    resident_bytes: int  # on the accelerator all step
+    cut_bytes: int  # transient buffers live while ``op`` runs, in every order
+    op: str  # the op whose cut is largest
+    ops_examined: int  # cuts computed (the rest were pruned by their level-order live bytes)
+
+    @property
+    def bound_bytes(self) -> int:
+        return self.resident_bytes + self.cut_bytes
+
+    def fits(self, device_bytes: int, host_bytes: int) -> bool:
+        """Whether ``device_bytes`` of accelerator and ``host_bytes`` of host memory can hold that moment."""
+        return self.bound_bytes <= device_bytes + host_bytes
+
+
+def _level_order(model) -> list[int]:
+    """A topological order of the needed ops by CTO level (longest path from a source), then graph position."""
+    n = len(model)
+    indeg = [len(p) for p in model.preds]
+    level = [0] * n
+    ready = [i for i in range(n) if indeg[i] == 0]
+    order = []
+    while ready:
+        i = ready.pop()
+        order.append(i)
+        for s in model.succs[i]:
+            level[s] = max(level[s], level[i] + 1)
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                ready.append(s)
+    if len(order) != n:
+        from tflms.errors import GraphError
+        raise GraphError("the graph has a cycle: no execution order exists")
+    return sorted(order, key=lambda i: (level[i], i))
+
+
+def _level_live(model, order: list[int]) -> list[int]:
+    """Transient device bytes live while each op runs in ``order`` (sequential model, forwarding ignored)."""
+    pos = {i: k for k, i in enumerate(order)}
+    n_pos = len(order)
+    delta = [0] * (n_pos + 1)
+    for i in order:
+        if not model.needed[i]:
+            continue
+        for b in model.allocs[i]:
+            start = pos[i]
+            readers = [pos[r] for r in model.readers[b]]
+            end = n_pos - 1 if model.pinned[b] else max(readers, default=start)
+            delta[start] += model.size[b]
+            delta[end + 1] -= model.size[b]
+    live, out = 0, [0] * len(model)
+    for k, i in enumerate(order):
+        live += delta[k]
+        out[i] = live
+    return out
+
+
+def footprint_bound(graph: Graph, options=None) -> FootprintBound:
+    """Resident bytes plus the largest cut of any op (see the module doc): a lower bound, in every
+    execution order, on the accelerator and host bytes a swap-only rewrite of ``graph`` holds at once.
+
+    ``graph`` is the step without swaps; ``options`` the simulator's
+    :class:`~tflms.sim.simulator.SimOptions`. Ops that do not run are left out.
+    """
+    from tflms.schedule.memory import buffer_model
+    m = buffer_model(graph, options)
+    n = len(m)
+    order = _level_order(m)
+    producer = [-1] * len(m.size)
+    for i in range(n):
+        for b in m.allocs[i]:
+            producer[b] = i
+    # Ancestor and descendant sets as bitsets (Python ints), each including the op itself.
+    anc = [0] * n
+    for i in order:
+        a = 1 << i
+        for p in m.preds[i]:
+            a |= anc[p]
+        anc[i] = a
+    desc = [0] * n
+    for i in reversed(order):
+        d = 1 << i
+        for s in m.succs[i]:
+            d |= desc[s]
+        desc[i] = d
+    nbytes = (n + 7) // 8
+
+    def as_array(bits: int):
+        return np.unpackbits(np.frombuffer(bits.to_bytes(nbytes, "little"), dtype=np.uint8),
+                             bitorder="little")[:n].astype(bool)
+
+    producer = np.full(len(m.size), -1, dtype=np.int64)
+    for i in range(n):
+        for b in m.allocs[i]:
+            producer[b] = i
+    made = producer >= 0
+    prod = np.where(made, producer, 0)
+    size = np.asarray(m.size, dtype=np.int64)
+    pinned = np.asarray(m.pinned, dtype=bool)
+    # readers of every buffer, flattened (CSR): "some reader is a descendant" is one reduceat per op
+    counts = np.asarray([len(r) for r in m.readers], dtype=np.int64)
+    flat = np.asarray([r for rs in m.readers for r in rs], dtype=np.int64)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1])) if len(counts) else counts
+    has_readers = counts > 0
+    live = _level_live(m, order)
+    candidates = sorted((i for i in range(n) if m.needed[i] and m.on_accelerator[i]),
+                        key=lambda i: (-live[i], m.names[i]))
+    best, best_op, examined = 0, "", 0
+    for i in candidates:
+        if live[i] <= best:
+            break
+        examined += 1
+        a, d = as_array(anc[i]), as_array(desc[i])
+        read_later = np.zeros(len(size), dtype=bool)
+        if len(flat):
+            hits = np.add.reduceat(d[flat].astype(np.int64), starts[has_readers])
+            read_later[has_readers] = hits > 0
+        counted = made & a[prod] & (pinned | (producer == i) | read_later)
+        cut = int(size[counted].sum())
+        out = m.forward_out[i]
+        if out >= 0:
+            d[i] = False  # strict descendants
+            for b in m.reads[i]:
+                if (m.size[b] == m.size[out] and m.dtype[b] == m.dtype[out] and not m.pinned[b]
+                        and not d[m.readers[b]].any()):
+                    cut -= m.size[out]  # some order makes op i the input's last reader: it may write into it
+                    break
+        if cut > best or (cut == best and best_op and m.names[i] < best_op):
+            best, best_op = cut, m.names[i]
+    return FootprintBound(resident_bytes=m.resident_bytes, cut_bytes=best, op=best_op, ops_examined=examined)
