@@ -77,3 +77,45 @@ def test_nothing_to_swap_when_no_tensor_waits_across_the_peak():
     graph.set_input("out", 0, graph.op("c3").output(0))  # out no longer reads d late
     _, decision = _decide(graph)
     assert decision is None
+
+
+def test_a_peak_swap_on_a_traced_two_branch_model_trains_bitwise():
+    """The swap, its sync and trigger edges and the order pass's edges, run by TensorFlow: same bytes."""
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import numpy as np
+    import tensorflow as tf
+
+    from test_schedule import _traced_step
+    from tflms.ir import tf_io
+    from tflms.ir.tf_io import load_graph
+    from tflms.passes.order import enforce_order
+    from tflms.policies.tflms_rules import plan_swaps
+    from tflms.testing.bitwise import assert_bitwise_equal, snapshot
+
+    _, _, _, cf = _traced_step(0)
+    graph = load_graph(cf, batch_size=32)
+    analysis = analyze_graph(graph)
+    plan = plan_swaps(analysis, LMSConfig(swapout_threshold=42, swapin_ahead=1, swapin_groupby=4),
+                      accelerator_device="/device:GPU:0")
+    swapped = apply_swaps(graph, plan).graph
+    ordered = enforce_order(swapped, PROFILE)
+    sim = ordered.report.ordered_sim
+    names = [r.name for r in sorted(sim.ops, key=lambda r: (r.start_s, r.end_s)) if r.name in swapped]
+    pinned = set(ordered_ops(swapped, names + [op.name for op in swapped if op.name not in set(names)]))
+    decision = peak_swap(swapped, sim, plan, pinned, PROFILE, analysis.levels)
+    assert decision is not None  # the gradient AddN of the two branches, waiting across the short_bn backward
+    rewritten = enforce_order(apply_swaps(graph, dataclasses.replace(plan, swaps=plan.swaps + (decision,))).graph,
+                              PROFILE)
+    assert rewritten.changed and decision.swap_out in rewritten.graph and decision.swap_ins[0].name in rewritten.graph
+
+    rng = np.random.RandomState(0)
+    data = [(tf.constant(rng.standard_normal((32, 16, 16, 3)).astype("float32")),
+             tf.constant(rng.randint(0, 10, size=(32,)).astype("int32"))) for _ in range(3)]
+    results = {}
+    for variant in ("plain", "plain-again", "peak-swapped"):
+        model, optimizer, step, cf = _traced_step(0)
+        fn = step if variant != "peak-swapped" else tf_io.to_concrete_function(rewritten.graph, cf)
+        results[variant] = snapshot(model, optimizer, losses=[fn(x, y) for x, y in data])
+    assert_bitwise_equal(results["plain"], results["plain-again"], "plain vs plain (the control)")
+    assert_bitwise_equal(results["plain"], results["peak-swapped"], "peak-swapped vs plain")
