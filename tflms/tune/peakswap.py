@@ -46,11 +46,15 @@ def swap_across_peak(ev, cand: Candidate) -> list[Candidate]:
     """Candidates adding swaps of tensors that wait across the enforced order's peak (see the module doc).
 
     ``ev``: the tuner's evaluator; ``cand``: a candidate judged in the enforced order (``order`` set) that
-    does not fit. Returns the candidates added (each also in ``ev.candidates``), the last one lowest.
+    does not fit. Not with compressed swaps (``ev.compress``). The new candidates keep ``cand``'s strategy
+    and parameters plus ``peak_swaps`` (how many tensors were added); their ``policy`` is ``None`` (no
+    policy makes their plan: the pipeline applies ``plan``). Returns the candidates added (each also in ``ev.candidates``), the last one lowest.
     """
     from tflms.passes.order import enforce_order
     from tflms.schedule import ordered_ops
     added: list[Candidate] = []
+    if ev.compress is not None:  # the new plans would be judged without the compression the winner gets
+        return added
     best = cand
     for _ in range(PEAK_SWAP_ROUNDS):
         if best.fits or best.plan is None:
