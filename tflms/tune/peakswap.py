@@ -48,7 +48,8 @@ def swap_across_peak(ev, cand: Candidate) -> list[Candidate]:
     ``ev``: the tuner's evaluator; ``cand``: a candidate judged in the enforced order (``order`` set) that
     does not fit. Not with compressed swaps (``ev.compress``). The new candidates keep ``cand``'s strategy
     and parameters plus ``peak_swaps`` (how many tensors were added); their ``policy`` is ``None`` (no
-    policy makes their plan: the pipeline applies ``plan``). Returns the candidates added (each also in ``ev.candidates``), the last one lowest.
+    policy makes their plan: the pipeline applies ``plan``). Returns the candidates added (each also in
+    ``ev.candidates``), the last one lowest.
     """
     from tflms.passes.order import enforce_order
     from tflms.schedule import ordered_ops
@@ -119,7 +120,8 @@ def peak_swap(graph: Graph, sim: SimResult, plan: SwapPlan, ordered: set[str], p
     for buf, nbytes in live:
         if nbytes < floor:
             continue
-        held = [t for t in [buf] + by_owner.get(buf, []) if _produced(graph, t, span, peak_t) and not _is_alias(graph, t, owner)]
+        held = [t for t in [buf] + by_owner.get(buf, [])
+                if _produced(graph, t, span, peak_t) and not _is_alias(graph, t, owner)]
         if held:
             values[buf] = max(held, key=lambda t: (span[TensorRef.parse(t).op][0], t))
     for buf, nbytes in live:
