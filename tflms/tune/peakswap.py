@@ -138,7 +138,7 @@ def peak_swap(graph: Graph, sim: SimResult, plan: SwapPlan, ordered: set[str], p
             # a consumer (or the view it makes) read after the peak and not by the op running at it
             if reads and max(s for s, _ in reads) > peak_end and not any(s <= peak_t < e for s, e in reads):
                 late.append(consumer)
-                first_late = min(first_late, min(s for s, _ in reads))
+                first_late = min([first_late] + [s for s, _ in reads if s > peak_end])
         if not late:
             continue
         made = span[ref.op][1]
@@ -149,11 +149,12 @@ def peak_swap(graph: Graph, sim: SimResult, plan: SwapPlan, ordered: set[str], p
                 and name not in late]
         if not sync:
             continue
-        triggers = sorted((e, name) for name, (s, e) in span.items()
-                          if name in ordered and s >= peak_end and e <= first_late - copy_s)
-        trigger = triggers[-1][1] if triggers else min(
-            ((s, name) for name, (s, e) in span.items() if name in ordered and s >= peak_end),
-            default=(0.0, None))[1]
+        # the trigger must not depend on the late consumers (a view among them may have run before the peak)
+        after = _descendants(graph, late)
+        pinned = [(s, e, name) for name, (s, e) in span.items() if name in ordered and s >= peak_end
+                  and name not in after]
+        on_time = [(e, name) for s, e, name in pinned if e <= first_late - copy_s]
+        trigger = max(on_time)[1] if on_time else min(pinned, default=(0.0, 0.0, None))[2]
         if trigger is None:
             continue
         out_name, in_base = swap_op_names(ref)
@@ -163,6 +164,18 @@ def peak_swap(graph: Graph, sim: SimResult, plan: SwapPlan, ordered: set[str], p
             swap_ins=(SwapInGroup(f"{in_base}_0", tuple(sorted(late)), tuple(levels.get(c, 0) for c in sorted(late)),
                                   trigger, levels.get(trigger), sync=False, note="waits across the ordered peak"),))
     return None
+
+
+def _descendants(graph: Graph, names: list[str]) -> set[str]:
+    """``names`` and every op reachable from them."""
+    _, succs = graph.adjacency()
+    seen, stack = set(names), list(names)
+    while stack:
+        for s in succs[stack.pop()]:
+            if s not in seen:
+                seen.add(s)
+                stack.append(s)
+    return seen
 
 
 def _produced(graph: Graph, tensor: str, span, peak_t: float) -> bool:
