@@ -212,6 +212,10 @@ def judge_ordered(ev: _Evaluator) -> list[Candidate]:
             ev.progress(f"{c.strategy} {c.params} in the enforced order ({result.report.num_edges} edges): peak "
                         f"{format_bytes(sim.peak_with_margin_bytes)}, step {sim.step_time_s * 1e3:.2f} ms"
                         f"{'' if cand.fits else ' (' + why + ')'}")
+    if added and not any(c.fits for c in ev.candidates):
+        # the enforced order can leave a tensor waiting across its peak that no policy swapped
+        from tflms.tune.peakswap import swap_across_peak
+        added += swap_across_peak(ev, min(added, key=lambda c: (ev.need(c.sim), c.sim.step_time_s)))
     return added
 
 

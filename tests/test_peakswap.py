@@ -1,0 +1,121 @@
+"""Swapping a tensor that waits across the enforced order's peak (tflms.tune.peakswap)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tflms.analysis.cto import analyze_graph
+from tflms.config import LMSConfig
+from tflms.passes.swaps import apply_swaps
+from tflms.policies.swapplan import SwapPlan
+from tflms.profiles import get_profile
+from tflms.schedule import ordered_ops
+from tflms.sim.simulator import simulate
+from tflms.testing.graphs import GraphBuilder
+from tflms.tune.peakswap import peak_swap
+
+SHAPE = (256, 256)  # 256 KiB: above the order pass's minimum bytes
+PROFILE = get_profile("v100-16gb-pcie3")
+
+
+def _join_graph():
+    """``d`` is read early by ``m`` and late by ``out``; ``t1``/``t2`` peak beside it (four tensors live).
+
+    The shape of a residual block's backward pass: ``d`` the block's output gradient, ``m``/``t1``/``t2`` the
+    main branch's batch-norm backward, ``out`` the identity shortcut's add at the end.
+    """
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=SHAPE)
+    d = b.op("d", "Relu", [x], shape=SHAPE)
+    m = b.op("m", "Neg", [d], shape=SHAPE)
+    t1 = b.op("t1", "Sin", [m], shape=SHAPE)
+    t2 = b.op("t2", "Cos", [m], shape=SHAPE)
+    s = b.op("s", "AddN", [m, t1, t2], shape=SHAPE)
+    c = s
+    for k in range(4):
+        c = b.op(f"c{k}", "Exp", [c], shape=SHAPE)
+    b.op("out", "AddN", [d, c], shape=SHAPE)
+    return b.graph
+
+
+def _empty_plan() -> SwapPlan:
+    return SwapPlan(config=LMSConfig(), accelerator_device="/device:GPU:0", swaps=(), skipped=())
+
+
+def _decide(graph):
+    sim = simulate(graph, PROFILE)
+    order = [r.name for r in sorted(sim.ops, key=lambda r: (r.start_s, r.end_s)) if r.name in graph]
+    ordered = set(ordered_ops(graph, order + [op.name for op in graph if op.name not in set(order)]))
+    return sim, peak_swap(graph, sim, _empty_plan(), ordered, PROFILE, analyze_graph(graph).levels)
+
+
+def test_swapping_the_tensor_waiting_across_the_peak_lowers_it():
+    graph = _join_graph()
+    sim, decision = _decide(graph)
+    size = 256 * 256 * 4
+    assert sim.transient_peak_bytes == 4 * size  # d, m, t1, t2
+    assert decision is not None and decision.tensor.name == "d:0"
+    assert [g.consumers for g in decision.swap_ins] == [("out",)]  # m reads d before the peak: stays on device
+    assert {"t1", "t2"} <= set(decision.sync_out_consumers)
+    plan = dataclasses.replace(_empty_plan(), swaps=(decision,))
+    swapped = apply_swaps(graph, plan).graph
+    order = swapped.topological_order()  # the sync and trigger edges close no cycle
+    position = {name: k for k, name in enumerate(order)}
+    swap_in = decision.swap_ins[0].name
+    assert position[swap_in] < position["out"] and position[decision.swap_ins[0].trigger] < position[swap_in]
+    after = simulate(swapped, PROFILE)
+    assert after.transient_peak_bytes == 3 * size  # d leaves the device before t1 and t2 allocate
+    assert after.peak_bytes < sim.peak_bytes
+
+
+def test_peak_swap_is_deterministic():
+    assert _decide(_join_graph())[1] == _decide(_join_graph())[1]
+
+
+def test_nothing_to_swap_when_no_tensor_waits_across_the_peak():
+    graph = _join_graph()
+    graph.set_input("out", 0, graph.op("c3").output(0))  # out no longer reads d late
+    _, decision = _decide(graph)
+    assert decision is None
+
+
+def test_a_peak_swap_on_a_traced_two_branch_model_trains_bitwise():
+    """The swap, its sync and trigger edges and the order pass's edges, run by TensorFlow: same bytes."""
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import numpy as np
+    import tensorflow as tf
+
+    from test_schedule import _traced_step
+    from tflms.ir import tf_io
+    from tflms.ir.tf_io import load_graph
+    from tflms.passes.order import enforce_order
+    from tflms.policies.tflms_rules import plan_swaps
+    from tflms.testing.bitwise import assert_bitwise_equal, snapshot
+
+    _, _, _, cf = _traced_step(0)
+    graph = load_graph(cf, batch_size=32)
+    analysis = analyze_graph(graph)
+    plan = plan_swaps(analysis, LMSConfig(swapout_threshold=42, swapin_ahead=1, swapin_groupby=4),
+                      accelerator_device="/device:GPU:0")
+    swapped = apply_swaps(graph, plan).graph
+    ordered = enforce_order(swapped, PROFILE)
+    sim = ordered.report.ordered_sim
+    names = [r.name for r in sorted(sim.ops, key=lambda r: (r.start_s, r.end_s)) if r.name in swapped]
+    pinned = set(ordered_ops(swapped, names + [op.name for op in swapped if op.name not in set(names)]))
+    decision = peak_swap(swapped, sim, plan, pinned, PROFILE, analysis.levels)
+    assert decision is not None  # the gradient AddN of the two branches, waiting across the short_bn backward
+    rewritten = enforce_order(apply_swaps(graph, dataclasses.replace(plan, swaps=plan.swaps + (decision,))).graph,
+                              PROFILE)
+    assert rewritten.changed and decision.swap_out in rewritten.graph and decision.swap_ins[0].name in rewritten.graph
+
+    rng = np.random.RandomState(0)
+    data = [(tf.constant(rng.standard_normal((32, 16, 16, 3)).astype("float32")),
+             tf.constant(rng.randint(0, 10, size=(32,)).astype("int32"))) for _ in range(3)]
+    results = {}
+    for variant in ("plain", "plain-again", "peak-swapped"):
+        model, optimizer, step, cf = _traced_step(0)
+        fn = step if variant != "peak-swapped" else tf_io.to_concrete_function(rewritten.graph, cf)
+        results[variant] = snapshot(model, optimizer, losses=[fn(x, y) for x, y in data])
+    assert_bitwise_equal(results["plain"], results["plain-again"], "plain vs plain (the control)")
+    assert_bitwise_equal(results["plain"], results["peak-swapped"], "peak-swapped vs plain")
