@@ -14,6 +14,7 @@ from tflms.policies.tflms_rules import plan_swaps
 from tflms.sim import HardwareProfile, get_profile, simulate
 from tflms.sim.bounds import min_swap_bytes, step_time_bound, swap_only_bound, time_bound, time_bound_ratio
 from tflms.testing import GraphBuilder, mlp_training_graph
+from tflms.testing import two_branch_graph as two_branches  # x -> (a_big -> a_small, b_big -> b_small) -> out
 
 SMALL, BIG = (4, 4), (16, 16)  # 64 and 1024 bytes of float32
 
@@ -24,15 +25,6 @@ def unit_profile() -> HardwareProfile:
                            link_latency_s=0, launch_overhead_s=0, compute_efficiency=1, link_efficiency=1)
 
 
-def two_branches():
-    b = GraphBuilder()
-    x = b.op("x", "Placeholder", shape=SMALL)
-    a_big = b.op("a_big", "Pad", [x], shape=BIG)
-    b_big = b.op("b_big", "Pad", [x], shape=BIG)
-    a_small = b.op("a_small", "Sum", [a_big], shape=SMALL)
-    b_small = b.op("b_small", "Sum", [b_big], shape=SMALL)
-    b.op("out", "AddV2", [a_small, b_small], shape=SMALL)
-    return b.graph
 
 
 def test_swap_only_bound_is_resident_plus_the_largest_working_set():

@@ -6,7 +6,7 @@ import networkx as nx
 
 from tflms.sim import simulate
 from tflms.sim.footprint import footprint_bound
-from tflms.testing import GraphBuilder, mlp_training_graph
+from tflms.testing import GraphBuilder, mlp_training_graph, two_branch_graph
 
 SMALL = (4, 4)  # 64-byte float32 tensors
 BIG = (16, 16)  # 1024-byte float32 tensors
@@ -41,14 +41,7 @@ def test_the_saved_activations_and_the_first_gradient_are_live_together_in_every
 
 def test_the_bound_is_below_every_order_of_two_branches():
     """Not one order's peak: a_big and b_big need not be live together, and the bound does not count them so."""
-    b = GraphBuilder()
-    x = b.op("x", "Placeholder", shape=SMALL)
-    a_big = b.op("a_big", "Pad", [x], shape=BIG)
-    b_big = b.op("b_big", "Pad", [x], shape=BIG)
-    a_small = b.op("a_small", "Sum", [a_big], shape=SMALL)
-    b_small = b.op("b_small", "Sum", [b_big], shape=SMALL)
-    b.op("out", "AddV2", [a_small, b_small], shape=SMALL)
-    g = b.graph
+    g = two_branch_graph(SMALL, BIG)
     fb = footprint_bound(g)
     peaks = [simulate(g, "v100-16gb-pcie3", order=list(o)).peak_bytes
              for o in nx.all_topological_sorts(g.to_networkx())]

@@ -16,6 +16,7 @@ from tflms.schedule import (add_order_edges, buffer_model, order_edges, ordered_
                             schedule_order, schedule_with_report)
 from tflms.sim import HardwareProfile, level_order, simulate
 from tflms.testing import GraphBuilder, assert_bitwise_equal, make_train_step, mlp_training_graph, snapshot
+from tflms.testing import two_branch_graph as two_branches  # x -> (a_big -> a_small, b_big -> b_small) -> out
 
 SMALL = (4, 4)  # 64-byte float32 tensors
 BIG = (16, 16)  # 1024-byte float32 tensors
@@ -28,19 +29,6 @@ def unit_profile() -> HardwareProfile:
                            link_latency_s=0, launch_overhead_s=0, compute_efficiency=1, link_efficiency=1)
 
 
-def two_branches():
-    """x feeds two branches; each makes a 1024-byte temporary (Pad) and reduces it to 64 bytes (Sum).
-
-    Levels: x 0; a_big, b_big 1; a_small, b_small 2; out 3.
-    """
-    b = GraphBuilder()
-    x = b.op("x", "Placeholder", shape=SMALL)
-    a_big = b.op("a_big", "Pad", [x], shape=BIG)
-    b_big = b.op("b_big", "Pad", [x], shape=BIG)
-    a_small = b.op("a_small", "Sum", [a_big], shape=SMALL)
-    b_small = b.op("b_small", "Sum", [b_big], shape=SMALL)
-    b.op("out", "AddV2", [a_small, b_small], shape=SMALL)
-    return b.graph
 
 
 SCHEDULE = ["x", "a_big", "a_small", "b_big", "b_small", "out"]

@@ -37,6 +37,23 @@ class GraphBuilder:
         return TensorRef(name, 0)
 
 
+def two_branch_graph(small: Sequence[int] = (4, 4), big: Sequence[int] = (16, 16)) -> Graph:
+    """``x`` feeds two branches; each makes a big temporary (``Pad``) and reduces it to a small one (``Sum``).
+
+    Ops ``x``, ``a_big``, ``b_big``, ``a_small``, ``b_small``, ``out`` (levels 0, 1, 1, 2, 2, 3); float32, so
+    64 and 1024 bytes with the default shapes. The peak depends on the order: one branch at a time holds one
+    big tensor, level order both.
+    """
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=small)
+    a_big = b.op("a_big", "Pad", [x], shape=big)
+    b_big = b.op("b_big", "Pad", [x], shape=big)
+    a_small = b.op("a_small", "Sum", [a_big], shape=small)
+    b_small = b.op("b_small", "Sum", [b_big], shape=small)
+    b.op("out", "AddV2", [a_small, b_small], shape=small)
+    return b.graph
+
+
 def mlp_training_graph(num_layers: int, *, batch: int = 32, width: int = 64) -> Graph:
     """An MLP training step's structure, ``9 * num_layers + 5`` ops.
 
