@@ -201,22 +201,8 @@ def _dfs_post(m: BufferModel, level: list[int]) -> list[int]:
 
 
 def _dfs_order(m: BufferModel, level: list[int]) -> list[int]:
-    """Post-order DFS from the sinks, deepest input first; eager ops as soon as ready."""
-    post = _dfs_post(m, level)
-    # Emit in post order, but run eager ops (host ops, copies) as soon as their inputs ran.
-    rank = {i: k for k, i in enumerate(post)}
-    indegree = [len(p) for p in m.preds]
-    heap = [(rank[i], i) for i in range(len(m)) if indegree[i] == 0]
-    heapq.heapify(heap)
-    order: list[int] = []
-    while heap:
-        _, i = heapq.heappop(heap)
-        order.append(i)
-        for s in m.succs[i]:
-            indegree[s] -= 1
-            if indegree[s] == 0:
-                heapq.heappush(heap, (-1 if m.eager[s] else rank[s], s))
-    return order
+    """Post-order DFS from the sinks, deepest input first; eager ops (host ops, copies) as soon as ready."""
+    return eager_asap(m, _dfs_post(m, level))
 
 
 def _greedy_dfs_order(m: BufferModel, level: list[int], replay: Replay | None = None) -> list[int]:
