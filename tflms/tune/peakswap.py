@@ -32,7 +32,6 @@ from tflms.passes.swaps import apply_swaps
 from tflms.policies.swapplan import SwapDecision, SwapInGroup, SwapPlan, swap_op_names
 from tflms.sim.simulator import SimResult
 from tflms.tune.result import Candidate
-from tflms.units import format_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +52,7 @@ def swap_across_peak(ev, cand: Candidate) -> list[Candidate]:
     """
     from tflms.passes.order import enforce_order
     from tflms.schedule import ordered_ops
+    from tflms.tune.search import record_ordered
     added: list[Candidate] = []
     if ev.compress is not None:  # the new plans would be judged without the compression the winner gets
         return added
@@ -62,7 +62,8 @@ def swap_across_peak(ev, cand: Candidate) -> list[Candidate]:
             break
         graph = ev.graph_of(best)
         names = [r.name for r in sorted(best.sim.ops, key=lambda r: (r.start_s, r.end_s)) if r.name in graph]
-        ordered = set(ordered_ops(graph, names + [op.name for op in graph if op.name not in set(names)],
+        listed = set(names)
+        ordered = set(ordered_ops(graph, names + [op.name for op in graph if op.name not in listed],
                                   ev.sim_options))
         decision = peak_swap(graph, best.sim, best.plan, ordered, ev.profile, ev.analysis.levels)
         if decision is None:
@@ -81,18 +82,10 @@ def swap_across_peak(ev, cand: Candidate) -> list[Candidate]:
         need = ev.need(sim)
         if need > ev.need(best.sim):  # equal is progress: another join of the same size may peak as high
             break
-        why = "" if need <= ev.budget and sim.host_peak_bytes <= ev.host_budget else (
-            f"peak {format_bytes(need)} > budget with the enforced order")
         params = {**best.params, "peak_swaps": best.params.get("peak_swaps", 0) + 1}
-        best = Candidate(best.strategy, params, plan, sim, fits=not why, why_not=why,
-                         order=result.report.to_dict(), policy=None)
-        ev.graphs[id(best)] = new
-        ev.candidates.append(best)
+        best = record_ordered(ev, best.strategy, params, plan, sim, result.report, new, None,
+                              f"swapping {decision.tensor} across the ordered peak")
         added.append(best)
-        if ev.progress:
-            ev.progress(f"{best.strategy} {params} swapping {decision.tensor} across the ordered peak: peak "
-                        f"{format_bytes(sim.peak_with_margin_bytes)}, step {sim.step_time_s * 1e3:.2f} ms"
-                        f"{'' if best.fits else ' (' + why + ')'}")
     return added
 
 

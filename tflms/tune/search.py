@@ -200,23 +200,28 @@ def judge_ordered(ev: _Evaluator) -> list[Candidate]:
         # c.sim is the simulation of ``graph`` in level order (the incremental evaluator's answer is simulate's)
         result = enforce_order(graph, ev.profile, options=ev.sim_options, level_peak_bytes=c.sim.peak_bytes)
         sim = result.report.ordered_sim if result.changed else c.sim
-        need = ev.need(sim)
-        why = "" if need <= ev.budget and sim.host_peak_bytes <= ev.host_budget else (
-            f"peak {format_bytes(need)} > budget with the enforced order")
-        cand = Candidate(c.strategy, c.params, c.plan, sim, fits=not why, why_not=why,
-                         order=result.report.to_dict(), policy=c.policy)
-        ev.graphs[id(cand)] = graph
-        ev.candidates.append(cand)
-        added.append(cand)
-        if ev.progress:
-            ev.progress(f"{c.strategy} {c.params} in the enforced order ({result.report.num_edges} edges): peak "
-                        f"{format_bytes(sim.peak_with_margin_bytes)}, step {sim.step_time_s * 1e3:.2f} ms"
-                        f"{'' if cand.fits else ' (' + why + ')'}")
+        added.append(record_ordered(ev, c.strategy, c.params, c.plan, sim, result.report, graph, c.policy,
+                                    f"in the enforced order ({result.report.num_edges} edges)"))
     if added and not any(c.fits for c in ev.candidates):
         # the enforced order can leave a tensor waiting across its peak that no policy swapped
         from tflms.tune.peakswap import swap_across_peak
         added += swap_across_peak(ev, min(added, key=lambda c: (ev.need(c.sim), c.sim.step_time_s)))
     return added
+
+
+def record_ordered(ev, strategy: str, params: dict, plan, sim: SimResult, report, graph: Graph, policy,
+                   what: str) -> Candidate:
+    """A candidate judged in the enforced order (``report`` the order pass's): fit, recorded, reported."""
+    need = ev.need(sim)
+    why = "" if need <= ev.budget and sim.host_peak_bytes <= ev.host_budget else (
+        f"peak {format_bytes(need)} > budget with the enforced order")
+    cand = Candidate(strategy, params, plan, sim, fits=not why, why_not=why, order=report.to_dict(), policy=policy)
+    ev.graphs[id(cand)] = graph
+    ev.candidates.append(cand)
+    if ev.progress:
+        ev.progress(f"{strategy} {params} {what}: peak {format_bytes(sim.peak_with_margin_bytes)}, "
+                    f"step {sim.step_time_s * 1e3:.2f} ms{'' if cand.fits else ' (' + why + ')'}")
+    return cand
 
 
 def _threshold_ladder(analysis: Analysis) -> list[int]:
