@@ -91,7 +91,8 @@ def _cpu_mhz() -> int:
 CPU_DEVICE_MEMORY_LIMIT = 256 << 20
 
 
-def _gpu_memory_limits() -> list[int]:
+@functools.lru_cache(maxsize=1)
+def _gpu_memory_limits() -> tuple[int, ...]:
     """``memory_limit`` in bytes of each logical GPU, in TensorFlow's order (what its allocator may use).
 
     A physical GPU split into logical ones (``tf.config.set_logical_device_configuration``)
@@ -114,7 +115,7 @@ def _gpu_memory_limits() -> list[int]:
         if reported is None:
             reported = [int(d.memory_limit) for d in device_lib.list_local_devices() if d.device_type == "GPU"]
         limits.append(reported[index] if index < len(reported) else 0)
-    return limits
+    return tuple(limits)
 
 
 def _named_devices():
@@ -131,7 +132,6 @@ def _named_devices():
     import tensorflow as tf
     from tensorflow.core.protobuf import device_properties_pb2
     devices = []
-    gpu_limits = None
     for logical in tf.config.list_logical_devices():
         props = device_properties_pb2.DeviceProperties(type=logical.device_type)
         if logical.device_type == "CPU":  # as grappler's GetLocalCPUInfo: cores and MHz (0 when unknown)
@@ -146,7 +146,7 @@ def _named_devices():
                 if capability:
                     props.environment["architecture"] = f"{capability[0]}.{capability[1]}"
                 props.vendor = "NVIDIA"
-            gpu_limits = _gpu_memory_limits() if gpu_limits is None else gpu_limits
+            gpu_limits = _gpu_memory_limits()  # device_lib builds device objects: once per process
             props.memory_size = gpu_limits[index] if index < len(gpu_limits) else 0
         devices.append(device_properties_pb2.NamedDevice(name=_full_device_name(logical.name), properties=props))
     return devices
