@@ -54,14 +54,17 @@ def _assert_swaps_ran(ran, reports) -> None:
         assert not missing, f"grappler removed {len(missing)} of {len(report.inserted_ops)} swap ops: {missing[:5]}"
 
 
-def fit_matches_plain(build, data):
+def fit_matches_plain(build, data, *, racy_plain: str = ""):
     """Plain fit twice (control), then fit with LMS(swapout_threshold=1): bitwise, swaps alive.
 
-    Returns what the plain fit ran (:class:`~tflms.testing.RanGraphs`)."""
+    ``racy_plain``: why the plain step may legitimately differ from itself; then a differing control skips the
+    test (the comparison would mean nothing) instead of failing it. Returns what the plain fit ran."""
     initial = snapshot(build())
     plain, plain_ran = _fit(build, data)
     assert bitwise_diff(initial, plain[:len(initial)]), "training changed nothing"
     control, _ = _fit(build, data)
+    if racy_plain and bitwise_diff(plain, control):
+        pytest.skip(f"plain fit differed from itself this run: {racy_plain}")
     assert_bitwise_equal(plain, control, "plain fit vs plain fit (control)")
     callback = tflms.keras.LMS(swapout_threshold=1, verbose=0)
     swapped, ran = _fit(build, data, callback)
@@ -95,7 +98,9 @@ def test_resnet50_fit_at_224_with_grappler_accumulators_is_bitwise():
     """ResNet50 at 224x224: grappler's memory optimizer turns a large AddN of gradients into a TemporaryVariable
     accumulator in the plain step (its estimated peak passes 80% of the CPU device's 256 MiB). The pre-pass must
     make the same rewrite and tflms must keep the order its AssignAdds run in (issue 10's last exception)."""
-    plain_ran = fit_matches_plain(_application("ResNet50", 224), _image_data(224, 3))
+    plain_ran = fit_matches_plain(_application("ResNet50", 224), _image_data(224, 3), racy_plain=(
+        "its accumulator's AssignAdds race in TensorFlow (docs/design.md, 'Exceptions to bitwise'; 1 of 3 full "
+        "suite runs here)"))
     ran = plain_ran.step_graph().post_optimization_graph
     assert any(n.op == "DestroyTemporaryVariable" for n in ran.node), "no accumulator: the test proves nothing"
 
