@@ -2,8 +2,8 @@
 
 - :func:`build_unet3d`: the 3D U-Net (Cicek et al., 2016) the TFLMS paper scaled to
   larger image resolutions (``examples/unet3d.py`` trains it, ``tools/bench.py``
-  traces it at many resolutions), and :func:`unet3d_input_specs`, its input signature
-  at a cubic resolution.
+  traces it at many volumes), and :func:`unet3d_input_specs`, its input signature
+  for a cube or a ``(D, H, W)`` volume.
 
 Importing this module imports Keras.
 """
@@ -54,7 +54,22 @@ def build_unet3d(*, channels: int = 4, classes: int = 4, base_filters: int = 32,
     return keras.Model(inputs, outputs, name=name)
 
 
-def unet3d_input_specs(resolution: int, *, channels: int = 4, batch: int | None = None):
-    """``tf.TensorSpec``s of a cubic ``resolution``^3 volume and its labels (batch unknown by default)."""
-    return (tf.TensorSpec((batch, resolution, resolution, resolution, channels), tf.float32),
-            tf.TensorSpec((batch, resolution, resolution, resolution), tf.int32))
+def unet3d_input_specs(resolution: int | tuple[int, int, int], *, channels: int = 4, batch: int | None = None,
+                       depth: int | None = None):
+    """``tf.TensorSpec``s of a volume and its labels (batch unknown by default).
+
+    ``resolution``: the side of a cube, or the sides ``(D, H, W)``. With ``depth`` (the
+    U-Net's), every side must be a multiple of ``2 ** depth``, or the skips would not line up
+    with the upsampled tensors; a :class:`ConfigError` names the side otherwise.
+    """
+    sides = (resolution,) * 3 if isinstance(resolution, int) else tuple(resolution)
+    if len(sides) != 3 or any(not isinstance(side, int) or side < 1 for side in sides):
+        raise ConfigError(f"unet3d_input_specs: resolution must be a positive int or three of them (D, H, W), "
+                          f"got {resolution!r}")
+    if depth is not None:
+        bad = [(axis, side) for axis, side in zip("DHW", sides) if side % 2 ** depth]
+        if bad:
+            raise ConfigError(f"unet3d_input_specs: sides {bad} of {sides} are not multiples of 2 ** depth = "
+                              f"{2 ** depth}; a U-Net of depth {depth} halves each side {depth} times and "
+                              f"concatenates the skips, so round them to a multiple of {2 ** depth}")
+    return (tf.TensorSpec((batch, *sides, channels), tf.float32), tf.TensorSpec((batch, *sides), tf.int32))
