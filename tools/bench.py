@@ -26,7 +26,7 @@ throughput (samples/s) and ``time_bound_ratio`` (step time over
 judged in the memory-aware order the order pass pins (docs/design.md, "Enforced order").
 
 Reported per model, profile and method: the largest batch that fits the profile's
-memory (for ``unet3d``: the largest cubic resolution at batch 1), the predicted
+memory (for ``unet3d``: the largest volume D x H x W at batch 1, see below), the predicted
 step-time overhead at a *common batch* (the smallest of the maxima that exceed
 ``none``'s: a batch every method that extends the batch can run), the wall time of
 the rewrite/tune that produced the graph at the common batch, and its op count.
@@ -44,12 +44,17 @@ finalists judged in the enforced order). One
 full tune with every strategy runs at the common batch; ``tflms-distance``'s choice
 and wall time are read off it (the tuner evaluates the distance candidates first).
 Quick mode bisects ``QUICK_BISECT_STEPS`` times: the reported maximum fits, and
-``max_batch_upper`` (the smallest size found not to fit) is at most 1/8 above it;
+``max_batch_upper`` (the smallest size found not to fit) is at most 1/8 above it (in
+sizes: for ``unet3d`` the size index below, about 1/8 of each side);
 ``--full`` bisects until they are adjacent. Afterwards every maximum is read off all
 probes of the run (a size ``none`` fits counts for the tflms methods).
 
-The 3D U-Net's size is its resolution: the step is re-traced for every resolution
-probed (multiples of ``UNET_RESOLUTION_STEP``, batch 1), each trace cached for the run.
+The 3D U-Net's size is its volume at batch 1: sides multiples of ``UNET_RESOLUTION_STEP`` (16)
+that differ by at most one step, in increasing voxel order n^3 < (n+1)n^2 < (n+1)^2n < (n+1)^3
+(``benchlib.common.unet_shape``: three sizes per 16-voxel step of a cube, each multiplying the
+voxels by (n+1)/n, a third of the cube step's ((n+1)/n)^3); the report shows
+``208x192x192`` (or ``192^3``) and compares voxels. The step is re-traced for every volume
+probed, each trace cached for the run.
 Batch models are traced once with an unknown batch dimension and re-sized in the IR.
 
 Usage (from the repo root)::
@@ -159,7 +164,7 @@ def main(argv=None) -> int:
             if plots_dir:
                 path = pathlib.Path(plots_dir) / f"{model}_{profile}.png"
                 common = recs[0]["common_batch"]
-                label = f"batch {common}" if recs[0]["unit"] == "batch" else f"resolution {common}^3, batch 1"
+                label = f"batch {common}" if recs[0]["unit"] == "batch" else f"volume {common}, batch 1"
                 if plot_timelines(path, model, profile, results, budget or MODELS[model].budget_bytes or get_profile(profile).memory_bytes,
                                   label):
                     try:
@@ -174,7 +179,8 @@ def main(argv=None) -> int:
         sys.argv[1:] if argv is None else argv))
     if args.json:
         print(json.dumps(records, indent=2))
-    report = markdown(records, command=command, mode=mode, elapsed_s=elapsed, plots=plots, extras=extras)
+    report = markdown(records, command=command, mode=mode, elapsed_s=elapsed, plots=plots, extras=extras,
+                      **({} if bisect_steps is None else {"bisect_steps": bisect_steps}))
     if not args.json:
         print(report)
     if results_path:

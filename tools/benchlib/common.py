@@ -13,9 +13,12 @@ QUICK_MODELS = ("resnet50", "unet3d")
 QUICK_PROFILES = ("v100-16gb-pcie3", "h100-80gb-pcie5")
 #: Bisection steps after the doubling phase in quick mode (None = until exact).
 QUICK_BISECT_STEPS = 3
-#: Resolutions probed for the 3D U-Net are multiples of this (2 ** its depth).
-UNET_RESOLUTION_STEP = 16
-#: The doubling search gives up (reporting a lower bound) past this size.
+#: Poolings of the benchmark's 3D U-Net; each side of its volume is halved this many times.
+UNET_DEPTH = 4
+#: The 3D U-Net's volume sides are multiples of this (2 ** its depth, so the skips line up).
+UNET_RESOLUTION_STEP = 2 ** UNET_DEPTH
+#: The doubling search gives up (reporting a lower bound) past this size (a batch, or a U-Net size index:
+#: unet_shape(SEARCH_LIMIT) is far beyond any accelerator, so only batch models can meet it).
 SEARCH_LIMIT = 1 << 22
 #: Quick mode answers "does tflms-distance fit?" with these tuner candidates only (the most aggressive
 #: swapping: every forward tensor with a consumer more than one level away; asynchronous and fully
@@ -46,6 +49,46 @@ REPORTED = (
     ("CSwap+ (Chen et al., TPDS 2022)", "six memory-intensive DNNs on V100",
      "up to 50.9% (sparse) / 46.1% (dense) less tensor swapping latency than vDNN", "", ""),
 )
+
+
+def unet_shape(index: int) -> tuple[int, int, int]:
+    """The 3D U-Net volume ``(D, H, W)`` of size index ``index`` >= 1, in increasing voxel order.
+
+    Sides are multiples of ``UNET_RESOLUTION_STEP`` (s) that differ by at most one step:
+    ``n^3 < (n+1)*n*n < (n+1)*(n+1)*n < (n+1)^3`` (in units of s), so three indices per cube
+    instead of one: ``n, extra = divmod(index + 2, 3)``, the first ``extra`` axes get ``n + 1``.
+    Index 1 is s^3, 2 is 2s x s x s, 4 is (2s)^3, and 3n - 2 is (ns)^3. Voxels strictly
+    increase with the index, so the doubling and bisection search stays valid, and doubling
+    the index about doubles each side, as the cubic index did.
+    """
+    if index < 1:
+        raise ValueError(f"unet_shape: the size index must be >= 1 (index 1 is {UNET_RESOLUTION_STEP}^3), got {index}")
+    n, extra = divmod(index + 2, 3)
+    return tuple(UNET_RESOLUTION_STEP * (n + 1 if axis < extra else n) for axis in range(3))
+
+
+def unet_index(shape) -> int:
+    """The size index of a volume ``(D, H, W)`` of :func:`unet_shape` (its inverse)."""
+    step = UNET_RESOLUTION_STEP
+    sides = tuple(shape)
+    n = min(sides) // step if sides else 0
+    extra = sum(side == (n + 1) * step for side in sides)
+    if (len(sides) != 3 or n < 1 or any(side % step for side in sides)
+            or sides != tuple((n + 1) * step if axis < extra else n * step for axis in range(3))):
+        raise ValueError(f"unet_index: {sides} is not a benchmark volume: three sides, multiples of {step}, the "
+                         f"larger ones first and at most {step} above the others (e.g. {unet_shape(5)})")
+    return 3 * n - 2 + extra
+
+
+def shape_label(shape) -> str:
+    """``"192^3"`` for a cube, ``"208x192x192"`` otherwise."""
+    sides = tuple(shape)
+    return f"{sides[0]}^3" if len(set(sides)) == 1 else "x".join(map(str, sides))
+
+
+def voxels(shape) -> int:
+    d, h, w = shape
+    return d * h * w
 
 
 def say(msg: str) -> None:

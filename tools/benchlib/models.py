@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .common import UNET_RESOLUTION_STEP, say
+from .common import UNET_DEPTH, say, shape_label, unet_shape, voxels
 
 
 def _bert_layers():
@@ -76,13 +76,17 @@ def build_bert(*, layers=12, hidden=768, heads=12, ffn=3072, vocab=30522, seq_le
 
 @dataclasses.dataclass
 class ModelSpec:
-    """How to build a model's training step. ``kind``: "batch" or "resolution" (batch 1, cubic input)."""
+    """How to build a model's training step.
+
+    ``kind``: "batch", or "resolution": batch 1, a volume ``(D, H, W)`` per size index
+    (:func:`benchlib.common.unet_shape`).
+    """
 
     name: str
     kind: str
     description: str
     build: Callable[[], tuple[Any, Any, Any]]  # -> (keras model, optimizer, loss_fn)
-    specs: Callable[[int | None], tuple[Any, Any]]  # resolution (or None) -> (x spec, y spec), batch unknown
+    specs: Callable[[tuple[int, int, int] | None], tuple[Any, Any]]  # volume (or None) -> (x, y specs), batch unknown
     budget_bytes: int | None = None  # judged against this instead of the profile's memory (unless --budget)
 
 
@@ -104,13 +108,13 @@ def _unet():
     import keras
 
     from tflms.models import build_unet3d
-    model = build_unet3d(channels=4, classes=4, base_filters=32, depth=4)
+    model = build_unet3d(channels=4, classes=4, base_filters=32, depth=UNET_DEPTH)
     return model, keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy()
 
 
-def _unet_specs(resolution):
+def _unet_specs(shape):
     from tflms.models import unet3d_input_specs
-    return unet3d_input_specs(resolution, channels=4)
+    return unet3d_input_specs(shape, channels=4, depth=UNET_DEPTH)
 
 
 def _bert():
@@ -158,8 +162,21 @@ MODELS = {
 }
 
 
+def size_label(name: str, size: int) -> str:
+    """``size`` of model ``name`` as the report shows it: the batch, or the volume (``208x192x192``, ``192^3``).
+
+    Size 0 (nothing fits) is ``"0"`` for every model.
+    """
+    return shape_label(unet_shape(size)) if MODELS[name].kind == "resolution" and size else str(size)
+
+
+def size_amount(name: str, size: int) -> int:
+    """What ratios of ``name``'s sizes compare: the batch, or the volume's voxels (batch 1); 0 for size 0."""
+    return voxels(unet_shape(size)) if MODELS[name].kind == "resolution" and size else size
+
+
 class Steps:
-    """Builds each model once and caches the traced IR graph of each (variant, resolution)."""
+    """Builds each model once and caches the traced IR graph of each (variant, volume)."""
 
     def __init__(self) -> None:
         self._built: dict[str, tuple] = {}
@@ -188,20 +205,23 @@ class Steps:
         return self._functions(name)[2]
 
     def graph(self, name: str, variant: str, size: int):
-        """The IR graph of ``name``'s step (``variant`` plain or recompute) at ``size``, and its trace seconds."""
+        """The IR graph of ``name``'s step (``variant`` plain or recompute) at ``size``, and its trace seconds.
+
+        ``size``: the batch, or for a resolution model the size index of its volume (:func:`unet_shape`).
+        """
         from tflms.ir import tf_io
         spec = MODELS[name]
-        resolution = size * UNET_RESOLUTION_STEP if spec.kind == "resolution" else None
-        key = (name, variant, resolution)
+        shape = unet_shape(size) if spec.kind == "resolution" else None
+        key = (name, variant, shape)
         if key not in self._graphs:
             step = self._functions(name)[3][variant]
             t0 = time.perf_counter()
-            concrete = step.get_concrete_function(*spec.specs(resolution))
+            concrete = step.get_concrete_function(*spec.specs(shape))
             graph = tf_io.from_concrete_function(concrete)
             seconds = time.perf_counter() - t0
             self.trace_s += seconds
-            say(f"{name}: traced the {variant} step{f' at {resolution}^3' if resolution else ''}: "
+            say(f"{name}: traced the {variant} step{f' at {shape_label(shape)}' if shape else ''}: "
                 f"{len(graph)} ops in {seconds:.1f} s")
             self._graphs[key] = (graph, seconds)
         graph, seconds = self._graphs[key]
-        return graph.with_batch_size(1 if resolution else size), seconds
+        return graph.with_batch_size(1 if shape else size), seconds

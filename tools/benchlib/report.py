@@ -8,35 +8,44 @@ import os
 import pathlib
 import platform
 
-from .common import BOUND, METHODS, QUICK_BISECT_STEPS, REPORTED, UNET_RESOLUTION_STEP, say
-from .models import MODELS
+from .common import BOUND, METHODS, QUICK_BISECT_STEPS, REPORTED, UNET_RESOLUTION_STEP, say, unet_shape
+from .models import MODELS, size_amount, size_label
 from .search import MethodResult
 
 
 def records_for(model: str, profile: str, results: dict[str, MethodResult]) -> list[dict]:
-    unit = 1 if MODELS[model].kind == "batch" else UNET_RESOLUTION_STEP
+    """JSON records, one per method (and the bound). Sizes are batches (ints), or for a resolution model
+    volume labels (``"208x192x192"``, ``"192^3"``, ``"0"`` = nothing fits) with ``max_shape`` and
+    ``max_voxels`` beside them; ratios (``fraction_of_bound``) compare batches or voxels."""
+    batch = MODELS[model].kind == "batch"
+
+    def size(s):
+        return s if batch else size_label(model, s)
+
     out = []
     bound = results.get(BOUND)
     for method in METHODS + ((BOUND,) if bound is not None else ()):
         r = results[method]
         out.append({
             "model": model, "profile": profile, "method": method,
-            "max_batch": r.max_size * unit,
+            "max_batch": size(r.max_size),
+            "max_shape": None if batch or not r.max_size else list(unet_shape(r.max_size)),
+            "max_voxels": None if batch else size_amount(model, r.max_size),
             "overhead_pct": None if r.overhead is None else round(100 * r.overhead, 2),
             "rewrite_s": round(r.rewrite_s, 3),
             "ops": r.ops,
-            "unit": "batch" if unit == 1 else "resolution (cubic side, batch 1)",
-            "max_batch_upper": None if r.upper is None else r.upper * unit,
-            "common_batch": r.common * unit,
+            "unit": "batch" if batch else "resolution (D x H x W volume, batch 1)",
+            "max_batch_upper": None if r.upper is None else size(r.upper),
+            "common_batch": size(r.common),
             "search_s": round(r.search_s, 2),
             "peak_bytes_at_common": None if r.sim is None else r.sim.peak_with_margin_bytes,
             "step_ms_at_common": None if r.sim is None else round(1e3 * r.sim.step_time_s, 3),
-            "probes": [[s * unit, f] for s, f in sorted(r.probes)],
+            "probes": [[size(s), f] for s, f in sorted(r.probes)],
             "detail": r.detail,
-            "bound_batch": None if bound is None else bound.max_size * unit,
+            "bound_batch": None if bound is None else size(bound.max_size),
             # max as a fraction of the bound (resolution models: of the bound's voxels)
             "fraction_of_bound": (None if bound is None or not bound.max_size else
-                                  round((r.max_size / bound.max_size) ** (1 if unit == 1 else 3), 4)),
+                                  round(size_amount(model, r.max_size) / size_amount(model, bound.max_size), 4)),
             "step_ms_at_max": None if r.step_s_at_max is None else round(1e3 * r.step_s_at_max, 3),
             "samples_per_s_at_max": None if r.samples_per_s_at_max is None else round(r.samples_per_s_at_max, 2),
             "time_bound_ratio_at_max": (None if r.time_bound_ratio_at_max is None
@@ -46,17 +55,17 @@ def records_for(model: str, profile: str, results: dict[str, MethodResult]) -> l
 
 
 def _ratio(record: dict, base: dict) -> str:
+    if record["unit"] != "batch":  # resolution: compare voxels
+        return f"{record['max_voxels'] / base['max_voxels']:.2f}x vox" if base["max_voxels"] else "-"
     if not base["max_batch"]:
         return "-"
-    ratio = record["max_batch"] / base["max_batch"]
-    if record["unit"] != "batch":  # resolution: compare voxels
-        return f"{ratio ** 3:.2f}x vox"
-    return f"{ratio:.2f}x"
+    return f"{record['max_batch'] / base['max_batch']:.2f}x"
 
 
 def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, plots: dict[str, str],
-             extras: dict[str, list[str]] | None = None) -> str:
-    """The report; ``extras``: more sections (title -> Markdown lines) placed before "How the numbers were produced"."""
+             extras: dict[str, list[str]] | None = None, bisect_steps: int = QUICK_BISECT_STEPS) -> str:
+    """The report; ``extras``: more sections (title -> Markdown lines) placed before "How the numbers were produced";
+    ``bisect_steps``: the quick mode's bisection steps (``--bisect-steps``)."""
     import tensorflow as tf
     models = list(dict.fromkeys(r["model"] for r in records))
     profiles = list(dict.fromkeys(r["profile"] for r in records))
@@ -90,8 +99,10 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
         "| `recompute` | gradient checkpointing of the same Keras model: sqrt(n) equal segments of its layer calls, "
         "each under `tf.recompute_grad` (`tflms.baselines.recompute`), traced as its own step |",
         "",
-        "Columns: **max** is the largest batch that fits the profile's memory (for `unet3d`: the largest cubic "
-        "resolution at batch 1; its ratio is in voxels); **overhead** is the predicted step time at the *common "
+        "Columns: **max** is the largest batch that fits the profile's memory (for `unet3d`: the largest volume "
+        f"D x H x W at batch 1, sides multiples of {UNET_RESOLUTION_STEP} that differ by at most "
+        f"{UNET_RESOLUTION_STEP}, in increasing voxel order: n^3 < (n+1)n^2 < (n+1)^2n < (n+1)^3; its ratios are in "
+        "voxels); **overhead** is the predicted step time at the *common "
         "batch* relative to the unchanged step on a GPU with unlimited memory (the common batch is the smallest "
         "of the maxima that exceed `none`'s, so every method that extends the batch runs there; `-` = does not "
         "fit there); **rewrite s** is the wall time of the tune or rewrite that produced the graph at the common "
@@ -174,9 +185,12 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
               "`tflms-distance`, `grappler` and `recompute` start at `none`'s maximum, `tflms-best` at "
               "`tflms-distance`'s (sizes the unchanged step fits are fitted by tflms without tuning); each tries "
               "the previous method's first miss before doubling. "
-              + (f"Quick mode bisects {QUICK_BISECT_STEPS} times: a maximum is a size that fits, and **upper** "
-                 "(the smallest size found not to fit) is at most 1/8 above it." if mode == "quick"
-                 else "Full mode bisects until **upper** (the smallest size found not to fit) = max + 1.")
+              + (f"Quick mode bisects {bisect_steps} times: a maximum is a size that fits, and **upper** "
+                 f"(the smallest size found not to fit) is at most 1/{2 ** bisect_steps} above it (for `unet3d`: "
+                 "in size steps, the volumes in the order above), or the next size once the two are adjacent."
+                 if mode == "quick"
+                 else "Full mode bisects until **upper** (the smallest size found not to fit) is the next size "
+                 "(max + 1; for `unet3d` the next volume in the order above).")
               + " Every maximum is then read off all probes of the run (a size `none` fits counts for the tflms "
               "methods, one `tflms-distance` fits for `tflms-best`), and `none` is probed at the other methods' "
               "sizes inside its last interval, so that all methods are compared at the same resolution.",
@@ -190,9 +204,9 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
               "in the order the pipeline's order pass enforces) where the distance rules miss. One full tune with every strategy runs at the common batch; the "
               "tuner evaluates the distance candidates first, so `tflms-distance`'s choice and wall time are "
               "read off the same run (its fastest fitting distance candidate, the time of its last one).",
-              f"- The 3D U-Net is re-traced at every probed resolution (multiples of {UNET_RESOLUTION_STEP}, "
-              "batch 1); each trace is cached for the run. Batch models are traced once with an unknown batch "
-              "dimension and re-sized in the IR (`Graph.with_batch_size`).",
+              f"- The 3D U-Net is re-traced at every probed volume (sides multiples of {UNET_RESOLUTION_STEP}, "
+              "the larger sides first, batch 1); each trace is cached for the run. Batch models are traced once "
+              "with an unknown batch dimension and re-sized in the IR (`Graph.with_batch_size`).",
               "- grappler decides from its own static memory estimate, not the simulator's: it counts every output "
               "as a fresh allocation (no buffer forwarding), so it is larger where grappler knows every shape, "
               "and it counts a dimension its shape inference cannot resolve as 1, so it is far smaller there "

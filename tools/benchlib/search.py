@@ -7,9 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .common import (BOUND, HEADROOM, METHODS, QUICK_DISTANCE_PROBES, SEARCH_LIMIT,
-                     UNET_RESOLUTION_STEP, say)
-from .models import MODELS, Steps
+from .common import BOUND, HEADROOM, METHODS, QUICK_DISTANCE_PROBES, SEARCH_LIMIT, say
+from .models import MODELS, Steps, size_amount, size_label
 
 
 @dataclasses.dataclass
@@ -63,9 +62,8 @@ class Evaluator:
         return self.cache[key].fits
 
     def label(self, size: int) -> str:
-        if MODELS[self.model].kind == "resolution":
-            return f"resolution {size * UNET_RESOLUTION_STEP}^3"
-        return f"batch {size}"
+        kind = "volume" if MODELS[self.model].kind == "resolution" else "batch"
+        return f"{kind} {size_label(self.model, size)}"
 
     def _fits(self, sim) -> bool:
         """The tuner's verdict on a simulation: the peak with headroom within the budget and the swapped
@@ -316,7 +314,8 @@ def run_model_profile(steps: Steps, model: str, profile_name: str, budget: int |
                                   time.perf_counter() - t0, common=common, detail="resident + largest working set")
     results[BOUND].ops = ev.cache[(BOUND, low)].ops if (BOUND, low) in ev.cache else 0  # the graph judged there
     say(f"{model} {profile_name}: swap-only bound {ev.label(low)}; "
-        + ", ".join(f"{m} {r.max_size / low:.0%}" for m, r in results.items() if m != BOUND and low))
+        + ", ".join(f"{m} {size_amount(model, r.max_size) / size_amount(model, low):.0%}"
+                    for m, r in results.items() if m != BOUND and low))
     return results
 
 
