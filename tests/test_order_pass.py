@@ -198,3 +198,27 @@ def test_the_tuner_also_judges_the_ungrouped_twin_of_a_grouped_finalist_in_the_e
     judged = {tuple(sorted(c.params.items())) for c in added}
     assert tuple(sorted(twin.items())) in judged and tuple(sorted(grouped.params.items())) in judged
     assert all(c.order is not None for c in added)
+
+
+def test_the_tuner_judges_plans_that_differ_only_in_their_waits_each_in_the_enforced_order():
+    """Two sync modes swap the same tensors with the same swap-ins; only their sync edges differ, and so
+    can their peaks once ordered (ResNet-50 at batch 1347 on v100-16gb-pcie3 fits only with waits). Both
+    are judged: a sync mode is a family of its own among the finalists."""
+    from tflms.analysis.cto import analyze_graph
+    from tflms.passes.swaps import DEFAULT_COPY_OP
+    from tflms.sim import SimOptions, get_profile
+    from tflms.testing import mlp_training_graph
+    from tflms.tune.search import _Evaluator, judge_ordered
+    g = mlp_training_graph(6, batch=64, width=256)
+    profile = get_profile("v100-16gb-pcie3")
+    base = simulate(g, profile)
+    budget = base.resident_bytes + (base.peak_bytes - base.resident_bytes) // 4  # nothing fits
+    ev = _Evaluator(analyze_graph(g), profile, budget, profile.host_memory_bytes, SimOptions(),
+                    LMSConfig().with_rule_defaults(), "/device:GPU:0", DEFAULT_COPY_OP, None)
+    free = ev.distance(swapout_threshold=1, swapin_ahead=1, swapin_groupby=0, sync_mode=0)
+    waits = ev.distance(swapout_threshold=1, swapin_ahead=1, swapin_groupby=0, sync_mode=1)
+    assert not free.fits and not waits.fits
+    assert [s.tensor for s in free.plan.swaps] == [s.tensor for s in waits.plan.swaps]  # the same swaps
+    assert free.plan.swaps != waits.plan.swaps  # but not the same waits
+    judged = [c.params for c in judge_ordered(ev)]
+    assert free.params in judged and waits.params in judged

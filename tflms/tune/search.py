@@ -137,6 +137,8 @@ class _Evaluator:
 
 #: How many candidates that do not fit in level order :func:`judge_ordered` judges again in the enforced order.
 ORDER_FINALISTS = 4
+#: ... after judging the lowest-peak candidate of at most this many families (strategy, sync mode) first.
+ORDER_FAMILIES = 6
 #: ... among those needing at most this fraction more than the budget in level order (a heuristic: scheduling
 #: one finalist costs about half a second on ResNet-50, and at most ``ORDER_FINALISTS + 1`` are scheduled
 #: whatever this is. The order can lower the peak a lot: with the ``greedy-dfs`` schedule a distance plan
@@ -158,10 +160,12 @@ def judge_ordered(ev: _Evaluator) -> list[Candidate]:
     """Judge the finalists in the order the pipeline will enforce; returns the candidates added.
 
     Scheduling costs seconds on a large step (docs/design.md, "Enforced order"), so only finalists
-    are scheduled, each distinct plan once: the fastest fitting candidate (the order pass may change
-    its step time and peak) and the :data:`ORDER_FINALISTS` lowest-peak candidates that do not fit in
-    level order (by at most :data:`ORDER_MAX_OVERSHOOT`) and would be faster than it, and before them the
-    ungrouped twins of the first :data:`ORDER_UNGROUPED_TWINS` of those that group swap-ins. Each gets the
+    are scheduled, each distinct plan (swaps, swap-ins, triggers and waits) once: the fastest fitting
+    candidate (the order pass may change its step time and peak), the ungrouped twins of the first
+    :data:`ORDER_UNGROUPED_TWINS` lowest-peak candidates that group swap-ins, then among the candidates
+    that do not fit in level order (by at most :data:`ORDER_MAX_OVERSHOOT`) and would be faster than
+    it, the lowest-peak one of each family (strategy and sync mode; at most :data:`ORDER_FAMILIES`),
+    and the next :data:`ORDER_FINALISTS` of the family that came closest to fitting. Each gets the
     rewritten graph through :func:`~tflms.passes.order.enforce_order` (the same pass, deterministic, as the
     pipeline runs) and the pass's simulation of the result; the new candidate keeps the strategy and
     parameters, with ``order`` set. Its rewritten graph is stored without the edges: the pipeline's pass
@@ -184,24 +188,41 @@ def judge_ordered(ev: _Evaluator) -> list[Candidate]:
             if (not twin.fits and twin.sim.step_time_s < limit and twin.sim.host_peak_bytes <= ev.host_budget
                     and ev.need(twin.sim) <= ev.budget * (1 + ORDER_MAX_OVERSHOOT)):
                 twins.append(twin)
-    finalists, seen = [], set()
-    for c in ([best] if best is not None else []) + twins + over:
-        key = None if c.plan is None else tuple((s.tensor.name, tuple(g.name for g in s.swap_ins))
-                                                 for s in c.plan.swaps)
-        if key in seen:
-            continue
-        seen.add(key)
-        finalists.append(c)
-        if len(finalists) > ORDER_FINALISTS + len(twins):
-            break
-    added = []
-    for c in finalists:
-        graph = ev.graph_of(c)
-        # c.sim is the simulation of ``graph`` in level order (the incremental evaluator's answer is simulate's)
-        result = enforce_order(graph, ev.profile, options=ev.sim_options, level_peak_bytes=c.sim.peak_bytes)
-        sim = result.report.ordered_sim if result.changed else c.sim
-        added.append(record_ordered(ev, c.strategy, c.params, c.plan, sim, result.report, graph, c.policy,
-                                    f"in the enforced order ({result.report.num_edges} edges)"))
+    seen: set = set()
+
+    def judge(cands: list[Candidate], limit: int) -> list[Candidate]:
+        """Judge up to ``limit`` distinct plans of ``cands`` in the enforced order."""
+        judged = []
+        for c in cands:
+            if len(judged) >= limit:
+                break
+            # the whole decisions: sync edges and triggers differ between sync modes and look-aheads
+            key = None if c.plan is None else c.plan.swaps
+            if key in seen:
+                continue
+            seen.add(key)
+            graph = ev.graph_of(c)
+            # c.sim is the simulation of ``graph`` in level order (the incremental evaluator's answer is simulate's)
+            result = enforce_order(graph, ev.profile, options=ev.sim_options, level_peak_bytes=c.sim.peak_bytes)
+            sim = result.report.ordered_sim if result.changed else c.sim
+            judged.append(record_ordered(ev, c.strategy, c.params, c.plan, sim, result.report, graph, c.policy,
+                                         f"in the enforced order ({result.report.num_edges} edges)"))
+        return judged
+
+    # The level-order peak does not see what the order removes: at ResNet-50's largest batches every
+    # distance plan needs the same 32.8 GiB in level order (the interleaved backward chains), and the tie
+    # goes to the fastest, asynchronous ones. So the first round judges the best of each family
+    # (strategy and sync mode), the second walks down the family that came closest once ordered.
+    families: dict = {}
+    for c in over:
+        families.setdefault((c.strategy, c.params.get("sync_mode")), []).append(c)
+    added = judge(([best] if best is not None else []) + twins, 1 + len(twins))
+    firsts = judge([group[0] for group in families.values()], ORDER_FAMILIES)
+    added += firsts
+    if firsts and not any(c.fits for c in firsts):
+        closest = min(firsts, key=lambda c: (ev.need(c.sim), c.sim.step_time_s))
+        family = families[(closest.strategy, closest.params.get("sync_mode"))]
+        added += judge(family[1:], ORDER_FINALISTS)
     if added and not any(c.fits for c in ev.candidates):
         # the enforced order can leave a tensor waiting across its peak that no policy swapped
         from tflms.tune.peakswap import swap_across_peak
