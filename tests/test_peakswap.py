@@ -18,17 +18,23 @@ SHAPE = (256, 256)  # 256 KiB: above the order pass's minimum bytes
 PROFILE = get_profile("v100-16gb-pcie3")
 
 
-def _join_graph():
+def _join_graph(fused: bool = False):
     """``d`` is read early by ``m`` and late by ``out``; ``t1``/``t2`` peak beside it (four tensors live).
 
     The shape of a residual block's backward pass: ``d`` the block's output gradient, ``m``/``t1``/``t2`` the
-    main branch's batch-norm backward, ``out`` the identity shortcut's add at the end.
+    main branch's batch-norm backward, ``out`` the identity shortcut's add at the end. ``fused``: ``t1`` is
+    a ``MatMul`` whose one consumer is a ``BiasAdd`` (``t1b``), a pair grappler fuses.
     """
     b = GraphBuilder()
     x = b.op("x", "Placeholder", shape=SHAPE)
     d = b.op("d", "Relu", [x], shape=SHAPE)
-    m = b.op("m", "Neg", [d], shape=SHAPE)
-    t1 = b.op("t1", "Sin", [m], shape=SHAPE)
+    if fused:
+        m = b.op("m", "Neg", [d], shape=(SHAPE[0], 16))  # small: only the MatMul's output allocates at the peak
+        w, bias = b.op("w", "Placeholder", shape=(16, SHAPE[1])), b.op("bias", "Placeholder", shape=SHAPE[1:])
+        t1 = b.op("t1b", "BiasAdd", [b.op("t1", "MatMul", [m, w], shape=SHAPE), bias], shape=SHAPE)
+    else:
+        m = b.op("m", "Neg", [d], shape=SHAPE)
+        t1 = b.op("t1", "Sin", [m], shape=SHAPE)
     t2 = b.op("t2", "Cos", [m], shape=SHAPE)
     s = b.op("s", "AddN", [m, t1, t2], shape=SHAPE)
     c = s
@@ -77,6 +83,46 @@ def test_nothing_to_swap_when_no_tensor_waits_across_the_peak():
     graph.set_input("out", 0, graph.op("c3").output(0))  # out no longer reads d late
     _, decision = _decide(graph)
     assert decision is None
+
+
+def _ordered(graph, sim):
+    order = [r.name for r in sorted(sim.ops, key=lambda r: (r.start_s, r.end_s)) if r.name in graph]
+    return set(ordered_ops(graph, order + [op.name for op in graph if op.name not in set(order)]))
+
+
+def test_a_swap_whose_copy_lags_at_the_peak_makes_the_peak_wait_for_it():
+    # d swapped without waits: its copy to the host (tens of microseconds) is still running while m, t1, t2
+    # (a microsecond each) peak, so d is still on the device there, as an asynchronous swap-out on a busy
+    # link (ResNet-50's pool1_pad at batch 1262 on v100-16gb-nvlink2, sync mode 0)
+    graph = _join_graph()
+    size = 256 * 256 * 4
+    first = _decide(graph)[1]
+    plan = dataclasses.replace(_empty_plan(), swaps=(dataclasses.replace(first, sync_out_consumers=()),))
+    lagging = apply_swaps(graph, plan).graph
+    sim = simulate(lagging, PROFILE)
+    assert sim.transient_peak_bytes == 4 * size  # the control: d's buffer outlives the copy's start
+    decision = peak_swap(lagging, sim, plan, _ordered(lagging, sim), PROFILE, analyze_graph(graph).levels)
+    assert decision is not None and decision.tensor.name == "d:0"
+    assert decision.swap_ins == first.swap_ins  # the same swap, now with waits
+    assert {"t1", "t2"} <= set(decision.sync_out_consumers)
+    waited = apply_swaps(graph, dataclasses.replace(plan, swaps=(decision,))).graph
+    waited.topological_order()
+    assert simulate(waited, PROFILE).transient_peak_bytes == 3 * size
+
+
+def test_an_op_the_order_does_not_pin_hands_its_wait_to_its_pinned_producer():
+    # t1 becomes a MatMul whose one consumer is a BiasAdd: grappler fuses the pair only without control
+    # inputs, so the order leaves t1 alone and the wait goes to m, which t1 cannot start before
+    graph = _join_graph(fused=True)
+    sim = simulate(graph, PROFILE)
+    ordered = _ordered(graph, sim)
+    assert "t1" not in ordered
+    decision = _decide(graph)[1]
+    assert decision is not None and decision.tensor.name == "d:0"
+    assert "t1" not in decision.sync_out_consumers and "m" in decision.sync_out_consumers
+    waited = apply_swaps(graph, dataclasses.replace(_empty_plan(), swaps=(decision,))).graph
+    waited.topological_order()
+    assert simulate(waited, PROFILE).transient_peak_bytes < sim.transient_peak_bytes
 
 
 def test_a_peak_swap_on_a_traced_two_branch_model_trains_bitwise():

@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 PEAK_SWAP_ROUNDS = 6
 #: Tensors live at the peak smaller than this fraction of the largest one are not considered.
 PEAK_SWAP_MIN_FRACTION = 0.25
+#: How many producers up :func:`peak_swap` looks for a pinned op to wait for a copy in place of one the
+#: order does not pin (ResNet-50: a forward ``Conv2D`` that grappler fuses with its ``BiasAdd``).
+PEAK_SWAP_WAIT_DEPTH = 4
 
 
 def swap_across_peak(ev, cand: Candidate) -> list[Candidate]:
@@ -68,7 +71,9 @@ def swap_across_peak(ev, cand: Candidate) -> list[Candidate]:
         decision = peak_swap(graph, best.sim, best.plan, ordered, ev.profile, ev.analysis.levels)
         if decision is None:
             break
-        plan = dataclasses.replace(best.plan, swaps=best.plan.swaps + (decision,))
+        known = any(s.tensor == decision.tensor for s in best.plan.swaps)
+        swaps = tuple(decision if s.tensor == decision.tensor else s for s in best.plan.swaps)
+        plan = dataclasses.replace(best.plan, swaps=swaps if known else swaps + (decision,))
         try:
             new = apply_swaps(ev.analysis.graph, plan, copy_op=ev.copy_op).graph
             new.topological_order()
@@ -83,8 +88,9 @@ def swap_across_peak(ev, cand: Candidate) -> list[Candidate]:
         if need > ev.need(best.sim):  # equal is progress: another join of the same size may peak as high
             break
         params = {**best.params, "peak_swaps": best.params.get("peak_swaps", 0) + 1}
-        best = record_ordered(ev, best.strategy, params, plan, sim, result.report, new, None,
-                              f"swapping {decision.tensor} across the ordered peak")
+        what = (f"waiting for the copy of {decision.tensor} at the ordered peak" if known
+                else f"swapping {decision.tensor} across the ordered peak")
+        best = record_ordered(ev, best.strategy, params, plan, sim, result.report, new, None, what)
         added.append(best)
     return added
 
@@ -104,7 +110,8 @@ def peak_swap(graph: Graph, sim: SimResult, plan: SwapPlan, ordered: set[str], p
     by_owner: dict[str, list[str]] = {}
     for tensor, buf in owner.items():
         by_owner.setdefault(buf, []).append(tensor)
-    swapped = {s.tensor.name for s in plan.swaps}
+    swapped = {s.tensor.name: s for s in plan.swaps}
+    copy_end = {r.name: r.end_s for r in sim.ops if r.stream == "d2h"}
     live = [(buf, n) for buf, n in sim.live_at_peak]
     if not live:
         return None
@@ -119,9 +126,23 @@ def peak_swap(graph: Graph, sim: SimResult, plan: SwapPlan, ordered: set[str], p
             values[buf] = max(held, key=lambda t: (span[TensorRef.parse(t).op][0], t))
     for buf, nbytes in live:
         value = values.get(buf)
-        if value is None or value in swapped or TensorRef.parse(value).op.startswith("lms/"):
+        if value is None or TensorRef.parse(value).op.startswith("lms/"):
             continue
         ref = TensorRef.parse(value)
+        if value in swapped:
+            # swapped, but its copy to the host has not ended: the ops allocating at the peak wait for it
+            lagging = swapped[value]
+            if copy_end.get(lagging.swap_out, 0.0) <= peak_t:
+                logger.debug("%s: swapped, its copy to the host ended before the peak", value)
+                continue
+            sync = _peak_allocators(graph, live, floor, buf, span, peak_t, ordered, span[ref.op][1],
+                                    {c for g in lagging.swap_ins for c in g.consumers})
+            sync = sorted(set(sync) - set(lagging.sync_out_consumers))
+            if sync:
+                return dataclasses.replace(lagging, sync_out_consumers=tuple(
+                    sorted(set(lagging.sync_out_consumers) | set(sync))))
+            logger.debug("%s: swapped, no op at the peak can wait for its copy", value)
+            continue
         info = graph.tensor(ref)
         copy_s = profile.copy_time_s(info.num_bytes or nbytes)
         # late readers may start before the copy could return: the copy then stalls them, which the judge counts
@@ -133,14 +154,11 @@ def peak_swap(graph: Graph, sim: SimResult, plan: SwapPlan, ordered: set[str], p
                 late.append(consumer)
                 first_late = min([first_late] + [s for s, _ in reads if s > peak_end])
         if not late:
+            logger.debug("%s: no reader waits across the peak", value)
             continue
-        made = span[ref.op][1]
-        # the ops that allocated what is live at the peak wait for the copy to the host (after the value exists)
-        sync = sorted({TensorRef.parse(b).op for b, n in live if n >= floor and b != buf}
-                      | {name for name, (s, e) in span.items() if s <= peak_t < e}, key=str)
-        sync = [name for name in sync if name in ordered and name in span and span[name][0] >= made
-                and name not in late]
+        sync = _peak_allocators(graph, live, floor, buf, span, peak_t, ordered, span[ref.op][1], set(late))
         if not sync:
+            logger.debug("%s: no op at the peak can wait for its copy", value)
             continue
         # the trigger must not depend on the late consumers (a view among them may have run before the peak)
         after = _descendants(graph, late)
@@ -149,6 +167,7 @@ def peak_swap(graph: Graph, sim: SimResult, plan: SwapPlan, ordered: set[str], p
         on_time = [(e, name) for s, e, name in pinned if e <= first_late - copy_s]
         trigger = max(on_time)[1] if on_time else min(pinned, default=(0.0, 0.0, None))[2]
         if trigger is None:
+            logger.debug("%s: no ordered op after the peak can trigger its swap-in", value)
             continue
         out_name, in_base = swap_op_names(ref)
         return SwapDecision(
@@ -157,6 +176,30 @@ def peak_swap(graph: Graph, sim: SimResult, plan: SwapPlan, ordered: set[str], p
             swap_ins=(SwapInGroup(f"{in_base}_0", tuple(sorted(late)), tuple(levels.get(c, 0) for c in sorted(late)),
                                   trigger, levels.get(trigger), sync=False, note="waits across the ordered peak"),))
     return None
+
+
+def _peak_allocators(graph: Graph, live, floor: float, buf: str, span, peak_t: float, ordered: set[str],
+                     made: float, readers: set[str]) -> list[str]:
+    """The ops that can wait for ``buf``'s copy to the host so that it is gone at the peak: those that
+    allocated what is live at the peak (besides ``buf``) or run at it, started after the value was made
+    (``made``) and are not its ``readers``. An op the order does not pin (one grappler may fuse into its
+    consumer must keep its control inputs empty) hands the wait to its nearest pinned producers that
+    started after ``made``: it cannot start before they end."""
+    sync, seen = set(), set()
+    stack = sorted({TensorRef.parse(b).op for b, n in live if n >= floor and b != buf}
+                   | {name for name, (s, e) in span.items() if s <= peak_t < e}, key=str)
+    for _ in range(PEAK_SWAP_WAIT_DEPTH):
+        above = []
+        for name in stack:
+            if name in seen or name not in span or span[name][0] < made or name in readers:
+                continue
+            seen.add(name)
+            if name in ordered:
+                sync.add(name)
+            else:
+                above += [t.op for t in graph.op(name).inputs]
+        stack = above
+    return sorted(sync, key=str)
 
 
 def _descendants(graph: Graph, names: list[str]) -> set[str]:
