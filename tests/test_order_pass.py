@@ -176,20 +176,26 @@ def test_a_small_op_is_ordered_when_only_it_keeps_an_unordered_big_reader_early(
     assert simulate(result.graph, profile).peak_bytes <= level - 256 * 256 * 4 + 1024
 
 
-def test_the_tuner_also_judges_the_ungrouped_twin_of_a_grouped_finalist_in_the_enforced_order():
-    """A grouped swap-in keeps its tensor from the group's first consumer to its last in every order; the
-    twin with one swap-in per consumer level (never made by the ladder with a sync mode) is judged too."""
+def _mlp_evaluator():
+    """The tuner's evaluator for a 6-layer MLP step with a budget nothing fits in level order."""
     from tflms.analysis.cto import analyze_graph
     from tflms.passes.swaps import DEFAULT_COPY_OP
     from tflms.sim import SimOptions, get_profile
     from tflms.testing import mlp_training_graph
-    from tflms.tune.search import ORDER_UNGROUPED_TWINS, _Evaluator, judge_ordered
+    from tflms.tune.search import _Evaluator
     g = mlp_training_graph(6, batch=64, width=256)
     profile = get_profile("v100-16gb-pcie3")
     base = simulate(g, profile)
-    budget = base.resident_bytes + (base.peak_bytes - base.resident_bytes) // 4  # nothing fits
-    ev = _Evaluator(analyze_graph(g), profile, budget, profile.host_memory_bytes, SimOptions(),
-                    LMSConfig().with_rule_defaults(), "/device:GPU:0", DEFAULT_COPY_OP, None)
+    budget = base.resident_bytes + (base.peak_bytes - base.resident_bytes) // 4
+    return _Evaluator(analyze_graph(g), profile, budget, profile.host_memory_bytes, SimOptions(),
+                      LMSConfig().with_rule_defaults(), "/device:GPU:0", DEFAULT_COPY_OP, None)
+
+
+def test_the_tuner_also_judges_the_ungrouped_twin_of_a_grouped_finalist_in_the_enforced_order():
+    """A grouped swap-in keeps its tensor from the group's first consumer to its last in every order; the
+    twin with one swap-in per consumer level (never made by the ladder with a sync mode) is judged too."""
+    from tflms.tune.search import ORDER_UNGROUPED_TWINS, judge_ordered
+    ev = _mlp_evaluator()
     grouped = ev.distance(swapout_threshold=1, swapin_ahead=1, swapin_groupby=4, sync_mode=1)
     assert not grouped.fits and ORDER_UNGROUPED_TWINS >= 1
     added = judge_ordered(ev)
@@ -204,17 +210,8 @@ def test_the_tuner_judges_plans_that_differ_only_in_their_waits_each_in_the_enfo
     """Two sync modes swap the same tensors with the same swap-ins; only their sync edges differ, and so
     can their peaks once ordered (ResNet-50 at batch 1347 on v100-16gb-pcie3 fits only with waits). Both
     are judged: a sync mode is a family of its own among the finalists."""
-    from tflms.analysis.cto import analyze_graph
-    from tflms.passes.swaps import DEFAULT_COPY_OP
-    from tflms.sim import SimOptions, get_profile
-    from tflms.testing import mlp_training_graph
-    from tflms.tune.search import _Evaluator, judge_ordered
-    g = mlp_training_graph(6, batch=64, width=256)
-    profile = get_profile("v100-16gb-pcie3")
-    base = simulate(g, profile)
-    budget = base.resident_bytes + (base.peak_bytes - base.resident_bytes) // 4  # nothing fits
-    ev = _Evaluator(analyze_graph(g), profile, budget, profile.host_memory_bytes, SimOptions(),
-                    LMSConfig().with_rule_defaults(), "/device:GPU:0", DEFAULT_COPY_OP, None)
+    from tflms.tune.search import judge_ordered
+    ev = _mlp_evaluator()
     free = ev.distance(swapout_threshold=1, swapin_ahead=1, swapin_groupby=0, sync_mode=0)
     waits = ev.distance(swapout_threshold=1, swapin_ahead=1, swapin_groupby=0, sync_mode=1)
     assert not free.fits and not waits.fits
