@@ -102,7 +102,9 @@ FUSABLE = {
     "Sigmoid": frozenset({"Mul"}), "Tanh": frozenset({"Mul"}),
 }
 #: Ops that oneDNN's graph pass fuses with a sibling reading the same input (``Conv2DBackpropFilter`` with
-#: ``BiasAddGrad`` into ``_MklConv2DBackpropFilterWithBias``) unless they carry control edges: never ordered.
+#: ``BiasAddGrad`` into ``_MklConv2DBackpropFilterWithBias``) unless they carry control edges: never ordered
+#: when such a sibling exists (:func:`tflms.schedule.edges.fusion_siblings`). Without one nothing can fuse: the
+#: filter gradient of a convolution without bias (e.g. before a batch norm) is ordered like any other op.
 FUSION_SENSITIVE_OPS = frozenset({"Conv2DBackpropFilter", "Conv3DBackpropFilterV2", "BiasAddGrad"})
 
 #: oneDNN's CPU graph pass (``mkl_layout_pass.cc``: ``MaxpoolGradRewrite``, ``LrnGradRewrite``, the workspace

@@ -46,14 +46,15 @@ def ordered_ops(graph: Graph, order: Sequence[str], options: SimOptions | None =
 
     Accelerator ops that run and allocate or read a device buffer of at least ``min_bytes``, except
     metadata ops (:data:`METADATA_OPS`) and, with ``fusion_safe``, ops grappler may fuse into their one
-    consumer (:data:`FUSABLE`, metadata consumers aside) and :data:`FUSION_SENSITIVE_OPS`: it does
+    consumer (:data:`FUSABLE`, metadata consumers aside) and :data:`FUSION_SENSITIVE_OPS` with a sibling
+    they could merge with (:func:`fusion_siblings`): it does
     so (``Conv2D`` into ``BiasAdd``, an add tree into one ``AddN``) only if they have no control edges, and
     a different fusion gives other bits. Such an op stays between its inputs and its one consumer.
     ``model``: ``buffer_model(graph, options)`` when the caller has it (e.g. from the schedule).
     """
     m = model if model is not None else buffer_model(graph, options)
     if fusion_safe:
-        inner = {op.name for op in graph if op.type in FUSION_SENSITIVE_OPS}
+        inner = fusion_siblings(graph)
         for op in graph:
             if op.type not in FUSABLE:
                 continue
@@ -68,6 +69,23 @@ def ordered_ops(graph: Graph, order: Sequence[str], options: SimOptions | None =
                and m.names[i] not in inner
                and any(m.size[b] >= min_bytes for b in m.allocs[i] + m.reads[i])}
     return [name for name in order if name in touches]
+
+
+def fusion_siblings(graph: Graph) -> set[str]:
+    """The :data:`FUSION_SENSITIVE_OPS` the edges must leave alone, by name.
+
+    oneDNN's graph pass merges a filter gradient and the ``BiasAddGrad`` reading the same output gradient
+    into one kernel (``_MklConv2DBackpropFilterWithBias``) only when neither carries control edges. Every
+    ``BiasAddGrad`` stays unordered, and every filter gradient sharing an input with one (whichever input:
+    oneDNN matches the output gradient only, this is wider). A filter gradient with no bias gradient beside
+    it has nothing to merge with and is ordered like any other op: the filter gradient of a convolution
+    without bias (a 3D U-Net's, before each batch norm) reads the layer's input, often a swapped-in feature
+    map, and left unordered it ran after the input gradient, both big tensors live together (docs/design.md,
+    "Enforced order").
+    """
+    bias_inputs = {t.name for op in graph if op.type == "BiasAddGrad" for t in op.inputs}
+    return {op.name for op in graph if op.type in FUSION_SENSITIVE_OPS
+            and (op.type == "BiasAddGrad" or any(t.name in bias_inputs for t in op.inputs))}
 
 
 def _check_order(graph: Graph, order: Sequence[str]) -> dict[str, int]:
