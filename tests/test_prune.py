@@ -12,7 +12,7 @@ from tflms.policies.swapplan import SwapDecision, SwapInGroup, SwapPlan, swap_op
 from tflms.profiles import get_profile
 from tflms.sim.simulator import SimOptions, simulate
 from tflms.testing.graphs import GraphBuilder, mlp_training_graph
-from tflms.tune.prune import PRUNED_PARAM, predicted_drops, prune_swaps
+from tflms.tune.prune import PRUNED_PARAM, earlier_swap_ins, merged_swap_ins, predicted_drops, prune_swaps
 from tflms.tune.search import _Evaluator
 
 PROFILE = get_profile("v100-16gb-pcie3")
@@ -145,6 +145,51 @@ def test_pruning_an_mlp_plan_keeps_the_fit_and_the_time_and_is_deterministic():
     assert results[0] == results[1]
 
 
+def _ungrouped_mlp():
+    """The MLP with every activation swapped, one swap-in per reader level (MatMul gradient, ReluGrad)."""
+    graph = mlp_training_graph(6, batch=512, width=1024)
+    analysis = analyze_graph(graph)
+    from tflms.policies.tflms_rules import plan_swaps
+    plan = plan_swaps(analysis, LMSConfig(swapout_threshold=1, swapin_ahead=1, swapin_groupby=0),
+                      accelerator_device="/device:GPU:0")
+    return analysis, plan, simulate(apply_swaps(graph, plan).graph, PROFILE)
+
+
+def test_merged_swap_ins_serve_every_reader_from_the_first_trigger():
+    analysis, plan, sim = _ungrouped_mlp()
+    several = [s for s in plan.swaps if len(s.swap_ins) > 1]
+    assert several
+    merged = merged_swap_ins(plan.swaps, sim, 2 * sim.peak_bytes)  # room for all: every one proposed
+    assert sorted(s.tensor for s in merged) == sorted(s.tensor for s in several)
+    by_tensor = {s.tensor: s for s in plan.swaps}
+    for swap in merged:
+        (group,) = swap.swap_ins
+        before = by_tensor[swap.tensor].swap_ins
+        assert set(group.consumers) == {c for g in before for c in g.consumers}
+        assert group.trigger == before[0].trigger and group.name == before[0].name
+    assert merged_swap_ins(plan.swaps, sim, 2 * sim.peak_bytes) == merged  # deterministic
+    # readers on adjacent levels: the second copy starts before the first group's readers end, so the tensor
+    # never leaves the device in between and one copy for both adds no bytes, whatever the limit
+    assert {s.tensor for s in merged_swap_ins(plan.swaps, sim, sim.peak_bytes - 1)} == {s.tensor for s in merged}
+
+
+def test_earlier_swap_ins_double_the_trigger_distance_and_stay_after_the_producer():
+    analysis, plan, sim = _ungrouped_mlp()
+    levels = analysis.levels
+    moved = earlier_swap_ins(analysis, plan.swaps, sim, 2 * sim.peak_bytes)
+    assert moved
+    by_tensor = {s.tensor: s for s in plan.swaps}
+    for swap in moved:
+        for new, old in zip(swap.swap_ins, by_tensor[swap.tensor].swap_ins):
+            assert new.consumers == old.consumers
+            assert swap.producer_level < new.trigger_level <= old.trigger_level
+            assert new.trigger_level == levels[new.trigger]
+        assert any(n.trigger != o.trigger for n, o in zip(swap.swap_ins, by_tensor[swap.tensor].swap_ins))
+    # under a limit the plan already exceeds, only moves that add no bytes remain (the copy was queued anyway)
+    tight = earlier_swap_ins(analysis, plan.swaps, sim, sim.peak_bytes - 1)
+    assert {s.tensor for s in tight} < {s.tensor for s in moved}
+
+
 def test_the_tuner_prunes_its_fastest_fit_and_the_pruned_plan_wins_the_tie():
     """In the enforced order the fastest fit (threshold 12, ahead 4) swaps one activation it does not need."""
     from tflms.tune.tuner import tune
@@ -166,3 +211,46 @@ def test_the_tuner_prunes_its_fastest_fit_and_the_pruned_plan_wins_the_tie():
     assert again.best.plan == with_prune.best.plan and again.best.sim.step_time_s == with_prune.best.sim.step_time_s
     first = tune(analysis, first_fit=True, **kwargs)
     assert not any(PRUNED_PARAM in c.params for c in first.candidates)  # a yes/no answer: no pruning
+
+
+def test_a_pruned_plan_on_a_traced_two_branch_model_trains_bitwise():
+    """The pruned plan (swaps dropped, swap-ins merged or moved earlier) through the swap pass, run by
+    TensorFlow: the same bytes as the unrewritten step."""
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import numpy as np
+    import tensorflow as tf
+
+    from test_schedule import _traced_step
+    from tflms.ir import tf_io
+    from tflms.ir.tf_io import load_graph
+    from tflms.policies.tflms_rules import plan_swaps
+    from tflms.testing.bitwise import assert_bitwise_equal, snapshot
+    from tflms.tune.prune import MERGED_PARAM
+
+    _, _, _, cf = _traced_step(0)
+    graph = load_graph(cf, batch_size=32)
+    analysis = analyze_graph(graph)
+    plan = plan_swaps(analysis, LMSConfig(swapout_threshold=1, swapin_ahead=1, swapin_groupby=0),
+                      accelerator_device="/device:GPU:0")
+    swapped = simulate(apply_swaps(graph, plan).graph, PROFILE)
+    ev = _evaluator(analysis, swapped.peak_bytes)
+    cand = ev.run("tflms-distance", {"swapout_threshold": 1}, plan)
+    pruned = prune_swaps(ev, cand)
+    assert pruned is not None and pruned.fits and pruned.sim.step_time_s <= cand.sim.step_time_s
+    # ten swaps, seventeen swap-ins: most swaps are not needed, and one tensor read at two levels is swapped in once
+    assert pruned.params.get(PRUNED_PARAM, 0) >= 1 and pruned.params.get(MERGED_PARAM, 0) >= 1
+    assert any(len(s.swap_ins) == 1 and len(s.swap_ins[0].consumers) > 1 for s in pruned.plan.swaps)
+    rewritten = apply_swaps(graph, pruned.plan).graph
+    assert any(op.name.startswith("lms/swap_in") for op in rewritten)
+
+    rng = np.random.RandomState(0)
+    data = [(tf.constant(rng.standard_normal((32, 16, 16, 3)).astype("float32")),
+             tf.constant(rng.randint(0, 10, size=(32,)).astype("int32"))) for _ in range(3)]
+    results = {}
+    for variant in ("plain", "plain-again", "pruned"):
+        model, optimizer, step, cf = _traced_step(0)
+        fn = step if variant != "pruned" else tf_io.to_concrete_function(rewritten, cf)
+        results[variant] = snapshot(model, optimizer, losses=[fn(x, y) for x, y in data])
+    assert_bitwise_equal(results["plain"], results["plain-again"], "plain vs plain (the control)")
+    assert_bitwise_equal(results["plain"], results["pruned"], "pruned vs plain")
