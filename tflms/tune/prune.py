@@ -1,28 +1,36 @@
-"""Dropping the swaps a fitting plan does not need: fewer copies, the same fit.
+"""Rewriting the fastest fitting plan: drop the swaps fitting does not need, merge and advance swap-ins.
 
 The distance rules swap every tensor past a threshold; the threshold that makes the peak fit swaps
 far more bytes than fitting needs, away from the peak too, and the copy streams (one per direction,
 simulated as queues) then stall compute. :func:`prune_swaps` takes the fastest fitting candidate and
-removes swaps from its plan while the plan still fits (the tuner's rule: ``ev.need(sim) <= budget``
-and the host peak within the host budget) and the simulated step is no slower.
+changes its plan in three steps, each change kept only while the plan still fits (the tuner's rule:
+``ev.need(sim) <= budget`` and the host peak within the host budget) and the simulated step is no
+slower (a drop may leave it as it is; a merge or an earlier swap-in must make it faster):
 
-Which swaps to try (:func:`predicted_drops`): a swap dropped keeps its tensor on the device from the
-end of its swap-out to the start of its first swap-in's copy, and between one swap-in group's last
-reader and the next group's copy. On the candidate's simulated timeline that adds the tensor's bytes
-over those intervals; the swaps are taken by copy time saved (bytes times copies, largest first; ties by
-tensor name) and kept in the set while the accelerator's live bytes, with all the set's additions, stay
-within what the budget allows at every instant. The set is then judged by simulation: all at once, and
-on failure (it no longer fits, or the step got slower) split in two halves, earlier (larger) half first,
-down to single swaps, which are then kept in the plan for good. Dropping changes the timeline (copies
-end sooner, compute stalls less), so when a round's set is settled the prediction is made again from
-the new simulation, for the swaps not yet tried; at most :data:`PRUNE_MAX_SIMULATIONS` simulations in
-all.
+1. drops (:func:`predicted_drops`): a swap dropped keeps its tensor on the device from the end of its
+   swap-out to the start of its first swap-in's copy, and between one swap-in group's last reader and
+   the next group's copy. On the candidate's simulated timeline that adds the tensor's bytes over those
+   intervals; the swaps are taken smallest first (ties by tensor name) into a set while the
+   accelerator's live bytes, with all the set's additions, stay within what the budget allows at every
+   instant. Dropping changes the timeline (copies end sooner, compute stalls less), so when a set is
+   settled the prediction is made again from the new simulation, for the swaps not yet tried;
+2. merges (:func:`merged_swap_ins`): a tensor swapped in for several groups of readers gets one swap-in,
+   at the first group's trigger, for all of them (fewer host-to-device bytes; the tensor stays on the
+   device between the groups, which is what the prediction adds);
+3. earlier swap-ins (:func:`earlier_swap_ins`): every asynchronous swap-in's trigger twice as many levels
+   before its first reader (:func:`~tflms.policies.swapplan.find_trigger`, as the rules choose one), the
+   copy then holding its bytes from the new trigger's end; repeated (twice as far again) while it pays.
+
+Each step judges its set by simulation all at once and, on failure, splits it in two halves, earlier half
+first, down to single changes, which are then given up. At most :data:`PRUNE_MAX_SIMULATIONS`,
+:data:`MERGE_MAX_SIMULATIONS` and :data:`RETIME_MAX_SIMULATIONS` simulations.
 
 A candidate judged in the enforced order (``order`` set) is judged the same way: each trial plan goes
 through the order pass (:func:`tflms.passes.order.enforce_order`, deterministic, what the pipeline runs
 on the winner), so what is predicted is what runs. Dropping a swap drops its swap-out, swap-ins and
 their control edges (sync and trigger edges name only ops of the original graph), so every subset of a
-valid plan is a valid plan; its order edges are derived anew.
+valid plan is a valid plan; a moved trigger stays after the producer's level and before the first
+reader's, so no change closes a cycle; order edges are derived anew.
 
 Every step is deterministic: the order of trials depends only on the plan and its simulation.
 """
