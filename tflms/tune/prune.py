@@ -37,7 +37,6 @@ Every step is deterministic: the order of trials depends only on the plan and it
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import logging
 
@@ -60,8 +59,8 @@ PRUNE_MAX_ROUNDS = 4
 MERGE_MAX_SIMULATIONS = 8
 #: Simulations the pass may run after those to trigger swap-ins earlier.
 RETIME_MAX_SIMULATIONS = 12
-#: The parameters the pruned candidate adds to its source's: how many swaps were dropped, how many swapped in
-#: earlier.
+#: The parameters the pruned candidate adds to its source's: how many swaps were dropped, how many got one
+#: swap-in for all their readers, how many swap in earlier (each only when not 0).
 PRUNED_PARAM, MERGED_PARAM, EARLIER_PARAM = "pruned", "merged", "earlier"
 
 
@@ -98,8 +97,8 @@ def _spans(times: np.ndarray, intervals: list[tuple[float, float]]) -> list[tupl
     every change strictly before ``end``."""
     spans = []
     for begin, end in intervals:
-        lo = max(0, bisect.bisect_right(times, begin) - 1)
-        hi = bisect.bisect_left(times, end)
+        lo = max(0, int(np.searchsorted(times, begin, side="right")) - 1)
+        hi = int(np.searchsorted(times, end, side="left"))
         if hi > lo:
             spans.append((lo, hi))
     return spans
