@@ -284,7 +284,8 @@ def prune_swaps(ev, cand: Candidate, *, max_simulations: int = PRUNE_MAX_SIMULAT
                 retime_simulations: int = RETIME_MAX_SIMULATIONS) -> Candidate | None:
     """The candidate ``cand``'s plan minus the swaps fitting does not need, then with earlier swap-ins where
     they fit (see the module doc), recorded in ``ev.candidates`` with ``pruned`` (swaps dropped) and
-    ``earlier`` (swap-ins moved) added to its parameters; ``None`` when no change was kept.
+    ``earlier`` (swap-ins moved) added to its parameters; ``None`` when no change was kept, or when the
+    changes left the step exactly as fast but need more memory (fewer copies alone do not make a better plan).
 
     ``ev``: the tuner's evaluator; ``cand``: a fitting candidate with a plan. Not with compressed swaps
     (``ev.compress``: the trial plans would be judged without the compression the winner gets). The new
@@ -329,9 +330,11 @@ def prune_swaps(ev, cand: Candidate, *, max_simulations: int = PRUNE_MAX_SIMULAT
         moved_tensors |= done
         settled |= refused
     earlier = len(moved_tensors)
+    sim, graph, report = state["judged"]
     if not dropped and not earlier and not merged_tensors:
         return None
-    sim, graph, report = state["judged"]
+    if (sim.step_time_s, ev.need(sim)) > (cand.sim.step_time_s, ev.need(cand.sim)):
+        return None  # as fast as before but closer to the budget: not better (the tuner's regression rule)
     params = {**cand.params, **({PRUNED_PARAM: dropped} if dropped else {}),
               **({MERGED_PARAM: len(merged_tensors)} if merged_tensors else {}),
               **({EARLIER_PARAM: earlier} if earlier else {})}
