@@ -32,7 +32,9 @@ their control edges (sync and trigger edges name only ops of the original graph)
 valid plan is a valid plan; a moved trigger stays after the producer's level and before the first
 reader's, so no change closes a cycle; order edges are derived anew.
 
-Every step is deterministic: the order of trials depends only on the plan and its simulation.
+Every step is deterministic: the order of trials depends only on the plan and its simulation. The tuner's
+``progress`` callback gets one line, the new candidate's (the callback counts candidates); each trial is
+logged at INFO level.
 """
 
 from __future__ import annotations
@@ -258,11 +260,11 @@ def _settle(ev, judge: _Judge, state: dict, proposals: list[SwapDecision], drop:
         # a drop may leave the time as it is (fewer copies, less host memory); a swap-in moved earlier must pay
         ok = judged is not None and judge.fits(judged[0]) and (
             judged[0].step_time_s <= best.step_time_s if drop else judged[0].step_time_s < best.step_time_s)
-        if ev.progress:
+        if logger.isEnabledFor(logging.INFO):
             result = ("not judged (cycle)" if judged is None else
                       f"peak {format_bytes(judged[0].peak_with_margin_bytes)}, step {judged[0].step_time_s * 1e3:.2f} ms")
-            ev.progress(f"pruning: {what} {len(trial)} swaps ({format_bytes(sum(s.num_bytes for s in trial))}): "
-                        f"{result}, {'kept' if ok else 'refused'}")
+            logger.info("pruning: %s %d swaps (%s): %s, %s", what, len(trial),
+                        format_bytes(sum(s.num_bytes for s in trial)), result, "kept" if ok else "refused")
         if ok:
             state.update(kept=list(swaps), judged=judged, changed=state["changed"] + len(trial))
             kept |= set(change)
@@ -300,10 +302,8 @@ def prune_swaps(ev, cand: Candidate, *, max_simulations: int = PRUNE_MAX_SIMULAT
     for round_ in range(PRUNE_MAX_ROUNDS):
         sim = state["judged"][0]
         chunk = predicted_drops(tuple(state["kept"]), sim, _limit(ev, sim), frozenset(settled))
-        if ev.progress:
-            ev.progress(f"pruning {cand.strategy} {cand.params} (round {round_ + 1}): {len(chunk)} of "
-                        f"{len(state['kept'])} swaps ({format_bytes(sum(s.num_bytes for s in chunk))}) predicted "
-                        "unneeded")
+        logger.info("pruning %s %s (round %d): %d of %d swaps (%s) predicted unneeded", cand.strategy, cand.params,
+                    round_ + 1, len(chunk), len(state["kept"]), format_bytes(sum(s.num_bytes for s in chunk)))
         if not chunk or judge.simulations >= max_simulations:
             break
         settled.update(*_settle(ev, judge, state, chunk, True, max_simulations, "without"))
@@ -311,18 +311,16 @@ def prune_swaps(ev, cand: Candidate, *, max_simulations: int = PRUNE_MAX_SIMULAT
     budget = judge.simulations + merge_simulations
     sim = state["judged"][0]
     merged = merged_swap_ins(tuple(state["kept"]), sim, _limit(ev, sim))
-    if ev.progress:
-        ev.progress(f"pruning {cand.strategy} {cand.params}: {len(merged)} of {len(state['kept'])} swaps may "
-                    "swap in once for all their readers")
+    logger.info("pruning %s %s: %d of %d swaps may swap in once for all their readers", cand.strategy,
+                cand.params, len(merged), len(state["kept"]))
     merged_tensors = _settle(ev, judge, state, merged, False, budget, "one swap-in for")[0]
     settled, moved_tensors = set(), set()
     budget = judge.simulations + retime_simulations
     for round_ in range(PRUNE_MAX_ROUNDS):
         sim = state["judged"][0]
         moved = earlier_swap_ins(ev.analysis, tuple(state["kept"]), sim, _limit(ev, sim), frozenset(settled))
-        if ev.progress:
-            ev.progress(f"pruning {cand.strategy} {cand.params} (round {round_ + 1}): {len(moved)} of "
-                        f"{len(state['kept'])} swaps may swap in earlier")
+        logger.info("pruning %s %s (round %d): %d of %d swaps may swap in earlier", cand.strategy, cand.params,
+                    round_ + 1, len(moved), len(state["kept"]))
         if not moved or judge.simulations >= budget:
             break
         # a swap-in moved earlier may move again (twice as far); one refused alone stays where it is
