@@ -12,6 +12,12 @@ Strategies (each evaluated with the simulator on the same graph):
 - ``idle-time-no-overhead``: the same, but only swaps whose copies hide behind
   compute; it fails rather than slow the step down.
 
+Then the fastest fitting candidate's plan is *pruned* (:mod:`tflms.tune.prune`): the swaps
+fitting does not need are dropped, a tensor swapped in several times is swapped in once, and
+swap-ins are triggered earlier, each change kept while the plan still fits and is no slower; the
+pruned plan is one more candidate (its parameters say ``pruned``, ``merged``, ``earlier``: how many
+swaps changed).
+
 The winner is the fitting candidate with the smallest simulated step time (ties:
 fewer swapped bytes). When nothing fits, :class:`~tflms.errors.BudgetError`
 names the smallest budget any candidate reached.
@@ -100,7 +106,8 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
          host_budget: int | str | None = None, copy_op: str = DEFAULT_COPY_OP, first_fit: bool = False,
          require_backward: bool = True, fit_by: str = FIT_BY_LIVE,
          compress: Callable[[Graph, SwapPlan], Graph] | None = None,
-         progress: Callable[[str], None] | None = None, enforce_order: bool = False) -> TuneResult:
+         progress: Callable[[str], None] | None = None, enforce_order: bool = False,
+         prune: bool = True) -> TuneResult:
     """Find the rewrite of ``source`` that fits ``budget`` (default: the profile's memory) fastest.
 
     ``config`` supplies the fixed options (filters, devices, ``min_swap_bytes``,
@@ -115,6 +122,10 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     ``enforce_order``: the pipeline will pin a memory-aware order (:func:`tflms.passes.order.enforce_order`),
     so the finalists (:func:`judge_ordered`) are judged again with the order's edges, and one that fits
     only in that order can win.
+    ``prune``: after the searches, the fastest fitting candidate's plan is judged again without the swaps
+    fitting does not need, with merged and earlier swap-ins (:func:`tflms.tune.prune.prune_swaps`, at most
+    44 simulations; not with ``first_fit``); the result is one more candidate, with ``pruned`` / ``merged`` /
+    ``earlier`` in its parameters.
     """
     if fit_by not in (FIT_BY_LIVE, FIT_BY_BFC):
         raise ConfigError(f"fit_by must be {FIT_BY_LIVE!r} or {FIT_BY_BFC!r}, got {fit_by!r}")
@@ -122,14 +133,14 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     # cyclic garbage; a collection at the end of each search would scan all that the tune still holds.
     with gc_paused():
         return _tune(source, args, budget, profile, config, strategies, sim_options, host_budget, copy_op, first_fit,
-                     require_backward, fit_by, compress, progress, enforce_order)
+                     require_backward, fit_by, compress, progress, enforce_order, prune)
 
 
 def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: str | HardwareProfile,
           config: LMSConfig | None, strategies: Sequence[str], sim_options: SimOptions | None,
           host_budget: int | str | None, copy_op: str, first_fit: bool, require_backward: bool, fit_by: str,
           compress: Callable[[Graph, SwapPlan], Graph] | None, progress: Callable[[str], None] | None,
-          enforce_order: bool) -> TuneResult:
+          enforce_order: bool, prune: bool) -> TuneResult:
     """:func:`tune`'s body (run with the cyclic collector paused)."""
     profile = get_profile(profile)
     unknown = sorted(set(strategies) - set(STRATEGIES) - set(OPT_IN_STRATEGIES))
@@ -171,7 +182,14 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
             search()
     if enforce_order and not base.fits and not (first_fit and any(c.fits for c in ev.candidates)):
         judge_ordered(ev)
+    order = ("none",) + STRATEGIES + OPT_IN_STRATEGIES
+    rank = lambda c: (c.sim.step_time_s, c.swapped_bytes, order.index(c.strategy))  # noqa: E731
     fitting = [c for c in ev.candidates if c.fits]
+    if prune and fitting and not first_fit:
+        from tflms.tune.prune import prune_swaps
+        pruned = prune_swaps(ev, min(fitting, key=rank))
+        if pruned is not None and pruned.fits:
+            fitting.append(pruned)
     if not fitting:
         smallest = min(ev.candidates, key=lambda c: ev.need(c.sim))
         error = BudgetError(
@@ -182,7 +200,6 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
             f"Resident variables alone take {format_bytes(baseline.resident_bytes)}.")
         error.candidates, error.baseline = tuple(ev.candidates), baseline  # what was tried, for reports
         raise error
-    order = ("none",) + STRATEGIES + OPT_IN_STRATEGIES
-    best = min(fitting, key=lambda c: (c.sim.step_time_s, c.swapped_bytes, order.index(c.strategy)))
+    best = min(fitting, key=rank)
     return TuneResult(budget_bytes=budget_bytes, profile=profile.name, baseline=baseline, best=best,
                       candidates=tuple(ev.candidates), graph=ev.graph_of(best), analysis=analysis)

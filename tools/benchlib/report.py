@@ -50,6 +50,10 @@ def records_for(model: str, profile: str, results: dict[str, MethodResult]) -> l
             "samples_per_s_at_max": None if r.samples_per_s_at_max is None else round(r.samples_per_s_at_max, 2),
             "time_bound_ratio_at_max": (None if r.time_bound_ratio_at_max is None
                                         else round(r.time_bound_ratio_at_max, 3)),
+            "time_bound_ratio_first_fit_at_max": (None if r.time_bound_ratio_first_fit_at_max is None
+                                                  else round(r.time_bound_ratio_first_fit_at_max, 3)),
+            "time_bound_ratio_unpruned_at_max": (None if r.time_bound_ratio_unpruned_at_max is None
+                                                 else round(r.time_bound_ratio_unpruned_at_max, 3)),
         })
     return out
 
@@ -130,7 +134,9 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
                   "together): "
                   "**of bound** = max / bound (voxels for `unet3d`); **samples/s** = max / predicted step time; "
                   "**time/bound** = predicted step time over the step-time bound at the budget left by the "
-                  "headroom (`time_bound_ratio`, the smaller bound of level order and the schedule).", "",
+                  "headroom (`time_bound_ratio`, the smaller bound of level order and the schedule); for the "
+                  "tflms methods the step is the full tune's choice at the maximum (pruning included), not the "
+                  "first plan the max-size probe found.", "",
                   "| model | method | max | of bound | x none | step ms | samples/s | time/bound |",
                   "|---|---|---|---|---|---|---|---|"]
         for model in models:

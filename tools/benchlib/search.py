@@ -36,6 +36,10 @@ class MethodResult:
     step_s_at_max: float | None = None
     samples_per_s_at_max: float | None = None
     time_bound_ratio_at_max: float | None = None
+    # tflms methods: the same ratio for the plan the max-size probe found first (a yes/no search), and for the
+    # full tune's choice before pruning (tflms.tune.prune); time_bound_ratio_at_max is the full tune's choice
+    time_bound_ratio_first_fit_at_max: float | None = None
+    time_bound_ratio_unpruned_at_max: float | None = None
 
 
 class Evaluator:
@@ -328,8 +332,41 @@ def _sim_at(ev: Evaluator, method: str, size: int, implied: dict) -> Any:
     return None
 
 
+#: Methods whose step at the maximum is the full tune's choice (the probes answer "does it fit?" with the first
+#: plan that does): tflms-distance with the distance rules alone in level order, tflms-best with every strategy
+#: in the enforced order, as at the common size.
+FULL_TUNE_AT_MAX = ("tflms-distance", "tflms-best")
+
+
+def _full_tune(ev: Evaluator, method: str, size: int):
+    """``(winner's sim, fastest fit before pruning's sim)`` of the full tune of ``method`` at ``size``; ``None``
+    when it finds no fit (the quick distance probes plan with other parameters than the tuner's ladder)."""
+    from tflms.errors import BudgetError
+    from tflms.tune.prune import EARLIER_PARAM, MERGED_PARAM, PRUNED_PARAM
+    from tflms.tune.tuner import STRATEGIES, tune
+    graph, _ = ev.steps.graph(ev.model, "plain", size)
+    best = method == "tflms-best"
+    t0 = time.perf_counter()
+    try:
+        result = tune(graph, budget=ev.budget, profile=ev.profile, sim_options=ev.options, enforce_order=best,
+                      strategies=list(STRATEGIES) if best else ["tflms-distance"])
+    except BudgetError:
+        say(f"{ev.model} {ev.profile.name} {method}: the full tune at {ev.label(size)} finds no fit")
+        return None
+    changes = (PRUNED_PARAM, MERGED_PARAM, EARLIER_PARAM)
+    unpruned = min((c for c in result.candidates if c.fits and not any(k in c.params for k in changes)),
+                   key=lambda c: c.sim.step_time_s)
+    say(f"{ev.model} {ev.profile.name} {method}: full tune at {ev.label(size)} in {time.perf_counter() - t0:.1f} s: "
+        f"{result.best.strategy} {result.best.params}, step {result.best.sim.step_time_s:.2f} s "
+        f"(before pruning {unpruned.sim.step_time_s:.2f} s)")
+    return result.best.sim, unpruned.sim
+
+
 def _at_max(ev: Evaluator, results: dict[str, MethodResult], implied: dict) -> None:
     """Step time, throughput and time_bound_ratio of every method at its own maximum.
+
+    For :data:`FULL_TUNE_AT_MAX` the step is the full tune's choice there (what a user of the tuner gets),
+    not the plan the yes/no probe found first; both are recorded, and the choice before pruning.
 
     The step-time bound (tflms.sim.bounds.step_time_bound) is taken at the budget the headroom leaves,
     in level order and in the memory-aware schedule of the unswapped step; the smaller of the two (the
@@ -346,6 +383,11 @@ def _at_max(ev: Evaluator, results: dict[str, MethodResult], implied: dict) -> N
         sim = _sim_at(ev, r.method, r.max_size, implied)
         if sim is None:
             continue
+        first_fit, unpruned = sim, None
+        if r.method in FULL_TUNE_AT_MAX:
+            tuned = _full_tune(ev, r.method, r.max_size)
+            if tuned is not None:
+                sim, unpruned = tuned
         samples = r.max_size if MODELS[ev.model].kind == "batch" else 1
         r.step_s_at_max, r.samples_per_s_at_max = sim.step_time_s, samples / sim.step_time_s
         if r.max_size not in bounds:
@@ -356,3 +398,7 @@ def _at_max(ev: Evaluator, results: dict[str, MethodResult], implied: dict) -> N
             bounds[r.max_size] = min(level, ordered)
         if 0 < bounds[r.max_size] < float("inf"):
             r.time_bound_ratio_at_max = time_bound_ratio(sim.step_time_s, bounds[r.max_size])
+            if r.method in FULL_TUNE_AT_MAX:
+                r.time_bound_ratio_first_fit_at_max = time_bound_ratio(first_fit.step_time_s, bounds[r.max_size])
+                if unpruned is not None:
+                    r.time_bound_ratio_unpruned_at_max = time_bound_ratio(unpruned.step_time_s, bounds[r.max_size])

@@ -1,0 +1,257 @@
+"""Dropping the swaps a fitting plan does not need (tflms.tune.prune)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tflms.analysis.cto import analyze_graph
+from tflms.config import LMSConfig
+from tflms.ir.graph import TensorRef
+from tflms.passes.swaps import DEFAULT_COPY_OP, apply_swaps
+from tflms.policies.swapplan import SwapDecision, SwapInGroup, SwapPlan, swap_op_names
+from tflms.profiles import get_profile
+from tflms.sim.simulator import SimOptions, simulate
+from tflms.testing.graphs import GraphBuilder, mlp_training_graph
+from tflms.tune.prune import PRUNED_PARAM, earlier_swap_ins, merged_swap_ins, predicted_drops, prune_swaps
+from tflms.tune.search import _Evaluator
+
+PROFILE = get_profile("v100-16gb-pcie3")
+SHAPE = (1024, 1024)  # 4 MiB: a copy takes about 0.34 ms on PCIe 3, an element-wise op about 0.02 ms
+MIB = 2**20
+CHAIN = 40  # element-wise ops in each chain: long enough (about 0.8 ms) to hide two copies
+
+
+def _graph():
+    """``early`` waits across the ``c`` chain (not the peak); ``late`` waits across the peak (``t1``, ``t2``).
+
+    Live bytes (MiB): the ``c`` chain holds ``x``, ``early``, ``late`` and two links (20); at ``t2`` the
+    device holds ``x``, ``r``, ``t1``, ``t2`` (4 + 4 + 8 + 8 = 24) and ``late`` (28) unless it is away.
+    """
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=SHAPE)
+    early = b.op("early", "Relu", [x], shape=SHAPE)
+    late = b.op("late", "Neg", [x], shape=SHAPE)
+    c = x
+    for k in range(CHAIN):
+        c = b.op(f"c{k}", "Sin", [c], shape=SHAPE)
+    r = b.op("r", "AddN", [early, c], shape=SHAPE)
+    t1 = b.op("t1", "Sin", [r], shape=(2048, 1024))
+    t2 = b.op("t2", "Cos", [r], shape=(2048, 1024))
+    d = b.op("s", "AddN", [r, t1, t2], shape=SHAPE)
+    for k in range(CHAIN):
+        d = b.op(f"d{k}", "Exp", [d], shape=SHAPE)
+    b.op("out", "AddN", [late, d], shape=SHAPE)
+    return b.graph
+
+
+def _swap(analysis, tensor: str, consumer: str, trigger: str) -> SwapDecision:
+    ref = TensorRef(tensor, 0)
+    out_name, in_base = swap_op_names(ref)
+    levels = analysis.levels
+    return SwapDecision(tensor=ref, dtype="float32", num_bytes=4 * MIB, producer_level=levels[tensor],
+                        swap_out=out_name, sync_out_consumers=(),
+                        swap_ins=(SwapInGroup(f"{in_base}_0", (consumer,), (levels[consumer],), trigger,
+                                              levels[trigger], sync=False),))
+
+
+def _evaluator(analysis, budget: int, progress=None) -> _Evaluator:
+    config = LMSConfig().with_rule_defaults()
+    ev = _Evaluator(analysis, PROFILE, budget, PROFILE.host_memory_bytes, SimOptions(), config, "/device:GPU:0",
+                    DEFAULT_COPY_OP, progress)
+    ev.context = dataclasses.replace(ev.context, baseline=ev.plans.evaluate(None))
+    return ev
+
+
+def _both_swapped():
+    analysis = analyze_graph(_graph())
+    plan = SwapPlan(config=LMSConfig().with_rule_defaults(), accelerator_device="/device:GPU:0",
+                    swaps=(_swap(analysis, "early", "r", "c20"), _swap(analysis, "late", "out", "d20")), skipped=())
+    return analysis, plan
+
+
+def test_the_constructed_graph_needs_exactly_the_late_swap():
+    """The premise of the tests below, by simulation: each plan's peak, worked out in ``_graph``'s doc."""
+    analysis, plan = _both_swapped()
+    graph = analysis.graph
+    assert simulate(graph, PROFILE).peak_bytes == 28 * MIB
+    assert simulate(apply_swaps(graph, plan).graph, PROFILE).peak_bytes == 24 * MIB
+    only_late = dataclasses.replace(plan, swaps=plan.swaps[1:])
+    only_early = dataclasses.replace(plan, swaps=plan.swaps[:1])
+    assert simulate(apply_swaps(graph, only_late).graph, PROFILE).peak_bytes == 24 * MIB
+    assert simulate(apply_swaps(graph, only_early).graph, PROFILE).peak_bytes == 28 * MIB
+
+
+def test_the_unneeded_swap_is_dropped_and_the_needed_one_kept():
+    analysis, plan = _both_swapped()
+    lines: list[str] = []
+    ev = _evaluator(analysis, 24 * MIB, lines.append)
+    cand = ev.run("tflms-distance", {"swapout_threshold": 2}, plan)
+    assert cand.fits
+    pruned = prune_swaps(ev, cand)
+    assert pruned is not None and pruned in ev.candidates
+    assert [s.tensor.name for s in pruned.plan.swaps] == ["late:0"]
+    assert pruned.params == {"swapout_threshold": 2, PRUNED_PARAM: 1}
+    assert pruned.fits and pruned.sim.peak_bytes == 24 * MIB
+    assert pruned.sim.step_time_s <= cand.sim.step_time_s
+    # one progress line per candidate (the callback's contract: verbose output counts them); the trials are logged
+    assert len(lines) == 2 and "'pruned': 1" in lines[1] and "peak 24.00 MiB" in lines[1]
+
+
+def test_the_prediction_ranks_only_the_swap_away_off_the_peak():
+    analysis, plan = _both_swapped()
+    sim = simulate(apply_swaps(analysis.graph, plan).graph, PROFILE)
+    assert [s.tensor.name for s in predicted_drops(plan.swaps, sim, 24 * MIB)] == ["early:0"]
+    # with 4 MiB more allowed both may go; while early is away the device holds x, late (its copy to the host
+    # is still queued) and two links of the chain: 16 MiB, so early fits back under 20 MiB, not under 19
+    assert len(predicted_drops(plan.swaps, sim, 28 * MIB)) == 2
+    assert [s.tensor.name for s in predicted_drops(plan.swaps, sim, 20 * MIB)] == ["early:0"]
+    assert predicted_drops(plan.swaps, sim, 19 * MIB) == []
+
+
+def test_nothing_is_dropped_when_every_swap_is_needed():
+    analysis, plan = _both_swapped()
+    ev = _evaluator(analysis, 24 * MIB)
+    only_late = ev.run("tflms-distance", {}, dataclasses.replace(plan, swaps=plan.swaps[1:]))
+    assert only_late.fits
+    before = len(ev.candidates)
+    assert prune_swaps(ev, only_late) is None
+    assert len(ev.candidates) == before
+
+
+def _mlp_case():
+    graph = mlp_training_graph(6, batch=512, width=1024)
+    analysis = analyze_graph(graph)
+    from tflms.policies.tflms_rules import plan_swaps
+    plan = plan_swaps(analysis, LMSConfig(swapout_threshold=1, swapin_ahead=1, swapin_groupby=0),
+                      accelerator_device="/device:GPU:0")
+    swapped = simulate(apply_swaps(graph, plan).graph, PROFILE)
+    return analysis, plan, swapped
+
+
+def test_pruning_an_mlp_plan_keeps_the_fit_and_the_time_and_is_deterministic():
+    results = []
+    for _ in range(2):
+        analysis, plan, swapped = _mlp_case()
+        budget = swapped.peak_bytes  # what swapping every activation reaches (6 MiB under the unswapped peak)
+        ev = _evaluator(analysis, budget)
+        cand = ev.run("tflms-distance", {"swapout_threshold": 1}, plan)
+        assert cand.fits
+        pruned = prune_swaps(ev, cand)
+        assert pruned is not None, "the forward activations' swaps are not all needed at the backward peak"
+        assert ev.need(pruned.sim) <= budget and pruned.fits
+        assert pruned.sim.step_time_s <= cand.sim.step_time_s
+        assert 0 < len(pruned.plan.swaps) < len(plan.swaps)
+        assert pruned.params[PRUNED_PARAM] == len(plan.swaps) - len(pruned.plan.swaps)
+        results.append((pruned.plan.swaps, pruned.sim.step_time_s, pruned.sim.peak_bytes))
+    assert results[0] == results[1]
+
+
+def _ungrouped_mlp():
+    """The MLP with every activation swapped, one swap-in per reader level (MatMul gradient, ReluGrad)."""
+    graph = mlp_training_graph(6, batch=512, width=1024)
+    analysis = analyze_graph(graph)
+    from tflms.policies.tflms_rules import plan_swaps
+    plan = plan_swaps(analysis, LMSConfig(swapout_threshold=1, swapin_ahead=1, swapin_groupby=0),
+                      accelerator_device="/device:GPU:0")
+    return analysis, plan, simulate(apply_swaps(graph, plan).graph, PROFILE)
+
+
+def test_merged_swap_ins_serve_every_reader_from_the_first_trigger():
+    analysis, plan, sim = _ungrouped_mlp()
+    several = [s for s in plan.swaps if len(s.swap_ins) > 1]
+    assert several
+    merged = merged_swap_ins(plan.swaps, sim, 2 * sim.peak_bytes)  # room for all: every one proposed
+    assert sorted(s.tensor for s in merged) == sorted(s.tensor for s in several)
+    by_tensor = {s.tensor: s for s in plan.swaps}
+    for swap in merged:
+        (group,) = swap.swap_ins
+        before = by_tensor[swap.tensor].swap_ins
+        assert set(group.consumers) == {c for g in before for c in g.consumers}
+        assert group.trigger == before[0].trigger and group.name == before[0].name
+    assert merged_swap_ins(plan.swaps, sim, 2 * sim.peak_bytes) == merged  # deterministic
+    # readers on adjacent levels: the second copy starts before the first group's readers end, so the tensor
+    # never leaves the device in between and one copy for both adds no bytes, whatever the limit
+    assert {s.tensor for s in merged_swap_ins(plan.swaps, sim, sim.peak_bytes - 1)} == {s.tensor for s in merged}
+
+
+def test_earlier_swap_ins_double_the_trigger_distance_and_stay_after_the_producer():
+    analysis, plan, sim = _ungrouped_mlp()
+    levels = analysis.levels
+    moved = earlier_swap_ins(analysis, plan.swaps, sim, 2 * sim.peak_bytes)
+    assert moved
+    by_tensor = {s.tensor: s for s in plan.swaps}
+    for swap in moved:
+        for new, old in zip(swap.swap_ins, by_tensor[swap.tensor].swap_ins):
+            assert new.consumers == old.consumers
+            assert swap.producer_level < new.trigger_level <= old.trigger_level
+            assert new.trigger_level == levels[new.trigger]
+        assert any(n.trigger != o.trigger for n, o in zip(swap.swap_ins, by_tensor[swap.tensor].swap_ins))
+    # under a limit the plan already exceeds, only moves that add no bytes remain (the copy was queued anyway)
+    tight = earlier_swap_ins(analysis, plan.swaps, sim, sim.peak_bytes - 1)
+    assert {s.tensor for s in tight} < {s.tensor for s in moved}
+
+
+def test_the_tuner_prunes_its_fastest_fit_and_the_pruned_plan_wins_the_tie():
+    """In the enforced order the fastest fit (threshold 12, ahead 4) swaps one activation it does not need."""
+    from tflms.tune.tuner import tune
+    analysis, plan, swapped = _mlp_case()
+    budget = swapped.peak_bytes
+    kwargs = dict(budget=budget, profile=PROFILE, strategies=["tflms-distance"], enforce_order=True)
+    with_prune, without = tune(analysis, **kwargs), tune(analysis, prune=False, **kwargs)
+    assert not any(PRUNED_PARAM in c.params for c in without.candidates)
+    pruned = [c for c in with_prune.candidates if PRUNED_PARAM in c.params]
+    assert len(pruned) == 1 and pruned[0] is with_prune.best
+    source = without.best
+    assert source.order is not None and pruned[0].order is not None  # judged in the same (enforced) order
+    assert pruned[0].params == {**source.params, PRUNED_PARAM: 1}
+    assert len(pruned[0].plan.swaps) == len(source.plan.swaps) - 1
+    assert pruned[0].fits and pruned[0].sim.peak_with_margin_bytes <= budget
+    assert pruned[0].sim.step_time_s <= source.sim.step_time_s
+    assert pruned[0].swapped_bytes < source.swapped_bytes  # the tie on time goes to fewer bytes
+    again = tune(analysis, **kwargs)
+    assert again.best.plan == with_prune.best.plan and again.best.sim.step_time_s == with_prune.best.sim.step_time_s
+    first = tune(analysis, first_fit=True, **kwargs)
+    assert not any(PRUNED_PARAM in c.params for c in first.candidates)  # a yes/no answer: no pruning
+
+
+def test_a_pruned_plan_on_a_traced_two_branch_model_trains_bitwise():
+    """The pruned plan (swaps dropped, swap-ins merged or moved earlier) through the swap pass, run by
+    TensorFlow: the same bytes as the unrewritten step."""
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import numpy as np
+    import tensorflow as tf
+
+    from test_schedule import _traced_step
+    from tflms.ir import tf_io
+    from tflms.ir.tf_io import load_graph
+    from tflms.policies.tflms_rules import plan_swaps
+    from tflms.testing.bitwise import assert_bitwise_equal, snapshot
+    from tflms.tune.prune import MERGED_PARAM
+
+    _, _, _, cf = _traced_step(0)
+    graph = load_graph(cf, batch_size=32)
+    analysis = analyze_graph(graph)
+    plan = plan_swaps(analysis, LMSConfig(swapout_threshold=1, swapin_ahead=1, swapin_groupby=0),
+                      accelerator_device="/device:GPU:0")
+    swapped = simulate(apply_swaps(graph, plan).graph, PROFILE)
+    ev = _evaluator(analysis, swapped.peak_bytes)
+    cand = ev.run("tflms-distance", {"swapout_threshold": 1}, plan)
+    pruned = prune_swaps(ev, cand)
+    assert pruned is not None and pruned.fits and pruned.sim.step_time_s <= cand.sim.step_time_s
+    # ten swaps, seventeen swap-ins: most swaps are not needed, and one tensor read at two levels is swapped in once
+    assert pruned.params.get(PRUNED_PARAM, 0) >= 1 and pruned.params.get(MERGED_PARAM, 0) >= 1
+    assert any(len(s.swap_ins) == 1 and len(s.swap_ins[0].consumers) > 1 for s in pruned.plan.swaps)
+    rewritten = apply_swaps(graph, pruned.plan).graph
+    assert any(op.name.startswith("lms/swap_in") for op in rewritten)
+
+    rng = np.random.RandomState(0)
+    data = [(tf.constant(rng.standard_normal((32, 16, 16, 3)).astype("float32")),
+             tf.constant(rng.randint(0, 10, size=(32,)).astype("int32"))) for _ in range(3)]
+    results = {}
+    for variant in ("plain", "plain-again", "pruned"):
+        model, optimizer, step, cf = _traced_step(0)
+        fn = step if variant != "pruned" else tf_io.to_concrete_function(rewritten, cf)
+        results[variant] = snapshot(model, optimizer, losses=[fn(x, y) for x, y in data])
+    assert_bitwise_equal(results["plain"], results["plain-again"], "plain vs plain (the control)")
+    assert_bitwise_equal(results["plain"], results["pruned"], "pruned vs plain")

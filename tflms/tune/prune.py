@@ -1,0 +1,345 @@
+"""Rewriting the fastest fitting plan: drop the swaps fitting does not need, merge and advance swap-ins.
+
+The distance rules swap every tensor past a threshold; the threshold that makes the peak fit swaps
+far more bytes than fitting needs, away from the peak too, and the copy streams (one per direction,
+simulated as queues) then stall compute. :func:`prune_swaps` takes the fastest fitting candidate and
+changes its plan in three steps, each change kept only while the plan still fits (the tuner's rule:
+``ev.need(sim) <= budget`` and the host peak within the host budget) and the simulated step is no
+slower (a drop may leave it as it is; a merge or an earlier swap-in must make it faster):
+
+1. drops (:func:`predicted_drops`): a swap dropped keeps its tensor on the device from the end of its
+   swap-out to the start of its first swap-in's copy, and between one swap-in group's last reader and
+   the next group's copy. On the candidate's simulated timeline that adds the tensor's bytes over those
+   intervals; the swaps are taken smallest first (ties by tensor name) into a set while the
+   accelerator's live bytes, with all the set's additions, stay within what the budget allows at every
+   instant. Dropping changes the timeline (copies end sooner, compute stalls less), so when a set is
+   settled the prediction is made again from the new simulation, for the swaps not yet tried;
+2. merges (:func:`merged_swap_ins`): a tensor swapped in for several groups of readers gets one swap-in,
+   at the first group's trigger, for all of them (fewer host-to-device bytes; the tensor stays on the
+   device between the groups, which is what the prediction adds);
+3. earlier swap-ins (:func:`earlier_swap_ins`): every asynchronous swap-in's trigger twice as many levels
+   before its first reader (:func:`~tflms.policies.swapplan.find_trigger`, as the rules choose one), the
+   copy then holding its bytes from the new trigger's end; repeated (twice as far again) while it pays.
+
+Each step judges its set by simulation all at once and, on failure, splits it in two halves, earlier half
+first, down to single changes, which are then given up. At most :data:`PRUNE_MAX_SIMULATIONS`,
+:data:`MERGE_MAX_SIMULATIONS` and :data:`RETIME_MAX_SIMULATIONS` simulations.
+
+A candidate judged in the enforced order (``order`` set) is judged the same way: each trial plan goes
+through the order pass (:func:`tflms.passes.order.enforce_order`, deterministic, what the pipeline runs
+on the winner), so what is predicted is what runs. Dropping a swap drops its swap-out, swap-ins and
+their control edges (sync and trigger edges name only ops of the original graph), so every subset of a
+valid plan is a valid plan; a moved trigger stays after the producer's level and before the first
+reader's, so no change closes a cycle; order edges are derived anew.
+
+Every step is deterministic: the order of trials depends only on the plan and its simulation. The tuner's
+``progress`` callback gets one line, the new candidate's (the callback counts candidates); each trial is
+logged at INFO level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+
+from tflms.errors import GraphError
+from tflms.policies.swapplan import SwapDecision
+from tflms.sim.simulator import SimResult
+from tflms.tune.result import Candidate
+from tflms.units import format_bytes
+
+logger = logging.getLogger(__name__)
+
+#: Simulations one pruning pass may run (a ResNet-50 step at batch 1347 simulates in about a second, and a
+#: trial in the enforced order also schedules the graph).
+PRUNE_MAX_SIMULATIONS = 24
+#: Rounds of prediction (each re-predicts from the last accepted simulation).
+PRUNE_MAX_ROUNDS = 4
+#: Simulations the pass may run after the drops to give a tensor one swap-in for all its readers.
+MERGE_MAX_SIMULATIONS = 8
+#: Simulations the pass may run after those to trigger swap-ins earlier.
+RETIME_MAX_SIMULATIONS = 12
+#: The parameters the pruned candidate adds to its source's: how many swaps were dropped, how many got one
+#: swap-in for all their readers, how many swap in earlier (each only when not 0).
+PRUNED_PARAM, MERGED_PARAM, EARLIER_PARAM = "pruned", "merged", "earlier"
+
+
+def _records(sim: SimResult) -> dict[str, list]:
+    by_name: dict[str, list] = {}
+    for r in sim.ops:
+        by_name.setdefault(r.name, []).append(r)
+    return by_name
+
+
+def _away_intervals(swap: SwapDecision, records: dict[str, list]) -> list[tuple[float, float]] | None:
+    """When ``swap``'s tensor is off the device in the simulation (``None``: its ops did not run)."""
+    out = records.get(swap.swap_out)
+    if not out:
+        return None
+    start = max(r.end_s for r in out)
+    lives = []
+    for group in swap.swap_ins:
+        copies = records.get(group.name + "/_recv") or records.get(group.name)
+        readers = [r.end_s for c in group.consumers for r in records.get(c, ())]
+        if not copies or not readers:
+            return None
+        lives.append((min(r.start_s for r in copies), max(readers)))
+    away = []
+    for begin, end in sorted(lives):
+        if begin > start:
+            away.append((start, begin))
+        start = max(start, end)
+    return away
+
+
+def _spans(times: np.ndarray, intervals: list[tuple[float, float]]) -> list[tuple[int, int]]:
+    """Timeline event ranges ``[lo, hi)`` covering each ``(begin, end)``: the state in force at ``begin`` and
+    every change strictly before ``end``."""
+    spans = []
+    for begin, end in intervals:
+        lo = max(0, int(np.searchsorted(times, begin, side="right")) - 1)
+        hi = int(np.searchsorted(times, end, side="left"))
+        if hi > lo:
+            spans.append((lo, hi))
+    return spans
+
+
+def _pack(sim: SimResult, limit_bytes: int, proposals: list[tuple[SwapDecision, list]]) -> list[SwapDecision]:
+    """The proposals (``(swap, [(begin, end), ...])``: when the change adds the swap's bytes to the device),
+    in the given order, whose additions all fit together under ``limit_bytes`` on ``sim``'s timeline."""
+    times = np.array([t for t, _, _ in sim.timeline], dtype=float)
+    headroom = limit_bytes - np.array([a for _, a, _ in sim.timeline], dtype=np.int64)
+    chosen = []
+    for swap, intervals in proposals:
+        spans = _spans(times, intervals)
+        if any(headroom[lo:hi].min() < swap.num_bytes for lo, hi in spans):
+            continue
+        for lo, hi in spans:
+            headroom[lo:hi] -= swap.num_bytes
+        chosen.append(swap)
+    return chosen
+
+
+def predicted_drops(plan_swaps: tuple[SwapDecision, ...], sim: SimResult, limit_bytes: int,
+                    exclude: frozenset = frozenset()) -> list[SwapDecision]:
+    """Swaps of ``plan_swaps`` that can be dropped together with live bytes staying within ``limit_bytes``
+    on ``sim``'s timeline (see the module doc), smallest first; ``exclude``: tensors not to try.
+
+    Smallest first: a small tensor's bytes fit more gaps, so the first half of a refused set (the half the
+    bisection tries first) is the likelier to be kept (DenseNet-121 at batch 1108 on v100-16gb-pcie3, 24
+    simulations: 727 swaps dropped, 23.43 s; largest first 17 swaps, 23.57 s).
+    """
+    records = _records(sim)
+    proposals = []
+    for swap in sorted((s for s in plan_swaps if s.tensor not in exclude),
+                       key=lambda s: (s.num_bytes, s.tensor.name, s.tensor.index)):
+        away = _away_intervals(swap, records)
+        if away is not None:
+            proposals.append((swap, away))
+    return _pack(sim, limit_bytes, proposals)
+
+
+def earlier_swap_ins(analysis, plan_swaps: tuple[SwapDecision, ...], sim: SimResult, limit_bytes: int,
+                     exclude: frozenset = frozenset()) -> list[SwapDecision]:
+    """Swaps of ``plan_swaps`` with each asynchronous swap-in triggered twice as many levels before its first
+    reader (:func:`~tflms.policies.swapplan.find_trigger`), those whose earlier copies fit together under
+    ``limit_bytes`` on ``sim``'s timeline (a copy then starts when its new trigger ended, holding its bytes
+    until it started before), in the order the copies started; ``exclude``: tensors not to try."""
+    from tflms.policies.swapplan import find_trigger
+    records = _records(sim)
+    levels = analysis.levels
+    proposals = []
+    for swap in plan_swaps:
+        if swap.tensor in exclude:
+            continue
+        groups, added, first_copy = [], [], None
+        for group in swap.swap_ins:
+            copies = records.get(group.name + "/_recv") or records.get(group.name)
+            new = None
+            if not group.sync and group.trigger is not None and group.trigger_level is not None and copies:
+                first = group.consumers[0]
+                distance = max(1, levels[first] - group.trigger_level)
+                new = find_trigger(analysis, first, swap.producer_level, levels[first] - 2 * distance)
+            if new is None or new == group.trigger or new not in records:
+                groups.append(group)
+                continue
+            start = min(r.start_s for r in copies)
+            ready = max(r.end_s for r in records[new])
+            first_copy = start if first_copy is None else min(first_copy, start)
+            if ready < start:
+                added.append((ready, start))
+            groups.append(dataclasses.replace(group, trigger=new, trigger_level=levels.get(new)))
+        if first_copy is not None:
+            proposals.append((first_copy, swap.tensor.name, swap.tensor.index,
+                              dataclasses.replace(swap, swap_ins=tuple(groups)), added))
+    proposals.sort(key=lambda p: p[:3])
+    return _pack(sim, limit_bytes, [(p[3], p[4]) for p in proposals])
+
+
+def merged_swap_ins(plan_swaps: tuple[SwapDecision, ...], sim: SimResult, limit_bytes: int,
+                    exclude: frozenset = frozenset()) -> list[SwapDecision]:
+    """Swaps of ``plan_swaps`` with several swap-ins, each with one swap-in (the first group's trigger) for all
+    its readers instead, those whose merged copies fit together under ``limit_bytes`` on ``sim``'s timeline
+    (the tensor then stays on the device between its groups), most copies saved first; ``exclude``: tensors
+    not to try."""
+    records = _records(sim)
+    proposals = []
+    for swap in plan_swaps:
+        if swap.tensor in exclude or len(swap.swap_ins) < 2 or any(g.sync for g in swap.swap_ins):
+            continue
+        lives = []
+        for group in swap.swap_ins:
+            copies = records.get(group.name + "/_recv") or records.get(group.name)
+            readers = [r.end_s for c in group.consumers for r in records.get(c, ())]
+            if not copies or not readers:
+                break
+            lives.append((min(r.start_s for r in copies), max(readers)))
+        else:
+            lives.sort()
+            gaps = [(lives[k][1], lives[k + 1][0]) for k in range(len(lives) - 1) if lives[k][1] < lives[k + 1][0]]
+            first = swap.swap_ins[0]
+            members = sorted(((c, level) for g in swap.swap_ins for c, level in zip(g.consumers, g.consumer_levels)),
+                             key=lambda m: (m[1], m[0]))
+            group = dataclasses.replace(first, consumers=tuple(c for c, _ in members),
+                                        consumer_levels=tuple(level for _, level in members))
+            proposals.append((-(len(swap.swap_ins) - 1) * swap.num_bytes, swap.tensor.name, swap.tensor.index,
+                              dataclasses.replace(swap, swap_ins=(group,)), gaps))
+    proposals.sort(key=lambda p: p[:3])
+    return _pack(sim, limit_bytes, [(p[3], p[4]) for p in proposals])
+
+
+class _Judge:
+    """Simulates reduced plans of one candidate the way the candidate was judged (level or enforced order)."""
+
+    def __init__(self, ev, cand: Candidate):
+        self.ev, self.cand = ev, cand
+        self.ordered = cand.order is not None
+        self.simulations = 0
+
+    def __call__(self, swaps: tuple[SwapDecision, ...]):
+        """``(sim, graph, order report)`` of the candidate's plan with only ``swaps``; ``None`` if it cannot run."""
+        from tflms.passes.order import enforce_order
+        from tflms.passes.swaps import apply_swaps
+        ev = self.ev
+        plan = dataclasses.replace(self.cand.plan, swaps=swaps)
+        self.simulations += 1
+        level_sim = ev.plans.evaluate(plan)
+        if not self.ordered:
+            return level_sim, None, None
+        try:
+            graph = apply_swaps(ev.analysis.graph, plan, copy_op=ev.copy_op).graph
+            graph.topological_order()
+            result = enforce_order(graph, ev.profile, options=ev.sim_options, level_peak_bytes=level_sim.peak_bytes)
+        except GraphError as exc:  # the sync or trigger edges would close a cycle
+            logger.debug("pruned plan not judged: %s", exc)
+            return None
+        return (result.report.ordered_sim if result.changed else level_sim), graph, result.report
+
+    def fits(self, sim: SimResult) -> bool:
+        return self.ev.need(sim) <= self.ev.budget and sim.host_peak_bytes <= self.ev.host_budget
+
+
+def _settle(ev, judge: _Judge, state: dict, proposals: list[SwapDecision], drop: bool, max_simulations: int,
+            what: str) -> tuple[set, set]:
+    """Judge ``proposals`` (swaps to drop, or replacements of kept swaps) all at once, bisecting a refused set,
+    earlier half first, down to single ones. ``state`` (``kept``: the swaps in plan order, ``judged``: the
+    best ``(sim, graph, order report)``, ``changed``: how many changes were kept) is updated with every set
+    kept. Returns the tensors whose changes were kept, and those whose change was refused alone."""
+    kept: set = set()
+    refused: set = set()
+    pending = [proposals] if proposals else []
+    while pending and judge.simulations < max_simulations:
+        trial = pending.pop(0)
+        change = {s.tensor: (None if drop else s) for s in trial}
+        swaps = tuple(change.get(s.tensor, s) if s.tensor in change else s for s in state["kept"])
+        swaps = tuple(s for s in swaps if s is not None)
+        judged = judge(swaps)
+        best = state["judged"][0]
+        # a drop may leave the time as it is (fewer copies, less host memory); a swap-in moved earlier must pay
+        ok = judged is not None and judge.fits(judged[0]) and (
+            judged[0].step_time_s <= best.step_time_s if drop else judged[0].step_time_s < best.step_time_s)
+        if logger.isEnabledFor(logging.INFO):
+            result = ("not judged (cycle)" if judged is None else
+                      f"peak {format_bytes(judged[0].peak_with_margin_bytes)}, step {judged[0].step_time_s * 1e3:.2f} ms")
+            logger.info("pruning: %s %d swaps (%s): %s, %s", what, len(trial),
+                        format_bytes(sum(s.num_bytes for s in trial)), result, "kept" if ok else "refused")
+        if ok:
+            state.update(kept=list(swaps), judged=judged, changed=state["changed"] + len(trial))
+            kept |= set(change)
+        elif len(trial) > 1:
+            half = len(trial) // 2
+            pending[:0] = [trial[:half], trial[half:]]
+        else:
+            refused |= set(change)
+    return kept, refused
+
+
+def _limit(ev, sim: SimResult) -> int:
+    """The accelerator's live bytes the budget allows, judged from ``sim`` (its slack, less the margin)."""
+    return sim.peak_bytes + int((ev.budget - ev.need(sim)) / (1 + ev.sim_options.margin_fraction))
+
+
+def prune_swaps(ev, cand: Candidate, *, max_simulations: int = PRUNE_MAX_SIMULATIONS,
+                merge_simulations: int = MERGE_MAX_SIMULATIONS,
+                retime_simulations: int = RETIME_MAX_SIMULATIONS) -> Candidate | None:
+    """The candidate ``cand``'s plan minus the swaps fitting does not need, then with merged and earlier
+    swap-ins where they fit and pay (see the module doc), recorded in ``ev.candidates`` with ``pruned`` (swaps
+    dropped), ``merged`` (swaps given one swap-in) and ``earlier`` (swaps whose swap-ins moved) added to its
+    parameters (each only when not 0); ``None`` when no change was kept, or when the
+    changes left the step exactly as fast but need more memory (fewer copies alone do not make a better plan).
+
+    ``ev``: the tuner's evaluator; ``cand``: a fitting candidate with a plan. Not with compressed swaps
+    (``ev.compress``: the trial plans would be judged without the compression the winner gets). The new
+    candidate fits and is at least as fast as ``cand`` by construction; its ``policy`` is ``None`` (the
+    pipeline applies ``plan``).
+    """
+    if cand.plan is None or not cand.plan.swaps or not cand.fits or ev.compress is not None:
+        return None
+    judge = _Judge(ev, cand)
+    state = {"kept": list(cand.plan.swaps), "judged": (cand.sim, None, None), "changed": 0}
+    settled: set = set()
+    for round_ in range(PRUNE_MAX_ROUNDS):
+        sim = state["judged"][0]
+        chunk = predicted_drops(tuple(state["kept"]), sim, _limit(ev, sim), frozenset(settled))
+        logger.info("pruning %s %s (round %d): %d of %d swaps (%s) predicted unneeded", cand.strategy, cand.params,
+                    round_ + 1, len(chunk), len(state["kept"]), format_bytes(sum(s.num_bytes for s in chunk)))
+        if not chunk or judge.simulations >= max_simulations:
+            break
+        settled.update(*_settle(ev, judge, state, chunk, True, max_simulations, "without"))
+    dropped, state["changed"] = state["changed"], 0
+    budget = judge.simulations + merge_simulations
+    sim = state["judged"][0]
+    merged = merged_swap_ins(tuple(state["kept"]), sim, _limit(ev, sim))
+    logger.info("pruning %s %s: %d of %d swaps may swap in once for all their readers", cand.strategy,
+                cand.params, len(merged), len(state["kept"]))
+    merged_tensors = _settle(ev, judge, state, merged, False, budget, "one swap-in for")[0]
+    settled, moved_tensors = set(), set()
+    budget = judge.simulations + retime_simulations
+    for round_ in range(PRUNE_MAX_ROUNDS):
+        sim = state["judged"][0]
+        moved = earlier_swap_ins(ev.analysis, tuple(state["kept"]), sim, _limit(ev, sim), frozenset(settled))
+        logger.info("pruning %s %s (round %d): %d of %d swaps may swap in earlier", cand.strategy, cand.params,
+                    round_ + 1, len(moved), len(state["kept"]))
+        if not moved or judge.simulations >= budget:
+            break
+        # a swap-in moved earlier may move again (twice as far); one refused alone stays where it is
+        done, refused = _settle(ev, judge, state, moved, False, budget, "swapping in earlier")
+        moved_tensors |= done
+        settled |= refused
+    earlier = len(moved_tensors)
+    sim, graph, report = state["judged"]
+    if not dropped and not earlier and not merged_tensors:
+        return None
+    if (sim.step_time_s, ev.need(sim)) > (cand.sim.step_time_s, ev.need(cand.sim)):
+        return None  # as fast as before but closer to the budget: not better (the tuner's regression rule)
+    params = {**cand.params, **({PRUNED_PARAM: dropped} if dropped else {}),
+              **({MERGED_PARAM: len(merged_tensors)} if merged_tensors else {}),
+              **({EARLIER_PARAM: earlier} if earlier else {})}
+    plan = dataclasses.replace(cand.plan, swaps=tuple(state["kept"]))
+    if report is not None:
+        from tflms.tune.search import record_ordered
+        return record_ordered(ev, cand.strategy, params, plan, sim, report, graph, None,
+                              f"pruned in {judge.simulations} simulations")
+    return ev.run(cand.strategy, params, plan)
