@@ -88,9 +88,13 @@ def test_step_time_bound_of_a_graph_and_infeasible_budgets():
         time_bound(compute_s=1.0, transient_peak_bytes=1, resident_bytes=0, budget_bytes=0, profile=profile)
 
 
-def test_a_real_swap_plan_is_never_faster_than_the_bound():
+@pytest.mark.parametrize("link_gbps", [None, 0.5])  # the profile's (compute-bound here), a slow link
+def test_a_real_swap_plan_is_never_faster_than_the_bound(link_gbps):
+    import dataclasses
     g = mlp_training_graph(8, batch=256, width=256)
     profile = get_profile("v100-16gb-pcie3")
+    if link_gbps:
+        profile = dataclasses.replace(profile, link_gbps=link_gbps)
     for threshold in (1, 2, 4):
         plan = plan_swaps(analyze_graph(g), LMSConfig(swapout_threshold=threshold, swapin_ahead=1),
                           accelerator_device="/device:GPU:0")
@@ -98,6 +102,9 @@ def test_a_real_swap_plan_is_never_faster_than_the_bound():
         tb = step_time_bound(g, profile, swapped.peak_bytes)
         assert tb.feasible and tb.min_swap_bytes > 0
         assert swapped.step_time_s >= tb.bound_s
+        # the copies out and back cannot overlap: on the slow link a tighter bound, still below every plan
+        assert tb.across_s > tb.bound_s if link_gbps else tb.across_s >= tb.compute_s
+        assert swapped.step_time_s >= tb.across_bound_s
         assert swapped.transfer_time_s / 2 >= tb.link_s  # each direction carries at least min_swap_bytes
 
 
@@ -105,3 +112,20 @@ def test_v100_nvlink2_profile():
     p = get_profile("v100-16gb-nvlink2")
     assert p.memory_bytes == 16 * 2**30 and p.link_gbps == 75 and p.peak_flops == 15.7e12
     assert p.effective_link_bytes_per_s > get_profile("v100-16gb-pcie3").effective_link_bytes_per_s
+
+
+def test_the_bound_across_the_peak_by_hand():
+    """Two compute ops of 1 s; 192 bytes live over a 64-byte budget between them, at 64 B/s: 128 bytes leave
+    (2 s) before that instant and come back (2 s) after it, each beside 1 s of compute: 2 + 2 = 4 s, where
+    ``max(compute, D / bandwidth)`` says 2 s."""
+    import types
+
+    from tflms.sim.bounds import across_peak_s
+    op = types.SimpleNamespace
+    sim = op(ops=[op(stream="compute", start_s=0.0, end_s=1.0), op(stream="d2h", start_s=0.0, end_s=5.0),
+                  op(stream="compute", start_s=1.0, end_s=2.0)],
+             timeline=((0.0, 96, 0), (1.0, 192, 0), (2.0, 16, 0)))
+    assert across_peak_s(sim, 64, unit_profile()) == pytest.approx(4.0)
+    assert across_peak_s(sim, 192, unit_profile()) == 0.0  # nothing has to leave
+    assert across_peak_s(sim, 128, unit_profile()) == pytest.approx(2.0)  # 1 s each way hides behind compute
+    assert across_peak_s(sim, 0, unit_profile()) == pytest.approx(2 + 2 * (192 / 64 - 1))  # 3 s each way

@@ -22,6 +22,8 @@ import bisect
 import dataclasses
 import math
 
+import numpy as np
+
 from tflms.errors import ConfigError
 from tflms.ir.graph import Graph
 from tflms.profiles import HardwareProfile, get_profile
@@ -74,10 +76,18 @@ class TimeBound:
     min_swap_bytes: int  # fewest bytes each link direction must carry for the step to fit
     link_s: float  # min_swap_bytes at the profile's effective link bandwidth
     feasible: bool  # False when even the swap-only bound exceeds the budget
+    #: the bound across the peak (copies out before an instant, back after it); 0.0 when not computed
+    across_s: float = 0.0
 
     @property
     def bound_s(self) -> float:
+        """``max(compute, D / bandwidth)``: the bound the issue defines and ``time_bound_ratio`` reports."""
         return max(self.compute_s, self.link_s) if self.feasible else math.inf
+
+    @property
+    def across_bound_s(self) -> float:
+        """The tighter bound: :attr:`bound_s` or the bound across the peak, whichever is larger."""
+        return max(self.bound_s, self.across_s) if self.feasible else math.inf
 
     @property
     def link_bound(self) -> bool:
@@ -91,7 +101,8 @@ def min_swap_bytes(transient_peak_bytes: int, resident_bytes: int, budget_bytes:
 
 
 def time_bound(*, compute_s: float, transient_peak_bytes: int, resident_bytes: int, budget_bytes: int,
-               profile: str | HardwareProfile, swap_only_bytes: int | None = None) -> TimeBound:
+               profile: str | HardwareProfile, swap_only_bytes: int | None = None,
+               across_s: float = 0.0) -> TimeBound:
     """The step-time bound from the figures of an unswapped simulation (see :func:`step_time_bound`)."""
     profile = get_profile(profile)
     if budget_bytes <= 0:
@@ -99,7 +110,38 @@ def time_bound(*, compute_s: float, transient_peak_bytes: int, resident_bytes: i
     need = min_swap_bytes(transient_peak_bytes, resident_bytes, budget_bytes)
     feasible = resident_bytes <= budget_bytes and (swap_only_bytes is None or swap_only_bytes <= budget_bytes)
     return TimeBound(budget_bytes=budget_bytes, compute_s=compute_s, min_swap_bytes=need,
-                     link_s=need / profile.effective_link_bytes_per_s, feasible=feasible)
+                     link_s=need / profile.effective_link_bytes_per_s, feasible=feasible, across_s=across_s)
+
+
+def across_peak_s(sim, budget_bytes: int, profile: str | HardwareProfile) -> float:
+    """Least step time of a swap rewrite in ``sim``'s order that fits ``budget_bytes``, counted across each instant.
+
+    At an instant ``t`` of the unswapped simulation ``sim`` with ``live(t)`` bytes on the device, at least
+    ``D = live(t) - budget`` of them are away in any rewrite that fits and keeps the order: each was copied
+    out before ``t`` (a device buffer is freed when its copy ends) and comes back after ``t`` (a swap-in
+    allocates when its copy starts). So the compute stream's work before ``t`` and ``D / bandwidth`` both
+    precede ``t``, the work after ``t`` and ``D / bandwidth`` both follow it, and the step lasts at least
+    ``compute + max(0, D / L - before) + max(0, D / L - after)`` (docs/design.md, "Bounds"); the largest
+    over the instants. ``max(compute, D / L)`` lets the two copies overlap; they cannot.
+    """
+    rate = get_profile(profile).effective_link_bytes_per_s
+    spans = sorted((r.start_s, r.end_s) for r in sim.ops if r.stream == "compute")
+    if not spans:
+        return 0.0
+    starts = np.array([s for s, _ in spans])
+    ends = np.array([e for _, e in spans])
+    done = np.concatenate([[0.0], np.cumsum(ends - starts)])  # compute time of the first k ops
+    total = float(done[-1])
+    best = 0.0
+    for t, live, _host in sim.timeline:
+        away = live - budget_bytes
+        if away <= 0:
+            continue
+        link = away / rate
+        before = float(done[np.searchsorted(ends, t, side="right")])  # ops ended by t
+        after = total - float(done[np.searchsorted(starts, t, side="left")])  # ops starting at or after t
+        best = max(best, total + max(0.0, link - before) + max(0.0, link - after))
+    return best
 
 
 def step_time_bound(graph: Graph, profile: str | HardwareProfile, budget_bytes: int, *, order=None,
@@ -111,7 +153,7 @@ def step_time_bound(graph: Graph, profile: str | HardwareProfile, budget_bytes: 
     of :func:`tflms.schedule.schedule_order` when the rewrite adds its edges).
     ``max(compute, D / bandwidth)`` with ``D`` from :func:`min_swap_bytes` of the
     unswapped transient peak in that order; infinite when the swap-only bound
-    exceeds the budget.
+    exceeds the budget. ``across_s`` is :func:`across_peak_s` of the same simulation.
     """
     from tflms.sim.simulator import simulate
     profile = get_profile(profile)
@@ -119,7 +161,7 @@ def step_time_bound(graph: Graph, profile: str | HardwareProfile, budget_bytes: 
     bound = swap_only_bound(graph, options)
     return time_bound(compute_s=sim.compute_time_s, transient_peak_bytes=sim.transient_peak_bytes,
                       resident_bytes=sim.resident_bytes, budget_bytes=budget_bytes, profile=profile,
-                      swap_only_bytes=bound.bound_bytes)
+                      swap_only_bytes=bound.bound_bytes, across_s=across_peak_s(sim, budget_bytes, profile))
 
 
 def time_bound_ratio(predicted_step_s: float, bound_s: float) -> float:

@@ -50,6 +50,8 @@ def records_for(model: str, profile: str, results: dict[str, MethodResult]) -> l
             "samples_per_s_at_max": None if r.samples_per_s_at_max is None else round(r.samples_per_s_at_max, 2),
             "time_bound_ratio_at_max": (None if r.time_bound_ratio_at_max is None
                                         else round(r.time_bound_ratio_at_max, 3)),
+            "time_across_ratio_at_max": (None if r.time_across_ratio_at_max is None
+                                         else round(r.time_across_ratio_at_max, 3)),
             "time_bound_ratio_first_fit_at_max": (None if r.time_bound_ratio_first_fit_at_max is None
                                                   else round(r.time_bound_ratio_first_fit_at_max, 3)),
             "time_bound_ratio_unpruned_at_max": (None if r.time_bound_ratio_unpruned_at_max is None
@@ -136,9 +138,11 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
                   "**time/bound** = predicted step time over the step-time bound at the budget left by the "
                   "headroom (`time_bound_ratio`, the smaller bound of level order and the schedule); for the "
                   "tflms methods the step is the full tune's choice at the maximum (pruning included), not the "
-                  "first plan the max-size probe found.", "",
-                  "| model | method | max | of bound | x none | step ms | samples/s | time/bound |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "first plan the max-size probe found; **time/across** = the same over the tighter bound "
+                  "across the peak (`TimeBound.across_bound_s`: bytes away at an instant leave before it and come "
+                  "back after it, so the two copies cannot overlap; docs/design.md, \"Bounds\").", "",
+                  "| model | method | max | of bound | x none | step ms | samples/s | time/bound | time/across |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for model in models:
             base = by.get((model, profile, "none"))
             for m in METHODS + (BOUND,):
@@ -149,8 +153,9 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
                 step = "-" if r.get("step_ms_at_max") is None else f"{r['step_ms_at_max']:.0f}"
                 rate = "-" if r.get("samples_per_s_at_max") is None else f"{r['samples_per_s_at_max']:.1f}"
                 tbr = "-" if r.get("time_bound_ratio_at_max") is None else f"{r['time_bound_ratio_at_max']:.2f}"
+                tar = "-" if r.get("time_across_ratio_at_max") is None else f"{r['time_across_ratio_at_max']:.2f}"
                 lines.append(f"| {model} | {m} | {r['max_batch']} | {frac} | {_ratio(r, base)} | {step} | {rate} | "
-                             f"{tbr} |")
+                             f"{tbr} | {tar} |")
         lines += ["", "| model | method | max | upper | overhead at common | peak at common | rewrite s | ops | "
                   "search s | detail |", "|---|---|---|---|---|---|---|---|---|---|"]
         for model in models:

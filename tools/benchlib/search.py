@@ -36,6 +36,8 @@ class MethodResult:
     step_s_at_max: float | None = None
     samples_per_s_at_max: float | None = None
     time_bound_ratio_at_max: float | None = None
+    # the same step over the bound across the peak (TimeBound.across_bound_s): copies out and back cannot overlap
+    time_across_ratio_at_max: float | None = None
     # tflms methods: the same ratio for the plan the max-size probe found first (a yes/no search), and for the
     # full tune's choice before pruning (tflms.tune.prune); time_bound_ratio_at_max is the full tune's choice
     time_bound_ratio_first_fit_at_max: float | None = None
@@ -377,6 +379,7 @@ def _at_max(ev: Evaluator, results: dict[str, MethodResult], implied: dict) -> N
     opts = ev.options
     usable = int((ev.budget - opts.margin_bytes) / (1 + opts.margin_fraction))
     bounds: dict[int, float] = {}
+    across: dict[int, float] = {}
     for r in results.values():
         if not r.max_size:
             continue
@@ -392,12 +395,14 @@ def _at_max(ev: Evaluator, results: dict[str, MethodResult], implied: dict) -> N
         r.step_s_at_max, r.samples_per_s_at_max = sim.step_time_s, samples / sim.step_time_s
         if r.max_size not in bounds:
             graph, _ = ev.steps.graph(ev.model, "plain", r.max_size)
-            level = step_time_bound(graph, ev.profile, usable, options=opts).bound_s
+            level = step_time_bound(graph, ev.profile, usable, options=opts)
             ordered = step_time_bound(graph, ev.profile, usable, options=opts,
-                                      order=schedule_order(graph, options=opts, profile=ev.profile)).bound_s
-            bounds[r.max_size] = min(level, ordered)
+                                      order=schedule_order(graph, options=opts, profile=ev.profile))
+            bounds[r.max_size] = min(level.bound_s, ordered.bound_s)
+            across[r.max_size] = min(level.across_bound_s, ordered.across_bound_s)
         if 0 < bounds[r.max_size] < float("inf"):
             r.time_bound_ratio_at_max = time_bound_ratio(sim.step_time_s, bounds[r.max_size])
+            r.time_across_ratio_at_max = time_bound_ratio(sim.step_time_s, across[r.max_size])
             if r.method in FULL_TUNE_AT_MAX:
                 r.time_bound_ratio_first_fit_at_max = time_bound_ratio(first_fit.step_time_s, bounds[r.max_size])
                 if unpruned is not None:
