@@ -216,8 +216,7 @@ def main(argv=None) -> int:
                 path = pathlib.Path(plots_dir) / f"{model}_{profile}.png"
                 common = recs[0]["common_batch"]
                 label = f"batch {common}" if recs[0]["unit"] == "batch" else f"volume {common}, batch 1"
-                if plot_timelines(path, model, profile, results, budget or MODELS[model].budget_bytes or get_profile(profile).memory_bytes,
-                                  label):
+                if plot_timelines(path, model, profile, results, budget_for(model, get_profile(profile), budget), label):
                     try:
                         rel = os.path.relpath(path, pathlib.Path(results_path).parent if results_path else REPO)
                     except ValueError:
