@@ -63,6 +63,13 @@ Usage (from the repo root)::
     python tools/bench.py --full                # FULL_MODELS on FULL_PROFILES (V100 PCIe 3 and NVLink 2), exact search
     python tools/bench.py --models resnet50,bert-base --profiles h100-80gb-pcie5
     python tools/bench.py --models mlp-tiny --json   # seconds (tiny MLP, 64 MiB budget); records on stdout
+    python tools/bench.py --at vgg16=256,densenet121=540 --profiles v100-16gb-pcie3   # no search: those sizes
+
+``--at MODEL=SIZE,...`` skips the maximum search and runs every method at the given sizes only (batches;
+``unet3d=160^3`` or ``208x192x192``) exactly as at a search's common size (``search.run_methods_at``):
+one table per profile with each method's overhead, peak with headroom, whether it fits, and its choice.
+It compares figures taken at fixed sizes (an earlier report's common batches) like for like
+(docs/regressions.md). It writes no file unless ``--results``/``--plots`` is given, and runs no extras.
 
 Without ``--json`` the Markdown report goes to stdout and to ``--results``
 (default ``docs/results.md``), memory timelines to ``--plots`` (default
@@ -83,9 +90,9 @@ import time
 
 from benchlib.common import (ALL_MODELS, FULL_MODELS, FULL_PROFILES, HEADROOM, QUICK_BISECT_STEPS, QUICK_MODELS,
                              QUICK_PROFILES, say)
-from benchlib.models import MODELS, Steps
-from benchlib.report import markdown, plot_timelines, records_for
-from benchlib.search import run_model_profile
+from benchlib.models import MODELS, Steps, parse_sizes
+from benchlib.report import at_markdown, at_records, markdown, plot_timelines, records_for
+from benchlib.search import budget_for, run_at_size, run_model_profile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -118,11 +125,44 @@ def extra_sections(steps, models, profiles, headroom: float) -> dict[str, list[s
     return extras
 
 
+def _command(argv) -> str:
+    return "python tools/bench.py" + ("" if argv is None and len(sys.argv) == 1 else " " + shlex.join(
+        sys.argv[1:] if argv is None else argv))
+
+
+def run_at(args, sizes: dict[str, int], profiles: list[str], budget: int | None, results_path: str | None,
+           plots_dir: str | None, argv) -> int:
+    """``--at``: every method at each given size on each profile; the table (or ``--json`` records) on stdout."""
+    from tflms.sim import get_profile
+    t_start = time.perf_counter()
+    steps = Steps()
+    records = []
+    for model, size in sizes.items():
+        for profile in profiles:
+            results = run_at_size(steps, model, profile, budget, size, args.headroom)
+            records += at_records(model, profile, results, budget_bytes=budget_for(model, get_profile(profile), budget),
+                                  headroom=args.headroom)
+            if plots_dir:
+                plot_timelines(pathlib.Path(plots_dir) / f"{model}_{profile}_at.png", model, profile, results,
+                               budget_for(model, get_profile(profile), budget), records[-1]["detail"].split(";")[0])
+    say(f"done in {time.perf_counter() - t_start:.0f} s ({steps.trace_s:.0f} s tracing)")
+    report = at_markdown(records, command=_command(argv))
+    print(json.dumps(records, indent=2) if args.json else report)
+    if results_path:
+        pathlib.Path(results_path).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(results_path).write_text(report + "\n")
+        say(f"wrote {results_path}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--full", action="store_true", help="every model on every profile, exact bisection")
     parser.add_argument("--models", help=f"comma-separated, from {', '.join(ALL_MODELS)}")
     parser.add_argument("--profiles", help="comma-separated hardware profiles")
+    parser.add_argument("--at", metavar="MODEL=SIZE,...",
+                        help="no search: every method at these sizes only (e.g. vgg16=256,unet3d=160^3); "
+                             "names the models, so not with --models or --full")
     parser.add_argument("--budget", help="accelerator budget for every profile instead of its memory (e.g. 64MiB)")
     parser.add_argument("--bisect-steps", type=int, default=None,
                         help=f"bisection steps after doubling (quick default {QUICK_BISECT_STEPS}; --full: exact)")
@@ -139,7 +179,16 @@ def main(argv=None) -> int:
     from tflms.sim import get_profile
     from tflms.units import parse_bytes
 
-    models = args.models.split(",") if args.models else list(FULL_MODELS if args.full else QUICK_MODELS)
+    at_sizes = None
+    if args.at is not None:
+        if args.models or args.full:
+            parser.error("--at names the models and runs no search: drop --models/--full")
+        try:
+            at_sizes = parse_sizes(args.at)
+        except ValueError as err:
+            parser.error(str(err))
+    models = (list(at_sizes) if at_sizes else args.models.split(",") if args.models
+              else list(FULL_MODELS if args.full else QUICK_MODELS))
     profiles = args.profiles.split(",") if args.profiles else list(FULL_PROFILES if args.full else QUICK_PROFILES)
     unknown = [m for m in models if m not in MODELS]
     if unknown:
@@ -149,8 +198,10 @@ def main(argv=None) -> int:
     budget = parse_bytes(args.budget, what="--budget") if args.budget else None
     bisect_steps = args.bisect_steps if args.bisect_steps is not None else (None if args.full else QUICK_BISECT_STEPS)
     mode = "full" if bisect_steps is None else "quick"
-    results_path = args.results or (None if args.json else str(REPO / "docs" / "results.md"))
-    plots_dir = args.plots or (None if args.json else str(REPO / "docs" / "plots"))
+    results_path = args.results or (None if args.json or at_sizes else str(REPO / "docs" / "results.md"))
+    plots_dir = args.plots or (None if args.json or at_sizes else str(REPO / "docs" / "plots"))
+    if at_sizes:
+        return run_at(args, at_sizes, profiles, budget, results_path, plots_dir, argv)
 
     t_start = time.perf_counter()
     steps = Steps()
@@ -165,8 +216,7 @@ def main(argv=None) -> int:
                 path = pathlib.Path(plots_dir) / f"{model}_{profile}.png"
                 common = recs[0]["common_batch"]
                 label = f"batch {common}" if recs[0]["unit"] == "batch" else f"volume {common}, batch 1"
-                if plot_timelines(path, model, profile, results, budget or MODELS[model].budget_bytes or get_profile(profile).memory_bytes,
-                                  label):
+                if plot_timelines(path, model, profile, results, budget_for(model, get_profile(profile), budget), label):
                     try:
                         rel = os.path.relpath(path, pathlib.Path(results_path).parent if results_path else REPO)
                     except ValueError:
@@ -175,8 +225,7 @@ def main(argv=None) -> int:
     extras = extra_sections(steps, models, profiles, args.headroom) if not args.no_extras else {}
     elapsed = time.perf_counter() - t_start
     say(f"done in {elapsed:.0f} s ({steps.trace_s:.0f} s tracing)")
-    command = "python tools/bench.py" + ("" if argv is None and len(sys.argv) == 1 else " " + shlex.join(
-        sys.argv[1:] if argv is None else argv))
+    command = _command(argv)
     if args.json:
         print(json.dumps(records, indent=2))
     report = markdown(records, command=command, mode=mode, elapsed_s=elapsed, plots=plots, extras=extras,

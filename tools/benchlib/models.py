@@ -175,6 +175,36 @@ def size_amount(name: str, size: int) -> int:
     return voxels(unet_shape(size)) if MODELS[name].kind == "resolution" and size else size
 
 
+def parse_sizes(text: str) -> dict[str, int]:
+    """``"vgg16=256,unet3d=160^3"`` -> ``{"vgg16": 256, "unet3d": <size index of 160^3>}`` (``bench.py --at``).
+
+    A batch model takes a positive batch; ``unet3d`` a volume of the benchmark's sequence, ``160^3`` or
+    ``208x192x192`` (:func:`benchlib.common.unet_index`). Raises ``ValueError`` naming the bad item.
+    """
+    from .common import unet_index
+    sizes: dict[str, int] = {}
+    for item in text.split(","):
+        name, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not name or not value:
+            raise ValueError(f"--at: {item!r} is not MODEL=SIZE (e.g. vgg16=256 or unet3d=160^3)")
+        if name not in MODELS:
+            raise ValueError(f"--at: unknown model {name!r} in {item!r}; choose from {', '.join(MODELS)}")
+        if name in sizes:
+            raise ValueError(f"--at: model {name!r} given twice ({item!r}); one size per model")
+        if MODELS[name].kind == "resolution":
+            try:
+                sides = (int(value[:-2]),) * 3 if value.endswith("^3") else tuple(int(v) for v in value.split("x"))
+                sizes[name] = unet_index(sides)
+            except ValueError as err:
+                raise ValueError(f"--at: {item!r}: {name}'s size is a volume such as 160^3 or 208x192x192 "
+                                 f"({err})") from None
+        else:
+            if not value.isdigit() or int(value) < 1:
+                raise ValueError(f"--at: {item!r}: {name}'s size is a batch, a whole number >= 1")
+            sizes[name] = int(value)
+    return sizes
+
+
 class Steps:
     """Builds each model once and caches the traced IR graph of each (variant, volume)."""
 

@@ -60,6 +60,59 @@ def records_for(model: str, profile: str, results: dict[str, MethodResult]) -> l
     return out
 
 
+def at_records(model: str, profile: str, results: dict[str, MethodResult], *, budget_bytes: int,
+               headroom: float) -> list[dict]:
+    """JSON records of ``bench.py --at``: every method at one given size (no maximum searched).
+
+    ``peak_bytes`` is the simulated peak with headroom (``None`` when no graph was produced: a tune that
+    found nothing); ``fits`` is that peak within ``budget_bytes``; ``overhead_pct`` the step time over the
+    unchanged step's at the same size (unlimited memory), ``None`` when it does not fit; ``detail`` the
+    choice (tuner strategy and parameters, grappler's swaps, recompute's segments)."""
+    batch = MODELS[model].kind == "batch"
+    out = []
+    for method in METHODS:
+        r = results[method]
+        out.append({
+            "model": model, "profile": profile, "method": method,
+            "unit": "batch" if batch else "resolution (D x H x W volume, batch 1)",
+            "size": r.common if batch else size_label(model, r.common),
+            "headroom": headroom,
+            "budget_bytes": budget_bytes,
+            "fits": r.overhead is not None,
+            "overhead_pct": None if r.overhead is None else round(100 * r.overhead, 2),
+            "peak_bytes": None if r.sim is None else r.sim.peak_with_margin_bytes,
+            "step_ms": None if r.sim is None else round(1e3 * r.sim.step_time_s, 3),
+            "rewrite_s": round(r.rewrite_s, 3),
+            "ops": r.ops,
+            "detail": r.detail,
+        })
+    return out
+
+
+def at_markdown(records: list[dict], *, command: str) -> str:
+    """``bench.py --at``'s report: a table per profile of every method at the given sizes."""
+    lines = ["# Every method at given sizes (simulated)", "", "Produced by", "", f"    {command}", "",
+             "**overhead** = predicted step time at the size over the unchanged step's on a GPU with unlimited "
+             "memory, minus 1 (`-` = does not fit); **peak** = simulated peak times (1 + headroom), judged "
+             "against the budget; **choice** = what the method ran (the tuner's strategy and parameters, "
+             "grappler's swaps, recompute's segments).", ""]
+    for profile in dict.fromkeys(r["profile"] for r in records):
+        rows = [r for r in records if r["profile"] == profile]
+        lines += [f"## {profile} (headroom {rows[0]['headroom']:g}, budget "
+                  f"{rows[0]['budget_bytes'] / 2**30:.2f} GiB)", "",
+                  "| model | size | method | overhead | peak | fits | step ms | rewrite s | choice |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            overhead = "-" if r["overhead_pct"] is None else f"{r['overhead_pct']:+.1f}%"
+            peak = "-" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**30:.2f} GiB"
+            step = "-" if r["step_ms"] is None else f"{r['step_ms']:.1f}"
+            choice = r["detail"].partition("; ")[2] or "-"
+            lines.append(f"| {r['model']} | {r['size']} | {r['method']} | {overhead} | {peak} | "
+                         f"{'yes' if r['fits'] else 'no'} | {step} | {r['rewrite_s']:.1f} | {choice} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def _ratio(record: dict, base: dict) -> str:
     if record["unit"] != "batch":  # resolution: compare voxels
         return f"{record['max_voxels'] / base['max_voxels']:.2f}x vox" if base["max_voxels"] else "-"

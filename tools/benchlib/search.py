@@ -44,6 +44,17 @@ class MethodResult:
     time_bound_ratio_unpruned_at_max: float | None = None
 
 
+def size_label_long(model: str, size: int) -> str:
+    """``"batch 256"`` or ``"volume 208x192x192"``: a size of ``model`` as progress lines and details name it."""
+    kind = "volume" if MODELS[model].kind == "resolution" else "batch"
+    return f"{kind} {size_label(model, size)}"
+
+
+def budget_for(model: str, profile, budget: int | None) -> int:
+    """The bytes a method must fit in: ``--budget``, else the model's own (``mlp-tiny``), else the profile's memory."""
+    return budget or MODELS[model].budget_bytes or profile.memory_bytes
+
+
 class Evaluator:
     """Answers "does ``size`` fit with ``method``?" for one model on one profile, caching every answer."""
 
@@ -68,8 +79,7 @@ class Evaluator:
         return self.cache[key].fits
 
     def label(self, size: int) -> str:
-        kind = "volume" if MODELS[self.model].kind == "resolution" else "batch"
-        return f"{kind} {size_label(self.model, size)}"
+        return size_label_long(self.model, size)
 
     def _fits(self, sim) -> bool:
         """The tuner's verdict on a simulation: the peak with headroom within the budget and the swapped
@@ -203,14 +213,10 @@ def search_max(fits: Callable[[int], bool], start: int, bisect_steps: int | None
 
 def run_model_profile(steps: Steps, model: str, profile_name: str, budget: int | None,
                       bisect_steps: int | None, headroom: float = HEADROOM) -> dict[str, MethodResult]:
-    from tflms.baselines.grappler_swap import grappler_swap
-    from tflms.errors import BudgetError
-    from tflms.passes.swaps import apply_swaps
-    from tflms.sim import SimOptions, get_profile, simulate
-    from tflms.tune.tuner import tune
+    from tflms.sim import SimOptions, get_profile
 
     profile = get_profile(profile_name)
-    budget_bytes = budget or MODELS[model].budget_bytes or profile.memory_bytes
+    budget_bytes = budget_for(model, profile, budget)
     options = SimOptions(margin_fraction=headroom)
     ev = Evaluator(steps, model, profile, budget_bytes, exact=bisect_steps is None, options=options)
     results: dict[str, MethodResult] = {}
@@ -255,7 +261,39 @@ def run_model_profile(steps: Steps, model: str, profile_name: str, budget: int |
     common = max(1, min(extended) if extended else none.max_size)
     say(f"{model} {profile_name}: maxima " + ", ".join(f"{m} {ev.label(r.max_size)}" for m, r in results.items()))
     say(f"{model} {profile_name}: common {ev.label(common)}; full tune and rewrites there")
-    plain, _ = steps.graph(model, "plain", common)
+    run_methods_at(steps, model, profile, budget_bytes, options, common, results)
+    _at_max(ev, results, implied)
+    # The swap-only bound under the same headroom, searched like a method from tflms-best's maximum.
+    t0 = time.perf_counter()
+    top = results["tflms-best"]
+    low, high = search_max(lambda s: ev.fits(BOUND, s), max(top.max_size, 1), bisect_steps, top.upper)
+    results[BOUND] = MethodResult(BOUND, low, high, [(s, p.fits) for (m, s), p in ev.cache.items() if m == BOUND],
+                                  time.perf_counter() - t0, common=common, detail="resident + largest working set")
+    results[BOUND].ops = ev.cache[(BOUND, low)].ops if (BOUND, low) in ev.cache else 0  # the graph judged there
+    say(f"{model} {profile_name}: swap-only bound {ev.label(low)}; "
+        + ", ".join(f"{m} {size_amount(model, r.max_size) / size_amount(model, low):.0%}"
+                    for m, r in results.items() if m != BOUND and low))
+    return results
+
+
+def run_methods_at(steps: Steps, model: str, profile, budget_bytes: int, options, size: int,
+                   results: dict[str, MethodResult]) -> None:
+    """Every method at one ``size``: its overhead, graph, simulation and choice, into ``results``.
+
+    The overhead is the simulated step time over the unchanged step's at ``size`` on a GPU with
+    unlimited memory, minus 1; ``None`` when the method's peak with headroom exceeds ``budget_bytes``.
+    tflms: one full tune with every strategy (``enforce_order=True``), ``tflms-distance`` read off
+    it; grappler: its swapping rewrite of the plain step; recompute: the checkpointed step traced.
+    Used at the common size of a search (:func:`run_model_profile`) and at sizes given on the
+    command line (:func:`run_at_size`).
+    """
+    from tflms.baselines.grappler_swap import grappler_swap
+    from tflms.errors import BudgetError
+    from tflms.passes.swaps import apply_swaps
+    from tflms.sim import simulate
+    from tflms.tune.tuner import tune
+
+    plain, _ = steps.graph(model, "plain", size)
     baseline = simulate(plain, profile, options=options)
 
     def fits_overhead(sim):
@@ -264,8 +302,9 @@ def run_model_profile(steps: Steps, model: str, profile_name: str, budget: int |
         return sim.step_time_s / baseline.step_time_s - 1.0
 
     for r in results.values():
-        r.common = common
-        r.detail = ev.label(common)
+        r.common = size
+        r.detail = size_label_long(model, size)
+    none = results["none"]
     none.ops, none.sim, none.overhead = len(plain), baseline, fits_overhead(baseline)
 
     # One full tune with every strategy. The tuner runs the distance search first, so the candidates it
@@ -297,7 +336,7 @@ def run_model_profile(steps: Steps, model: str, profile_name: str, budget: int |
             dist.detail += f"; chose {pick.strategy} {pick.params}"
         else:
             dist.detail += "; nothing fits"
-    say(f"{model} {profile_name}: full tune in {total:.1f} s ({len(stamps)} candidates): "
+    say(f"{model} {profile.name}: full tune in {total:.1f} s ({len(stamps)} candidates): "
         f"distance {'-' if dist.overhead is None else f'{100 * dist.overhead:+.1f}%'}, "
         f"best {'-' if best.overhead is None else f'{100 * best.overhead:+.1f}%'}")
 
@@ -307,21 +346,26 @@ def run_model_profile(steps: Steps, model: str, profile_name: str, budget: int |
     r.rewrite_s, r.ops, r.overhead = swapped.total_s, len(swapped.graph), fits_overhead(r.sim)
     r.detail += f"; {len(swapped.swaps)} swaps of {swapped.swapped_bytes / 2**30:.2f} GiB"
     r = results["recompute"]
-    graph, trace_s = steps.graph(model, "recompute", common)
+    graph, trace_s = steps.graph(model, "recompute", size)
     r.sim = simulate(graph, profile, options=options)
     r.rewrite_s, r.ops, r.overhead = trace_s, len(graph), fits_overhead(r.sim)
     r.detail += f"; {len(steps.checkpointing(model).segments)} segments"
-    _at_max(ev, results, implied)
-    # The swap-only bound under the same headroom, searched like a method from tflms-best's maximum.
-    t0 = time.perf_counter()
-    top = results["tflms-best"]
-    low, high = search_max(lambda s: ev.fits(BOUND, s), max(top.max_size, 1), bisect_steps, top.upper)
-    results[BOUND] = MethodResult(BOUND, low, high, [(s, p.fits) for (m, s), p in ev.cache.items() if m == BOUND],
-                                  time.perf_counter() - t0, common=common, detail="resident + largest working set")
-    results[BOUND].ops = ev.cache[(BOUND, low)].ops if (BOUND, low) in ev.cache else 0  # the graph judged there
-    say(f"{model} {profile_name}: swap-only bound {ev.label(low)}; "
-        + ", ".join(f"{m} {size_amount(model, r.max_size) / size_amount(model, low):.0%}"
-                    for m, r in results.items() if m != BOUND and low))
+
+
+def run_at_size(steps: Steps, model: str, profile_name: str, budget: int | None, size: int,
+                headroom: float = HEADROOM) -> dict[str, MethodResult]:
+    """Every method at ``size`` only, without searching any maximum (``bench.py --at``).
+
+    The same runs as at a search's common size (:func:`run_methods_at`), so that figures taken at a
+    fixed size (e.g. an earlier report's common batch) can be compared like for like. ``max_size`` is
+    left 0: nothing was searched.
+    """
+    from tflms.sim import SimOptions, get_profile
+    profile = get_profile(profile_name)
+    budget_bytes = budget_for(model, profile, budget)
+    results = {method: MethodResult(method) for method in METHODS}
+    say(f"=== {model} on {profile_name} at {size_label_long(model, size)} (headroom {headroom:g})")
+    run_methods_at(steps, model, profile, budget_bytes, SimOptions(margin_fraction=headroom), size, results)
     return results
 
 
