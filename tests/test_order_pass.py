@@ -219,3 +219,22 @@ def test_the_tuner_judges_plans_that_differ_only_in_their_waits_each_in_the_enfo
     assert free.plan.swaps != waits.plan.swaps  # but not the same waits
     judged = [c.params for c in judge_ordered(ev)]
     assert free.params in judged and waits.params in judged
+
+
+def test_the_closest_families_leave_out_one_that_judged_exactly_as_another():
+    """ResNet-50 at batch 1347 (v100-16gb-pcie3): sync modes 0 and 2 add the same waits to a threshold-8
+    plan and judge alike; walking both would leave sync mode 1 (threshold 492, the faster fit) unwalked."""
+    import types
+
+    from tflms.tune.result import Candidate
+    from tflms.tune.search import _closest_families
+
+    def cand(mode, threshold, need, step):
+        return Candidate("tflms-distance", {"swapout_threshold": threshold, "sync_mode": mode}, None,
+                         types.SimpleNamespace(need=need, step_time_s=step), fits=False)
+
+    ev = types.SimpleNamespace(need=lambda sim: sim.need)
+    judged = [cand(0, 8, 18.1, 36.9), cand(2, 8, 18.1, 36.9), cand(1, 738, 22.3, 26.1), cand(1, 492, 18.1, 28.7),
+              cand(0, 738, 20.9, 9.3)]
+    closest = _closest_families(ev, judged)
+    assert [(c.params["sync_mode"], c.params["swapout_threshold"]) for c in closest] == [(1, 492), (0, 8)]

@@ -181,7 +181,7 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
         if name in strategies or (name == "vdnn" and set(strategies) & set(OPT_IN_STRATEGIES)):
             search()
     if enforce_order and not base.fits and not (first_fit and any(c.fits for c in ev.candidates)):
-        judge_ordered(ev)
+        judge_ordered(ev, first_fit=first_fit)
     order = ("none",) + STRATEGIES + OPT_IN_STRATEGIES
     rank = lambda c: (c.sim.step_time_s, c.swapped_bytes, order.index(c.strategy))  # noqa: E731
     fitting = [c for c in ev.candidates if c.fits]
