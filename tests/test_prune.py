@@ -219,21 +219,11 @@ def test_a_pruned_plan_on_a_traced_two_branch_model_trains_bitwise():
     TensorFlow: the same bytes as the unrewritten step."""
     import os
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import numpy as np
-    import tensorflow as tf
 
-    from test_schedule import _traced_step
-    from tflms.ir import tf_io
-    from tflms.ir.tf_io import load_graph
-    from tflms.policies.tflms_rules import plan_swaps
-    from tflms.testing.bitwise import assert_bitwise_equal, snapshot
+    from test_schedule import assert_traced_step_trains_like_plain, traced_step_plan
     from tflms.tune.prune import MERGED_PARAM
 
-    _, _, _, cf = _traced_step(0)
-    graph = load_graph(cf, batch_size=32)
-    analysis = analyze_graph(graph)
-    plan = plan_swaps(analysis, LMSConfig(swapout_threshold=1, swapin_ahead=1, swapin_groupby=0),
-                      accelerator_device="/device:GPU:0")
+    graph, analysis, plan = traced_step_plan(swapout_threshold=1, swapin_ahead=1, swapin_groupby=0)
     swapped = simulate(apply_swaps(graph, plan).graph, PROFILE)
     ev = _evaluator(analysis, swapped.peak_bytes)
     cand = ev.run("tflms-distance", {"swapout_threshold": 1}, plan)
@@ -245,13 +235,4 @@ def test_a_pruned_plan_on_a_traced_two_branch_model_trains_bitwise():
     rewritten = apply_swaps(graph, pruned.plan).graph
     assert any(op.name.startswith("lms/swap_in") for op in rewritten)
 
-    rng = np.random.RandomState(0)
-    data = [(tf.constant(rng.standard_normal((32, 16, 16, 3)).astype("float32")),
-             tf.constant(rng.randint(0, 10, size=(32,)).astype("int32"))) for _ in range(3)]
-    results = {}
-    for variant in ("plain", "plain-again", "pruned"):
-        model, optimizer, step, cf = _traced_step(0)
-        fn = step if variant != "pruned" else tf_io.to_concrete_function(rewritten, cf)
-        results[variant] = snapshot(model, optimizer, losses=[fn(x, y) for x, y in data])
-    assert_bitwise_equal(results["plain"], results["plain-again"], "plain vs plain (the control)")
-    assert_bitwise_equal(results["plain"], results["pruned"], "pruned vs plain")
+    assert_traced_step_trains_like_plain(rewritten, "pruned")
