@@ -170,9 +170,8 @@ def judge_ordered(ev: _Evaluator, first_fit: bool = False) -> list[Candidate]:
     candidate (the order pass may change its step time and peak), the ungrouped twins of the first
     :data:`ORDER_UNGROUPED_TWINS` lowest-peak candidates that group swap-ins, then among the candidates
     that do not fit in level order (by at most :data:`ORDER_MAX_OVERSHOOT`) and would be faster than
-    it, the :data:`ORDER_FINALISTS` lowest-peak ones, the lowest-peak one of each family (strategy and
-    sync mode; at most :data:`ORDER_FAMILIES`), and the next :data:`ORDER_FINALISTS` of each of the
-    :data:`ORDER_WALKS` families that came closest to fitting. Each gets the
+    it, the lowest-peak one of each family (strategy and sync mode; at most :data:`ORDER_FAMILIES`),
+    and the next :data:`ORDER_FINALISTS` of the family that came closest to fitting. Each gets the
     rewritten graph through :func:`~tflms.passes.order.enforce_order` (the same pass, deterministic, as the
     pipeline runs) and the pass's simulation of the result; the new candidate keeps the strategy and
     parameters, with ``order`` set. Its rewritten graph is stored without the edges: the pipeline's pass
@@ -224,12 +223,11 @@ def judge_ordered(ev: _Evaluator, first_fit: bool = False) -> list[Candidate]:
     for c in over:
         families.setdefault((c.strategy, c.params.get("sync_mode")), []).append(c)
     added = judge(([best] if best is not None else []) + twins, 1 + len(twins))
-    added += judge(over, ORDER_FINALISTS)  # the lowest peaks in level order, whatever their family
     firsts = judge([group[0] for group in families.values()], ORDER_FAMILIES)
     added += firsts
-    if added and not any(c.fits for c in added):
-        for closest in _closest_families(ev, added)[:ORDER_WALKS]:
-            added += judge(families.get(_family(closest), [])[1:], ORDER_FINALISTS)
+    if firsts and not any(c.fits for c in firsts):
+        for closest in _closest_families(ev, firsts)[:ORDER_WALKS]:
+            added += judge(families[_family(closest)][1:], ORDER_FINALISTS)
     if added and not any(c.fits for c in ev.candidates):
         # the enforced order can leave a tensor waiting across its peak that no policy swapped; the
         # lowest-need plan of each of the closest families gets the peak swaps (the closest one is not
