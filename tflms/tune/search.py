@@ -95,6 +95,15 @@ class _Evaluator:
             sim = simulate(graph, self.profile, options=self.sim_options)
         else:
             sim = self.plans.evaluate(plan)
+        return self.record(strategy, params, plan, sim, graph, policy, max_overhead=max_overhead, baseline=baseline)
+
+    def record(self, strategy: str, params: dict[str, Any], plan: SwapPlan | None, sim: SimResult,
+               graph: Graph | None, policy: SwapPolicy | None, *, max_overhead: float | None = None,
+               baseline: SimResult | None = None, order: dict | None = None, what: str = "") -> Candidate:
+        """Judge ``sim`` by the fit rule (budget, host budget, no-overhead limit), record and report it.
+
+        ``order``: the order pass's report of a candidate judged in the enforced order; ``what``: how the
+        progress line and a miss name the judgement (e.g. "in the enforced order (12 edges)")."""
         why = ""
         need = self.need(sim)
         if need > self.budget:
@@ -103,13 +112,16 @@ class _Evaluator:
             why = f"host peak {format_bytes(sim.host_peak_bytes)} > host budget {format_bytes(self.host_budget)}"
         elif max_overhead is not None and baseline is not None and sim.overhead_vs(baseline) > max_overhead:
             why = f"overhead {100 * sim.overhead_vs(baseline):.2f}% in no-overhead mode"
-        cand = Candidate(strategy, params, plan, sim, fits=not why, why_not=why, policy=policy)
+        if why and order is not None:
+            why += " with the enforced order"
+        cand = Candidate(strategy, params, plan, sim, fits=not why, why_not=why, order=order, policy=policy)
         if graph is not None:
             self.graphs[id(cand)] = graph
         self.candidates.append(cand)
         if self.progress:
-            self.progress(f"{strategy} {params}: peak {format_bytes(sim.peak_with_margin_bytes)}, "
-                          f"step {sim.step_time_s * 1e3:.2f} ms{'' if cand.fits else ' (' + why + ')'}")
+            self.progress(f"{strategy} {params}{' ' + what if what else ''}: peak "
+                          f"{format_bytes(sim.peak_with_margin_bytes)}, step {sim.step_time_s * 1e3:.2f} ms"
+                          f"{'' if cand.fits else ' (' + why + ')'}")
         return cand
 
     def scored(self, sim: SimResult) -> list:
@@ -262,16 +274,7 @@ def _closest_families(ev: _Evaluator, judged: list[Candidate]) -> list[Candidate
 def record_ordered(ev, strategy: str, params: dict, plan, sim: SimResult, report, graph: Graph, policy,
                    what: str) -> Candidate:
     """A candidate judged in the enforced order (``report`` the order pass's): fit, recorded, reported."""
-    need = ev.need(sim)
-    why = "" if need <= ev.budget and sim.host_peak_bytes <= ev.host_budget else (
-        f"peak {format_bytes(need)} > budget with the enforced order")
-    cand = Candidate(strategy, params, plan, sim, fits=not why, why_not=why, order=report.to_dict(), policy=policy)
-    ev.graphs[id(cand)] = graph
-    ev.candidates.append(cand)
-    if ev.progress:
-        ev.progress(f"{strategy} {params} {what}: peak {format_bytes(sim.peak_with_margin_bytes)}, "
-                    f"step {sim.step_time_s * 1e3:.2f} ms{'' if cand.fits else ' (' + why + ')'}")
-    return cand
+    return ev.record(strategy, params, plan, sim, graph, policy, order=report.to_dict(), what=what)
 
 
 def _threshold_ladder(analysis: Analysis) -> list[int]:
