@@ -238,3 +238,66 @@ def test_the_closest_families_leave_out_one_that_judged_exactly_as_another():
               cand(0, 738, 20.9, 9.3)]
     closest = _closest_families(ev, judged)
     assert [(c.params["sync_mode"], c.params["swapout_threshold"]) for c in closest] == [(1, 492), (0, 8)]
+
+
+def _finalist_world(monkeypatch, ordered_need: dict[str, float]):
+    """An evaluator whose level-order candidates are given and whose order pass is replaced by a table:
+    ``ordered_need`` maps a candidate's name to its need once ordered (the budget is 16). Returns the
+    evaluator and the list the peak swaps' starting candidates are appended to."""
+    import types
+
+    import tflms.passes.order
+    import tflms.tune.peakswap
+    import tflms.tune.search as search
+    from tflms.tune.result import Candidate
+
+    budget = 16.0
+    ev = types.SimpleNamespace(candidates=[], budget=budget, host_budget=1e9, profile=None, sim_options=None,
+                               need=lambda sim: sim.need, graph_of=lambda c: c.params["name"])
+
+    def sim(need):
+        return types.SimpleNamespace(need=need, step_time_s=1.0, host_peak_bytes=0, peak_bytes=need)
+
+    def level(strategy, mode, name, need):
+        plan = types.SimpleNamespace(swaps=(name,), swapped_bytes=1)
+        ev.candidates.append(Candidate(strategy, {"sync_mode": mode, "name": name}, plan, sim(need), fits=False))
+
+    def record(ev_, strategy, params, plan, _sim, report, graph, policy, what):
+        need = ordered_need[params["name"]]
+        c = Candidate(strategy, params, plan, sim(need), fits=need <= budget, order={})
+        ev.candidates.append(c)
+        return c
+
+    started = []
+    monkeypatch.setattr(tflms.passes.order, "enforce_order", lambda graph, *a, **k: types.SimpleNamespace(
+        changed=False, report=types.SimpleNamespace(num_edges=0)))
+    monkeypatch.setattr(search, "record_ordered", record)
+    monkeypatch.setattr(tflms.tune.peakswap, "swap_across_peak", lambda ev_, c: started.append(c.params["name"]) or [])
+    # level order: family (distance, 0) has the two lowest peaks; four more families one plan each
+    level("tflms-distance", 0, "a0", 30)
+    level("tflms-distance", 0, "a1", 31)
+    for i, mode in enumerate((1, 2, 3)):
+        level("tflms-distance", mode, "bcd"[i], 32 + i)
+    level("idle-time", None, "e", 36)
+    return ev, started
+
+
+def test_the_lowest_level_order_peaks_are_judged_whatever_their_family(monkeypatch):
+    """BERT-base at batch 450 on v100-16gb-nvlink2 fits through the second-lowest level-order peak, the
+    second plan of a family whose first ordered far from fitting (so no walk reaches it)."""
+    from tflms.tune.search import judge_ordered
+    ev, started = _finalist_world(monkeypatch, {"a0": 25, "a1": 15, "b": 17, "c": 17.5, "d": 25, "e": 25})
+    added = judge_ordered(ev)
+    assert [c.params["name"] for c in added if c.fits] == ["a1"]
+    assert started == []  # something fits: no peak swaps
+
+
+def test_the_peak_swaps_start_from_the_families_walked_not_from_the_lowest_peaks(monkeypatch):
+    """When nothing fits, the peak swaps start from the closest judged families' firsts and walks, even when a
+    plan judged only as one of the lowest level-order peaks came closer (ResNet-50 at batch 1347 on
+    v100-16gb-nvlink2 fitted only 1303 when the peak swaps started there)."""
+    from tflms.tune.search import judge_ordered
+    ev, started = _finalist_world(monkeypatch, {"a0": 25, "a1": 16.5, "b": 17, "c": 17.5, "d": 25, "e": 25})
+    judged = [c.params["name"] for c in judge_ordered(ev)]
+    assert "a1" in judged
+    assert started == ["b", "c"]

@@ -183,7 +183,9 @@ def judge_ordered(ev: _Evaluator, first_fit: bool = False) -> list[Candidate]:
     :data:`ORDER_UNGROUPED_TWINS` lowest-peak candidates that group swap-ins, then among the candidates
     that do not fit in level order (by at most :data:`ORDER_MAX_OVERSHOOT`) and would be faster than
     it, the lowest-peak one of each family (strategy and sync mode; at most :data:`ORDER_FAMILIES`),
-    and the next :data:`ORDER_FINALISTS` of the family that came closest to fitting. Each gets the
+    the next :data:`ORDER_FINALISTS` of each of the :data:`ORDER_WALKS` families that came closest to fitting,
+    then the :data:`ORDER_FINALISTS` lowest level-order peaks whatever their family (not with ``first_fit``
+    once one fits; they add plans, but the peak swaps start from the families walked). Each gets the
     rewritten graph through :func:`~tflms.passes.order.enforce_order` (the same pass, deterministic, as the
     pipeline runs) and the pass's simulation of the result; the new candidate keeps the strategy and
     parameters, with ``order`` set. Its rewritten graph is stored without the edges: the pipeline's pass
@@ -240,12 +242,19 @@ def judge_ordered(ev: _Evaluator, first_fit: bool = False) -> list[Candidate]:
     if firsts and not any(c.fits for c in firsts):
         for closest in _closest_families(ev, firsts)[:ORDER_WALKS]:
             added += judge(families[_family(closest)][1:], ORDER_FINALISTS)
+    # The lowest level-order peaks whatever their family, last, so that they only add plans: BERT-base at
+    # batch 450 on v100-16gb-nvlink2 fits through the second-lowest (threshold 4, ahead 1, groupby 0,
+    # asynchronous) and through no family's first or walk. They do not choose where the peak swaps start:
+    # on ResNet-50 at batch 1347 on nvlink2 that moved them to another family, which fitted only 1303.
+    walked = list(added)
+    if not (first_fit and any(c.fits for c in added)):
+        added += judge(over[:ORDER_FINALISTS], ORDER_FINALISTS)
     if added and not any(c.fits for c in ev.candidates):
         # the enforced order can leave a tensor waiting across its peak that no policy swapped; the
         # lowest-need plan of each of the closest families gets the peak swaps (the closest one is not
         # always the fastest once it fits), until one fits with ``first_fit``
         from tflms.tune.peakswap import swap_across_peak
-        for c in _closest_families(ev, added)[:ORDER_WALKS]:
+        for c in _closest_families(ev, walked)[:ORDER_WALKS]:
             added += swap_across_peak(ev, c)
             if first_fit and any(a.fits for a in added):
                 break
