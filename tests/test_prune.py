@@ -118,6 +118,54 @@ def test_nothing_is_dropped_when_every_swap_is_needed():
     assert len(ev.candidates) == before
 
 
+def test_a_wait_for_a_swap_out_the_fit_does_not_need_is_dropped():
+    """``late``'s swap-out makes the ``c`` chain wait for its copy (about 0.34 ms); the copy ends long before
+    the peak (``t2``) either way, so without the wait the step fits as well and is faster."""
+    from tflms.tune.prune import UNSYNCED_PARAM
+    analysis, plan = _both_swapped()
+    early, late = plan.swaps
+    waiting = dataclasses.replace(plan, swaps=(early, dataclasses.replace(late, sync_out_consumers=("c0",))))
+    ev = _evaluator(analysis, 24 * MIB)
+    cand = ev.run("tflms-distance", {"sync_mode": 1}, waiting)
+    free = ev.run("tflms-distance", {"sync_mode": 0}, plan)
+    assert cand.fits and cand.sim.step_time_s > free.sim.step_time_s  # the premise: the wait costs time
+    pruned = prune_swaps(ev, cand)
+    assert pruned is not None and pruned.fits
+    assert pruned.params == {"sync_mode": 1, PRUNED_PARAM: 1, UNSYNCED_PARAM: 1}
+    assert [(s.tensor.name, s.sync_out_consumers) for s in pruned.plan.swaps] == [("late:0", ())]
+    assert pruned.sim.step_time_s < cand.sim.step_time_s
+
+
+def test_a_wait_the_fit_needs_is_kept():
+    """With ``late`` produced last before the peak (its copy cannot end before ``t2`` unless ``t1`` waits),
+    dropping the wait would put ``late`` on the device at the peak: the fit needs it, so it stays."""
+    from tflms.tune.prune import UNSYNCED_PARAM
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=SHAPE)
+    r = b.op("r", "Sin", [x], shape=SHAPE)
+    late = b.op("late", "Neg", [r], shape=SHAPE)
+    t1 = b.op("t1", "Sin", [r], shape=(2048, 1024))
+    t2 = b.op("t2", "Cos", [t1], shape=(2048, 1024))
+    d = b.op("s", "AddN", [r, t2], shape=SHAPE)
+    for k in range(CHAIN):
+        d = b.op(f"d{k}", "Exp", [d], shape=SHAPE)
+    b.op("out", "AddN", [late, d], shape=SHAPE)
+    analysis = analyze_graph(b.graph)
+    swap = dataclasses.replace(_swap(analysis, "late", "out", "d20"), sync_out_consumers=("t1",))
+    plan = SwapPlan(config=LMSConfig().with_rule_defaults(), accelerator_device="/device:GPU:0", swaps=(swap,),
+                    skipped=())
+    waiting = simulate(apply_swaps(analysis.graph, plan).graph, PROFILE)
+    free = simulate(apply_swaps(analysis.graph, dataclasses.replace(plan, swaps=(
+        dataclasses.replace(swap, sync_out_consumers=()),))).graph, PROFILE)
+    assert free.peak_bytes > waiting.peak_bytes  # the premise: without the wait the copy lags at the peak
+    ev = _evaluator(analysis, waiting.peak_bytes)
+    cand = ev.run("tflms-distance", {"sync_mode": 1}, plan)
+    assert cand.fits
+    pruned = prune_swaps(ev, cand)
+    assert pruned is None or (UNSYNCED_PARAM not in pruned.params
+                              and pruned.plan.swaps[0].sync_out_consumers == ("t1",))
+
+
 def _mlp_case():
     graph = mlp_training_graph(6, batch=512, width=1024)
     analysis = analyze_graph(graph)
