@@ -136,10 +136,11 @@ def test_a_wait_for_a_swap_out_the_fit_does_not_need_is_dropped():
     assert pruned.sim.step_time_s < cand.sim.step_time_s
 
 
-def test_a_wait_the_fit_needs_is_kept():
-    """With ``late`` produced last before the peak (its copy cannot end before ``t2`` unless ``t1`` waits),
-    dropping the wait would put ``late`` on the device at the peak: the fit needs it, so it stays."""
-    from tflms.tune.prune import UNSYNCED_PARAM
+def test_a_wait_the_fit_needs_is_kept_and_moved_as_late_as_the_fit_allows():
+    """With ``late`` produced last before the peak (its copy cannot end before ``t2`` unless compute waits),
+    dropping the wait would put ``late`` on the device at the peak: the fit needs it, so it stays. Waiting at
+    ``t2`` (the peak's allocator) instead of ``t1`` lets ``t1`` run beside the copy and still fits."""
+    from tflms.tune.prune import LATER_PARAM, UNSYNCED_PARAM, later_waits
     b = GraphBuilder()
     x = b.op("x", "Placeholder", shape=SHAPE)
     r = b.op("r", "Sin", [x], shape=SHAPE)
@@ -161,9 +162,15 @@ def test_a_wait_the_fit_needs_is_kept():
     ev = _evaluator(analysis, waiting.peak_bytes)
     cand = ev.run("tflms-distance", {"sync_mode": 1}, plan)
     assert cand.fits
+    graph = apply_swaps(analysis.graph, plan).graph
+    (moved,) = later_waits(graph, plan.swaps, cand.sim, {op.name for op in graph})
+    assert moved.sync_out_consumers == ("t2",)  # twice as far from the producer (r, late, t1, t2)
+    assert later_waits(graph, plan.swaps, cand.sim, {"t1"}) == []  # only ops the order pins; none after t1
     pruned = prune_swaps(ev, cand)
-    assert pruned is None or (UNSYNCED_PARAM not in pruned.params
-                              and pruned.plan.swaps[0].sync_out_consumers == ("t1",))
+    assert pruned is not None and pruned.fits and UNSYNCED_PARAM not in pruned.params
+    assert pruned.params == {"sync_mode": 1, LATER_PARAM: 1}
+    assert pruned.plan.swaps[0].sync_out_consumers == ("t2",)
+    assert pruned.sim.step_time_s < cand.sim.step_time_s
 
 
 def _mlp_case():

@@ -14,9 +14,10 @@ Strategies (each evaluated with the simulator on the same graph):
 
 Then the fastest fitting candidate's plan is *pruned* (:mod:`tflms.tune.prune`): the swaps
 fitting does not need are dropped, a tensor swapped in several times is swapped in once, compute
-stops waiting for swap-outs where fitting does not need it, and swap-ins are triggered earlier, each
+stops waiting for swap-outs where fitting does not need it and waits later where it does, and swap-ins
+are triggered earlier, each
 change kept while the plan still fits and is no slower; the pruned plan is one more candidate (its
-parameters say ``pruned``, ``merged``, ``unsynced``, ``earlier``: how many
+parameters say ``pruned``, ``merged``, ``unsynced``, ``waits_later``, ``earlier``: how many
 swaps changed).
 
 The winner is the fitting candidate with the smallest simulated step time (ties:
@@ -124,10 +125,10 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     so the finalists (:func:`judge_ordered`) are judged again with the order's edges, and one that fits
     only in that order can win.
     ``prune``: after the searches, the fastest fitting candidate's plan is judged again without the swaps
-    fitting does not need, with merged swap-ins, without the waits for swap-outs it does not need, and with
-    earlier swap-ins (:func:`tflms.tune.prune.prune_swaps`, at most 56 simulations; not with ``first_fit``);
-    the result is one more candidate, with ``pruned`` / ``merged`` / ``unsynced`` / ``earlier`` in its
-    parameters.
+    fitting does not need, with merged swap-ins, without the waits for swap-outs it does not need and the
+    others later, and with earlier swap-ins (:func:`tflms.tune.prune.prune_swaps`, at most 80 simulations;
+    not with ``first_fit``); the result is one more candidate, with ``pruned`` / ``merged`` / ``unsynced`` /
+    ``waits_later`` / ``earlier`` in its parameters.
     """
     if fit_by not in (FIT_BY_LIVE, FIT_BY_BFC):
         raise ConfigError(f"fit_by must be {FIT_BY_LIVE!r} or {FIT_BY_BFC!r}, got {fit_by!r}")
