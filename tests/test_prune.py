@@ -291,3 +291,40 @@ def test_a_pruned_plan_on_a_traced_two_branch_model_trains_bitwise():
     assert any(op.name.startswith("lms/swap_in") for op in rewritten)
 
     assert_traced_step_trains_like_plain(rewritten, "pruned")
+
+
+def test_a_plan_whose_waits_were_dropped_or_moved_trains_bitwise():
+    """Sync mode 1 on the traced two-branch model: pruning drops or moves its waits (control edges from
+    swap-outs), and the plan with every wait moved later (:func:`later_waits`, ops the order pins) goes
+    through the swap pass and TensorFlow and trains byte for byte like the plain step."""
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+    from test_schedule import assert_traced_step_trains_like_plain, traced_step_plan
+    from tflms.schedule import ordered_ops
+    from tflms.tune.prune import LATER_PARAM, UNSYNCED_PARAM, later_waits
+
+    # grappler's step, as the pipeline rewrites it: a wait on a Conv2D of the traced graph would keep grappler
+    # from fusing it with its BiasAdd
+    graph, analysis, plan = traced_step_plan(preoptimized=True, swapout_threshold=1, swapin_ahead=1,
+                                             swapin_groupby=0, sync_mode=1)
+    assert any(s.sync_out_consumers for s in plan.swaps)
+    waiting = apply_swaps(graph, plan).graph
+    swapped = simulate(waiting, PROFILE)
+    ev = _evaluator(analysis, swapped.peak_bytes)
+    cand = ev.run("tflms-distance", {"sync_mode": 1}, plan)
+    pruned = prune_swaps(ev, cand)
+    assert pruned is not None and pruned.fits and pruned.sim.step_time_s < cand.sim.step_time_s
+    assert pruned.params.get(UNSYNCED_PARAM, 0) + pruned.params.get(LATER_PARAM, 0) >= 1
+
+    pinned = set(ordered_ops(waiting, [r.name for r in swapped.ops if r.name in waiting]))
+    moved = {s.tensor: s for s in later_waits(waiting, plan.swaps, swapped, pinned)}
+    assert moved
+    later = dataclasses.replace(plan, swaps=tuple(moved.get(s.tensor, s) for s in plan.swaps))
+    rewritten = apply_swaps(graph, later).graph
+    waits = {(c, op.name) for op in rewritten for c in op.control_inputs if c.startswith("lms/swap_out")}
+    assert waits == {(s.swap_out, c) for s in later.swaps for c in s.sync_out_consumers}
+    assert {c for s in moved.values() for c in s.sync_out_consumers} <= pinned
+
+    assert_traced_step_trains_like_plain(waiting, "waits", preoptimized=True)  # the rules' own waits
+    assert_traced_step_trains_like_plain(rewritten, "waits later", preoptimized=True)

@@ -303,20 +303,25 @@ def _traced_step(seed: int):
     return model, optimizer, step, step.get_concrete_function(*specs)
 
 
-def traced_step_plan(**rules):
-    """:func:`_traced_step`'s step loaded at batch 32, its CTO analysis and the TFLMS rules' plan with ``rules``."""
+def traced_step_plan(preoptimized: bool = False, **rules):
+    """:func:`_traced_step`'s step loaded at batch 32, its CTO analysis and the TFLMS rules' plan with ``rules``;
+    with ``preoptimized``, the step grappler makes of it (what the pipeline rewrites, :mod:`tflms.ir.preoptimize`)."""
     from tflms.analysis.cto import analyze_graph
+    from tflms.ir.preoptimize import preoptimize
     from tflms.ir.tf_io import load_graph
     from tflms.policies.tflms_rules import plan_swaps
     _, _, _, cf = _traced_step(0)
-    graph = load_graph(cf, batch_size=32)
+    graph = load_graph(preoptimize(cf) if preoptimized else cf, batch_size=32)
     analysis = analyze_graph(graph)
     return graph, analysis, plan_swaps(analysis, LMSConfig(**rules), accelerator_device="/device:GPU:0")
 
 
-def assert_traced_step_trains_like_plain(rewritten, what: str) -> None:
+def assert_traced_step_trains_like_plain(rewritten, what: str, preoptimized: bool = False) -> None:
     """Three steps of :func:`_traced_step`'s model at batch 32: the plain step twice (the control) and the
-    step ``rewritten`` (a graph loaded from its concrete function) from the same seed and data, byte for byte."""
+    step ``rewritten`` (a graph loaded from its concrete function, or with ``preoptimized`` from grappler's
+    optimization of it, then run with grappler off as the pipeline does) from the same seed and data, byte
+    for byte."""
+    from tflms.ir.preoptimize import preoptimize, run_preoptimized
     import numpy as np
     import tensorflow as tf
 
@@ -328,7 +333,13 @@ def assert_traced_step_trains_like_plain(rewritten, what: str) -> None:
     results = {}
     for variant in ("plain", "plain-again", what):
         model, optimizer, step, cf = _traced_step(0)
-        fn = step if variant != what else tf_io.to_concrete_function(rewritten, cf)
+        if variant != what:
+            fn = step
+        elif preoptimized:
+            source = preoptimize(cf)
+            fn = run_preoptimized(tf_io.to_concrete_function(rewritten, source), source)
+        else:
+            fn = tf_io.to_concrete_function(rewritten, cf)
         results[variant] = snapshot(model, optimizer, losses=[fn(x, y) for x, y in data])
     assert_bitwise_equal(results["plain"], results["plain-again"], "plain vs plain (the control)")
     assert_bitwise_equal(results["plain"], results[what], f"{what} vs plain")
