@@ -273,3 +273,81 @@ def test_fit_by_reaches_the_tuner_through_the_config(graph, baseline):
     assert plan_step(simulate(result.graph, PROFILE)).bfc_total_bytes <= baseline.peak_bytes
     with pytest.raises(ConfigError, match="fit_by must be"):
         tflms.LMSConfig(fit_by="roughly")
+
+
+def _momentum_mlp(num_layers: int = 6, batch: int = 256, width: int = 512):
+    """An MLP step whose optimizer multiplies each momentum slot by its factor as soon as the slot is read (at
+    the start, as TensorFlow runs it: the read is ready then) and uses the product only in the update."""
+    from tflms.testing.graphs import GraphBuilder
+    b = GraphBuilder()
+    act, w_shape = (batch, width), (width, width)
+    x = b.op("x", "Placeholder", shape=act)
+    mu = b.op("mu", "Const", shape=())
+    h, acts, weights = x, [x], []
+    for i in range(num_layers):
+        handle = b.op(f"var_{i}", "Placeholder", shape=(), dtype="resource")
+        slot = b.op(f"slot_{i}", "Placeholder", shape=(), dtype="resource")
+        w = b.op(f"fw/ReadVariableOp_{i}", "ReadVariableOp", [handle], shape=w_shape)
+        h = b.op(f"fw/Relu_{i}", "Relu", [b.op(f"fw/MatMul_{i}", "MatMul", [h, w], shape=act)], shape=act)
+        acts.append(h)
+        weights.append((handle, slot, w))
+    grad = b.op("loss/Sub", "Sub", [h, x], shape=act)
+    for i in reversed(range(num_layers)):
+        handle, slot, w = weights[i]
+        g = b.op(f"gradient_tape/ReluGrad_{i}", "ReluGrad", [grad, acts[i + 1]], shape=act)
+        gw = b.op(f"gradient_tape/MatMul_1_{i}", "MatMul", [acts[i], g], shape=w_shape)
+        grad = b.op(f"gradient_tape/MatMul_{i}", "MatMul", [g, w], shape=act)
+        m = b.op(f"opt/ReadVariableOp_{i}", "ReadVariableOp", [slot], shape=w_shape)
+        decayed = b.op(f"opt/Mul_{i}", "Mul", [m, mu], shape=w_shape)
+        new = b.op(f"opt/Sub_{i}", "Sub", [decayed, gw], shape=w_shape)
+        b.op(f"opt/AssignVariableOp_{i}", "AssignVariableOp", [slot, new], shape=None, num_outputs=0)
+        b.op(f"opt/AssignAddVariableOp_{i}", "AssignAddVariableOp", [handle, new], shape=None, num_outputs=0)
+    return b.graph
+
+
+def test_optimizer_products_idle_across_the_peak_are_candidates(monkeypatch):
+    """VGG-16's 392 MiB ``fc1`` momentum product (``sgd/Mul_52``) is made at the start and read at the
+    update: idle the whole step, and live at every peak. It is a plain tensor (not a variable), so a
+    candidate; with update-category tensors left out (the rule before) it is not."""
+    from tflms.analysis.cto import Category, analyze_graph
+    from tflms.config import LMSConfig
+    from tflms.policies import idle_time
+    from tflms.profiles import get_profile
+    from tflms.sim.simulator import simulate
+
+    analysis = analyze_graph(_momentum_mlp())
+    assert analysis.categories["opt/Mul_0"] is Category.UPDATE
+    profile = get_profile("v100-16gb-pcie3")
+    sim = simulate(analysis.graph, profile)
+    found = idle_time.idle_candidates(analysis, sim, profile, LMSConfig())
+    products = {c.tensor.op for c in found if analysis.categories[c.tensor.op] is Category.UPDATE}
+    assert products and products <= {f"opt/Mul_{i}" for i in range(6)}
+    monkeypatch.setattr(idle_time, "CANDIDATE_CATEGORIES", frozenset({Category.FORWARD, Category.BACKWARD}))
+    assert not {c.tensor.op for c in idle_time.idle_candidates(analysis, sim, profile, LMSConfig())} & products
+
+
+def test_a_swapped_momentum_product_trains_bitwise():
+    """The traced two-branch model (SGD with momentum) through the pre-pass: every optimizer product the
+    idle-time rule finds live across the peak swapped (no size floor), run by TensorFlow with grappler off:
+    the same bytes as the plain step."""
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+    from test_schedule import assert_traced_step_trains_like_plain, traced_step_plan
+    from tflms.analysis.cto import Category
+    from tflms.config import LMSConfig
+    from tflms.passes.swaps import apply_swaps
+    from tflms.policies import idle_time
+    from tflms.profiles import get_profile
+    from tflms.sim.simulator import simulate
+
+    graph, analysis, _ = traced_step_plan(preoptimized=True)
+    profile = get_profile("v100-16gb-pcie3")
+    config = LMSConfig(min_swap_bytes=0)
+    found = idle_time.idle_candidates(analysis, simulate(graph, profile), profile, config)
+    products = [c for c in found if analysis.categories[c.tensor.op] is Category.UPDATE]
+    assert products, sorted({analysis.categories[c.tensor.op] for c in found})
+    plan = idle_time.plan_idle(analysis, products, config, "/device:GPU:0")
+    rewritten = apply_swaps(graph, plan).graph
+    assert sum(op.name.startswith("lms/swap_out") for op in rewritten) == len(products)
+    assert_traced_step_trains_like_plain(rewritten, "momentum swapped", preoptimized=True)

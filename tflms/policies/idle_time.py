@@ -16,9 +16,10 @@ batch 208); the saving is the bytes freed at the peak, scaled down by the share 
 the two copies the idle window cannot hide (``bytes * min(1, idle / (2 * copy))``).
 
 Candidates are the tensors the forward *and* the backward pass produce (a
-backward temporary can idle across the peak as long as an activation), under the
-never-swap rules of :func:`~tflms.policies.swapplan.skip_reason`; not the
-variable updates.
+backward temporary can idle across the peak as long as an activation) and the
+optimizer's plain tensors (a momentum product made at the start idles until the
+update), under the never-swap rules of :func:`~tflms.policies.swapplan.skip_reason`
+(variable reads and handles never).
 
 Each swap-in is triggered by the latest ancestor of its consumer that ends at
 least one copy time before the consumer starts (so the copy finishes in time)
@@ -172,8 +173,10 @@ TRIGGER_RETRIES = 2
 PACK_ROUNDS = 3
 #: The scores of Zhang et al. that vote on the order of candidates.
 SCORES = (("saving", lambda c: c.saving), ("aoa", lambda c: c.aoa), ("wdoa", lambda c: c.wdoa))
-#: Categories whose tensors may be swapped by idle time (variable updates never are).
-CANDIDATE_CATEGORIES = frozenset({Category.FORWARD, Category.BACKWARD})
+#: Categories whose tensors may be swapped by idle time: the optimizer's plain tensors too (a momentum slot
+#: times its factor is made when the slot's read is ready, at the start, and read by the update at the end);
+#: variables and their reads are never swapped (:func:`~tflms.policies.swapplan.skip_reason`).
+CANDIDATE_CATEGORIES = frozenset({Category.FORWARD, Category.BACKWARD, Category.UPDATE})
 
 
 def majority_order(candidates: Sequence[IdleCandidate]) -> list[IdleCandidate]:
