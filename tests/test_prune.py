@@ -136,6 +136,24 @@ def test_a_wait_for_a_swap_out_the_fit_does_not_need_is_dropped():
     assert pruned.sim.step_time_s < cand.sim.step_time_s
 
 
+def test_a_plan_without_waits_reads_no_order_for_the_wait_steps(monkeypatch):
+    """The wait steps read the order's pinned ops (a buffer model of the whole graph: over a second on ResNet-50,
+    which doubled the tuner's time at batch 208) only when some swap waits."""
+    import tflms.schedule
+    calls = []
+    real = tflms.schedule.ordered_ops
+    monkeypatch.setattr(tflms.schedule, "ordered_ops", lambda *a, **k: calls.append(1) or real(*a, **k))
+    analysis, plan = _both_swapped()
+    ev = _evaluator(analysis, 24 * MIB)
+    cand = ev.run("tflms-distance", {}, plan)
+    assert not any(s.sync_out_consumers for s in plan.swaps)
+    assert prune_swaps(ev, cand) is not None and calls == []
+    late = dataclasses.replace(plan.swaps[1], sync_out_consumers=("c0",))
+    waiting = dataclasses.replace(plan, swaps=(plan.swaps[0], late))
+    prune_swaps(ev, ev.run("tflms-distance", {"sync_mode": 1}, waiting))
+    assert calls == []  # the wait is dropped by the step before; nothing is left to move
+
+
 def test_a_wait_the_fit_needs_is_kept_and_moved_as_late_as_the_fit_allows():
     """With ``late`` produced last before the peak (its copy cannot end before ``t2`` unless compute waits),
     dropping the wait would put ``late`` on the device at the peak: the fit needs it, so it stays. Waiting at

@@ -369,6 +369,8 @@ def prune_swaps(ev, cand: Candidate, *, max_simulations: int = PRUNE_MAX_SIMULAT
     settled, later_tensors = set(unsynced_tensors), set()
     budget = judge.simulations + later_simulations
     for round_ in range(PRUNE_MAX_ROUNDS):
+        if not any(s.sync_out_consumers and s.tensor not in settled for s in state["kept"]):
+            break  # nothing waits (the common case): no graph to build or order to read
         sim, graph = state["judged"][0], state["judged"][1] or ev.graph_of(cand)
         from tflms.schedule import ordered_ops
         listed = [r.name for r in sim.ops if r.name in graph]
