@@ -366,16 +366,15 @@ def prune_swaps(ev, cand: Candidate, *, max_simulations: int = PRUNE_MAX_SIMULAT
     logger.info("pruning %s %s: %d of %d swaps make compute wait for their swap-out", cand.strategy, cand.params,
                 len(waiting), len(state["kept"]))
     unsynced_tensors = _settle(ev, judge, state, waiting, False, budget, "not waiting for the swap-out of")[0]
-    settled, later_tensors = set(unsynced_tensors), set()
+    settled, later_tensors, ordered = set(unsynced_tensors), set(), None
     budget = judge.simulations + later_simulations
     for round_ in range(PRUNE_MAX_ROUNDS):
         if not any(s.sync_out_consumers and s.tensor not in settled for s in state["kept"]):
             break  # nothing waits (the common case): no graph to build or order to read
         sim, graph = state["judged"][0], state["judged"][1] or ev.graph_of(cand)
-        from tflms.schedule import ordered_ops
-        listed = [r.name for r in sim.ops if r.name in graph]
-        ordered = set(ordered_ops(graph, listed + [op.name for op in graph if op.name not in set(listed)],
-                                  ev.sim_options))
+        if ordered is None:  # the same ops in every round: the rounds change only control edges
+            from tflms.schedule import ordered_ops
+            ordered = set(ordered_ops(graph, [op.name for op in graph], ev.sim_options))
         deferred = later_waits(graph, tuple(state["kept"]), sim, ordered, frozenset(settled))
         logger.info("pruning %s %s (round %d): %d of %d swaps may wait for their swap-out later", cand.strategy,
                     cand.params, round_ + 1, len(deferred), len(state["kept"]))
