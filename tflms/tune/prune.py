@@ -330,10 +330,11 @@ def prune_swaps(ev, cand: Candidate, *, max_simulations: int = PRUNE_MAX_SIMULAT
                 retime_simulations: int = RETIME_MAX_SIMULATIONS,
                 unsync_simulations: int = UNSYNC_MAX_SIMULATIONS,
                 later_simulations: int = LATER_MAX_SIMULATIONS) -> Candidate | None:
-    """The candidate ``cand``'s plan minus the swaps fitting does not need, then with merged and earlier
-    swap-ins where they fit and pay (see the module doc), recorded in ``ev.candidates`` with ``pruned`` (swaps
-    dropped), ``merged`` (swaps given one swap-in) and ``earlier`` (swaps whose swap-ins moved) added to its
-    parameters (each only when not 0); ``None`` when no change was kept, or when the
+    """The candidate ``cand``'s plan minus the swaps fitting does not need, then with merged swap-ins, fewer and
+    later waits for swap-outs, and earlier swap-ins where they fit and pay (see the module doc), recorded in
+    ``ev.candidates`` with ``pruned`` (swaps dropped), ``merged`` (swaps given one swap-in), ``unsynced``
+    (swaps whose waits went), ``waits_later`` (swaps whose waits moved later) and ``earlier`` (swaps whose
+    swap-ins moved) added to its parameters (each only when not 0); ``None`` when no change was kept, or when the
     changes left the step exactly as fast but need more memory (fewer copies alone do not make a better plan).
 
     ``ev``: the tuner's evaluator; ``cand``: a fitting candidate with a plan. Not with compressed swaps
