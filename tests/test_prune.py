@@ -12,7 +12,7 @@ from tflms.policies.swapplan import SwapDecision, SwapInGroup, SwapPlan, swap_op
 from tflms.profiles import get_profile
 from tflms.sim.simulator import SimOptions, simulate
 from tflms.testing.graphs import GraphBuilder, mlp_training_graph
-from tflms.tune.prune import PRUNED_PARAM, earlier_swap_ins, merged_swap_ins, predicted_drops, prune_swaps
+from tflms.tune.prune import PRUNED_PARAM, ROUND_TRIP_PARAM, earlier_swap_ins, merged_swap_ins, predicted_drops, prune_swaps
 from tflms.tune.search import _Evaluator
 
 PROFILE = get_profile("v100-16gb-pcie3")
@@ -214,7 +214,9 @@ def test_pruning_an_mlp_plan_keeps_the_fit_and_the_time_and_is_deterministic():
         assert ev.need(pruned.sim) <= budget and pruned.fits
         assert pruned.sim.step_time_s <= cand.sim.step_time_s
         assert 0 < len(pruned.plan.swaps) < len(plan.swaps)
-        assert pruned.params[PRUNED_PARAM] == len(plan.swaps) - len(pruned.plan.swaps)
+        # the swaps that went out and straight back became waits (see the round-trip tests below)
+        assert pruned.params[PRUNED_PARAM] + pruned.params.get(ROUND_TRIP_PARAM, 0) == (
+            len(plan.swaps) - len(pruned.plan.swaps))
         results.append((pruned.plan.swaps, pruned.sim.step_time_s, pruned.sim.peak_bytes))
     assert results[0] == results[1]
 
@@ -288,8 +290,8 @@ def test_the_tuner_prunes_its_fastest_fit_and_the_pruned_plan_wins_the_tie():
 
 
 def test_a_pruned_plan_on_a_traced_two_branch_model_trains_bitwise():
-    """The pruned plan (swaps dropped, swap-ins merged or moved earlier) through the swap pass, run by
-    TensorFlow: the same bytes as the unrewritten step."""
+    """The pruned plan (round trips made waits, swaps dropped, swap-ins merged or moved earlier) through the swap
+    pass, run by TensorFlow: the same bytes as the unrewritten step."""
     import os
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -305,6 +307,8 @@ def test_a_pruned_plan_on_a_traced_two_branch_model_trains_bitwise():
     # ten swaps, seventeen swap-ins: most swaps are not needed, and one tensor read at two levels is swapped in once
     assert pruned.params.get(PRUNED_PARAM, 0) >= 1 and pruned.params.get(MERGED_PARAM, 0) >= 1
     assert any(len(s.swap_ins) == 1 and len(s.swap_ins[0].consumers) > 1 for s in pruned.plan.swaps)
+    # swaps that went out and straight back are gone (nothing was queued before them: no waits instead)
+    assert pruned.params.get(ROUND_TRIP_PARAM, 0) >= 1
     rewritten = apply_swaps(graph, pruned.plan).graph
     assert any(op.name.startswith("lms/swap_in") for op in rewritten)
 
@@ -346,3 +350,56 @@ def test_a_plan_whose_waits_were_dropped_or_moved_trains_bitwise():
 
     assert_traced_step_trains_like_plain(waiting, "waits", preoptimized=True)  # the rules' own waits
     assert_traced_step_trains_like_plain(rewritten, "waits later", preoptimized=True)
+
+
+def _round_trip_case():
+    """``s`` (8 MiB) goes to the host for ``out``; ``r`` goes out and straight back for ``u``, its swap-in
+    triggered by ``r`` itself: the copy back starts when the copy out ends, so ``r`` never leaves the device. The
+    round trip only delays ``u`` until ``s``'s copy (queued first) has ended and ``s``'s bytes are free.
+
+    Live bytes (MiB): ``x`` (4) always; at ``r`` and at ``out`` 16 (``s`` and ``r``, ``s`` back and ``out``); at
+    ``u`` 24 while ``s``'s copy is still going (``s``, ``r``, ``u``: 8 + 4 + 8), 16 once it ended."""
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=SHAPE)
+    s = b.op("s", "Exp", [x], shape=(2048, 1024))
+    r = b.op("r", "Sin", [x], shape=SHAPE)
+    u = b.op("u", "Mul", [r, x], shape=(2048, 1024))  # twice as large: not written into ``r``'s buffer
+    d = b.op("t", "Sum", [u], shape=(256,))
+    for k in range(CHAIN):
+        d = b.op(f"d{k}", "Exp", [d], shape=(256,))
+    b.op("out", "Mul", [s, d], shape=SHAPE)
+    analysis = analyze_graph(b.graph)
+    far = dataclasses.replace(_swap(analysis, "s", "out", "d20"), num_bytes=8 * MIB)
+    trip = _swap(analysis, "r", "u", "r")
+    plan = SwapPlan(config=LMSConfig().with_rule_defaults(), accelerator_device="/device:GPU:0",
+                    swaps=(far, trip), skipped=())
+    return analysis, plan
+
+
+def test_a_swap_that_goes_out_and_straight_back_becomes_a_wait_for_the_copies_queued_before_it():
+    from tflms.tune.prune import round_trips
+    analysis, plan = _round_trip_case()
+    graph = analysis.graph
+    tripping = simulate(apply_swaps(graph, plan).graph, PROFILE)
+    far, trip = plan.swaps
+    dropped = simulate(apply_swaps(graph, dataclasses.replace(plan, swaps=(far,))).graph, PROFILE)
+    waiting = dataclasses.replace(plan, swaps=(dataclasses.replace(far, sync_out_consumers=("u",)),))
+    waited = simulate(apply_swaps(graph, waiting).graph, PROFILE)
+    # the premises: dropping the round trip alone puts s and u's output on the device together; waiting for s's
+    # copy instead needs what the round trip needs, sooner
+    assert dropped.peak_bytes > tripping.peak_bytes
+    assert waited.peak_bytes == tripping.peak_bytes and waited.step_time_s < tripping.step_time_s
+
+    pinned = {op.name for op in graph}
+    assert round_trips(plan.swaps, tripping, pinned) == [(trip, ((far.tensor, "u"),))]
+    assert round_trips(plan.swaps, tripping, pinned - {"u"}) == []  # a reader the order does not pin gets no wait
+    assert round_trips(plan.swaps, tripping, pinned, frozenset({trip.tensor})) == []
+
+    ev = _evaluator(analysis, tripping.peak_bytes)
+    cand = ev.run("tflms-distance", {}, plan)
+    assert cand.fits
+    pruned = prune_swaps(ev, cand)
+    assert pruned is not None and pruned.fits
+    assert pruned.params[ROUND_TRIP_PARAM] == 1 and PRUNED_PARAM not in pruned.params
+    assert [(s.tensor.name, s.sync_out_consumers) for s in pruned.plan.swaps] == [("s:0", ("u",))]
+    assert pruned.sim.step_time_s < cand.sim.step_time_s

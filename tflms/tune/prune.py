@@ -3,10 +3,15 @@
 The distance rules swap every tensor past a threshold; the threshold that makes the peak fit swaps
 far more bytes than fitting needs, away from the peak too, and the copy streams (one per direction,
 simulated as queues) then stall compute. :func:`prune_swaps` takes the fastest fitting candidate and
-changes its plan in five steps, each change kept only while the plan still fits (the tuner's rule:
+changes its plan in six steps, each change kept only while the plan still fits (the tuner's rule:
 ``ev.need(sim) <= budget`` and the host peak within the host budget) and the simulated step is no
-slower (a drop may leave it as it is; a merge or an earlier swap-in must make it faster):
+slower (a drop may leave it as it is; every other change must make it faster):
 
+0. round trips (:func:`round_trips`): a swap whose tensor never leaves the device (each swap-in's copy
+   starts by the time its swap-out's copy ended) saves no memory of its own; it only delays its readers
+   until the copies queued on the link before it are done. It is dropped and its first reader waits for
+   those copies instead (the swap-outs' ``sync_out_consumers``): the same delay without its two copies.
+   A round trip is not a drop candidate (dropping it alone loses the delay, and the fit with it);
 1. drops (:func:`predicted_drops`): a swap dropped keeps its tensor on the device from the end of its
    swap-out to the start of its first swap-in's copy, and between one swap-in group's last reader and
    the next group's copy. On the candidate's simulated timeline that adds the tensor's bytes over those
@@ -32,7 +37,7 @@ slower (a drop may leave it as it is; a merge or an earlier swap-in must make it
    copy then holding its bytes from the new trigger's end; repeated (twice as far again) while it pays.
 
 Each step judges its set by simulation all at once and, on failure, splits it in two halves, earlier half
-first, down to single changes, which are then given up. At most :data:`PRUNE_MAX_SIMULATIONS`,
+first, down to single changes, which are then given up. At most :data:`ROUND_TRIP_MAX_SIMULATIONS`, :data:`PRUNE_MAX_SIMULATIONS`,
 :data:`MERGE_MAX_SIMULATIONS`, :data:`UNSYNC_MAX_SIMULATIONS`, :data:`LATER_MAX_SIMULATIONS` and
 :data:`RETIME_MAX_SIMULATIONS` simulations.
 
@@ -68,6 +73,8 @@ logger = logging.getLogger(__name__)
 PRUNE_MAX_SIMULATIONS = 24
 #: Rounds of prediction (each re-predicts from the last accepted simulation).
 PRUNE_MAX_ROUNDS = 4
+#: Simulations the pass may run first to turn swaps that go out and straight back into waits.
+ROUND_TRIP_MAX_SIMULATIONS = 8
 #: Simulations the pass may run after the drops to give a tensor one swap-in for all its readers.
 MERGE_MAX_SIMULATIONS = 8
 #: Simulations the pass may run after the merges to let compute run on while a swap-out copies.
@@ -81,6 +88,8 @@ RETIME_MAX_SIMULATIONS = 12
 #: later, how many swap in earlier (each only when not 0).
 PRUNED_PARAM, MERGED_PARAM, UNSYNCED_PARAM, LATER_PARAM, EARLIER_PARAM = (
     "pruned", "merged", "unsynced", "waits_later", "earlier")
+#: The parameter for how many swaps that went out and straight back became waits (only when not 0).
+ROUND_TRIP_PARAM = "round_trips"
 
 
 def _records(sim: SimResult) -> dict[str, list]:
@@ -254,6 +263,60 @@ def later_waits(graph, plan_swaps: tuple[SwapDecision, ...], sim: SimResult, ord
     return [p[3] for p in proposals]
 
 
+def round_trips(plan_swaps: tuple[SwapDecision, ...], sim: SimResult, ordered: set[str],
+                exclude: frozenset = frozenset()) -> list[tuple[SwapDecision, tuple[tuple[object, str], ...]]]:
+    """Swaps of ``plan_swaps`` that never leave the device in ``sim`` (every swap-in's copy starts by the time
+    the swap-out's copy ended: :func:`_away_intervals` is empty), each with the waits that would replace it:
+    ``(swap, ((tensor, reader), ...))``, the reader being the swap's first reader in ``sim`` and each tensor a
+    swap whose swap-out copy was queued before this one's and ended after this one's producer ran.
+
+    Such a swap saves no memory of its own; it only delays its readers until the copies queued before it are
+    done, so that their tensors' bytes leave first (BERT-base at batch 477 on v100-16gb-nvlink2: every
+    attention-dropout ``Mul`` goes out and straight back, 2 x 100 ms, so that its ``SelectV2`` allocates only
+    after the 5.6 GiB ``Softmax`` copy ended). Waiting for those copies instead keeps the delay without the
+    two copies. Readers the order does not pin (``ordered``) cannot be given waits: such swaps are left
+    out. In the order the swap-outs started; ``exclude``: tensors not to try.
+    """
+    records = _records(sim)
+    outs = {}
+    for swap in plan_swaps:
+        copies = records.get(swap.swap_out)
+        if copies:
+            outs[swap.tensor] = (min(r.start_s for r in copies), max(r.end_s for r in copies))
+    proposals = []
+    for swap in plan_swaps:
+        if swap.tensor in exclude or swap.tensor not in outs or _away_intervals(swap, records) != []:
+            continue
+        produced = records.get(swap.tensor.op)
+        readers = sorted((r.start_s, c) for g in swap.swap_ins for c in g.consumers for r in records.get(c, ()))
+        if not produced or not readers or readers[0][1] not in ordered:
+            continue
+        ready, reader, started = max(r.end_s for r in produced), readers[0][1], outs[swap.tensor][0]
+        waits = tuple((t, reader) for t, (begin, end) in sorted(outs.items(), key=lambda kv: (kv[1], kv[0].name,
+                                                                                               kv[0].index))
+                      if t != swap.tensor and begin <= started and end > ready)
+        proposals.append((started, swap.tensor.name, swap.tensor.index, swap, waits))
+    proposals.sort(key=lambda p: p[:3])
+    return [(p[3], p[4]) for p in proposals]
+
+
+def _with_waits_for(kept: list[SwapDecision], trial: list[tuple[SwapDecision, tuple]]) -> tuple[tuple, set]:
+    """``kept`` without the round trips of ``trial`` and with their waits (see :func:`round_trips`); a wait
+    for a swap dropped by the same trial goes with it. Returns the swaps and the dropped tensors."""
+    dropped = {swap.tensor for swap, _ in trial}
+    waits: dict = {}
+    for _, pairs in trial:
+        for tensor, reader in pairs:
+            waits.setdefault(tensor, []).append(reader)
+    swaps = []
+    for s in kept:
+        if s.tensor in dropped:
+            continue
+        extra = tuple(r for r in dict.fromkeys(waits.get(s.tensor, ())) if r not in s.sync_out_consumers)
+        swaps.append(dataclasses.replace(s, sync_out_consumers=s.sync_out_consumers + extra) if extra else s)
+    return tuple(swaps), dropped
+
+
 class _Judge:
     """Simulates reduced plans of one candidate the way the candidate was judged (level or enforced order)."""
 
@@ -285,20 +348,25 @@ class _Judge:
         return self.ev.need(sim) <= self.ev.budget and sim.host_peak_bytes <= self.ev.host_budget
 
 
-def _settle(ev, judge: _Judge, state: dict, proposals: list[SwapDecision], drop: bool, max_simulations: int,
-            what: str) -> tuple[set, set]:
+def _settle(ev, judge: _Judge, state: dict, proposals: list, drop: bool, max_simulations: int,
+            what: str, apply=None) -> tuple[set, set]:
     """Judge ``proposals`` (swaps to drop, or replacements of kept swaps) all at once, bisecting a refused set,
     earlier half first, down to single ones. ``state`` (``kept``: the swaps in plan order, ``judged``: the
     best ``(sim, graph, order report)``, ``changed``: how many changes were kept) is updated with every set
-    kept. Returns the tensors whose changes were kept, and those whose change was refused alone."""
+    kept. ``apply(kept, trial)``: for other changes, the swaps with ``trial``'s changes made and the tensors
+    they change (proposals are then ``(swap, ...)`` tuples). Returns the tensors whose changes were kept,
+    and those whose change was refused alone."""
     kept: set = set()
     refused: set = set()
     pending = [proposals] if proposals else []
     while pending and judge.simulations < max_simulations:
         trial = pending.pop(0)
-        change = {s.tensor: (None if drop else s) for s in trial}
-        swaps = tuple(change.get(s.tensor, s) if s.tensor in change else s for s in state["kept"])
-        swaps = tuple(s for s in swaps if s is not None)
+        if apply is None:
+            change = {s.tensor: (None if drop else s) for s in trial}
+            swaps = tuple(change.get(s.tensor, s) if s.tensor in change else s for s in state["kept"])
+            swaps = tuple(s for s in swaps if s is not None)
+        else:
+            swaps, change = apply(state["kept"], trial)
         judged = judge(swaps)
         best = state["judged"][0]
         # a drop may leave the time as it is (fewer copies, less host memory); a swap-in moved earlier must pay
@@ -308,7 +376,8 @@ def _settle(ev, judge: _Judge, state: dict, proposals: list[SwapDecision], drop:
             result = ("not judged (cycle)" if judged is None else
                       f"peak {format_bytes(judged[0].peak_with_margin_bytes)}, step {judged[0].step_time_s * 1e3:.2f} ms")
             logger.info("pruning: %s %d swaps (%s): %s, %s", what, len(trial),
-                        format_bytes(sum(s.num_bytes for s in trial)), result, "kept" if ok else "refused")
+                        format_bytes(sum((p[0] if apply else p).num_bytes for p in trial)), result,
+                        "kept" if ok else "refused")
         if ok:
             state.update(kept=list(swaps), judged=judged, changed=state["changed"] + len(trial))
             kept |= set(change)
@@ -320,19 +389,28 @@ def _settle(ev, judge: _Judge, state: dict, proposals: list[SwapDecision], drop:
     return kept, refused
 
 
+def _ordered(ev, graph) -> set[str]:
+    """The ops of ``graph`` the order pins, the only ones that may be given waits (their ops do not change
+    from one trial plan to the next: trials change only swap ops and control edges)."""
+    from tflms.schedule import ordered_ops
+    return set(ordered_ops(graph, [op.name for op in graph], ev.sim_options))
+
+
 def _limit(ev, sim: SimResult) -> int:
     """The accelerator's live bytes the budget allows, judged from ``sim`` (its slack, less the margin)."""
     return sim.peak_bytes + int((ev.budget - ev.need(sim)) / (1 + ev.sim_options.margin_fraction))
 
 
-def prune_swaps(ev, cand: Candidate, *, max_simulations: int = PRUNE_MAX_SIMULATIONS,
+def prune_swaps(ev, cand: Candidate, *, round_trip_simulations: int = ROUND_TRIP_MAX_SIMULATIONS,
+                max_simulations: int = PRUNE_MAX_SIMULATIONS,
                 merge_simulations: int = MERGE_MAX_SIMULATIONS,
                 retime_simulations: int = RETIME_MAX_SIMULATIONS,
                 unsync_simulations: int = UNSYNC_MAX_SIMULATIONS,
                 later_simulations: int = LATER_MAX_SIMULATIONS) -> Candidate | None:
-    """The candidate ``cand``'s plan minus the swaps fitting does not need, then with merged swap-ins, fewer and
-    later waits for swap-outs, and earlier swap-ins where they fit and pay (see the module doc), recorded in
-    ``ev.candidates`` with ``pruned`` (swaps dropped), ``merged`` (swaps given one swap-in), ``unsynced``
+    """The candidate ``cand``'s plan with waits for the swaps that go out and straight back, minus the swaps
+    fitting does not need, then with merged swap-ins, fewer and later waits for swap-outs, and earlier swap-ins
+    where they fit and pay (see the module doc), recorded in ``ev.candidates`` with ``round_trips`` (round
+    trips made waits), ``pruned`` (swaps dropped), ``merged`` (swaps given one swap-in), ``unsynced``
     (swaps whose waits went), ``waits_later`` (swaps whose waits moved later) and ``earlier`` (swaps whose
     swap-ins moved) added to its parameters (each only when not 0); ``None`` when no change was kept, or when the
     changes left the step exactly as fast but need more memory (fewer copies alone do not make a better plan).
@@ -347,14 +425,27 @@ def prune_swaps(ev, cand: Candidate, *, max_simulations: int = PRUNE_MAX_SIMULAT
     judge = _Judge(ev, cand)
     state = {"kept": list(cand.plan.swaps), "judged": (cand.sim, None, None), "changed": 0}
     settled: set = set()
+    ordered, tripped = None, 0
+    records = _records(cand.sim)
+    if any(_away_intervals(s, records) == [] for s in cand.plan.swaps):
+        ordered = _ordered(ev, ev.graph_of(cand))
+        trips = round_trips(tuple(state["kept"]), cand.sim, ordered)
+        logger.info("pruning %s %s: %d of %d swaps go out and straight back", cand.strategy, cand.params,
+                    len(trips), len(state["kept"]))
+        done, refused = _settle(ev, judge, state, trips, False, round_trip_simulations, "waits instead of",
+                                apply=_with_waits_for)
+        # neither a round trip made a wait nor one refused alone is worth a drop trial (a drop keeps no delay)
+        settled |= done | refused
+        tripped, state["changed"] = len(done), 0
+    budget = judge.simulations + max_simulations
     for round_ in range(PRUNE_MAX_ROUNDS):
         sim = state["judged"][0]
         chunk = predicted_drops(tuple(state["kept"]), sim, _limit(ev, sim), frozenset(settled))
         logger.info("pruning %s %s (round %d): %d of %d swaps (%s) predicted unneeded", cand.strategy, cand.params,
                     round_ + 1, len(chunk), len(state["kept"]), format_bytes(sum(s.num_bytes for s in chunk)))
-        if not chunk or judge.simulations >= max_simulations:
+        if not chunk or judge.simulations >= budget:
             break
-        settled.update(*_settle(ev, judge, state, chunk, True, max_simulations, "without"))
+        settled.update(*_settle(ev, judge, state, chunk, True, budget, "without"))
     dropped, state["changed"] = state["changed"], 0
     budget = judge.simulations + merge_simulations
     sim = state["judged"][0]
@@ -367,15 +458,14 @@ def prune_swaps(ev, cand: Candidate, *, max_simulations: int = PRUNE_MAX_SIMULAT
     logger.info("pruning %s %s: %d of %d swaps make compute wait for their swap-out", cand.strategy, cand.params,
                 len(waiting), len(state["kept"]))
     unsynced_tensors = _settle(ev, judge, state, waiting, False, budget, "not waiting for the swap-out of")[0]
-    settled, later_tensors, ordered = set(unsynced_tensors), set(), None
+    settled, later_tensors = set(unsynced_tensors), set()
     budget = judge.simulations + later_simulations
     for round_ in range(PRUNE_MAX_ROUNDS):
         if not any(s.sync_out_consumers and s.tensor not in settled for s in state["kept"]):
             break  # nothing waits (the common case): no graph to build or order to read
         sim, graph = state["judged"][0], state["judged"][1] or ev.graph_of(cand)
         if ordered is None:  # the same ops in every round: the rounds change only control edges
-            from tflms.schedule import ordered_ops
-            ordered = set(ordered_ops(graph, [op.name for op in graph], ev.sim_options))
+            ordered = _ordered(ev, graph)
         deferred = later_waits(graph, tuple(state["kept"]), sim, ordered, frozenset(settled))
         logger.info("pruning %s %s (round %d): %d of %d swaps may wait for their swap-out later", cand.strategy,
                     cand.params, round_ + 1, len(deferred), len(state["kept"]))
@@ -399,11 +489,12 @@ def prune_swaps(ev, cand: Candidate, *, max_simulations: int = PRUNE_MAX_SIMULAT
         settled |= refused
     earlier = len(moved_tensors)
     sim, graph, report = state["judged"]
-    if not dropped and not earlier and not merged_tensors and not unsynced_tensors and not later_tensors:
+    if not (tripped or dropped or earlier or merged_tensors or unsynced_tensors or later_tensors):
         return None
     if (sim.step_time_s, ev.need(sim)) > (cand.sim.step_time_s, ev.need(cand.sim)):
         return None  # as fast as before but closer to the budget: not better (the tuner's regression rule)
-    params = {**cand.params, **({PRUNED_PARAM: dropped} if dropped else {}),
+    params = {**cand.params, **({ROUND_TRIP_PARAM: tripped} if tripped else {}),
+              **({PRUNED_PARAM: dropped} if dropped else {}),
               **({MERGED_PARAM: len(merged_tensors)} if merged_tensors else {}),
               **({UNSYNCED_PARAM: len(unsynced_tensors)} if unsynced_tensors else {}),
               **({LATER_PARAM: len(later_tensors)} if later_tensors else {}),

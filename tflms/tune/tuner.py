@@ -124,11 +124,12 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     ``enforce_order``: the pipeline will pin a memory-aware order (:func:`tflms.passes.order.enforce_order`),
     so the finalists (:func:`judge_ordered`) are judged again with the order's edges, and one that fits
     only in that order can win.
-    ``prune``: after the searches, the fastest fitting candidate's plan is judged again without the swaps
-    fitting does not need, with merged swap-ins, without the waits for swap-outs it does not need and the
-    others later, and with earlier swap-ins (:func:`tflms.tune.prune.prune_swaps`, at most 80 simulations;
-    not with ``first_fit``); the result is one more candidate, with ``pruned`` / ``merged`` / ``unsynced`` /
-    ``waits_later`` / ``earlier`` in its parameters.
+    ``prune``: after the searches, the fastest fitting candidate's plan is judged again with waits instead of
+    the swaps that go out and straight back, without the swaps fitting does not need, with merged swap-ins,
+    without the waits for swap-outs it does not need and the others later, and with earlier swap-ins
+    (:func:`tflms.tune.prune.prune_swaps`, at most 88 simulations; not with ``first_fit``); the result is one
+    more candidate, with ``round_trips`` / ``pruned`` / ``merged`` / ``unsynced`` / ``waits_later`` /
+    ``earlier`` in its parameters.
     """
     if fit_by not in (FIT_BY_LIVE, FIT_BY_BFC):
         raise ConfigError(f"fit_by must be {FIT_BY_LIVE!r} or {FIT_BY_BFC!r}, got {fit_by!r}")
