@@ -89,11 +89,14 @@ def test_help_and_argument_errors_do_not_import_tensorflow():
 
 @pytest.mark.slow
 def test_tensorflows_start_up_banner_is_filtered():
+    from tflms.cli import STARTUP_NOISE
     done = _fresh_python("from tflms import cli\ncli.import_tensorflow_quietly()\nimport tensorflow\n")
     assert done.returncode == 0, done.stderr
-    assert "oneDNN" not in done.stderr and "absl::InitializeLog" not in done.stderr, done.stderr
+    assert not [n for n in STARTUP_NOISE if n in done.stderr], done.stderr
+    # The control: plain TensorFlow prints banner lines here. Which ones depends on the CPU (oneDNN's line only
+    # where TensorFlow turns oneDNN on by default, e.g. not on AMD EPYC), so ask for any of them.
     control = _fresh_python("import tensorflow\n")
-    assert "oneDNN custom operations" in control.stderr, "the banner this test filters is no longer printed"
+    assert [n for n in STARTUP_NOISE if n in control.stderr], "the banner this test filters is no longer printed"
 
 
 def test_each_warning_is_said_once_and_the_loggers_are_restored(capsys, caplog):
