@@ -13,7 +13,7 @@ TensorFlow state, crashes and timeouts), once per warm-up run and then once with
 ``FULL_TRACE``. The per-node
 ``allocation_records`` of that traced step, summed in time order per device,
 give each device's live-bytes timeline and peak. Records come per allocator
-(``mklcpu`` when oneDNN is on, the default; ``cpu`` otherwise); both logical CPUs
+(``mklcpu``: the subprocess runs oneDNN's kernels on every x86 machine, ``EMULATION_ENV``); both logical CPUs
 share that allocator, so records are summed per device of the allocating node.
 
 What the peak contains (the *step transient* peak):
@@ -87,6 +87,7 @@ from tflms.errors import ConfigError, GraphError
 from tflms.measure.emulation import (
     ACCELERATOR_DEVICE,
     DEVICE_RE,
+    EMULATION_ENV,
     EMULATION_PROFILE,
     EMULATION_SIM_OPTIONS,
     HOST_DEVICE,
@@ -303,6 +304,7 @@ def _run_subprocess(request_dir: Path, timeout_s: float) -> tuple[list[dict[str,
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    env.update(EMULATION_ENV)
     stderr_path = request_dir / "stderr.txt"
     # ``-c`` rather than ``-m``: tflms.measure already imports this module (runpy would warn).
     command = [sys.executable, "-c", "import sys; from tflms.measure.executor import main; sys.exit(main())",
