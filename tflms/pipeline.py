@@ -91,13 +91,26 @@ def _preoptimized(source: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
     return _traced_and_preoptimized(source, args, kwargs)[1]
 
 
-def _traced_and_preoptimized(source: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None):
-    """``(the ConcreteFunction of source or None, what LOAD reads)``."""
+def _traced_and_preoptimized(source: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None,
+                             example_inputs: Sequence[Any] | None = None):
+    """``(the ConcreteFunction of source or None, what LOAD reads)``.
+
+    With ``example_inputs`` (a call's positional arguments) the order in which this
+    machine's executor sums each grappler accumulator on a CPU is observed in one
+    call of the step (:mod:`tflms.measure.accumulations`), only when there is one.
+    """
     concrete = tf_io.concrete_function_of(source, *args, **(kwargs or {}))
     if concrete is None:
         return None, source
     from tflms.ir import preoptimize
-    return concrete, preoptimize.preoptimize(concrete)
+    observe = None
+    if example_inputs is not None:
+        from tflms.measure.accumulations import observe_accumulation_orders
+
+        def observe(function, adds):
+            return observe_accumulation_orders(function, list(example_inputs), adds,
+                                               variables=concrete.graph.variables)
+    return concrete, preoptimize.preoptimize(concrete, observe)
 
 
 def rewrite(source: Any, config: LMSConfig | None = None, *args: Any, copy_op: str = DEFAULT_COPY_OP,
@@ -135,7 +148,8 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
     with _gc_paused():
         timings: dict[str, float] = {}
         clock = _Clock(timings)
-        original, step = clock("preoptimize", lambda: _traced_and_preoptimized(step, trace_args))
+        original, step = clock("preoptimize", lambda: _traced_and_preoptimized(step, trace_args,
+                                                                                example_inputs=example_inputs))
         graph = clock("load", lambda: tf_io.load_graph(step, batch_size=config.batch_size))
         analysis = clock("analyze", lambda: analyze_graph(graph))
         if require_backward and not analysis.has_backward:
@@ -194,7 +208,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             hardware["batch_size"] = f"{sized_from_inputs}, from the inputs of the first call"
         report = RewriteReport(plan=plan, graph_summary=analysis.summary(), inserted_ops=inserted,
                                timings_s=timings, tuning=tuning, compression=_compression_summary(placed.graph),
-                               hardware=hardware, order=order)
+                               hardware=hardware, order=order, accumulations=_accumulator_pins(step))
         for w in plan.warnings:
             logger.warning("tflms: %s", w)
         function = None
@@ -206,6 +220,14 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
                 "build", lambda: _build(final, step, inserted))
         return StepRewrite(graph=final, analysis=analysis, report=report, placement=placed.report,
                            function=function)
+
+
+def _accumulator_pins(step: Any) -> tuple[dict[str, Any], ...]:
+    """How LOAD pinned the summation order of each grappler accumulator in ``step`` (the report's record)."""
+    if not tf_io.is_concrete_function(step):
+        return ()
+    from tflms.ir import preoptimize
+    return tuple(p.to_dict() for p in preoptimize.accumulator_pins(step))
 
 
 def default_budget(choice: ProfileChoice, gpu: tuple[str, int | None] | None) -> tuple[int | None, str]:

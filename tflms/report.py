@@ -28,6 +28,9 @@ class RewriteReport:
     #: many), ``heuristic``, peaks, ``why``); ``None`` when the pass did not run (``LMSConfig.orders`` off, or
     #: the tuner's winner was judged without the order's edges)
     order: dict[str, Any] | None = None
+    #: each grappler accumulator's pinned summation order (:meth:`tflms.ir.preoptimize.AccumulatorPin.to_dict`:
+    #: ``result``, ``order`` (its AssignAdds, first to last), ``source`` (observed / cpu-pool / gpu-inline), ``why``)
+    accumulations: tuple[dict[str, Any], ...] = ()
 
     @property
     def swaps(self):
@@ -94,6 +97,19 @@ class RewriteReport:
         budget = f"; budget: {h['budget']}" if h.get("budget") else ""
         return f"hardware: {h['profile']} ({h['why']}); {where}{budget}"
 
+    def accumulations_text(self) -> str:
+        """One line: how the summation order of grappler's accumulators was pinned (``""`` when there are none)."""
+        if not self.accumulations:
+            return ""
+        sources = Counter(a["source"] for a in self.accumulations)
+        said = {"observed": "observed in one call of the step on this machine",
+                "cpu-pool": "a CPU executor's usual order (reverse graph order), nothing observed",
+                "gpu-inline": "a GPU executor's order (graph order)"}
+        why = next((a["why"] for a in self.accumulations if a.get("why")), "")
+        return (f"accumulators: {len(self.accumulations)} grappler accumulator(s), summation order "
+                + "; ".join(f"{n} {said.get(s, s)}" for s, n in sorted(sources.items()))
+                + (f" ({why})" if why else ""))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "config": self.plan.config.to_dict(),
@@ -118,6 +134,7 @@ class RewriteReport:
             "compression": dict(self.compression),
             "hardware": dict(self.hardware),
             "order": self.order,
+            "accumulations": [dict(a) for a in self.accumulations],
             "prediction": self.prediction(),
         }
 
@@ -142,6 +159,8 @@ class RewriteReport:
             lines.append(self.prediction_text())
         if self.order is not None:
             lines.append(f"order: {self.order['why']}")
+        if self.accumulations:
+            lines.append(self.accumulations_text())
         lines.append(f"swapped: {self.num_swapped} tensors, {format_bytes(self.swapped_bytes)} "
                      f"-> accelerator {self.plan.accelerator_device}, host {self.plan.config.host_device}")
         shown = self.plan.swaps if max_rows is None else self.plan.swaps[:max_rows]

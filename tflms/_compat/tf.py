@@ -127,3 +127,8 @@ def keras_print_msg() -> Any:
     except (ImportError, AttributeError) as err:
         raise UnsupportedVersionError(f"tflms uses Keras's internal keras.src.utils.io_utils.print_msg, which this "
                                       f"Keras lacks; tflms is tested with {TESTED}") from err
+
+
+def xplane_pb2() -> Any:
+    """The ``XSpace`` protocol buffers TensorFlow's profiler writes (``*.xplane.pb``)."""
+    return private("tensorflow.tsl.profiler.protobuf.xplane_pb2")

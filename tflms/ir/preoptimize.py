@@ -46,9 +46,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from tflms._compat import grappler as compat
-from tflms.errors import GraphError
+from tflms.errors import GraphError, TflmsError
 from tflms.ir import tf_io
 from tflms.ir.op_types import LOOP_TYPES
 
@@ -203,29 +205,61 @@ def _xla_compiled(concrete_function) -> bool:
 
 #: One pre-optimized function per traced function: grappler's run costs seconds on a large step, and its result
 #: gets new names for the captured variables each time it is built, so reusing it keeps a second rewrite of the
-#: same step byte-identical to the first (rewrites are deterministic).
-_PREOPTIMIZED: "weakref.WeakKeyDictionary[object, object]" = weakref.WeakKeyDictionary()
+#: same step byte-identical to the first (rewrites are deterministic). Each entry: (function, whether an
+#: observation of the summation orders could still change it).
+_PREOPTIMIZED: "weakref.WeakKeyDictionary[object, tuple[object, bool]]" = weakref.WeakKeyDictionary()
+#: How each pre-optimized function's accumulators were pinned (:func:`accumulator_pins`).
+_PINS: "weakref.WeakKeyDictionary[object, tuple[AccumulatorPin, ...]]" = weakref.WeakKeyDictionary()
+
+#: Where an accumulator's summation order came from (:attr:`AccumulatorPin.source`).
+ORDER_OBSERVED = "observed"      # this machine's executor, one profiled call of the step (on a CPU)
+ORDER_CPU_POOL = "cpu-pool"      # a CPU's executor as it usually runs: the last inline, the rest LIFO from its pool
+ORDER_GPU_INLINE = "gpu-inline"  # a GPU's executor: inexpensive kernels inline, in graph order
+
+#: ``observe(unpinned function, {accumulator: its AssignAdd names}) -> {accumulator: AssignAdd names in the
+#: order they ran}``; raises :class:`~tflms.errors.TflmsError` saying why it could not observe.
+Observer = Callable[[Any, Mapping[str, Sequence[str]]], Mapping[str, Sequence[str]]]
 
 
-def preoptimize(concrete_function):
+@dataclasses.dataclass(frozen=True)
+class AccumulatorPin:
+    """One grappler accumulator's summation order, pinned by control edges between its ``AssignAdd`` s."""
+
+    result: str  # its DestroyTemporaryVariable (the AddN's name)
+    order: tuple[str, ...]  # its AssignAdds, first to last
+    source: str  # ORDER_OBSERVED, ORDER_CPU_POOL or ORDER_GPU_INLINE
+    why: str = ""  # on a CPU without an observation: why there is none
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"result": self.result, "order": list(self.order), "source": self.source, "why": self.why}
+
+
+def preoptimize(concrete_function, observe: Observer | None = None):
     """LOAD: a ``ConcreteFunction`` running grappler's optimization of ``concrete_function``'s graph.
 
     It captures the same variables and has the same signature; rewrite it (its
     graph is what TensorFlow would have run) and hand the rewrite to
     :func:`run_preoptimized`. Functions compiled with XLA are returned unchanged
-    (XLA, not grappler, decides what runs).
+    (XLA, not grappler, decides what runs). ``observe``: how to learn the order in
+    which this machine's executor sums each grappler accumulator on a CPU
+    (:func:`pin_accumulations`); without it a CPU's usual order is assumed.
     """
     if _xla_compiled(concrete_function) or compat.is_grappler_done(concrete_function):
         return concrete_function
-    cached = _PREOPTIMIZED.get(concrete_function)
-    if cached is not None:
+    cached, observable = _PREOPTIMIZED.get(concrete_function, (None, False))
+    if cached is not None and not (observable and observe is not None):
         return cached
-    new = _preoptimize(concrete_function)
-    _PREOPTIMIZED[concrete_function] = new
+    new, observable = _preoptimize(concrete_function, observe)
+    _PREOPTIMIZED[concrete_function] = (new, observable)
     return new
 
 
-def _preoptimize(concrete_function):
+def accumulator_pins(function) -> tuple[AccumulatorPin, ...]:
+    """How :func:`preoptimize` pinned the accumulators of ``function`` (one of its results); ``()`` if none."""
+    return _PINS.get(function, ())
+
+
+def _preoptimize(concrete_function, observe: Observer | None):
     try:
         graph_def, outputs = preoptimized_graph_def(concrete_function)
     except NonPlaceholderInputError as err:
@@ -240,15 +274,32 @@ def _preoptimize(concrete_function):
                        "/".join(lowered))
         return concrete_function
     graph = tf_io.from_graph_def(graph_def)
-    pinned = pin_accumulations(graph, compat.default_device())
-    if pinned:
-        logger.debug("tflms: pinned the summation order of %d grappler accumulator(s)", pinned)
     signature = tf_io.signature_of(concrete_function)
     graph.signature = dataclasses.replace(signature, output_names=outputs)
-    new = tf_io.to_concrete_function(graph, concrete_function, name=f"{concrete_function.graph.name}_optimized")
+    name = f"{concrete_function.graph.name}_optimized"
+    default_device = compat.default_device()
+    on_cpu = {result.name: [a.name for a in adds] for result, adds in _accumulations(graph)
+              if not _on_gpu(result, default_device)}
+    observed, why = None, ("no call of the step to observe (tflms.function and the Keras callback observe their "
+                           "first call)")
+    if on_cpu and observe is not None:
+        unpinned = compat.mark_grappler_done(tf_io.to_concrete_function(graph.copy(), concrete_function, name=name))
+        try:
+            observed = dict(observe(unpinned, on_cpu))
+        except TflmsError as err:
+            why = f"could not observe it: {err}"
+            logger.warning("tflms: the order in which TensorFlow's executor sums %d grappler accumulator(s) on this "
+                           "CPU %s; assuming its usual order, so training may differ from the original in the last "
+                           "bits (docs/design.md, 'Exceptions to bitwise')", len(on_cpu), why)
+    pins = pin_accumulations(graph, default_device, observed, why=why)
+    if pins:
+        logger.debug("tflms: pinned the summation order of %d grappler accumulator(s): %s", len(pins),
+                     ", ".join(f"{p.result} ({p.source})" for p in pins))
+    new = compat.mark_grappler_done(tf_io.to_concrete_function(graph, concrete_function, name=name))
+    _PINS[new] = pins
     logger.debug("tflms: grappler took %s from %d to %d nodes", concrete_function.graph.name,
                  len(concrete_function.graph.get_operations()), len(graph_def.node))
-    return compat.mark_grappler_done(new)
+    return new, bool(on_cpu) and observe is None  # a failed observation is not tried again
 
 
 def _accumulations(graph):
@@ -266,34 +317,49 @@ def _accumulations(graph):
             yield op, sorted(adds, key=lambda a: position[a.name])
 
 
-def pin_accumulations(graph, default_device: str) -> int:
-    """Fix the order in which each grappler accumulator adds its inputs; returns how many were pinned.
+def _on_gpu(result, default_device: str) -> bool:
+    return "GPU" in (result.device or default_device).upper()
+
+
+def pin_accumulations(graph, default_device: str, observed: Mapping[str, Sequence[str]] | None = None, *,
+                      why: str = "") -> tuple[AccumulatorPin, ...]:
+    """Fix the order in which each grappler accumulator adds its inputs (in place); returns how each was pinned.
 
     When an ``AddN`` of more than two inputs is live at the device's estimated peak
     and that peak passes 80% of the device's memory, grappler's memory optimizer
     (``SchedulingPass`` in ``memory_optimizer.cc``) turns it into a temporary
     variable, a zeroing ``Assign`` and one ``AssignAdd`` per input (use_locking),
     with nothing ordering the ``AssignAdd`` s: the sum is taken in the order they
-    run. In the user's step the inputs are live at the peak, so they are usually
-    all ready when the zeroing ``Assign`` (which waits for one of them) completes,
-    and TensorFlow's executor (``ScheduleReady``) then runs them in an order of its
-    own. On a GPU they are inexpensive kernels, run inline in graph order (the
-    order of the ``Assign``'s out-edges). On a CPU they are expensive: the last one
-    runs inline, the others go to the thread pool, whose worker takes them
-    last-in first-out: reverse graph order. Swaps change when the inputs are ready,
-    so the rewritten step would sum in another order (different bits); control
-    edges make it sum in the order above whatever the swaps do. With more inter-op
-    threads the user's own step races (docs/design.md, "Exceptions to bitwise").
+    run, which TensorFlow's executor (``ScheduleReady``) decides. Swaps change when
+    the inputs are ready, so the rewritten step would sum in another order
+    (different bits); control edges make it sum in the user's order whatever the
+    swaps do. On a GPU the kernels are inexpensive and run inline in graph order
+    (the order of the ``Assign``'s out-edges). On a CPU the executor rates each
+    kernel by the cycles it took before and sends the expensive ones to its thread
+    pool, so the order is the machine's: ``observed`` (``{accumulator: AssignAdd
+    names in the order they ran}``, :mod:`tflms.measure.accumulations`) gives it;
+    without it the usual one is assumed (all expensive and ready together: the last
+    runs inline, the pool's worker takes the rest last-in first-out, so reverse
+    graph order), ``why`` saying why nothing was observed. With more inter-op
+    threads the user's own step may race (docs/design.md, "Exceptions to bitwise").
     """
-    pinned = 0
+    pins = []
     for result, adds in _accumulations(graph):
-        device = result.device or default_device
-        if "GPU" not in device.upper():
-            adds = adds[::-1]
-        for earlier, later in zip(adds, adds[1:]):
-            graph.add_control_input(later.name, earlier.name)
-        pinned += 1
-    return pinned
+        names = [a.name for a in adds]
+        seen = list((observed or {}).get(result.name, ()))
+        if _on_gpu(result, default_device):
+            pin = AccumulatorPin(result.name, tuple(names), ORDER_GPU_INLINE)
+        elif seen:
+            if sorted(seen) != sorted(names):
+                raise GraphError(f"the observed order of accumulator {result.name!r} names {sorted(seen)}, but its "
+                                 f"AssignAdds are {sorted(names)}")
+            pin = AccumulatorPin(result.name, tuple(seen), ORDER_OBSERVED)
+        else:
+            pin = AccumulatorPin(result.name, tuple(names[::-1]), ORDER_CPU_POOL, why)
+        for earlier, later in zip(pin.order, pin.order[1:]):
+            graph.add_control_input(later, earlier)
+        pins.append(pin)
+    return tuple(pins)
 
 
 def run_preoptimized(rewritten, source):

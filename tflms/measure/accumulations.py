@@ -1,0 +1,115 @@
+"""The order in which TensorFlow's executor adds a grappler accumulator's inputs, observed in one call.
+
+Grappler's memory optimizer turns an ``AddN`` of more than two inputs that is live at
+the estimated peak into a temporary variable and one ``AssignAdd`` per input, with
+nothing ordering the ``AssignAdd`` s (docs/design.md, "Exceptions to bitwise"): the sum
+is taken in the order they take the variable's lock. On a GPU that order follows the
+graph (the kernels are inexpensive and run inline). On a CPU the executor sends a
+kernel it rates expensive to its thread pool and runs a cheap one inline, rating each
+by the cycles it took before, so the order is this machine's. tflms pins the order
+with control edges; on a CPU it asks this machine which order that is:
+:func:`observe_accumulation_orders` runs the pre-optimized step (not yet rewritten) once
+under TensorFlow's profiler and reads when each ``AssignAdd`` ended. An ``AssignAdd``
+holds the lock for its whole update, so the end times are the summation order.
+
+The call changes the step's variables; they are read before it and assigned back after it,
+so the user's training starts from the same bytes. The step must capture nothing stateful
+but variables (anything else could not be restored) and the profiler must be free.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from tflms.measure.emulation import MeasurementError
+
+logger = logging.getLogger(__name__)
+
+#: The profiler's host tracing only: TensorFlow op events, no Python trace, no device trace.
+HOST_TRACER_LEVEL = 2
+
+
+class ObservationError(MeasurementError):
+    """The summation order could not be observed (says why; the caller falls back to the static order)."""
+
+
+def observe_accumulation_orders(function: Any, args: Sequence[Any], adds: Mapping[str, Sequence[str]], *,
+                                variables: Iterable[Any]) -> dict[str, tuple[str, ...]]:
+    """``{accumulator: its AssignAdd names in the order they ran}`` from one call ``function(*args)``.
+
+    ``adds``: each accumulator's ``AssignAdd`` node names (any order).
+    ``variables``: the step's variables (``tf.Variable`` s whose handles it
+    captures); their values are restored after the call.
+    Raises :class:`ObservationError` saying why when the order cannot be observed.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    start = time.perf_counter()
+    try:
+        variables = list(variables)
+        restorable = {id(v.handle) for v in variables}
+        saved = [(v, np.array(v.numpy(), copy=True)) for v in variables]
+    except Exception as err:  # noqa: BLE001 - e.g. a distributed variable read outside its replica context
+        raise ObservationError(f"the step's variables could not be read ({type(err).__name__}: {err})") from err
+    stateful = [i for i, h in enumerate(function.captured_inputs)
+                if h.dtype == tf.resource and id(h) not in restorable]
+    if stateful:
+        raise ObservationError(f"the step captures {len(stateful)} resource(s) that are not variables (capture "
+                               f"{stateful[0]}), which a trial call could change for good")
+    with tempfile.TemporaryDirectory(prefix="tflms_observe_") as logdir:
+        options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=HOST_TRACER_LEVEL,
+                                                           python_tracer_level=0, device_tracer_level=0)
+        try:
+            tf.profiler.experimental.start(logdir, options=options)
+        except Exception as err:  # noqa: BLE001 - e.g. another profiling session is running
+            raise ObservationError(f"TensorFlow's profiler did not start ({type(err).__name__}: {err})") from err
+        try:
+            function(*args)
+        except Exception as err:  # noqa: BLE001 - any failure of the trial call means: not observed
+            raise ObservationError(f"the trial call failed ({type(err).__name__}: {str(err)[:200]})") from err
+        finally:
+            tf.profiler.experimental.stop()
+            for variable, value in saved:
+                variable.assign(value)
+        paths = sorted(pathlib.Path(logdir).rglob("*.xplane.pb"))
+        if not paths:
+            raise ObservationError("the profiler wrote no trace")
+        ended = end_order(paths[0].read_bytes(), {n for names in adds.values() for n in names})
+    orders = {}
+    for result, names in adds.items():
+        seen = [n for n in ended if n in set(names)]
+        if sorted(seen) != sorted(names):
+            missing = sorted(set(names) - set(seen))
+            raise ObservationError(f"the trace holds {len(seen)} of the {len(names)} AssignAdds of {result!r} "
+                                   f"(missing {missing[:3]})")
+        orders[result] = tuple(seen)
+    logger.info("tflms: observed the summation order of %d grappler accumulator(s) in one call (%.1f s)",
+                len(orders), time.perf_counter() - start)
+    return orders
+
+
+def end_order(xspace_bytes: bytes, names: Iterable[str]) -> list[str]:
+    """The op events named ``names`` in a serialized ``XSpace``, by the time each one ended.
+
+    TensorFlow's profiler names a host op event ``node_name:OpType``; a node that ran more
+    than once is placed by its last end.
+    """
+    from tflms._compat.tf import xplane_pb2
+    wanted = set(names)
+    space = xplane_pb2().XSpace.FromString(xspace_bytes)
+    ends: dict[str, int] = {}
+    for plane in space.planes:
+        metadata = plane.event_metadata
+        for line in plane.lines:
+            for event in line.events:
+                node = metadata[event.metadata_id].name.rpartition(":")[0]
+                if node in wanted:
+                    end_ps = line.timestamp_ns * 1000 + event.offset_ps + event.duration_ps
+                    ends[node] = max(ends.get(node, end_ps), end_ps)
+    return sorted(ends, key=lambda n: (ends[n], n))
