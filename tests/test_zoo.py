@@ -26,6 +26,7 @@ import tensorflow as tf
 
 import tflms
 import tflms.keras
+from tflms._compat.tf import onednn_enabled
 from tflms.testing import (assert_bitwise_equal, bitwise_diff, build_model, make_batches, make_train_step,
                            record_run_metadata, snapshot)
 
@@ -102,7 +103,12 @@ def test_resnet50_fit_at_224_with_grappler_accumulators_is_bitwise():
         "its accumulator's AssignAdds race in TensorFlow (docs/design.md, 'Exceptions to bitwise'; 3 of 6 full "
         "suite runs here, 2026-11-23)"))
     ran = plain_ran.step_graph().post_optimization_graph
-    assert any(n.op == "DestroyTemporaryVariable" for n in ran.node), "no accumulator: the test proves nothing"
+    if not any(n.op == "DestroyTemporaryVariable" for n in ran.node):
+        # Grappler decides from a static estimate of the step's peak on a virtual schedule of this machine's devices;
+        # the machines of 2026-11-23 got an accumulator here, a 2-core AMD EPYC (oneDNN on or off) gets none. The
+        # accumulators themselves are tested on every machine (tests/test_accumulations.py).
+        pytest.skip(f"grappler made no accumulator in this plain step (oneDNN {'on' if onednn_enabled() else 'off'})"
+                    ": bitwise, but the test proves nothing about accumulators here")
 
 
 # ------------------------------------------------------- transformer models
