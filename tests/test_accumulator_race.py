@@ -1,5 +1,6 @@
-"""tools/accumulator_race.py: its premise (three activations make grappler accumulators, two do not) and its input
-checks. Whether plain TensorFlow races is what the tool measures; it is not asserted here (it depends on timing)."""
+"""tools/accumulator_race.py: its premise (three activations make grappler accumulators, two do not), the pins a
+tflms run reports, and its input checks. Whether plain TensorFlow races is what the tool measures; it is not asserted
+here (it depends on timing)."""
 
 from __future__ import annotations
 
@@ -22,10 +23,22 @@ def race(monkeypatch):
 
 
 def test_three_activations_make_two_accumulators_and_two_make_none(race):
-    digest3, accumulators3 = race.train_once(("tanh", "sigmoid", "softplus"))
-    digest2, accumulators2 = race.train_once(("tanh", "sigmoid"))
-    assert (accumulators3, accumulators2) == (2, 0)
-    assert digest3 != digest2 and len(digest3) == 12
+    three = race.train_once(("tanh", "sigmoid", "softplus"))
+    two = race.train_once(("tanh", "sigmoid"))
+    assert (three["accumulators"], two["accumulators"]) == (2, 0)
+    assert three["digest"] != two["digest"] and len(three["digest"]) == 12
+
+
+def test_with_tflms_the_run_reports_how_each_accumulator_was_pinned(race):
+    out = race.train_once(("tanh", "sigmoid", "softplus"), lms=True)
+    assert out["accumulators"] == 2 and len(out["pins"]) == 2, out
+    assert {p["source"] for p in out["pins"]} == {"observed"}, out["pins"]
+
+
+def test_a_model_that_is_not_in_keras_applications_is_refused(race, capsys):
+    with pytest.raises(SystemExit):
+        race.main(["--model", "ResNet5O"])
+    assert "--model ResNet5O: not a keras.applications model" in capsys.readouterr().err
 
 
 def test_one_run_cannot_show_a_race(race, capsys):
