@@ -255,7 +255,7 @@ def test_function_is_bitwise_and_runs_the_same_ops(kind, caplog):
 @pytest.fixture
 def old_path(monkeypatch):
     """The rewrite as it was before issue 10: swaps on the traced graph, grappler at instantiation."""
-    monkeypatch.setattr(preoptimize, "preoptimize", lambda concrete: concrete)
+    monkeypatch.setattr(preoptimize, "preoptimize", lambda concrete, observe=None: concrete)
 
 
 def test_old_path_changes_what_grappler_does(old_path):

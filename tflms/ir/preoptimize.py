@@ -265,14 +265,14 @@ def _preoptimize(concrete_function, observe: Observer | None):
     except NonPlaceholderInputError as err:
         logger.warning("tflms: %s; this step is rewritten before grappler instead, so grappler may treat it "
                        "differently from the original (docs/design.md, 'Bitwise under grappler')", err)
-        return concrete_function
+        return concrete_function, False
     lowered = sorted({n.op for n in graph_def.node} & LOWERED_CONTROL_FLOW_TYPES)
     if lowered:
         logger.warning("tflms: grappler lowered the control flow of %s into %s, which tflms cannot rewrite; this "
                        "step is rewritten before grappler instead, so grappler may treat it differently from the "
                        "original (docs/design.md, 'Bitwise under grappler')", concrete_function.graph.name,
                        "/".join(lowered))
-        return concrete_function
+        return concrete_function, False
     graph = tf_io.from_graph_def(graph_def)
     signature = tf_io.signature_of(concrete_function)
     graph.signature = dataclasses.replace(signature, output_names=outputs)
@@ -283,7 +283,7 @@ def _preoptimize(concrete_function, observe: Observer | None):
     observed, why = None, ("no call of the step to observe (tflms.function and the Keras callback observe their "
                            "first call)")
     if on_cpu and observe is not None:
-        unpinned = compat.mark_grappler_done(tf_io.to_concrete_function(graph.copy(), concrete_function, name=name))
+        unpinned = compat.mark_grappler_done(tf_io.to_concrete_function(graph, concrete_function, name=name))
         try:
             observed = dict(observe(unpinned, on_cpu))
         except TflmsError as err:
