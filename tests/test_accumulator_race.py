@@ -33,6 +33,9 @@ def test_with_tflms_the_run_reports_how_each_accumulator_was_pinned(race):
     out = race.train_once(("tanh", "sigmoid", "softplus"), lms=True)
     assert out["accumulators"] == 2 and len(out["pins"]) == 2, out
     assert {p["source"] for p in out["pins"]} == {"observed"}, out["pins"]
+    static = race.train_once(("tanh", "sigmoid", "softplus"), lms=True, observe=False)
+    assert {p["source"] for p in static["pins"]} == {"cpu-pool"}, static["pins"]
+    assert all("--static-order" in p["why"] for p in static["pins"]), static["pins"]
 
 
 def test_a_model_that_is_not_in_keras_applications_is_refused(race, capsys):

@@ -12,11 +12,12 @@ activations (no AddN of three, so no accumulator) as the control; ``--model NAME
 a keras.applications model instead (``weights=None``, its minimum input, 3 classes,
 batch 2). With ``--tflms`` each model is also trained with
 ``tflms.function(swapout_threshold=1)``, which observes the summation order in one call
-and pins it (``tflms.measure.accumulations``), and the table says which plain result it
-matched. Thread counts are set before TensorFlow starts.
+and pins it (``tflms.measure.accumulations``), and the table says how many plain runs it
+matched; ``--static-order`` adds a run that pins a CPU's usual order without observing.
+Thread counts are set before TensorFlow starts.
 
     python tools/accumulator_race.py [--runs 6] [--inter 1] [--intra 1] [--tflms] [--json out.json]
-    python tools/accumulator_race.py --model InceptionResNetV2 --runs 4 --tflms
+    python tools/accumulator_race.py --model InceptionResNetV2 --runs 4 --tflms --static-order
 
 Run with ``TF_ENABLE_ONEDNN_OPTS=0`` (or 1) to choose oneDNN's kernels.
 """
@@ -51,14 +52,26 @@ def _application(name):
                                               classifier_activation=None), APPLICATION_BATCH
 
 
-def train_once(activations=(), *, application: str | None = None, lms: bool = False) -> dict:
+def _not_observed(*_args, **_kwargs):
+    from tflms.measure.accumulations import ObservationError
+    raise ObservationError("turned off by --static-order")
+
+
+def train_once(activations=(), *, application: str | None = None, lms: bool = False, observe: bool = True) -> dict:
     """One training of STEPS steps: the digest of its state, the accumulators TensorFlow ran and, with ``lms``
-    (tflms.function(swapout_threshold=1)), how tflms pinned their order."""
+    (tflms.function(swapout_threshold=1)), how tflms pinned their order (``observe=False``: without observing it,
+    as a CPU's executor usually sums, reverse graph order)."""
+    import unittest.mock
+
     import keras
     import tensorflow as tf
 
     import tflms
+    import tflms.measure.accumulations
     from tflms.testing import make_batches, make_train_step, record_run_metadata, snapshot
+    if not observe:
+        with unittest.mock.patch.object(tflms.measure.accumulations, "observe_accumulation_orders", _not_observed):
+            return train_once(activations, application=application, lms=lms)
     keras.backend.clear_session()
     model, batch = _application(application) if application else _kit_model(activations)
     optimizer = keras.optimizers.RMSprop(0.01)
@@ -86,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                         "control)")
     parser.add_argument("--tflms", action="store_true", help="also train each model once with "
                         "tflms.function(swapout_threshold=1) and say which plain result it matched")
+    parser.add_argument("--static-order", action="store_true", help="with --tflms, also train once without "
+                        "observing the order (a CPU's usual order is pinned: what tflms did before it observed)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     if args.runs < 2:
@@ -114,23 +129,26 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
         row = {"model": label, "runs": args.runs, "distinct_results": len(digests),
                "accumulators": sorted(accumulators), "results": dict(digests)}
-        if args.tflms:
-            out = train_once(**how, lms=True)
-            row["tflms"] = {"digest": out["digest"], "pins": out["pins"],
-                            "matches_plain_runs": digests.get(out["digest"], 0)}
-            print(f"[{label}] tflms: {out['digest']}, orders "
+        for key, observe in (("tflms", True), ("tflms_static", False)):
+            if not args.tflms or (key == "tflms_static" and not args.static_order):
+                continue
+            out = train_once(**how, lms=True, observe=observe)
+            row[key] = {"digest": out["digest"], "pins": out["pins"],
+                        "matches_plain_runs": digests.get(out["digest"], 0)}
+            print(f"[{label}] {key}: {out['digest']}, orders "
                   f"{[(p['source'], [n.rsplit('_', 1)[-1] for n in p['order']]) for p in out['pins']]}",
                   file=sys.stderr)
         rows.append(row)
     onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default")
     print(f"plain tf.function, {STEPS} steps; inter-op threads {args.inter or 'default'}, intra-op "
           f"{args.intra or 'default'}, TF_ENABLE_ONEDNN_OPTS={onednn}")
-    tflms_col = f"{'tflms = plain in':>18}" if args.tflms else ""
-    print(f"{'model':<30}{'runs':>6}{'distinct results':>18}{'accumulators ran':>18}{tflms_col}")
+    columns = [(key, title) for key, title in (("tflms", "tflms = plain in"), ("tflms_static", "static order = in"))
+               if any(key in r for r in rows)]
+    print(f"{'model':<30}{'runs':>6}{'distinct results':>18}{'accumulators ran':>18}"
+          + "".join(f"{title:>20}" for _, title in columns))
     for r in rows:
-        tflms_cell = f"{r['tflms']['matches_plain_runs']:>9} of {r['runs']:<6}" if args.tflms else ""
-        print(f"{r['model']:<30}{r['runs']:>6}{r['distinct_results']:>18}"
-              f"{'/'.join(map(str, r['accumulators'])):>18}{tflms_cell}")
+        print(f"{r['model']:<30}{r['runs']:>6}{r['distinct_results']:>18}{'/'.join(map(str, r['accumulators'])):>18}"
+              + "".join(f"{r[key]['matches_plain_runs']:>11} of {r['runs']:<6}" for key, _ in columns))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"inter": args.inter, "intra": args.intra, "onednn": onednn, "rows": rows}, f, indent=1)
