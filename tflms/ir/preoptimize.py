@@ -287,10 +287,10 @@ def _preoptimize(concrete_function, observe: Observer | None):
         try:
             observed = dict(observe(unpinned, on_cpu))
         except TflmsError as err:
-            why = f"could not observe it: {err}"
-            logger.warning("tflms: the order in which TensorFlow's executor sums %d grappler accumulator(s) on this "
-                           "CPU %s; assuming its usual order, so training may differ from the original in the last "
-                           "bits (docs/design.md, 'Exceptions to bitwise')", len(on_cpu), why)
+            why = f"not observed: {err}"
+            logger.warning("tflms: could not observe the order in which TensorFlow's executor sums %d grappler "
+                           "accumulator(s) on this CPU (%s); assuming its usual order, so training may differ from the "
+                           "original in the last bits (docs/design.md, 'Exceptions to bitwise')", len(on_cpu), err)
     pins = pin_accumulations(graph, default_device, observed, why=why)
     if pins:
         logger.debug("tflms: pinned the summation order of %d grappler accumulator(s): %s", len(pins),
