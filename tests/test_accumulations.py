@@ -105,6 +105,20 @@ def test_a_captured_resource_that_is_not_a_variable_is_not_observed():
         observe_accumulation_orders(concrete, [tf.constant([2.0])], {}, variables=[])
 
 
+def test_an_iterator_argument_is_not_observed():
+    dataset = tf.data.Dataset.range(10)
+
+    @tf.function
+    def step(iterator):
+        return next(iterator)
+
+    iterator = iter(dataset)
+    concrete = step.get_concrete_function(iterator)
+    with pytest.raises(ObservationError, match="iterator"):
+        observe_accumulation_orders(concrete, [iterator], {}, variables=[])
+    assert int(next(iterator)) == 0, "the refused observation advanced the iterator"
+
+
 def test_a_busy_profiler_falls_back_to_the_usual_order_and_says_why(tmp_path, caplog):
     concrete, args, _keep = _accumulated_step()
     tf.profiler.experimental.start(str(tmp_path))

@@ -14,7 +14,8 @@ holds the lock for its whole update, so the end times are the summation order.
 
 The call changes the step's variables; they are read before it and assigned back after it,
 so the user's training starts from the same bytes. The step must capture nothing stateful
-but variables (anything else could not be restored) and the profiler must be free.
+but variables and take no resource or variant argument (an iterator would advance; neither
+could be restored), and the profiler must be free.
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ def observe_accumulation_orders(function: Any, args: Sequence[Any], adds: Mappin
     if stateful:
         raise ObservationError(f"the step captures {len(stateful)} resource(s) that are not variables (capture "
                                f"{stateful[0]}), which a trial call could change for good")
+    flat = tf.nest.flatten(list(args), expand_composites=True)
+    handles = [i for i, a in enumerate(flat) if getattr(a, "dtype", None) in (tf.resource, tf.variant)]
+    if handles:
+        raise ObservationError(f"the step takes a resource or variant argument (flattened argument {handles[0]}, "
+                               "e.g. an iterator), which a trial call would advance")
     with tempfile.TemporaryDirectory(prefix="tflms_observe_") as logdir:
         options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=HOST_TRACER_LEVEL,
                                                            python_tracer_level=0, device_tracer_level=0)
