@@ -393,13 +393,15 @@ def _op_changes(entry: dict[str, Any] | None) -> str:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    header = f"{'model':<20}{'in':>4}  " + "".join(f"{p:<16}" for p in PATHS) + f"{'sec':>6}  op-type changes (fit_t1)"
+    width = {p: max([16] + [len(_cell(r["paths"].get(p))) + 2 for r in results if "paths" in r]) for p in PATHS}
+    header = (f"{'model':<20}{'in':>4}  " + "".join(f"{p:<{width[p]}}" for p in PATHS)
+              + f"{'sec':>6}  op-type changes (fit_t1)")
     lines = [header, "-" * len(header)]
     for r in results:
         if "paths" not in r:
             lines.append(f"{r['model']:<20}{'':>4}  {r['error']}")
             continue
-        cells = "".join(f"{_cell(r['paths'].get(p)):<16}" for p in PATHS)
+        cells = "".join(f"{_cell(r['paths'].get(p)):<{width[p]}}" for p in PATHS)
         changes = _op_changes(r["paths"].get("fit_t1"))
         lines.append(f"{r['model']:<20}{r['input']:>4}  {cells}{r['seconds']:>6.0f}  {changes}")
     notes = []
