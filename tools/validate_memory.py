@@ -283,6 +283,7 @@ class Record:
     profile: str = ""  # the profile the rewrite was tuned and every simulation run with
     sim_step_time_s: float = 0.0  # the simulated step in level order
     executor_step_time_s: float = 0.0  # the median run's step: its last node's end
+    executor_step_runs_s: list[float] = dataclasses.field(default_factory=list)  # every run's, in run order
 
     @property
     def step_time_ratio(self) -> float:
@@ -394,8 +395,13 @@ def validate(cases: list[Case], variants: list[Variant], *, repeat: int = 1, pro
             executor_total_peak_bytes=median.peak("accelerator") + level.resident_bytes,
             replay_worst_ratio=max(replay_ratios, key=lambda r: abs(r - 1)) if replay_ratios else float("nan"),
             variables_identical=identical, profile=sim_profile.name, sim_step_time_s=level.step_time_s,
-            executor_step_time_s=max((t.end_us for t in median.node_times.values()), default=0.0) * 1e-6))
+            executor_step_time_s=_step_s(median), executor_step_runs_s=[_step_s(m) for m in measurements]))
     return records
+
+
+def _step_s(measurement: Any) -> float:
+    """A measured step's time: its last node's end (seconds since the step started)."""
+    return max((t.end_us for t in measurement.node_times.values()), default=0.0) * 1e-6
 
 
 def _mib(num_bytes: int | None) -> str:
@@ -435,6 +441,10 @@ def table(records: list[Record]) -> str:
                          + f", executor total {_mib(r.executor_total_peak_bytes)} MiB"
                          + ("" if r.executor_within_budget is None else
                             " (within the budget)" if r.executor_within_budget else " (OVER the budget)"))
+    for r in records:
+        if r.executor_step_runs_s:
+            lines.append(f"{r.model} {r.variant} step: {r.sim_step_time_s:.3f} s simulated, "
+                         f"{', '.join(f'{s:.3f}' for s in r.executor_step_runs_s)} s measured")
     return "\n".join(lines)
 
 
