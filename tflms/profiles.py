@@ -26,7 +26,9 @@ Sources:
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+from collections.abc import Mapping
 
 from tflms.errors import ConfigError
 from tflms.units import parse_bytes
@@ -52,6 +54,11 @@ class HardwareProfile:
       link_efficiency: fraction of nominal link bandwidth copies reach.
       host_memory_bytes: host memory available for swapped tensors.
       description: where the numbers come from.
+      op_time_factors: measured time over the roofline's work term, per op type
+        (``((op_type, factor), ...)``; a mapping is accepted and stored sorted). The
+        simulator costs an op of a listed type ``launch_overhead_s + factor x max(compute,
+        memory)``; other types keep the roofline. Empty for the vendor profiles; a
+        calibration from measured op times fills it (:func:`tflms.measure.calibrate.calibrate_profile`).
     """
 
     name: str
@@ -65,6 +72,7 @@ class HardwareProfile:
     link_efficiency: float = 0.8
     host_memory_bytes: int = 256 * GIB
     description: str = ""
+    op_time_factors: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "memory_bytes", parse_bytes(self.memory_bytes, what=f"{self.name}.memory_bytes"))
@@ -79,6 +87,25 @@ class HardwareProfile:
         for field in ("link_latency_s", "launch_overhead_s"):
             if getattr(self, field) < 0:
                 raise ConfigError(f"profile {self.name!r}: {field} must be >= 0")
+        factors = self.op_time_factors
+        items = factors.items() if isinstance(factors, Mapping) else factors
+        try:
+            pairs = tuple(sorted((str(op_type), float(factor)) for op_type, factor in items))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"profile {self.name!r}: op_time_factors must map op types to numbers "
+                              f"({exc})") from None
+        for op_type, factor in pairs:
+            if not (math.isfinite(factor) and factor > 0):
+                raise ConfigError(f"profile {self.name!r}: op_time_factors[{op_type!r}] must be a finite number "
+                                  f"> 0, got {factor!r}")
+        if len({op_type for op_type, _ in pairs}) != len(pairs):
+            raise ConfigError(f"profile {self.name!r}: op_time_factors names an op type twice")
+        object.__setattr__(self, "op_time_factors", pairs)
+        object.__setattr__(self, "_factor_by_type", dict(pairs))
+
+    def op_time_factor(self, op_type: str) -> float:
+        """The factor :attr:`op_time_factors` gives ``op_type`` (1.0 when it lists none)."""
+        return self._factor_by_type.get(op_type, 1.0)
 
     @property
     def effective_flops(self) -> float:

@@ -28,7 +28,12 @@ fed inputs, the same quantity the executor measurement reports):
 
 The simulator runs with ``tflms.measure.EMULATION_PROFILE`` (the emulated machine's
 speeds: when a copy lands relative to compute decides what is live) and
-``EMULATION_SIM_OPTIONS`` (host device, oneDNN kernel workspaces). ``sim total`` adds
+``EMULATION_SIM_OPTIONS`` (host device, oneDNN kernel workspaces). With ``--calibrate``
+the tool first measures every original step ``--repeat`` times and calibrates that
+profile's op times from them (``tflms.measure.calibrate``: per op type, the launch
+overhead, the host link when copies were measured); the tuner plans and the simulator
+runs with the calibrated profile, and the calibration is printed before the table.
+``step sim/ex`` compares the simulated step time with the measured one. ``sim total`` adds
 the resident bytes. For the rewritten variant the tool also checks that the variables
 after one step are bitwise identical to the original's.
 
@@ -38,6 +43,7 @@ Usage (from the repo root)::
     python tools/validate_memory.py --json          # records for machines
     python tools/validate_memory.py --models cnn --threshold 8 --repeat 5
     python tools/validate_memory.py --models resnet50,unet3d --enforce-order   # the real models, minutes
+    python tools/validate_memory.py --models resnet50,unet3d --enforce-order --calibrate
 
 The default run takes about half a minute on two cores. ``--models resnet50,unet3d``
 adds keras.applications ResNet-50 (224x224, batch 8) and the 3D U-Net of
@@ -205,20 +211,22 @@ def rewrite_config(**params: Any):
     return LMSConfig(accelerator_device=ACCELERATOR_DEVICE, host_device=HOST_DEVICE, **params)
 
 
-def tuned_rewrite(case: Case, budget_fraction: float, enforce_order: bool = False) -> Variant:
-    """The tuner's rewrite for ``resident + budget_fraction * transient`` (raised until something fits)."""
+def tuned_rewrite(case: Case, budget_fraction: float, enforce_order: bool = False, profile: Any = None) -> Variant:
+    """The tuner's rewrite for ``resident + budget_fraction * transient`` (raised until something fits),
+    planned with ``profile`` (default ``EMULATION_PROFILE``)."""
     from tflms.errors import BudgetError
     from tflms.measure import EMULATION_PROFILE, EMULATION_SIM_OPTIONS
     from tflms.sim.simulator import simulate
     from tflms.tune import tune
 
-    base = simulate(case.graph, EMULATION_PROFILE, options=EMULATION_SIM_OPTIONS)
+    profile = profile or EMULATION_PROFILE
+    base = simulate(case.graph, profile, options=EMULATION_SIM_OPTIONS)
     error = None
     for attempt in range(BUDGET_FRACTION_TRIES):
         fraction = budget_fraction + attempt * BUDGET_FRACTION_STEP
         budget = int(base.resident_bytes + fraction * base.transient_peak_bytes)
         try:
-            result = tune(case.graph, budget=budget, profile=EMULATION_PROFILE, config=rewrite_config(),
+            result = tune(case.graph, budget=budget, profile=profile, config=rewrite_config(),
                           copy_op="DeepCopy", sim_options=EMULATION_SIM_OPTIONS, enforce_order=enforce_order)
         except BudgetError as exc:
             error = exc
@@ -229,7 +237,7 @@ def tuned_rewrite(case: Case, budget_fraction: float, enforce_order: bool = Fals
         graph = result.graph
         if enforce_order:  # the order pass on the winner (the pipeline runs it when the tuner judged it ordered)
             from tflms.passes.order import enforce_order as order_pass
-            ordered = order_pass(graph, EMULATION_PROFILE, options=EMULATION_SIM_OPTIONS)
+            ordered = order_pass(graph, profile, options=EMULATION_SIM_OPTIONS)
             graph, params["order_edges"], params["order"] = ordered.graph, ordered.report.num_edges, "schedule"
             if not ordered.changed:  # level order is the lowest: pin it, so the executor runs what was simulated
                 from tflms.schedule import add_order_edges, order_edges
@@ -272,6 +280,15 @@ class Record:
     executor_total_peak_bytes: int  # executor_peak_bytes + the same resident bytes
     replay_worst_ratio: float  # the replay of each run against that run, farthest from 1
     variables_identical: bool | None  # rewritten: bitwise equal to the original after one step (every run)
+    profile: str = ""  # the profile the rewrite was tuned and every simulation run with
+    sim_step_time_s: float = 0.0  # the simulated step in level order
+    executor_step_time_s: float = 0.0  # the median run's step: its last node's end
+    executor_step_runs_s: list[float] = dataclasses.field(default_factory=list)  # every run's, in run order
+
+    @property
+    def step_time_ratio(self) -> float:
+        """Simulated over measured step time: how well the profile times this machine."""
+        return self.sim_step_time_s / self.executor_step_time_s if self.executor_step_time_s else float("nan")
 
     @property
     def executor_within_budget(self) -> bool | None:
@@ -294,7 +311,7 @@ class Record:
         out = dataclasses.asdict(self)
         out.update(executor_within_budget=self.executor_within_budget,
                    sim_ratio=self.sim_ratio, sim_exec_order_ratio=self.sim_exec_order_ratio,
-                   sim_replay_ratio=self.sim_replay_ratio)
+                   sim_replay_ratio=self.sim_replay_ratio, step_time_ratio=self.step_time_ratio)
         return out
 
 
@@ -304,9 +321,31 @@ def median_run(peaks: list[int]) -> int:
     return ranked[(len(ranked) - 1) // 2]
 
 
-def validate(cases: list[Case], variants: list[Variant], *, repeat: int = 1) -> list[Record]:
+def measure_originals(cases: list[Case], repeat: int) -> list[list[Any]]:
+    """``repeat`` executor measurements of each case's original step (one subprocess), by case."""
+    from tflms.measure import measure_executor_peaks, step_request
+
+    requests = [step_request(case.concrete_function, case.args) for case in cases]
+    flat = measure_executor_peaks(requests * repeat)
+    return [flat[i::len(requests)] for i in range(len(requests))]
+
+
+def calibrate(cases: list[Case], repeat: int, source: str = ""):
+    """The emulated machine calibrated from ``repeat`` measured runs of every case's original step
+    (:func:`tflms.measure.calibrate.calibrate_profile`, pooled over the cases)."""
+    from tflms.measure.calibrate import calibrate_profile
+
+    progress(f"calibrating: measuring {len(cases)} original steps x {repeat} runs (one subprocess) ...")
+    t0 = time.perf_counter()
+    runs = measure_originals(cases, repeat)
+    progress(f"  {time.perf_counter() - t0:.1f} s")
+    return calibrate_profile([(case.graph, measurements) for case, measurements in zip(cases, runs)],
+                             source=source)
+
+
+def validate(cases: list[Case], variants: list[Variant], *, repeat: int = 1, profile: Any = None) -> list[Record]:
     """Measure every variant ``repeat`` times (one executor subprocess), estimate with grappler,
-    simulate three ways."""
+    simulate three ways (with ``profile``, default ``EMULATION_PROFILE``)."""
     from tflms.ir import tf_io
     from tflms.measure import (EMULATION_PROFILE, EMULATION_SIM_OPTIONS, grappler_peak, measure_executor_peaks,
                                step_request)
@@ -314,6 +353,7 @@ def validate(cases: list[Case], variants: list[Variant], *, repeat: int = 1) -> 
     from tflms.sim.simulator import order_from_start_times, simulate
     from tflms.testing import bitwise_diff
 
+    sim_profile = profile or EMULATION_PROFILE
     by_model = {case.model: case for case in cases}
     requests = [step_request(by_model[v.model].concrete_function, by_model[v.model].args,
                              graph_def=tf_io.to_graph_def(v.graph)) for v in variants]
@@ -329,11 +369,11 @@ def validate(cases: list[Case], variants: list[Variant], *, repeat: int = 1) -> 
         graph, options = variant.graph, EMULATION_SIM_OPTIONS
         peaks = [m.peak("accelerator") for m in measurements]
         median = measurements[median_run(peaks)]
-        level = simulate(graph, EMULATION_PROFILE, options=options)
+        level = simulate(graph, sim_profile, options=options)
         observed = median.spans_s()
         exec_order = order_from_start_times(graph, {name: span[0] for name, span in observed.items()})
-        in_exec_order = simulate(graph, EMULATION_PROFILE, options=options, order=exec_order)
-        replays = [simulate(graph, EMULATION_PROFILE, options=options, observed=m.spans_s()).transient_peak_bytes
+        in_exec_order = simulate(graph, sim_profile, options=options, order=exec_order)
+        replays = [simulate(graph, sim_profile, options=options, observed=m.spans_s()).transient_peak_bytes
                    for m in measurements]
         replay_ratios = [r / p for r, p in zip(replays, peaks) if p]
         grappler = grappler_peak(request.graph_def, fetches=[*request.fetches, *request.targets],
@@ -354,8 +394,14 @@ def validate(cases: list[Case], variants: list[Variant], *, repeat: int = 1) -> 
             sim_host_peak_bytes=level.host_peak_bytes, executor_host_peak_bytes=median.peak("host"),
             executor_total_peak_bytes=median.peak("accelerator") + level.resident_bytes,
             replay_worst_ratio=max(replay_ratios, key=lambda r: abs(r - 1)) if replay_ratios else float("nan"),
-            variables_identical=identical))
+            variables_identical=identical, profile=sim_profile.name, sim_step_time_s=level.step_time_s,
+            executor_step_time_s=_step_s(median), executor_step_runs_s=[_step_s(m) for m in measurements]))
     return records
+
+
+def _step_s(measurement: Any) -> float:
+    """A measured step's time: its last node's end (seconds since the step started)."""
+    return max((t.end_us for t in measurement.node_times.values()), default=0.0) * 1e-6
 
 
 def _mib(num_bytes: int | None) -> str:
@@ -366,9 +412,12 @@ def table(records: list[Record]) -> str:
     """The records as a text table (MiB; ratios are sim / executor median)."""
     header = (f"{'model':<9}{'batch':>6} {'variant':<11}{'swaps':>6}{'sim level':>11}{'sim exec':>10}{'sim replay':>12}"
               f"{'sim total':>11}{'grappler':>10}{'executor':>10}{'ex min-max':>13}{'level/ex':>10}{'exec/ex':>9}"
-              f"{'replay/ex':>11}{'host sim':>10}{'host ex':>9}  identical")
+              f"{'replay/ex':>11}{'host sim':>10}{'host ex':>9}{'step sim/ex':>13}  identical")
+    profiles = sorted({r.profile for r in records if r.profile})
     lines = ["peaks in MiB: accelerator transient (sim total adds the resident bytes); executor = median run;",
-             "ratios = simulator / executor median; host peaks at the end", header, "-" * len(header)]
+             "ratios = simulator / executor median; host peaks at the end; step sim/ex: simulated (level order) "
+             "over the median run's step time" + (f"; profile {', '.join(profiles)}" if profiles else ""),
+             header, "-" * len(header)]
     for r in records:
         identical = "" if r.variables_identical is None else ("yes" if r.variables_identical else "NO")
         spread = f"{_mib(min(r.executor_peak_runs))}-{_mib(max(r.executor_peak_runs))}"
@@ -377,7 +426,7 @@ def table(records: list[Record]) -> str:
                      f"{_mib(r.sim_total_peak_bytes):>11}{_mib(r.grappler_peak_bytes):>10}"
                      f"{_mib(r.executor_peak_bytes):>10}{spread:>13}{r.sim_ratio:>10.3f}{r.sim_exec_order_ratio:>9.3f}"
                      f"{r.sim_replay_ratio:>11.3f}{_mib(r.sim_host_peak_bytes):>10}"
-                     f"{_mib(r.executor_host_peak_bytes):>9}  {identical}")
+                     f"{_mib(r.executor_host_peak_bytes):>9}{r.step_time_ratio:>13.3f}  {identical}")
     worst = {name: max(abs(getattr(r, name) - 1) for r in records)
              for name in ("sim_ratio", "sim_exec_order_ratio", "replay_worst_ratio")}
     lines.append("")
@@ -392,6 +441,10 @@ def table(records: list[Record]) -> str:
                          + f", executor total {_mib(r.executor_total_peak_bytes)} MiB"
                          + ("" if r.executor_within_budget is None else
                             " (within the budget)" if r.executor_within_budget else " (OVER the budget)"))
+    for r in records:
+        if r.executor_step_runs_s:
+            lines.append(f"{r.model} {r.variant} step: {r.sim_step_time_s:.3f} s simulated, "
+                         f"{', '.join(f'{s:.3f}' for s in r.executor_step_runs_s)} s measured")
     return "\n".join(lines)
 
 
@@ -415,7 +468,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="rewrite with this swapout_threshold instead of tuning")
     parser.add_argument("--repeat", type=int, default=DEFAULT_REPEAT,
                         help="executor runs per graph (the table compares with the median run)")
-    parser.add_argument("--json", action="store_true", help="print the records as JSON instead of the table")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="first measure the original steps --repeat times and calibrate the emulated machine's "
+                             "op times from them (tflms.measure.calibrate); tune and simulate with that profile")
+    parser.add_argument("--json", action="store_true", help="print the records as JSON instead of the table "
+                        "(with --calibrate: an object with the calibration and the records)")
     args = parser.parse_args(argv)
     if not 0 < args.budget_fraction <= 1:
         parser.error("--budget-fraction must be in (0, 1]")
@@ -429,16 +486,27 @@ def main(argv: list[str] | None = None) -> int:
     cases, variants = [], []
     for model in args.models:
         progress(f"building and tracing {model} ...")
-        case = build_case(model)
-        cases.append(case)
-        variants.append(Variant(model, "original", case.graph, {}))
-        progress(f"choosing the rewrite of {model} ...")
+        cases.append(build_case(model))
+    calibration = None
+    if args.calibrate:
+        command = "python tools/validate_memory.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        calibration = calibrate(cases, args.repeat, source=f"original steps of {','.join(args.models)}, "
+                                                           f"{args.repeat} runs each: {command}")
+        progress(calibration.table())
+    profile = calibration.profile if calibration is not None else None
+    for case in cases:
+        variants.append(Variant(case.model, "original", case.graph, {}))
+        progress(f"choosing the rewrite of {case.model} ...")
         variants.append(threshold_rewrite(case, args.threshold) if args.threshold is not None
-                        else tuned_rewrite(case, args.budget_fraction, args.enforce_order))
-    records = validate(cases, variants, repeat=args.repeat)
+                        else tuned_rewrite(case, args.budget_fraction, args.enforce_order, profile=profile))
+    records = validate(cases, variants, repeat=args.repeat, profile=profile)
     if args.json:
-        print(json.dumps([r.to_dict() for r in records], indent=1))
+        out = [r.to_dict() for r in records]
+        print(json.dumps(out if calibration is None else {"calibration": calibration.to_dict(), "records": out},
+                         indent=1))
     else:
+        if calibration is not None:
+            print(calibration.table() + "\n")
         print(table(records))
     progress(f"done in {time.perf_counter() - t_start:.0f} s")
     return 0

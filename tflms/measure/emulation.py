@@ -35,7 +35,9 @@ INTER_OP_THREADS = 2
 #: plans judged with a GPU profile behave differently here. Rough figures from the step
 #: stats of ``tools/validate_memory.py`` on a 2-core x86 machine: MatMul/Conv2D kernels
 #: reach ~65 GFLOP/s, element-wise ops ~8 GB/s, a 4 MiB DeepCopy takes 0.5-2 ms, tiny
-#: ops 20-80 us.
+#: ops 20-80 us. :func:`tflms.measure.calibrate.calibrate_profile` derives per-op-type
+#: factors, the launch overhead and the link from a measured run instead
+#: (``tools/validate_memory.py --calibrate``).
 EMULATION_PROFILE = HardwareProfile(
     "emulated-cpu", memory_bytes=64 * GIB, peak_flops=100e9, memory_gbps=12, link_gbps=5, link_latency_s=20e-6,
     launch_overhead_s=20e-6, compute_efficiency=0.65, link_efficiency=0.8, host_memory_bytes=64 * GIB,

@@ -203,8 +203,18 @@ def op_bytes(graph: Graph, op: Op) -> int:
     return total + sum(info.num_bytes or 0 for info in op.outputs)
 
 
+def op_work_s(graph: Graph, op: Op, profile: HardwareProfile) -> float:
+    """The roofline's work term of ``op``: max(compute time, memory time), without launch overhead or factor."""
+    if op.type in FREE_OPS:
+        return 0.0
+    compute = op_flops(graph, op) / profile.effective_flops
+    memory = op_bytes(graph, op) / profile.effective_memory_bytes_per_s
+    return max(compute, memory)
+
+
 def op_time_s(graph: Graph, op: Op, profile: HardwareProfile) -> float:
-    """Roofline estimate: launch overhead + max(compute time, memory time); codec calls: :func:`codec_time_s`."""
+    """Roofline estimate: launch overhead + the profile's factor for the op type (1 unless calibrated,
+    ``HardwareProfile.op_time_factors``) x max(compute time, memory time); codec calls: :func:`codec_time_s`."""
     if op.type in FREE_OPS:
         return 0.0
     codec = codec_call(op)
@@ -213,6 +223,4 @@ def op_time_s(graph: Graph, op: Op, profile: HardwareProfile) -> float:
         ref_bytes = (graph.tensor(op.inputs[0]).num_bytes if role == ENCODE and op.inputs
                      else op.outputs[0].num_bytes if op.outputs else 0)
         return codec_time_s(key, role, ref_bytes or 0, profile)
-    compute = op_flops(graph, op) / profile.effective_flops
-    memory = op_bytes(graph, op) / profile.effective_memory_bytes_per_s
-    return profile.launch_overhead_s + max(compute, memory)
+    return profile.launch_overhead_s + profile.op_time_factor(op.type) * op_work_s(graph, op, profile)
