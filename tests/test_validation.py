@@ -122,7 +122,14 @@ def _pinned(graph):
 
 @pytest.fixture(scope="module")
 def configs(cnn):
-    """name -> (graph, budget or None), in the order original, tuned, large, small."""
+    """name -> (graph, budget or None), in the order original, tuned, large, small, planned for the emulated
+    accelerator's kernels (oneDNN's, whatever this process runs)."""
+    from tflms.measure import planning_for_emulation
+    with planning_for_emulation():
+        return _configs(cnn)
+
+
+def _configs(cnn):
     from tflms.measure import EMULATION_PROFILE, EMULATION_SIM_OPTIONS
     from tflms.tune import tune
 
@@ -252,11 +259,12 @@ def test_profile_calibrated_from_the_measured_step_times_it_and_keeps_every_peak
 
 
 def test_a_copied_max_pool_3d_output_changes_which_tie_gets_the_gradient():
-    # Known exception to bitwise on the emulated accelerator (oneDNN's kernels, EMULATION_ENV): MaxPool3DGrad
-    # given the forward MaxPool3D's output straight routes a window's gradient to one maximum; given a copy of
-    # it (a swapped-in MaxPool3D output) it routes it to every tied maximum (a window of ReLU zeros). The
-    # U-Net's TFLMS rewrite at validate_memory's --budget-fraction 0.75 swaps two MaxPool3D outputs and trains
-    # differently (docs/design.md, "Real models"). This pins the fact for whoever makes the tuner avoid it.
+    # Why plans for the emulated accelerator never swap a MaxPool3D output its MaxPool3DGrad reads (the
+    # onednn-workspace rule, planning_for_emulation): with oneDNN's kernels (EMULATION_ENV), MaxPool3DGrad given
+    # the forward MaxPool3D's output straight routes a window's gradient to one maximum; given a copy of it (a
+    # swapped-in MaxPool3D output) it routes it to every tied maximum (a window of ReLU zeros). The U-Net's TFLMS
+    # rewrite at validate_memory's --budget-fraction 0.75, planned with this process's oneDNN (off on AMD EPYC),
+    # swapped two MaxPool3D outputs and trained differently (docs/design.md, "Real models").
     import platform
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -291,6 +299,40 @@ def test_a_copied_max_pool_3d_output_changes_which_tie_gets_the_gradient():
     assert np.count_nonzero(copied.fetch_values["grad:0"]) == windows - 2 + 2 * 8, (
         "MaxPool3DGrad fed a copy of the forward output no longer routes ties differently: the exception in "
         "docs/design.md ('Real models') may be gone")
+
+
+def test_plans_for_the_emulated_accelerator_follow_its_kernels_not_this_process():
+    """The emulated accelerator runs oneDNN's kernels whatever this process runs, so a plan made for it keeps the
+    MaxPool3D output its MaxPool3DGrad reads (oneDNN's workspace edge); a plan for a machine without oneDNN's
+    kernels swaps it (the control)."""
+    from tflms.devices import onednn_kernels
+    from tflms.measure import ACCELERATOR_DEVICE, planning_for_emulation
+
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=(1, 8, 8, 8, 2))
+    relu = b.op("relu", "Relu", [x], shape=(1, 8, 8, 8, 2))
+    pool = b.op("pool", "MaxPool3D", [relu], shape=(1, 4, 4, 4, 2))
+    h = pool
+    for i in range(4):  # forward ops between the pool and the loss: the pool's output idles across them
+        h = b.op(f"f{i}", "Tanh", [h], shape=(1, 4, 4, 4, 2))
+    grad = b.op("gradient_tape/f_grad", "TanhGrad", [h, h], shape=(1, 4, 4, 4, 2))
+    for i in range(3):
+        grad = b.op(f"gradient_tape/g{i}", "TanhGrad", [grad, h], shape=(1, 4, 4, 4, 2))
+    b.op("gradient_tape/pool_grad", "MaxPool3DGrad", [relu, pool, grad], shape=(1, 8, 8, 8, 2))
+    for op in b.graph:
+        op.device = ACCELERATOR_DEVICE
+    config = _config(swapout_threshold=1, min_swap_bytes=0)
+
+    def pool_swapped() -> bool:
+        plan = tflms.rewrite(b.graph, config, require_backward=False).report.plan
+        return any(s.tensor.op == "pool" for s in plan.swaps)
+
+    with planning_for_emulation():
+        assert not pool_swapped()
+        plan = tflms.rewrite(b.graph, config, require_backward=False).report.plan
+        assert [s.reason for s in plan.skipped if s.tensor.op == "pool"] == ["onednn-workspace"]
+    with onednn_kernels(False):
+        assert pool_swapped(), "the control: without oneDNN's kernels the pool's output is swapped"
 
 
 # ------------------------------------------------------------------------------------------------ the rules

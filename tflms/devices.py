@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
+from collections.abc import Iterator
 
 from tflms.errors import DeviceError
 
@@ -80,19 +82,45 @@ def local_gpu() -> tuple[str, int | None] | None:
     return name, memory
 
 
-@functools.lru_cache(maxsize=None)
+#: What :func:`onednn_kernels` declared, innermost last (empty: this process's TensorFlow decides).
+_DECLARED_ONEDNN: list[bool] = []
+
+
+@contextlib.contextmanager
+def onednn_kernels(enabled: bool) -> Iterator[None]:
+    """Plan for a machine whose CPU ops run oneDNN's kernels (``enabled``) or not, whatever this process runs.
+
+    For a step that another process will run with its own setting: the emulated
+    accelerator of :mod:`tflms.measure` always runs oneDNN's kernels (``EMULATION_ENV``),
+    also where this process's TensorFlow has them off (by default on AMD CPUs), and the
+    swap rules that depend on them (oneDNN's workspace edges) must follow the machine
+    that runs the step.
+    """
+    _DECLARED_ONEDNN.append(bool(enabled))
+    try:
+        yield
+    finally:
+        _DECLARED_ONEDNN.pop()
+
+
 def runs_onednn_cpu_kernels(device: str) -> bool:
     """Whether an op placed on ``device`` runs oneDNN's CPU kernels (after oneDNN's graph pass).
 
     ``device`` is an op's device string; ``""`` (unplaced) means the first GPU,
-    else the CPU, as TensorFlow's placer does for a function's ops.
+    else the CPU, as TensorFlow's placer does for a function's ops. Whether oneDNN is
+    on is this process's TensorFlow's setting unless :func:`onednn_kernels` declares it.
     """
+    return _runs_onednn_cpu_kernels(device, _DECLARED_ONEDNN[-1] if _DECLARED_ONEDNN else None)
+
+
+@functools.lru_cache(maxsize=None)
+def _runs_onednn_cpu_kernels(device: str, declared: bool | None) -> bool:
     try:
         import tensorflow as tf
     except ImportError:  # pragma: no cover
         return False
     from tflms._compat.tf import onednn_enabled
-    if not onednn_enabled():
+    if not (onednn_enabled() if declared is None else declared):
         return False
     if not device:
         return not tf.config.list_logical_devices("GPU")

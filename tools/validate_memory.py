@@ -215,7 +215,7 @@ def tuned_rewrite(case: Case, budget_fraction: float, enforce_order: bool = Fals
     """The tuner's rewrite for ``resident + budget_fraction * transient`` (raised until something fits),
     planned with ``profile`` (default ``EMULATION_PROFILE``)."""
     from tflms.errors import BudgetError
-    from tflms.measure import EMULATION_PROFILE, EMULATION_SIM_OPTIONS
+    from tflms.measure import EMULATION_PROFILE, EMULATION_SIM_OPTIONS, planning_for_emulation
     from tflms.sim.simulator import simulate
     from tflms.tune import tune
 
@@ -226,8 +226,9 @@ def tuned_rewrite(case: Case, budget_fraction: float, enforce_order: bool = Fals
         fraction = budget_fraction + attempt * BUDGET_FRACTION_STEP
         budget = int(base.resident_bytes + fraction * base.transient_peak_bytes)
         try:
-            result = tune(case.graph, budget=budget, profile=profile, config=rewrite_config(),
-                          copy_op="DeepCopy", sim_options=EMULATION_SIM_OPTIONS, enforce_order=enforce_order)
+            with planning_for_emulation():  # the emulated accelerator's kernels, not this process's
+                result = tune(case.graph, budget=budget, profile=profile, config=rewrite_config(),
+                              copy_op="DeepCopy", sim_options=EMULATION_SIM_OPTIONS, enforce_order=enforce_order)
         except BudgetError as exc:
             error = exc
             progress(f"  {case.model}: nothing fits {fraction:.2f} of the transient peak; trying more")
@@ -251,7 +252,9 @@ def tuned_rewrite(case: Case, budget_fraction: float, enforce_order: bool = Fals
 
 def threshold_rewrite(case: Case, threshold: int) -> Variant:
     import tflms
-    result = tflms.rewrite(case.graph, rewrite_config(swapout_threshold=threshold), copy_op="DeepCopy")
+    from tflms.measure import planning_for_emulation
+    with planning_for_emulation():
+        result = tflms.rewrite(case.graph, rewrite_config(swapout_threshold=threshold), copy_op="DeepCopy")
     return Variant(case.model, "rewritten", result.graph, {"swapout_threshold": threshold},
                    swapped_tensors=result.report.num_swapped)
 
@@ -411,7 +414,7 @@ def _mib(num_bytes: int | None) -> str:
 def table(records: list[Record]) -> str:
     """The records as a text table (MiB; ratios are sim / executor median)."""
     header = (f"{'model':<9}{'batch':>6} {'variant':<11}{'swaps':>6}{'sim level':>11}{'sim exec':>10}{'sim replay':>12}"
-              f"{'sim total':>11}{'grappler':>10}{'executor':>10}{'ex min-max':>13}{'level/ex':>10}{'exec/ex':>9}"
+              f"{'sim total':>11}{'grappler':>10}{'executor':>10}{'ex min-max':>16}{'level/ex':>10}{'exec/ex':>9}"
               f"{'replay/ex':>11}{'host sim':>10}{'host ex':>9}{'step sim/ex':>13}  identical")
     profiles = sorted({r.profile for r in records if r.profile})
     lines = ["peaks in MiB: accelerator transient (sim total adds the resident bytes); executor = median run;",
@@ -424,7 +427,7 @@ def table(records: list[Record]) -> str:
         lines.append(f"{r.model:<9}{r.batch:>6} {r.variant:<11}{r.swapped_tensors:>6}{_mib(r.sim_peak_bytes):>11}"
                      f"{_mib(r.sim_exec_order_peak_bytes):>10}{_mib(r.sim_replay_peak_bytes):>12}"
                      f"{_mib(r.sim_total_peak_bytes):>11}{_mib(r.grappler_peak_bytes):>10}"
-                     f"{_mib(r.executor_peak_bytes):>10}{spread:>13}{r.sim_ratio:>10.3f}{r.sim_exec_order_ratio:>9.3f}"
+                     f"{_mib(r.executor_peak_bytes):>10}{spread:>16}{r.sim_ratio:>10.3f}{r.sim_exec_order_ratio:>9.3f}"
                      f"{r.sim_replay_ratio:>11.3f}{_mib(r.sim_host_peak_bytes):>10}"
                      f"{_mib(r.executor_host_peak_bytes):>9}{r.step_time_ratio:>13.3f}  {identical}")
     worst = {name: max(abs(getattr(r, name) - 1) for r in records)

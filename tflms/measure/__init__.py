@@ -12,9 +12,10 @@ Importing this package does not import TensorFlow.
 from tflms.measure.executor import (ACCELERATOR_DEVICE, EMULATION_PROFILE, EMULATION_SIM_OPTIONS, HOST_DEVICE,
                                     DeviceMemory, ExecutorMeasurement, ExecutorRequest, MeasurementError, NodeTime,
                                     measure_executor_peak, measure_executor_peaks, step_request)
+from tflms.measure.emulation import planning_for_emulation
 from tflms.measure.grappler import GrapplerEstimate, GrapplerEstimateError, grappler_estimate, grappler_peak
 
 __all__ = ["ACCELERATOR_DEVICE", "EMULATION_PROFILE", "EMULATION_SIM_OPTIONS", "HOST_DEVICE", "DeviceMemory",
            "ExecutorMeasurement", "ExecutorRequest", "GrapplerEstimate", "GrapplerEstimateError", "MeasurementError",
            "NodeTime", "grappler_estimate", "grappler_peak", "measure_executor_peak", "measure_executor_peaks",
-           "step_request"]
+           "planning_for_emulation", "step_request"]

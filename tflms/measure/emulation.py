@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from tflms.devices import onednn_kernels
 from tflms.errors import TflmsError
 from tflms.profiles import GIB, HardwareProfile
 from tflms.sim.simulator import ONEDNN_CPU_WORKSPACES, SimOptions
@@ -51,6 +52,14 @@ EMULATION_SIM_OPTIONS = SimOptions(host_device=HOST_DEVICE, workspace_bytes_per_
 #: (25-28 MiB each for the 32x32 CNN of tests/test_validation.py, a 58 MB measured peak against a 7.7 MB
 #: simulated one) that no accelerator's kernels have and the simulator does not model.
 EMULATION_ENV = {"TF_ENABLE_ONEDNN_OPTS": "1"}
+def planning_for_emulation():
+    """A context to plan (tune, rewrite) a step for the emulated accelerator in: its CPU ops run oneDNN's kernels
+    (:data:`EMULATION_ENV`) whatever this process's TensorFlow runs, so the swap rules that depend on them (oneDNN's
+    workspace edges: a swapped ``MaxPool3D`` output fed to ``MaxPool3DGrad`` routes the gradient of tied maxima
+    differently) follow the emulated machine (:func:`tflms.devices.onednn_kernels`)."""
+    return onednn_kernels(EMULATION_ENV["TF_ENABLE_ONEDNN_OPTS"] == "1")
+
+
 #: How much of the subprocess stderr an error message quotes.
 STDERR_TAIL_CHARS = 4000
 #: A device string of the emulated machine; group ``index`` is the logical CPU (0 or 1).
