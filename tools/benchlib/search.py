@@ -408,6 +408,18 @@ def _full_tune(ev: Evaluator, method: str, size: int):
     return result.best.sim, unpruned.sim
 
 
+def time_bounds(graph, profile, budget_bytes: int, options) -> tuple[float, float]:
+    """``(issue 11's step-time bound, the bound across the peak)`` of ``graph`` at the budget the headroom of
+    ``options`` leaves: the smaller of level order's and the schedule's (tflms.sim.bounds.step_time_bound)."""
+    from tflms.schedule import schedule_order
+    from tflms.sim.bounds import step_time_bound
+    usable = int((budget_bytes - options.margin_bytes) / (1 + options.margin_fraction))
+    level = step_time_bound(graph, profile, usable, options=options)
+    ordered = step_time_bound(graph, profile, usable, options=options,
+                              order=schedule_order(graph, options=options, profile=profile))
+    return min(level.bound_s, ordered.bound_s), min(level.across_bound_s, ordered.across_bound_s)
+
+
 def _at_max(ev: Evaluator, results: dict[str, MethodResult], implied: dict) -> None:
     """Step time, throughput and time_bound_ratio of every method at its own maximum.
 
@@ -418,10 +430,8 @@ def _at_max(ev: Evaluator, results: dict[str, MethodResult], implied: dict) -> N
     in level order and in the memory-aware schedule of the unswapped step; the smaller of the two (the
     enforced order may lower the unswapped peak, and with it the bytes that must cross the link).
     """
-    from tflms.schedule import schedule_order
-    from tflms.sim.bounds import step_time_bound, time_bound_ratio
+    from tflms.sim.bounds import time_bound_ratio
     opts = ev.options
-    usable = int((ev.budget - opts.margin_bytes) / (1 + opts.margin_fraction))
     bounds: dict[int, float] = {}
     across: dict[int, float] = {}
     for r in results.values():
@@ -439,11 +449,7 @@ def _at_max(ev: Evaluator, results: dict[str, MethodResult], implied: dict) -> N
         r.step_s_at_max, r.samples_per_s_at_max = sim.step_time_s, samples / sim.step_time_s
         if r.max_size not in bounds:
             graph, _ = ev.steps.graph(ev.model, "plain", r.max_size)
-            level = step_time_bound(graph, ev.profile, usable, options=opts)
-            ordered = step_time_bound(graph, ev.profile, usable, options=opts,
-                                      order=schedule_order(graph, options=opts, profile=ev.profile))
-            bounds[r.max_size] = min(level.bound_s, ordered.bound_s)
-            across[r.max_size] = min(level.across_bound_s, ordered.across_bound_s)
+            bounds[r.max_size], across[r.max_size] = time_bounds(graph, ev.profile, ev.budget, opts)
         if 0 < bounds[r.max_size] < float("inf"):
             r.time_bound_ratio_at_max = time_bound_ratio(sim.step_time_s, bounds[r.max_size])
             r.time_across_ratio_at_max = time_bound_ratio(sim.step_time_s, across[r.max_size])
