@@ -4,22 +4,12 @@ here (it depends on timing)."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
-
-TOOL = pathlib.Path(__file__).resolve().parents[1] / "tools" / "accumulator_race.py"
 
 
 @pytest.fixture()
-def race(monkeypatch):
-    spec = importlib.util.spec_from_file_location("accumulator_race_under_test", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+def race(load_tool):
+    return load_tool("accumulator_race")
 
 
 def test_three_activations_make_two_accumulators_and_two_make_none(race):

@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
 
 from tflms.sim import HardwareProfile
 from tflms.testing import mlp_training_graph
 
-TOOL = pathlib.Path(__file__).resolve().parents[1] / "tools" / "bench_rewrite.py"
-
 
 @pytest.fixture()
-def bench(monkeypatch):
-    spec = importlib.util.spec_from_file_location("bench_rewrite_under_test", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+def bench(load_tool):
+    return load_tool("bench_rewrite")
 
 
 def test_no_graph_selected_prints_an_empty_table_and_says_why(bench, capsys):

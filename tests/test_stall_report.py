@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import sys
 from types import SimpleNamespace
 
 import pytest
 
-TOOL = pathlib.Path(__file__).resolve().parents[1] / "tools" / "stall_report.py"
-
 
 @pytest.fixture()
-def tool(monkeypatch):
-    spec = importlib.util.spec_from_file_location("stall_report_under_test", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+def tool(load_tool):
+    return load_tool("stall_report")
 
 
 def _op(name, stream, start, end):
