@@ -103,14 +103,16 @@ def _traced_and_preoptimized(source: Any, args: Sequence[Any], kwargs: dict[str,
     if concrete is None:
         return None, source
     from tflms.ir import preoptimize
-    observe = None
-    if example_inputs is not None:
-        from tflms.measure.accumulations import observe_accumulation_orders
+    return concrete, preoptimize.preoptimize(concrete, _observer(concrete, example_inputs))
 
-        def observe(function, adds):
-            return observe_accumulation_orders(function, list(example_inputs), adds,
-                                               variables=concrete.graph.variables)
-    return concrete, preoptimize.preoptimize(concrete, observe)
+
+def _observer(concrete: Any, example_inputs: Sequence[Any] | None) -> Callable[[Any, Any], Any] | None:
+    """How LOAD observes the summation orders of ``concrete``'s accumulators: one call with ``example_inputs``."""
+    if example_inputs is None:
+        return None
+    from tflms.measure.accumulations import observe_accumulation_orders
+    return lambda function, adds: observe_accumulation_orders(function, list(example_inputs), adds,
+                                                              variables=concrete.graph.variables)
 
 
 def rewrite(source: Any, config: LMSConfig | None = None, *args: Any, copy_op: str = DEFAULT_COPY_OP,
