@@ -46,8 +46,8 @@ BUDGET_MARGIN = 0.10
 TOLERANCE = 0.10
 #: The memory model alone (replaying the executor's own op times) must be this close.
 REPLAY_TOLERANCE = 0.01
-#: A profile calibrated from the measured runs times the step this close to the median run's.
-STEP_TOLERANCE = 0.15
+#: A profile calibrated from measured runs spends this close to what the measured ops were busy for (summed shares).
+BUSY_TOLERANCE = 0.05
 #: Configurations compared for ranking differ by at least this much in simulated peak:
 #: more than the executor's run-to-run variation, so the ranking is well defined.
 SEPARATION = 0.12
@@ -240,18 +240,23 @@ def test_simulator_ranks_configurations_like_the_executor(configs, measured):
 
 def test_profile_calibrated_from_the_measured_step_times_it_and_keeps_every_peak(configs, measured):
     # tflms.measure.calibrate on the executor's real node times: they map to the IR's ops, the
-    # calibrated (sequential) step spends what the device was busy for, and every configuration's
-    # simulated peak stays within the target with the calibrated timing.
+    # calibrated (sequential) step spends what the measured ops were busy for (their shares, summed), and
+    # every configuration's simulated peak stays within the target with the calibrated timing. The step's
+    # wall time is not compared: on a shared machine it varies from run to run by more than any tolerance
+    # (15, 23 and 24 ms for one graph in one suite run), and time targets belong to benchmarks
+    # (tools/validate_memory.py --calibrate prints it).
     from tflms.measure.calibrate import calibrate_profile
 
     graph = configs["original"][0]
     calibration = calibrate_profile([(graph, measured["original"])])
     factors = dict(calibration.profile.op_time_factors)
     assert {"Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput"} <= factors.keys(), calibration.table()
-    steps = sorted(max(t.end_us for t in m.node_times.values()) * 1e-6 for m in measured["original"])
-    simulated = simulate(graph, calibration.profile, options=_sim_options()).step_time_s
-    assert abs(simulated / steps[len(steps) // 2] - 1) <= STEP_TOLERANCE, (
-        f"calibrated step {simulated:.4f} s vs executor steps {steps}\n{calibration.table()}")
+    simulated = simulate(graph, calibration.profile, options=_sim_options()).compute_time_s
+    assert abs(simulated / calibration.measured_s - 1) <= BUSY_TOLERANCE, (
+        f"calibrated compute {simulated:.4f} s vs measured busy time {calibration.measured_s:.4f} s\n"
+        f"{calibration.table()}")
+    assert abs(calibration.roofline_s / calibration.measured_s - 1) > BUSY_TOLERANCE, (
+        "the control: the roofline alone already times these ops, so the calibration proves nothing")
     for name, (config_graph, _) in configs.items():
         peak = simulate(config_graph, calibration.profile, options=_sim_options()).transient_peak_bytes
         executor = _median(measured[name])
