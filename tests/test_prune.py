@@ -318,13 +318,14 @@ def test_a_pruned_plan_on_a_traced_two_branch_model_trains_bitwise():
 def test_a_plan_whose_waits_were_dropped_or_moved_trains_bitwise():
     """Sync mode 1 on the traced two-branch model: pruning drops or moves its waits (control edges from
     swap-outs), and the plan with every wait moved later (:func:`later_waits`, ops the order pins) goes
-    through the swap pass and TensorFlow and trains byte for byte like the plain step."""
+    through the swap pass and TensorFlow and trains byte for byte like the plain step; so does a plan whose one
+    wait was split with the copy queued before its own (:func:`split_waits`)."""
     import os
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     from test_schedule import assert_traced_step_trains_like_plain, traced_step_plan
     from tflms.schedule import ordered_ops
-    from tflms.tune.prune import LATER_PARAM, UNSYNCED_PARAM, later_waits
+    from tflms.tune.prune import LATER_PARAM, UNSYNCED_PARAM, _with_split_waits, later_waits, split_waits
 
     # grappler's step, as the pipeline rewrites it: a wait on a Conv2D of the traced graph would keep grappler
     # from fusing it with its BiasAdd
@@ -350,6 +351,85 @@ def test_a_plan_whose_waits_were_dropped_or_moved_trains_bitwise():
 
     assert_traced_step_trains_like_plain(waiting, "waits", preoptimized=True)  # the rules' own waits
     assert_traced_step_trains_like_plain(rewritten, "waits later", preoptimized=True)
+
+    # a split wait (split_waits): one swap waits, the copies queued before its copy do not
+    for index, only in enumerate(plan.swaps):
+        if not only.sync_out_consumers:
+            continue
+        one = dataclasses.replace(plan, swaps=tuple(s if s is only else dataclasses.replace(s, sync_out_consumers=())
+                                                    for s in plan.swaps))
+        one_graph = apply_swaps(graph, one).graph
+        one_sim = simulate(one_graph, PROFILE)
+        one_pinned = set(ordered_ops(one_graph, [r.name for r in one_sim.ops if r.name in one_graph]))
+        splits = split_waits(one_graph, one.swaps, one_sim, one_pinned)
+        if splits:
+            break
+    assert splits, "no swap of the traced plan waits for a copy queued before its own: the split is untested"
+    split, _ = _with_split_waits(list(one.swaps), splits)
+    rewritten = apply_swaps(graph, dataclasses.replace(one, swaps=split)).graph
+    waits = {(c, op.name) for op in rewritten for c in op.control_inputs if c.startswith("lms/swap_out")}
+    assert waits == {(s.swap_out, c) for s in split for c in s.sync_out_consumers} and len(waits) > len(
+        only.sync_out_consumers)
+    (moved, pairs), = [p for p in splits if p[0].tensor == only.tensor]
+    assert set(moved.sync_out_consumers) <= one_pinned  # the wait moved goes to an op the order pins
+    assert {c for _, c in pairs} == set(only.sync_out_consumers)  # the one before it takes over its waits
+    assert_traced_step_trains_like_plain(rewritten, "split waits", preoptimized=True)
+
+
+def _queued_copies_graph():
+    """``a`` and ``b`` (4 MiB each) are made one after the other and read again only by ``out``; their copies to
+    the host queue on one link (about 0.34 ms each). ``w`` (8 MiB) fits only once one of them is gone, ``big``
+    (12 MiB, after a 40-op chain of about 0.8 ms) only once both are. Live bytes (MiB): at ``c0`` the device
+    holds ``x``, ``w``, ``c0`` (16) and whichever of ``a``, ``b`` is still there; at ``big`` ``x``, ``c39``,
+    ``big`` (20) and the same."""
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=SHAPE)
+    a = b.op("a", "Sin", [x], shape=SHAPE)
+    bb = b.op("b", "Cos", [a], shape=SHAPE)
+    c = b.op("w", "Neg", [bb], shape=(2048, 1024))
+    for k in range(CHAIN):
+        c = b.op(f"c{k}", "Sin", [c], shape=SHAPE)
+    d = b.op("s", "Sum", [b.op("big", "Cos", [c], shape=(3072, 1024))], shape=SHAPE)
+    for k in range(CHAIN):
+        d = b.op(f"d{k}", "Exp", [d], shape=SHAPE)
+    b.op("out", "AddN", [a, bb, d], shape=SHAPE)
+    return b.graph
+
+
+def test_a_wait_that_stands_for_a_queued_copy_is_split_between_the_two_swaps():
+    """``b`` waits at ``w`` for its copy, which queues behind ``a``'s: ``w`` waits for both although it needs only
+    one gone (``a``'s ends first). The split: ``a`` waits at ``w``, ``b`` at the op that starts about when its
+    copy ends if the chain runs on meanwhile; the fit holds and the step is faster. Without any wait it does not
+    fit (the premise: the wait is needed, so the step before, which drops waits, keeps it)."""
+    from tflms.tune.prune import SPLIT_PARAM, split_waits
+    analysis = analyze_graph(_queued_copies_graph())
+    a = _swap(analysis, "a", "out", "d20")
+    b = dataclasses.replace(_swap(analysis, "b", "out", "d20"), sync_out_consumers=("w",))
+    plan = SwapPlan(config=LMSConfig().with_rule_defaults(), accelerator_device="/device:GPU:0", swaps=(a, b),
+                    skipped=())
+    graph = apply_swaps(analysis.graph, plan).graph
+    waiting = simulate(graph, PROFILE)
+    free = simulate(apply_swaps(analysis.graph, dataclasses.replace(plan, swaps=(
+        a, dataclasses.replace(b, sync_out_consumers=()),))).graph, PROFILE)
+    assert (waiting.peak_bytes, free.peak_bytes) == (20 * MIB, 24 * MIB)
+
+    chain = {op.name for op in graph if op.name.startswith("c")}
+    ((moved, pairs),) = split_waits(graph, plan.swaps, waiting, {op.name for op in graph})
+    assert moved.tensor.name == "b:0" and pairs == ((a.tensor, "w"),)
+    (later,) = moved.sync_out_consumers
+    assert later in chain and 10 <= int(later[1:]) <= 25  # the copy (0.34 ms) against 0.02 ms per chain op
+    assert split_waits(graph, plan.swaps, waiting, {"w"}) == []  # only ops the order pins take waits
+    assert split_waits(graph, plan.swaps, waiting, {op.name for op in graph}, frozenset({a.tensor})) == []
+    halfway = split_waits(graph, plan.swaps, waiting, {op.name for op in graph}, reach=0.5)[0][0]
+    assert int(halfway.sync_out_consumers[0][1:]) < int(later[1:])
+
+    ev = _evaluator(analysis, waiting.peak_bytes)
+    cand = ev.run("tflms-distance", {"sync_mode": 1}, plan)
+    pruned = prune_swaps(ev, cand)
+    assert pruned is not None and pruned.fits and pruned.params[SPLIT_PARAM] == 1
+    waits = {s.tensor.name: s.sync_out_consumers for s in pruned.plan.swaps}
+    assert waits["a:0"] == ("w",) and waits["b:0"][0] in chain
+    assert pruned.sim.step_time_s < 0.85 * cand.sim.step_time_s
 
 
 def _round_trip_case():

@@ -3,7 +3,7 @@
 The distance rules swap every tensor past a threshold; the threshold that makes the peak fit swaps
 far more bytes than fitting needs, away from the peak too, and the copy streams (one per direction,
 simulated as queues) then stall compute. :func:`prune_swaps` takes the fastest fitting candidate and
-changes its plan in six steps, each change kept only while the plan still fits (the tuner's rule:
+changes its plan in seven steps, each change kept only while the plan still fits (the tuner's rule:
 ``ev.need(sim) <= budget`` and the host peak within the host budget) and the simulated step is no
 slower (a drop may leave it as it is; every other change must make it faster):
 
@@ -28,17 +28,22 @@ slower (a drop may leave it as it is; every other change must make it faster):
    ones the fit needs: the set is judged by simulation and bisected (VGG-16 at batch 432 on
    v100-16gb-pcie3: two of three waits go, 7.42 s -> 6.97 s; the one left keeps ``block1_pool`` from
    allocating while two 5.2 GiB copies are still queued);
-4. later waits (:func:`later_waits`): a wait the fit needs moves to the op the order pins twice as far after
+4. split waits (:func:`split_waits`): a wait for a swap-out's copy also waits for the copies queued before
+   it; when an earlier one ends sooner and may be all the fit needs by then, it takes over the wait and
+   this swap waits later, about when its own copy ends if compute runs on meanwhile (VGG-16 at batch 432:
+   ``block1_pool`` waits for ``block1_conv1``'s copy only, 6.97 s -> 6.64 s); nearer if that does not fit;
+5. later waits (:func:`later_waits`): a wait the fit needs moves to the op the order pins twice as far after
    the producer as the first wait is, repeated while it pays: compute runs beside the copy and still waits
    before it allocates much more (ResNet-50 at batch 1347 on v100-16gb-pcie3: 61 of 69 waits move,
    21.80 s -> 20.62 s);
-5. earlier swap-ins (:func:`earlier_swap_ins`): every asynchronous swap-in's trigger twice as many levels
+6. earlier swap-ins (:func:`earlier_swap_ins`): every asynchronous swap-in's trigger twice as many levels
    before its first reader (:func:`~tflms.policies.swapplan.find_trigger`, as the rules choose one), the
    copy then holding its bytes from the new trigger's end; repeated (twice as far again) while it pays.
 
 Each step judges its set by simulation all at once and, on failure, splits it in two halves, earlier half
 first, down to single changes, which are then given up. At most :data:`ROUND_TRIP_MAX_SIMULATIONS`, :data:`PRUNE_MAX_SIMULATIONS`,
-:data:`MERGE_MAX_SIMULATIONS`, :data:`UNSYNC_MAX_SIMULATIONS`, :data:`LATER_MAX_SIMULATIONS` and
+:data:`MERGE_MAX_SIMULATIONS`, :data:`UNSYNC_MAX_SIMULATIONS`, :data:`SPLIT_MAX_SIMULATIONS`,
+:data:`LATER_MAX_SIMULATIONS` and
 :data:`RETIME_MAX_SIMULATIONS` simulations.
 
 A candidate judged in the enforced order (``order`` set) is judged the same way: each trial plan goes
@@ -79,15 +84,20 @@ ROUND_TRIP_MAX_SIMULATIONS = 8
 MERGE_MAX_SIMULATIONS = 8
 #: Simulations the pass may run after the merges to let compute run on while a swap-out copies.
 UNSYNC_MAX_SIMULATIONS = 12
+#: Simulations the pass may run after those to split waits that stand for several queued copies.
+SPLIT_MAX_SIMULATIONS = 8
+#: How far a split wait moves, as fractions of the way :func:`split_waits` works out, tried in turn.
+SPLIT_REACH = (1.0, 0.75, 0.5, 0.25)
 #: Simulations the pass may run after those to move the waits left further from their producers.
 LATER_MAX_SIMULATIONS = 24
 #: Simulations the pass may run after those to trigger swap-ins earlier.
 RETIME_MAX_SIMULATIONS = 12
 #: The parameters the pruned candidate adds to its source's: how many swaps were dropped, how many got one
-#: swap-in for all their readers, how many no longer make compute wait for their swap-out, how many wait
+#: swap-in for all their readers, how many no longer make compute wait for their swap-out, how many had a wait
+#: split (:func:`split_waits`), how many wait
 #: later, how many swap in earlier (each only when not 0).
-PRUNED_PARAM, MERGED_PARAM, UNSYNCED_PARAM, LATER_PARAM, EARLIER_PARAM = (
-    "pruned", "merged", "unsynced", "waits_later", "earlier")
+PRUNED_PARAM, MERGED_PARAM, UNSYNCED_PARAM, SPLIT_PARAM, LATER_PARAM, EARLIER_PARAM = (
+    "pruned", "merged", "unsynced", "waits_split", "waits_later", "earlier")
 #: The parameter for how many swaps that went out and straight back became waits (only when not 0).
 ROUND_TRIP_PARAM = "round_trips"
 
@@ -242,8 +252,7 @@ def later_waits(graph, plan_swaps: tuple[SwapDecision, ...], sim: SimResult, ord
     order pins (``ordered``) twice as many ops after the producer in ``sim``'s compute order as its first
     wait now is: compute runs on while the copy goes, and still waits for it before going much further.
     In the order the producers ran; ``exclude``: tensors not to try. ``graph``: what ``sim`` simulated."""
-    names = [r.name for r in sorted((r for r in sim.ops if r.stream == "compute"), key=lambda r: (r.start_s, r.name))
-             if r.name in graph]
+    names = _compute_order(graph, sim)
     pos = {name: i for i, name in enumerate(names)}
     proposals = []
     for swap in plan_swaps:
@@ -261,6 +270,64 @@ def later_waits(graph, plan_swaps: tuple[SwapDecision, ...], sim: SimResult, ord
                           dataclasses.replace(swap, sync_out_consumers=(later,))))
     proposals.sort(key=lambda p: p[:3])
     return [p[3] for p in proposals]
+
+
+def _compute_order(graph, sim: SimResult) -> list[str]:
+    """The ops of ``graph`` in the order ``sim``'s compute stream ran them."""
+    return [r.name for r in sorted((r for r in sim.ops if r.stream == "compute"), key=lambda r: (r.start_s, r.name))
+            if r.name in graph]
+
+
+def split_waits(graph, plan_swaps: tuple[SwapDecision, ...], sim: SimResult, ordered: set[str],
+                exclude: frozenset = frozenset(), *, reach: float = 1.0
+                ) -> list[tuple[SwapDecision, tuple[tuple[object, str], ...]]]:
+    """Waits that stand for several copies, split: ``(swap with its wait moved later, ((tensor, op), ...))``.
+
+    A swap-out copy queues behind the copies started before it, so a wait for it also waits for theirs. When
+    compute waits at ``w`` for swap ``s``'s copy (ending at ``E_s``) and another swap ``q``'s copy, queued
+    before it and still going when ``s``'s producer ended, ends at ``E_q < E_s``, the fit may need only
+    ``q``'s bytes gone by ``w`` (VGG-16 at batch 432 on v100-16gb-pcie3: ``block1_pool`` waited 650 ms for
+    ``block1_conv2``'s 5.2 GiB copy, queued behind ``block1_conv1``'s; block 2 needs only one of them gone).
+    The proposal: ``q`` waits at ``w`` and ``s`` at the op the order pins that would start about ``E_s`` if
+    compute ran on from ``E_q`` (the ops from ``w`` on, by their durations in ``sim``): compute runs beside
+    ``s``'s copy; ``reach`` < 1 moves ``s``'s wait only that fraction of the way (the fit may need its bytes
+    gone sooner). ``graph``: what ``sim`` simulated; ``ordered``: the ops the order pins (the only ones that
+    may be given waits); ``exclude``: swaps not to change. In the order the producers ran.
+    """
+    records = _records(sim)
+    names = _compute_order(graph, sim)
+    pos = {name: i for i, name in enumerate(names)}
+    took = np.array([sum(r.end_s - r.start_s for r in records[n] if r.stream == "compute") for n in names])
+    copies = {}
+    for swap in plan_swaps:
+        out = records.get(swap.swap_out)
+        if out:
+            copies[swap.tensor] = (min(r.start_s for r in out), max(r.end_s for r in out))
+    proposals = []
+    for swap in plan_swaps:
+        if (swap.tensor in exclude or swap.tensor not in copies or not swap.sync_out_consumers
+                or swap.tensor.op not in pos):
+            continue
+        waits = [pos[c] for c in swap.sync_out_consumers if c in pos]
+        produced = max(r.end_s for r in records[swap.tensor.op])
+        started, ended = copies[swap.tensor]
+        queued = sorted((end, q.tensor.name, q.tensor.index, q.tensor) for q in plan_swaps
+                        if q.tensor != swap.tensor and q.tensor in copies and not q.sync_out_consumers
+                        and q.tensor not in exclude and copies[q.tensor][0] <= started
+                        and produced < (end := copies[q.tensor][1]) < ended)
+        if not waits or not queued:
+            continue
+        first = min(waits)
+        ran_on = np.cumsum(took[first:]) - took[first:]  # compute before each op from the wait on
+        target = first + int(np.searchsorted(ran_on, reach * (ended - queued[-1][0]), side="right")) - 1
+        later = next((n for n in names[max(target, first + 1):] if n in ordered and not n.startswith("lms/")), None)
+        if later is None:
+            continue
+        pairs = tuple((queued[-1][3], c) for c in swap.sync_out_consumers)  # the copies before it end first
+        proposals.append((pos[swap.tensor.op], swap.tensor.name, swap.tensor.index,
+                          dataclasses.replace(swap, sync_out_consumers=(later,)), pairs))
+    proposals.sort(key=lambda p: p[:3])
+    return [(p[3], p[4]) for p in proposals]
 
 
 def round_trips(plan_swaps: tuple[SwapDecision, ...], sim: SimResult, ordered: set[str],
@@ -300,21 +367,30 @@ def round_trips(plan_swaps: tuple[SwapDecision, ...], sim: SimResult, ordered: s
     return [(p[3], p[4]) for p in proposals]
 
 
-def _with_waits_for(kept: list[SwapDecision], trial: list[tuple[SwapDecision, tuple]]) -> tuple[tuple, set]:
+def _with_waits_for(kept: list[SwapDecision], trial: list[tuple[SwapDecision, tuple]], *,
+                    replace: bool = False) -> tuple[tuple, set]:
     """``kept`` without the round trips of ``trial`` and with their waits (see :func:`round_trips`); a wait
-    for a swap dropped by the same trial goes with it. Returns the swaps and the dropped tensors."""
-    dropped = {swap.tensor for swap, _ in trial}
+    for a swap dropped by the same trial goes with it. Returns the swaps and the dropped tensors.
+    ``replace``: ``trial``'s swaps replace those of their tensors instead (:func:`split_waits`), and the
+    tensors returned are the replaced ones."""
+    changed = {swap.tensor: swap for swap, _ in trial}
     waits: dict = {}
     for _, pairs in trial:
         for tensor, reader in pairs:
             waits.setdefault(tensor, []).append(reader)
     swaps = []
     for s in kept:
-        if s.tensor in dropped:
-            continue
+        if s.tensor in changed:
+            if not replace:
+                continue
+            s = changed[s.tensor]
         extra = tuple(r for r in dict.fromkeys(waits.get(s.tensor, ())) if r not in s.sync_out_consumers)
         swaps.append(dataclasses.replace(s, sync_out_consumers=s.sync_out_consumers + extra) if extra else s)
-    return tuple(swaps), dropped
+    return tuple(swaps), set(changed)
+
+
+def _with_split_waits(kept: list[SwapDecision], trial: list[tuple[SwapDecision, tuple]]) -> tuple[tuple, set]:
+    return _with_waits_for(kept, trial, replace=True)
 
 
 class _Judge:
@@ -406,12 +482,13 @@ def prune_swaps(ev, cand: Candidate, *, round_trip_simulations: int = ROUND_TRIP
                 merge_simulations: int = MERGE_MAX_SIMULATIONS,
                 retime_simulations: int = RETIME_MAX_SIMULATIONS,
                 unsync_simulations: int = UNSYNC_MAX_SIMULATIONS,
-                later_simulations: int = LATER_MAX_SIMULATIONS) -> Candidate | None:
+                later_simulations: int = LATER_MAX_SIMULATIONS,
+                split_simulations: int = SPLIT_MAX_SIMULATIONS) -> Candidate | None:
     """The candidate ``cand``'s plan with waits for the swaps that go out and straight back, minus the swaps
-    fitting does not need, then with merged swap-ins, fewer and later waits for swap-outs, and earlier swap-ins
+    fitting does not need, then with merged swap-ins, fewer, split and later waits for swap-outs, and earlier swap-ins
     where they fit and pay (see the module doc), recorded in ``ev.candidates`` with ``round_trips`` (round
     trips made waits), ``pruned`` (swaps dropped), ``merged`` (swaps given one swap-in), ``unsynced``
-    (swaps whose waits went), ``waits_later`` (swaps whose waits moved later) and ``earlier`` (swaps whose
+    (swaps whose waits went), ``waits_split`` (swaps whose wait another swap took over), ``waits_later`` (swaps whose waits moved later) and ``earlier`` (swaps whose
     swap-ins moved) added to its parameters (each only when not 0); ``None`` when no change was kept, or when the
     changes left the step exactly as fast but need more memory (fewer copies alone do not make a better plan).
 
@@ -458,7 +535,23 @@ def prune_swaps(ev, cand: Candidate, *, round_trip_simulations: int = ROUND_TRIP
     logger.info("pruning %s %s: %d of %d swaps make compute wait for their swap-out", cand.strategy, cand.params,
                 len(waiting), len(state["kept"]))
     unsynced_tensors = _settle(ev, judge, state, waiting, False, budget, "not waiting for the swap-out of")[0]
-    settled, later_tensors = set(unsynced_tensors), set()
+    settled, later_tensors, split_tensors = set(unsynced_tensors), set(), set()
+    if any(s.sync_out_consumers for s in state["kept"]):
+        sim, graph = state["judged"][0], state["judged"][1] or ev.graph_of(cand)
+        ordered = ordered if ordered is not None else _ordered(ev, graph)
+        budget, refused = judge.simulations + split_simulations, set()
+        for reach in SPLIT_REACH:  # a split refused moving its wait that far may move it less far
+            splits = split_waits(graph, tuple(state["kept"]), sim, ordered, frozenset(split_tensors),
+                                 reach=reach)
+            splits = [p for p in splits if reach == SPLIT_REACH[0] or p[0].tensor in refused]
+            logger.info("pruning %s %s: %d of %d waits stand for copies queued before theirs (reach %g)",
+                        cand.strategy, cand.params, len(splits), len(state["kept"]), reach)
+            done, refused = _settle(ev, judge, state, splits, False, budget, "splitting the wait for",
+                                    apply=_with_split_waits)
+            split_tensors |= done
+            if not refused:
+                break
+            sim, graph = state["judged"][0], state["judged"][1] or ev.graph_of(cand)
     budget = judge.simulations + later_simulations
     for round_ in range(PRUNE_MAX_ROUNDS):
         if not any(s.sync_out_consumers and s.tensor not in settled for s in state["kept"]):
@@ -489,7 +582,7 @@ def prune_swaps(ev, cand: Candidate, *, round_trip_simulations: int = ROUND_TRIP
         settled |= refused
     earlier = len(moved_tensors)
     sim, graph, report = state["judged"]
-    if not (tripped or dropped or earlier or merged_tensors or unsynced_tensors or later_tensors):
+    if not (tripped or dropped or earlier or merged_tensors or unsynced_tensors or split_tensors or later_tensors):
         return None
     if (sim.step_time_s, ev.need(sim)) > (cand.sim.step_time_s, ev.need(cand.sim)):
         return None  # as fast as before but closer to the budget: not better (the tuner's regression rule)
@@ -497,6 +590,7 @@ def prune_swaps(ev, cand: Candidate, *, round_trip_simulations: int = ROUND_TRIP
               **({PRUNED_PARAM: dropped} if dropped else {}),
               **({MERGED_PARAM: len(merged_tensors)} if merged_tensors else {}),
               **({UNSYNCED_PARAM: len(unsynced_tensors)} if unsynced_tensors else {}),
+              **({SPLIT_PARAM: len(split_tensors)} if split_tensors else {}),
               **({LATER_PARAM: len(later_tensors)} if later_tensors else {}),
               **({EARLIER_PARAM: earlier} if earlier else {})}
     plan = dataclasses.replace(cand.plan, swaps=tuple(state["kept"]))
