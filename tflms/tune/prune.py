@@ -272,6 +272,16 @@ def later_waits(graph, plan_swaps: tuple[SwapDecision, ...], sim: SimResult, ord
     return [p[3] for p in proposals]
 
 
+def _copy_spans(plan_swaps: tuple[SwapDecision, ...], records: dict[str, list]) -> dict:
+    """``{tensor: (start, end)}`` of each swap-out copy that ran in the simulation ``records`` come from."""
+    spans = {}
+    for swap in plan_swaps:
+        copies = records.get(swap.swap_out)
+        if copies:
+            spans[swap.tensor] = (min(r.start_s for r in copies), max(r.end_s for r in copies))
+    return spans
+
+
 def _compute_order(graph, sim: SimResult) -> list[str]:
     """The ops of ``graph`` in the order ``sim``'s compute stream ran them."""
     return [r.name for r in sorted((r for r in sim.ops if r.stream == "compute"), key=lambda r: (r.start_s, r.name))
@@ -298,11 +308,7 @@ def split_waits(graph, plan_swaps: tuple[SwapDecision, ...], sim: SimResult, ord
     names = _compute_order(graph, sim)
     pos = {name: i for i, name in enumerate(names)}
     took = np.array([sum(r.end_s - r.start_s for r in records[n] if r.stream == "compute") for n in names])
-    copies = {}
-    for swap in plan_swaps:
-        out = records.get(swap.swap_out)
-        if out:
-            copies[swap.tensor] = (min(r.start_s for r in out), max(r.end_s for r in out))
+    copies = _copy_spans(plan_swaps, records)
     proposals = []
     for swap in plan_swaps:
         if (swap.tensor in exclude or swap.tensor not in copies or not swap.sync_out_consumers
@@ -345,11 +351,7 @@ def round_trips(plan_swaps: tuple[SwapDecision, ...], sim: SimResult, ordered: s
     out. In the order the swap-outs started; ``exclude``: tensors not to try.
     """
     records = _records(sim)
-    outs = {}
-    for swap in plan_swaps:
-        copies = records.get(swap.swap_out)
-        if copies:
-            outs[swap.tensor] = (min(r.start_s for r in copies), max(r.end_s for r in copies))
+    outs = _copy_spans(plan_swaps, records)
     proposals = []
     for swap in plan_swaps:
         if swap.tensor in exclude or swap.tensor not in outs or _away_intervals(swap, records) != []:
