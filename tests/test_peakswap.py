@@ -52,7 +52,7 @@ def _decide(graph):
     sim = simulate(graph, PROFILE)
     order = [r.name for r in sorted(sim.ops, key=lambda r: (r.start_s, r.end_s)) if r.name in graph]
     ordered = set(ordered_ops(graph, order + [op.name for op in graph if op.name not in set(order)]))
-    return sim, peak_swap(graph, sim, _empty_plan(), ordered, PROFILE, analyze_graph(graph).levels)
+    return sim, peak_swap(graph, sim, _empty_plan(), ordered, PROFILE, analyze_graph(graph))
 
 
 def test_swapping_the_tensor_waiting_across_the_peak_lowers_it():
@@ -72,6 +72,24 @@ def test_swapping_the_tensor_waiting_across_the_peak_lowers_it():
     after = simulate(swapped, PROFILE)
     assert after.transient_peak_bytes == 3 * size  # d leaves the device before t1 and t2 allocate
     assert after.peak_bytes < sim.peak_bytes
+
+
+def test_a_peak_swap_obeys_the_never_swap_rules_and_the_users_filters():
+    """The tensor waiting across the peak (``d``, a ``Relu``) is not swapped when the plan's config excludes its
+    producer's type (``exclude_types``) or its size is under ``min_swap_bytes``: a peak swap asks
+    :func:`~tflms.policies.swapplan.skip_reason` like every other swap (the never-swap rules too)."""
+    graph = _join_graph()
+    analysis = analyze_graph(graph)
+    sim = simulate(graph, PROFILE)
+    order = [r.name for r in sorted(sim.ops, key=lambda r: (r.start_s, r.end_s)) if r.name in graph]
+    ordered = set(ordered_ops(graph, order))
+    allowed = peak_swap(graph, sim, _empty_plan(), ordered, PROFILE, analysis)
+    assert allowed is not None and allowed.tensor.name == "d:0"  # the control: without the filter it is swapped
+    filtered = dataclasses.replace(_empty_plan(), config=LMSConfig(exclude_types=("Relu",)))
+    assert peak_swap(graph, sim, filtered, ordered, PROFILE, analysis) is None
+
+    small = dataclasses.replace(_empty_plan(), config=LMSConfig(min_swap_bytes=2 * 256 * 256 * 4))
+    assert peak_swap(graph, sim, small, ordered, PROFILE, analysis) is None  # below the user's minimum
 
 
 def test_peak_swap_is_deterministic():
@@ -101,7 +119,7 @@ def test_a_swap_whose_copy_lags_at_the_peak_makes_the_peak_wait_for_it():
     lagging = apply_swaps(graph, plan).graph
     sim = simulate(lagging, PROFILE)
     assert sim.transient_peak_bytes == 4 * size  # the control: d's buffer outlives the copy's start
-    decision = peak_swap(lagging, sim, plan, _ordered(lagging, sim), PROFILE, analyze_graph(graph).levels)
+    decision = peak_swap(lagging, sim, plan, _ordered(lagging, sim), PROFILE, analyze_graph(graph))
     assert decision is not None and decision.tensor.name == "d:0"
     assert decision.swap_ins == first.swap_ins  # the same swap, now with waits
     assert {"t1", "t2"} <= set(decision.sync_out_consumers)
@@ -139,7 +157,7 @@ def test_a_peak_swap_on_a_traced_two_branch_model_trains_bitwise():
     sim = ordered.report.ordered_sim
     names = [r.name for r in sorted(sim.ops, key=lambda r: (r.start_s, r.end_s)) if r.name in swapped]
     pinned = set(ordered_ops(swapped, names + [op.name for op in swapped if op.name not in set(names)]))
-    decision = peak_swap(swapped, sim, plan, pinned, PROFILE, analysis.levels)
+    decision = peak_swap(swapped, sim, plan, pinned, PROFILE, analysis)
     assert decision is not None  # the gradient AddN of the two branches, waiting across the short_bn backward
     rewritten = enforce_order(apply_swaps(graph, dataclasses.replace(plan, swaps=plan.swaps + (decision,))).graph,
                               PROFILE)

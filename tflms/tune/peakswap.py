@@ -29,7 +29,7 @@ from tflms.errors import GraphError
 from tflms.ir.graph import Graph, TensorRef
 from tflms.ir.op_types import ALIAS_OPS, IDENTITY_REDUCTION_OPS
 from tflms.passes.swaps import apply_swaps
-from tflms.policies.swapplan import SwapDecision, SwapInGroup, SwapPlan, swap_op_names
+from tflms.policies.swapplan import SwapDecision, SwapInGroup, SwapPlan, skip_reason, swap_op_names
 from tflms.sim.simulator import SimResult
 from tflms.tune.result import Candidate
 
@@ -68,7 +68,7 @@ def swap_across_peak(ev, cand: Candidate) -> list[Candidate]:
         listed = set(names)
         ordered = set(ordered_ops(graph, names + [op.name for op in graph if op.name not in listed],
                                   ev.sim_options))
-        decision = peak_swap(graph, best.sim, best.plan, ordered, ev.profile, ev.analysis.levels)
+        decision = peak_swap(graph, best.sim, best.plan, ordered, ev.profile, ev.analysis)
         if decision is None:
             break
         known = any(s.tensor == decision.tensor for s in best.plan.swaps)
@@ -96,12 +96,16 @@ def swap_across_peak(ev, cand: Candidate) -> list[Candidate]:
 
 
 def peak_swap(graph: Graph, sim: SimResult, plan: SwapPlan, ordered: set[str], profile,
-              levels) -> SwapDecision | None:
+              analysis) -> SwapDecision | None:
     """The swap of the largest tensor live at ``sim``'s peak whose late readers can wait a copy, or ``None``.
 
     ``graph``: the rewritten graph ``sim`` simulated (its order edges aside: same ops); ``ordered``: the
-    ops the order pins (the only ones given control edges, see :func:`tflms.schedule.ordered_ops`).
+    ops the order pins (the only ones given control edges, see :func:`tflms.schedule.ordered_ops`);
+    ``analysis``: the original graph's (its levels, and the never-swap rules and the user's filters of
+    :func:`~tflms.policies.swapplan.skip_reason`, under ``plan``'s config and accelerator, which a new
+    swap obeys like every other).
     """
+    levels = analysis.levels
     span = {r.name: (r.start_s, r.end_s) for r in sim.ops if r.stream == "compute"}
     peak_t = sim.peak_time_s
     running = [e for s, e in span.values() if s <= peak_t < e]
@@ -142,6 +146,11 @@ def peak_swap(graph: Graph, sim: SimResult, plan: SwapPlan, ordered: set[str], p
                 return dataclasses.replace(lagging, sync_out_consumers=tuple(
                     sorted(set(lagging.sync_out_consumers) | set(sync))))
             logger.debug("%s: swapped, no op at the peak can wait for its copy", value)
+            continue
+        reason = (skip_reason(analysis, ref, plan.config, plan.accelerator_device) if ref.op in analysis.graph
+                  else ("not-original", "made by the rewrite"))
+        if reason is not None:
+            logger.debug("%s: never swapped (%s)", value, reason[0])
             continue
         info = graph.tensor(ref)
         copy_s = profile.copy_time_s(info.num_bytes or nbytes)
