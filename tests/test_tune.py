@@ -351,3 +351,49 @@ def test_a_swapped_momentum_product_trains_bitwise():
     rewritten = apply_swaps(graph, plan).graph
     assert sum(op.name.startswith("lms/swap_out") for op in rewritten) == len(products)
     assert_traced_step_trains_like_plain(rewritten, "momentum swapped", preoptimized=True)
+
+
+def test_idle_time_candidates_follow_the_device_planned_for_not_this_machines_onednn():
+    """The tuner plans for a profile's GPU on a machine without one; the never-swap rule that follows oneDNN's CPU
+    kernels (a MaxPool output its MaxPoolGrad reads) must then not apply, whatever this machine's oneDNN setting
+    (it did for idle-time candidates, whose unplaced ops counted as this machine's CPU: DenseNet-121's plans
+    differed between two machines). Planning for the CPU with oneDNN's kernels leaves the output out."""
+    from tflms.analysis.cto import analyze_graph
+    from tflms.config import LMSConfig
+    from tflms.devices import onednn_kernels
+    from tflms.policies.idle_time import scored_candidates
+    from tflms.profiles import get_profile
+    from tflms.testing.graphs import GraphBuilder
+    b = GraphBuilder()
+    big, half = (8, 64, 64, 32), (8, 32, 32, 32)
+    x = b.op("x", "Placeholder", shape=big)
+    relu = b.op("relu", "Relu", [x], shape=big)
+    h = pool = b.op("pool", "MaxPool", [relu], shape=half)
+    for i in range(4):  # the pool's output idles across these and their gradients, where the peak is
+        h = b.op(f"f{i}", "Tanh", [h], shape=big if i == 1 else half)
+    grad = b.op("gradient_tape/f_grad", "TanhGrad", [h, h], shape=half)
+    for i in range(3):
+        grad = b.op(f"gradient_tape/g{i}", "TanhGrad", [grad, h], shape=half)
+    b.op("gradient_tape/pool_grad", "MaxPoolGrad", [relu, pool, grad], shape=big)
+    analysis = analyze_graph(b.graph)
+    profile = get_profile(PROFILE)
+    sim = simulate(b.graph, profile)
+    config = LMSConfig(min_swap_bytes=0).with_rule_defaults()
+
+    def candidates(device):
+        return {c.tensor.op for c in scored_candidates(analysis, sim, profile, config, device)}
+
+    def tuners_candidates(device):
+        from tflms.passes.swaps import DEFAULT_COPY_OP
+        from tflms.sim import SimOptions
+        from tflms.tune.search import _Evaluator
+        ev = _Evaluator(analysis, profile, sim.peak_bytes, profile.host_memory_bytes, SimOptions(), config, device,
+                        DEFAULT_COPY_OP, None)
+        return {c.tensor.op for c in ev.scored(sim)}
+
+    with onednn_kernels(True):  # as on a machine whose TensorFlow runs oneDNN's kernels
+        assert "pool" in candidates("/device:GPU:0") and "pool" in tuners_candidates("/device:GPU:0")
+        assert "pool" not in candidates("/device:CPU:0")  # the control: there the rule holds
+        assert "pool" not in tuners_candidates("/device:CPU:0")
+    with onednn_kernels(False):
+        assert "pool" in candidates("/device:CPU:0")

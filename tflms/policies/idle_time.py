@@ -113,24 +113,30 @@ class IdleCandidate:
 
 
 def idle_candidates(analysis: Analysis, sim: SimResult, profile: HardwareProfile, config: LMSConfig,
-                    exclude: Iterable[TensorRef] = ()) -> list[IdleCandidate]:
+                    exclude: Iterable[TensorRef] = (), accelerator_device: str | None = None) -> list[IdleCandidate]:
     """Forward- and backward-produced tensors alive at ``sim``'s peak with a read after it, by majority vote.
 
     ``sim`` may be of a rewritten version of ``analysis.graph``: original ops keep
     their names, so their simulated times apply. The same as
     ``majority_order([c for c in scored_candidates(...) if c.tensor not in exclude])``
     (a caller asking again about one simulation keeps the scored list and votes again).
+    ``accelerator_device``: where unplaced ops run, as for :func:`~tflms.policies.swapplan.skip_reason`.
     """
     excluded = set(exclude)
-    return majority_order([c for c in scored_candidates(analysis, sim, profile, config) if c.tensor not in excluded])
+    return majority_order([c for c in scored_candidates(analysis, sim, profile, config, accelerator_device)
+                           if c.tensor not in excluded])
 
 
 def scored_candidates(analysis: Analysis, sim: SimResult, profile: HardwareProfile,
-                      config: LMSConfig) -> list[IdleCandidate]:
+                      config: LMSConfig, accelerator_device: str | None = None) -> list[IdleCandidate]:
     """The candidates of :func:`idle_candidates`, unordered (by tensor) and before any exclusion.
 
     Each candidate's fields depend only on its own tensor and ``sim``, so excluding
-    some afterwards gives what excluding them first would.
+    some afterwards gives what excluding them first would. ``accelerator_device``: where
+    unplaced ops run (default ``config.accelerator_device``, else the first GPU, else the CPU),
+    which decides the never-swap rules that follow the kernels (``onednn-workspace``): the
+    tuner passes the device it plans for, a GPU when it plans for a profile's GPU on a machine
+    without one, so that the candidates do not depend on this machine's oneDNN setting.
     """
     graph = analysis.graph
     spans = {r.name: (r.start_s, r.end_s) for r in sim.ops}
@@ -145,7 +151,7 @@ def scored_candidates(analysis: Analysis, sim: SimResult, profile: HardwareProfi
             continue
         if analysis.categories[ref.op] not in CANDIDATE_CATEGORIES:
             continue
-        if skip_reason(analysis, ref, config) is not None:
+        if skip_reason(analysis, ref, config, accelerator_device) is not None:
             continue
         if ref.op not in spans:  # an op the runtime prunes (nothing needs it)
             continue

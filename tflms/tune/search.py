@@ -131,7 +131,8 @@ class _Evaluator:
         if hit is None or hit[0] is not sim:
             if len(self._scored) >= SCORED_MEMO_SIZE:
                 del self._scored[next(iter(self._scored))]
-            hit = self._scored[id(sim)] = (sim, scored_candidates(self.analysis, sim, self.profile, self.base_config))
+            hit = self._scored[id(sim)] = (sim, scored_candidates(self.analysis, sim, self.profile, self.base_config,
+                                                                     self.accelerator))
         return hit[1]
 
     def need(self, sim: SimResult) -> int:
