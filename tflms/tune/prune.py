@@ -41,10 +41,9 @@ slower (a drop may leave it as it is; every other change must make it faster):
    copy then holding its bytes from the new trigger's end; repeated (twice as far again) while it pays.
 
 Each step judges its set by simulation all at once and, on failure, splits it in two halves, earlier half
-first, down to single changes, which are then given up. At most :data:`ROUND_TRIP_MAX_SIMULATIONS`, :data:`PRUNE_MAX_SIMULATIONS`,
-:data:`MERGE_MAX_SIMULATIONS`, :data:`UNSYNC_MAX_SIMULATIONS`, :data:`SPLIT_MAX_SIMULATIONS`,
-:data:`LATER_MAX_SIMULATIONS` and
-:data:`RETIME_MAX_SIMULATIONS` simulations.
+first, down to single changes, which are then given up. At most :data:`ROUND_TRIP_MAX_SIMULATIONS`,
+:data:`PRUNE_MAX_SIMULATIONS`, :data:`MERGE_MAX_SIMULATIONS`, :data:`UNSYNC_MAX_SIMULATIONS`,
+:data:`SPLIT_MAX_SIMULATIONS`, :data:`LATER_MAX_SIMULATIONS` and :data:`RETIME_MAX_SIMULATIONS` simulations.
 
 A candidate judged in the enforced order (``order`` set) is judged the same way: each trial plan goes
 through the order pass (:func:`tflms.passes.order.enforce_order`, deterministic, what the pipeline runs
@@ -487,12 +486,13 @@ def prune_swaps(ev, cand: Candidate, *, round_trip_simulations: int = ROUND_TRIP
                 later_simulations: int = LATER_MAX_SIMULATIONS,
                 split_simulations: int = SPLIT_MAX_SIMULATIONS) -> Candidate | None:
     """The candidate ``cand``'s plan with waits for the swaps that go out and straight back, minus the swaps
-    fitting does not need, then with merged swap-ins, fewer, split and later waits for swap-outs, and earlier swap-ins
-    where they fit and pay (see the module doc), recorded in ``ev.candidates`` with ``round_trips`` (round
-    trips made waits), ``pruned`` (swaps dropped), ``merged`` (swaps given one swap-in), ``unsynced``
-    (swaps whose waits went), ``waits_split`` (swaps whose wait another swap took over), ``waits_later`` (swaps whose waits moved later) and ``earlier`` (swaps whose
-    swap-ins moved) added to its parameters (each only when not 0); ``None`` when no change was kept, or when the
-    changes left the step exactly as fast but need more memory (fewer copies alone do not make a better plan).
+    fitting does not need, then with merged swap-ins, fewer, split and later waits for swap-outs, and earlier
+    swap-ins where they fit and pay (see the module doc), recorded in ``ev.candidates`` with ``round_trips``
+    (round trips made waits), ``pruned`` (swaps dropped), ``merged`` (swaps given one swap-in), ``unsynced``
+    (swaps whose waits went), ``waits_split`` (swaps whose wait another swap took over), ``waits_later``
+    (swaps whose waits moved later) and ``earlier`` (swaps whose swap-ins moved) added to its parameters (each
+    only when not 0); ``None`` when no change was kept, or when the changes left the step exactly as fast but
+    need more memory (fewer copies alone do not make a better plan).
 
     ``ev``: the tuner's evaluator; ``cand``: a fitting candidate with a plan. Not with compressed swaps
     (``ev.compress``: the trial plans would be judged without the compression the winner gets). The new
