@@ -314,6 +314,20 @@ def test_a_pruned_plan_on_a_traced_two_branch_model_trains_bitwise():
 
     assert_traced_step_trains_like_plain(rewritten, "pruned")
 
+    # swap-ins triggered where the link idled (step 7; the pruned plan has none to move): new control edges only,
+    # on grappler's step as the pipeline rewrites it (on the traced graph, which grappler would optimize after the
+    # rewrite, each of these moves alone changes the trained bytes, e.g. a trigger on a batch norm's
+    # moments/variance: the fallback path's exception, docs/design.md)
+    graph, analysis, plan = traced_step_plan(preoptimized=True, swapout_threshold=1, swapin_ahead=1,
+                                             swapin_groupby=0)
+    swapped = simulate(apply_swaps(graph, plan).graph, PROFILE)
+    gaps = {s.tensor: s for s in earlier_swap_ins(analysis, plan.swaps, swapped, 2 * swapped.peak_bytes,
+                                                  into_gaps=True)}
+    assert gaps, "no swap-in of the traced plan follows an idle link: the move is untested"
+    moved = dataclasses.replace(plan, swaps=tuple(gaps.get(s.tensor, s) for s in plan.swaps))
+    assert_traced_step_trains_like_plain(apply_swaps(graph, moved).graph, "swap-ins where the link idles",
+                                         preoptimized=True)
+
 
 def test_a_plan_whose_waits_were_dropped_or_moved_trains_bitwise():
     """Sync mode 1 on the traced two-branch model: pruning drops or moves its waits (control edges from
@@ -483,3 +497,68 @@ def test_a_swap_that_goes_out_and_straight_back_becomes_a_wait_for_the_copies_qu
     assert pruned.params[ROUND_TRIP_PARAM] == 1 and PRUNED_PARAM not in pruned.params
     assert [(s.tensor.name, s.sync_out_consumers) for s in pruned.plan.swaps] == [("s:0", ("u",))]
     assert pruned.sim.step_time_s < cand.sim.step_time_s
+
+
+def _idle_link_graph():
+    """``mid`` and ``late`` (4 MiB each, made early) wait across ``big`` (12 MiB, the peak); ``mid`` is read
+    again at ``e`` (after ``d24``), ``late`` by ``out`` at the end. Swapped in one level ahead, ``late``'s copy
+    (about 0.34 ms) makes ``out`` wait, while the host-to-device link idles from the end of ``mid``'s copy
+    (triggered at ``s``, right after the peak) to ``d39``."""
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=SHAPE)
+    late = b.op("late", "Neg", [x], shape=SHAPE)
+    mid = b.op("mid", "Relu", [x], shape=SHAPE)
+    c = x
+    for k in range(CHAIN):
+        c = b.op(f"c{k}", "Sin", [c], shape=SHAPE)
+    d = b.op("s", "Sum", [b.op("big", "Cos", [c], shape=(3072, 1024))], shape=SHAPE)
+    for k in range(CHAIN):
+        d = b.op(f"d{k}", "Exp", [d], shape=SHAPE)
+        if k == 24:
+            d = b.op("e", "AddN", [mid, d], shape=SHAPE)
+    b.op("out", "AddN", [late, d], shape=SHAPE)
+    return b.graph
+
+
+def test_a_swap_in_is_triggered_where_the_link_went_idle_when_there_is_room():
+    """``earlier_swap_ins(into_gaps=True)``: only ``late``'s copy follows an idle link; its new trigger is the
+    first reader's ancestor at the level of the op that ended when ``mid``'s copy did, which the doubling of
+    :func:`earlier_swap_ins` does not reach in one round. The copy then holds its bytes from there, past the peak
+    only when the limit has room for it; the pruning pass keeps the move (it fits and ``out`` no longer waits)."""
+    from tflms.tune.prune import EARLIER_PARAM
+    analysis = analyze_graph(_idle_link_graph())
+    levels = analysis.levels
+    plan = SwapPlan(config=LMSConfig().with_rule_defaults(), accelerator_device="/device:GPU:0",
+                    swaps=(_swap(analysis, "mid", "e", "s"), _swap(analysis, "late", "out", "d39")), skipped=())
+    sim = simulate(apply_swaps(analysis.graph, plan).graph, PROFILE)
+    ends = {r.name: r.end_s for r in sim.ops}
+    copies = {r.name: r for r in sim.ops if r.stream == "h2d"}
+    mid_copy = next(r for n, r in copies.items() if "mid" in n)
+    late_copy = next(r for n, r in copies.items() if "late" in n)
+    assert mid_copy.end_s < ends["d20"] < ends["d38"] <= late_copy.start_s  # the premise: the link idles between
+    assert ends["out"] - late_copy.end_s < 0.05e-3 < late_copy.end_s - ends["d39"]  # and out waits for late
+
+    (moved,) = earlier_swap_ins(analysis, plan.swaps, sim, sim.peak_bytes, into_gaps=True)
+    (group,) = moved.swap_ins
+    assert moved.tensor.name == "late:0" and group.consumers == ("out",)
+    assert group.trigger.startswith("d") and levels[group.trigger] < levels["d39"]
+    went_idle = mid_copy.end_s
+    assert abs(ends[group.trigger] - went_idle) <= 0.05e-3  # about where the link went idle (0.02 ms per op)
+    assert earlier_swap_ins(analysis, plan.swaps, sim, sim.peak_bytes, into_gaps=True) == [moved]  # deterministic
+    doubled = {s.tensor.name: s.swap_ins[0].trigger for s in earlier_swap_ins(analysis, plan.swaps, sim,
+                                                                                 sim.peak_bytes)}
+    assert levels[doubled["late:0"]] > levels[group.trigger]
+
+    # mid's copy followed the idle link too (from the start): moved that early it is on the device at the peak
+    roomy = earlier_swap_ins(analysis, plan.swaps, sim, 2 * sim.peak_bytes, into_gaps=True)
+    assert {s.tensor.name for s in roomy} == {"mid:0", "late:0"}
+
+    ev = _evaluator(analysis, sim.peak_with_margin_bytes)
+    cand = ev.run("tflms-distance", {}, plan)
+    pruned = prune_swaps(ev, cand)
+    assert pruned is not None and pruned.fits and pruned.params[EARLIER_PARAM] >= 1
+    late = next(s for s in pruned.plan.swaps if s.tensor.name == "late:0")
+    assert levels[late.swap_ins[0].trigger] <= levels[group.trigger]
+    assert pruned.sim.step_time_s < cand.sim.step_time_s - 0.2e-3  # out no longer waits for the copy
+    doubling_only = prune_swaps(_evaluator(analysis, sim.peak_with_margin_bytes), cand, gap_simulations=0)
+    assert pruned.sim.step_time_s < doubling_only.sim.step_time_s  # the control: the doubling stops short (at e)

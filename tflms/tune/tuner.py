@@ -126,10 +126,10 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     only in that order can win.
     ``prune``: after the searches, the fastest fitting candidate's plan is judged again with waits instead of
     the swaps that go out and straight back, without the swaps fitting does not need, with merged swap-ins,
-    without the waits for swap-outs it does not need and the others later, and with earlier swap-ins
-    (:func:`tflms.tune.prune.prune_swaps`, at most 88 simulations; not with ``first_fit``); the result is one
-    more candidate, with ``round_trips`` / ``pruned`` / ``merged`` / ``unsynced`` / ``waits_later`` /
-    ``earlier`` in its parameters.
+    without the waits for swap-outs it does not need and the others split or later, and with earlier swap-ins
+    (also where the link idles; :func:`tflms.tune.prune.prune_swaps`, at most 108 simulations; not with
+    ``first_fit``); the result is one more candidate, with ``round_trips`` / ``pruned`` / ``merged`` /
+    ``unsynced`` / ``waits_split`` / ``waits_later`` / ``earlier`` in its parameters.
     """
     if fit_by not in (FIT_BY_LIVE, FIT_BY_BFC):
         raise ConfigError(f"fit_by must be {FIT_BY_LIVE!r} or {FIT_BY_BFC!r}, got {fit_by!r}")
