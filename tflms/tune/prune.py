@@ -197,7 +197,7 @@ def earlier_swap_ins(analysis, plan_swaps: tuple[SwapDecision, ...], sim: SimRes
     records = _records(sim)
     levels = analysis.levels
     if into_gaps:
-        idle_since = _link_idle_since(sim, "h2d")
+        idle_since = link_idle_since(sim, "h2d")
         done = sorted((r.end_s, r.name) for r in sim.ops if r.stream == "compute" and r.name in levels)
         ends = np.array([e for e, _ in done])
     proposals = []
@@ -224,7 +224,6 @@ def earlier_swap_ins(analysis, plan_swaps: tuple[SwapDecision, ...], sim: SimRes
             if new is None or new == group.trigger or new not in records:
                 groups.append(group)
                 continue
-            start = min(r.start_s for r in copies)
             ready = max(r.end_s for r in records[new])
             first_copy = start if first_copy is None else min(first_copy, start)
             if ready < start:
@@ -237,9 +236,9 @@ def earlier_swap_ins(analysis, plan_swaps: tuple[SwapDecision, ...], sim: SimRes
     return _pack(sim, limit_bytes, [(p[3], p[4]) for p in proposals])
 
 
-def _link_idle_since(sim: SimResult, stream: str) -> dict[float, float]:
+def link_idle_since(sim: SimResult, stream: str) -> dict[float, float]:
     """``{start: idle_since}`` for each copy on ``stream`` that started after the link had been idle (more
-    than :data:`LINK_IDLE_S`): when it went idle."""
+    than :data:`LINK_IDLE_S`; from the step's start for the first copy): when it went idle."""
     since, busy_until = {}, 0.0
     for r in sorted((r for r in sim.ops if r.stream == stream), key=lambda r: (r.start_s, r.name)):
         if r.start_s > busy_until + LINK_IDLE_S:
@@ -605,32 +604,22 @@ def prune_swaps(ev, cand: Candidate, *, round_trip_simulations: int = ROUND_TRIP
         done, refused = _settle(ev, judge, state, deferred, False, budget, "waiting later for the swap-out of")
         later_tensors |= done
         settled |= refused
-    settled, moved_tensors = set(), set()
-    budget = judge.simulations + retime_simulations
-    for round_ in range(PRUNE_MAX_ROUNDS):
-        sim = state["judged"][0]
-        moved = earlier_swap_ins(ev.analysis, tuple(state["kept"]), sim, _limit(ev, sim), frozenset(settled))
-        logger.info("pruning %s %s (round %d): %d of %d swaps may swap in earlier", cand.strategy, cand.params,
-                    round_ + 1, len(moved), len(state["kept"]))
-        if not moved or judge.simulations >= budget:
-            break
-        # a swap-in moved earlier may move again (twice as far); one refused alone stays where it is
-        done, refused = _settle(ev, judge, state, moved, False, budget, "swapping in earlier")
-        moved_tensors |= done
-        settled |= refused
-    settled = set()
-    budget = judge.simulations + gap_simulations
-    for round_ in range(PRUNE_MAX_ROUNDS):
-        sim = state["judged"][0]
-        moved = earlier_swap_ins(ev.analysis, tuple(state["kept"]), sim, _limit(ev, sim), frozenset(settled),
-                                 into_gaps=True)
-        logger.info("pruning %s %s (round %d): %d of %d swaps may swap in where the link idles", cand.strategy,
-                    cand.params, round_ + 1, len(moved), len(state["kept"]))
-        if not moved or judge.simulations >= budget:
-            break
-        done, refused = _settle(ev, judge, state, moved, False, budget, "swapping in where the link idles")
-        moved_tensors |= done
-        settled |= refused
+    moved_tensors = set()
+    for into_gaps, simulations, what in ((False, retime_simulations, "swapping in earlier"),
+                                         (True, gap_simulations, "swapping in where the link idles")):
+        settled, budget = set(), judge.simulations + simulations
+        for round_ in range(PRUNE_MAX_ROUNDS):
+            sim = state["judged"][0]
+            moved = earlier_swap_ins(ev.analysis, tuple(state["kept"]), sim, _limit(ev, sim), frozenset(settled),
+                                     into_gaps=into_gaps)
+            logger.info("pruning %s %s (round %d): %d of %d swaps may be %s", cand.strategy, cand.params,
+                        round_ + 1, len(moved), len(state["kept"]), what)
+            if not moved or judge.simulations >= budget:
+                break
+            # a swap-in moved earlier may move again (twice as far, or into a new gap); one refused alone stays
+            done, refused = _settle(ev, judge, state, moved, False, budget, what)
+            moved_tensors |= done
+            settled |= refused
     earlier = len(moved_tensors)
     sim, graph, report = state["judged"]
     if not (tripped or dropped or earlier or merged_tensors or unsynced_tensors or split_tensors or later_tensors):
