@@ -21,6 +21,14 @@ MIB = 2**20
 CHAIN = 40  # element-wise ops in each chain: long enough (about 0.8 ms) to hide two copies
 
 
+def _chain(b: GraphBuilder, start, prefix: str, op_type: str, ks=range(CHAIN), shape=SHAPE):
+    """Element-wise ops ``{prefix}{k}`` for ``k`` in ``ks``, each reading the one before (the first ``start``);
+    returns the last."""
+    for k in ks:
+        start = b.op(f"{prefix}{k}", op_type, [start], shape=shape)
+    return start
+
+
 def _graph():
     """``early`` waits across the ``c`` chain (not the peak); ``late`` waits across the peak (``t1``, ``t2``).
 
@@ -31,15 +39,12 @@ def _graph():
     x = b.op("x", "Placeholder", shape=SHAPE)
     early = b.op("early", "Relu", [x], shape=SHAPE)
     late = b.op("late", "Neg", [x], shape=SHAPE)
-    c = x
-    for k in range(CHAIN):
-        c = b.op(f"c{k}", "Sin", [c], shape=SHAPE)
+    c = _chain(b, x, "c", "Sin")
     r = b.op("r", "AddN", [early, c], shape=SHAPE)
     t1 = b.op("t1", "Sin", [r], shape=(2048, 1024))
     t2 = b.op("t2", "Cos", [r], shape=(2048, 1024))
     d = b.op("s", "AddN", [r, t1, t2], shape=SHAPE)
-    for k in range(CHAIN):
-        d = b.op(f"d{k}", "Exp", [d], shape=SHAPE)
+    d = _chain(b, d, "d", "Exp")
     b.op("out", "AddN", [late, d], shape=SHAPE)
     return b.graph
 
@@ -166,8 +171,7 @@ def test_a_wait_the_fit_needs_is_kept_and_moved_as_late_as_the_fit_allows():
     t1 = b.op("t1", "Sin", [r], shape=(2048, 1024))
     t2 = b.op("t2", "Cos", [t1], shape=(2048, 1024))
     d = b.op("s", "AddN", [r, t2], shape=SHAPE)
-    for k in range(CHAIN):
-        d = b.op(f"d{k}", "Exp", [d], shape=SHAPE)
+    d = _chain(b, d, "d", "Exp")
     b.op("out", "AddN", [late, d], shape=SHAPE)
     analysis = analyze_graph(b.graph)
     swap = dataclasses.replace(_swap(analysis, "late", "out", "d20"), sync_out_consumers=("t1",))
@@ -400,12 +404,9 @@ def _queued_copies_graph():
     x = b.op("x", "Placeholder", shape=SHAPE)
     a = b.op("a", "Sin", [x], shape=SHAPE)
     bb = b.op("b", "Cos", [a], shape=SHAPE)
-    c = b.op("w", "Neg", [bb], shape=(2048, 1024))
-    for k in range(CHAIN):
-        c = b.op(f"c{k}", "Sin", [c], shape=SHAPE)
+    c = _chain(b, b.op("w", "Neg", [bb], shape=(2048, 1024)), "c", "Sin")
     d = b.op("s", "Sum", [b.op("big", "Cos", [c], shape=(3072, 1024))], shape=SHAPE)
-    for k in range(CHAIN):
-        d = b.op(f"d{k}", "Exp", [d], shape=SHAPE)
+    d = _chain(b, d, "d", "Exp")
     b.op("out", "AddN", [a, bb, d], shape=SHAPE)
     return b.graph
 
@@ -459,8 +460,7 @@ def _round_trip_case():
     r = b.op("r", "Sin", [x], shape=SHAPE)
     u = b.op("u", "Mul", [r, x], shape=(2048, 1024))  # twice as large: not written into ``r``'s buffer
     d = b.op("t", "Sum", [u], shape=(256,))
-    for k in range(CHAIN):
-        d = b.op(f"d{k}", "Exp", [d], shape=(256,))
+    d = _chain(b, d, "d", "Exp", shape=(256,))
     b.op("out", "Mul", [s, d], shape=SHAPE)
     analysis = analyze_graph(b.graph)
     far = dataclasses.replace(_swap(analysis, "s", "out", "d20"), num_bytes=8 * MIB)
@@ -508,14 +508,10 @@ def _idle_link_graph():
     x = b.op("x", "Placeholder", shape=SHAPE)
     late = b.op("late", "Neg", [x], shape=SHAPE)
     mid = b.op("mid", "Relu", [x], shape=SHAPE)
-    c = x
-    for k in range(CHAIN):
-        c = b.op(f"c{k}", "Sin", [c], shape=SHAPE)
+    c = _chain(b, x, "c", "Sin")
     d = b.op("s", "Sum", [b.op("big", "Cos", [c], shape=(3072, 1024))], shape=SHAPE)
-    for k in range(CHAIN):
-        d = b.op(f"d{k}", "Exp", [d], shape=SHAPE)
-        if k == 24:
-            d = b.op("e", "AddN", [mid, d], shape=SHAPE)
+    d = b.op("e", "AddN", [mid, _chain(b, d, "d", "Exp", range(25))], shape=SHAPE)
+    d = _chain(b, d, "d", "Exp", range(25, CHAIN))
     b.op("out", "AddN", [late, d], shape=SHAPE)
     return b.graph
 
