@@ -539,15 +539,17 @@ def test_a_swap_in_is_triggered_where_the_link_went_idle_when_there_is_room():
     assert moved.tensor.name == "late:0" and group.consumers == ("out",)
     assert group.trigger.startswith("d") and levels[group.trigger] < levels["d39"]
     went_idle = mid_copy.end_s
-    assert abs(ends[group.trigger] - went_idle) <= 0.05e-3  # about where the link went idle (0.02 ms per op)
+    # the last of out's ancestors to end by the time the link went idle: the next one in the chain ends after
+    k = int(group.trigger[1:])
+    assert ends[group.trigger] <= went_idle < ends[f"d{k + 1}" if k != 24 else "e"]
     assert earlier_swap_ins(analysis, plan.swaps, sim, sim.peak_bytes, into_gaps=True) == [moved]  # deterministic
     doubled = {s.tensor.name: s.swap_ins[0].trigger for s in earlier_swap_ins(analysis, plan.swaps, sim,
                                                                                  sim.peak_bytes)}
     assert levels[doubled["late:0"]] > levels[group.trigger]
 
-    # mid's copy followed the idle link too (from the start): moved that early it is on the device at the peak
+    # mid's copy followed the idle link too, idle from the step's start: nothing made after mid ended by then
     roomy = earlier_swap_ins(analysis, plan.swaps, sim, 2 * sim.peak_bytes, into_gaps=True)
-    assert {s.tensor.name for s in roomy} == {"mid:0", "late:0"}
+    assert {s.tensor.name for s in roomy} == {"late:0"}
 
     ev = _evaluator(analysis, sim.peak_with_margin_bytes)
     cand = ev.run("tflms-distance", {}, plan)

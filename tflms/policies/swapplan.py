@@ -230,6 +230,29 @@ def find_trigger(analysis: Analysis, first_consumer: str, producer_level: int, t
     return best
 
 
+def trigger_ended_by(analysis: Analysis, first_consumer: str, producer_level: int, ends: Mapping[str, float],
+                     by: float) -> str | None:
+    """The ancestor of ``first_consumer`` strictly after the producer's level that may trigger (as for
+    :func:`find_trigger`) and ended last by ``by`` in a simulation (``ends``: op name -> end time; ops without
+    one never trigger); ties by name. ``None`` if none ended by then."""
+    index = _trigger_index(analysis)
+    level, preds, may, names = index.level, index.preds, index.may_trigger, index.names
+    first = index.ids[first_consumer]
+    seen, stack, best, best_end = {first}, [first], None, None
+    while stack:
+        i = stack.pop()
+        for p in preds[i]:
+            if p in seen or level[p] <= producer_level:
+                continue
+            seen.add(p)
+            stack.append(p)
+            end = ends.get(names[p])
+            if may[p] and end is not None and end <= by and (
+                    best is None or (end, names[best]) > (best_end, names[p])):
+                best, best_end = p, end
+    return None if best is None else names[best]
+
+
 def _best_ancestor(analysis: Analysis, start: str, floor: int, exclude: frozenset[str], *, lowest: bool) -> str | None:
     """The ancestor of ``start`` at level >= ``floor`` that may trigger, at the lowest (or highest) level.
 

@@ -40,8 +40,9 @@ slower (a drop may leave it as it is; every other change must make it faster):
    before its first reader (:func:`~tflms.policies.swapplan.find_trigger`, as the rules choose one), the
    copy then holding its bytes from the new trigger's end; repeated (twice as far again) while it pays;
 7. swap-ins where the link idles (``earlier_swap_ins(into_gaps=True)``): a swap-in whose copy started after
-   the host-to-device link had idled is triggered at the level of the last op that ended when the link went
-   idle, where its bytes fit (BERT-base at batch 477 on v100-16gb-nvlink2: 20.91 s -> 20.26 s).
+   the host-to-device link had idled is triggered by the first reader's ancestor that ended last by the time
+   the link went idle (:func:`~tflms.policies.swapplan.trigger_ended_by`), where its bytes fit (BERT-base at
+   batch 477 on v100-16gb-nvlink2: 20.91 s -> 19.91 s).
 
 Each step judges its set by simulation all at once and, on failure, splits it in two halves, earlier half
 first, down to single changes, which are then given up. At most :data:`ROUND_TRIP_MAX_SIMULATIONS`,
@@ -191,15 +192,15 @@ def earlier_swap_ins(analysis, plan_swaps: tuple[SwapDecision, ...], sim: SimRes
     until it started before), in the order the copies started; ``exclude``: tensors not to try.
 
     ``into_gaps``: instead, only the swap-ins whose copy started when the host-to-device link had been idle,
-    each triggered at the level of the last op that ended when the link went idle (the link then copies
-    while it would have idled: on a step whose compute waits for swap-ins, each such gap is time lost)."""
-    from tflms.policies.swapplan import find_trigger
+    each triggered by the first reader's ancestor that ended last by the time the link went idle in ``sim``
+    (:func:`~tflms.policies.swapplan.trigger_ended_by`; the link then copies while it would have idled: on a
+    step whose compute waits for swap-ins, each such gap is time lost)."""
+    from tflms.policies.swapplan import find_trigger, trigger_ended_by
     records = _records(sim)
     levels = analysis.levels
     if into_gaps:
         idle_since = link_idle_since(sim, "h2d")
-        done = sorted((r.end_s, r.name) for r in sim.ops if r.stream == "compute" and r.name in levels)
-        ends = np.array([e for e, _ in done])
+        ends = {r.name: r.end_s for r in sim.ops if r.stream == "compute" and r.name in levels}
     proposals = []
     for swap in plan_swaps:
         if swap.tensor in exclude:
@@ -213,14 +214,9 @@ def earlier_swap_ins(analysis, plan_swaps: tuple[SwapDecision, ...], sim: SimRes
                 start = min(r.start_s for r in copies)
                 if not into_gaps:
                     distance = max(1, levels[first] - group.trigger_level)
-                    target = levels[first] - 2 * distance
-                elif start in idle_since and (k := int(np.searchsorted(ends, idle_since[start], "right"))):
-                    target = levels[done[k - 1][1]]
-                    target = target if target < group.trigger_level else None
-                else:
-                    target = None
-                if target is not None:
-                    new = find_trigger(analysis, first, swap.producer_level, target)
+                    new = find_trigger(analysis, first, swap.producer_level, levels[first] - 2 * distance)
+                elif start in idle_since:
+                    new = trigger_ended_by(analysis, first, swap.producer_level, ends, idle_since[start])
             if new is None or new == group.trigger or new not in records:
                 groups.append(group)
                 continue
