@@ -320,8 +320,8 @@ def test_a_pruned_plan_on_a_traced_two_branch_model_trains_bitwise():
 
     # swap-ins triggered where the link idled (step 7; the pruned plan has none to move): new control edges only,
     # on grappler's step as the pipeline rewrites it (on the traced graph, which grappler would optimize after the
-    # rewrite, each of these moves alone changes the trained bytes, e.g. a trigger on a batch norm's
-    # moments/variance: the fallback path's exception, docs/design.md)
+    # rewrite, each of these moves alone changes the trained bytes, e.g. a trigger inside a batch norm's
+    # moments: the fallback path's exception, docs/design.md)
     graph, analysis, plan = traced_step_plan(preoptimized=True, swapout_threshold=1, swapin_ahead=1,
                                              swapin_groupby=0)
     swapped = simulate(apply_swaps(graph, plan).graph, PROFILE)
