@@ -92,8 +92,10 @@ def h2d_idle(sim: Any, copy_bytes: dict[str, int], limit_bytes: float,
     out: dict[str, dict[str, float]] = {}
     copies = sorted((r for r in sim.ops if r.stream == "h2d"), key=lambda r: (r.start_s, r.name))
     idle = link_idle_since(sim, "h2d")
-    for r in copies[1:]:  # the wait for the first copy is not idle time between copies
-        if r.start_s not in idle or r.start_s == copies[0].start_s:
+    if copies:
+        idle.pop(copies[0].start_s, None)  # the wait for the first copy is not idle time between copies
+    for r in copies:
+        if r.start_s not in idle:
             continue
         since = idle.pop(r.start_s)  # copies starting together: the first one named counts
         lo = max(0, int(np.searchsorted(times, since, side="right")) - 1)

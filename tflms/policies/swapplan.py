@@ -236,20 +236,12 @@ def trigger_ended_by(analysis: Analysis, first_consumer: str, producer_level: in
     :func:`find_trigger`) and ended last by ``by`` in a simulation (``ends``: op name -> end time; ops without
     one never trigger); ties by name. ``None`` if none ended by then."""
     index = _trigger_index(analysis)
-    level, preds, may, names = index.level, index.preds, index.may_trigger, index.names
-    first = index.ids[first_consumer]
-    seen, stack, best, best_end = {first}, [first], None, None
-    while stack:
-        i = stack.pop()
-        for p in preds[i]:
-            if p in seen or level[p] <= producer_level:
-                continue
-            seen.add(p)
-            stack.append(p)
-            end = ends.get(names[p])
-            if may[p] and end is not None and end <= by and (
-                    best is None or (end, names[best]) > (best_end, names[p])):
-                best, best_end = p, end
+    may, names = index.may_trigger, index.names
+    best, best_end = None, None
+    for p in index.ancestors(first_consumer, producer_level + 1):
+        end = ends.get(names[p])
+        if may[p] and end is not None and end <= by and (best is None or (end, names[best]) > (best_end, names[p])):
+            best, best_end = p, end
     return None if best is None else names[best]
 
 
@@ -305,26 +297,29 @@ class _TriggerIndex:
             self.rank_high[i] = r
         self._memo: dict = {}
 
+    def ancestors(self, start: str, floor: int):
+        """The ids of ``start``'s ancestors at level >= ``floor`` (reached through such ancestors only)."""
+        level, preds = self.level, self.preds
+        first = self.ids[start]
+        seen, stack = {first}, [first]
+        while stack:
+            for p in preds[stack.pop()]:
+                if p not in seen and level[p] >= floor:
+                    seen.add(p)
+                    stack.append(p)
+                    yield p
+
     def best(self, start: str, floor: int, exclude: frozenset[str], lowest: bool) -> str | None:
         key = (start, floor, exclude, lowest)
         if key in self._memo:
             return self._memo[key]
-        level, preds, may = self.level, self.preds, self.may_trigger
+        may = self.may_trigger
         rank = self.rank_low if lowest else self.rank_high
         excluded = {self.ids[n] for n in exclude if n in self.ids}
-        first = self.ids[start]
-        seen = {first}
-        stack = [first]
         best = -1
-        while stack:
-            i = stack.pop()
-            for p in preds[i]:
-                if p in seen or level[p] < floor:
-                    continue
-                seen.add(p)
-                stack.append(p)
-                if may[p] and (best < 0 or rank[p] < rank[best]) and p not in excluded:
-                    best = p
+        for p in self.ancestors(start, floor):
+            if may[p] and (best < 0 or rank[p] < rank[best]) and p not in excluded:
+                best = p
         answer = None if best < 0 else self.names[best]
         if len(self._memo) >= TRIGGER_MEMO_SIZE:
             self._memo.clear()
