@@ -90,6 +90,76 @@ def _level_live(model, order: list[int]) -> list[int]:
     return out
 
 
+class Cuts:
+    """Each op's cut (see the module doc) with its ancestors and descendants, on one buffer model.
+
+    ``model``: :func:`tflms.schedule.memory.buffer_model` of the step without swaps. ``candidates`` lists
+    the needed accelerator ops by decreasing transient bytes live while they run in level order
+    (``level_live``), an upper bound on their cut.
+    """
+
+    def __init__(self, model) -> None:
+        m = self.model = model
+        n = len(m)
+        order = _level_order(m)
+        # Ancestor and descendant sets as bitsets (Python ints), each including the op itself.
+        anc = [0] * n
+        for i in order:
+            a = 1 << i
+            for p in m.preds[i]:
+                a |= anc[p]
+            anc[i] = a
+        desc = [0] * n
+        for i in reversed(order):
+            d = 1 << i
+            for s in m.succs[i]:
+                d |= desc[s]
+            desc[i] = d
+        self._anc, self._desc, self._nbytes = anc, desc, (n + 7) // 8
+        producer = np.full(len(m.size), -1, dtype=np.int64)
+        for i in range(n):
+            for b in m.allocs[i]:
+                producer[b] = i
+        self._producer = producer
+        self._made = producer >= 0
+        self._prod = np.where(self._made, producer, 0)
+        self._size = np.asarray(m.size, dtype=np.int64)
+        self._pinned = np.asarray(m.pinned, dtype=bool)
+        # readers of every buffer, flattened (CSR): "some reader is a descendant" is one reduceat per op
+        counts = np.asarray([len(r) for r in m.readers], dtype=np.int64)
+        self._flat = np.asarray([r for rs in m.readers for r in rs], dtype=np.int64)
+        self._starts = np.concatenate(([0], np.cumsum(counts)[:-1])) if len(counts) else counts
+        self._has_readers = counts > 0
+        self.level_live = _level_live(m, order)
+        self.candidates = sorted((i for i in range(n) if m.needed[i] and m.on_accelerator[i]),
+                                 key=lambda i: (-self.level_live[i], m.names[i]))
+
+    def _as_array(self, bits: int):
+        return np.unpackbits(np.frombuffer(bits.to_bytes(self._nbytes, "little"), dtype=np.uint8),
+                             bitorder="little")[:len(self.model)].astype(bool)
+
+    def cut(self, i: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """``(cut bytes of op i, its ancestors, its strict descendants)``, the sets as boolean arrays over
+        the model's ops (the ancestors include ``i``)."""
+        m = self.model
+        a, d = self._as_array(self._anc[i]), self._as_array(self._desc[i])
+        read_later = np.zeros(len(self._size), dtype=bool)
+        if len(self._flat):
+            hits = np.add.reduceat(d[self._flat].astype(np.int64), self._starts[self._has_readers])
+            read_later[self._has_readers] = hits > 0
+        counted = self._made & a[self._prod] & (self._pinned | (self._producer == i) | read_later)
+        cut = int(self._size[counted].sum())
+        d[i] = False  # strict descendants
+        out = m.forward_out[i]
+        if out >= 0:
+            for b in m.reads[i]:
+                if (m.size[b] == m.size[out] and m.dtype[b] == m.dtype[out] and not m.pinned[b]
+                        and not d[m.readers[b]].any()):
+                    cut -= m.size[out]  # some order makes op i the input's last reader: it may write into it
+                    break
+        return cut, a, d
+
+
 def footprint_bound(graph: Graph, options=None) -> FootprintBound:
     """Resident bytes plus the largest cut of any op (see the module doc): a lower bound, in every
     execution order, on the accelerator and host bytes a swap-only rewrite of ``graph`` holds at once.
@@ -98,68 +168,15 @@ def footprint_bound(graph: Graph, options=None) -> FootprintBound:
     :class:`~tflms.sim.simulator.SimOptions`. Ops that do not run are left out.
     """
     from tflms.schedule.memory import buffer_model
-    m = buffer_model(graph, options)
-    n = len(m)
-    order = _level_order(m)
-    producer = [-1] * len(m.size)
-    for i in range(n):
-        for b in m.allocs[i]:
-            producer[b] = i
-    # Ancestor and descendant sets as bitsets (Python ints), each including the op itself.
-    anc = [0] * n
-    for i in order:
-        a = 1 << i
-        for p in m.preds[i]:
-            a |= anc[p]
-        anc[i] = a
-    desc = [0] * n
-    for i in reversed(order):
-        d = 1 << i
-        for s in m.succs[i]:
-            d |= desc[s]
-        desc[i] = d
-    nbytes = (n + 7) // 8
-
-    def as_array(bits: int):
-        return np.unpackbits(np.frombuffer(bits.to_bytes(nbytes, "little"), dtype=np.uint8),
-                             bitorder="little")[:n].astype(bool)
-
-    producer = np.full(len(m.size), -1, dtype=np.int64)
-    for i in range(n):
-        for b in m.allocs[i]:
-            producer[b] = i
-    made = producer >= 0
-    prod = np.where(made, producer, 0)
-    size = np.asarray(m.size, dtype=np.int64)
-    pinned = np.asarray(m.pinned, dtype=bool)
-    # readers of every buffer, flattened (CSR): "some reader is a descendant" is one reduceat per op
-    counts = np.asarray([len(r) for r in m.readers], dtype=np.int64)
-    flat = np.asarray([r for rs in m.readers for r in rs], dtype=np.int64)
-    starts = np.concatenate(([0], np.cumsum(counts)[:-1])) if len(counts) else counts
-    has_readers = counts > 0
-    live = _level_live(m, order)
-    candidates = sorted((i for i in range(n) if m.needed[i] and m.on_accelerator[i]),
-                        key=lambda i: (-live[i], m.names[i]))
+    cuts = Cuts(buffer_model(graph, options))
     best, best_op, examined = 0, "", 0
-    for i in candidates:
-        if live[i] <= best:
+    for i in cuts.candidates:
+        if cuts.level_live[i] <= best:
             break
         examined += 1
-        a, d = as_array(anc[i]), as_array(desc[i])
-        read_later = np.zeros(len(size), dtype=bool)
-        if len(flat):
-            hits = np.add.reduceat(d[flat].astype(np.int64), starts[has_readers])
-            read_later[has_readers] = hits > 0
-        counted = made & a[prod] & (pinned | (producer == i) | read_later)
-        cut = int(size[counted].sum())
-        out = m.forward_out[i]
-        if out >= 0:
-            d[i] = False  # strict descendants
-            for b in m.reads[i]:
-                if (m.size[b] == m.size[out] and m.dtype[b] == m.dtype[out] and not m.pinned[b]
-                        and not d[m.readers[b]].any()):
-                    cut -= m.size[out]  # some order makes op i the input's last reader: it may write into it
-                    break
-        if cut > best or (cut == best and best_op and m.names[i] < best_op):
-            best, best_op = cut, m.names[i]
-    return FootprintBound(resident_bytes=m.resident_bytes, cut_bytes=best, op=best_op, ops_examined=examined)
+        cut = cuts.cut(i)[0]
+        name = cuts.model.names[i]
+        if cut > best or (cut == best and best_op and name < best_op):
+            best, best_op = cut, name
+    return FootprintBound(resident_bytes=cuts.model.resident_bytes, cut_bytes=best, op=best_op,
+                          ops_examined=examined)
