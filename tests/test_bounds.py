@@ -12,7 +12,8 @@ from tflms.errors import ConfigError
 from tflms.passes.swaps import apply_swaps
 from tflms.policies.tflms_rules import plan_swaps
 from tflms.sim import HardwareProfile, get_profile, simulate
-from tflms.sim.bounds import min_swap_bytes, step_time_bound, swap_only_bound, time_bound, time_bound_ratio
+from tflms.sim.bounds import (across_peak_s, any_order_time_bound, min_swap_bytes, step_time_bound, swap_only_bound,
+                               time_bound, time_bound_ratio)
 from tflms.testing import GraphBuilder, mlp_training_graph
 from tflms.testing import two_branch_graph as two_branches  # x -> (a_big -> a_small, b_big -> b_small) -> out
 
@@ -129,3 +130,106 @@ def test_the_bound_across_the_peak_by_hand():
     assert across_peak_s(sim, 192, unit_profile()) == 0.0  # nothing has to leave
     assert across_peak_s(sim, 128, unit_profile()) == pytest.approx(2.0)  # 1 s each way hides behind compute
     assert across_peak_s(sim, 0, unit_profile()) == pytest.approx(2 + 2 * (192 / 64 - 1))  # 3 s each way
+
+
+def slow_unit_profile() -> HardwareProfile:
+    """:func:`unit_profile` with a link of 2 bytes/s: a 1024-byte buffer takes 512 s each way."""
+    import dataclasses
+    return dataclasses.replace(unit_profile(), name="unit-slow-link", link_gbps=2e-9)
+
+
+def forward_backward_chain():
+    """x -> f1 -> f2 -> f3 -> loss, then g3, g2, g1 read f3, f2, f1 back: one order only."""
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=SMALL)
+    f1 = b.op("f1", "Pad", [x], shape=BIG)
+    f2 = b.op("f2", "Pad", [f1], shape=BIG)
+    f3 = b.op("f3", "Pad", [f2], shape=BIG)
+    loss = b.op("loss", "Sum", [f3], shape=SMALL)
+    g3 = b.op("g3", "MatMul", [loss, f3], shape=BIG)
+    g2 = b.op("g2", "MatMul", [g3, f2], shape=BIG)
+    g1 = b.op("g1", "MatMul", [g2, f1], shape=BIG)
+    b.op("out", "Sum", [g1], shape=SMALL)
+    return b.graph
+
+
+def _compute_times(g, profile) -> dict[str, float]:
+    return {r.name: r.end_s - r.start_s for r in simulate(g, profile).ops if r.stream == "compute"}
+
+
+def test_the_any_order_bound_by_hand():
+    """While g3 runs, f1, f2, f3, loss and g3's output are held (4160 bytes); at 1024 bytes under that, 1024
+    leave (512 s) before g3 while only its 64 s of ancestors run, and come back after it beside 1040 s."""
+    g, profile = forward_backward_chain(), slow_unit_profile()
+    took = _compute_times(g, profile)
+    total = sum(took.values())
+    sim = simulate(g, profile)
+    assert sim.peak_bytes == 64 + 4160  # x is resident
+    bound = any_order_time_bound(g, profile, sim.peak_bytes - 1024)
+    before = took["f1"] + took["f2"] + took["f3"] + took["loss"]
+    after = took["g2"] + took["g1"] + took["out"]
+    assert (bound.op, bound.away_bytes, bound.before_s, bound.after_s, bound.free_s) == ("g3", 1024, before, after, 0)
+    assert bound.floor_s == pytest.approx(total + max(0, 512 - before) + max(0, 512 - after))
+    assert bound.floor_s > total and bound.compute_s == pytest.approx(total)
+    # a chain has one order: the bound across its peak says the same
+    assert across_peak_s(sim, sim.peak_bytes - 1024, profile) == pytest.approx(bound.floor_s)
+    # nothing has to leave at the peak itself: the bound is the compute
+    fits = any_order_time_bound(g, profile, sim.peak_bytes)
+    assert (fits.floor_s, fits.op, fits.away_bytes) == (pytest.approx(total), "", 0)
+    with pytest.raises(ConfigError, match="budget_bytes"):
+        any_order_time_bound(g, profile, 0)
+
+
+def side_branch_graph():
+    """x -> big -> s1 -> t -> u(t, big) -> su -> out, and h1 -> h2 -> h3 -> out beside: h runs on either side."""
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=SMALL)
+    big = b.op("big", "Pad", [x], shape=BIG)
+    s1 = b.op("s1", "Sum", [big], shape=SMALL)
+    h1 = b.op("h1", "MatMul", [x, x], shape=SMALL)
+    h2 = b.op("h2", "MatMul", [h1, x], shape=SMALL)
+    h3 = b.op("h3", "MatMul", [h2, x], shape=SMALL)
+    t = b.op("t", "Pad", [s1], shape=BIG)
+    u = b.op("u", "Mul", [t, big], shape=BIG)
+    b.op("out", "AddN", [b.op("su", "Sum", [u], shape=SMALL), h3], shape=SMALL)
+    return b.graph
+
+
+def test_work_in_no_order_with_the_op_hides_either_copy_as_the_order_likes():
+    g, profile = side_branch_graph(), slow_unit_profile()
+    took = _compute_times(g, profile)
+    total = sum(took.values())
+    sim = simulate(g, profile)
+    budget = sim.peak_bytes - 1024
+    bound = any_order_time_bound(g, profile, budget)
+    # while t runs: big (read by u), s1 (read by t) and t's output; the h chain is neither before nor after t
+    assert (bound.op, bound.away_bytes) == ("t", 64 + 2 * 1024 + 64 - budget)
+    assert bound.free_s == pytest.approx(took["h1"] + took["h2"] + took["h3"])
+    link = bound.away_bytes / 2
+    assert bound.floor_s == pytest.approx(total + (link - bound.before_s) + (link - bound.after_s) - bound.free_s)
+    # level order runs the h chain where it hides less than it could: its bound across the peak is higher
+    assert across_peak_s(sim, budget, profile) > bound.floor_s
+
+
+@pytest.mark.parametrize("link_gbps", [None, 0.5])  # the profile's (compute-bound here), a slow link
+def test_no_swap_plan_in_any_order_is_faster_than_the_any_order_bound(link_gbps):
+    import dataclasses
+
+    from tflms.passes.order import enforce_order
+    g = mlp_training_graph(8, batch=256, width=256)
+    profile = get_profile("v100-16gb-pcie3")
+    if link_gbps:
+        profile = dataclasses.replace(profile, link_gbps=link_gbps)
+    above_compute = 0
+    for threshold in (1, 2, 4):
+        for sync_mode in (0, 1):
+            plan = plan_swaps(analyze_graph(g), LMSConfig(swapout_threshold=threshold, swapin_ahead=1,
+                                                          sync_mode=sync_mode), accelerator_device="/device:GPU:0")
+            swapped = apply_swaps(g, plan).graph
+            for graph in (swapped, enforce_order(swapped, profile).graph):
+                sim = simulate(graph, profile)
+                bound = any_order_time_bound(g, profile, sim.peak_bytes)
+                assert sim.step_time_s >= bound.floor_s >= bound.compute_s
+                above_compute += bound.floor_s > bound.compute_s
+    if link_gbps:
+        assert above_compute  # on the slow link some copies cannot hide in any order

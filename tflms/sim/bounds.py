@@ -13,6 +13,10 @@ device buffer lives from its op's start to its last reader's end.
 - :func:`step_time_bound`: at a budget, ``max(compute time, D / link bandwidth)``
   where ``D = transient peak - (budget - resident)`` is the fewest bytes that must be
   swapped out, and as many back in, for the step (in a given order) to fit.
+- :func:`any_order_time_bound`: the least step time of any swap rewrite in *any* execution order at a
+  budget: while an op runs, the bytes of its cut (:mod:`tflms.sim.footprint`) over the budget are away,
+  copied out while only work that may precede the op runs and back while only work that may follow it
+  runs.
 - :func:`time_bound_ratio`: predicted step time over the bound (1.0 = at the bound).
 """
 
@@ -162,6 +166,80 @@ def step_time_bound(graph: Graph, profile: str | HardwareProfile, budget_bytes: 
     return time_bound(compute_s=sim.compute_time_s, transient_peak_bytes=sim.transient_peak_bytes,
                       resident_bytes=sim.resident_bytes, budget_bytes=budget_bytes, profile=profile,
                       swap_only_bytes=bound.bound_bytes, across_s=across_peak_s(sim, budget_bytes, profile))
+
+
+@dataclasses.dataclass(frozen=True)
+class AnyOrderTimeBound:
+    """The least step time of any swap-only rewrite in any order at one budget (:func:`any_order_time_bound`)."""
+
+    budget_bytes: int  # device bytes the step may hold at once (resident included)
+    compute_s: float  # the compute stream's work, back to back
+    floor_s: float  # the bound: compute_s plus the copy time no order can hide
+    op: str  # the op whose cut sets it ("" when nothing has to leave)
+    away_bytes: int  # bytes of that op's cut away while it runs
+    before_s: float  # compute of its ancestors: can only run before it
+    after_s: float  # compute of its descendants: can only run after it
+    free_s: float  # compute of the ops ordered neither way: before or after, as the order likes
+    ops_examined: int
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def any_order_time_bound(graph: Graph, profile: str | HardwareProfile, budget_bytes: int,
+                         options=None) -> AnyOrderTimeBound:
+    """Least step time of any swap-only rewrite of ``graph`` that fits ``budget_bytes``, in any order.
+
+    ``graph`` is the step without swaps; ``budget_bytes`` the live device bytes allowed (resident included,
+    as for :func:`across_peak_s`). While op ``x`` runs, in any order, every buffer of its cut
+    (:class:`tflms.sim.footprint.Cuts`: made by ``x`` or an ancestor, read by ``x`` or a descendant) is
+    on the device or away, so at least ``D = resident + cut - budget`` bytes are away when ``x`` starts
+    and when it ends. Those away at its start left before it (a device buffer is freed when its copy
+    ends); those away at its end come back after it (a swap-in allocates when its copy starts), each
+    direction one stream of bandwidth ``L``. The compute stream runs ``x``'s ancestors (``A``) before it,
+    its descendants (``C``) after it, and the rest (``N``) on either side, so with ``d = D / L``,
+    ``p = max(0, d - A)`` and ``q = max(0, d - C)`` the step lasts at least ``compute + max(0, p + q - N)``
+    (the unrelated work hides at most ``N`` of the two copies' excess; docs/design.md, "Bounds"). The
+    largest over the ops whose level-order live bytes exceed the budget (below it no cut does); ``op`` is
+    ``""`` when every copy can hide behind compute. Op times are the simulator's, which do not depend on
+    the order. Unlike :func:`across_peak_s` (one order's instants, with the op that starts at an instant
+    counted after it) the order is free, and ``x``'s own time hides neither copy.
+    """
+    from tflms.schedule.memory import buffer_model
+    from tflms.sim.footprint import Cuts
+    from tflms.sim.simulator import simulate
+    profile = get_profile(profile)
+    if budget_bytes <= 0:
+        raise ConfigError(f"budget_bytes must be positive, got {budget_bytes}")
+    sim = simulate(graph, profile, options=options)
+    took: dict[str, float] = {}
+    for r in sim.ops:
+        if r.stream == "compute":
+            took[r.name] = took.get(r.name, 0.0) + (r.end_s - r.start_s)
+    cuts = Cuts(buffer_model(graph, options))
+    m = cuts.model
+    times = np.asarray([took.get(name, 0.0) for name in m.names])
+    total = float(times.sum())
+    rate = profile.effective_link_bytes_per_s
+    room = budget_bytes - m.resident_bytes  # transient bytes that may stay on the device
+    best = AnyOrderTimeBound(budget_bytes, total, total, "", 0, 0.0, 0.0, 0.0, 0)
+    examined = 0
+    for i in cuts.candidates:
+        if cuts.level_live[i] <= room:
+            break  # a cut is at most the op's level-order live bytes: nothing more has to leave
+        examined += 1
+        cut, anc, desc = cuts.cut(i)
+        away = cut - room
+        if away <= 0:
+            continue
+        link = away / rate
+        before = float(times[anc].sum()) - float(times[i])
+        after = float(times[desc].sum())
+        free = total - before - after - float(times[i])
+        floor = total + max(0.0, max(0.0, link - before) + max(0.0, link - after) - free)
+        if floor > best.floor_s or (floor == best.floor_s and best.op and m.names[i] < best.op):
+            best = AnyOrderTimeBound(budget_bytes, total, floor, m.names[i], away, before, after, free, 0)
+    return dataclasses.replace(best, ops_examined=examined)
 
 
 def time_bound_ratio(predicted_step_s: float, bound_s: float) -> float:
