@@ -225,5 +225,8 @@ def test_bench_tiny_model_prints_records_quickly(tmp_path):
         assert r["fraction_of_bound"] == round(r["max_batch"] / bound, 4)
         assert r["samples_per_s_at_max"] == pytest.approx(r["max_batch"] / (r["step_ms_at_max"] / 1e3), rel=1e-3)
         assert r["time_bound_ratio_at_max"] >= 1.0 - 1e-9
+        # no rewrite in any order goes below the any-order floor, and the floor never below the compute
+        assert r["time_bound_ratio_at_max"] >= r["floor_bound_ratio_at_max"] - 1e-9
+        assert r["floor_bound_ratio_at_max"] >= 1.0 - 1e-9
     assert "[bench" in done.stderr  # progress on stderr
     assert not list(tmp_path.iterdir())  # --json writes no files

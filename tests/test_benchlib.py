@@ -79,6 +79,7 @@ def test_records_and_report_show_volumes_and_compare_voxels():
     maxima = {"none": 25, "tflms-distance": 31, "tflms-best": 35, "grappler": 31, "recompute": 32, BOUND: 37}
     results = {m: MethodResult(m, max_size=k, upper=k + 1, probes=[(k, True), (k + 1, False)], common=31)
                for m, k in maxima.items()}
+    results["tflms-best"].time_bound_ratio_at_max, results["tflms-best"].floor_bound_ratio_at_max = 1.3, 1.2
     records = {r["method"]: r for r in records_for("unet3d", "v100-16gb-pcie3", results)}
     assert [m for m in records] == list(METHODS) + [BOUND]
     best, none, bound = records["tflms-best"], records["none"], records[BOUND]
@@ -94,6 +95,8 @@ def test_records_and_report_show_volumes_and_compare_voxels():
     ratio = 208 * 192 * 192 / 144**3
     assert f"| unet3d | tflms-best | 208x192x192 | {100 * 192 * 192 / 208**2:.0f}% | {ratio:.2f}x vox |" in report
     assert f"208x192x192 ({ratio:.2f}x vox)" in report
+    assert best["floor_bound_ratio_at_max"] == 1.2 and none["floor_bound_ratio_at_max"] is None
+    assert "| 1.30 | - | 1.20 |" in report and "| floor/bound |" in report
     assert "Quick mode bisects 30 times" in report and "cubic" not in report
 
 

@@ -78,15 +78,12 @@ def floor_at(steps: Any, model: str, size: int, profile_name: str, headroom: flo
     from benchlib.models import MODELS
     from benchlib.search import budget_for, time_bounds
     from tflms.profiles import get_profile
-    from tflms.sim.bounds import any_order_time_bound
     from tflms.sim.simulator import SimOptions
     profile = get_profile(profile_name)
     graph, _ = steps.graph(model, "plain", size)
     budget = budget_for(model, profile, None)
-    options = SimOptions(margin_fraction=headroom)
-    bound_s, across_s = time_bounds(graph, profile, budget, options)
-    usable = int((budget - options.margin_bytes) / (1 + options.margin_fraction))  # as time_bounds counts it
-    floor = any_order_time_bound(graph, profile, usable, options=options)
+    bounds = time_bounds(graph, profile, budget, SimOptions(margin_fraction=headroom))
+    bound_s, across_s, floor = bounds.bound_s, bounds.across_s, bounds.floor
     label = shape_label(unet_shape(size)) if MODELS[model].kind == "resolution" else str(size)
     return {"model": model, "size": label, "profile": profile.name, "headroom": headroom, "budget_bytes": budget,
             "compute_s": floor.compute_s, "bound_s": bound_s, "across_s": across_s, "floor_s": floor.floor_s,

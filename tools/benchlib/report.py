@@ -55,6 +55,8 @@ def records_for(model: str, profile: str, results: dict[str, MethodResult]) -> l
                                                   else round(r.time_bound_ratio_first_fit_at_max, 3)),
             "time_bound_ratio_unpruned_at_max": (None if r.time_bound_ratio_unpruned_at_max is None
                                                  else round(r.time_bound_ratio_unpruned_at_max, 3)),
+            "floor_bound_ratio_at_max": (None if r.floor_bound_ratio_at_max is None
+                                         else round(r.floor_bound_ratio_at_max, 3)),
         })
     return out
 
@@ -192,9 +194,13 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
                   "tflms methods the step is the full tune's choice at the maximum (pruning included), not the "
                   "first plan the max-size probe found; **time/across** = the same over the tighter bound "
                   "across the peak (`TimeBound.across_bound_s`: bytes away at an instant leave before it and come "
-                  "back after it, so the two copies cannot overlap; docs/design.md, \"Bounds\").", "",
-                  "| model | method | max | of bound | x none | step ms | samples/s | time/bound | time/across |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "back after it, so the two copies cannot overlap; docs/design.md, \"Bounds\"); **floor/bound** = "
+                  "the least time/bound any swap-only rewrite can have at that size, in any execution order "
+                  "(`tflms.sim.bounds.any_order_time_bound`; above 1.25, issue 11's target is out of reach there).",
+                  "",
+                  "| model | method | max | of bound | x none | step ms | samples/s | time/bound | time/across | "
+                  "floor/bound |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for model in models:
             base = by.get((model, profile, "none"))
             for m in METHODS + (BOUND,):
@@ -206,8 +212,9 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
                 rate = "-" if r.get("samples_per_s_at_max") is None else f"{r['samples_per_s_at_max']:.1f}"
                 tbr = "-" if r.get("time_bound_ratio_at_max") is None else f"{r['time_bound_ratio_at_max']:.2f}"
                 tar = "-" if r.get("time_across_ratio_at_max") is None else f"{r['time_across_ratio_at_max']:.2f}"
+                fbr = "-" if r.get("floor_bound_ratio_at_max") is None else f"{r['floor_bound_ratio_at_max']:.2f}"
                 lines.append(f"| {model} | {m} | {r['max_batch']} | {frac} | {_ratio(r, base)} | {step} | {rate} | "
-                             f"{tbr} | {tar} |")
+                             f"{tbr} | {tar} | {fbr} |")
         lines += ["", "| model | method | max | upper | overhead at common | peak at common | rewrite s | ops | "
                   "search s | detail |", "|---|---|---|---|---|---|---|---|---|---|"]
         for model in models:

@@ -42,6 +42,8 @@ class MethodResult:
     # full tune's choice before pruning (tflms.tune.prune); time_bound_ratio_at_max is the full tune's choice
     time_bound_ratio_first_fit_at_max: float | None = None
     time_bound_ratio_unpruned_at_max: float | None = None
+    # the least time/bound any swap-only rewrite reaches at max_size, in any order (tflms.sim.bounds.any_order_time_bound)
+    floor_bound_ratio_at_max: float | None = None
 
 
 def size_label_long(model: str, size: int) -> str:
@@ -408,16 +410,31 @@ def _full_tune(ev: Evaluator, method: str, size: int):
     return result.best.sim, unpruned.sim
 
 
-def time_bounds(graph, profile, budget_bytes: int, options) -> tuple[float, float]:
-    """``(issue 11's step-time bound, the bound across the peak)`` of ``graph`` at the budget the headroom of
-    ``options`` leaves: the smaller of level order's and the schedule's (tflms.sim.bounds.step_time_bound)."""
+@dataclasses.dataclass(frozen=True)
+class StepBounds:
+    """The step-time bounds at one size (:func:`time_bounds`)."""
+
+    bound_s: float  # issue 11's max(compute, D / L): the smaller of level order's and the schedule's
+    across_s: float  # the bound across the peak, likewise
+    floor: Any  # tflms.sim.bounds.AnyOrderTimeBound: the least step time of any swap-only rewrite in any order
+
+    @property
+    def floor_s(self) -> float:
+        return self.floor.floor_s
+
+
+def time_bounds(graph, profile, budget_bytes: int, options) -> StepBounds:
+    """The step-time bounds of ``graph`` at the budget the headroom of ``options`` leaves: issue 11's and
+    the bound across the peak (the smaller of level order's and the schedule's, tflms.sim.bounds.step_time_bound)
+    and the least step time of any swap-only rewrite in any order (tflms.sim.bounds.any_order_time_bound)."""
     from tflms.schedule import schedule_order
-    from tflms.sim.bounds import step_time_bound
+    from tflms.sim.bounds import any_order_time_bound, step_time_bound
     usable = int((budget_bytes - options.margin_bytes) / (1 + options.margin_fraction))
     level = step_time_bound(graph, profile, usable, options=options)
     ordered = step_time_bound(graph, profile, usable, options=options,
                               order=schedule_order(graph, options=options, profile=profile))
-    return min(level.bound_s, ordered.bound_s), min(level.across_bound_s, ordered.across_bound_s)
+    return StepBounds(min(level.bound_s, ordered.bound_s), min(level.across_bound_s, ordered.across_bound_s),
+                      any_order_time_bound(graph, profile, usable, options=options))
 
 
 def _at_max(ev: Evaluator, results: dict[str, MethodResult], implied: dict) -> None:
@@ -432,8 +449,7 @@ def _at_max(ev: Evaluator, results: dict[str, MethodResult], implied: dict) -> N
     """
     from tflms.sim.bounds import time_bound_ratio
     opts = ev.options
-    bounds: dict[int, float] = {}
-    across: dict[int, float] = {}
+    bounds: dict[int, StepBounds] = {}
     for r in results.values():
         if not r.max_size:
             continue
@@ -449,11 +465,13 @@ def _at_max(ev: Evaluator, results: dict[str, MethodResult], implied: dict) -> N
         r.step_s_at_max, r.samples_per_s_at_max = sim.step_time_s, samples / sim.step_time_s
         if r.max_size not in bounds:
             graph, _ = ev.steps.graph(ev.model, "plain", r.max_size)
-            bounds[r.max_size], across[r.max_size] = time_bounds(graph, ev.profile, ev.budget, opts)
-        if 0 < bounds[r.max_size] < float("inf"):
-            r.time_bound_ratio_at_max = time_bound_ratio(sim.step_time_s, bounds[r.max_size])
-            r.time_across_ratio_at_max = time_bound_ratio(sim.step_time_s, across[r.max_size])
+            bounds[r.max_size] = time_bounds(graph, ev.profile, ev.budget, opts)
+        at = bounds[r.max_size]
+        if 0 < at.bound_s < float("inf"):
+            r.time_bound_ratio_at_max = time_bound_ratio(sim.step_time_s, at.bound_s)
+            r.time_across_ratio_at_max = time_bound_ratio(sim.step_time_s, at.across_s)
+            r.floor_bound_ratio_at_max = at.floor_s / at.bound_s
             if r.method in FULL_TUNE_AT_MAX:
-                r.time_bound_ratio_first_fit_at_max = time_bound_ratio(first_fit.step_time_s, bounds[r.max_size])
+                r.time_bound_ratio_first_fit_at_max = time_bound_ratio(first_fit.step_time_s, at.bound_s)
                 if unpruned is not None:
-                    r.time_bound_ratio_unpruned_at_max = time_bound_ratio(unpruned.step_time_s, bounds[r.max_size])
+                    r.time_bound_ratio_unpruned_at_max = time_bound_ratio(unpruned.step_time_s, at.bound_s)
