@@ -14,7 +14,7 @@ from tflms.policies.tflms_rules import plan_swaps
 from tflms.sim import HardwareProfile, get_profile, simulate
 from tflms.sim.bounds import (across_peak_s, any_order_time_bound, min_swap_bytes, step_time_bound, swap_only_bound,
                                time_bound, time_bound_ratio)
-from tflms.testing import GraphBuilder, mlp_training_graph
+from tflms.testing import GraphBuilder, forward_backward_chain, mlp_training_graph
 from tflms.testing import two_branch_graph as two_branches  # x -> (a_big -> a_small, b_big -> b_small) -> out
 
 SMALL, BIG = (4, 4), (16, 16)  # 64 and 1024 bytes of float32
@@ -92,21 +92,33 @@ def test_step_time_bound_of_a_graph_and_infeasible_budgets():
 @pytest.mark.parametrize("link_gbps", [None, 0.5])  # the profile's (compute-bound here), a slow link
 def test_a_real_swap_plan_is_never_faster_than_the_bound(link_gbps):
     import dataclasses
+
+    from tflms.passes.order import enforce_order
     g = mlp_training_graph(8, batch=256, width=256)
     profile = get_profile("v100-16gb-pcie3")
     if link_gbps:
         profile = dataclasses.replace(profile, link_gbps=link_gbps)
+    above_compute = 0
     for threshold in (1, 2, 4):
-        plan = plan_swaps(analyze_graph(g), LMSConfig(swapout_threshold=threshold, swapin_ahead=1),
-                          accelerator_device="/device:GPU:0")
-        swapped = simulate(apply_swaps(g, plan).graph, profile)
-        tb = step_time_bound(g, profile, swapped.peak_bytes)
-        assert tb.feasible and tb.min_swap_bytes > 0
-        assert swapped.step_time_s >= tb.bound_s
-        # the copies out and back cannot overlap: on the slow link a tighter bound, still below every plan
-        assert tb.across_s > tb.bound_s if link_gbps else tb.across_s >= tb.compute_s
-        assert swapped.step_time_s >= tb.across_bound_s
-        assert swapped.transfer_time_s / 2 >= tb.link_s  # each direction carries at least min_swap_bytes
+        for sync_mode in (0, 1):
+            plan = plan_swaps(analyze_graph(g), LMSConfig(swapout_threshold=threshold, swapin_ahead=1,
+                                                          sync_mode=sync_mode), accelerator_device="/device:GPU:0")
+            swapped = apply_swaps(g, plan).graph
+            sim = simulate(swapped, profile)
+            tb = step_time_bound(g, profile, sim.peak_bytes)
+            assert tb.feasible and tb.min_swap_bytes > 0
+            assert sim.step_time_s >= tb.bound_s
+            # the copies out and back cannot overlap: on the slow link a tighter bound, still below every plan
+            assert tb.across_s > tb.bound_s if link_gbps else tb.across_s >= tb.compute_s
+            assert sim.step_time_s >= tb.across_bound_s
+            assert sim.transfer_time_s / 2 >= tb.link_s  # each direction carries at least min_swap_bytes
+            # in any order: the same plan in level order and with the order pass's edges
+            for ran in (sim, simulate(enforce_order(swapped, profile).graph, profile)):
+                floor = any_order_time_bound(g, profile, ran.peak_bytes)
+                assert ran.step_time_s >= floor.floor_s >= floor.compute_s
+                above_compute += floor.floor_s > floor.compute_s
+    if link_gbps:
+        assert above_compute  # on the slow link some copies cannot hide in any order
 
 
 def test_v100_nvlink2_profile():
@@ -136,21 +148,6 @@ def slow_unit_profile() -> HardwareProfile:
     """:func:`unit_profile` with a link of 2 bytes/s: a 1024-byte buffer takes 512 s each way."""
     import dataclasses
     return dataclasses.replace(unit_profile(), name="unit-slow-link", link_gbps=2e-9)
-
-
-def forward_backward_chain():
-    """x -> f1 -> f2 -> f3 -> loss, then g3, g2, g1 read f3, f2, f1 back: one order only."""
-    b = GraphBuilder()
-    x = b.op("x", "Placeholder", shape=SMALL)
-    f1 = b.op("f1", "Pad", [x], shape=BIG)
-    f2 = b.op("f2", "Pad", [f1], shape=BIG)
-    f3 = b.op("f3", "Pad", [f2], shape=BIG)
-    loss = b.op("loss", "Sum", [f3], shape=SMALL)
-    g3 = b.op("g3", "MatMul", [loss, f3], shape=BIG)
-    g2 = b.op("g2", "MatMul", [g3, f2], shape=BIG)
-    g1 = b.op("g1", "MatMul", [g2, f1], shape=BIG)
-    b.op("out", "Sum", [g1], shape=SMALL)
-    return b.graph
 
 
 def _compute_times(g, profile) -> dict[str, float]:
@@ -209,27 +206,3 @@ def test_work_in_no_order_with_the_op_hides_either_copy_as_the_order_likes():
     assert bound.floor_s == pytest.approx(total + (link - bound.before_s) + (link - bound.after_s) - bound.free_s)
     # level order runs the h chain where it hides less than it could: its bound across the peak is higher
     assert across_peak_s(sim, budget, profile) > bound.floor_s
-
-
-@pytest.mark.parametrize("link_gbps", [None, 0.5])  # the profile's (compute-bound here), a slow link
-def test_no_swap_plan_in_any_order_is_faster_than_the_any_order_bound(link_gbps):
-    import dataclasses
-
-    from tflms.passes.order import enforce_order
-    g = mlp_training_graph(8, batch=256, width=256)
-    profile = get_profile("v100-16gb-pcie3")
-    if link_gbps:
-        profile = dataclasses.replace(profile, link_gbps=link_gbps)
-    above_compute = 0
-    for threshold in (1, 2, 4):
-        for sync_mode in (0, 1):
-            plan = plan_swaps(analyze_graph(g), LMSConfig(swapout_threshold=threshold, swapin_ahead=1,
-                                                          sync_mode=sync_mode), accelerator_device="/device:GPU:0")
-            swapped = apply_swaps(g, plan).graph
-            for graph in (swapped, enforce_order(swapped, profile).graph):
-                sim = simulate(graph, profile)
-                bound = any_order_time_bound(g, profile, sim.peak_bytes)
-                assert sim.step_time_s >= bound.floor_s >= bound.compute_s
-                above_compute += bound.floor_s > bound.compute_s
-    if link_gbps:
-        assert above_compute  # on the slow link some copies cannot hide in any order

@@ -6,25 +6,10 @@ import networkx as nx
 
 from tflms.sim import simulate
 from tflms.sim.footprint import footprint_bound
-from tflms.testing import GraphBuilder, mlp_training_graph, two_branch_graph
+from tflms.testing import forward_backward_chain, mlp_training_graph, two_branch_graph
 
 SMALL = (4, 4)  # 64-byte float32 tensors
 BIG = (16, 16)  # 1024-byte float32 tensors
-
-
-def forward_backward_chain():
-    """x -> f1 -> f2 -> f3 -> loss, then g3, g2, g1 read f3, f2, f1 back (a 3-layer step's shape)."""
-    b = GraphBuilder()
-    x = b.op("x", "Placeholder", shape=SMALL)
-    f1 = b.op("f1", "Pad", [x], shape=BIG)
-    f2 = b.op("f2", "Pad", [f1], shape=BIG)
-    f3 = b.op("f3", "Pad", [f2], shape=BIG)
-    loss = b.op("loss", "Sum", [f3], shape=SMALL)
-    g3 = b.op("g3", "MatMul", [loss, f3], shape=BIG)
-    g2 = b.op("g2", "MatMul", [g3, f2], shape=BIG)
-    g1 = b.op("g1", "MatMul", [g2, f1], shape=BIG)
-    b.op("out", "Sum", [g1], shape=SMALL)
-    return b.graph
 
 
 def test_the_saved_activations_and_the_first_gradient_are_live_together_in_every_order():

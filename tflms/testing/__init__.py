@@ -17,11 +17,13 @@ TensorFlow and Keras are imported only when a function needs them.
 """
 
 from tflms.testing.bitwise import Difference, Snapshot, assert_bitwise_equal, bitwise_diff, differences, snapshot
-from tflms.testing.graphs import GraphBuilder, mlp_training_graph, tensor_info, two_branch_graph
+from tflms.testing.graphs import (GraphBuilder, forward_backward_chain, mlp_training_graph, tensor_info,
+                                  two_branch_graph)
 from tflms.testing.models import MODEL_BUILDERS, build_model, make_batches
 from tflms.testing.ran import RanGraphs, op_type_counts, record_run_metadata
 from tflms.testing.steps import make_train_step
 
 __all__ = ["Difference", "GraphBuilder", "MODEL_BUILDERS", "RanGraphs", "Snapshot", "assert_bitwise_equal",
-           "bitwise_diff", "build_model", "differences", "make_batches", "make_train_step", "mlp_training_graph",
-           "op_type_counts", "record_run_metadata", "snapshot", "tensor_info", "two_branch_graph"]
+           "bitwise_diff", "build_model", "differences", "forward_backward_chain", "make_batches", "make_train_step",
+           "mlp_training_graph", "op_type_counts", "record_run_metadata", "snapshot", "tensor_info",
+           "two_branch_graph"]

@@ -54,6 +54,22 @@ def two_branch_graph(small: Sequence[int] = (4, 4), big: Sequence[int] = (16, 16
     return b.graph
 
 
+def forward_backward_chain(small: Sequence[int] = (4, 4), big: Sequence[int] = (16, 16)) -> Graph:
+    """``x -> f1 -> f2 -> f3 -> loss``, then ``g3``, ``g2``, ``g1`` read ``f3``, ``f2``, ``f1`` back and ``out``
+    sums ``g1``: a 3-layer step's shape with one order only (float32: 64 and 1024 bytes by default)."""
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=small)
+    f1 = b.op("f1", "Pad", [x], shape=big)
+    f2 = b.op("f2", "Pad", [f1], shape=big)
+    f3 = b.op("f3", "Pad", [f2], shape=big)
+    loss = b.op("loss", "Sum", [f3], shape=small)
+    g3 = b.op("g3", "MatMul", [loss, f3], shape=big)
+    g2 = b.op("g2", "MatMul", [g3, f2], shape=big)
+    g1 = b.op("g1", "MatMul", [g2, f1], shape=big)
+    b.op("out", "Sum", [g1], shape=small)
+    return b.graph
+
+
 def mlp_training_graph(num_layers: int, *, batch: int = 32, width: int = 64) -> Graph:
     """An MLP training step's structure, ``9 * num_layers + 5`` ops.
 
