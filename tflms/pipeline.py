@@ -161,7 +161,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         gpu = local_gpu() if simulates else None
         choice = select_profile(config.profile, gpu) if simulates else None
         compressor = _compressor(config, analysis, step, example_inputs, choice)
-        tuning, ordered_by_tuner = None, True
+        tuning, ordered_by_tuner, order_before_swaps = None, True, None
         budget_why = None
         if config.auto_tune:
             from tflms.tune.tuner import tune
@@ -179,6 +179,10 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             # The tuner judged each finalist with and without the order's edges; the pass runs only when the
             # winner was the ordered one, so that what runs is what was predicted.
             ordered_by_tuner = result.best.order is not None and result.best.order["applied"]
+            if ordered_by_tuner and result.best.order.get("before_swaps"):
+                # the order was pinned before the swaps (tflms.tune.search.search_order_first): the winner's
+                # graph already has its edges, and no pass may add others
+                ordered_by_tuner, order_before_swaps = False, result.best.order
             if filter_warnings:
                 plan = dataclasses.replace(plan, warnings=tuple(w for w in filter_warnings if w not in plan.warnings)
                                            + plan.warnings)
@@ -193,7 +197,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
                 swapped = clock("compress", lambda: compressor(swapped, plan))
         placed = clock("place", lambda: place_swaps(swapped, plan))
         placed.graph.lint()
-        final, order = placed.graph, None
+        final, order = placed.graph, order_before_swaps
         if config.orders and ordered_by_tuner:
             from tflms.passes.order import enforce_order
             from tflms.sim.simulator import SimOptions

@@ -158,7 +158,8 @@ class RewriteReport:
             lines.append(f"tuning: {self.tuning['reason']}")
             lines.append(self.prediction_text())
         if self.order is not None:
-            lines.append(f"order: {self.order['why']}")
+            when = ", pinned before the swaps, which were chosen in it" if self.order.get("before_swaps") else ""
+            lines.append(f"order: {self.order['why']}{when}")
         if self.accumulations:
             lines.append(self.accumulations_text())
         lines.append(f"swapped: {self.num_swapped} tensors, {format_bytes(self.swapped_bytes)} "

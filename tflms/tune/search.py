@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from tflms.analysis.cto import Analysis
+from tflms.analysis.cto import Analysis, analyze_graph
 from tflms.config import LMSConfig
 from tflms.passes.swaps import apply_swaps
 from tflms.policies.base import IdleTime, PlanContext, SwapPolicy, TflmsRules
@@ -382,6 +382,36 @@ def _copies_can_hide(ev: _Evaluator, baseline: SimResult) -> bool:
         return True
     before_peak = baseline.peak_time_s + NO_OVERHEAD_TOLERANCE * baseline.step_time_s
     return ev.profile.copy_time_s(int(live_overshoot)) <= before_peak
+
+
+def search_order_first(ev: _Evaluator, baseline: SimResult,
+                       search: Callable[[Analysis], list[Candidate]]) -> list[Candidate]:
+    """The no-overhead idle-time search on the step with its memory-aware order pinned *before* the swaps.
+
+    The order pass normally runs after the swaps (:func:`judge_ordered`), so the idle-time search picks its
+    tensors in level order, where the peak and the idle windows fall elsewhere. Here the order pass runs
+    on the unswapped step first (when its edges lower the peak) and ``search`` (the same search, on the
+    analysis of that graph) picks the swaps in the order that will run: at zero predicted overhead
+    ResNet-50, VGG-16 and a Transformer encoder (batch 64 / 32 / 16, v100-16gb-pcie3) save 28.1% / 30.0% /
+    33.7% of the peak against 26.8% / 26.5% / 25.4% the other way (``tools/plan_report.py --ordered``).
+    Each candidate is recorded with ``order_first`` (the order's edges) in its parameters, its order record
+    marked ``before_swaps`` (the pipeline adds no edges after them), and its rewritten graph, edges and swaps.
+    """
+    from tflms.passes.order import enforce_order
+    ordered = enforce_order(ev.analysis.graph, ev.profile, options=ev.sim_options,
+                            level_peak_bytes=baseline.peak_bytes)
+    if not ordered.changed:
+        return []
+    order = {**ordered.report.to_dict(), "before_swaps": True}
+    added = []
+    for c in search(analyze_graph(ordered.graph)):
+        if c.plan is None or not c.plan.swaps:
+            continue
+        graph = apply_swaps(ordered.graph, c.plan, copy_op=ev.copy_op).graph
+        added.append(ev.record(c.strategy, {**c.params, "order_first": ordered.report.num_edges}, c.plan, c.sim,
+                               graph, c.policy, max_overhead=NO_OVERHEAD_TOLERANCE, baseline=baseline, order=order,
+                               what=f"with the order pinned before the swaps ({ordered.report.num_edges} edges)"))
+    return added
 
 
 def _useful_ahead(plan: SwapPlan) -> int:

@@ -51,7 +51,7 @@ from tflms.sim.simulator import SimOptions, SimResult, gc_paused
 from tflms.tune.result import Candidate, TuneResult
 # the searches and their knobs live in tflms.tune.search; the names stay importable from here
 from tflms.tune.search import (FIT_BY_BFC, FIT_BY_LIVE, ORDER_FINALISTS, ORDER_MAX_OVERSHOOT,  # noqa: F401
-                               _Evaluator, judge_ordered, search_distance, search_idle)
+                               _Evaluator, judge_ordered, search_distance, search_idle, search_order_first)
 from tflms.tune.vdnn import search_vdnn
 from tflms.units import format_bytes, parse_bytes
 
@@ -194,6 +194,17 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
         pruned = prune_swaps(ev, min(fitting, key=rank))
         if pruned is not None and pruned.fits:
             fitting.append(pruned)
+    if enforce_order and "idle-time-no-overhead" in strategies and not base.fits and not first_fit and compress is None:
+        # (the search on the ordered step checks there whether copies can hide: level order's peak is elsewhere)
+        def no_overhead_search(ordered: Analysis) -> list:
+            try:
+                return list(tune(ordered, budget=budget_bytes, profile=profile, config=config,
+                                 strategies=["idle-time-no-overhead"], sim_options=sim_options,
+                                 host_budget=host_bytes, copy_op=copy_op, fit_by=fit_by,
+                                 require_backward=require_backward, prune=False).candidates)
+            except BudgetError as err:
+                return list(err.candidates)
+        fitting += [c for c in search_order_first(ev, baseline, no_overhead_search) if c.fits]
     if not fitting:
         smallest = min(ev.candidates, key=lambda c: ev.need(c.sim))
         error = BudgetError(
