@@ -5,7 +5,7 @@ idle-time search picks its swaps in the order that will run. On a slow accelerat
 behind its compute) and a slow link, the branchy step of ``test_schedule`` fits 60% of its peak at zero
 predicted overhead only that way; the tuner's winner is then the ordered graph with its swaps, which
 ``tflms.function`` runs as it is (no order pass after it) and trains bitwise against a plain-vs-plain
-control, with its swap ops in the graph TensorFlow ran.
+control, with its swap ops in the graph TensorFlow ran; so does keras.applications' ResNet50 (slow tier).
 """
 
 from __future__ import annotations
@@ -113,3 +113,43 @@ def test_tflms_function_runs_the_order_pinned_first_and_trains_bitwise(step_grap
     assert losses == plain_losses
     mismatched = [i for i, (a, b) in enumerate(zip(state, plain)) if a != b]
     assert not mismatched, f"{len(mismatched)} variables differ, e.g. index {mismatched[:3]}"
+
+
+@pytest.mark.slow
+def test_a_keras_applications_resnet_trains_bitwise_with_the_order_pinned_first(monkeypatch):
+    """ResNet50 (keras.applications, 64x64, batch 8) on the slow profile at 55% of its peak: the tuner picks the
+    no-overhead plan with the order pinned first; two steps through tflms.function equal plain's bytes."""
+    import keras
+    import tensorflow as tf
+
+    import tflms
+    import tflms.profiles as profiles
+    from tflms.ir import tf_io
+    from tflms.sim import simulate
+    from tflms.testing import assert_bitwise_equal, make_train_step, record_run_metadata, snapshot
+    monkeypatch.setitem(profiles._PROFILES, SLOW.name, SLOW)
+    rng = np.random.RandomState(0)
+    data = [(tf.constant(rng.standard_normal((8, 64, 64, 3)).astype("float32")),
+             tf.constant(rng.randint(0, 10, size=(8,)).astype("int32"))) for _ in range(2)]
+
+    def run(wrap):
+        keras.utils.set_random_seed(0)
+        model = keras.applications.ResNet50(weights=None, input_shape=(64, 64, 3), classes=10)
+        optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+        optimizer.build(model.trainable_variables)
+        fn = wrap(make_train_step(model, optimizer, keras.losses.SparseCategoricalCrossentropy()))
+        with record_run_metadata() as ran:
+            losses = [fn(x, y) for x, y in data]
+        return fn, snapshot(model, optimizer, losses=losses), ran
+
+    plain_fn, plain, _ = run(tf.function)
+    _, again, _ = run(tf.function)
+    assert_bitwise_equal(plain, again, "plain vs plain (the control)")
+    graph = tf_io.from_concrete_function(plain_fn.get_concrete_function(*data[0]))
+    budget = int(simulate(graph, SLOW).peak_with_margin_bytes * 0.55)
+    fn, state, ran = run(lambda s: tflms.function(s, budget=budget, profile=SLOW.name))
+    report = fn.report
+    assert report.tuning["params"].get("order_first") and report.tuning["overhead"] <= 0.001, report.tuning["params"]
+    assert report.order["before_swaps"] and report.num_swapped > 0
+    assert not ran.missing_after_optimization(report.inserted_ops)
+    assert_bitwise_equal(plain, state, "tflms (order pinned first) vs plain")
