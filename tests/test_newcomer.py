@@ -286,7 +286,7 @@ def test_json_carries_full_names_and_every_swap_while_tables_cut_and_say_so():
     assert f"{LONG_SCOPE}_0/Relu:0" not in short and f"{LONG_SCOPE}_0/Relu:0" in wide  # cut short, then whole
     assert all(s.tensor.name in wide for s in report.swaps)
     for text in (short, wide):
-        assert "columns: tensor = the swapped activation" in text and "sync = yes when" in text
+        assert "columns: tensor = the swapped tensor" in text and "sync = yes when" in text
     assert "columns:" not in report.table(legend=False)
 
 

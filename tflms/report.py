@@ -203,7 +203,7 @@ class RewriteReport:
 
 #: What the columns of :meth:`RewriteReport.table` mean.
 LEGEND = (
-    "columns: tensor = the swapped activation (op:output); bytes = its size; lvl = its producer's level "
+    "columns: tensor = the swapped tensor (op:output); bytes = its size; lvl = its producer's level "
     "(longest path from the inputs);",
     "  consumer lvls = levels of the consumers one swap-in feeds (one row per swap-in); trigger (lvl) = the op "
     "whose completion starts that swap-in, and its level;",
