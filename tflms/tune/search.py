@@ -393,7 +393,7 @@ def search_order_first(ev: _Evaluator, baseline: SimResult,
     on the unswapped step first (when its edges lower the peak) and ``search`` (the same search, on the
     analysis of that graph) picks the swaps in the order that will run: at zero predicted overhead
     ResNet-50, VGG-16 and a Transformer encoder (batch 64 / 32 / 16, v100-16gb-pcie3) save 28.1% / 30.0% /
-    33.7% of the peak against 26.8% / 26.5% / 25.4% the other way (``tools/plan_report.py --ordered``).
+    33.7% of the peak (``tools/plan_report.py --ordered``; 26.8% / 26.5% / 25.4% before this search).
     Each candidate is recorded with ``order_first`` (the order's edges) in its parameters, its order record
     marked ``before_swaps`` (the pipeline adds no edges after them), and its rewritten graph, edges and swaps.
     """

@@ -20,6 +20,10 @@ change kept while the plan still fits and is no slower; the pruned plan is one m
 parameters say ``pruned``, ``merged``, ``unsynced``, ``waits_later``, ``earlier``: how many
 swaps changed).
 
+With ``enforce_order=True`` (as the pipeline tunes), ``idle-time-no-overhead`` also runs on the step with
+its memory-aware order pinned before the swaps (:func:`tflms.tune.search.search_order_first`): those
+candidates say ``order_first`` in their parameters, and their graph keeps the order's edges.
+
 The winner is the fitting candidate with the smallest simulated step time (ties:
 fewer swapped bytes). When nothing fits, :class:`~tflms.errors.BudgetError`
 names the smallest budget any candidate reached.
@@ -123,7 +127,8 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     post-processes every candidate's rewritten graph with compressed swaps.
     ``enforce_order``: the pipeline will pin a memory-aware order (:func:`tflms.passes.order.enforce_order`),
     so the finalists (:func:`judge_ordered`) are judged again with the order's edges, and one that fits
-    only in that order can win.
+    only in that order can win; and the no-overhead search runs again with that order pinned before the
+    swaps (:func:`tflms.tune.search.search_order_first`; not with ``first_fit`` or ``compress``).
     ``prune``: after the searches, the fastest fitting candidate's plan is judged again with waits instead of
     the swaps that go out and straight back, without the swaps fitting does not need, with merged swap-ins,
     without the waits for swap-outs it does not need and the others split or later, and with earlier swap-ins
