@@ -54,7 +54,8 @@ from tflms.profiles import DEFAULT_PROFILE, HardwareProfile, get_profile
 from tflms.sim.simulator import SimOptions, SimResult, gc_paused
 from tflms.tune.result import Candidate, TuneResult
 # the searches and their knobs live in tflms.tune.search; the names stay importable from here
-from tflms.tune.search import (FIT_BY_BFC, FIT_BY_LIVE, ORDER_FINALISTS, ORDER_MAX_OVERSHOOT,  # noqa: F401
+from tflms.tune.search import (FIT_BY_BFC, FIT_BY_LIVE, NO_OVERHEAD_TOLERANCE, ORDER_FINALISTS,  # noqa: F401
+                               ORDER_MAX_OVERSHOOT,
                                _Evaluator, judge_ordered, search_distance, search_idle, search_order_first)
 from tflms.tune.vdnn import search_vdnn
 from tflms.units import format_bytes, parse_bytes
@@ -127,8 +128,9 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     post-processes every candidate's rewritten graph with compressed swaps.
     ``enforce_order``: the pipeline will pin a memory-aware order (:func:`tflms.passes.order.enforce_order`),
     so the finalists (:func:`judge_ordered`) are judged again with the order's edges, and one that fits
-    only in that order can win; and the no-overhead search runs again with that order pinned before the
-    swaps (:func:`tflms.tune.search.search_order_first`; not with ``first_fit`` or ``compress``).
+    only in that order can win; and, when no plan fits at zero overhead yet, the no-overhead search runs
+    again with that order pinned before the swaps (:func:`tflms.tune.search.search_order_first`; not with
+    ``first_fit`` or ``compress``).
     ``prune``: after the searches, the fastest fitting candidate's plan is judged again with waits instead of
     the swaps that go out and straight back, without the swaps fitting does not need, with merged swap-ins,
     without the waits for swap-outs it does not need and the others split or later, and with earlier swap-ins
@@ -199,7 +201,9 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
         pruned = prune_swaps(ev, min(fitting, key=rank))
         if pruned is not None and pruned.fits:
             fitting.append(pruned)
-    if enforce_order and "idle-time-no-overhead" in strategies and not base.fits and not first_fit and compress is None:
+    free = any(c.sim.overhead_vs(baseline) <= NO_OVERHEAD_TOLERANCE for c in fitting)  # nothing left to gain
+    if (enforce_order and "idle-time-no-overhead" in strategies and not base.fits and not first_fit
+            and compress is None and not free):
         # (the search on the ordered step checks there whether copies can hide: level order's peak is elsewhere)
         def no_overhead_search(ordered: Analysis) -> list:
             try:
