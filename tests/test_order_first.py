@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from tflms.profiles import HardwareProfile
-from test_schedule import _branchy_model, _traced_step
+from test_order_pass import BATCH, _train, plain_run, tf_quiet  # noqa: F401 (fixtures)
+from test_schedule import _traced_step
 
-BATCH = 32
 #: Compute slow enough (20 GFLOP/s, 20 GB/s) that a 4 GB/s link's copies can hide behind it.
 SLOW = HardwareProfile("test-order-first", 16 * 2**30, 2e10, 20, 4.0, link_latency_s=0.0, launch_overhead_s=0.0)
 #: The budget as a fraction of the unswapped step's peak (with the simulator's margin).
@@ -76,32 +76,13 @@ def test_the_order_pinned_first_is_not_searched_without_the_order_pass_or_the_st
         assert not any("order_first" in c.params for c in candidates), kwargs
 
 
-def _train(wrap, data):
-    import keras
-
-    from tflms.demo import make_train_step
-    model = _branchy_model(0)
-    optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
-    optimizer.build(model.trainable_variables)
-    fn = wrap(make_train_step(model, optimizer))
-    losses = [fn(x, y).numpy().tobytes() for x, y in data]
-    return fn, losses, [v.numpy().tobytes() for v in model.weights + optimizer.variables]
-
-
-def test_tflms_function_runs_the_order_pinned_first_and_trains_bitwise(step_graph, monkeypatch):
-    import tensorflow as tf
-
+def test_tflms_function_runs_the_order_pinned_first_and_trains_bitwise(step_graph, plain_run, monkeypatch):
     import tflms
     import tflms.profiles as profiles
     from tflms.testing import record_run_metadata
     _, budget = step_graph
+    data, plain_losses, plain = plain_run  # trained twice with tf.function, bitwise (the control)
     monkeypatch.setitem(profiles._PROFILES, SLOW.name, SLOW)
-    rng = np.random.RandomState(0)
-    data = [(tf.constant(rng.standard_normal((BATCH, 16, 16, 3)).astype("float32")),
-             tf.constant(rng.randint(0, 10, size=(BATCH,)).astype("int32"))) for _ in range(3)]
-    _, plain_losses, plain = _train(tf.function, data)
-    _, again_losses, again = _train(tf.function, data)
-    assert (plain_losses, plain) == (again_losses, again)  # the control: plain vs plain is bitwise
     with record_run_metadata() as ran:
         fn, losses, state = _train(lambda s: tflms.function(s, budget=budget, profile=SLOW.name), data)
     report = fn.report
