@@ -12,8 +12,8 @@ def tool(load_tool):
     return load_tool("time_floor")
 
 
-def test_points_are_parsed_with_volumes_and_refused_with_the_fix(tool, load_tool):
-    common = load_tool("benchlib/common")
+def test_points_are_parsed_with_volumes_and_refused_with_the_fix(tool):
+    from benchlib import common  # on the path once the tool is loaded
     assert tool.parse_point("vgg16:432:v100-16gb-pcie3") == ("vgg16", 432, "v100-16gb-pcie3")
     assert tool.parse_point("unet3d:208^3:v100-16gb-nvlink2") == ("unet3d", common.unet_index((208, 208, 208)),
                                                                   "v100-16gb-nvlink2")

@@ -93,11 +93,12 @@ def lowest_peak_at_zero_overhead(candidates, baseline, strategy: str) -> int | N
     return min(peaks) if peaks else None
 
 
-def zero_overhead_in_order(graph, base, budget_fraction: float, profile: str) -> dict:
+def zero_overhead_in_order(graph, base, level_link, budget_fraction: float, profile: str) -> dict:
     """``--ordered``, each against ``base`` (the original step in level order): the peak saved by the order
     pass alone on the unswapped step, the link bound in that order, and the lowest zero-overhead peak of any
     candidate of the tune the pipeline runs (``enforce_order=True``: the order pass after the swaps, and the
-    no-overhead search with the order pinned before them) at the lower of the two orders' budgets."""
+    no-overhead search with the order pinned before them) at the lower of the two orders' budgets
+    (``level_link``: level order's :func:`~tflms.sim.bounds.hidden_swap_bound`, which the caller has)."""
     from tflms.errors import BudgetError
     from tflms.passes.order import enforce_order
     from tflms.sim import simulate
@@ -108,7 +109,6 @@ def zero_overhead_in_order(graph, base, budget_fraction: float, profile: str) ->
         return {"ordered_why": ordered.report.why}
     sim = simulate(ordered.graph, profile)
     link = hidden_swap_bound(sim, profile, ordered.graph)
-    level_link = hidden_swap_bound(base, profile, graph)
     budget = max(int(base.resident_bytes + budget_fraction * base.transient_peak_bytes),
                  min(link.lowest_peak_bytes, level_link.lowest_peak_bytes))
     try:
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", default="v100-16gb-pcie3")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--ordered", action="store_true",
-                        help="also search with the unswapped step's memory-aware order pinned first (exploration)")
+                        help="also report the memory-aware order: alone, in the pipeline's tune, and its link bound")
     args = parser.parse_args(argv)
 
     from tflms.errors import BudgetError
@@ -182,7 +182,7 @@ def main(argv=None) -> int:
         record["of_link_bound"] = None if best is None or not link.max_saving else best / link.max_saving
         if args.ordered:
             _say(f"{name}: searching with the memory-aware order pinned first")
-            record.update(zero_overhead_in_order(graph, base, SEARCH_BUDGET_FRACTION, args.profile))
+            record.update(zero_overhead_in_order(graph, base, link, SEARCH_BUDGET_FRACTION, args.profile))
         records.append(record)
         del keep_alive
     if args.json:
