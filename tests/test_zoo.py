@@ -120,6 +120,15 @@ def test_resnet50_fit_at_224_with_grappler_accumulators_is_bitwise():
         "suite runs here, 2026-11-23)"))
 
 
+@pytest.mark.slow
+def test_resnet50_fit_at_96_is_bitwise():
+    """Issue 30's reproducer: ResNet50 at 96x96 through the callback. Where the pre-pass gave grappler another CPU
+    frequency than TensorFlow's own, tflms's step had an accumulator the plain step lacked (319 of 320 weights
+    differed); test_grappler_bitwise checks the decision itself at several frequencies."""
+    plain_ran = fit_matches_plain(_application("ResNet50", 96), _image_data(96, 3))
+    assert plain_ran.step_graph() is not None
+
+
 # ------------------------------------------------------- transformer models
 def _zoo_fit(name: str):
     build = lambda: build_model(name, seed=0, classes=3)  # noqa: E731

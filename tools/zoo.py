@@ -1,7 +1,9 @@
 """Every keras.applications family trained with and without tflms, compared bit for bit.
 
-For each model (``weights=None``, the smallest input the model accepts, 3
-classes, RMSprop, sparse cross-entropy on logits, 2 steps at batch 2) three
+For each model (``weights=None``, 3 classes, RMSprop, sparse cross-entropy on
+logits, 2 steps at batch 2), at each input side of ``--input`` (default: the
+smallest input the model accepts, and 96x96: grappler's decisions depend on the
+tensor sizes, and issue 30 hid at 96 behind a suite run at the minimum), three
 tflms paths are each compared to a plain run of the same path:
 
 - ``fit_t1``: ``model.fit`` + ``tflms.keras.LMS(swapout_threshold=1)``;
@@ -32,7 +34,8 @@ a table on stdout. With ``--probe`` a model whose plain fit differs from itself
 is refitted with oneDNN off, with op determinism, and single-threaded, to name
 the cause.
 
-    python tools/zoo.py --models ResNet50,MobileNetV2,DenseNet121
+    python tools/zoo.py --models ResNet50,MobileNetV2,DenseNet121      # each at its minimum and at 96
+    python tools/zoo.py --models ResNet50 --input 224                  # one side
     python tools/zoo.py --quick                   # fit_t1 and its control only
     python tools/zoo.py --models 'EfficientNet*' --json zoo.json --timeout 1200
     python tools/zoo.py --models InceptionV3 --quick --probe   # name the cause of plain nondeterminism
@@ -307,6 +310,31 @@ def _select(patterns: str | None) -> list[str]:
     return chosen
 
 
+#: the input sides every model runs at by default: its minimum and 96x96.
+DEFAULT_INPUTS = ("min", "96")
+
+
+def _parse_inputs(text: str) -> tuple[int, ...]:
+    """``--input``'s sides (0 for 'min'), in the order given; a ValueError names a bad one."""
+    sides = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if part == "min":
+            sides.append(0)
+        elif part.isdigit() and int(part) > 0:
+            sides.append(int(part))
+        else:
+            raise ValueError(f"--input: {part!r} is not an input side (a positive number of pixels, or 'min')")
+    if not sides:
+        raise ValueError("--input: give at least one input side (e.g. 'min,96')")
+    return tuple(sides)
+
+
+def input_sides(name: str, sides: tuple[int, ...]) -> list[int]:
+    """The distinct sides ``name`` runs at: each of ``sides`` raised to its minimum, in order."""
+    minimum = MIN_INPUT.get(name, DEFAULT_MIN_INPUT)
+    return list(dict.fromkeys(max(minimum, s) for s in sides))
+
+
 def run_model(name: str, paths: tuple[str, ...], timeout_s: float, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one model in its own Python process; a crash or timeout becomes an ``error`` entry."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as out:
@@ -352,11 +380,11 @@ def run_model(name: str, paths: tuple[str, ...], timeout_s: float, env: dict[str
     return result
 
 
-def probe_nondeterminism(name: str, timeout_s: float) -> str:
+def probe_nondeterminism(name: str, timeout_s: float, env: dict[str, str] | None = None) -> str:
     """Which of :data:`PROBES` makes the plain fit equal itself: a cause, or that none did."""
-    for label, env in PROBES:
+    for label, probe in PROBES:
         _say(f"  {name}: plain fit differs from itself; probing with {label}")
-        entry = run_model(name, ("fit_ctl",), timeout_s, env).get("paths", {}).get("fit_ctl", {})
+        entry = run_model(name, ("fit_ctl",), timeout_s, {**(env or {}), **probe}).get("paths", {}).get("fit_ctl", {})
         if entry.get("identical"):
             return f"deterministic with {label}"
     return "still nondeterministic with oneDNN off, op determinism and one thread: cause not found"
@@ -428,9 +456,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK_PATHS)}")
     parser.add_argument("--paths", help=f"comma-separated subset of {', '.join(PATHS)}")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per model (default 1800)")
-    parser.add_argument("--input", type=int, default=0,
-                        help="input side for every model (at least its minimum; default: the minimum). At the "
-                             "minimum the simulated peak is at the weight update, so the budget path swaps nothing")
+    parser.add_argument("--input", default=",".join(DEFAULT_INPUTS),
+                        help="comma-separated input sides, each run for every model ('min': its minimum; a side "
+                             "below a model's minimum is raised to it; default: %(default)s). At the minimum the "
+                             "simulated peak is at the weight update, so the budget path swaps nothing")
     parser.add_argument("--probe", action="store_true",
                         help="when a plain fit differs from itself, retry it with oneDNN off / op determinism / "
                              "one thread to name the cause")
@@ -451,19 +480,24 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(result, f)
         return 0
     models = _select(args.models)
-    if args.input:
-        os.environ[ENV_INPUT] = str(args.input)  # the workers inherit it
-    _say(f"zoo: {len(models)} models, paths {', '.join(paths)}, batch {BATCH}, {STEPS} steps, "
-         f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'default')}")
+    try:
+        sides = _parse_inputs(args.input)
+    except ValueError as err:
+        parser.error(str(err))
+    runs = [(name, side) for name in models for side in input_sides(name, sides)]
+    _say(f"zoo: {len(models)} models, {len(runs)} runs (inputs {args.input}), paths {', '.join(paths)}, batch {BATCH}, "
+         f"{STEPS} steps, TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'default')}")
     results = []
-    for i, name in enumerate(models, 1):
-        _say(f"[{i}/{len(models)}] {name}")
-        result = run_model(name, paths, args.timeout)
+    for i, (name, side) in enumerate(runs, 1):
+        _say(f"[{i}/{len(runs)}] {name} at {side}x{side}")
+        env = {ENV_INPUT: str(side)}  # the worker reads its input side from it
+        result = run_model(name, paths, args.timeout, env)
+        result.setdefault("input", side)
         ctl = result.get("paths", {}).get("fit_ctl") or {}
         if args.probe and ctl.get("identical") is False:
-            result["nondeterminism"] = probe_nondeterminism(name, args.timeout)
+            result["nondeterminism"] = probe_nondeterminism(name, args.timeout, env)
         results.append(result)
-        _say(f"[{i}/{len(models)}] {name}: " + ", ".join(
+        _say(f"[{i}/{len(runs)}] {name} at {side}: " + ", ".join(
             [f"{p} {_cell(e)}" for p, e in result.get("paths", {}).items()] + [result.get("error") or ""]).strip(", "))
     print(table(results))
     if args.json:

@@ -66,24 +66,55 @@ def default_device() -> str:
     return _full_device_name((gpus or tf.config.list_logical_devices("CPU"))[0].name)
 
 
-def _cpu_cores() -> int:
-    import os
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 0
-
-
 @functools.lru_cache(maxsize=1)
-def _cpu_mhz() -> int:
+def _local_device_properties() -> dict[tuple[str, int], object]:
+    """TensorFlow's own ``DeviceProperties`` of this machine's devices, ``{(type, index): properties}``.
+
+    Function instantiation gives grappler a ``VirtualCluster`` whose devices are
+    described by ``GetDeviceInfo`` (``grappler/clusters/utils.cc``): a CPU's
+    vendor, model, cores, frequency, caches and instruction sets; a GPU's SMs,
+    clock, bandwidth and compute capability. Grappler's cost model reads them (a
+    CPU's FLOP/s are its cores times its frequency), and the memory optimizer's
+    decision to turn an ``AddN`` into an accumulator follows the schedule that
+    cost model predicts. So the pre-pass must give grappler the same figures, and
+    only TensorFlow knows them exactly: its CPU frequency is half the
+    ``bogomips`` of ``/proc/cpuinfo`` (``CpuUtils::GetCycleCounterFrequency``),
+    not the ``cpu MHz`` line, which differs wherever the kernel reports the current
+    clock (issue 30: an accumulator in tflms's step and none in the user's). A
+    ``SingleMachine`` cluster (``Cluster()`` with no devices) lists them through the
+    same ``GetDeviceInfo``. ``{}`` when it cannot be made (logged; the caller then
+    describes the devices itself, and grappler may decide differently).
+    """
     try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("cpu MHz"):
-                    return int(float(line.split(":", 1)[1]))
-    except (OSError, ValueError):
-        pass
-    return 0
+        from tensorflow.python.grappler import cluster as gcluster
+    except ImportError as err:
+        raise _unsupported("grappler Python bindings (tensorflow.python.grappler)", err) from err
+    try:
+        local = gcluster.Cluster()
+    except Exception as err:  # noqa: BLE001 - TensorFlow raises its own error types from the C++ side
+        logger.warning("tflms: TensorFlow could not describe this machine's devices (%s: %s); grappler's cost model "
+                       "may see other figures here than at function instantiation", type(err).__name__, err)
+        return {}
+    try:
+        found = {}
+        for named in local.ListDevices():
+            kind, _, index = named.name.rpartition("/device:")[2].partition(":")
+            found[(kind, int(index or 0))] = named.properties
+        return found
+    finally:
+        local.Shutdown()
+
+
+def _tf_properties(device_type: str, index: int):
+    """A copy of TensorFlow's ``DeviceProperties`` of this device (a logical CPU: the CPU's), or ``None``."""
+    from tensorflow.core.protobuf import device_properties_pb2
+    local = _local_device_properties()
+    found = local.get((device_type, index if device_type != "CPU" else 0))
+    if found is None:
+        return None
+    props = device_properties_pb2.DeviceProperties()
+    props.CopyFrom(found)
+    return props
 
 
 #: The ``memory_limit`` TensorFlow gives every CPU device (``ThreadPoolDevice`` in
@@ -122,30 +153,34 @@ def _named_devices():
     """This process's logical devices with the properties function instantiation gives grappler.
 
     At instantiation grappler's cluster is a ``VirtualCluster`` over the runtime's
-    devices (``virtual_cluster.cc``), whose ``memory_size`` is each device's
-    ``memory_limit``. The memory optimizer reads it: its scheduling pass rewrites an
-    ``AddN`` of more than two inputs into a ``TemporaryVariable`` accumulator when the
-    statically estimated peak passes 80% of it. Left at 0 (unknown), that pass never
-    runs here while it does in the user's own function (e.g. ResNet50 at 224x224,
-    whose estimate passes 80% of a CPU device's 256 MiB).
+    devices (``virtual_cluster.cc``): each described as TensorFlow describes it
+    (:func:`_local_device_properties`), with ``memory_size`` set to the device's
+    ``memory_limit``. The memory optimizer reads both: its scheduling pass rewrites
+    an ``AddN`` of more than two inputs into a ``TemporaryVariable`` accumulator when
+    the peak it estimates on a schedule of the cost model's op times passes 80% of
+    the memory. Left at 0 (unknown), that pass never runs here while it does in the
+    user's own function (e.g. ResNet50 at 224x224, whose estimate passes 80% of a CPU
+    device's 256 MiB); with another frequency it may run here and not there.
     """
     import tensorflow as tf
     from tensorflow.core.protobuf import device_properties_pb2
     devices = []
     for logical in tf.config.list_logical_devices():
-        props = device_properties_pb2.DeviceProperties(type=logical.device_type)
-        if logical.device_type == "CPU":  # as grappler's GetLocalCPUInfo: cores and MHz (0 when unknown)
-            props.num_cores, props.frequency = _cpu_cores(), _cpu_mhz()
+        index = int(logical.name.rsplit(":", 1)[-1])
+        props = _tf_properties(logical.device_type, index)
+        if props is None:  # TensorFlow did not list it: the figures grappler's cost model needs least
+            props = device_properties_pb2.DeviceProperties(type=logical.device_type)
+            if logical.device_type == "GPU":  # the layout optimizer reads the compute capability
+                physical = tf.config.list_physical_devices("GPU")
+                if index < len(physical):
+                    details = tf.config.experimental.get_device_details(physical[index])
+                    capability = details.get("compute_capability")
+                    if capability:
+                        props.environment["architecture"] = f"{capability[0]}.{capability[1]}"
+                    props.vendor = "NVIDIA"
+        if logical.device_type == "CPU":
             props.memory_size = CPU_DEVICE_MEMORY_LIMIT
-        if logical.device_type == "GPU":  # the layout optimizer reads the compute capability
-            physical = tf.config.list_physical_devices("GPU")
-            index = int(logical.name.rsplit(":", 1)[-1])
-            if index < len(physical):
-                details = tf.config.experimental.get_device_details(physical[index])
-                capability = details.get("compute_capability")
-                if capability:
-                    props.environment["architecture"] = f"{capability[0]}.{capability[1]}"
-                props.vendor = "NVIDIA"
+        if logical.device_type == "GPU":
             gpu_limits = _gpu_memory_limits()  # device_lib builds device objects: once per process
             props.memory_size = gpu_limits[index] if index < len(gpu_limits) else 0
         devices.append(device_properties_pb2.NamedDevice(name=_full_device_name(logical.name), properties=props))
