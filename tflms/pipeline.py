@@ -172,7 +172,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             result = clock("tune", lambda: tune(analysis, budget=budget, profile=choice.name,
                                                 config=config, copy_op=copy_op, fit_by=config.fit_by,
                                                 compress=compressor, progress=progress,
-                                                enforce_order=config.orders))
+                                                enforce_order=config.orders, require_backward=require_backward))
             planned = accelerator if accelerator != config.host_device else PROFILE_DEVICE
             plan = result.best.plan or _empty_plan(config, planned)
             swapped, tuning = result.graph, result.to_dict()
@@ -205,6 +205,23 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
                                                            options=SimOptions(host_device=config.host_device)))
             ordered.graph.lint()
             final, order = ordered.graph, ordered.report.to_dict()
+        pinned_by_guarantee = False
+        if config.auto_tune:
+            # The verdict was simulated in one order; TensorFlow's executor runs any order the edges allow
+            # (issue 31). Hold it to the budget: pinned already, proved for every order, pinned now, or said.
+            from tflms.passes.order import hold_to_budget
+            from tflms.sim.simulator import SimOptions
+            edges_before = order is not None and order.get("applied")
+            final, order = clock("guarantee", lambda: hold_to_budget(
+                final, order, budget_bytes=result.budget_bytes, options=SimOptions(host_device=config.host_device),
+                pin=config.orders))
+            pinned_by_guarantee = bool(order.get("applied")) and not edges_before
+            final.lint()
+            if not _grappler_done_before(step, original):
+                order["guarantee_why"] += ("; and grappler runs on this step after the rewrite (it was rewritten "
+                                           "before grappler), so ops it fuses or removes change the peak")
+            if order["guarantee"] == "not-guaranteed" or not _grappler_done_before(step, original):
+                plan = dataclasses.replace(plan, warnings=plan.warnings + (order["guarantee_why"],))
         inserted = inserted_ops(graph, final)
         hardware = hardware_record(choice, planned_for=plan.accelerator_device, runs_on=accelerator,
                                    simulated=config.auto_tune)
@@ -222,10 +239,19 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             # Nothing inserted (the step fits, or nothing qualifies): the user's own function, as TensorFlow runs
             # it; a rebuilt one would run the pre-optimized graph, identical only where the pre-pass mimics
             # TensorFlow exactly (docs/design.md, "Exceptions to bitwise").
-            function = original if not inserted and original is not None else clock(
+            function = original if not inserted and not pinned_by_guarantee and original is not None else clock(
                 "build", lambda: _build(final, step, inserted))
         return StepRewrite(graph=final, analysis=analysis, report=report, placement=placed.report,
                            function=function)
+
+
+def _grappler_done_before(step: Any, original: Any) -> bool:
+    """Whether grappler ran before the rewrite (LOAD's pre-pass), so that none runs after it; ``True`` for a
+    graph that is no ``ConcreteFunction`` (nothing of it is instantiated here)."""
+    if original is None or not tf_io.is_concrete_function(step):
+        return True
+    from tflms._compat import grappler as compat
+    return compat.is_grappler_done(step)
 
 
 def _accumulator_pins(step: Any) -> tuple[dict[str, Any], ...]:

@@ -26,7 +26,10 @@ class RewriteReport:
     hardware: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: the order pass's record (:meth:`tflms.passes.order.OrderReport.to_dict`: ``applied``, ``edges`` (how
     #: many), ``heuristic``, peaks, ``why``); ``None`` when the pass did not run (``LMSConfig.orders`` off, or
-    #: the tuner's winner was judged without the order's edges)
+    #: the tuner's winner was judged without the order's edges). A budgeted rewrite's record also says how
+    #: TensorFlow's executor is held to the budget (:func:`tflms.passes.order.hold_to_budget`): ``guarantee``
+    #: (pinned / any-order / not-guaranteed), ``any_order_bound_bytes`` (the most any order can peak; ``None``
+    #: when pinned by the tuner) and ``guarantee_why``
     order: dict[str, Any] | None = None
     #: each grappler accumulator's pinned summation order (:meth:`tflms.ir.preoptimize.AccumulatorPin.to_dict`:
     #: ``result``, ``order`` (its AssignAdds, first to last), ``source`` (observed / cpu-pool / gpu-inline), ``why``)
@@ -159,7 +162,10 @@ class RewriteReport:
             lines.append(self.prediction_text())
         if self.order is not None:
             when = ", pinned before the swaps, which were chosen in it" if self.order.get("before_swaps") else ""
-            lines.append(f"order: {self.order['why']}{when}")
+            if "why" in self.order:
+                lines.append(f"order: {self.order['why']}{when}")
+            if self.order.get("guarantee_why"):
+                lines.append(f"budget in TensorFlow's executor: {self.order['guarantee_why']}")
         if self.accumulations:
             lines.append(self.accumulations_text())
         lines.append(f"swapped: {self.num_swapped} tensors, {format_bytes(self.swapped_bytes)} "

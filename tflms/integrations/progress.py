@@ -93,4 +93,6 @@ def summary_line(prefix: str, report: RewriteReport, what: str) -> str:
     predicted = f"; {report.prediction_text()}" if report.prediction() else ""
     return (f"{prefix}: {what}: {report.num_swapped} tensors swapped ({format_bytes(report.swapped_bytes)}) from "
             f"{report.plan.accelerator_device} to {config.host_device} ({how}){predicted}\n"
-            f"  {report.hardware_text()}")
+            f"  {report.hardware_text()}"
+            + (f"\n  budget in TensorFlow's executor: {report.order['guarantee_why']}"
+               if report.order and report.order.get("guarantee_why") else ""))

@@ -103,3 +103,71 @@ def enforce_order(graph: Graph, profile: Any, *, options: SimOptions | None = No
     return PassResult(ordered, True, OrderReport(tuple(edges), True, chosen.chosen, level_peak, ordered_peak,
                                                  f"{len(edges)} order edges ({chosen.chosen} schedule) lower the "
                                                  "simulated peak", ordered_sim=ordered_sim))
+
+
+#: How a budgeted rewrite holds TensorFlow's executor to its verdict (``RewriteReport.order["guarantee"]``).
+GUARANTEE_PINNED = "pinned"  # control edges make the executor run the order the verdict was simulated in
+GUARANTEE_ANY_ORDER = "any-order"  # no edges needed: every order peaks at most the bound, within the budget
+GUARANTEE_NONE = "not-guaranteed"  # the executor may take another order, peaking up to the bound
+
+
+def pin_level_order(graph: Graph, *, options: SimOptions | None = None,
+                    min_bytes: int = DEFAULT_MIN_BYTES) -> PassResult:
+    """Pin ``graph``'s level order, the order the simulator and the tuner judge a graph in without edges.
+
+    The fewest control edges that make the ordered ops (:func:`tflms.schedule.edges.ordered_ops`, fusion-safe)
+    run in level order. Returns a :class:`PassResult` whose report is an :class:`OrderReport`
+    (``heuristic`` ``"level"``); ``graph`` itself when its own edges already order those ops.
+    """
+    options = options or SimOptions()
+    level = schedule_with_report(graph, options=options, heuristics=("level",))
+    edges = order_edges(graph, list(level.order), options=options, min_bytes=min_bytes, model=level.model)
+    peak = level.peaks["level"]
+    if not edges:
+        return PassResult(graph, False, OrderReport((), False, "level", peak, None,
+                                                    "no edge needed: the graph's own edges already run its large "
+                                                    "ops in level order"))
+    return PassResult(add_order_edges(graph, edges), True, OrderReport(
+        tuple(edges), True, "level", peak, peak, f"{len(edges)} order edges pin level order, in which the plan "
+                                                 "was judged"))
+
+
+def hold_to_budget(graph: Graph, order: dict[str, Any] | None, *, budget_bytes: int,
+                   options: SimOptions | None = None, pin: bool = True) -> tuple[Graph, dict[str, Any]]:
+    """Make TensorFlow's executor keep a budgeted rewrite under ``budget_bytes`` (issue 31), and say how.
+
+    ``graph``: the rewrite as it will run; ``order``: the order record it already has
+    (:meth:`OrderReport.to_dict`, or ``None``). When that record says its edges were applied, the
+    verdict's order is pinned already. Otherwise the upper bound over every execution
+    (:func:`tflms.sim.footprint.any_order_peak_bound`) decides: within the budget, no order TensorFlow may
+    take goes over it and nothing is added; above it, level order is pinned (:func:`pin_level_order`) when
+    ``pin``, else the record says the peak is not guaranteed and by how much it could rise. Returns the
+    graph to run and the order record with ``guarantee`` (:data:`GUARANTEE_PINNED`,
+    :data:`GUARANTEE_ANY_ORDER` or :data:`GUARANTEE_NONE`), ``any_order_bound_bytes`` and ``guarantee_why``.
+    """
+    from tflms.sim.footprint import any_order_peak_bound
+    from tflms.units import format_bytes
+    record = dict(order or {})
+    if record.get("applied"):
+        record.update(guarantee=GUARANTEE_PINNED, any_order_bound_bytes=None,
+                      guarantee_why="the order the plan was judged in is pinned by control edges")
+        return graph, record
+    bound = any_order_peak_bound(graph, options)
+    record["any_order_bound_bytes"] = bound.bound_bytes
+    if bound.bound_bytes <= budget_bytes:
+        record.update(guarantee=GUARANTEE_ANY_ORDER, guarantee_why=(
+            f"no order pinned: in any order TensorFlow may take, the step peaks at most "
+            f"{format_bytes(bound.bound_bytes)} (an upper bound), within the budget {format_bytes(budget_bytes)}"))
+        return graph, record
+    if pin:
+        pinned = pin_level_order(graph, options=options)
+        record.update(pinned.report.to_dict())
+        record.update(guarantee=GUARANTEE_PINNED, guarantee_why=(
+            f"level order pinned ({pinned.report.num_edges} edges): unpinned, another order could peak up to "
+            f"{format_bytes(bound.bound_bytes)}, over the budget {format_bytes(budget_bytes)}"))
+        return pinned.graph, record
+    record.update(guarantee=GUARANTEE_NONE, guarantee_why=(
+        f"the peak is not guaranteed: no order is pinned (enforce_order off), and TensorFlow's executor may take "
+        f"another order than the one simulated, peaking up to {format_bytes(bound.bound_bytes)} (an upper bound "
+        f"over every order, at {bound.op}) against the budget {format_bytes(budget_bytes)}"))
+    return graph, record

@@ -125,6 +125,7 @@ class Cuts:
         self._prod = np.where(self._made, producer, 0)
         self._size = np.asarray(m.size, dtype=np.int64)
         self._pinned = np.asarray(m.pinned, dtype=bool)
+        self._needed = np.asarray(m.needed, dtype=bool)
         # readers of every buffer, flattened (CSR): "some reader is a descendant" is one reduceat per op
         counts = np.asarray([len(r) for r in m.readers], dtype=np.int64)
         self._flat = np.asarray([r for rs in m.readers for r in rs], dtype=np.int64)
@@ -158,6 +159,64 @@ class Cuts:
                     cut -= m.size[out]  # some order makes op i the input's last reader: it may write into it
                     break
         return cut, a, d
+
+
+    def may_live(self, i: int) -> int:
+        """Transient device bytes that may be live while op ``i`` runs in *some* execution, parallel ones
+        included (see :func:`any_order_peak_bound`): buffers whose producer is not a strict descendant of
+        ``i`` and that are pinned, made by ``i``, or read by some op that is not a strict ancestor of ``i``.
+        Forwarding is ignored (it only shares buffers)."""
+        a, d = self._as_array(self._anc[i]), self._as_array(self._desc[i])
+        a[i] = d[i] = False  # strict ancestors and descendants
+        read_later = np.zeros(len(self._size), dtype=bool)
+        if len(self._flat):
+            hits = np.add.reduceat((~a[self._flat]).astype(np.int64), self._starts[self._has_readers])
+            read_later[self._has_readers] = hits > 0
+        made = self._made & self._needed[self._prod] & ~d[self._prod]
+        counted = made & (self._pinned | (self._producer == i) | read_later)
+        return int(self._size[counted].sum())
+
+
+@dataclasses.dataclass(frozen=True)
+class AnyOrderPeak:
+    """The most accelerator bytes a step can hold at once in any execution (see :func:`any_order_peak_bound`)."""
+
+    resident_bytes: int
+    transient_bytes: int  # the most transient bytes that may be live while ``op`` runs
+    op: str
+
+    @property
+    def bound_bytes(self) -> int:
+        return self.resident_bytes + self.transient_bytes
+
+
+def any_order_peak_bound(graph: Graph, options=None) -> AnyOrderPeak:
+    """An upper bound on the accelerator peak of ``graph`` in every order TensorFlow's executor may take.
+
+    The executor runs any op whose inputs are ready, on several threads at once, so the order the
+    simulator judged (level order, or a schedule) holds only where control edges pin it. Under the
+    simulator's memory model a buffer is live from its producer's start until its last reader ends. At the
+    peak some op ``x`` has just allocated (live bytes grow only then) and is running, and a buffer live then has
+    a producer that started (so it is not a strict descendant of ``x``: those start after ``x`` ends)
+    and a reader that has not ended (so not all its readers are strict ancestors of ``x``: those ended
+    before ``x`` started), or it is pinned (a function output). The bytes of every such buffer, maximised
+    over ``x``, bound every execution's live bytes, parallel ones included; each buffer alone is live
+    with ``x`` in some sequential order, but not necessarily all of them together, so the bound may be
+    above every order's real peak. Resident bytes (variables, arguments) are added. ``options``: the
+    simulator's :class:`~tflms.sim.simulator.SimOptions` (host device, pruning). Linear bitset work per
+    op: about a second on a ResNet-50 step.
+    """
+    from tflms.schedule.memory import buffer_model
+    cuts = Cuts(buffer_model(graph, options))
+    m = cuts.model
+    best, best_op = 0, ""
+    for i in range(len(m)):
+        if not m.needed[i] or not m.allocs[i]:  # live bytes grow only when an op allocates
+            continue
+        live = cuts.may_live(i)
+        if live > best or (live == best and best_op and m.names[i] < best_op):
+            best, best_op = live, m.names[i]
+    return AnyOrderPeak(resident_bytes=m.resident_bytes, transient_bytes=best, op=best_op)
 
 
 def footprint_bound(graph: Graph, options=None) -> FootprintBound:
