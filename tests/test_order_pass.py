@@ -137,18 +137,26 @@ def test_the_tuner_accepts_a_step_that_fits_only_in_the_enforced_order():
     assert result.to_dict()["candidates"][-1]["order_edges"] == result.best.order["edges"]
 
 
-def test_a_winner_judged_without_edges_gets_none(tf_quiet):
-    """A step that fits unswapped in level order: the tuner's winner has no order, so the pass does not run."""
+def test_a_winner_judged_without_edges_gets_no_order_pass_only_the_budget_guarantee(tf_quiet):
+    """A step that fits unswapped in level order: the tuner's winner has no order, so the order pass does not run;
+    the budget guarantee (issue 31) pins level order where another order could go over the budget, and adds
+    nothing where every order fits."""
     from test_schedule import _traced_step
 
     from tflms.pipeline import rewrite_step
     _, _, _, cf = _traced_step(0)
     roomy = rewrite_step(cf, LMSConfig(batch_size=BATCH, budget_bytes="10MiB"), build=False)
-    assert roomy.report.tuning["strategy"] == "none" and roomy.report.order is None
+    assert roomy.report.tuning["strategy"] == "none"
+    assert roomy.report.order["guarantee"] == "pinned" and roomy.report.order["heuristic"] == "level"
+    assert roomy.report.order["any_order_bound_bytes"] > 10 << 20
+    loose = rewrite_step(cf, LMSConfig(batch_size=BATCH, budget_bytes="40MiB"), build=False)
+    assert loose.report.order["guarantee"] == "any-order" and not loose.report.order.get("applied")
+    assert len(loose.graph.ops) == len(loose.analysis.graph.ops)
     tight = rewrite_step(cf, LMSConfig(batch_size=BATCH, budget_bytes="4.3MiB"), build=False)
     assert tight.report.order is not None and tight.report.order["edges"] > 0  # the control: same step, tighter
+    assert tight.report.order["heuristic"] != "level"  # the order pass's schedule, which the tuner judged
     off = rewrite_step(cf, LMSConfig(batch_size=BATCH, budget_bytes="4.3MiB", enforce_order=False), build=False)
-    assert off.report.order is None
+    assert off.report.order["guarantee"] == "not-guaranteed" and not off.report.order.get("applied")
 
 
 def test_a_small_op_is_ordered_when_only_it_keeps_an_unordered_big_reader_early():
