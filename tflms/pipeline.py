@@ -161,7 +161,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         gpu = local_gpu() if simulates else None
         choice = select_profile(config.profile, gpu) if simulates else None
         compressor = _compressor(config, analysis, step, example_inputs, choice)
-        tuning, ordered_by_tuner, order_before_swaps = None, True, None
+        tuning = None
         budget_why = None
         if config.auto_tune:
             from tflms.tune.tuner import tune
@@ -176,13 +176,6 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             planned = accelerator if accelerator != config.host_device else PROFILE_DEVICE
             plan = result.best.plan or _empty_plan(config, planned)
             swapped, tuning = result.graph, result.to_dict()
-            # The tuner judged each finalist with and without the order's edges; the pass runs only when the
-            # winner was the ordered one, so that what runs is what was predicted.
-            ordered_by_tuner = result.best.order is not None and result.best.order["applied"]
-            if ordered_by_tuner and result.best.order.get("before_swaps"):
-                # the order was pinned before the swaps (tflms.tune.search.search_order_first): the winner's
-                # graph already has its edges, and no pass may add others
-                ordered_by_tuner, order_before_swaps = False, result.best.order
             if filter_warnings:
                 plan = dataclasses.replace(plan, warnings=tuple(w for w in filter_warnings if w not in plan.warnings)
                                            + plan.warnings)
@@ -197,31 +190,31 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
                 swapped = clock("compress", lambda: compressor(swapped, plan))
         placed = clock("place", lambda: place_swaps(swapped, plan))
         placed.graph.lint()
-        final, order = placed.graph, order_before_swaps
-        if config.orders and ordered_by_tuner:
-            from tflms.passes.order import enforce_order
+        final, order, pinned_by_guarantee = placed.graph, None, False
+        if config.auto_tune or config.orders:
+            from tflms.passes.order import GUARANTEE_NONE, apply_tuned_order, enforce_order, hold_to_budget
             from tflms.sim.simulator import SimOptions
-            ordered = clock("order", lambda: enforce_order(placed.graph, choice.name,
-                                                           options=SimOptions(host_device=config.host_device)))
-            ordered.graph.lint()
-            final, order = ordered.graph, ordered.report.to_dict()
-        pinned_by_guarantee = False
+            options = SimOptions(host_device=config.host_device)
         if config.auto_tune:
+            final, order = clock("order", lambda: apply_tuned_order(final, result.best.order, choice.name,
+                                                                    options=options))
             # The verdict was simulated in one order; TensorFlow's executor runs any order the edges allow
             # (issue 31). Hold it to the budget: pinned already, proved for every order, pinned now, or said.
-            from tflms.passes.order import hold_to_budget
-            from tflms.sim.simulator import SimOptions
-            edges_before = order is not None and order.get("applied")
-            final, order = clock("guarantee", lambda: hold_to_budget(
-                final, order, budget_bytes=result.budget_bytes, options=SimOptions(host_device=config.host_device),
-                pin=config.orders))
+            edges_before = bool(order and order.get("applied"))  # the order pass may run and add nothing
+            final, order = clock("guarantee", lambda: hold_to_budget(final, order, budget_bytes=result.budget_bytes,
+                                                                     options=options, pin=config.orders))
             pinned_by_guarantee = bool(order.get("applied")) and not edges_before
             final.lint()
-            if not _grappler_done_before(step, original):
+            grappler_after = not _grappler_done_before(step, original)
+            if grappler_after:
                 order["guarantee_why"] += ("; and grappler runs on this step after the rewrite (it was rewritten "
                                            "before grappler), so ops it fuses or removes change the peak")
-            if order["guarantee"] == "not-guaranteed" or not _grappler_done_before(step, original):
+            if order["guarantee"] == GUARANTEE_NONE or grappler_after:
                 plan = dataclasses.replace(plan, warnings=plan.warnings + (order["guarantee_why"],))
+        elif config.orders:
+            ordered = clock("order", lambda: enforce_order(placed.graph, choice.name, options=options))
+            ordered.graph.lint()
+            final, order = ordered.graph, ordered.report.to_dict()
         inserted = inserted_ops(graph, final)
         hardware = hardware_record(choice, planned_for=plan.accelerator_device, runs_on=accelerator,
                                    simulated=config.auto_tune)

@@ -245,12 +245,9 @@ def tuned_rewrite(case: Case, budget_fraction: float, free_order: bool = False, 
         swapped = 0 if result.best.plan is None else len(result.best.plan.swaps)
         params = {"strategy": result.strategy, **result.best.params, "budget_fraction": round(fraction, 3)}
         graph = result.graph
-        if not free_order:  # as the pipeline: the order pass when the tuner judged its winner ordered, then the
-            from tflms.passes.order import enforce_order as order_pass, hold_to_budget  # budget guarantee
-            order = result.best.order
-            if order is not None and order["applied"] and not order.get("before_swaps"):
-                ordered = order_pass(graph, profile, options=EMULATION_SIM_OPTIONS)
-                graph, order = ordered.graph, ordered.report.to_dict()
+        if not free_order:  # the pipeline's stages: the order the tuner judged in, then the budget guarantee
+            from tflms.passes.order import apply_tuned_order, hold_to_budget
+            graph, order = apply_tuned_order(graph, result.best.order, profile, options=EMULATION_SIM_OPTIONS)
             graph, order = hold_to_budget(graph, order, budget_bytes=budget, options=EMULATION_SIM_OPTIONS)
             params["order"] = order.get("heuristic") if order.get("applied") else "free"
             params["order_edges"] = order.get("edges", 0) if order.get("applied") else 0

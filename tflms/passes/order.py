@@ -111,6 +111,25 @@ GUARANTEE_ANY_ORDER = "any-order"  # no edges needed: every order peaks at most 
 GUARANTEE_NONE = "not-guaranteed"  # the executor may take another order, peaking up to the bound
 
 
+def apply_tuned_order(graph: Graph, verdict: dict[str, Any] | None, profile: Any, *,
+                      options: SimOptions | None = None) -> tuple[Graph, dict[str, Any] | None]:
+    """The order the tuner judged its winner in, on the graph that will run; returns ``(graph, order record)``.
+
+    ``verdict``: the winner's order record (``Candidate.order``). The tuner judged each finalist with and
+    without the order pass's edges; the pass runs only when the winner was the ordered one, so that what
+    runs is what was predicted. A winner whose order was pinned before the swaps
+    (:func:`tflms.tune.search.search_order_first`) already has its edges, and no pass may add others. A
+    winner judged without edges gets ``(graph, None)`` (:func:`hold_to_budget` decides what it needs).
+    """
+    if verdict is None or not verdict["applied"]:
+        return graph, None
+    if verdict.get("before_swaps"):
+        return graph, verdict
+    ordered = enforce_order(graph, profile, options=options)
+    ordered.graph.lint()
+    return ordered.graph, ordered.report.to_dict()
+
+
 def pin_level_order(graph: Graph, *, options: SimOptions | None = None,
                     min_bytes: int = DEFAULT_MIN_BYTES) -> PassResult:
     """Pin ``graph``'s level order, the order the simulator and the tuner judge a graph in without edges.

@@ -144,11 +144,7 @@ class Cuts:
         the model's ops (the ancestors include ``i``)."""
         m = self.model
         a, d = self._as_array(self._anc[i]), self._as_array(self._desc[i])
-        read_later = np.zeros(len(self._size), dtype=bool)
-        if len(self._flat):
-            hits = np.add.reduceat(d[self._flat].astype(np.int64), self._starts[self._has_readers])
-            read_later[self._has_readers] = hits > 0
-        counted = self._made & a[self._prod] & (self._pinned | (self._producer == i) | read_later)
+        counted = self._made & a[self._prod] & (self._pinned | (self._producer == i) | self._read_by(d))
         cut = int(self._size[counted].sum())
         d[i] = False  # strict descendants
         out = m.forward_out[i]
@@ -160,6 +156,13 @@ class Cuts:
                     break
         return cut, a, d
 
+    def _read_by(self, ops: np.ndarray) -> np.ndarray:
+        """By buffer: whether some reader of it is among ``ops`` (a boolean array over the model's ops)."""
+        hit = np.zeros(len(self._size), dtype=bool)
+        if len(self._flat):
+            hits = np.add.reduceat(ops[self._flat].astype(np.int64), self._starts[self._has_readers])
+            hit[self._has_readers] = hits > 0
+        return hit
 
     def may_live(self, i: int) -> int:
         """Transient device bytes that may be live while op ``i`` runs in *some* execution, parallel ones
@@ -168,12 +171,8 @@ class Cuts:
         Forwarding is ignored (it only shares buffers)."""
         a, d = self._as_array(self._anc[i]), self._as_array(self._desc[i])
         a[i] = d[i] = False  # strict ancestors and descendants
-        read_later = np.zeros(len(self._size), dtype=bool)
-        if len(self._flat):
-            hits = np.add.reduceat((~a[self._flat]).astype(np.int64), self._starts[self._has_readers])
-            read_later[self._has_readers] = hits > 0
         made = self._made & self._needed[self._prod] & ~d[self._prod]
-        counted = made & (self._pinned | (self._producer == i) | read_later)
+        counted = made & (self._pinned | (self._producer == i) | self._read_by(~a))
         return int(self._size[counted].sum())
 
 
@@ -204,7 +203,8 @@ def any_order_peak_bound(graph: Graph, options=None) -> AnyOrderPeak:
     with ``x`` in some sequential order, but not necessarily all of them together, so the bound may be
     above every order's real peak. Resident bytes (variables, arguments) are added. ``options``: the
     simulator's :class:`~tflms.sim.simulator.SimOptions` (host device, pruning). Linear bitset work per
-    op: about a second on a ResNet-50 step.
+    op: 0.3 s on the bench's ResNet-50 step, 1.7 s on BERT-base's (docs/design.md, "Holding the executor
+    to the budget").
     """
     from tflms.schedule.memory import buffer_model
     cuts = Cuts(buffer_model(graph, options))
