@@ -219,3 +219,24 @@ class LMSConfig:
             raise ConfigError(f"unknown tflms option(s) {unknown}. {hint}".strip())
         base = config or cls()
         return dataclasses.replace(base, **kwargs) if kwargs else base
+
+    @classmethod
+    def from_options(cls, config: "LMSConfig | None", options: dict[str, Any],
+                     unknown: dict[str, Any] | None = None) -> "LMSConfig":
+        """Build from the named keyword arguments of an entry point (``tflms.keras.LMS``, ``tflms.function``).
+
+        ``options`` maps :func:`option_names` to values; ``None`` means "not given": the value of
+        ``config``, or the field's default. ``unknown`` holds any other keyword the caller received;
+        a misspelt name is refused with the closest option's name.
+        """
+        given = {k: v for k, v in options.items() if v is not None}
+        return cls.from_kwargs(config, **given, **(unknown or {}))
+
+
+def option_names() -> tuple[str, ...]:
+    """The keyword names the entry points take for :class:`LMSConfig`'s fields, in field order.
+
+    ``budget`` stands for ``budget_bytes`` (the field keeps the unit in its name; the
+    entry points take ``"12GiB"`` or bytes under the shorter name).
+    """
+    return tuple("budget" if f.name == "budget_bytes" else f.name for f in dataclasses.fields(LMSConfig))

@@ -27,19 +27,19 @@ import dataclasses
 import functools
 import logging
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from tflms.config import LMSConfig
+from tflms.config import LMSConfig, option_names
 from tflms.passes.place import Placement
 from tflms.errors import DeviceError, DistributeError, VariableCreationError
 from tflms.integrations.progress import SILENT, SUMMARY, check_verbose, summary_line, tuner_progress
 from tflms.report import RewriteReport
 
+_OPTION_NAMES = frozenset(option_names())
 logger = logging.getLogger(__name__)
 
-#: keyword arguments passed through to ``tf.function``.
-TF_FUNCTION_OPTIONS = frozenset({"input_signature", "autograph", "jit_compile", "reduce_retracing",
-                                 "experimental_implements", "experimental_autograph_options",
+#: ``tf.function``'s experimental keyword arguments, passed through (its others are named parameters).
+TF_FUNCTION_OPTIONS = frozenset({"experimental_implements", "experimental_autograph_options",
                                  "experimental_attributes", "experimental_relax_shapes",
                                  "experimental_compile", "experimental_follow_type_hints"})
 
@@ -215,32 +215,53 @@ def _check_not_in_replica_context(name: str) -> None:
 
 
 def function(fn: Callable | None = None, *, config: LMSConfig | None = None, verbose: int = SILENT,
-             **options: Any):
+             budget: int | str | None = None, swapout_threshold: int | None = None, swapin_ahead: int | None = None,
+             swapin_groupby: int | None = None, sync_mode: int | None = None,
+             include_types: Sequence[str] | None = None, exclude_types: Sequence[str] | None = None,
+             include_scopes: Sequence[str] | None = None, exclude_scopes: Sequence[str] | None = None,
+             min_swap_bytes: int | str | None = None, host_device: str | None = None,
+             accelerator_device: str | None = None, batch_size: int | None = None, profile: str | None = None,
+             fit_by: str | None = None, compress: str | None = None, enforce_order: bool | None = None,
+             input_signature: Sequence[Any] | None = None, autograph: bool = True, jit_compile: bool | None = None,
+             reduce_retracing: bool = False, **tf_function_options: Any):
     """``tf.function`` with tflms swapping.
 
     Usable as ``@tflms.function``, ``@tflms.function(swapout_threshold=4)`` or
-    ``tflms.function(step, config=cfg)``. Keyword options are
-    :class:`~tflms.config.LMSConfig` fields (with none of the TFLMS rule
-    parameters, the default, the tuner fits the step in the accelerator's
-    memory, or in ``budget="12GiB"``; any rule parameter selects the TFLMS
-    rules), or ``tf.function`` options (``input_signature``, ``jit_compile``,
-    ``reduce_retracing``, ...).
+    ``tflms.function(step, config=cfg)``.
 
-    ``verbose`` (printed to stdout when a signature is first traced and rewritten):
-    ``0`` (the default: a decorator stays quiet, like ``tf.function``; the
-    ``tflms`` loggers log at INFO, and warnings such as "no GPU found" still go to
-    the ``tflms`` loggers); ``1`` a progress bar while the tuner simulates
-    candidates (with a budget or profile), then one summary line per trace: what
-    was swapped, the predicted peak before -> after and overhead (when tuned),
-    and the hardware profile; ``2`` one line per tuner candidate, the summary
-    and the report's table.
+    Args:
+      fn: the step (``None`` when used as ``@tflms.function(...)``).
+      config: a base :class:`~tflms.LMSConfig`; the keyword arguments below override it.
+      verbose: printed to stdout when a signature is first traced and rewritten:
+        ``0`` (the default: a decorator stays quiet, like ``tf.function``; the
+        ``tflms`` loggers log at INFO, and warnings such as "no GPU found" still go to
+        the ``tflms`` loggers); ``1`` a progress bar while the tuner simulates
+        candidates (with a budget or profile), then one summary line per trace: what
+        was swapped, the predicted peak before -> after and overhead (when tuned),
+        and the hardware profile; ``2`` one line per tuner candidate, the summary
+        and the report's table.
+      budget ... enforce_order: :class:`~tflms.LMSConfig`'s fields, as ``tflms.keras.LMS``
+        takes them (docs/guide.md, "Parameter reference"); ``None``, their default here,
+        means "not given": ``config``'s value or LMSConfig's default. With none of the TFLMS
+        rule parameters (the default), the tuner fits the step in the accelerator's memory,
+        or in ``budget="12GiB"``; any rule parameter selects the TFLMS rules.
+      input_signature, autograph, jit_compile, reduce_retracing: ``tf.function``'s own,
+        with its defaults.
+      **tf_function_options: ``tf.function``'s experimental options
+        (``experimental_attributes``, ...). Any other name is refused with the closest
+        parameter's name.
 
     A step traced with an unknown batch dimension (an ``input_signature`` with
     ``None``) is sized by the arguments of its first call when ``batch_size`` is
     not given.
     """
-    tf_options = {k: v for k, v in options.items() if k in TF_FUNCTION_OPTIONS}
-    lms_config = LMSConfig.from_kwargs(config, **{k: v for k, v in options.items() if k not in TF_FUNCTION_OPTIONS})
+    options = {name: value for name, value in locals().items() if name in _OPTION_NAMES}
+    misspelt = {k: v for k, v in tf_function_options.items() if k not in TF_FUNCTION_OPTIONS}
+    lms_config = LMSConfig.from_options(config, options, misspelt)
+    tf_options = {k: v for k, v in tf_function_options.items() if k in TF_FUNCTION_OPTIONS}
+    tf_options.update(autograph=autograph, jit_compile=jit_compile, reduce_retracing=reduce_retracing)
+    if input_signature is not None:
+        tf_options["input_signature"] = input_signature
 
     check_verbose(verbose)
 

@@ -87,12 +87,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import warnings
-from typing import Any
+from typing import Any, Sequence
 
 import keras
 import tensorflow as tf
 
-from tflms.config import LMSConfig
+from tflms.config import LMSConfig, option_names
 from tflms.passes.place import Placement
 from tflms.errors import UnsupportedModelError
 from tflms.integrations.function import check_devices_exist, rewrite_concrete
@@ -100,6 +100,7 @@ from tflms.integrations.progress import SILENT, SUMMARY, check_verbose, summary_
 from tflms.integrations.progress import default_print as _print
 from tflms.report import RewriteReport
 
+_OPTION_NAMES = frozenset(option_names())
 logger = logging.getLogger(__name__)
 
 __all__ = ["LMS", "UnsupportedModelError"]
@@ -281,17 +282,33 @@ class LMS(keras.callbacks.Callback):
     """Train with tflms swapping: rewrites the training step of ``model.fit`` (see the module doc).
 
     Args:
-      budget: accelerator memory budget (``"12GiB"`` or bytes); turns on the tuner,
-        which picks the swap parameters (with ``profile`` if given).
+      budget: accelerator memory budget (``"12GiB"`` or bytes); the tuner fits the step in it
+        (with ``profile``'s costs if given). Without it and without a rule parameter: the
+        accelerator's own memory.
       verbose: 0 silent; 1 a progress bar while the tuner simulates candidates
         (with a budget or profile), then one summary line per traced signature:
         what was swapped, the predicted peak before -> after and the step-time
         overhead (when tuned), and the hardware profile; 2 one line per tuner
         candidate (parameters, predicted peak, step time), the summary and the
         report's table per trace.
-      config: a base :class:`~tflms.LMSConfig`.
-      **options: :class:`~tflms.LMSConfig` fields (``swapout_threshold``,
-        ``swapin_ahead``, ``profile``, ``host_device``, ...), overriding ``config``.
+      config: a base :class:`~tflms.LMSConfig`; the keyword arguments below override it.
+
+    The keyword arguments are :class:`~tflms.LMSConfig`'s fields (docs/guide.md, "Parameter
+    reference"); ``None``, their default here, means "not given": ``config``'s value, or
+    LMSConfig's default. A misspelt name is refused with the closest parameter's name.
+
+      swapout_threshold / swapin_ahead / swapin_groupby / sync_mode: the TFLMS rule
+        parameters (levels; sync 0-3). Giving any selects the TFLMS rules instead of tuning.
+      include_types / exclude_types: only / never swap outputs of these op types.
+      include_scopes / exclude_scopes: only / never swap outputs of ops under these name scopes.
+      min_swap_bytes: never swap smaller tensors (bytes or ``"1MiB"``; default 0).
+      host_device: where swapped tensors wait (default ``"/device:CPU:0"``).
+      accelerator_device: where swap-ins go (default: the first GPU).
+      batch_size: the size of an unknown leading dimension.
+      profile: the hardware profile to simulate (``tflms.profiles.profile_names()``).
+      fit_by: ``"live"`` (default) or ``"bfc"``: how the tuner judges that a step fits.
+      compress: ``"zvc"``, ``"auto"`` or a lossy codec (``"fp16"``, ``"bf16"``, ``"int8"``).
+      enforce_order: pin a memory-aware order (default: when tuning).
 
     Attributes:
       config: the :class:`~tflms.LMSConfig` in use.
@@ -314,11 +331,17 @@ class LMS(keras.callbacks.Callback):
     """
 
     def __init__(self, budget: int | str | None = None, verbose: int = SUMMARY, *, config: LMSConfig | None = None,
-                 **options: Any):
+                 swapout_threshold: int | None = None, swapin_ahead: int | None = None,
+                 swapin_groupby: int | None = None, sync_mode: int | None = None,
+                 include_types: Sequence[str] | None = None, exclude_types: Sequence[str] | None = None,
+                 include_scopes: Sequence[str] | None = None, exclude_scopes: Sequence[str] | None = None,
+                 min_swap_bytes: int | str | None = None, host_device: str | None = None,
+                 accelerator_device: str | None = None, batch_size: int | None = None, profile: str | None = None,
+                 fit_by: str | None = None, compress: str | None = None, enforce_order: bool | None = None,
+                 **misspelt: Any):
         super().__init__()
-        if budget is not None:
-            options["budget"] = budget
-        self.config = LMSConfig.from_kwargs(config, **options)
+        options = {name: value for name, value in locals().items() if name in _OPTION_NAMES}
+        self.config = LMSConfig.from_options(config, options, misspelt)
         check_devices_exist(self.config)
         self.verbose = check_verbose(verbose)
         self._steps: dict[int, _RewrittenStep] = {}  # by id of Keras's one_step_on_data tf.function
