@@ -1,0 +1,75 @@
+"""tools/gpu_probe.py without a GPU: a stand-in device layer with known rates (issue 28, part 5)."""
+
+import json
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tools"))
+import gpu_probe  # noqa: E402
+
+MIB = 2**20
+
+
+def _run(**stand_in):
+    return gpu_probe.run(gpu_probe.StandInBackend(latency_s=0.0, **stand_in), copy_bytes=64 * MIB, matmul_n=4096,
+                         repeats=3)
+
+
+def test_the_probe_recovers_the_rates_it_was_given():
+    result = _run(h2d_gbps=25.0, d2h_gbps=20.0, pageable_fraction=0.4, hbm_gbps=3000.0)
+    m = result["measurements"]
+    assert m["link_gbps"]["h2d_pinned"] == pytest.approx(25.0)
+    assert m["link_gbps"]["d2h_pageable"] == pytest.approx(8.0)
+    assert m["link_gbps"]["both_pinned"] == pytest.approx(2 * 20.0 * 0.8)  # two copies in the slower one's time
+    assert m["matmul_flops"]["bf16"] == pytest.approx(750e12)
+    assert m["matmul_flops"]["tf32"] == pytest.approx(380e12)
+    assert m["hbm_gbps"] == pytest.approx(3000.0)  # read + written
+    assert m["conv_flops"]["float32"] == pytest.approx(50e12)
+
+
+def test_overlap_says_how_much_a_copy_slows_under_a_product():
+    m = _run(overlap_slowdown=1.25)["measurements"]
+    assert m["overlap"]["h2d"]["product"] == "bf16"
+    assert m["overlap"]["h2d"]["copy_vs_alone"] == pytest.approx(1.25)
+    assert m["overlap"]["d2h"]["product_vs_alone"] == pytest.approx(1.0)
+
+
+def test_the_profile_takes_the_slower_pinned_direction_and_every_measured_rate():
+    result = _run(h2d_gbps=50.0, d2h_gbps=40.0)
+    profile = result["profile"]
+    assert profile["link_gbps"] == pytest.approx(40.0)
+    assert profile["peak_flops"] == pytest.approx(50e12)
+    assert set(profile["math_flops"]) == {"fp32", "tf32", "fp16", "bf16"}
+    assert profile["memory_bytes"] == 80 * 2**30
+    assert profile["name"] == "measured-stand-in-gpu"
+    assert "Stand-in GPU" in profile["description"] and "median of 3" in profile["description"]
+    json.dumps(result)  # all of it is JSON
+
+
+def test_a_rate_the_library_cannot_measure_is_said_not_faked():
+    class NoBf16(gpu_probe.StandInBackend):
+        def matmul_s(self, n, mode, repeats):
+            if mode == "bf16":
+                raise NotImplementedError("no bfloat16 product here")
+            return super().matmul_s(n, mode, repeats)
+
+    result = gpu_probe.run(NoBf16(), copy_bytes=MIB, matmul_n=256, repeats=1)
+    m = result["measurements"]
+    assert m["matmul_flops"]["bf16"] is None and "bfloat16" in m["not_measured"]["matmul_bf16"]
+    assert m["overlap"]["h2d"]["product"] == "fp16"  # overlapped with a product that was measured
+    assert "bf16" not in result["profile"]["math_flops"]
+    assert "bf16 -" in gpu_probe.table(result)
+
+
+def test_table_and_cli_errors():
+    text = gpu_probe.table(_run())
+    assert "pinned" in text and "pageable" in text and "HBM" in text
+    with pytest.raises(SystemExit):
+        gpu_probe.main(["--repeats", "0"])
+
+
+def test_without_a_gpu_the_probe_says_what_it_needs():
+    with pytest.raises(SystemExit, match="NVIDIA GPU with PyTorch or CuPy"):
+        gpu_probe.make_backend("auto")

@@ -1,0 +1,499 @@
+"""Measure an NVIDIA GPU the way tflms's cost model describes one, and write it as a profile.
+
+Runs on a machine with an NVIDIA GPU and PyTorch or CuPy; TensorFlow's GPU build is not
+needed, and tflms is not imported (the probe runs where only a GPU library is installed).
+It measures, with CUDA events, the median of ``--repeats`` timed runs after a warm-up:
+
+- host-to-device and device-to-host copies, from pinned and from pageable host memory, one
+  direction at a time and both at once (two streams);
+- the same copies while a large matrix product runs on another stream (how much of a copy
+  hides behind compute, and what it costs the product);
+- matrix-product rates for fp32 (TF32 off), tf32, fp16 and bf16 (square ``--matmul-n``);
+- one convolution (PyTorch only: a ResNet-50 3x3 layer at batch 64, float32 and bfloat16);
+- HBM bandwidth: a device-to-device copy, counted as bytes read plus written.
+
+The JSON it writes has ``device`` (name, memory, driver, library versions, date), the raw
+``measurements`` and a ``profile`` object of :class:`tflms.profiles.HardwareProfile`'s fields
+that ``tflms`` loads (``--profile-file PATH`` on the command line, ``LMSConfig(profile=PATH)``).
+
+    python tools/gpu_probe.py                              # table, and JSON to stdout with --json
+    python tools/gpu_probe.py --json -o docs/profiles/h100.json
+    python tools/gpu_probe.py --backend cupy --repeats 5 --copy-mib 256
+
+Its tests (tests/test_gpu_probe.py) run without a GPU, through :class:`StandInBackend`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import statistics
+import sys
+from typing import Any, Callable, Protocol
+
+MIB = 2**20
+GIB = 2**30
+MATMUL_MODES = ("fp32", "tf32", "fp16", "bf16")
+#: ResNet-50's conv3_x 3x3 layer: batch, channels in/out, height/width, kernel.
+CONV_SHAPE = (64, 128, 128, 28, 3)
+
+
+class Backend(Protocol):
+    """What the probe needs from a GPU library; every time is seconds for one run, a median over ``repeats``."""
+
+    name: str
+
+    def device(self) -> dict[str, Any]: ...
+
+    def copy_s(self, nbytes: int, direction: str, host: str, repeats: int) -> float: ...
+
+    def both_directions_s(self, nbytes: int, host: str, repeats: int) -> float: ...
+
+    def matmul_s(self, n: int, mode: str, repeats: int) -> float: ...
+
+    def copy_during_matmul_s(self, nbytes: int, direction: str, n: int, mode: str,
+                             repeats: int) -> tuple[float, float]: ...
+
+    def conv_s(self, shape: tuple[int, int, int, int, int], dtype: str, repeats: int) -> float | None: ...
+
+    def device_copy_s(self, nbytes: int, repeats: int) -> float: ...
+
+
+def _median(times: list[float]) -> float:
+    return statistics.median(times)
+
+
+class TorchBackend:
+    """PyTorch's CUDA runtime: streams, events, pinned host tensors, cuBLAS and cuDNN."""
+
+    name = "pytorch"
+
+    def __init__(self) -> None:
+        import torch
+        if not torch.cuda.is_available():
+            raise RuntimeError("PyTorch sees no CUDA GPU (torch.cuda.is_available() is False)")
+        self.torch = torch
+        self.dev = torch.device("cuda")
+
+    def device(self) -> dict[str, Any]:
+        torch = self.torch
+        props = torch.cuda.get_device_properties(0)
+        return {"name": props.name, "memory_bytes": int(props.total_memory),
+                "multiprocessors": props.multi_processor_count, "compute_capability": f"{props.major}.{props.minor}",
+                "driver": _nvidia_smi_driver(), "cuda_runtime": torch.version.cuda, "library": f"torch {torch.__version__}"}
+
+    def _timed(self, launch: Callable[[], None], repeats: int, stream=None) -> float:
+        torch = self.torch
+        launch()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            launch()
+            end.record(stream)
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        torch.cuda.synchronize()
+        return _median(times)
+
+    def _host(self, nbytes: int, host: str):
+        return self.torch.empty(nbytes, dtype=self.torch.uint8, pin_memory=host == "pinned")
+
+    def _pair(self, nbytes: int, direction: str, host: str):
+        h, d = self._host(nbytes, host), self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.dev)
+        return (d, h) if direction == "h2d" else (h, d)
+
+    def copy_s(self, nbytes: int, direction: str, host: str, repeats: int) -> float:
+        dst, src = self._pair(nbytes, direction, host)
+        return self._timed(lambda: dst.copy_(src, non_blocking=True), repeats)
+
+    def both_directions_s(self, nbytes: int, host: str, repeats: int) -> float:
+        torch = self.torch
+        (d1, h1), (h2, d2) = self._pair(nbytes, "h2d", host), self._pair(nbytes, "d2h", host)
+        s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+
+        def launch() -> None:
+            ready = torch.cuda.current_stream().record_event()
+            for stream, dst, src in ((s1, d1, h1), (s2, h2, d2)):
+                stream.wait_event(ready)
+                with torch.cuda.stream(stream):
+                    dst.copy_(src, non_blocking=True)
+            torch.cuda.current_stream().wait_stream(s1)
+            torch.cuda.current_stream().wait_stream(s2)
+        return self._timed(launch, repeats)
+
+    def _matmul(self, n: int, mode: str):
+        torch = self.torch
+        dtype = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[mode]
+        a = torch.randn(n, n, device=self.dev, dtype=dtype)
+        b = torch.randn(n, n, device=self.dev, dtype=dtype)
+        out = torch.empty(n, n, device=self.dev, dtype=dtype)
+        tf32 = mode == "tf32"
+
+        def launch() -> None:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            torch.matmul(a, b, out=out)
+        return launch
+
+    def matmul_s(self, n: int, mode: str, repeats: int) -> float:
+        try:
+            return self._timed(self._matmul(n, mode), repeats)
+        finally:
+            self.torch.backends.cuda.matmul.allow_tf32 = False
+
+    def copy_during_matmul_s(self, nbytes: int, direction: str, n: int, mode: str,
+                             repeats: int) -> tuple[float, float]:
+        torch = self.torch
+        dst, src = self._pair(nbytes, direction, "pinned")
+        product = self._matmul(n, mode)
+        copy_stream, compute_stream = torch.cuda.Stream(), torch.cuda.Stream()
+        copy_times, product_times = [], []
+        try:
+            for i in range(repeats + 1):
+                torch.cuda.synchronize()
+                events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+                with torch.cuda.stream(compute_stream):
+                    events[0].record(compute_stream)
+                    product()
+                    events[1].record(compute_stream)
+                with torch.cuda.stream(copy_stream):
+                    events[2].record(copy_stream)
+                    dst.copy_(src, non_blocking=True)
+                    events[3].record(copy_stream)
+                torch.cuda.synchronize()
+                if i:  # the first is the warm-up
+                    product_times.append(events[0].elapsed_time(events[1]) / 1e3)
+                    copy_times.append(events[2].elapsed_time(events[3]) / 1e3)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = False
+        return _median(copy_times), _median(product_times)
+
+    def conv_s(self, shape: tuple[int, int, int, int, int], dtype: str, repeats: int) -> float | None:
+        torch = self.torch
+        batch, c_in, c_out, hw, k = shape
+        dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        x = torch.randn(batch, c_in, hw, hw, device=self.dev, dtype=dt)
+        w = torch.randn(c_out, c_in, k, k, device=self.dev, dtype=dt)
+        torch.backends.cudnn.benchmark = True
+        return self._timed(lambda: torch.nn.functional.conv2d(x, w, padding=k // 2), repeats)
+
+    def device_copy_s(self, nbytes: int, repeats: int) -> float:
+        src = self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.dev)
+        dst = self.torch.empty_like(src)
+        return self._timed(lambda: dst.copy_(src), repeats)
+
+
+class CupyBackend:
+    """CuPy: the same measurements without a deep-learning framework (no convolution)."""
+
+    name = "cupy"
+
+    def __init__(self) -> None:
+        import cupy
+        import numpy
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("CuPy sees no CUDA GPU")
+        self.cp, self.np = cupy, numpy
+
+    def device(self) -> dict[str, Any]:
+        cp = self.cp
+        props = cp.cuda.runtime.getDeviceProperties(0)
+        name = props["name"]
+        return {"name": name.decode() if isinstance(name, bytes) else name, "memory_bytes": int(props["totalGlobalMem"]),
+                "multiprocessors": props["multiProcessorCount"],
+                "compute_capability": f"{props['major']}.{props['minor']}", "driver": _nvidia_smi_driver(),
+                "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(), "library": f"cupy {cp.__version__}"}
+
+    def _timed(self, launch: Callable[[], None], repeats: int, stream=None) -> float:
+        cp = self.cp
+        stream = stream or cp.cuda.get_current_stream()
+        launch()
+        stream.synchronize()
+        times = []
+        for _ in range(repeats):
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record(stream)
+            launch()
+            end.record(stream)
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
+        return _median(times)
+
+    def _host(self, nbytes: int, host: str):
+        if host == "pinned":
+            mem = self.cp.cuda.alloc_pinned_memory(nbytes)
+            return self.np.frombuffer(mem, self.np.uint8, nbytes)
+        return self.np.empty(nbytes, self.np.uint8)
+
+    def copy_s(self, nbytes: int, direction: str, host: str, repeats: int) -> float:
+        cp = self.cp
+        h, d = self._host(nbytes, host), cp.empty(nbytes, cp.uint8)
+        stream = cp.cuda.Stream(non_blocking=True)
+        if direction == "h2d":
+            return self._timed(lambda: d.set(h, stream=stream), repeats, stream)
+        return self._timed(lambda: d.get(stream=stream, out=h), repeats, stream)
+
+    def both_directions_s(self, nbytes: int, host: str, repeats: int) -> float:
+        cp = self.cp
+        h1, d1 = self._host(nbytes, host), cp.empty(nbytes, cp.uint8)
+        h2, d2 = self._host(nbytes, host), cp.empty(nbytes, cp.uint8)
+        s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+        times = []
+        for i in range(repeats + 1):
+            cp.cuda.Device().synchronize()
+            start, end1, end2 = cp.cuda.Event(), cp.cuda.Event(), cp.cuda.Event()
+            start.record(s1)
+            s2.wait_event(start)
+            d1.set(h1, stream=s1)
+            d2.get(stream=s2, out=h2)
+            end1.record(s1)
+            end2.record(s2)
+            cp.cuda.Device().synchronize()
+            if i:
+                times.append(max(cp.cuda.get_elapsed_time(start, end1), cp.cuda.get_elapsed_time(start, end2)) / 1e3)
+        return _median(times)
+
+    def _matmul(self, n: int, mode: str):
+        cp = self.cp
+        if mode == "tf32":
+            raise NotImplementedError("CuPy decides TF32 once, at import (CUPY_TF32=1); use --backend pytorch")
+        dtype = {"fp32": cp.float32, "fp16": cp.float16, "bf16": None}[mode]
+        if dtype is None:
+            raise NotImplementedError("CuPy has no bfloat16 matrix product")
+        a, b = cp.random.standard_normal((n, n)).astype(dtype), cp.random.standard_normal((n, n)).astype(dtype)
+        out = cp.empty((n, n), dtype)
+        return lambda: cp.matmul(a, b, out=out)
+
+    def matmul_s(self, n: int, mode: str, repeats: int) -> float:
+        return self._timed(self._matmul(n, mode), repeats)
+
+    def copy_during_matmul_s(self, nbytes: int, direction: str, n: int, mode: str,
+                             repeats: int) -> tuple[float, float]:
+        cp = self.cp
+        h, d = self._host(nbytes, "pinned"), cp.empty(nbytes, cp.uint8)
+        product = self._matmul(n, mode)
+        copy_stream, compute_stream = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+        copy_times, product_times = [], []
+        for i in range(repeats + 1):
+            cp.cuda.Device().synchronize()
+            events = [cp.cuda.Event() for _ in range(4)]
+            with compute_stream:
+                events[0].record(compute_stream)
+                product()
+                events[1].record(compute_stream)
+            events[2].record(copy_stream)
+            if direction == "h2d":
+                d.set(h, stream=copy_stream)
+            else:
+                d.get(stream=copy_stream, out=h)
+            events[3].record(copy_stream)
+            cp.cuda.Device().synchronize()
+            if i:
+                product_times.append(cp.cuda.get_elapsed_time(events[0], events[1]) / 1e3)
+                copy_times.append(cp.cuda.get_elapsed_time(events[2], events[3]) / 1e3)
+        return _median(copy_times), _median(product_times)
+
+    def conv_s(self, shape: tuple[int, int, int, int, int], dtype: str, repeats: int) -> float | None:
+        return None  # CuPy's cuDNN bindings are optional; the table says "not measured"
+
+    def device_copy_s(self, nbytes: int, repeats: int) -> float:
+        src = self.cp.empty(nbytes, self.cp.uint8)
+        dst = self.cp.empty_like(src)
+        return self._timed(lambda: dst.__setitem__(Ellipsis, src), repeats)
+
+
+@dataclasses.dataclass
+class StandInBackend:
+    """A GPU described by its rates, for the probe's tests: each time is what those rates give.
+
+    ``overlap_slowdown`` is how much longer a pinned copy takes while a product runs (1.0: no
+    contention); pageable copies run at ``pageable_fraction`` of the pinned rate.
+    """
+
+    name: str = "stand-in"
+    device_name: str = "Stand-in GPU"
+    memory_bytes: int = 80 * GIB
+    h2d_gbps: float = 50.0
+    d2h_gbps: float = 40.0
+    both_fraction: float = 0.8
+    pageable_fraction: float = 0.5
+    flops: dict[str, float] = dataclasses.field(default_factory=lambda: {
+        "fp32": 50e12, "tf32": 380e12, "fp16": 750e12, "bf16": 750e12})
+    hbm_gbps: float = 3000.0
+    overlap_slowdown: float = 1.1
+    latency_s: float = 10e-6
+
+    def device(self) -> dict[str, Any]:
+        return {"name": self.device_name, "memory_bytes": self.memory_bytes, "multiprocessors": 132,
+                "compute_capability": "9.0", "driver": "stand-in", "cuda_runtime": "stand-in", "library": "none"}
+
+    def _link(self, direction: str, host: str) -> float:
+        gbps = self.h2d_gbps if direction == "h2d" else self.d2h_gbps
+        return gbps * 1e9 * (self.pageable_fraction if host == "pageable" else 1.0)
+
+    def copy_s(self, nbytes: int, direction: str, host: str, repeats: int) -> float:
+        return self.latency_s + nbytes / self._link(direction, host)
+
+    def both_directions_s(self, nbytes: int, host: str, repeats: int) -> float:
+        return max(self.copy_s(nbytes, d, host, repeats) for d in ("h2d", "d2h")) / self.both_fraction
+
+    def matmul_s(self, n: int, mode: str, repeats: int) -> float:
+        return 2 * n**3 / self.flops[mode]
+
+    def copy_during_matmul_s(self, nbytes: int, direction: str, n: int, mode: str,
+                             repeats: int) -> tuple[float, float]:
+        return self.copy_s(nbytes, direction, "pinned", repeats) * self.overlap_slowdown, self.matmul_s(n, mode, repeats)
+
+    def conv_s(self, shape: tuple[int, int, int, int, int], dtype: str, repeats: int) -> float | None:
+        return conv_flops(shape) / self.flops["fp32" if dtype == "float32" else "bf16"]
+
+    def device_copy_s(self, nbytes: int, repeats: int) -> float:
+        return 2 * nbytes / (self.hbm_gbps * 1e9)
+
+
+def conv_flops(shape: tuple[int, int, int, int, int]) -> float:
+    """Multiply-adds x 2 of a stride-1 'same' convolution."""
+    batch, c_in, c_out, hw, k = shape
+    return 2.0 * batch * hw * hw * c_out * c_in * k * k
+
+
+def _nvidia_smi_driver() -> str:
+    import subprocess
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        return out.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown"
+
+
+def probe(backend: Backend, *, copy_bytes: int = 256 * MIB, matmul_n: int = 8192, repeats: int = 10,
+          progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Every measurement, as rates: GB/s (1e9 bytes/s) and FLOP/s."""
+    out: dict[str, Any] = {"copy_bytes": copy_bytes, "matmul_n": matmul_n, "repeats": repeats}
+    link = out["link_gbps"] = {}
+    for host in ("pinned", "pageable"):
+        for direction in ("h2d", "d2h"):
+            progress(f"{direction} copy, {host}")
+            link[f"{direction}_{host}"] = copy_bytes / backend.copy_s(copy_bytes, direction, host, repeats) / 1e9
+        progress(f"both directions at once, {host}")
+        link[f"both_{host}"] = 2 * copy_bytes / backend.both_directions_s(copy_bytes, host, repeats) / 1e9
+    rates = out["matmul_flops"] = {}
+    for mode in MATMUL_MODES:
+        progress(f"{matmul_n}^3 matrix product, {mode}")
+        try:
+            rates[mode] = 2 * matmul_n**3 / backend.matmul_s(matmul_n, mode, repeats)
+        except NotImplementedError as err:
+            rates[mode] = None
+            out.setdefault("not_measured", {})[f"matmul_{mode}"] = str(err)
+    overlap = out["overlap"] = {}
+    mode = "bf16" if rates.get("bf16") else "fp16"
+    for direction in ("h2d", "d2h"):
+        progress(f"{direction} copy during a {mode} product")
+        copy_s, product_s = backend.copy_during_matmul_s(copy_bytes, direction, matmul_n, mode, repeats)
+        overlap[direction] = {"product": mode, "copy_gbps": copy_bytes / copy_s / 1e9,
+                              "copy_vs_alone": link[f"{direction}_pinned"] / (copy_bytes / copy_s / 1e9),
+                              "product_flops": 2 * matmul_n**3 / product_s,
+                              "product_vs_alone": rates[mode] / (2 * matmul_n**3 / product_s)}
+    conv = out["conv_flops"] = {}
+    for dtype in ("float32", "bfloat16"):
+        progress(f"convolution {CONV_SHAPE}, {dtype}")
+        seconds = backend.conv_s(CONV_SHAPE, dtype, repeats)
+        conv[dtype] = None if seconds is None else conv_flops(CONV_SHAPE) / seconds
+    progress("device-to-device copy")
+    out["hbm_gbps"] = 2 * copy_bytes / backend.device_copy_s(copy_bytes, repeats) / 1e9
+    return out
+
+
+def to_profile(device: dict[str, Any], measured: dict[str, Any], *, name: str | None = None) -> dict[str, Any]:
+    """The measurements as :class:`tflms.profiles.HardwareProfile` fields (a JSON object tflms loads).
+
+    Measured rates are what kernels reach, so the efficiencies are 1: the simulator prices the
+    product rates, the HBM copy and the pinned link as measured (the link per direction: the
+    slower of host-to-device and device-to-host, pinned, since swap-outs and swap-ins both cross it).
+    """
+    rates = measured["matmul_flops"]
+    link = measured["link_gbps"]
+    label = name or "measured-" + "-".join(device["name"].lower().replace("nvidia", "").split())
+    return {
+        "name": label,
+        "memory_bytes": int(device["memory_bytes"]),
+        "peak_flops": rates["fp32"],
+        "memory_gbps": measured["hbm_gbps"],
+        "link_gbps": min(link["h2d_pinned"], link["d2h_pinned"]),
+        "compute_efficiency": 1.0,
+        "link_efficiency": 1.0,
+        "math_flops": {mode: rate for mode, rate in rates.items() if rate},
+        "description": (f"measured by tools/gpu_probe.py on {device['name']} (driver {device['driver']}, "
+                        f"{device['library']}), {measured['matmul_n']}^3 products and "
+                        f"{measured['copy_bytes'] // MIB} MiB copies, median of {measured['repeats']}"),
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    m, dev = result["measurements"], result["device"]
+    rows = [f"{dev['name']}: {dev['memory_bytes'] / GIB:.1f} GiB, driver {dev['driver']}, {dev['library']}"]
+    link = m["link_gbps"]
+    rows.append("host link (GB/s)      h2d     d2h    both")
+    for host in ("pinned", "pageable"):
+        rows.append(f"  {host:<18} {link[f'h2d_{host}']:7.1f} {link[f'd2h_{host}']:7.1f} {link[f'both_{host}']:7.1f}")
+    rows.append("matrix products (TFLOP/s): " + ", ".join(
+        f"{k} {'-' if v is None else f'{v / 1e12:.1f}'}" for k, v in m["matmul_flops"].items()))
+    for direction, o in m["overlap"].items():
+        rows.append(f"{direction} copy during a {o['product']} product: {o['copy_gbps']:.1f} GB/s "
+                    f"({o['copy_vs_alone']:.2f}x the time alone); the product {o['product_vs_alone']:.2f}x its time alone")
+    rows.append("convolution " + str(CONV_SHAPE) + " (TFLOP/s): " + ", ".join(
+        f"{k} {'not measured' if v is None else f'{v / 1e12:.1f}'}" for k, v in m["conv_flops"].items()))
+    rows.append(f"HBM (device-to-device copy, read + written): {m['hbm_gbps']:.0f} GB/s")
+    return "\n".join(rows)
+
+
+def run(backend: Backend, **options: Any) -> dict[str, Any]:
+    device = backend.device()
+    name = options.pop("name", None)
+    measured = probe(backend, **options)
+    return {"tool": "tools/gpu_probe.py", "date": datetime.date.today().isoformat(), "backend": backend.name,
+            "device": device, "measurements": measured, "profile": to_profile(device, measured, name=name)}
+
+
+def make_backend(choice: str) -> Backend:
+    errors = []
+    for name, cls in (("pytorch", TorchBackend), ("cupy", CupyBackend)):
+        if choice not in ("auto", name):
+            continue
+        try:
+            return cls()
+        except (ImportError, RuntimeError) as err:
+            errors.append(f"{name}: {err}")
+    raise SystemExit("gpu_probe: no GPU library could reach a GPU (" + "; ".join(errors) + "); it needs an NVIDIA "
+                     "GPU with PyTorch or CuPy installed")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=("auto", "pytorch", "cupy"), default="auto")
+    parser.add_argument("--copy-mib", type=int, default=256, help="bytes per copy, MiB (default 256)")
+    parser.add_argument("--matmul-n", type=int, default=8192, help="square matrix product size (default 8192)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed runs per figure, median (default 10)")
+    parser.add_argument("--name", help="the profile's name (default: measured-<device name>)")
+    parser.add_argument("--json", action="store_true", help="print the JSON instead of the table")
+    parser.add_argument("-o", "--output", help="also write the JSON to this file")
+    args = parser.parse_args(argv)
+    if args.copy_mib <= 0 or args.matmul_n <= 0 or args.repeats <= 0:
+        parser.error("--copy-mib, --matmul-n and --repeats must be positive")
+    backend = make_backend(args.backend)
+    result = run(backend, copy_bytes=args.copy_mib * MIB, matmul_n=args.matmul_n, repeats=args.repeats,
+                 name=args.name, progress=lambda what: print(f"measuring {what} ...", file=sys.stderr, flush=True))
+    text = json.dumps(result, indent=2)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text + "\n")
+    print(text if args.json else table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
