@@ -87,6 +87,9 @@ TARGET_RELATIVE_ERROR = 0.10
 DEFAULT_REPEAT = 3
 #: Seed for model weights and data.
 SEED = 0
+#: The measuring subprocess's time limit per graph run (its default, 300 s for all of them, ran out for 10 graphs x
+#: 5 runs on a 2-core machine with --load and other jobs).
+SUBPROCESS_S_PER_RUN = 120
 
 
 def progress(message: str) -> None:
@@ -366,7 +369,7 @@ def measure_originals(cases: list[Case], repeat: int) -> list[list[Any]]:
     from tflms.measure import measure_executor_peaks, step_request
 
     requests = [step_request(case.concrete_function, case.args) for case in cases]
-    flat = measure_executor_peaks(requests * repeat)
+    flat = measure_executor_peaks(requests * repeat, timeout_s=SUBPROCESS_S_PER_RUN * len(requests) * repeat)
     return [flat[i::len(requests)] for i in range(len(requests))]
 
 
@@ -399,7 +402,7 @@ def validate(cases: list[Case], variants: list[Variant], *, repeat: int = 1, pro
                              graph_def=tf_io.to_graph_def(v.graph)) for v in variants]
     progress(f"measuring {len(requests)} graphs x {repeat} runs with the executor (one subprocess) ...")
     t0 = time.perf_counter()
-    flat = measure_executor_peaks(requests * repeat)
+    flat = measure_executor_peaks(requests * repeat, timeout_s=SUBPROCESS_S_PER_RUN * len(requests) * repeat)
     progress(f"  {time.perf_counter() - t0:.1f} s")
     runs = [flat[i::len(requests)] for i in range(len(requests))]  # runs[variant index][run]
     original_after = {v.model: ms[0].variables_after for v, ms in zip(variants, runs) if v.variant == "original"}
