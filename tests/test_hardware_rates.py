@@ -246,3 +246,18 @@ def test_the_pipeline_refuses_a_rule_plan_over_the_pinned_limit(monkeypatch):
     # on the host itself nothing is pinned: no check
     cpu = tflms.rewrite(graph, accelerator_device="/device:CPU:1", swapout_threshold=4).report
     assert "pinned_host" not in cpu.hardware
+
+
+def test_price_ops_tool_prints_the_targets_figures():
+    """tools/price_ops.py, the command docs/design.md gives for the predicted rates."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).parent.parent / "tools" / "price_ops.py"
+    spec = importlib.util.spec_from_file_location("price_ops", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    h100, v100 = module.price(["h100-80gb-sxm5", "v100-16gb-pcie3"])
+    assert (h100["matmul_bf16_mode"], h100["matmul_fp32_tf32_on_mode"], h100["matmul_fp32_tf32_off_mode"]) == (
+        "bf16", "tf32", "fp32")
+    assert h100["matmul_bf16_tflops"] == 798.6 and h100["copy_tb_per_s"] == 2.93
+    assert v100["matmul_fp32_tf32_on_mode"] == "fp32"  # no TF32 on a V100
