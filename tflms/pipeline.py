@@ -216,9 +216,9 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             ordered = clock("order", lambda: enforce_order(placed.graph, profile, options=options))
             ordered.graph.lint()
             final, order = ordered.graph, ordered.report.to_dict()
-        pinned = clock("pinned", lambda: check_pinned_host(
+        pinned = check_pinned_host(  # before anything runs: TensorFlow's pinned-memory cap (issue 28)
             plan, final, host_peak_bytes=result.best.sim.host_peak_bytes if config.auto_tune else None,
-            profile=profile, tf32=config.tf32, host_device=config.host_device))
+            profile=profile, tf32=config.tf32, host_device=config.host_device)
         inserted = inserted_ops(graph, final)
         hardware = hardware_record(choice, planned_for=plan.accelerator_device, runs_on=accelerator,
                                    simulated=config.auto_tune, profile=profile)
