@@ -185,9 +185,9 @@ def test_a_rewrite_without_budget_says_no_profile_was_used(unknown_batch_step):
 @pytest.mark.parametrize("device_name, memory, expected, source_word", [
     ("Tesla V100-PCIE-16GB", None, "v100-16gb-pcie3", "matched"),
     ("Tesla V100-SXM2-32GB", 32 * 2**30, "v100-32gb-nvlink2", "matched"),
-    ("NVIDIA A100-SXM4-80GB", 79 * 2**30, "a100-80gb-pcie4", "matched"),
-    ("NVIDIA A100-SXM4-40GB", None, "a100-80gb-pcie4", "matched"),  # the only A100 profile
-    ("NVIDIA H100 80GB HBM3", None, "h100-80gb-pcie5", "matched"),
+    ("NVIDIA A100-SXM4-80GB", 79 * 2**30, "a100-80gb-sxm4", "matched"),
+    ("NVIDIA A100-SXM4-40GB", None, "a100-40gb-pcie4", "matched"),  # closest memory before the form factor
+    ("NVIDIA H100 80GB HBM3", None, "h100-80gb-sxm5", "matched"),  # HBM3: the SXM5 part (PCIe says "PCIe")
     ("NVIDIA GH200 480GB", 95 * 2**30, "gh200", "matched"),
     ("NVIDIA GeForce RTX 4090", 24 * 2**30, "v100-16gb-pcie3", "no profile"),  # 16 and 32 tie: the name decides
     ("NVIDIA RTX 6000 Ada", 28 * 2**30, "v100-32gb-nvlink2", "no profile"),  # closest memory: 32 GiB

@@ -76,6 +76,9 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--enforce-order", action=argparse.BooleanOptionalAction, default=None,
                        help="pin a memory-aware execution order with control edges (default: when tuning, if it "
                             "lowers the predicted peak)")
+    group.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None,
+                       help="price float32 contractions at TF32 (--tf32) or FP32 (--no-tf32) on GPUs with TF32 "
+                            "(default: as TensorFlow's tensor_float_32_execution setting)")
     group.add_argument("--compress", default=None, choices=("zvc", "fp16", "bf16", "int8", "auto"),
                        help="compress swapped tensors before their copy: zvc is lossless (training stays "
                             "bitwise); fp16, bf16 and int8 are lossy; auto picks per tensor from sparsity measured "
@@ -95,7 +98,7 @@ def config_from_args(args: argparse.Namespace) -> LMSConfig:
         include_types=tuple(args.include_types), exclude_types=tuple(args.exclude_types),
         include_scopes=tuple(args.include_scopes), exclude_scopes=tuple(args.exclude_scopes),
         host_device=args.host_device, accelerator_device=args.accelerator_device, compress=args.compress,
-        enforce_order=args.enforce_order)
+        enforce_order=args.enforce_order, tf32=args.tf32)
 
 
 def _progress(message: str) -> None:

@@ -78,6 +78,11 @@ class LMSConfig:
         ``False`` never. The edges are added only when the graph with them peaks lower in the simulator
         than without and, when tuning, only if the winning candidate was judged with them; they never
         change values (training stays bitwise).
+      tf32: how the simulator prices float32 contractions (MatMul, Conv, Einsum, ...) on a profile whose
+        GPU has TF32 tensor cores (A100 and newer): ``True`` at the TF32 rate, ``False`` at the FP32 rate,
+        ``None`` (default) as TensorFlow will run them, read from
+        ``tf.config.experimental.tensor_float_32_execution_enabled()`` when the rewrite runs. It prices
+        only: tflms never changes TensorFlow's setting. The report says which applied.
     """
 
     swapout_threshold: int | None = None
@@ -97,6 +102,7 @@ class LMSConfig:
     fit_by: str = "live"
     compress: str | None = None
     enforce_order: bool | None = None
+    tf32: bool | None = None
     #: ``LMSConfig(budget="12GiB")``: the alias of ``budget_bytes`` (as in tflms.function and the Keras callback).
     budget: dataclasses.InitVar[int | str | None] = None
 
@@ -158,6 +164,9 @@ class LMSConfig:
                               f"({', '.join(COMPRESS_CODECS)}), got {self.compress!r}")
         if self.enforce_order is not None and not isinstance(self.enforce_order, bool):
             raise ConfigError(f"enforce_order must be None (on when tuning), True or False, got {self.enforce_order!r}")
+        if self.tf32 is not None and not isinstance(self.tf32, bool):
+            raise ConfigError(f"tf32 must be None (as TensorFlow's tensor_float_32_execution), True or False, "
+                              f"got {self.tf32!r}")
         if self.fit_by not in ("live", "bfc"):
             raise ConfigError(f"fit_by must be 'live' or 'bfc', got {self.fit_by!r}")
 

@@ -65,3 +65,7 @@ class UnknownSizeError(ConfigError):
     The message names the tensors and the fix: a batch size (``batch_size=`` /
     ``--batch-size``) when the unknown dimension is the batch.
     """
+
+
+class HostMemoryError(BudgetError):
+    """A plan holds more swapped bytes on the host than TensorFlow will pin (``TF_GPU_HOST_MEM_LIMIT_IN_MB``)."""

@@ -45,7 +45,7 @@ from tflms.ir.graph import Graph, TensorRef
 from tflms.passes import DEFAULT_COPY_OP, Placement, apply_swaps, place_swaps
 from tflms.policies.swapplan import SwapPlan, check_filters, skip_reason
 from tflms.policies.tflms_rules import plan_swaps
-from tflms.profiles import ProfileChoice, select_profile
+from tflms.profiles import HardwareProfile, ProfileChoice, select_profile
 from tflms.report import RewriteReport
 
 logger = logging.getLogger(__name__)
@@ -160,7 +160,8 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         simulates = config.auto_tune or config.compress == COMPRESS_AUTO or config.orders
         gpu = local_gpu() if simulates else None
         choice = select_profile(config.profile, gpu) if simulates else None
-        compressor = _compressor(config, analysis, step, example_inputs, choice)
+        profile = priced_profile(choice.name, config.tf32) if simulates else None
+        compressor = _compressor(config, analysis, step, example_inputs, profile)
         tuning = None
         budget_why = None
         if config.auto_tune:
@@ -169,7 +170,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             # op type or scope is still an error.
             filter_warnings = tuple(check_filters(analysis, config))
             budget, budget_why = default_budget(choice, gpu) if config.default_tuning else (config.budget_bytes, None)
-            result = clock("tune", lambda: tune(analysis, budget=budget, profile=choice.name,
+            result = clock("tune", lambda: tune(analysis, budget=budget, profile=profile,
                                                 config=config, copy_op=copy_op, fit_by=config.fit_by,
                                                 compress=compressor, progress=progress,
                                                 enforce_order=config.orders, require_backward=require_backward))
@@ -196,7 +197,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             from tflms.sim.simulator import SimOptions
             options = SimOptions(host_device=config.host_device)
         if config.auto_tune:
-            final, order = clock("order", lambda: apply_tuned_order(final, result.best.order, choice.name,
+            final, order = clock("order", lambda: apply_tuned_order(final, result.best.order, profile,
                                                                     options=options))
             # The verdict was simulated in one order; TensorFlow's executor runs any order the edges allow
             # (issue 31). Hold it to the budget: pinned already, proved for every order, pinned now, or said.
@@ -212,14 +213,19 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             if order["guarantee"] == GUARANTEE_NONE or grappler_after:
                 plan = dataclasses.replace(plan, warnings=plan.warnings + (order["guarantee_why"],))
         elif config.orders:
-            ordered = clock("order", lambda: enforce_order(placed.graph, choice.name, options=options))
+            ordered = clock("order", lambda: enforce_order(placed.graph, profile, options=options))
             ordered.graph.lint()
             final, order = ordered.graph, ordered.report.to_dict()
+        pinned = check_pinned_host(  # before anything runs: TensorFlow's pinned-memory cap (issue 28)
+            plan, final, host_peak_bytes=result.best.sim.host_peak_bytes if config.auto_tune else None,
+            profile=profile, tf32=config.tf32, host_device=config.host_device)
         inserted = inserted_ops(graph, final)
         hardware = hardware_record(choice, planned_for=plan.accelerator_device, runs_on=accelerator,
-                                   simulated=config.auto_tune)
+                                   simulated=config.auto_tune, profile=profile)
         if budget_why is not None:
             hardware["budget"] = budget_why
+        if pinned is not None:
+            hardware["pinned_host"] = pinned
         if sized_from_inputs is not None:
             hardware["batch_size"] = f"{sized_from_inputs}, from the inputs of the first call"
         report = RewriteReport(plan=plan, graph_summary=analysis.summary(), inserted_ops=inserted,
@@ -284,14 +290,64 @@ def no_gpu_warning(profile: str, runs_on: str) -> str:
 
 
 def hardware_record(choice: ProfileChoice | None, *, planned_for: str, runs_on: str,
-                    simulated: bool) -> dict[str, Any]:
-    """What hardware a report's plan and predictions are for (``RewriteReport.hardware``)."""
+                    simulated: bool, profile: HardwareProfile | None = None) -> dict[str, Any]:
+    """What hardware a report's plan and predictions are for (``RewriteReport.hardware``); with the priced
+    ``profile``, ``math``: which math mode each dtype's contractions were priced at."""
     if choice is None:
         return {"profile": None, "source": None, "why": "TFLMS rule parameters given, no budget or profile: the "
                 "swap parameters are the configuration's and nothing is simulated", "planned_for": planned_for,
                 "runs_on": runs_on}
-    return {**choice.to_dict(), "profile": choice.name, "planned_for": planned_for, "runs_on": runs_on,
-            "simulated": simulated}
+    record = {**choice.to_dict(), "profile": choice.name, "planned_for": planned_for, "runs_on": runs_on,
+              "simulated": simulated}
+    if profile is not None:
+        record["math"] = profile.math_summary()
+    return record
+
+
+def check_pinned_host(plan: SwapPlan, graph: Graph, *, host_peak_bytes: int | None,
+                      profile: HardwareProfile | None, tf32: bool | None, host_device: str) -> str | None:
+    """Refuse a plan for a GPU whose swapped tensors need more pinned host memory than TensorFlow will pin.
+
+    TensorFlow holds every swapped tensor in pinned memory, capped by ``TF_GPU_HOST_MEM_LIMIT_IN_MB``
+    (:mod:`tflms.sim.hostmem`; docs/design.md, "Pinned host memory"). The bytes held are the simulated
+    host peak: the tuner's (``host_peak_bytes``), else, when the plan's swapped bytes summed could exceed
+    the limit, ``graph`` simulated on ``profile`` (``None``: the profile closest to this machine's GPU, priced
+    with ``tf32``). Raises :class:`~tflms.errors.HostMemoryError` over
+    the limit; returns one phrase for the report (``None`` when the plan is not for a GPU or swaps nothing:
+    nothing is pinned).
+    """
+    if not plan.swaps or "GPU" not in plan.accelerator_device.upper():
+        return None
+    from tflms.sim.hostmem import check_pinned_host_bytes, pinned_host_limit
+    from tflms.units import format_bytes
+    limit = pinned_host_limit()
+    needed = host_peak_bytes
+    how = "simulated host peak"
+    if needed is None:
+        needed, how = sum(s.num_bytes for s in plan.swaps), "every swapped tensor at once"
+        if needed > limit.limit_bytes:  # the sum may overstate what is held at once: simulate
+            from tflms.sim.simulator import SimOptions, simulate
+            profile = profile or priced_profile(select_profile(None, local_gpu()).name, tf32)
+            needed = simulate(graph, profile, options=SimOptions(host_device=host_device)).host_peak_bytes
+            how = f"simulated host peak on {profile.name}"
+    check_pinned_host_bytes(needed, limit, what=f"this rewrite ({how})")
+    return (f"swapped tensors in pinned host memory: {format_bytes(needed)} ({how}) of "
+            f"{format_bytes(limit.limit_bytes)} ({limit.source})")
+
+
+def tf32_setting(given: bool | None) -> bool:
+    """Whether float32 contractions run as TF32: ``given`` (``LMSConfig.tf32``), else TensorFlow's setting
+    (``tf.config.experimental.tensor_float_32_execution_enabled()``, on by default)."""
+    if given is not None:
+        return given
+    import tensorflow as tf
+    return bool(tf.config.experimental.tensor_float_32_execution_enabled())
+
+
+def priced_profile(name: str, tf32: bool | None = None) -> HardwareProfile:
+    """The registered profile ``name`` with float32 contractions priced as :func:`tf32_setting` says."""
+    from tflms.profiles import get_profile
+    return get_profile(name).with_tf32(tf32_setting(tf32))
 
 
 def batch_size_of_inputs(step: Any, example_inputs: Sequence[Any]) -> int | None:
@@ -331,10 +387,11 @@ def predict(result: StepRewrite, profile: str | None = None) -> dict[str, Any]:
     if profile is None and result.report.hardware.get("profile"):
         profile = result.report.hardware["profile"]
     choice = select_profile(profile, local_gpu())
+    priced = priced_profile(choice.name, config.tf32)
     options = SimOptions(host_device=config.host_device)
-    before = simulate(result.analysis.graph, choice.name, options=options)
+    before = simulate(result.analysis.graph, priced, options=options)
     check_known_sizes(result.analysis.graph, before, config.batch_size)
-    after = simulate(result.graph, choice.name, options=options)
+    after = simulate(result.graph, priced, options=options)
     return {"profile": choice.name, "profile_why": choice.why, "budget_bytes": None,
             "peak_before_bytes": before.peak_with_margin_bytes, "peak_after_bytes": after.peak_with_margin_bytes,
             "step_time_before_s": before.step_time_s, "step_time_after_s": after.step_time_s,
@@ -392,7 +449,7 @@ def _build(graph: Graph, step: Any, inserted: Sequence[str]):
 # ------------------------------------------------------------------------------------------------ compression
 def _compressor(config: LMSConfig, analysis: Analysis, step: Any,
                 example_inputs: Sequence[Any] | None,
-                choice: ProfileChoice | None) -> Callable[[Graph, SwapPlan], Graph] | None:
+                profile: HardwareProfile | None) -> Callable[[Graph, SwapPlan], Graph] | None:
     """The compression pass the config asks for, as ``(swapped graph, plan) -> compressed graph``."""
     if config.compress is None:
         return None
@@ -417,7 +474,7 @@ def _compressor(config: LMSConfig, analysis: Analysis, step: Any,
                   for i in range(len(analysis.graph.op(name).outputs))
                   if skip_reason(analysis, TensorRef(name, i), config) is None]
     stats = profile_tensors(step, list(example_inputs), candidates, graph=analysis.graph)
-    return make_compressor(stats, choice.name)
+    return make_compressor(stats, profile)
 
 
 def _supports(codec: Any, dtype: str) -> bool:

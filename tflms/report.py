@@ -98,7 +98,9 @@ class RewriteReport:
         where = (f"planned for {h['planned_for']} of that profile" if h["planned_for"] == h["runs_on"] else
                  f"planned for {h['planned_for']} of that profile; this machine runs the step on {h['runs_on']}")
         budget = f"; budget: {h['budget']}" if h.get("budget") else ""
-        return f"hardware: {h['profile']} ({h['why']}); {where}{budget}"
+        math = f"; {h['math']}" if h.get("math") else ""
+        math += f"; {h['pinned_host']}" if h.get("pinned_host") else ""
+        return f"hardware: {h['profile']} ({h['why']}); {where}{budget}{math}"
 
     def accumulations_text(self) -> str:
         """One line: how the summation order of grappler's accumulators was pinned (``""`` when there are none)."""

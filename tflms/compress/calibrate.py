@@ -168,7 +168,8 @@ def assumed_for(profile: str | HardwareProfile) -> CodecThroughputs:
                                     bandwidth / t.decode_passes / BYTES_PER_GB)
                     for key, t in sorted(CODEC_TRAFFIC.items()))
     return CodecThroughputs(device=f"{profile.name} (assumed)",
-                            source=f"roofline: {profile.memory_gbps:g} GB/s x {profile.compute_efficiency:g} "
+                            source=f"roofline: {profile.memory_gbps:g} GB/s x "
+                                   f"{bandwidth / (profile.memory_gbps * 1e9):g} "
                                    "efficiency / memory passes of the unfused TF kernels "
                                    "(tflms.sim.cost.CODEC_TRAFFIC)",
                             entries=entries)

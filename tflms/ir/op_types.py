@@ -61,6 +61,14 @@ SOURCE_OPS = frozenset({"Placeholder", "_Arg"})
 FREE_OPS = frozenset({"Const", "Placeholder", "_Arg", "_Retval", "NoOp", "Shape", "ShapeN", "Size", "Rank",
                       "ReadVariableOp", "VarHandleOp", "Identity", "Reshape", "Squeeze", "ExpandDims",
                       "StopGradient", "Snapshot", "PreventGradient", "BroadcastGradientArgs"})
+#: Contractions the cost model prices at the math mode of their dtype (``HardwareProfile.math_mode``): the
+#: ops cuBLAS and cuDNN run on tensor cores, TF32 included (``tf.config.experimental.enable_tensor_float_32_execution``
+#: covers matrix products and convolutions), and grappler's fusions of them. Depthwise convolutions are
+#: not among them: cuDNN runs them on CUDA cores, memory-bound; they stay at ``peak_flops``.
+CONTRACTION_OPS = frozenset({
+    "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "Conv2D", "Conv3D",
+    "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2",
+    "_FusedConv2D", "_FusedConv3D", "_FusedMatMul", "_FusedBatchMatMulV2"})
 
 # ---------------------------------------- Swap rules (every policy)
 #: Identity-like ops grappler removes (it reconnects their consumers to their input):

@@ -1,5 +1,11 @@
 """Per-op compute estimates from static shapes: FLOPs and bytes on a roofline.
 
+A contraction (:data:`CONTRACTION_OPS`) is priced at the rate of its dtype's math mode on the
+profile (float16 / bfloat16 on tensor cores, float32 as TF32 where the GPU has it and TF32 execution
+is on, else FP32; :meth:`tflms.profiles.HardwareProfile.math_mode`) x the profile's
+``contraction_efficiency``; other ops at the FP32 rate; every op's bytes at the memory bandwidth x
+``memory_efficiency``. The op's time is the larger of the two (a roofline).
+
 Encode/decode calls inserted by :mod:`tflms.compress.rewrite` (``PartitionedCall``
 ops marked with :data:`CODEC_ATTR` and :data:`CODEC_ROLE_ATTR`) are costed by
 :func:`codec_time_s`: from measured throughputs when the profile carries them
@@ -15,7 +21,7 @@ import math
 from typing import Any
 
 from tflms.ir.graph import Graph, Op
-from tflms.ir.op_types import FREE_OPS
+from tflms.ir.op_types import CONTRACTION_OPS, FREE_OPS
 from tflms.profiles import HardwareProfile
 
 #: FLOPs per output element of elementwise-like ops that do more than one op.
@@ -203,13 +209,50 @@ def op_bytes(graph: Graph, op: Op) -> int:
     return total + sum(info.num_bytes or 0 for info in op.outputs)
 
 
-def op_work_s(graph: Graph, op: Op, profile: HardwareProfile) -> float:
-    """The roofline's work term of ``op``: max(compute time, memory time), without launch overhead or factor."""
+def op_dtype(graph: Graph, op: Op) -> str | None:
+    """The dtype a contraction computes in: its first output's (its operands' ``T``; an input may be a
+    shape, as ``Conv2DBackpropInput``'s ``input_sizes``), else its first input's; ``None`` if neither is known."""
+    if op.outputs and op.outputs[0].dtype:
+        return op.outputs[0].dtype
+    return graph.tensor(op.inputs[0]).dtype if op.inputs else None
+
+
+def op_math_mode(graph: Graph, op: Op, profile: HardwareProfile) -> str | None:
+    """The math mode ``op`` is priced at on ``profile`` (``"fp32"``, ``"tf32"``, ``"fp16"``, ``"bf16"``),
+    ``None`` for an op that is no contraction (priced at FP32 CUDA-core rate and memory bandwidth)."""
+    if op.type not in CONTRACTION_OPS:
+        return None
+    return profile.math_mode(op_dtype(graph, op))
+
+
+def op_compute_s(graph: Graph, op: Op, profile: HardwareProfile) -> float:
+    """The roofline's compute term: a contraction's FLOPs at its dtype's math mode
+    (:meth:`HardwareProfile.contraction_flops_per_s`), any other op's at the FP32 rate (``effective_flops``)."""
     if op.type in FREE_OPS:
         return 0.0
-    compute = op_flops(graph, op) / profile.effective_flops
-    memory = op_bytes(graph, op) / profile.effective_memory_bytes_per_s
-    return max(compute, memory)
+    flops = op_flops(graph, op)
+    if op.type in CONTRACTION_OPS:
+        return flops / profile.contraction_flops_per_s(op_dtype(graph, op))
+    return flops / profile.effective_flops
+
+
+def op_memory_s(graph: Graph, op: Op, profile: HardwareProfile) -> float:
+    """The roofline's memory term: bytes read and written at the profile's memory bandwidth."""
+    if op.type in FREE_OPS:
+        return 0.0
+    return op_bytes(graph, op) / profile.effective_memory_bytes_per_s
+
+
+def op_work_s(graph: Graph, op: Op, profile: HardwareProfile) -> float:
+    """The roofline's work term of ``op``: max(compute time, memory time), without launch overhead or factor.
+
+    Compute: :func:`op_compute_s` (a contraction at its dtype's math mode); memory: :func:`op_memory_s`.
+    On a profile without tensor-core rates (or with every efficiency at ``compute_efficiency``) a float32
+    graph costs what it cost before issue 28: the V100 profiles' figures do not move.
+    """
+    if op.type in FREE_OPS:
+        return 0.0
+    return max(op_compute_s(graph, op, profile), op_memory_s(graph, op, profile))
 
 
 def op_time_s(graph: Graph, op: Op, profile: HardwareProfile) -> float:

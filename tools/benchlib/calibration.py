@@ -14,13 +14,13 @@ PUBLISHED = (
 def breakdown(graph, profile) -> dict:
     """Predicted compute seconds of the step's ops, split by which roofline term wins."""
     from tflms.ir.op_types import FREE_OPS
-    from tflms.sim.cost import op_bytes, op_flops
+    from tflms.sim.cost import op_compute_s, op_memory_s
     flop_s = mem_s = launch_s = 0.0
     for op in graph.ops:
         if op.type in FREE_OPS:
             continue
-        compute = op_flops(graph, op) / profile.effective_flops
-        memory = op_bytes(graph, op) / profile.effective_memory_bytes_per_s
+        compute = op_compute_s(graph, op, profile)  # a contraction at its dtype's math mode (issue 28)
+        memory = op_memory_s(graph, op, profile)
         launch_s += profile.launch_overhead_s
         if compute >= memory:
             flop_s += compute
