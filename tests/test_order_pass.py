@@ -267,7 +267,7 @@ def _finalist_world(monkeypatch, ordered_need: dict[str, float]):
         return types.SimpleNamespace(need=need, step_time_s=1.0, host_peak_bytes=0, peak_bytes=need)
 
     def level(strategy, mode, name, need):
-        plan = types.SimpleNamespace(swaps=(name,), swapped_bytes=1)
+        plan = types.SimpleNamespace(swaps=(name,), recomputes=(), swapped_bytes=1)
         ev.candidates.append(Candidate(strategy, {"sync_mode": mode, "name": name}, plan, sim(need), fits=False))
 
     def record(ev_, strategy, params, plan, _sim, report, graph, policy, what):

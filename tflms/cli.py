@@ -39,7 +39,7 @@ from collections.abc import Sequence
 
 from tflms import interrupts
 from tflms.cli_words import speak_flags
-from tflms.config import RULE_DEFAULTS, LMSConfig
+from tflms.config import RECOMPUTE_MODES, RULE_DEFAULTS, LMSConfig
 from tflms.errors import TflmsError
 
 
@@ -79,6 +79,10 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None,
                        help="price float32 contractions at TF32 (--tf32) or FP32 (--no-tf32) on GPUs with TF32 "
                             "(default: as TensorFlow's tensor_float_32_execution setting)")
+    group.add_argument("--recompute", default=LMSConfig().recompute, choices=RECOMPUTE_MODES,
+                       help="what the tuner may do besides swapping: auto re-runs forward ops in the backward pass "
+                            "where that beats a copy; off swaps only; only recomputes only, with no host copies "
+                            "(default %(default)s)")
     group.add_argument("--compress", default=None, choices=("zvc", "fp16", "bf16", "int8", "auto"),
                        help="compress swapped tensors before their copy: zvc is lossless (training stays "
                             "bitwise); fp16, bf16 and int8 are lossy; auto picks per tensor from sparsity measured "
@@ -98,7 +102,7 @@ def config_from_args(args: argparse.Namespace) -> LMSConfig:
         include_types=tuple(args.include_types), exclude_types=tuple(args.exclude_types),
         include_scopes=tuple(args.include_scopes), exclude_scopes=tuple(args.exclude_scopes),
         host_device=args.host_device, accelerator_device=args.accelerator_device, compress=args.compress,
-        enforce_order=args.enforce_order, tf32=args.tf32)
+        enforce_order=args.enforce_order, tf32=args.tf32, recompute=args.recompute)
 
 
 def _progress(message: str) -> None:

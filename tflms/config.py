@@ -21,6 +21,10 @@ COMPRESS_CODECS = ("zvc", "fp16", "bf16", "int8-block")
 #: Short names accepted for codecs.
 COMPRESS_ALIASES = {"int8": "int8-block"}
 
+#: ``recompute`` values: swap or recompute per tensor (the default), swap only, recompute only.
+RECOMPUTE_AUTO, RECOMPUTE_OFF, RECOMPUTE_ONLY = "auto", "off", "only"
+RECOMPUTE_MODES = (RECOMPUTE_AUTO, RECOMPUTE_OFF, RECOMPUTE_ONLY)
+
 #: sync_mode values (TFLMS): which copies the computation waits for.
 SYNC_NONE, SYNC_SWAP_OUT, SYNC_SWAP_IN, SYNC_BOTH = 0, 1, 2, 3
 
@@ -83,6 +87,10 @@ class LMSConfig:
         ``None`` (default) as TensorFlow will run them, read from
         ``tf.config.experimental.tensor_float_32_execution_enabled()`` when the rewrite runs. It prices
         only: tflms never changes TensorFlow's setting. The report says which applied.
+      recompute: what the tuner may do besides swapping (:mod:`tflms.policies.recompute`): ``"auto"``
+        (default) re-runs forward ops in the backward pass where that beats a copy, alone or beside swaps;
+        ``"off"`` swaps only; ``"only"`` recomputes only, with no host copies (for hosts whose link or pinned
+        memory is taken). Recompute re-runs ops exactly (stateless ones only), so training stays bitwise.
     """
 
     swapout_threshold: int | None = None
@@ -103,6 +111,7 @@ class LMSConfig:
     compress: str | None = None
     enforce_order: bool | None = None
     tf32: bool | None = None
+    recompute: str = "auto"
     #: ``LMSConfig(budget="12GiB")``: the alias of ``budget_bytes`` (as in tflms.function and the Keras callback).
     budget: dataclasses.InitVar[int | str | None] = None
 
@@ -167,6 +176,9 @@ class LMSConfig:
         if self.tf32 is not None and not isinstance(self.tf32, bool):
             raise ConfigError(f"tf32 must be None (as TensorFlow's tensor_float_32_execution), True or False, "
                               f"got {self.tf32!r}")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ConfigError(f"recompute must be one of {', '.join(map(repr, RECOMPUTE_MODES))} (auto: swap or "
+                              f"recompute per tensor; off: swap only; only: recompute only), got {self.recompute!r}")
         if self.fit_by not in ("live", "bfc"):
             raise ConfigError(f"fit_by must be 'live' or 'bfc', got {self.fit_by!r}")
 

@@ -57,7 +57,21 @@ class RewriteReport:
 
     @property
     def changed(self) -> bool:
-        return bool(self.plan.swaps)
+        """Whether the rewrite inserted anything: swaps or recomputes."""
+        return self.plan.changed
+
+    @property
+    def recomputes(self):
+        return self.plan.recomputes
+
+    @property
+    def num_recomputed(self) -> int:
+        """Tensors the backward pass reads from a recompute instead of keeping them."""
+        return sum(len(r.tensors) for r in self.plan.recomputes)
+
+    @property
+    def recomputed_bytes(self) -> int:
+        return self.plan.recomputed_bytes
 
     @property
     def unknown_size_skips(self) -> int:
@@ -130,6 +144,12 @@ class RewriteReport:
                     "trigger": g.trigger, "trigger_level": g.trigger_level, "sync": g.sync, "note": g.note,
                 } for g in s.swap_ins],
             } for s in self.plan.swaps],
+            "recomputed_bytes": self.recomputed_bytes,
+            "recomputes": [{
+                "ops": list(r.ops), "clones": list(r.clones), "tensors": [t.name for t in r.tensors],
+                "readers": [list(rs) for rs in r.readers], "bytes": r.num_bytes,
+                "sources": [t.name for t in r.sources], "triggers": list(r.triggers),
+            } for r in self.plan.recomputes],
             "skipped": [{"tensor": k.tensor.name, "reason": k.reason, "detail": k.detail}
                         for k in self.plan.skipped],
             "warnings": list(self.plan.warnings),
@@ -194,6 +214,25 @@ class RewriteReport:
                              "(table(wide=True) (--wide) or to_json() (--json) lists all)")
             if legend:
                 lines.extend(LEGEND)
+        if self.plan.recomputes:
+            adds = (self.tuning or {}).get("recompute_time_s")
+            lines.append(f"recomputed: {self.num_recomputed} tensors, {format_bytes(self.recomputed_bytes)}, by "
+                         f"{sum(len(r.ops) for r in self.plan.recomputes)} cloned ops in "
+                         f"{len(self.plan.recomputes)} chains"
+                         + (f"; they add {adds * 1e3:.2f} ms of compute (simulated)" if adds is not None else ""))
+            shown_r = self.plan.recomputes if max_rows is None else self.plan.recomputes[:max_rows]
+            short = (lambda n: n) if wide else _short
+            header = ("tensors", "bytes", "ops re-run", "trigger")
+            rows = [(short(", ".join(t.name for t in r.tensors)), format_bytes(r.num_bytes),
+                     str(len(r.ops)) if wide is False else ", ".join(r.ops), short(r.triggers[0]))
+                    for r in shown_r]
+            widths = [max(len(h), *(len(row[c]) for row in rows)) for c, h in enumerate(header)]
+            fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+            lines.append(fmt.format(*header))
+            lines.append(fmt.format(*("-" * w for w in widths)))
+            lines.extend(fmt.format(*row).rstrip() for row in rows)
+            if len(shown_r) < len(self.plan.recomputes):
+                lines.append(f"... and {len(self.plan.recomputes) - len(shown_r)} more recompute chains")
         if self.compression:
             codecs = Counter(self.compression.values())
             lines.append("compressed: " + ", ".join(f"{n} with {c}" for c, n in sorted(codecs.items())))

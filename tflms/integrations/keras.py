@@ -309,6 +309,8 @@ class LMS(keras.callbacks.Callback):
       fit_by: ``"live"`` (default) or ``"bfc"``: how the tuner judges that a step fits.
       compress: ``"zvc"``, ``"auto"`` or a lossy codec (``"fp16"``, ``"bf16"``, ``"int8"``).
       enforce_order: pin a memory-aware order (default: when tuning).
+      recompute: ``"auto"`` (default: swap or recompute per tensor), ``"off"`` (swap only) or ``"only"``.
+      tf32: price float32 contractions at TF32 (``True``) or FP32 (``False``); default: as TensorFlow runs them.
 
     Attributes:
       config: the :class:`~tflms.LMSConfig` in use.
@@ -338,7 +340,7 @@ class LMS(keras.callbacks.Callback):
                  min_swap_bytes: int | str | None = None, host_device: str | None = None,
                  accelerator_device: str | None = None, batch_size: int | None = None, profile: str | None = None,
                  fit_by: str | None = None, compress: str | None = None, enforce_order: bool | None = None,
-                 **misspelt: Any):
+                 recompute: str | None = None, tf32: bool | None = None, **misspelt: Any):
         super().__init__()
         options = {name: value for name, value in locals().items() if name in _OPTION_NAMES}
         self.config = LMSConfig.from_options(config, options, misspelt)

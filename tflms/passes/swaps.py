@@ -23,6 +23,8 @@ from tflms.errors import GraphError
 from tflms.ir.graph import Graph, TensorRef
 from tflms.ir.tf_io import DO_NOT_REMOVE_ATTR
 from tflms.passes.result import PassResult
+from tflms.passes.recompute import insert_recomputes
+from tflms.policies.eligibility import is_clone, is_inserted
 from tflms.policies.swapplan import SwapPlan
 
 #: Op type used for swap copies. ``Identity`` lets TensorFlow insert the
@@ -58,18 +60,22 @@ def resolve_swapin_on(copy_op: str, swapin_on: str | None) -> str:
 
 def apply_swaps(graph: Graph, plan: SwapPlan, *, copy_op: str = DEFAULT_COPY_OP,
                 swapin_on: str | None = None) -> PassResult:
-    """A copy of ``graph`` with the plan's swap ops inserted; the report is their names, in insertion order.
+    """A copy of ``graph`` with the plan applied: its recompute clones first
+    (:func:`tflms.passes.recompute.insert_recomputes`), then its swap ops; the report is the inserted
+    names, in insertion order.
 
     ``swapin_on`` defaults to the host for ``Identity`` copies and to the
     accelerator for ``DeepCopy`` (see the module doc).
     """
     swapin_on = resolve_swapin_on(copy_op, swapin_on)
     swapin_device = plan.config.host_device if swapin_on == SWAPIN_ON_HOST else plan.accelerator_device
-    existing = [op.name for op in graph if op.name.startswith("lms/")]
-    if existing and plan.swaps:
+    # swaps may go on a graph with recompute clones (the hybrid search plans them there); nothing else twice
+    existing = [op.name for op in graph if is_inserted(op.name) and (plan.recomputes or not is_clone(op.name))]
+    if existing and plan.changed:
         raise GraphError(f"the graph already holds tflms swap ops (e.g. {existing[0]!r}); rewrite the "
                          "original graph, not a rewritten one")
     new = graph.copy()
+    insert_recomputes(new, plan.recomputes)
     for swap in plan.swaps:
         info = new.tensor(swap.tensor)
         attrs = _copy_attrs(swap.dtype)
@@ -85,12 +91,12 @@ def apply_swaps(graph: Graph, plan: SwapPlan, *, copy_op: str = DEFAULT_COPY_OP,
             for consumer, index in new.consumers(swap.tensor):
                 if consumer in members:
                     new.set_input(consumer, index, TensorRef(group.name, 0))
-    return PassResult(new, changed=bool(plan.swaps), report=tuple(inserted_op_names(plan)))
+    return PassResult(new, changed=plan.changed, report=tuple(inserted_op_names(plan)))
 
 
 def inserted_op_names(plan: SwapPlan) -> list[str]:
     """Names of every op the plan inserts, in insertion order."""
-    names = []
+    names = [clone for decision in plan.recomputes for clone in decision.clones]
     for swap in plan.swaps:
         names.append(swap.swap_out)
         names.extend(g.name for g in swap.swap_ins)

@@ -15,12 +15,14 @@ import dataclasses
 import difflib
 import logging
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tflms.analysis.cto import Analysis, Category
 from tflms.config import LMSConfig
 from tflms.errors import ConfigError
 from tflms.ir.graph import TensorRef
 from tflms.devices import runs_onednn_cpu_kernels
+from tflms.policies.eligibility import is_inserted
 from tflms.ir.op_types import CONDITIONAL_TYPES, HOST_PRODUCERS, IDENTITY_OPS, ONEDNN_WORKSPACE_EDGES
 
 logger = logging.getLogger(__name__)
@@ -76,17 +78,32 @@ class Skip:
 
 @dataclasses.dataclass(frozen=True)
 class SwapPlan:
-    """What the rewriter will do; built by :func:`plan_swaps`, applied by ``apply_swaps``."""
+    """What the rewriter will do; built by a policy, applied by ``apply_swaps``.
+
+    Two actions: ``swaps`` (copy a tensor to the host and back) and ``recomputes`` (re-run the ops
+    that produce a tensor for the backward pass, :mod:`tflms.policies.recompute`); the pass applies
+    the recomputes first, so a swap may serve a clone.
+    """
 
     config: LMSConfig
     accelerator_device: str
     swaps: tuple[SwapDecision, ...]
     skipped: tuple[Skip, ...]
     warnings: tuple[str, ...] = ()
+    recomputes: tuple[Any, ...] = ()  # tflms.policies.recompute.RecomputeDecision
 
     @property
     def swapped_bytes(self) -> int:
         return sum(s.num_bytes for s in self.swaps)
+
+    @property
+    def recomputed_bytes(self) -> int:
+        return sum(r.num_bytes for r in self.recomputes)
+
+    @property
+    def changed(self) -> bool:
+        """Whether the plan inserts anything (a swap or a recompute)."""
+        return bool(self.swaps or self.recomputes)
 
 
 def swap_op_names(tensor: TensorRef) -> tuple[str, str]:
@@ -144,6 +161,8 @@ def skip_reason(analysis: Analysis, ref: TensorRef, config: LMSConfig,
     graph = analysis.graph
     op = graph.op(ref.op)
     info = op.outputs[ref.index]
+    if is_inserted(ref.op):
+        return "inserted", f"output of {ref.op}, an op tflms inserted (a recompute clone is made where it is read)"
     if info.dtype in NEVER_SWAP_DTYPES or info.dtype.endswith("_ref"):
         return "dtype", f"{info.dtype} tensors are handles or host data, never swapped"
     if op.type in NO_SWAP_PRODUCERS:

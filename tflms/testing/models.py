@@ -16,6 +16,8 @@ logits:
 - ``bert``: a BERT-style encoder: token + position embeddings, several
   post-LN transformer layers, attention masked by the padding (token id 0),
   a tanh pooler on the first token;
+- ``bert_dropout_bn``: the same with BERT's dropout (0.1: Keras 3's seeded, stateless random
+  masks) and a BatchNormalization on the pooled output (moving statistics updated every step);
 - ``accumulated``: a 1x1 Conv2D + ReLU read by several activations that are
   added: at 256x256 and batch 4 the sum and the map's gradient are ``AddN`` s of
   64 MiB tensors, big enough (on a CPU device) for grappler's memory optimizer
@@ -27,6 +29,7 @@ padding for ``bert``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -114,12 +117,18 @@ def layernorm_gelu(*, seed: int = 0, input_dim: int = 16, width: int = 32, depth
     return keras.Model(inputs, keras.layers.Dense(classes, name="logits")(h), name="zoo_layernorm_gelu")
 
 
-def _transformer_layer(keras, h, mask, *, width: int, heads: int, ff: int, name: str):
-    """Post-LN transformer layer (as in BERT): attention, Add, LayerNorm, Dense(gelu), Dense, Add, LayerNorm."""
-    a = keras.layers.MultiHeadAttention(heads, width // heads, name=f"{name}_mha")(h, h, attention_mask=mask)
+def _transformer_layer(keras, h, mask, *, width: int, heads: int, ff: int, name: str, dropout: float = 0.0):
+    """Post-LN transformer layer (as in BERT): attention, Add, LayerNorm, Dense(gelu), Dense, Add, LayerNorm;
+    with ``dropout``, BERT's dropouts: on the attention probabilities and on each residual branch."""
+    a = keras.layers.MultiHeadAttention(heads, width // heads, dropout=dropout, name=f"{name}_mha")(
+        h, h, attention_mask=mask)
+    if dropout:
+        a = keras.layers.Dropout(dropout, name=f"{name}_attn_dropout")(a)
     h = keras.layers.LayerNormalization(epsilon=1e-6, name=f"{name}_ln1")(keras.layers.Add(name=f"{name}_add1")([h, a]))
     f = keras.layers.Dense(ff, activation="gelu", name=f"{name}_ff_up")(h)
     f = keras.layers.Dense(width, name=f"{name}_ff_down")(f)
+    if dropout:
+        f = keras.layers.Dropout(dropout, name=f"{name}_ff_dropout")(f)
     h = keras.layers.Add(name=f"{name}_add2")([h, f])
     return keras.layers.LayerNormalization(epsilon=1e-6, name=f"{name}_ln2")(h)
 
@@ -146,8 +155,9 @@ def _position_embedding_layer(keras):
 
 
 def bert(*, seed: int = 0, vocab: int = 64, length: int = 12, width: int = 32, heads: int = 4, layers: int = 2,
-         classes: int = 5):
-    """BERT-style encoder on token ids (0 = padding: masked out of every attention)."""
+         classes: int = 5, dropout: float = 0.0, pooler_bn: bool = False):
+    """BERT-style encoder on token ids (0 = padding: masked out of every attention); ``dropout`` as BERT's
+    (0.1 there), ``pooler_bn``: a BatchNormalization on the pooled output (moving statistics to update)."""
     keras = _keras(seed)
     from keras import ops
     tokens = keras.Input((length,), dtype="int32", name="tokens")
@@ -158,8 +168,11 @@ def bert(*, seed: int = 0, vocab: int = 64, length: int = 12, width: int = 32, h
     mask = ops.logical_and(ops.expand_dims(keep, 1), ops.expand_dims(keep, 2))  # (batch, query, key)
     mask = ops.logical_or(mask, ops.expand_dims(ops.eye(length, dtype="bool"), 0))  # padded queries see themselves
     for i in range(layers):
-        h = _transformer_layer(keras, h, mask, width=width, heads=heads, ff=4 * width, name=f"layer{i}")
+        h = _transformer_layer(keras, h, mask, width=width, heads=heads, ff=4 * width, name=f"layer{i}",
+                               dropout=dropout)
     pooled = keras.layers.Dense(width, activation="tanh", name="pooler")(h[:, 0, :])
+    if pooler_bn:
+        pooled = keras.layers.BatchNormalization(name="pooler_bn")(pooled)
     return keras.Model(tokens, keras.layers.Dense(classes, name="logits")(pooled), name="zoo_bert")
 
 
@@ -175,7 +188,8 @@ def accumulated(*, seed: int = 0, size: int = 256, filters: int = 64,
 
 MODEL_BUILDERS: dict[str, Callable[..., Any]] = {
     "mlp": mlp, "cnn": cnn, "residual": residual, "add_tree": add_tree, "layernorm_gelu": layernorm_gelu,
-    "mha_block": mha_block, "bert": bert, "accumulated": accumulated}
+    "mha_block": mha_block, "bert": bert, "accumulated": accumulated,
+    "bert_dropout_bn": functools.partial(bert, dropout=0.1, pooler_bn=True)}
 
 
 def build_model(name: str, *, seed: int = 0, **sizes: Any):

@@ -1,5 +1,5 @@
 """Auto-tuner: searches swap parameters that fit a memory budget, using the simulator."""
 
-from tflms.tune.tuner import STRATEGIES, Candidate, TuneResult, tune
+from tflms.tune.tuner import DEFAULT_STRATEGIES, STRATEGIES, Candidate, TuneResult, tune
 
-__all__ = ["STRATEGIES", "Candidate", "TuneResult", "tune"]
+__all__ = ["DEFAULT_STRATEGIES", "STRATEGIES", "Candidate", "TuneResult", "tune"]

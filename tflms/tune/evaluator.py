@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from tflms.errors import GraphError
 from tflms.ir.graph import Graph, TensorRef
 from tflms.passes.swaps import DEFAULT_COPY_OP, SWAPIN_ON_HOST, apply_swaps, resolve_swapin_on
+from tflms.policies.eligibility import is_clone, is_inserted
 from tflms.policies.swapplan import SwapPlan
 from tflms.profiles import HardwareProfile, get_profile
 from tflms.sim.simulator import (IndexedGraph, OpCosts, SimOptions, SimResult, _add_recvs, _check_order,
@@ -63,6 +64,13 @@ def order_with_plan(order: Sequence[str], plan: SwapPlan) -> list[str]:
     pos = {name: k for k, name in enumerate(order)}
     after: dict[str, list[str]] = {}
     anchor: dict[str, str] = {}  # new op -> the base op it follows
+    for decision in plan.recomputes:
+        # a clone runs after its trigger, which follows its sources (forward tensors); its chain's clones are
+        # in level order, each trigger no later than the next's (a clone takes the earliest of its readers')
+        for clone, trigger in zip(decision.clones, decision.triggers):
+            if trigger in pos:
+                anchor[clone] = trigger
+                after.setdefault(trigger, []).append(clone)
     for swap in plan.swaps:
         producer = swap.tensor.op
         if producer not in pos:
@@ -119,7 +127,7 @@ class PlanEvaluator:
         net = IndexedGraph.from_graph(base_graph, host)
         self._net = net
         self._op_id = {name: i for i, name in enumerate(net.names)}
-        self._lms_op = next((name for name in net.names if name.startswith("lms/")), None)
+        self._lms_op = next((name for name in net.names if is_inserted(name) and not is_clone(name)), None)
         self._prunes = self.options.prune_unused and sig is not None
         n = len(net.names)
         self._alive = _needed(net, net.roots(base_graph, output_names, self._op_id)) if self._prunes else [True] * n
@@ -147,15 +155,16 @@ class PlanEvaluator:
     # ------------------------------------------------------------------ public
     def evaluate(self, plan: SwapPlan | None) -> SimResult:
         """The simulation of ``plan`` applied to the base graph (``None``: the base graph itself)."""
-        if plan is not None and not plan.swaps:
+        if plan is not None and not plan.changed:
             plan = None  # nothing inserted: the base graph
-        key = None if plan is None else (plan.config.host_device, plan.accelerator_device, plan.swaps)
+        key = None if plan is None else (plan.config.host_device, plan.accelerator_device, plan.swaps,
+                                         plan.recomputes)
         hit = self._memo.get(key)
         if hit is not None:
             self.memo_hits += 1
             return hit
         with gc_paused():
-            result = self._simulate(plan)
+            result = self._simulate_rewritten(plan) if plan is not None and plan.recomputes else self._simulate(plan)
         if len(self._memo) >= MEMO_SIZE:
             del self._memo[next(iter(self._memo))]
         self._memo[key] = result
@@ -167,6 +176,15 @@ class PlanEvaluator:
         return apply_swaps(self.graph, plan, copy_op=self.copy_op, swapin_on=self.swapin_on).graph
 
     # ----------------------------------------------------------------- private
+    def _simulate_rewritten(self, plan: SwapPlan) -> SimResult:
+        """A plan with recomputes, simulated on its rewritten IR graph (not incrementally: clones add ops whose
+        costs the base graph's cache does not hold; the hybrid search plans swaps on the recomputed graph with an
+        evaluator of its own instead)."""
+        from tflms.sim.simulator import simulate
+        graph = self.rewritten_graph(plan)
+        order = order_with_plan(self.order, plan) if self.order is not None else None
+        return simulate(graph, self.profile, options=self.options, order=order)
+
     def _simulate(self, plan: SwapPlan | None) -> SimResult:
         base = self._net
         n_base = len(base.names)

@@ -19,7 +19,7 @@ from tflms.ir.graph import Graph
 from tflms.ir.tf_io import load_graph
 from tflms.profiles import DEFAULT_PROFILE, HardwareProfile, get_profile
 from tflms.sim.simulator import SimOptions, SimResult, simulate
-from tflms.tune.tuner import STRATEGIES, TuneResult, tune
+from tflms.tune.tuner import DEFAULT_STRATEGIES, TuneResult, tune
 from tflms.units import parse_bytes
 
 #: Upper end of the doubling search (a guard against graphs whose memory does not grow with the batch).
@@ -60,7 +60,7 @@ def _graph_with_free_batch(source: Any, args: tuple) -> Graph:
 
 def max_batch(source: Any, *args: Any, budget: int | str | None = None,
               profile: str | HardwareProfile = DEFAULT_PROFILE, with_tflms: bool = True,
-              config: LMSConfig | None = None, strategies=STRATEGIES, sim_options: SimOptions | None = None,
+              config: LMSConfig | None = None, strategies=DEFAULT_STRATEGIES, sim_options: SimOptions | None = None,
               start: int = 1, progress: Callable[[str], None] | None = None) -> MaxBatchResult:
     """The largest batch size whose step fits ``budget`` (default: the profile's memory).
 

@@ -59,6 +59,8 @@ def swap_across_peak(ev, cand: Candidate) -> list[Candidate]:
     added: list[Candidate] = []
     if ev.compress is not None:  # the new plans would be judged without the compression the winner gets
         return added
+    if cand.plan is not None and cand.plan.recomputes:  # its swaps were planned on the recomputed graph
+        return added
     best = cand
     for _ in range(PEAK_SWAP_ROUNDS):
         if best.fits or best.plan is None:

@@ -530,8 +530,8 @@ def prune_swaps(ev, cand: Candidate, *, round_trip_simulations: int = ROUND_TRIP
     candidate fits and is at least as fast as ``cand`` by construction; its ``policy`` is ``None`` (the
     pipeline applies ``plan``).
     """
-    if cand.plan is None or not cand.plan.swaps or not cand.fits or ev.compress is not None:
-        return None
+    if cand.plan is None or not cand.plan.swaps or not cand.fits or ev.compress is not None or cand.plan.recomputes:
+        return None  # (a hybrid's swaps were pruned by the tune that chose them, on the recomputed graph)
     judge = _Judge(ev, cand)
     state = {"kept": list(cand.plan.swaps), "judged": (cand.sim, None, None), "changed": 0}
     settled: set = set()

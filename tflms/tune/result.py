@@ -9,6 +9,7 @@ from tflms.analysis.cto import Analysis
 from tflms.config import LMSConfig
 from tflms.ir.graph import Graph
 from tflms.policies.base import SwapPolicy
+from tflms.policies.eligibility import is_clone
 from tflms.policies.swapplan import SwapPlan
 from tflms.sim.simulator import SimResult
 from tflms.units import format_bytes
@@ -85,6 +86,8 @@ class TuneResult:
                 "baseline_peak_bytes": self.baseline.peak_with_margin_bytes,
                 "predicted_step_time_s": self.best.sim.step_time_s, "baseline_step_time_s": self.baseline.step_time_s,
                 "overhead": self.overhead, "swapped_bytes": self.best.swapped_bytes,
+                "recomputed_bytes": 0 if self.best.plan is None else self.best.plan.recomputed_bytes,
+                "recompute_time_s": recompute_time_s(self.best.sim),
                 "host_peak_bytes": self.best.sim.host_peak_bytes, "reason": self.reason(),
                 "candidates": [{"strategy": c.strategy, "params": c.params, "peak_bytes": c.sim.peak_with_margin_bytes,
                                 "step_time_s": c.sim.step_time_s, "fits": c.fits, "why_not": c.why_not,
@@ -106,6 +109,11 @@ class TuneResult:
                      "(with the simulator's margin); overhead = predicted step time vs. no swapping; fits = peak "
                      "within the budget (and host memory)")
         return "\n".join(lines)
+
+
+def recompute_time_s(sim: SimResult) -> float:
+    """The compute time the recompute clones take in ``sim`` (simulated)."""
+    return sum(r.end_s - r.start_s for r in sim.ops if is_clone(r.name))
 
 
 def _params_text(params: dict[str, Any]) -> str:

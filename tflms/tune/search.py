@@ -218,7 +218,7 @@ def judge_ordered(ev: _Evaluator, first_fit: bool = False) -> list[Candidate]:
             if len(judged) >= limit:
                 break
             # the whole decisions: sync edges and triggers differ between sync modes and look-aheads
-            key = None if c.plan is None else c.plan.swaps
+            key = None if c.plan is None else (c.plan.swaps, c.plan.recomputes)
             if key in seen:
                 continue
             seen.add(key)

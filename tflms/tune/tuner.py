@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tflms.analysis.cto import Analysis, analyze_graph, no_training_step_error
-from tflms.config import LMSConfig
+from tflms.config import RECOMPUTE_OFF, RECOMPUTE_ONLY, LMSConfig
 from tflms.devices import resolve_accelerator
 from tflms.errors import BudgetError, ConfigError, UnknownSizeError
 from tflms.ir.graph import Graph
@@ -57,12 +57,19 @@ from tflms.tune.result import Candidate, TuneResult
 from tflms.tune.search import (FIT_BY_BFC, FIT_BY_LIVE, NO_OVERHEAD_TOLERANCE, ORDER_FINALISTS,  # noqa: F401
                                ORDER_MAX_OVERSHOOT,
                                _Evaluator, judge_ordered, search_distance, search_idle, search_order_first)
+from tflms.tune.hybrid import search_recompute
 from tflms.tune.vdnn import search_vdnn
 from tflms.units import format_bytes, parse_bytes
 
 logger = logging.getLogger(__name__)
 
 STRATEGIES = ("tflms-distance", "idle-time", "idle-time-no-overhead")
+#: What the recompute search records (:mod:`tflms.tune.hybrid`; ``LMSConfig.recompute``): recomputes alone, and
+#: recomputes with swaps chosen for the rest.
+RECOMPUTE_STRATEGIES = ("recompute", "hybrid")
+#: What :func:`tune` searches by default: the swap strategies and the recompute search (when
+#: ``LMSConfig.recompute`` is not ``"off"``; ``"only"`` searches recompute alone, whatever is asked).
+DEFAULT_STRATEGIES = STRATEGIES + ("recompute",)
 #: Strategies searched only when asked for (vDNN's layer-wise policies, for comparison).
 OPT_IN_STRATEGIES = ("vdnn_conv", "vdnn_all")
 
@@ -109,7 +116,7 @@ def _shape_text(shape) -> str:
 
 
 def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str | HardwareProfile = DEFAULT_PROFILE,
-         config: LMSConfig | None = None, strategies: Sequence[str] = STRATEGIES, sim_options: SimOptions | None = None,
+         config: LMSConfig | None = None, strategies: Sequence[str] = DEFAULT_STRATEGIES, sim_options: SimOptions | None = None,
          host_budget: int | str | None = None, copy_op: str = DEFAULT_COPY_OP, first_fit: bool = False,
          require_backward: bool = True, fit_by: str = FIT_BY_LIVE,
          compress: Callable[[Graph, SwapPlan], Graph] | None = None,
@@ -154,9 +161,10 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
           enforce_order: bool, prune: bool) -> TuneResult:
     """:func:`tune`'s body (run with the cyclic collector paused)."""
     profile = get_profile(profile)
-    unknown = sorted(set(strategies) - set(STRATEGIES) - set(OPT_IN_STRATEGIES))
+    unknown = sorted(set(strategies) - set(DEFAULT_STRATEGIES) - set(OPT_IN_STRATEGIES))
     if unknown:
-        raise ConfigError(f"unknown tuning strategies {unknown}; choose from {list(STRATEGIES + OPT_IN_STRATEGIES)}")
+        raise ConfigError(f"unknown tuning strategies {unknown}; choose from "
+                          f"{list(DEFAULT_STRATEGIES + OPT_IN_STRATEGIES)}")
     budget_bytes = profile.memory_bytes if budget is None else parse_bytes(budget, what="budget")
     if budget_bytes <= 0:
         raise ConfigError("budget must be positive")
@@ -186,14 +194,31 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
                 ("idle-time", lambda: search_idle(ev, baseline, STICK_TO_LIMIT)),
                 ("idle-time-no-overhead", lambda: search_idle(ev, baseline, NO_OVERHEAD)),
                 ("vdnn", lambda: search_vdnn(ev, policies=[s for s in strategies if s in OPT_IN_STRATEGIES]))]
+    only = config.recompute == RECOMPUTE_ONLY
     for name, search in searches:
-        if base.fits or (first_fit and any(c.fits for c in ev.candidates)):
+        if base.fits or (first_fit and any(c.fits for c in ev.candidates)) or only:
             break
         if name in strategies or (name == "vdnn" and set(strategies) & set(OPT_IN_STRATEGIES)):
             search()
+    recomputes = only or (config.recompute != RECOMPUTE_OFF and "recompute" in strategies)
+    if recomputes and not base.fits and not (first_fit and any(c.fits for c in ev.candidates)):
+        swap_strategies = [s for s in strategies if s in STRATEGIES]
+
+        def swaps_on(recomputed: Analysis) -> list:
+            # the whole swap tuner on the step with the recomputes in it (in level order: the finalists are
+            # judged in the enforced order below, hybrids among them): its winner, or the plan closest to fitting
+            try:
+                return [tune(recomputed, budget=budget_bytes, profile=profile,
+                             config=config.replace(recompute=RECOMPUTE_OFF), strategies=swap_strategies,
+                             sim_options=sim_options, host_budget=host_bytes, copy_op=copy_op, first_fit=first_fit,
+                             fit_by=fit_by, require_backward=require_backward, prune=prune).best]
+            except BudgetError as err:
+                tried = [c for c in err.candidates if c.plan is not None]
+                return [min(tried, key=lambda c: c.sim.peak_with_margin_bytes)] if tried else []
+        search_recompute(ev, baseline, only=only, nested=None if only or not swap_strategies else swaps_on)
     if enforce_order and not base.fits and not (first_fit and any(c.fits for c in ev.candidates)):
         judge_ordered(ev, first_fit=first_fit)
-    order = ("none",) + STRATEGIES + OPT_IN_STRATEGIES
+    order = ("none",) + STRATEGIES + OPT_IN_STRATEGIES + RECOMPUTE_STRATEGIES
     rank = lambda c: (c.sim.step_time_s, c.swapped_bytes, order.index(c.strategy))  # noqa: E731
     fitting = [c for c in ev.candidates if c.fits]
     if prune and fitting and not first_fit:
@@ -203,12 +228,12 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
             fitting.append(pruned)
     free = any(c.sim.overhead_vs(baseline) <= NO_OVERHEAD_TOLERANCE for c in fitting)  # nothing left to gain
     if (enforce_order and "idle-time-no-overhead" in strategies and not base.fits and not first_fit
-            and compress is None and not free):
+            and compress is None and not free and not only):
         # (the search on the ordered step checks there whether copies can hide: level order's peak is elsewhere)
         def no_overhead_search(ordered: Analysis) -> list:
             try:
-                return list(tune(ordered, budget=budget_bytes, profile=profile, config=config,
-                                 strategies=["idle-time-no-overhead"], sim_options=sim_options,
+                return list(tune(ordered, budget=budget_bytes, profile=profile,
+                                 config=config.replace(recompute=RECOMPUTE_OFF), strategies=["idle-time-no-overhead"], sim_options=sim_options,
                                  host_budget=host_bytes, copy_op=copy_op, fit_by=fit_by,
                                  require_backward=require_backward, prune=False).candidates)
             except BudgetError as err:

@@ -152,8 +152,8 @@ class Evaluator:
             return Probe(True)
         # Every strategy, judged in the enforced order: a distance plan the rules' probe saw miss in level
         # order can fit once the order pass pins its schedule.
-        from tflms.tune.tuner import STRATEGIES
-        return self._tune(size, list(STRATEGIES), enforce_order=True)
+        from tflms.tune.tuner import DEFAULT_STRATEGIES
+        return self._tune(size, list(DEFAULT_STRATEGIES), enforce_order=True)
 
     def _grappler(self, size):
         from tflms.baselines.grappler_swap import grappler_swap
@@ -391,13 +391,13 @@ def _full_tune(ev: Evaluator, method: str, size: int):
     when it finds no fit (the quick distance probes plan with other parameters than the tuner's ladder)."""
     from tflms.errors import BudgetError
     from tflms.tune.prune import EARLIER_PARAM, MERGED_PARAM, PRUNED_PARAM
-    from tflms.tune.tuner import STRATEGIES, tune
+    from tflms.tune.tuner import DEFAULT_STRATEGIES, tune
     graph, _ = ev.steps.graph(ev.model, "plain", size)
     best = method == "tflms-best"
     t0 = time.perf_counter()
     try:
         result = tune(graph, budget=ev.budget, profile=ev.profile, sim_options=ev.options, enforce_order=best,
-                      strategies=list(STRATEGIES) if best else ["tflms-distance"])
+                      strategies=list(DEFAULT_STRATEGIES) if best else ["tflms-distance"])
     except BudgetError:
         say(f"{ev.model} {ev.profile.name} {method}: the full tune at {ev.label(size)} finds no fit")
         return None

@@ -1,0 +1,159 @@
+"""Recompute as a plan action (issue 27): eligibility, chains, triggers, the pass, and bitwise training.
+
+A recompute clones forward ops into the backward pass, held back by a trigger; the backward readers
+read the clones. The TensorFlow tests train the kit's models with every recomputable forward op
+recomputed (the most clones any plan makes) against a plain-vs-plain control, and check what
+TensorFlow ran: the clones ran, the user's op types did not change.
+"""
+
+from __future__ import annotations
+
+import keras
+import networkx as nx
+import pytest
+import tensorflow as tf
+
+from tflms.analysis.cto import Category, analyze_graph
+from tflms.config import LMSConfig
+from tflms.errors import ConfigError
+from tflms.ir import tf_io
+from tflms.ir.graph import TensorRef
+from tflms.ir.preoptimize import preoptimize
+from tflms.passes.swaps import apply_swaps
+from tflms.pipeline import _build
+from tflms.policies.eligibility import is_clone, recompute_skip_reason
+from tflms.policies.recompute import chain_for, clone_name, plan_recomputes, rank_candidates
+from tflms.policies.swapplan import SwapPlan
+from tflms.profiles import get_profile
+from tflms.sim.cost import op_time_s
+from tflms.testing import (assert_bitwise_equal, build_model, make_batches, make_train_step, op_type_counts,
+                           record_run_metadata, snapshot)
+from tflms.testing.models import residual_bn
+
+PROFILE = get_profile("v100-16gb-pcie3")
+
+
+def _traced(model_name: str, batch_size: int = 4):
+    model = residual_bn(seed=1) if model_name == "residual_bn" else build_model(model_name, seed=1)
+    optimizer = keras.optimizers.Adam(1e-2)
+    optimizer.build(model.trainable_variables)
+    step = tf.function(make_train_step(model, optimizer))
+    batches = [(tf.constant(x), tf.constant(y)) for x, y in make_batches(model, batch_size=batch_size, steps=2)]
+    return model, optimizer, step, batches
+
+
+def _every_recompute(graph):
+    """The analysis and the plan that recomputes every forward op the backward pass reads (the most clones)."""
+    analysis = analyze_graph(graph)
+    ranked, _ = rank_candidates(analysis, lambda n: op_time_s(graph, graph.op(n), PROFILE))
+    decisions, _ = plan_recomputes(analysis, {op for c in ranked for op in c.chain})
+    return analysis, SwapPlan(LMSConfig(), "/device:CPU:0", (), (), recomputes=decisions)
+
+
+@pytest.fixture(scope="module")
+def bert_graph():
+    _, _, step, batches = _traced("bert_dropout_bn")
+    return tf_io.load_graph(preoptimize(step.get_concrete_function(*batches[0])))
+
+
+# ---------------------------------------------------------------------------------------------- IR
+def test_eligibility_refuses_state_and_side_effects(bert_graph):
+    from tflms._compat.tf import op_def
+    analysis = analyze_graph(bert_graph)
+    reasons = {}
+    for op in bert_graph:
+        why = recompute_skip_reason(analysis, op.name)
+        reasons.setdefault(op.type, set()).add(None if why is None else why[0])
+    assert "variable-read" in reasons["ReadVariableOp"] and None not in reasons["ReadVariableOp"]
+    assert reasons["AssignVariableOp"] == {"not-forward"}  # update ops, never forward
+    assert reasons["StatelessRandomUniformV2"] == {None}  # Keras 3's dropout: seeded, stateless
+    for op in bert_graph:  # every forward op TensorFlow calls stateful is refused
+        if analysis.categories[op.name] is Category.FORWARD and op_def(op.type).is_stateful:
+            assert recompute_skip_reason(analysis, op.name)[0] in ("stateful", "variable-read", "call"), op.type
+
+
+def test_a_chain_stops_at_kept_tensors_and_plans_are_acyclic_and_deterministic(bert_graph):
+    analysis, plan = _every_recompute(bert_graph)
+    assert plan.recomputes, "BERT has recomputable forward ops"
+    for decision in plan.recomputes:
+        for source in decision.sources:
+            assert source.op not in decision.ops
+        for name, trigger in zip(decision.ops, decision.triggers):
+            assert analysis.categories[trigger] is not Category.FORWARD or analysis.levels[trigger] > max(
+                analysis.levels[n] for n in decision.ops)
+    rewritten = apply_swaps(bert_graph, plan).graph
+    rewritten.lint()
+    assert nx.is_directed_acyclic_graph(rewritten.to_networkx())
+    again = apply_swaps(bert_graph, _every_recompute(bert_graph)[1]).graph
+    assert tf_io.to_graph_def(rewritten).SerializeToString(deterministic=True) == tf_io.to_graph_def(
+        again).SerializeToString(deterministic=True)
+    # every reader of a chain's tensor outside the forward pass now reads the clone; forward readers keep it
+    for decision in plan.recomputes:
+        for ref, readers in zip(decision.tensors, decision.readers):
+            for reader in readers:
+                assert TensorRef(clone_name(ref.op), ref.index) in rewritten.op(reader).inputs
+            for consumer, _ in rewritten.consumers(ref):
+                assert not is_clone(consumer) and analysis.categories[consumer] is Category.FORWARD
+    # a clone's only control input is its trigger (an order pinned on the original must not reach it)
+    for decision in plan.recomputes:
+        for clone, trigger in zip(decision.clones, decision.triggers):
+            assert rewritten.op(clone).control_inputs == [trigger]
+
+
+def test_chain_refusals_name_the_reason(bert_graph):
+    analysis = analyze_graph(bert_graph)
+    read = next(op.name for op in bert_graph if op.type == "ReadVariableOp")
+    assert chain_for(analysis, read) == (None, recompute_skip_reason(analysis, read))
+    softmax = next(op.name for op in bert_graph if op.type == "Softmax")
+    chain, why = chain_for(analysis, softmax)
+    assert chain[-1] == softmax and len(chain) > 1  # its masked scores are freed in the forward pass: re-run too
+    assert chain_for(analysis, softmax, max_ops=1) == (None, ("long-chain", "rebuilding it needs more than 1 ops"))
+
+
+def test_recompute_mode_is_checked():
+    with pytest.raises(ConfigError, match="recompute must be one of 'auto', 'off', 'only'"):
+        LMSConfig(recompute="sometimes")
+    assert LMSConfig().recompute == "auto"
+
+
+# ------------------------------------------------------------------------------------ TensorFlow
+def _train(model_name: str, recompute: bool):
+    model, optimizer, step, batches = _traced(model_name)
+    fn, plan = step, None
+    if recompute:
+        pre = preoptimize(step.get_concrete_function(*batches[0]))
+        graph = tf_io.load_graph(pre)
+        _, plan = _every_recompute(graph)
+        result = apply_swaps(graph, plan)
+        result.graph.lint()
+        fn = _build(result.graph, pre, result.report)
+    with record_run_metadata() as ran:
+        for x, y in batches:
+            fn(x, y)
+    return snapshot(model, optimizer), plan, ran
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "cnn", "residual_bn", "layernorm_gelu", "mha_block",
+                                        pytest.param("bert_dropout_bn", marks=pytest.mark.slow)])
+def test_recomputing_trains_bitwise_and_the_clones_run(model_name):
+    plain, _, plain_ran = _train(model_name, recompute=False)
+    again, _, _ = _train(model_name, recompute=False)
+    assert_bitwise_equal(plain, again, "plain TensorFlow twice (the control)")
+    recomputed, plan, ran = _train(model_name, recompute=True)
+    assert plan.recomputes, f"{model_name}: nothing recomputed"
+    assert_bitwise_equal(plain, recomputed, f"{model_name} with every recomputable op recomputed")
+    clones = [c for r in plan.recomputes for c in r.clones]
+    step = ran.step_graph(clones)
+    assert step is not None, "no function TensorFlow ran holds the clones"
+    ran_names = {n.name for n in step.post_optimization_graph.node}
+    assert set(clones) <= ran_names, sorted(set(clones) - ran_names)[:5]
+    user = op_type_counts(plain_ran.step_graph().post_optimization_graph)
+    theirs = op_type_counts(step.post_optimization_graph, exclude_names=clones)
+    assert user == theirs
+
+
+def test_dropout_masks_are_recomputed_from_their_seed(bert_graph):
+    analysis, plan = _every_recompute(bert_graph)
+    cloned_types = {bert_graph.op(op).type for r in plan.recomputes for op in r.ops}
+    assert "StatelessRandomUniformV2" in cloned_types
+    assert not any(t.startswith(("RandomUniform", "RandomStandardNormal")) for t in cloned_types)

@@ -1,0 +1,81 @@
+"""What a plan may touch, for every action: which ops tflms inserted, and which ops may be re-run.
+
+Swap eligibility (:func:`tflms.policies.swapplan.skip_reason`) says which tensors may be copied
+to the host; :func:`recompute_skip_reason` says which ops may be cloned into the backward pass
+(:mod:`tflms.policies.recompute`). Both refuse with a reason code and a sentence the report shows.
+"""
+
+from __future__ import annotations
+
+from tflms.analysis.cto import Analysis, Category
+from tflms.ir.op_types import (CALL_OP_TYPES, CONDITIONAL_TYPES, HOST_PRODUCERS, IDENTITY_OPS, LOOP_TYPES,
+                               ONEDNN_WORKSPACE_EDGES, PYTHON_CALLBACK_OPS, VARIABLE_READ_OPS)
+
+#: The name prefix of every op a tflms pass inserts (swap copies, codec calls, recompute clones).
+INSERTED_PREFIX = "lms/"
+#: dtypes a recomputed op may not produce: handles and host-only data.
+NEVER_RECOMPUTE_DTYPES = frozenset({"resource", "variant", "string"})
+
+
+#: The name prefix of recompute clones (:func:`tflms.policies.recompute.clone_name`).
+CLONE_PREFIX = INSERTED_PREFIX + "recompute_"
+
+
+def is_inserted(name: str) -> bool:
+    """Whether ``name`` is an op a tflms pass inserted (so a graph holding one was rewritten already)."""
+    return name.startswith(INSERTED_PREFIX)
+
+
+def is_clone(name: str) -> bool:
+    """Whether ``name`` is a recompute clone (a graph with clones may still get swaps: the hybrid search's)."""
+    return name.startswith(CLONE_PREFIX)
+
+
+def recompute_skip_reason(analysis: Analysis, name: str) -> tuple[str, str] | None:
+    """Why the op ``name`` must not be re-run in the backward pass, or ``None`` if it may be.
+
+    A clone must compute what the original computed and do nothing else: never an op with state
+    or side effects (its op definition says stateful: variable writes, moving-average updates,
+    random ops that keep state, collectives, queues), a variable read (the step may write the
+    variable before the clone runs: the clone reads the original read's value instead), a call
+    (its body may hold any of these), a Python callback, an op in control flow (it may be dead),
+    or an op outside the forward pass. Stateless random ops (``StatelessRandom*``, Keras 3's
+    Dropout) qualify: re-run from the same seed tensor they give the same values.
+    """
+    graph = analysis.graph
+    op = graph.op(name)
+    if is_inserted(name):
+        return "inserted", "an op tflms inserted"
+    if analysis.categories.get(name) is not Category.FORWARD:
+        return "not-forward", f"{analysis.categories.get(name)} op: only forward ops are recomputed"
+    if op.type in VARIABLE_READ_OPS:
+        return "variable-read", ("a variable read: the step may write the variable before a clone would run, so "
+                                 "clones read this read's value instead")
+    if op.type in CALL_OP_TYPES:
+        return "call", f"{op.type}: its function body may have side effects"
+    if op.type in PYTHON_CALLBACK_OPS:
+        return "stateful", f"{op.type} runs Python, which may have side effects"
+    if name in analysis.conditional or op.type in CONDITIONAL_TYPES or op.type in LOOP_TYPES:
+        return "conditional", f"{op.type} is in control flow (it may be dead, or run once per iteration)"
+    if _is_stateful(op.type):
+        return "stateful", (f"{op.type} is stateful (side effects or hidden state, e.g. a random op that keeps "
+                            "its state): a second run would not compute the same values")
+    if op.type in IDENTITY_OPS:
+        return "identity", f"{op.type} output aliases its input: re-running it frees nothing"
+    if op.type in HOST_PRODUCERS:
+        return "host-memory", f"{op.type} computes shapes in host memory: nothing to save on the accelerator"
+    for info in op.outputs:
+        if info.dtype in NEVER_RECOMPUTE_DTYPES or info.dtype.endswith("_ref"):
+            return "dtype", f"an output of dtype {info.dtype} (a handle or host data)"
+    for index, _ in enumerate(op.outputs):
+        if (op.type, index) in ONEDNN_WORKSPACE_EDGES:
+            return "onednn-workspace", (f"{op.type}'s gradient may read its oneDNN workspace, which a clone would "
+                                        "not hand over")
+    return None
+
+
+def _is_stateful(op_type: str) -> bool:
+    from tflms._compat.tf import op_def
+    definition = op_def(op_type)
+    # an op type TensorFlow does not know (a graph built by hand) is treated as stateful: nothing proves it is not
+    return definition is None or bool(definition.is_stateful)

@@ -1,0 +1,297 @@
+"""Recompute as a plan action: drop a forward tensor after its last forward use, rebuild it for the backward pass.
+
+A :class:`RecomputeDecision` re-runs a connected set of forward ops (a *chain*, Capuchin's
+collective recompute) as clones named ``lms/recompute_<op>``. Each clone reads the clones of
+its inputs inside the chain and the original tensors outside it (its *sources*, which stay
+alive until the clone runs). Every reader of a chain op's output that is not in the forward
+pass reads the clone instead, so the original is freed after its last forward reader.
+
+Without a trigger TensorFlow's executor would run a clone as soon as its sources exist, in
+the forward pass, and save nothing. So each clone has a control input from a *trigger*: an
+ancestor of the first backward reader it serves, ``ahead`` levels before it (as a swap-in's
+trigger, :func:`~tflms.policies.swapplan.find_trigger`); a clone that only feeds other clones
+takes the earliest trigger among them.
+
+Which ops may be cloned is :func:`~tflms.policies.eligibility.recompute_skip_reason`; which
+tensors are worth it is the tuner's question (:func:`rank_candidates` ranks them by bytes freed
+per second of recompute, Capuchin's rule). The pass is :func:`tflms.passes.recompute.apply_recomputes`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+
+from tflms.analysis.cto import Analysis, Category
+from tflms.ir.graph import TensorRef
+from tflms.ir.op_types import CONSTANT_OPS, SOURCE_OPS, VARIABLE_READ_OPS
+from tflms.policies.eligibility import CLONE_PREFIX, recompute_skip_reason
+from tflms.policies.swapplan import Skip, find_trigger
+
+#: The most ops one chain may re-run to rebuild one tensor (a longer chain costs more than it frees).
+MAX_CHAIN_OPS = 12
+#: The most ops chains joined by :func:`select` may hold together (one trigger region of the backward pass).
+MAX_JOINED_OPS = 32
+
+
+def clone_name(op: str) -> str:
+    """The deterministic name of ``op``'s clone."""
+    return CLONE_PREFIX + op
+
+
+@dataclasses.dataclass(frozen=True)
+class RecomputeDecision:
+    """Re-run ``ops`` (one connected chain, in topological order) for the backward pass.
+
+    ``tensors``: the chain's outputs that readers outside the forward pass read, with
+    ``readers[k]`` the ops that read ``tensors[k]`` from its clone; ``num_bytes``: their bytes
+    (what the gap between the forward and the backward pass no longer holds); ``sources``: the
+    tensors the clones read from outside the chain; ``triggers[k]``: the control input of the
+    clone of ``ops[k]``.
+    """
+
+    ops: tuple[str, ...]
+    tensors: tuple[TensorRef, ...]
+    readers: tuple[tuple[str, ...], ...]
+    num_bytes: int
+    sources: tuple[TensorRef, ...]
+    triggers: tuple[str, ...]
+
+    @property
+    def clones(self) -> tuple[str, ...]:
+        """The inserted ops' names (one clone per op of the chain)."""
+        return tuple(clone_name(op) for op in self.ops)
+
+    def explain(self) -> str:
+        tensors = ", ".join(t.name for t in self.tensors)
+        return (f"recompute {tensors} ({self.num_bytes} bytes) by re-running {len(self.ops)} op(s) "
+                f"from {len(self.sources)} kept tensor(s), triggered by {', '.join(sorted(set(self.triggers)))}")
+
+
+def _backward_readers(analysis: Analysis, ref: TensorRef, chain: frozenset[str]) -> tuple[str, ...]:
+    """The readers of ``ref`` that are neither forward ops nor in the chain, by (level, name)."""
+    cats, levels = analysis.categories, analysis.levels
+    readers = {c for c, _ in analysis.graph.consumers(ref) if c not in chain and cats[c] is not Category.FORWARD}
+    return tuple(sorted(readers, key=lambda n: (levels[n], n)))
+
+
+def is_kept(analysis: Analysis, ref: TensorRef) -> bool:
+    """Whether ``ref`` is alive into the backward pass anyway: resident (a constant, a variable read, a step
+    argument) or read by some op outside the forward pass."""
+    graph = analysis.graph
+    op = graph.op(ref.op)
+    if op.type in CONSTANT_OPS or op.type in VARIABLE_READ_OPS or op.type in SOURCE_OPS:
+        return True
+    if analysis.categories[ref.op] is not Category.FORWARD:
+        return True
+    cats = analysis.categories
+    return any(cats[c] is not Category.FORWARD for c, _ in graph.consumers(ref))
+
+
+def chain_for(analysis: Analysis, target: str, *, kept: Callable[[TensorRef], bool] | None = None,
+              max_ops: int = MAX_CHAIN_OPS) -> tuple[tuple[str, ...] | None, tuple[str, str] | None]:
+    """The ops to re-run to rebuild ``target``'s outputs from kept tensors: ``(chain, None)`` or
+    ``(None, (reason, sentence))``.
+
+    Walks back from ``target``: an input that is kept (:func:`is_kept`, or ``kept``) is a source;
+    any other input's producer joins the chain if it may be recomputed, up to ``max_ops`` ops.
+    """
+    kept = kept or (lambda ref: is_kept(analysis, ref))
+    reason = recompute_skip_reason(analysis, target)
+    if reason is not None:
+        return None, reason
+    graph = analysis.graph
+    chain, stack = {target}, [target]
+    while stack:
+        for ref in graph.op(stack.pop()).inputs:
+            if ref.op in chain or kept(ref):
+                continue
+            why = recompute_skip_reason(analysis, ref.op)
+            if why is not None:
+                return None, ("source", f"input {ref.name} is freed in the forward pass and its producer cannot be "
+                              f"recomputed ({why[0]}: {why[1]})")
+            if len(chain) >= max_ops:
+                return None, ("long-chain", f"rebuilding it needs more than {max_ops} ops")
+            chain.add(ref.op)
+            stack.append(ref.op)
+    return tuple(sorted(chain, key=lambda n: (analysis.levels[n], n))), None
+
+
+def plan_recomputes(analysis: Analysis, ops: Iterable[str], *, ahead: int = 1
+                    ) -> tuple[tuple[RecomputeDecision, ...], tuple[Skip, ...]]:
+    """Decisions that re-run ``ops`` (forward ops, e.g. the union of :func:`chain_for` chains), one per connected
+    chain, with their triggers; ops whose clone would serve no reader or find no trigger are skipped.
+
+    Deterministic: the same analysis and ops give the same decisions, in level order.
+    """
+    chosen = set(ops)
+    skipped: list[Skip] = []
+    for name in sorted(chosen):
+        why = recompute_skip_reason(analysis, name)
+        if why is not None:
+            skipped.append(Skip(TensorRef(name, 0), *why))
+            chosen.discard(name)
+    while True:  # an op whose clone finds no trigger leaves the set, and the chains are formed again
+        decisions, dropped, unread = [], [], []
+        for members in _chains(analysis, chosen):
+            decision, missing = _decide(analysis, members, ahead)
+            if decision is None and missing:
+                dropped.extend(missing)
+            elif decision is None:
+                unread.append(Skip(TensorRef(members[-1], 0), "no-backward-reader",
+                                   "nothing outside the forward pass reads this chain's outputs"))
+            else:
+                decisions.append(decision)
+        if not dropped:
+            return tuple(decisions), tuple(skipped + unread)
+        for name in sorted(dropped):
+            chosen.discard(name)
+            skipped.append(Skip(TensorRef(name, 0), "no-trigger",
+                                "no op after the forward pass can hold its clone back (it would run at once)"))
+
+
+def _chains(analysis: Analysis, chosen: set[str]) -> list[list[str]]:
+    """The ops of ``chosen`` in connected chains (joined by data edges), each in level order, chains in level order."""
+    levels, graph = analysis.levels, analysis.graph
+    parent = {name: name for name in chosen}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for name in sorted(chosen):
+        for ref in graph.op(name).inputs:
+            if ref.op in chosen:
+                parent[find(ref.op)] = find(name)
+    groups: dict[str, list[str]] = {}
+    for name in chosen:
+        groups.setdefault(find(name), []).append(name)
+    return sorted((sorted(g, key=lambda n: (levels[n], n)) for g in groups.values()),
+                  key=lambda g: (levels[g[0]], g[0]))
+
+
+def _decide(analysis: Analysis, members: Sequence[str], ahead: int
+            ) -> tuple[RecomputeDecision | None, list[str]]:
+    """The decision for one chain, or ``(None, the ops whose clone finds no trigger)`` (``[]``: no reader)."""
+    graph, levels = analysis.graph, analysis.levels
+    chain = frozenset(members)
+    tensors, readers = [], []
+    for name in members:
+        for index, _ in enumerate(graph.op(name).outputs):
+            ref = TensorRef(name, index)
+            rs = _backward_readers(analysis, ref, chain)
+            if rs:
+                tensors.append(ref)
+                readers.append(rs)
+    if not tensors:
+        return None, []
+    top = max(levels[n] for n in members)
+    # each clone's trigger: before its own first backward reader, or the earliest trigger of the clones it feeds
+    trigger: dict[str, str | None] = {}
+    for name in reversed(members):
+        options = []
+        own = [rs[0] for ref, rs in zip(tensors, readers) if ref.op == name]
+        if own:
+            first = min(own, key=lambda n: (levels[n], n))
+            options.append(find_trigger(analysis, first, top, levels[first] - ahead))
+        for consumer, _ in (c for index, _ in enumerate(graph.op(name).outputs)
+                            for c in graph.consumers(TensorRef(name, index))):
+            if consumer in chain:
+                options.append(trigger[consumer])
+        options = [t for t in options if t is not None]
+        trigger[name] = min(options, key=lambda n: (levels[n], n)) if options else None
+    missing = [n for n in members if trigger[n] is None]
+    if missing:
+        return None, missing
+    sources = sorted({ref for name in members for ref in graph.op(name).inputs if ref.op not in chain},
+                     key=lambda r: (levels[r.op], r.op, r.index))
+    num_bytes = sum(graph.tensor(ref).num_bytes or 0 for ref in tensors)
+    return RecomputeDecision(ops=tuple(members), tensors=tuple(tensors), readers=tuple(readers),
+                             num_bytes=num_bytes, sources=tuple(sources),
+                             triggers=tuple(trigger[n] for n in members)), []
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A forward op whose outputs the backward pass reads, the chain that rebuilds them, and what it is worth."""
+
+    target: str
+    chain: tuple[str, ...]
+    freed_bytes: int
+    cost_s: float
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.freed_bytes / self.cost_s if self.cost_s > 0 else float("inf")
+
+
+def rank_candidates(analysis: Analysis, op_time: Callable[[str], float], *, min_bytes: int = 0,
+                    exclude: frozenset[str] = frozenset()) -> tuple[list[Candidate], list[Skip]]:
+    """Every forward op whose outputs a backward op reads, with the chain that rebuilds them (:func:`chain_for`),
+    ranked by bytes freed per second of recompute (Capuchin's rule; ties by name). ``op_time(name)`` is an op's
+    simulated time; ``exclude``: ops never chosen as targets (e.g. producers of swapped tensors)."""
+    graph, cats = analysis.graph, analysis.categories
+    out, skipped = [], []
+    for name in analysis.order:
+        if cats[name] is not Category.FORWARD or name in exclude:
+            continue
+        op = graph.op(name)
+        freed = 0
+        for index, info in enumerate(op.outputs):
+            if _backward_readers(analysis, TensorRef(name, index), frozenset()):
+                freed += info.num_bytes or 0
+        if freed <= max(min_bytes, 0) or freed == 0:
+            continue
+        chain, why = chain_for(analysis, name)
+        if chain is None:
+            skipped.append(Skip(TensorRef(name, 0), *why))
+            continue
+        out.append(Candidate(name, chain, freed, sum(op_time(n) for n in chain)))
+    out.sort(key=lambda c: (-c.bytes_per_s, c.target))
+    return out, skipped
+
+
+def select(analysis: Analysis, ranked: Sequence[Candidate], *, max_joined: int = MAX_JOINED_OPS) -> set[str]:
+    """The ops to re-run for ``ranked`` candidates taken greedily in order, keeping every chain local.
+
+    A candidate is taken unless its target is recomputed already, or its chain would recompute a tensor an
+    earlier chain reads as a kept source (that chain's clone would keep the original alive), or it joins
+    chains (by reading a tensor they recompute) into more than ``max_joined`` ops. Without the last two rules
+    the union of every chain is one region whose clones start at the first backward reader of any of them:
+    the whole forward pass re-run at once, which saves nothing.
+    """
+    graph = analysis.graph
+    chosen: set[str] = set()
+    pinned: set[TensorRef] = set()  # tensors some clone reads as kept originals
+    root: dict[str, str] = {}
+    size: dict[str, int] = {}
+
+    def find(x: str) -> str:
+        while root[x] != x:
+            root[x] = root[root[x]]
+            x = root[x]
+        return x
+
+    for cand in ranked:
+        if cand.target in chosen:
+            continue
+        ops = set(cand.chain)
+        if any(TensorRef(op, i) in pinned for op in ops for i, _ in enumerate(graph.op(op).outputs)):
+            continue
+        sources = {ref for op in ops for ref in graph.op(op).inputs if ref.op not in ops}
+        joined = {find(op) for op in ops if op in chosen} | {find(ref.op) for ref in sources if ref.op in chosen}
+        new = ops - chosen
+        if len(new) + sum(size[g] for g in joined) > max_joined:
+            continue
+        for op in new:
+            root[op], size[op] = op, 1
+        roots = joined | new
+        top = min(roots)
+        size[top] = sum(size[r] for r in roots)
+        for r in roots:
+            root[r] = top
+        chosen |= new
+        pinned |= {ref for ref in sources if ref.op not in chosen}
+    return chosen

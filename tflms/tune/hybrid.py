@@ -1,0 +1,128 @@
+"""The tuner's recompute search: recompute where it is cheaper than a copy, then swap the rest.
+
+Capuchin's rule, priced by the simulator's cost model: a forward tensor the backward pass reads
+is worth recomputing when re-running the chain that rebuilds it
+(:func:`tflms.policies.recompute.rank_candidates`) costs less than ``price`` times the two copies
+a swap of it would take over the host link. Each price on :data:`PRICES` gives one recompute set,
+judged alone (``recompute``) and, when it does not fit alone, with swaps chosen for what is left
+(``hybrid``): the whole swap tuner (distance rules, idle-time, pruning) runs on the graph with the
+clones in it (``nested``, :func:`tflms.tune.tuner.tune`), so every swap it considers is judged with
+the recomputes in place. The cheapest prices recompute only elementwise chains (normalisation,
+activations, dropout masks: memory-bound, tens of times faster than a PCIe copy); the largest also
+re-run contractions.
+
+With ``recompute="only"`` there are no swaps: the sets alone, and between the largest price that does not
+fit and the smallest that does, a bisection on the ranking for the cheapest set that fits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from tflms.analysis.cto import Analysis, analyze_graph
+from tflms.passes.swaps import apply_swaps
+from tflms.policies.recompute import Candidate as RecomputeCandidate
+from tflms.policies.recompute import plan_recomputes, rank_candidates, select
+from tflms.policies.swapplan import SwapPlan
+from tflms.sim.cost import op_time_s
+from tflms.sim.simulator import SimResult, simulate
+from tflms.tune.result import Candidate
+
+#: Recompute a tensor when its chain costs at most this times the two copies a swap of it takes.
+PRICES = (0.05, 0.25, 1.0, 4.0)
+#: Simulations the bisection of ``recompute="only"`` may take.
+ONLY_BISECTIONS = 8
+
+
+def search_recompute(ev, baseline: SimResult, *, only: bool,
+                     nested: Callable[[Analysis], list[Candidate]] | None) -> list[Candidate]:
+    """Recompute candidates (and, unless ``only``, hybrids through ``nested``); returns the candidates recorded."""
+    graph = ev.analysis.graph
+    ranked, skipped = rank_candidates(ev.analysis, lambda n: op_time_s(graph, graph.op(n), ev.profile),
+                                      min_bytes=ev.base_config.min_swap_bytes)
+    if not ranked:
+        return []
+    added: list[Candidate] = []
+    judged: dict[int, Candidate] = {}  # by how many of the ranking were chosen
+
+    def judge(count: int, price: float | None) -> Candidate | None:
+        if count in judged or count == 0:
+            return judged.get(count)
+        plan, rgraph = _recompute_plan(ev, ranked[:count], tuple(skipped))
+        if plan is None:
+            return None
+        params = {"recomputed": sum(len(r.tensors) for r in plan.recomputes),
+                  "cloned": sum(len(r.ops) for r in plan.recomputes)}
+        if price is not None:
+            params["price"] = price
+        sim = simulate(_compressed(ev, rgraph, plan), ev.profile, options=ev.sim_options)
+        cand = ev.record("recompute", params, plan, sim, rgraph, None)
+        judged[count] = cand
+        added.append(cand)
+        if not (only or cand.fits) and nested is not None:
+            added.extend(_hybrids(ev, cand, rgraph, nested))
+        return cand
+
+    counts = []
+    for price in PRICES:
+        count = sum(1 for c in ranked if c.cost_s <= price * _round_trip_s(ev, c))
+        if count and count not in counts:
+            counts.append(count)
+            judge(count, price)
+    if only:
+        if len(ranked) not in counts:
+            counts.append(len(ranked))
+            judge(len(ranked), None)
+        _bisect(ev, judge, counts)
+    return added
+
+
+def _round_trip_s(ev, cand: RecomputeCandidate) -> float:
+    return 2 * ev.profile.copy_time_s(cand.freed_bytes)
+
+
+def _recompute_plan(ev, chosen: list[RecomputeCandidate], skipped: tuple) -> tuple[SwapPlan | None, object]:
+    decisions, skips = plan_recomputes(ev.analysis, select(ev.analysis, chosen))
+    if not decisions:
+        return None, None
+    plan = SwapPlan(config=ev.base_config, accelerator_device=ev.accelerator, swaps=(),
+                    skipped=skipped + skips, recomputes=decisions)
+    return plan, apply_swaps(ev.analysis.graph, plan, copy_op=ev.copy_op).graph
+
+
+def _compressed(ev, graph, plan: SwapPlan):
+    return graph if ev.compress is None or not plan.swaps else ev.compress(graph, plan)
+
+
+def _hybrids(ev, recompute: Candidate, rgraph, nested: Callable[[Analysis], list[Candidate]]) -> list[Candidate]:
+    """Swaps chosen by the whole swap tuner on the recomputed graph, each recorded with the recomputes."""
+    added = []
+    for c in nested(analyze_graph(rgraph)):
+        if c.plan is None or not c.plan.swaps or (c.order or {}).get("before_swaps"):
+            continue  # (a plan whose order was pinned before its swaps holds edges its plan does not say)
+        plan = dataclasses.replace(c.plan, recomputes=recompute.plan.recomputes,
+                                   skipped=recompute.plan.skipped + c.plan.skipped)
+        graph = apply_swaps(rgraph, c.plan, copy_op=ev.copy_op).graph
+        sim = c.sim
+        if ev.compress is not None:
+            graph = ev.compress(graph, plan)
+            sim = simulate(graph, ev.profile, options=ev.sim_options)
+        added.append(ev.record("hybrid", {**recompute.params, "swaps": c.strategy, **c.params}, plan, sim, graph,
+                               c.policy, order=c.order))
+    return added
+
+
+def _bisect(ev, judge: Callable[[int, float | None], Candidate | None], counts: list[int]) -> None:
+    """Between the largest count that does not fit and the smallest that does, the fewest recomputes that fit."""
+    for _ in range(ONLY_BISECTIONS):
+        fit = sorted(n for n in counts if (c := judge(n, None)) is not None and c.fits)
+        if not fit:
+            return
+        below = [n for n in counts if n < fit[0]]
+        low, high = (max(below) if below else 0), fit[0]
+        if high - low <= 1:
+            return
+        middle = (low + high) // 2
+        counts.append(middle)
+        judge(middle, None)
