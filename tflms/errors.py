@@ -65,3 +65,8 @@ class UnknownSizeError(ConfigError):
     The message names the tensors and the fix: a batch size (``batch_size=`` /
     ``--batch-size``) when the unknown dimension is the batch.
     """
+
+
+class KerasFlavourError(UnsupportedModelError):
+    """A Keras 3 object where a tf_keras (Keras 2) one is needed, or the reverse (the message names the flavour
+    found and what to use instead)."""

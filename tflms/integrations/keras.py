@@ -1,4 +1,4 @@
-"""``tflms.keras.LMS``: a Keras 3 callback that trains ``model.fit`` with swapping.
+"""``tflms.keras.LMS``: a Keras callback that trains ``model.fit`` with swapping (Keras 3, and tf_keras).
 
 ::
 
@@ -80,6 +80,14 @@ first step; a train function that
 is not the one Keras builds (``make_train_function`` overridden, another backend,
 a Keras whose trainer has changed) raises it too; ``run_eagerly=True`` has no
 graph to rewrite, so the callback warns and stands aside.
+
+tf_keras (Keras 2, ``import tf_keras`` or ``tf.keras`` under ``TF_USE_LEGACY_KERAS=1``):
+the same class is a tf_keras callback too. ``on_train_begin`` reads the model's
+flavour (:mod:`tflms.integrations.flavour`); for a tf_keras model the step is found
+by :mod:`tflms.integrations.tf_keras` (tf_keras's trainer has no step
+``tf.function`` of its own) and everything after that is the path above. tf_keras
+has no ``jit_compile="auto"``: its default is no XLA, and ``jit_compile=True`` is
+refused.
 """
 
 from __future__ import annotations
@@ -95,6 +103,8 @@ import tensorflow as tf
 from tflms.config import LMSConfig
 from tflms.passes.place import Placement
 from tflms.errors import UnsupportedModelError
+from tflms.integrations import tf_keras as tf_keras_integration
+from tflms.integrations.flavour import TF_KERAS, keras_flavour
 from tflms.integrations.function import check_devices_exist, rewrite_concrete
 from tflms.integrations.progress import SILENT, SUMMARY, check_verbose, summary_line, tuner_progress
 from tflms.integrations.progress import default_print as _print
@@ -277,8 +287,11 @@ def _keras_step(model, keras_function):
     return step
 
 
-class LMS(keras.callbacks.Callback):
+class LMS(keras.callbacks.Callback, tf_keras_integration.TfKerasCallbackHooks):
     """Train with tflms swapping: rewrites the training step of ``model.fit`` (see the module doc).
+
+    One class for both Keras flavours: a Keras 3 model's ``fit`` and a tf_keras
+    (Keras 2) model's ``fit`` take it alike.
 
     Args:
       budget: accelerator memory budget (``"12GiB"`` or bytes); turns on the tuner,
@@ -329,6 +342,8 @@ class LMS(keras.callbacks.Callback):
         self._without_xla: dict[int, tuple[Any, Any]] = {}
         self._xla_restore: tuple[Any, Any] | None = None  # (model, its XLA train function) to put back
         self._xla_said = False
+        #: tf_keras train functions and the one-step tf.function made of each: id(keras) -> (keras, step)
+        self._tf_keras_steps: dict[int, tuple[Any, Any]] = {}
 
     # ------------------------------------------------------------------ reports
     @property
@@ -365,8 +380,11 @@ class LMS(keras.callbacks.Callback):
                           "graph to rewrite, so LMS stands aside and this fit runs without swapping", stacklevel=2)
             self._installed = None
             return
-        current = self._xla_off(model, current)
-        keras_step = _keras_step(model, current)
+        if keras_flavour(model) == TF_KERAS:
+            keras_step = self._tf_keras_step(model, current)
+        else:
+            current = self._xla_off(model, current)
+            keras_step = _keras_step(model, current)
         if getattr(keras_step, "_jit_compile", False):
             raise self._jit_error(model)
         step = self._steps.get(id(keras_step))
@@ -385,6 +403,14 @@ class LMS(keras.callbacks.Callback):
         xla, self._xla_restore = self._xla_restore, None
         if installed is not None and installed.model.train_function is installed:
             installed.model.train_function = installed.keras_function if xla is None else xla[1]
+
+    def _tf_keras_step(self, model, current):
+        """The one-step tf.function made of tf_keras's train function ``current`` (made once per train function)."""
+        entry = self._tf_keras_steps.get(id(current))
+        if entry is None or entry[0] is not current:
+            entry = (current, tf_keras_integration.train_step_function(model, current))
+            self._tf_keras_steps[id(current)] = entry
+        return entry[1]
 
     def _xla_off(self, model, current):
         """Keras's train function without XLA when ``jit_compile`` was left to Keras's ``"auto"``.
@@ -435,7 +461,10 @@ class LMS(keras.callbacks.Callback):
             "model.compile(..., jit_compile=False) (or leave the default, which LMS turns off for its fits)")
 
     def _check_supported(self, model) -> None:
-        if keras.backend.backend() != "tensorflow":
+        if keras_flavour(model) == TF_KERAS:
+            if getattr(model, "jit_compile", False) and not model.run_eagerly:
+                raise tf_keras_integration.jit_error(model)
+        elif keras.backend.backend() != "tensorflow":
             raise UnsupportedModelError(f"tflms.keras.LMS rewrites TensorFlow graphs; the Keras backend is "
                                         f"{keras.backend.backend()!r}. Set KERAS_BACKEND=tensorflow")
         if getattr(model, "jit_compile", False) and not model.run_eagerly and not _auto_chooses_xla(model):
