@@ -35,16 +35,16 @@ def keras_flavour(obj: Any) -> str | None:
 
 
 def check_flavour(obj: Any, expected: str, where: str, instead: str) -> None:
-    """Raise :class:`KerasFlavourError` unless ``obj`` is a ``expected`` object.
+    """Raise :class:`KerasFlavourError` if ``obj`` comes from the other Keras than ``expected``.
 
-    ``where``: the code path that needs it (``"tflms.baselines.recompute.checkpointed"``);
-    ``instead``: what to use for the flavour found, as a sentence fragment.
+    ``where``: the code path that needs an ``expected`` object (``"tflms.baselines.recompute.checkpointed"``);
+    ``instead``: what to do with the flavour found, a sentence. An object of neither flavour passes (duck typing:
+    the code path says what it lacks).
     """
     found = keras_flavour(obj)
-    if found == expected:
+    if found is None or found == expected:
         return
     name = getattr(obj, "name", None) or type(obj).__name__
-    what = f"a {found} model" if found else f"not a Keras model (a {type(obj).__module__}.{type(obj).__qualname__})"
     raise KerasFlavourError(
-        f"{where}: {name!r} is {what}, and this code path takes {expected} models only ({_HOW[expected]}). "
-        f"{instead}")
+        f"{where}: {name!r} is a {found} object ({type(obj).__module__}.{type(obj).__qualname__}), and this code "
+        f"path takes {expected} models only ({_HOW[expected]}). {instead}")

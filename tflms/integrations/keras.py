@@ -217,7 +217,7 @@ class _LMSTrainFunction:
         self.owner, self.model, self.keras_function, self.step = owner, model, keras_function, step
 
     def __call__(self, iterator):
-        steps = int(self.model.steps_per_execution)
+        steps = _steps_per_execution(self.model)
         outputs = None
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
             for _ in range(steps):
@@ -231,6 +231,13 @@ class _LMSTrainFunction:
         for _, data in zip(range(steps), iterator):
             outputs = self.step(data)
         return outputs
+
+
+def _steps_per_execution(model) -> int:
+    """``model.steps_per_execution`` now: an int in Keras 3, a variable in tf_keras (mirrored under a strategy; its
+    data handler lowers it for the last, shorter execution of an epoch)."""
+    value = model.steps_per_execution
+    return int(value.numpy() if hasattr(value, "numpy") else value)
 
 
 def _supported_strategy(strategy) -> bool:

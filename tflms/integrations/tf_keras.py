@@ -44,6 +44,7 @@ from __future__ import annotations
 from typing import Any
 
 from tflms.errors import UnsupportedModelError
+from tflms.integrations.flavour import TF_KERAS, check_flavour
 
 #: Where ``Model.make_train_function`` defines the function it wraps in ``tf.function`` (tf_keras 2.16 - 2.21).
 TRAINER_MODULE = "tf_keras.src.engine.training"
@@ -103,6 +104,8 @@ def train_step_function(model, keras_function) -> Any:
     """
     import tensorflow as tf
 
+    check_flavour(model, TF_KERAS, "tflms.integrations.tf_keras.train_step_function",
+                  "tflms.keras.LMS finds a Keras 3 model's step itself (tflms.integrations.keras._keras_step)")
     name = getattr(model, "name", type(model).__name__)
     if keras_function is None:
         raise UnsupportedModelError(
