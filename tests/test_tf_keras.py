@@ -4,10 +4,10 @@ tf_keras is not a dependency of tflms, and its wheel requires the full
 ``tensorflow`` package, which would clash with the ``tensorflow-cpu`` the ``[cpu]``
 extra installs (one import package, two distributions). The ``tf_keras`` fixture
 makes it importable: the installed one if its version is TensorFlow's
-``major.minor``, else the release of this TensorFlow installed once with ``pip
-install --no-deps --target`` into pytest's cache directory (``.pytest_cache/d/``,
-or a temporary directory under ``-p no:cacheprovider``), then put on ``sys.path``
-(and on child processes' ``PYTHONPATH``). So the README's test command needs no
+``major.minor``, else the release of this TensorFlow that conftest's
+``tf_keras_path`` installed once with ``pip install --no-deps --target`` into
+pytest's cache directory, put on ``sys.path`` (and on child processes'
+``PYTHONPATH``). So the README's test command needs no
 hand install; it needs the package index, as the install before it does.
 
 Every comparison fits the same model (same seed, same data, ``shuffle=False``)
@@ -25,12 +25,9 @@ devices must be configured before TensorFlow starts).
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -43,68 +40,19 @@ import pytest
 HERE = pathlib.Path(__file__).resolve()
 SEED = 1234
 THRESHOLD = 1
-#: seconds for ``pip install`` of tf-keras (one small pure-Python wheel).
-PIP_TIMEOUT_S = 300
 #: seconds for the MirroredStrategy child and for a child that loads a saved model.
 MIRRORED_TIMEOUT_S = 300
 LOAD_TIMEOUT_S = 120
 
 
 # ============================================================================================ tf_keras itself
-def _tf_minor() -> str:
-    import tensorflow as tf
-    return ".".join(tf.__version__.split(".")[:2])
-
-
-def _installed_tf_keras_matches(minor: str) -> bool:
-    if importlib.util.find_spec("tf_keras") is None:
-        return False
-    try:
-        return ".".join(importlib.metadata.version("tf-keras").split(".")[:2]) == minor
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
-def tf_keras_dir(cache_root: pathlib.Path) -> pathlib.Path | None:
-    """Where ``tf_keras`` for this TensorFlow is (``None``: already importable), installing it there if needed."""
-    minor = _tf_minor()
-    if _installed_tf_keras_matches(minor):
-        return None
-    target = cache_root / f"tf-keras-{minor}"
-    if (target / "tf_keras" / "__init__.py").is_file():
-        return target
-    staging = cache_root / f"tf-keras-{minor}.staging-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    command = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
-               "--target", str(staging), f"tf-keras=={minor}.*"]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{' '.join(command)} took over {PIP_TIMEOUT_S} s")
-    if done.returncode != 0 or not (staging / "tf_keras" / "__init__.py").is_file():
-        pytest.fail(f"could not install tf-keras {minor} for the tf_keras tests ({' '.join(command)} exited "
-                    f"{done.returncode}); these tests need the package index, as the install of tflms does:\n"
-                    f"{done.stderr[-2000:]}")
-    try:
-        staging.rename(target)  # atomic; another run may have won the race, then its copy is used
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
-
-
-@pytest.fixture(scope="session")
-def tf_keras_path(request, tmp_path_factory) -> pathlib.Path | None:
-    cache = getattr(request.config, "cache", None)
-    root = pathlib.Path(cache.mkdir("tflms-tf-keras")) if cache is not None else tmp_path_factory.mktemp("tf-keras")
-    return tf_keras_dir(root)
-
-
 @pytest.fixture(scope="session")
 def tf_keras(tf_keras_path):
     if tf_keras_path is not None and str(tf_keras_path) not in sys.path:
         sys.path.insert(0, str(tf_keras_path))
+    import tensorflow as tf
     import tf_keras
-    assert ".".join(tf_keras.__version__.split(".")[:2]) == _tf_minor(), tf_keras.__version__
+    assert tf_keras.__version__.split(".")[:2] == tf.__version__.split(".")[:2], (tf_keras.__version__, tf.__version__)
     return tf_keras
 
 
@@ -333,6 +281,22 @@ def test_refusals_come_before_any_step(tf_keras):
     _refused(model, [tflms.keras.LMS(verbose=0)], "train_function .*make_train_function")
 
 
+def test_multi_worker_mirrored_strategy_is_refused_for_tf_keras_models(tf_keras):
+    """Untested with tf_keras, so refused by name (a strategy object made without starting it: creating one needs
+    a process of its own)."""
+    import types
+    import tensorflow as tf
+    import tflms
+    from tflms.integrations.tf_keras import check_supported
+    strategy = tf.distribute.MultiWorkerMirroredStrategy.__new__(tf.distribute.MultiWorkerMirroredStrategy)
+    model = types.SimpleNamespace(name="m", jit_compile=None, run_eagerly=False, distribute_strategy=strategy)
+    with pytest.raises(tflms.UnsupportedModelError, match="'m' trains under MultiWorkerMirroredStrategy.*not tested "
+                       "with tf_keras.*Use MirroredStrategy"):
+        check_supported(model)
+    check_supported(types.SimpleNamespace(name="m", jit_compile=None, run_eagerly=False,
+                                          distribute_strategy=tf.distribute.get_strategy()))
+
+
 def test_run_eagerly_stands_aside_with_a_warning(tf_keras):
     import tflms.keras
     from tflms.testing import assert_bitwise_equal, snapshot
@@ -410,6 +374,43 @@ def test_saved_model_loads_without_tflms_and_has_no_swap_ops(tf_keras, tf_keras_
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=LOAD_TIMEOUT_S,
                           env=_child_env(tf_keras_path))
     assert done.returncode == 0 and "loaded ok" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_tf_keras_via_the_legacy_keras_env_var(tf_keras_path, tmp_path):
+    """``TF_USE_LEGACY_KERAS=1`` (as TFX sets it): ``tf.keras`` is tf_keras, ``import keras`` still Keras 3, and a
+    ``tf.keras`` model trains with the callback bitwise like without it (in a fresh process: the variable is read
+    when TensorFlow is imported)."""
+    script = textwrap.dedent(f"""
+        import numpy as np
+        import tensorflow as tf
+        import tflms.keras
+        from tflms.testing import bitwise_diff, snapshot
+        assert tf.keras.__name__.startswith("tf_keras"), tf.keras.__name__
+        x = np.random.default_rng(0).standard_normal((32, 8)).astype(np.float32)
+        y = x[:, :4] * 2
+
+        def build():
+            tf.keras.utils.set_random_seed(0)
+            model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(16, activation="relu"),
+                                         tf.keras.layers.Dense(4)])
+            model.compile(optimizer="adam", loss="mse")
+            return model
+
+        runs = []
+        for lms in (None, None, tflms.keras.LMS(swapout_threshold={THRESHOLD}, verbose=0)):
+            model = build()
+            model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[lms] if lms else [])
+            runs.append(snapshot(model))
+        assert not bitwise_diff(runs[0], runs[1]), "plain vs plain"
+        assert not bitwise_diff(runs[0], runs[2]), bitwise_diff(runs[0], runs[2])
+        assert type(model).__module__.startswith("tf_keras.") and lms.report.num_swapped > 0
+        print("legacy ok")
+    """)
+    env = dict(_child_env(tf_keras_path), TF_USE_LEGACY_KERAS="1")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=LOAD_TIMEOUT_S,
+                          env=env, cwd=tmp_path)
+    assert done.returncode == 0 and "legacy ok" in done.stdout, done.stderr[-3000:]
 
 
 # -------------------------------------------------------------------------- tf_keras.applications, transformer

@@ -469,8 +469,7 @@ class LMS(keras.callbacks.Callback, tf_keras_integration.TfKerasCallbackHooks):
 
     def _check_supported(self, model) -> None:
         if keras_flavour(model) == TF_KERAS:
-            if getattr(model, "jit_compile", False) and not model.run_eagerly:
-                raise tf_keras_integration.jit_error(model)
+            tf_keras_integration.check_supported(model)
         elif keras.backend.backend() != "tensorflow":
             raise UnsupportedModelError(f"tflms.keras.LMS rewrites TensorFlow graphs; the Keras backend is "
                                         f"{keras.backend.backend()!r}. Set KERAS_BACKEND=tensorflow")

@@ -34,9 +34,11 @@ into numpy values for it after every batch.
 Not handled, and said so (:class:`~tflms.errors.UnsupportedModelError` before the first
 step): a train function tf_keras did not build (``make_train_function`` overridden; a
 ``ParameterServerStrategy``'s coordinator, refused with the other strategies), a model
-compiled with ``jit_compile=True`` (XLA ignores swap ops; tf_keras's default is no XLA).
-``steps_per_execution="auto"`` (tf_keras's tuner changes the variable between calls) is
-read at every call as the fixed value is, and is not tested.
+compiled with ``jit_compile=True`` (XLA ignores swap ops; tf_keras's default is no XLA),
+``MultiWorkerMirroredStrategy`` (tested with Keras 3 models only). ``run_eagerly=True``:
+the callback warns and stands aside, as for Keras 3. ``steps_per_execution="auto"``
+(tf_keras's tuner changes the variable between calls) is read at every call as a fixed
+value is, and is not tested.
 """
 
 from __future__ import annotations
@@ -143,8 +145,22 @@ def train_step_function(model, keras_function) -> Any:
     return tf.function(one_step_on_data, reduce_retracing=True)
 
 
-def jit_error(model) -> UnsupportedModelError:
-    return UnsupportedModelError(
-        f"tflms.keras.LMS: tf_keras model {model.name!r} is compiled with jit_compile=True: XLA compiles the whole "
-        "step as one cluster and does its own memory planning, so swap ops would be ignored. Compile with "
-        "model.compile(..., jit_compile=False) (tf_keras's default)")
+def check_supported(model) -> None:
+    """What tflms.keras.LMS refuses for a tf_keras model before the strategy check both flavours share.
+
+    ``jit_compile=True``: XLA compiles the whole step as one cluster and ignores swap ops (tf_keras has no
+    ``"auto"``; its default is no XLA). ``MultiWorkerMirroredStrategy``: allowed for Keras 3 models, not yet tested
+    with tf_keras, so refused with the ones that are untested.
+    """
+    import tensorflow as tf
+
+    if getattr(model, "jit_compile", False) and not model.run_eagerly:
+        raise UnsupportedModelError(
+            f"tflms.keras.LMS: tf_keras model {model.name!r} is compiled with jit_compile=True: XLA compiles the "
+            "whole step as one cluster and does its own memory planning, so swap ops would be ignored. Compile with "
+            "model.compile(..., jit_compile=False) (tf_keras's default)")
+    if isinstance(model.distribute_strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        raise UnsupportedModelError(
+            f"tflms.keras.LMS: tf_keras model {model.name!r} trains under MultiWorkerMirroredStrategy, which tflms "
+            "has not tested with tf_keras (it has with Keras 3 models). Use MirroredStrategy on one machine, a "
+            "Keras 3 model, or tflms.function in a custom training loop")
