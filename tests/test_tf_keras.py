@@ -200,6 +200,48 @@ def test_mlp_fit_matches_plain_fit(tf_keras, kind, steps_per_execution, capsys):
     assert "tflms.keras.LMS" not in capsys.readouterr().out, "verbose=0 must print nothing"
 
 
+def test_a_dataset_of_unknown_length_matches_plain_fit(tf_keras):
+    """A dataset of unknown length (a filter; TFRecord files and generators are such) ends its first epoch when
+    tf_keras's train function raises OutOfRangeError, and the ops of that call that do not wait for data run first:
+    tf_keras's own fit counts one optimizer iteration more than it trained (13 for 12 steps here), which Adam's bias
+    correction reads in every later step. The callback calls tf_keras's function there too, so it trains the same."""
+    import tensorflow as tf
+    dataset = tf.data.Dataset.from_tensor_slices((MLP_X[:48], MLP_Y[:48])).filter(lambda x, y: True).batch(16)
+    assert dataset.cardinality() == tf.data.UNKNOWN_CARDINALITY
+    model, _ = fit_three_times(lambda: compiled_mlp(tf_keras), x=dataset, batch_size=None, epochs=3)
+    assert int(model._train_counter.numpy()) == 9  # noqa: SLF001 - three epochs of three batches
+    assert int(model.optimizer.iterations.numpy()) == 10, "tf_keras's extra iteration, which the LMS fit must share"
+
+
+def test_running_out_of_data_mid_execution_ends_as_tf_keras_does(tf_keras):
+    """steps_per_epoch 6 with steps_per_execution 3 over a dataset of 4 batches: tf_keras's own loop trains the 4th
+    batch, runs out of data inside its second execution and raises OutOfRangeError there (that execution reports no
+    batch end; fit warns and stops). The callback's loop must end the same way: same weights, same batch ends."""
+    import tensorflow as tf
+    import tflms.keras
+    from tflms.testing import assert_bitwise_equal, snapshot
+
+    class BatchEnds(tf_keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.ends = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.ends.append(batch)
+
+    dataset = tf.data.Dataset.from_tensor_slices((MLP_X[:64], MLP_Y[:64])).batch(16)
+    runs = []
+    for lms in (None, None, tflms.keras.LMS(swapout_threshold=THRESHOLD, verbose=0)):
+        model, ends = compiled_mlp(tf_keras, steps_per_execution=3), BatchEnds()
+        model.fit(dataset, steps_per_epoch=6, epochs=2, verbose=0, callbacks=[ends] + ([lms] if lms else []))
+        runs.append((snapshot(model), ends.ends))
+    assert runs[0][1] == [2], runs[0][1]  # tf_keras's own behaviour, which the comparison relies on
+    assert_bitwise_equal(runs[0][0], runs[1][0], "plain fit vs plain fit (control)")
+    assert runs[2][1] == runs[0][1]
+    assert_bitwise_equal(runs[0][0], runs[2][0], "fit with LMS vs plain fit")
+    assert lms.reports and lms.report.num_swapped > 0
+
+
 def test_cnn_batchnorm_with_class_weights_matches_plain_fit(tf_keras):
     """Conv + BatchNorm + SGD with momentum, class weights (a third input), a short last batch, validation data."""
     import tflms.keras

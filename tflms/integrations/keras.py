@@ -211,10 +211,23 @@ class _LMSTrainFunction:
     ``steps_per_execution`` batches are taken from the iterator (no extra
     ``get_next``), the outputs of the last step are returned, and
     ``StopIteration`` is raised when the iterator had nothing left.
+
+    ``tf_keras=True``: where the data ends (a dataset of unknown length ends its
+    first epoch so; ``steps_per_epoch`` may ask for more than there is), tf_keras's
+    own ``train_function`` is called on the exhausted iterator, as tf_keras's
+    ``fit`` would have called it. Its ``next(iterator)`` in the graph raises
+    ``OutOfRangeError``, also after some steps of an execution ran (fit reports no
+    batch end for them), and the ops of the step that do not wait for the data run
+    before it fails: the optimizer's ``iterations.assign_add`` does, so tf_keras's
+    own fit counts one step more than it trained, and Adam's bias correction sees
+    it in every later step. Calling tf_keras's function there makes the fit with
+    LMS do what the fit without it does (tf_keras's step is then traced once more,
+    with no swaps; it trains nothing).
     """
 
-    def __init__(self, owner: "LMS", model, keras_function, step: _RewrittenStep):
+    def __init__(self, owner: "LMS", model, keras_function, step: _RewrittenStep, *, tf_keras: bool = False):
         self.owner, self.model, self.keras_function, self.step = owner, model, keras_function, step
+        self.tf_keras = tf_keras
 
     def __call__(self, iterator):
         steps = _steps_per_execution(self.model)
@@ -223,6 +236,8 @@ class _LMSTrainFunction:
             for _ in range(steps):
                 optional = iterator.get_next_as_optional()
                 if not optional.has_value():
+                    if self.tf_keras:
+                        return self.keras_function(iterator)  # raises OutOfRangeError, as without LMS
                     break
                 outputs = self.step(optional.get_value(), iterator.element_spec)
             if outputs is None:
@@ -398,7 +413,7 @@ class LMS(keras.callbacks.Callback, tf_keras_integration.TfKerasCallbackHooks):
         if step is None or step.tf_function is not keras_step:
             step = _RewrittenStep(keras_step, self.config, self._on_trace, self.verbose)
             self._steps[id(keras_step)] = step
-        self._installed = _LMSTrainFunction(self, model, current, step)
+        self._installed = _LMSTrainFunction(self, model, current, step, tf_keras=keras_flavour(model) == TF_KERAS)
         model.train_function = self._installed
         self._last_step = step
 
