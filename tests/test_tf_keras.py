@@ -455,6 +455,22 @@ def test_tf_keras_via_the_legacy_keras_env_var(tf_keras_path, tmp_path):
     assert done.returncode == 0 and "legacy ok" in done.stdout, done.stderr[-3000:]
 
 
+@pytest.mark.slow
+def test_model_checkpoint_during_fit_saves_no_swap_ops(tf_keras, tmp_path):
+    """tf_keras's ModelCheckpoint saves a SavedModel at every epoch end while the callback's train function is in
+    place: tf_keras leaves train functions out of what it saves, so no swap op gets in."""
+    import tflms.keras
+    model, lms = compiled_mlp(tf_keras), tflms.keras.LMS(swapout_threshold=THRESHOLD, verbose=0)
+    checkpoint = tf_keras.callbacks.ModelCheckpoint(str(tmp_path / "epoch{epoch}"), save_weights_only=False)
+    model.fit(MLP_X, MLP_Y, batch_size=16, epochs=2, verbose=0, callbacks=[lms, checkpoint])
+    assert lms.report.num_swapped > 0
+    saved = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    assert {p.relative_to(tmp_path).parts[0] for p in saved} == {"epoch1", "epoch2"}, saved
+    for file in saved:
+        data = file.read_bytes()
+        assert b"lms/swap" not in data and b"tflms" not in data, f"{file} mentions tflms"
+
+
 # -------------------------------------------------------------------------- tf_keras.applications, transformer
 BATCH, STEPS = 2, 2
 

@@ -85,9 +85,10 @@ tf_keras (Keras 2, ``import tf_keras`` or ``tf.keras`` under ``TF_USE_LEGACY_KER
 the same class is a tf_keras callback too. ``on_train_begin`` reads the model's
 flavour (:mod:`tflms.integrations.flavour`); for a tf_keras model the step is found
 by :mod:`tflms.integrations.tf_keras` (tf_keras's trainer has no step
-``tf.function`` of its own) and everything after that is the path above. tf_keras
-has no ``jit_compile="auto"``: its default is no XLA, and ``jit_compile=True`` is
-refused.
+``tf.function`` of its own) and everything after that is the path above, but for
+the end of the data: there tf_keras's own train function runs, as without LMS
+(see :class:`_LMSTrainFunction`). tf_keras has no ``jit_compile="auto"``: its
+default is no XLA, and ``jit_compile=True`` is refused.
 """
 
 from __future__ import annotations
