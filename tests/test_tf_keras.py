@@ -255,7 +255,7 @@ def test_cnn_batchnorm_with_class_weights_matches_plain_fit(tf_keras):
 
 def test_keras_flavour_is_read_from_the_classes(tf_keras):
     import keras
-    from tflms.integrations.flavour import KERAS_3, TF_KERAS, keras_flavour
+    from tflms._compat.flavour import KERAS_3, TF_KERAS, keras_flavour
     import tflms.keras
 
     class Mine(tf_keras.Model):

@@ -41,8 +41,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from tflms._compat.flavour import KERAS_3, check_flavour
 from tflms.errors import ConfigError, UnsupportedModelError
-from tflms.integrations.flavour import KERAS_3, check_flavour
 
 
 @dataclasses.dataclass(frozen=True)

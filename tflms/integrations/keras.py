@@ -83,7 +83,7 @@ graph to rewrite, so the callback warns and stands aside.
 
 tf_keras (Keras 2, ``import tf_keras`` or ``tf.keras`` under ``TF_USE_LEGACY_KERAS=1``):
 the same class is a tf_keras callback too. ``on_train_begin`` reads the model's
-flavour (:mod:`tflms.integrations.flavour`); for a tf_keras model the step is found
+flavour (:mod:`tflms._compat.flavour`); for a tf_keras model the step is found
 by :mod:`tflms.integrations.tf_keras` (tf_keras's trainer has no step
 ``tf.function`` of its own) and everything after that is the path above, but for
 the end of the data: there tf_keras's own train function runs, as without LMS
@@ -101,11 +101,11 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tflms._compat.flavour import TF_KERAS, keras_flavour
 from tflms.config import LMSConfig
 from tflms.passes.place import Placement
 from tflms.errors import UnsupportedModelError
 from tflms.integrations import tf_keras as tf_keras_integration
-from tflms.integrations.flavour import TF_KERAS, keras_flavour
 from tflms.integrations.function import check_devices_exist, rewrite_concrete
 from tflms.integrations.progress import SILENT, SUMMARY, check_verbose, summary_line, tuner_progress
 from tflms.integrations.progress import default_print as _print

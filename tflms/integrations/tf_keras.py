@@ -2,7 +2,7 @@
 
 ``tflms.keras.LMS`` serves both Keras flavours with one class: it reads the
 flavour of the model it is given in ``on_train_begin``
-(:func:`tflms.integrations.flavour.keras_flavour`) and, for a ``tf_keras`` model,
+(:func:`tflms._compat.flavour.keras_flavour`) and, for a ``tf_keras`` model,
 finds the training step here; the rest (tracing for the iterator's
 ``element_spec``, rewriting each trace once, the Python loop over
 ``steps_per_execution`` batches, putting Keras's train function back in
@@ -45,8 +45,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tflms._compat.flavour import TF_KERAS, check_flavour
 from tflms.errors import UnsupportedModelError
-from tflms.integrations.flavour import TF_KERAS, check_flavour
 
 #: Where ``Model.make_train_function`` defines the function it wraps in ``tf.function`` (tf_keras 2.16 - 2.21).
 TRAINER_MODULE = "tf_keras.src.engine.training"
