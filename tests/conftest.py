@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import os
 import pathlib
+import shutil
+import subprocess
 import sys
 
 import pytest
 
 TOOLS = pathlib.Path(__file__).resolve().parents[1] / "tools"
+#: seconds for ``pip install`` of tf-keras (one small pure-Python wheel).
+PIP_TIMEOUT_S = 300
 
 
 @pytest.fixture()
@@ -21,3 +27,58 @@ def load_tool(monkeypatch):
         spec.loader.exec_module(module)
         return module
     return load
+
+
+def _tf_minor() -> str:
+    import tensorflow as tf
+    return ".".join(tf.__version__.split(".")[:2])
+
+
+def _installed_tf_keras_matches(minor: str) -> bool:
+    if importlib.util.find_spec("tf_keras") is None:
+        return False
+    try:
+        return ".".join(importlib.metadata.version("tf-keras").split(".")[:2]) == minor
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def tf_keras_dir(cache_root: pathlib.Path) -> pathlib.Path | None:
+    """Where ``tf_keras`` for this TensorFlow is (``None``: already importable), installing it there if needed."""
+    minor = _tf_minor()
+    if _installed_tf_keras_matches(minor):
+        return None
+    target = cache_root / f"tf-keras-{minor}"
+    if (target / "tf_keras" / "__init__.py").is_file():
+        return target
+    staging = cache_root / f"tf-keras-{minor}.staging-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    command = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+               "--target", str(staging), f"tf-keras=={minor}.*"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{' '.join(command)} took over {PIP_TIMEOUT_S} s")
+    if done.returncode != 0 or not (staging / "tf_keras" / "__init__.py").is_file():
+        pytest.fail(f"could not install tf-keras {minor} for the tf_keras tests ({' '.join(command)} exited "
+                    f"{done.returncode}); these tests need the package index, as the install of tflms does:\n"
+                    f"{done.stderr[-2000:]}")
+    try:
+        staging.rename(target)  # atomic; another run may have won the race, then its copy is used
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+@pytest.fixture(scope="session")
+def tf_keras_path(request, tmp_path_factory) -> pathlib.Path | None:
+    """The directory to put on ``sys.path`` / ``PYTHONPATH`` for ``import tf_keras`` (``None``: importable as is).
+
+    tf_keras (Keras 2) is not a dependency of tflms, and its wheel requires the full ``tensorflow`` package, which
+    would clash with ``tensorflow-cpu`` (one import package, two distributions). So the tests that need it install
+    the release of this TensorFlow's ``major.minor`` once, with ``pip install --no-deps --target``, into pytest's
+    cache directory (``.pytest_cache/d/tflms-tf-keras/``; a temporary one under ``-p no:cacheprovider``).
+    """
+    cache = getattr(request.config, "cache", None)
+    root = pathlib.Path(cache.mkdir("tflms-tf-keras")) if cache is not None else tmp_path_factory.mktemp("tf-keras")
+    return tf_keras_dir(root)

@@ -113,23 +113,26 @@ def _shell_commands(path: pathlib.Path) -> list[tuple[int, str]]:
     return commands
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT), TFLMS_DOCS_TEST="1")
+def _env(*paths: pathlib.Path | None) -> dict[str, str]:
+    path = os.pathsep.join([str(ROOT)] + [str(p) for p in paths if p is not None])
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=path, TFLMS_DOCS_TEST="1")
     env.pop("CUDA_VISIBLE_DEVICES", None)
     return env
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
-def test_python_blocks_run(path, tmp_path):
+def test_python_blocks_run(path, tmp_path, request):
     _skipped(path)
     program = _python_program(path)
     if not program:
         pytest.skip(f"{path.name} has no python blocks")
     script = tmp_path / "doc.py"
     script.write_text(program)
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                          timeout=TIMEOUT_S)
+    # a document that trains a tf_keras model gets it as the tf_keras tests do (conftest.py's tf_keras_path)
+    tf_keras = request.getfixturevalue("tf_keras_path") if "import tf_keras" in program else None
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(tf_keras), capture_output=True,
+                          text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, (f"{path.name}: a python block failed\n{done.stderr[-4000:]}")
 
 

@@ -13,14 +13,15 @@ run. Public API:
 """
 
 from tflms.config import LMSConfig
-from tflms.errors import (BudgetError, ConfigError, DeviceError, DistributeError, GraphError, NoTrainingStepError,
-                          SavedModelError, TflmsError, UnitsError, UnsupportedGraphError, UnsupportedModelError,
-                          VariableCreationError)
+from tflms.errors import (BudgetError, ConfigError, DeviceError, DistributeError, GraphError, KerasFlavourError,
+                          NoTrainingStepError, SavedModelError, TflmsError, UnitsError, UnsupportedGraphError,
+                          UnsupportedModelError, VariableCreationError)
 from tflms.integrations.function import function
 from tflms.pipeline import StepRewrite, analyze, rewrite, rewrite_step
 
 __version__ = "0.1.0"
 
-__all__ = ["BudgetError", "ConfigError", "DeviceError", "DistributeError", "GraphError", "LMSConfig", "NoTrainingStepError",
-           "SavedModelError", "TflmsError", "UnitsError", "UnsupportedGraphError", "UnsupportedModelError", "analyze",
-           "StepRewrite", "VariableCreationError", "function", "rewrite", "rewrite_step"]
+__all__ = ["BudgetError", "ConfigError", "DeviceError", "DistributeError", "GraphError", "KerasFlavourError",
+           "LMSConfig", "NoTrainingStepError", "SavedModelError", "TflmsError", "UnitsError", "UnsupportedGraphError",
+           "UnsupportedModelError", "analyze", "StepRewrite", "VariableCreationError", "function", "rewrite",
+           "rewrite_step"]

@@ -69,3 +69,8 @@ class UnknownSizeError(ConfigError):
 
 class HostMemoryError(BudgetError):
     """A plan holds more swapped bytes on the host than TensorFlow will pin (``TF_GPU_HOST_MEM_LIMIT_IN_MB``)."""
+
+
+class KerasFlavourError(UnsupportedModelError):
+    """A Keras 3 object where a tf_keras (Keras 2) one is needed, or the reverse (the message names the flavour
+    found and what to use instead)."""

@@ -22,6 +22,7 @@ extra boundary tensors.
 
 Rules and limits (each reported by :meth:`CheckpointedModel.explain`):
 
+- Keras 3 models only: a tf_keras (Keras 2) model raises :class:`~tflms.errors.KerasFlavourError`;
 - only floating-point boundary tensors are arguments of ``tf.recompute_grad``;
   other inputs (token ids, masks) are captured by the segment's closure;
 - a segment with no floating-point input, or with an output that is not
@@ -40,6 +41,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from tflms._compat.flavour import KERAS_3, check_flavour
 from tflms.errors import ConfigError, UnsupportedModelError
 
 
@@ -64,6 +66,10 @@ class CheckpointedModel:
     """
 
     def __init__(self, model: Any, num_segments: int | None = None):
+        check_flavour(model, KERAS_3, "tflms.baselines.recompute.checkpointed",
+                      "It reads Keras 3's layer graph (node.operation, node.arguments), which tf_keras models lack: "
+                      "build the model with Keras 3 (keras.applications has the same architectures), or wrap your "
+                      "own segments in tf.recompute_grad")
         nodes = _execution_order(model)
         if not nodes:
             raise UnsupportedModelError(f"model {getattr(model, 'name', model)!r} has no layer calls to checkpoint")

@@ -1,4 +1,4 @@
-"""``tflms.keras.LMS``: a Keras 3 callback that trains ``model.fit`` with swapping.
+"""``tflms.keras.LMS``: a Keras callback that trains ``model.fit`` with swapping (Keras 3, and tf_keras).
 
 ::
 
@@ -80,6 +80,15 @@ first step; a train function that
 is not the one Keras builds (``make_train_function`` overridden, another backend,
 a Keras whose trainer has changed) raises it too; ``run_eagerly=True`` has no
 graph to rewrite, so the callback warns and stands aside.
+
+tf_keras (Keras 2, ``import tf_keras`` or ``tf.keras`` under ``TF_USE_LEGACY_KERAS=1``):
+the same class is a tf_keras callback too. ``on_train_begin`` reads the model's
+flavour (:mod:`tflms._compat.flavour`); for a tf_keras model the step is found
+by :mod:`tflms.integrations.tf_keras` (tf_keras's trainer has no step
+``tf.function`` of its own) and everything after that is the path above, but for
+the end of the data: there tf_keras's own train function runs, as without LMS
+(see :class:`_LMSTrainFunction`). tf_keras has no ``jit_compile="auto"``: its
+default is no XLA, and ``jit_compile=True`` is refused.
 """
 
 from __future__ import annotations
@@ -92,9 +101,11 @@ from typing import Any, Sequence
 import keras
 import tensorflow as tf
 
+from tflms._compat.flavour import TF_KERAS, keras_flavour
 from tflms.config import LMSConfig, option_names
 from tflms.passes.place import Placement
 from tflms.errors import UnsupportedModelError
+from tflms.integrations import tf_keras as tf_keras_integration
 from tflms.integrations.function import check_devices_exist, rewrite_concrete
 from tflms.integrations.progress import SILENT, SUMMARY, check_verbose, summary_line, tuner_progress
 from tflms.integrations.progress import default_print as _print
@@ -202,18 +213,33 @@ class _LMSTrainFunction:
     ``steps_per_execution`` batches are taken from the iterator (no extra
     ``get_next``), the outputs of the last step are returned, and
     ``StopIteration`` is raised when the iterator had nothing left.
+
+    ``tf_keras=True``: where the data ends (a dataset of unknown length ends its
+    first epoch so; ``steps_per_epoch`` may ask for more than there is), tf_keras's
+    own ``train_function`` is called on the exhausted iterator, as tf_keras's
+    ``fit`` would have called it. Its ``next(iterator)`` in the graph raises
+    ``OutOfRangeError``, also after some steps of an execution ran (fit reports no
+    batch end for them), and the ops of the step that do not wait for the data run
+    before it fails: the optimizer's ``iterations.assign_add`` does, so tf_keras's
+    own fit counts one step more than it trained, and Adam's bias correction sees
+    it in every later step. Calling tf_keras's function there makes the fit with
+    LMS do what the fit without it does (tf_keras's step is then traced once more,
+    with no swaps; it trains nothing).
     """
 
-    def __init__(self, owner: "LMS", model, keras_function, step: _RewrittenStep):
+    def __init__(self, owner: "LMS", model, keras_function, step: _RewrittenStep, *, tf_keras: bool = False):
         self.owner, self.model, self.keras_function, self.step = owner, model, keras_function, step
+        self.tf_keras = tf_keras
 
     def __call__(self, iterator):
-        steps = int(self.model.steps_per_execution)
+        steps = _steps_per_execution(self.model)
         outputs = None
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
             for _ in range(steps):
                 optional = iterator.get_next_as_optional()
                 if not optional.has_value():
+                    if self.tf_keras:
+                        return self.keras_function(iterator)  # raises OutOfRangeError, as without LMS
                     break
                 outputs = self.step(optional.get_value(), iterator.element_spec)
             if outputs is None:
@@ -222,6 +248,13 @@ class _LMSTrainFunction:
         for _, data in zip(range(steps), iterator):
             outputs = self.step(data)
         return outputs
+
+
+def _steps_per_execution(model) -> int:
+    """``model.steps_per_execution`` now: an int in Keras 3, a variable in tf_keras (mirrored under a strategy; its
+    data handler lowers it for the last, shorter execution of an epoch)."""
+    value = model.steps_per_execution
+    return int(value.numpy() if hasattr(value, "numpy") else value)
 
 
 def _supported_strategy(strategy) -> bool:
@@ -278,8 +311,11 @@ def _keras_step(model, keras_function):
     return step
 
 
-class LMS(keras.callbacks.Callback):
+class LMS(keras.callbacks.Callback, tf_keras_integration.TfKerasCallbackHooks):
     """Train with tflms swapping: rewrites the training step of ``model.fit`` (see the module doc).
+
+    One class for both Keras flavours: a Keras 3 model's ``fit`` and a tf_keras
+    (Keras 2) model's ``fit`` take it alike.
 
     Args:
       budget: accelerator memory budget (``"12GiB"`` or bytes); the tuner fits the step in it
@@ -354,6 +390,8 @@ class LMS(keras.callbacks.Callback):
         self._without_xla: dict[int, tuple[Any, Any]] = {}
         self._xla_restore: tuple[Any, Any] | None = None  # (model, its XLA train function) to put back
         self._xla_said = False
+        #: tf_keras train functions and the one-step tf.function made of each: id(keras) -> (keras, step)
+        self._tf_keras_steps: dict[int, tuple[Any, Any]] = {}
 
     # ------------------------------------------------------------------ reports
     @property
@@ -390,15 +428,18 @@ class LMS(keras.callbacks.Callback):
                           "graph to rewrite, so LMS stands aside and this fit runs without swapping", stacklevel=2)
             self._installed = None
             return
-        current = self._xla_off(model, current)
-        keras_step = _keras_step(model, current)
+        if keras_flavour(model) == TF_KERAS:
+            keras_step = self._tf_keras_step(model, current)
+        else:
+            current = self._xla_off(model, current)
+            keras_step = _keras_step(model, current)
         if getattr(keras_step, "_jit_compile", False):
             raise self._jit_error(model)
         step = self._steps.get(id(keras_step))
         if step is None or step.tf_function is not keras_step:
             step = _RewrittenStep(keras_step, self.config, self._on_trace, self.verbose)
             self._steps[id(keras_step)] = step
-        self._installed = _LMSTrainFunction(self, model, current, step)
+        self._installed = _LMSTrainFunction(self, model, current, step, tf_keras=keras_flavour(model) == TF_KERAS)
         model.train_function = self._installed
         self._last_step = step
 
@@ -410,6 +451,14 @@ class LMS(keras.callbacks.Callback):
         xla, self._xla_restore = self._xla_restore, None
         if installed is not None and installed.model.train_function is installed:
             installed.model.train_function = installed.keras_function if xla is None else xla[1]
+
+    def _tf_keras_step(self, model, current):
+        """The one-step tf.function made of tf_keras's train function ``current`` (made once per train function)."""
+        entry = self._tf_keras_steps.get(id(current))
+        if entry is None or entry[0] is not current:
+            entry = (current, tf_keras_integration.train_step_function(model, current))
+            self._tf_keras_steps[id(current)] = entry
+        return entry[1]
 
     def _xla_off(self, model, current):
         """Keras's train function without XLA when ``jit_compile`` was left to Keras's ``"auto"``.
@@ -460,7 +509,9 @@ class LMS(keras.callbacks.Callback):
             "model.compile(..., jit_compile=False) (or leave the default, which LMS turns off for its fits)")
 
     def _check_supported(self, model) -> None:
-        if keras.backend.backend() != "tensorflow":
+        if keras_flavour(model) == TF_KERAS:
+            tf_keras_integration.check_supported(model)
+        elif keras.backend.backend() != "tensorflow":
             raise UnsupportedModelError(f"tflms.keras.LMS rewrites TensorFlow graphs; the Keras backend is "
                                         f"{keras.backend.backend()!r}. Set KERAS_BACKEND=tensorflow")
         if getattr(model, "jit_compile", False) and not model.run_eagerly and not _auto_chooses_xla(model):
