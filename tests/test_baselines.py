@@ -204,8 +204,14 @@ def test_bench_tiny_model_prints_records_quickly(tmp_path):
     records = json.loads(done.stdout)
     assert {(r["profile"], r["method"]) for r in records} == {
         (p, m) for p in ("v100-16gb-pcie3", "h100-80gb-pcie5")
-        for m in ("none", "tflms-distance", "tflms-best", "grappler", "recompute", "swap-only-bound")}
+        for m in ("none", "tflms-distance", "tflms-best", "grappler", "checkpoint-segments", "keras-remat",
+                  "keras-remat-activations", "swap-only-bound")}
+    failed = {r["method"] for r in records if r["error"]}
+    assert failed == {"keras-remat"}  # RematScope(mode="full") does not trace with the TF backend (Keras 3.15)
     for r in records:
+        if r["method"] in failed:
+            assert r["max_batch"] == 0 and r["overhead_pct"] is None and "failed: ValueError: " in r["detail"]
+            continue
         assert RECORD_KEYS <= set(r), r
         assert r["model"] == "mlp-tiny"
         assert isinstance(r["max_batch"], int) and r["max_batch"] > 0
@@ -215,11 +221,11 @@ def test_bench_tiny_model_prints_records_quickly(tmp_path):
     by_method = {r["method"]: r for r in records if r["profile"] == "v100-16gb-pcie3"}
     assert by_method["tflms-best"]["max_batch"] >= by_method["tflms-distance"]["max_batch"] \
         >= by_method["none"]["max_batch"]
-    assert by_method["recompute"]["overhead_pct"] > 0
+    assert by_method["checkpoint-segments"]["overhead_pct"] > 0
     # The swap-only bound (same headroom) is above every method; each max is a fraction of it, with its
     # throughput and step-time ratio at that max.
     bound = by_method["swap-only-bound"]["max_batch"]
-    for m in ("none", "tflms-distance", "tflms-best", "grappler", "recompute"):
+    for m in ("none", "tflms-distance", "tflms-best", "grappler", "checkpoint-segments", "keras-remat-activations"):
         r = by_method[m]
         assert r["bound_batch"] == bound >= r["max_batch"]
         assert r["fraction_of_bound"] == round(r["max_batch"] / bound, 4)

@@ -76,10 +76,14 @@ def test_search_finds_the_largest_volume_under_a_voxel_limit(limit):
 
 def test_records_and_report_show_volumes_and_compare_voxels():
     from benchlib.report import markdown, records_for
-    maxima = {"none": 25, "tflms-distance": 31, "tflms-best": 35, "grappler": 31, "recompute": 32, BOUND: 37}
+    maxima = {"none": 25, "tflms-distance": 31, "tflms-best": 35, "grappler": 31, "checkpoint-segments": 32,
+              "keras-remat": 0, "keras-remat-activations": 28, BOUND: 37}
     results = {m: MethodResult(m, max_size=k, upper=k + 1, probes=[(k, True), (k + 1, False)], common=31)
                for m, k in maxima.items()}
     results["tflms-best"].time_bound_ratio_at_max, results["tflms-best"].floor_bound_ratio_at_max = 1.3, 1.2
+    # a traced step that failed to build: no size, its error's first line instead (a "|" kept out of the table)
+    results["keras-remat"] = MethodResult("keras-remat", common=31, error="ValueError: mode | other",
+                                          detail="volume 176^3; failed: ValueError: mode | other")
     records = {r["method"]: r for r in records_for("unet3d", "v100-16gb-pcie3", results)}
     assert [m for m in records] == list(METHODS) + [BOUND]
     best, none, bound = records["tflms-best"], records["none"], records[BOUND]
@@ -98,6 +102,11 @@ def test_records_and_report_show_volumes_and_compare_voxels():
     assert best["floor_bound_ratio_at_max"] == 1.2 and none["floor_bound_ratio_at_max"] is None
     assert "| 1.30 | - | 1.20 |" in report and "| floor/bound |" in report
     assert "Quick mode bisects 30 times" in report and "cubic" not in report
+    assert records["keras-remat"]["error"] == "ValueError: mode | other" and best["error"] is None
+    assert "(1.99x vox) | failed | 160^3 (1.37x vox) |" in report  # maxima table: the error is in the rows below
+    assert "| unet3d | keras-remat | failed: ValueError: mode \\| other | - |" in report
+    assert report.count("failed: ValueError: mode \\| other") == 3  # both method tables, and the detail
+    assert "| `checkpoint-segments` |" in report and "| `recompute` |" not in report
 
 
 def test_unet3d_traces_a_volume_that_is_not_a_cube():

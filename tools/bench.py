@@ -8,8 +8,20 @@ For each model and hardware profile the training step is traced (custom
     tflms-best      tflms with every tuner strategy (distance rules, idle-time, idle-time-no-overhead)
     grappler        TensorFlow grappler's own swapping (RewriterConfig.SWAPPING_HEURISTICS) on a
                     virtual GPU with the profile's memory (tflms.baselines.grappler_swap)
-    recompute       gradient checkpointing: the same Keras model run in sqrt(n) segments under
+    checkpoint-segments
+                    gradient checkpointing: the same Keras model run in sqrt(n) segments under
                     tf.recompute_grad (tflms.baselines.recompute), traced as its own step
+                    (earlier runs, docs/results.json among them, call it ``recompute``: readers map the
+                    old name, ``benchlib.common.read_records``; "recompute" now names the tuner's plan action)
+    keras-remat     the same Keras model built under keras.RematScope(mode="full"), traced as its own step
+    keras-remat-activations
+                    the same under keras.RematScope(mode="activations") (only activation functions remat'd)
+
+A keras-remat step that Keras cannot build or trace is reported, not skipped: its rows say ``failed: <the
+error's first line>`` instead of numbers (``MethodResult.error``, ``"error"`` in the JSON). So it is with
+Keras 3.15 and the TensorFlow backend for mode "full": it wraps the Functional model's own call in
+tf.recompute_grad, whose custom gradient takes no keyword arguments in graph mode, and Keras passes the
+call's ``training`` and ``mask`` by keyword.
 
 Headroom (``--headroom``, default ``benchlib.common.HEADROOM`` = 5%): every method's simulated peak
 counts ``1 + headroom`` times (``SimOptions.margin_fraction``) against the budget, ``none``
@@ -32,7 +44,7 @@ step-time overhead at a *common batch* (the smallest of the maxima that exceed
 the rewrite/tune that produced the graph at the common batch, and its op count.
 
 Search: doubling from a known fit until a size does not fit, then bisection.
-``none`` starts at 1, ``tflms-distance``/``grappler``/``recompute`` at ``none``'s
+``none`` starts at 1, ``tflms-distance``/``grappler``/``checkpoint-segments``/``keras-remat*`` at ``none``'s
 maximum (trying ``none``'s first miss next), ``tflms-best`` at ``tflms-distance``'s
 (a size ``none`` fits is fitted by tflms without tuning: the tuner would keep the
 unchanged step). ``--full`` answers a tflms-distance size with
@@ -64,12 +76,23 @@ Usage (from the repo root)::
     python tools/bench.py --models resnet50,bert-base --profiles h100-80gb-pcie5
     python tools/bench.py --models mlp-tiny --json   # seconds (tiny MLP, 64 MiB budget); records on stdout
     python tools/bench.py --at vgg16=256,densenet121=540 --profiles v100-16gb-pcie3   # no search: those sizes
+    python tools/bench.py --models resnet50 --profiles v100-16gb-pcie3 --curve --curve-points 4   # + throughput curve
 
 ``--at MODEL=SIZE,...`` skips the maximum search and runs every method at the given sizes only (batches;
 ``unet3d=160^3`` or ``208x192x192``) exactly as at a search's common size (``search.run_methods_at``):
 one table per profile with each method's overhead, peak with headroom, whether it fits, and its choice.
 It compares figures taken at fixed sizes (an earlier report's common batches) like for like
 (docs/regressions.md). It writes no file unless ``--results``/``--plots`` is given, and runs no extras.
+
+``--curve`` adds, after each batch model's search, its throughput curve (``benchlib.curve``): simulated
+samples/s against batch size at ``--curve-points`` (default 6) batches evenly spaced from ``none``'s
+maximum to the swap-only bound's, ends included. At each batch every method runs as at the common batch
+(``search.run_at_size``: the full tune for tflms, grappler's rewrite, the traced steps), so each point is
+that method's own rewrite there; a method that does not fit a batch has no point there. It prints a table
+per model and profile (the report's section "Throughput curve"; with ``--json``, a ``curve`` list of
+``[batch, samples/s, step ms]`` in each method's record, ``null`` where it does not fit) and plots it to
+``<plots>/<model>_<profile>_curve.png``. Each point costs a full tune: on the large models budget about
+as much per point as the common batch's rewrites take. The 3D U-Net (a volume at batch 1) gets no curve.
 
 Without ``--json`` the Markdown report goes to stdout and to ``--results``
 (default ``docs/results.md``), memory timelines to ``--plots`` (default
@@ -91,7 +114,8 @@ import time
 from benchlib.common import (ALL_MODELS, FULL_MODELS, FULL_PROFILES, HEADROOM, QUICK_BISECT_STEPS, QUICK_MODELS,
                              QUICK_PROFILES, say)
 from benchlib.models import MODELS, Steps, parse_sizes
-from benchlib.report import at_markdown, at_records, markdown, plot_timelines, records_for
+from benchlib.curve import CURVE_POINTS, throughput_curve
+from benchlib.report import at_markdown, at_records, curve_markdown, markdown, plot_curve, plot_timelines, records_for
 from benchlib.search import budget_for, run_at_size, run_model_profile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -123,6 +147,14 @@ def extra_sections(steps, models, profiles, headroom: float) -> dict[str, list[s
                 "working set with the resident bytes) does not fit at that over-subscription, so no swap rewrite "
                 "can; the second table compares each method at its own largest batch (`tools/vdnn_like_for_like.py`)."]
     return extras
+
+
+def _relative(path: pathlib.Path, results_path: str | None) -> str:
+    """``path`` as the report links it: relative to the report's folder (the repo root without a report)."""
+    try:
+        return os.path.relpath(path, pathlib.Path(results_path).parent if results_path else REPO)
+    except ValueError:
+        return str(path)
 
 
 def _command(argv) -> str:
@@ -172,6 +204,11 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON records instead of the Markdown report")
     parser.add_argument("--results", help="write the Markdown report here (default docs/results.md without --json)")
     parser.add_argument("--plots", help="directory for timeline PNGs (default docs/plots without --json)")
+    parser.add_argument("--curve", action="store_true",
+                        help="also samples/s against batch size, from none's maximum to the swap-only bound, every "
+                             "method (batch models; a table, a plot per model and profile, a report section)")
+    parser.add_argument("--curve-points", type=int, default=CURVE_POINTS,
+                        help=f"batches sampled per curve, ends included (default {CURVE_POINTS}, at least 2)")
     parser.add_argument("--no-extras", action="store_true",
                         help="skip the compute-model calibration (with resnet50) and vDNN like for like (with vgg16)")
     args = parser.parse_args(argv)
@@ -183,6 +220,8 @@ def main(argv=None) -> int:
     if args.at is not None:
         if args.models or args.full:
             parser.error("--at names the models and runs no search: drop --models/--full")
+        if args.curve:
+            parser.error("--curve runs from none's maximum to the bound, which --at does not search: drop --at")
         try:
             at_sizes = parse_sizes(args.at)
         except ValueError as err:
@@ -195,6 +234,8 @@ def main(argv=None) -> int:
         parser.error(f"unknown models {unknown}; choose from {', '.join(ALL_MODELS)}")
     for p in profiles:
         get_profile(p)
+    if args.curve_points < 2:
+        parser.error(f"--curve-points: at least 2 (the two ends), got {args.curve_points}")
     budget = parse_bytes(args.budget, what="--budget") if args.budget else None
     bisect_steps = args.bisect_steps if args.bisect_steps is not None else (None if args.full else QUICK_BISECT_STEPS)
     mode = "full" if bisect_steps is None else "quick"
@@ -205,11 +246,18 @@ def main(argv=None) -> int:
 
     t_start = time.perf_counter()
     steps = Steps()
-    records, plots = [], {}
+    records, plots, curve_plots = [], {}, {}
     for model in models:
         for profile in profiles:
             say(f"=== {model} on {profile}")
             results = run_model_profile(steps, model, profile, budget, bisect_steps, args.headroom)
+            if args.curve and MODELS[model].kind != "batch":
+                say(f"{model}: no throughput curve (its size is a volume at batch 1)")
+            elif args.curve:
+                throughput_curve(steps, model, profile, budget, results, args.curve_points, args.headroom)
+                path = pathlib.Path(plots_dir) / f"{model}_{profile}_curve.png" if plots_dir else None
+                if path is not None and plot_curve(path, model, profile, results):
+                    curve_plots[f"{model} on {profile}"] = _relative(path, results_path)
             recs = records_for(model, profile, results)
             records += recs
             if plots_dir:
@@ -217,12 +265,12 @@ def main(argv=None) -> int:
                 common = recs[0]["common_batch"]
                 label = f"batch {common}" if recs[0]["unit"] == "batch" else f"volume {common}, batch 1"
                 if plot_timelines(path, model, profile, results, budget_for(model, get_profile(profile), budget), label):
-                    try:
-                        rel = os.path.relpath(path, pathlib.Path(results_path).parent if results_path else REPO)
-                    except ValueError:
-                        rel = str(path)
-                    plots[f"{model} on {profile}"] = rel
-    extras = extra_sections(steps, models, profiles, args.headroom) if not args.no_extras else {}
+                    plots[f"{model} on {profile}"] = _relative(path, results_path)
+    extras = {}
+    if any(r.get("curve") for r in records):
+        extras["Throughput curve"] = curve_markdown(records, curve_plots)
+    if not args.no_extras:
+        extras.update(extra_sections(steps, models, profiles, args.headroom))
     elapsed = time.perf_counter() - t_start
     say(f"done in {elapsed:.0f} s ({steps.trace_s:.0f} s tracing)")
     command = _command(argv)

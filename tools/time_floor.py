@@ -58,9 +58,8 @@ def parse_point(text: str) -> tuple[str, int, str]:
 
 def points_from_bench(path: str) -> list[tuple[str, int, str, dict]]:
     """The tflms-best maxima of a bench.py JSON run, each with its record."""
-    from benchlib.common import unet_index
-    with open(path) as f:
-        records = json.load(f)
+    from benchlib.common import read_records, unet_index
+    records = read_records(path)  # an earlier run's method names mapped to today's
     out = []
     for r in records:
         if r.get("method") != METHOD or not r.get("max_batch"):

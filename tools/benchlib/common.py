@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
-METHODS = ("none", "tflms-distance", "tflms-best", "grappler", "recompute")
+METHODS = ("none", "tflms-distance", "tflms-best", "grappler", "checkpoint-segments", "keras-remat",
+           "keras-remat-activations")
+#: Methods judged as a step of their own, traced from a differently built model (``benchlib.models.Steps``
+#: variants of the same names): segment checkpointing (tflms.baselines.recompute) and Keras's RematScope.
+TRACED_METHODS = ("checkpoint-segments", "keras-remat", "keras-remat-activations")
+#: The ``keras.RematScope`` mode each keras-remat method builds its model under.
+KERAS_REMAT_MODES = {"keras-remat": "full", "keras-remat-activations": "activations"}
+#: Method names of earlier runs (docs/results.json, docs/regressions.md) -> today's: "recompute" names the
+#: tuner's plan action alone since issue 27, the segment-checkpointing baseline is "checkpoint-segments".
+RENAMED_METHODS = {"recompute": "checkpoint-segments"}
 ALL_MODELS = ("resnet50", "vgg16", "unet3d", "densenet121", "inception_v3", "bert-base", "mlp-tiny")
 FULL_MODELS = ("resnet50", "vgg16", "unet3d", "densenet121", "bert-base")
 FULL_PROFILES = ("v100-16gb-pcie3", "v100-16gb-nvlink2")
@@ -89,6 +99,18 @@ def shape_label(shape) -> str:
 def voxels(shape) -> int:
     d, h, w = shape
     return d * h * w
+
+
+def method_name(name: str) -> str:
+    """Today's name of a bench method, given today's or an earlier run's (:data:`RENAMED_METHODS`)."""
+    return RENAMED_METHODS.get(name, name)
+
+
+def read_records(path) -> list[dict]:
+    """The records of a ``tools/bench.py --json`` run (e.g. docs/results.json), methods under today's names."""
+    with open(path) as f:
+        records = json.load(f)
+    return [{**r, "method": method_name(r["method"])} if "method" in r else r for r in records]
 
 
 def say(msg: str) -> None:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .common import UNET_DEPTH, say, shape_label, unet_shape, voxels
+from .common import KERAS_REMAT_MODES, UNET_DEPTH, say, shape_label, unet_shape, voxels
 
 
 def _bert_layers():
@@ -205,12 +205,53 @@ def parse_sizes(text: str) -> dict[str, int]:
     return sizes
 
 
+#: The steps :class:`Steps` traces: the model as built, and one per method judged as its own step.
+VARIANTS = ("plain", "checkpoint-segments", *KERAS_REMAT_MODES)
+
+
+class VariantError(RuntimeError):
+    """A step variant (a model built under ``keras.RematScope``, the checkpointed model) that could not be built or
+    traced. ``line`` is what the bench reports instead of a number: the error's type and first telling line."""
+
+    def __init__(self, model: str, variant: str, line: str):
+        super().__init__(f"{model}: the {variant} step failed: {line}")
+        self.model, self.variant, self.line = model, variant, line
+
+
+def error_line(err: BaseException) -> str:
+    """``"ValueError: <first telling line>"``: the line of ``err``'s message a report row can show.
+
+    TensorFlow prefixes errors raised while tracing with ``in user code:`` and a traceback, and Keras wraps a
+    layer's error in ``Exception encountered when calling ...``, the original message set in bold (ANSI): the
+    bold text's first line when there is one, else the first line that is neither preamble nor traceback.
+    """
+    import re
+    text = str(err)
+    bold = re.search(r"\x1b\[1m(.*?)\x1b\[0m", text, re.S)
+    if bold and bold.group(1).strip():
+        line = bold.group(1).strip().splitlines()[0]
+    else:
+        lines = [ln.strip() for ln in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines()]
+        lines = [ln for ln in lines if ln and ln != "in user code:" and not ln.startswith("File ")]
+        line = lines[0] if lines else "(no message)"
+    return f"{type(err).__name__}: {line.strip()}"
+
+
 class Steps:
-    """Builds each model once and caches the traced IR graph of each (variant, volume)."""
+    """Builds each model once per variant and caches the traced IR graph of each (variant, volume).
+
+    Variants: ``plain`` (the model as built), ``checkpoint-segments`` (the same model run in sqrt(n)
+    segments under ``tf.recompute_grad``, tflms.baselines.recompute) and, per :data:`KERAS_REMAT_MODES`,
+    ``keras-remat``/``keras-remat-activations``: the model built again, from the same seed, under
+    ``keras.RematScope(mode=...)`` (Keras decides at layer construction which calls it rematerializes).
+    A variant other than ``plain`` that fails to build or trace raises :class:`VariantError`, cached.
+    """
 
     def __init__(self) -> None:
         self._built: dict[str, tuple] = {}
+        self._remat: dict[tuple[str, str], tuple] = {}
         self._graphs: dict[tuple, tuple[Any, float]] = {}
+        self._failed: dict[tuple, VariantError] = {}
         self.trace_s = 0.0
 
     def _functions(self, name: str):
@@ -228,26 +269,58 @@ class Steps:
                 return tf.function(make_train_step(model, optimizer, loss_fn, forward=forward))
 
             # The model and optimizer must outlive the traces: a tf.function only holds weak references.
-            self._built[name] = (model, optimizer, ckpt, {"plain": make(model), "recompute": make(ckpt)})
+            self._built[name] = (model, optimizer, ckpt, {"plain": make(model), "checkpoint-segments": make(ckpt)})
         return self._built[name]
+
+    def _remat_step(self, name: str, variant: str):
+        """The training step of ``name`` built under ``keras.RematScope(mode=KERAS_REMAT_MODES[variant])``."""
+        if (name, variant) not in self._remat:
+            import keras
+            import tensorflow as tf
+
+            from tflms.testing import make_train_step
+            keras.utils.set_random_seed(0)
+            with keras.RematScope(mode=KERAS_REMAT_MODES[variant]):
+                model, optimizer, loss_fn = MODELS[name].build()
+            self._remat[(name, variant)] = (model, optimizer,
+                                            tf.function(make_train_step(model, optimizer, loss_fn)))
+        return self._remat[(name, variant)][2]
 
     def checkpointing(self, name: str):
         return self._functions(name)[2]
 
+    def _step(self, name: str, variant: str):
+        return self._remat_step(name, variant) if variant in KERAS_REMAT_MODES else self._functions(name)[3][variant]
+
     def graph(self, name: str, variant: str, size: int):
-        """The IR graph of ``name``'s step (``variant`` plain or recompute) at ``size``, and its trace seconds.
+        """The IR graph of ``name``'s step (``variant``: see the class) at ``size``, and its trace seconds.
 
         ``size``: the batch, or for a resolution model the size index of its volume (:func:`unet_shape`).
+        Raises :class:`VariantError` (the same one again on later calls) when a variant other than ``plain``
+        cannot be built or traced.
         """
         from tflms.ir import tf_io
         spec = MODELS[name]
         shape = unet_shape(size) if spec.kind == "resolution" else None
+        if variant not in VARIANTS:
+            raise ValueError(f"Steps.graph: unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
         key = (name, variant, shape)
+        if key in self._failed:
+            raise self._failed[key]
         if key not in self._graphs:
-            step = self._functions(name)[3][variant]
             t0 = time.perf_counter()
-            concrete = step.get_concrete_function(*spec.specs(shape))
-            graph = tf_io.from_concrete_function(concrete)
+            try:
+                step = self._step(name, variant)
+                concrete = step.get_concrete_function(*spec.specs(shape))
+                graph = tf_io.from_concrete_function(concrete)
+            except Exception as err:  # noqa: BLE001 - any failure of a variant is a result the bench reports
+                if variant == "plain":
+                    raise
+                failure = VariantError(name, variant, error_line(err))
+                self._failed[key] = failure
+                say(f"{name}: the {variant} step{f' at {shape_label(shape)}' if shape else ''} failed: "
+                    f"{failure.line}")
+                raise failure from err
             seconds = time.perf_counter() - t0
             self.trace_s += seconds
             say(f"{name}: traced the {variant} step{f' at {shape_label(shape)}' if shape else ''}: "

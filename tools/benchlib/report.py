@@ -57,8 +57,18 @@ def records_for(model: str, profile: str, results: dict[str, MethodResult]) -> l
                                                  else round(r.time_bound_ratio_unpruned_at_max, 3)),
             "floor_bound_ratio_at_max": (None if r.floor_bound_ratio_at_max is None
                                          else round(r.floor_bound_ratio_at_max, 3)),
+            "error": r.error,
+            **({"curve": curve_points(model, r)} if r.curve else {}),
         })
     return out
+
+
+def curve_points(model: str, r: MethodResult) -> list[list]:
+    """``[[batch, samples/s, step ms], ...]`` of ``r``'s throughput curve (``bench.py --curve``); samples/s and step
+    ms are ``None`` at a batch the method does not fit."""
+    del model  # batch models only: samples per step = batch
+    return [[batch, None if step_s is None else round(batch / step_s, 3),
+             None if step_s is None else round(1e3 * step_s, 3)] for batch, step_s in r.curve]
 
 
 def at_records(model: str, profile: str, results: dict[str, MethodResult], *, budget_bytes: int,
@@ -68,7 +78,8 @@ def at_records(model: str, profile: str, results: dict[str, MethodResult], *, bu
     ``peak_bytes`` is the simulated peak with headroom (``None`` when no graph was produced: a tune that
     found nothing); ``fits`` is that peak within ``budget_bytes``; ``overhead_pct`` the step time over the
     unchanged step's at the same size (unlimited memory), ``None`` when it does not fit; ``detail`` the
-    choice (tuner strategy and parameters, grappler's swaps, recompute's segments)."""
+    choice (tuner strategy and parameters, grappler's swaps, checkpoint-segments's segments, keras-remat's
+    mode; ``failed: <the error's first line>`` where a traced step could not be built or traced: ``error``)."""
     batch = MODELS[model].kind == "batch"
     out = []
     for method in METHODS:
@@ -86,6 +97,7 @@ def at_records(model: str, profile: str, results: dict[str, MethodResult], *, bu
             "rewrite_s": round(r.rewrite_s, 3),
             "ops": r.ops,
             "detail": r.detail,
+            "error": r.error,
         })
     return out
 
@@ -96,7 +108,8 @@ def at_markdown(records: list[dict], *, command: str) -> str:
              "**overhead** = predicted step time at the size over the unchanged step's on a GPU with unlimited "
              "memory, minus 1 (`-` = does not fit); **peak** = simulated peak times (1 + headroom), judged "
              "against the budget; **choice** = what the method ran (the tuner's strategy and parameters, "
-             "grappler's swaps, recompute's segments).", ""]
+             "grappler's swaps, checkpoint-segments's segments, keras-remat's mode; `failed: ...` = the step "
+             "could not be built or traced, with the error's first line).", ""]
     for profile in dict.fromkeys(r["profile"] for r in records):
         rows = [r for r in records if r["profile"] == profile]
         lines += [f"## {profile} (headroom {rows[0]['headroom']:g}, budget "
@@ -108,10 +121,21 @@ def at_markdown(records: list[dict], *, command: str) -> str:
             peak = "-" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**30:.2f} GiB"
             step = "-" if r["step_ms"] is None else f"{r['step_ms']:.1f}"
             choice = r["detail"].partition("; ")[2] or "-"
+            fits = "failed" if r.get("error") else "yes" if r["fits"] else "no"
             lines.append(f"| {r['model']} | {r['size']} | {r['method']} | {overhead} | {peak} | "
-                         f"{'yes' if r['fits'] else 'no'} | {step} | {r['rewrite_s']:.1f} | {choice} |")
+                         f"{fits} | {step} | {r['rewrite_s']:.1f} | {_cell(choice)} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    """``text`` safe in a Markdown table cell (an error message may hold ``|``)."""
+    return text.replace("|", "\\|")
+
+
+def _failed(record: dict) -> str:
+    """``"failed: <the error's first line>"``, what a row of a method whose step failed shows instead of a size."""
+    return _cell(f"failed: {record['error']}")
 
 
 def _ratio(record: dict, base: dict) -> str:
@@ -156,8 +180,13 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
         "`tf_optimizer.OptimizeGraph` on a virtual cluster whose GPU has the profile's memory, FLOP/s and memory "
         "bandwidth (`tflms.baselines.grappler_swap`); its `_CopyFromGpuToHost`/`_CopyFromHostToGpu` pairs are "
         "read back into the IR and simulated as device-to-host / host-to-device copies |",
-        "| `recompute` | gradient checkpointing of the same Keras model: sqrt(n) equal segments of its layer calls, "
-        "each under `tf.recompute_grad` (`tflms.baselines.recompute`), traced as its own step |",
+        "| `checkpoint-segments` | gradient checkpointing of the same Keras model: sqrt(n) equal segments of its "
+        "layer calls, each under `tf.recompute_grad` (`tflms.baselines.recompute`), traced as its own step |",
+        "| `keras-remat` | the same Keras model built under `keras.RematScope(mode=\"full\")` (Keras 3: every "
+        "layer call rematerialized with `tf.recompute_grad`), traced as its own step; `failed: ...` where Keras "
+        "cannot build or trace it, with the error's first line |",
+        "| `keras-remat-activations` | the same, `keras.RematScope(mode=\"activations\")`: only the activation "
+        "functions of layers that have one are rematerialized |",
         "",
         "Columns: **max** is the largest batch that fits the profile's memory (for `unet3d`: the largest volume "
         f"D x H x W at batch 1, sides multiples of {UNET_RESOLUTION_STEP} that differ by at most "
@@ -166,8 +195,8 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
         "batch* relative to the unchanged step on a GPU with unlimited memory (the common batch is the smallest "
         "of the maxima that exceed `none`'s, so every method that extends the batch runs there; `-` = does not "
         "fit there); **rewrite s** is the wall time of the tune or rewrite that produced the graph at the common "
-        "batch (tflms: one full tune; grappler: export + OptimizeGraph + read-back; recompute: tracing the "
-        "checkpointed step); **ops** is that graph's size.",
+        "batch (tflms: one full tune; grappler: export + OptimizeGraph + read-back; checkpoint-segments and "
+        "keras-remat: tracing their step); **ops** is that graph's size.",
         "",
     ]
     for profile in profiles:
@@ -181,6 +210,9 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
             cells = []
             for m in METHODS:
                 r = by[(model, profile, m)]
+                if r.get("error"):
+                    cells.append("failed")  # the error's first line: the tables below
+                    continue
                 cell = f"{r['max_batch']}{'+' if r['max_batch_upper'] is None else ''}"
                 cells.append(cell if m == "none" else f"{cell} ({_ratio(r, base)})")
             lines.append(f"| {model} | {base['common_batch']} | " + " | ".join(cells) + " |")
@@ -207,6 +239,9 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
                 r = by.get((model, profile, m))
                 if r is None or base is None:
                     continue
+                if r.get("error"):
+                    lines.append(f"| {model} | {m} | {_failed(r)} | - | - | - | - | - | - | - |")
+                    continue
                 frac = "-" if r.get("fraction_of_bound") is None else f"{100 * r['fraction_of_bound']:.0f}%"
                 step = "-" if r.get("step_ms_at_max") is None else f"{r['step_ms_at_max']:.0f}"
                 rate = "-" if r.get("samples_per_s_at_max") is None else f"{r['samples_per_s_at_max']:.1f}"
@@ -221,6 +256,10 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
             for m in METHODS:
                 r = by.get((model, profile, m))
                 if r is None:
+                    continue
+                if r.get("error"):
+                    lines.append(f"| {model} | {m} | {_failed(r)} | - | - | - | {r['rewrite_s']:.1f} | - | "
+                                 f"{r['search_s']:.1f} | {_cell(r['detail'])} |")
                     continue
                 overhead = "-" if r["overhead_pct"] is None else f"{r['overhead_pct']:+.1f}%"
                 peak = "-" if r["peak_bytes_at_common"] is None else f"{r['peak_bytes_at_common'] / 2**30:.2f} GiB"
@@ -252,7 +291,8 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
         lines += [f"## {title}", "", *body, ""]
     lines += ["## How the numbers were produced", "",
               "- Search: doubling from a known fit until a size does not fit, then bisection. `none` starts at 1; "
-              "`tflms-distance`, `grappler` and `recompute` start at `none`'s maximum, `tflms-best` at "
+              "`tflms-distance`, `grappler`, `checkpoint-segments` and the `keras-remat` methods start at `none`'s "
+              "maximum, `tflms-best` at "
               "`tflms-distance`'s (sizes the unchanged step fits are fitted by tflms without tuning); each tries "
               "the previous method's first miss before doubling. "
               + (f"Quick mode bisects {bisect_steps} times: a maximum is a size that fits, and **upper** "
@@ -285,10 +325,22 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
               "virtual time, and runs one swapping pass (`SwappingPass` never reports an update, so its 25-pass "
               "loop stops after one). Its choice can differ from run to run by a few swaps (seen on the 3D U-Net: "
               "45 or 46 swaps at 160^3), probably from iterating hash maps keyed by node pointers.",
-              "- Recomputation runs each checkpointed layer twice: BatchNormalization updates its moving "
-              "statistics twice per step and Dropout (BERT) draws new masks when recomputed.",
+              "- `checkpoint-segments` and `keras-remat` recompute whole Keras layer calls: BatchNormalization "
+              "updates its moving statistics twice per step and Dropout (BERT) draws new masks when recomputed. "
+              "(\"recompute\" in tflms names the tuner's plan action, which re-runs single ops from the graph; "
+              "earlier reports called `checkpoint-segments` `recompute`.)",
               ""]
     return "\n".join(lines)
+
+
+#: Plot colour and line width of each method (timelines and throughput curves).
+STYLES = {"none": ("black", 1.6), "tflms-distance": ("tab:green", 1.0), "tflms-best": ("tab:blue", 1.2),
+          "grappler": ("tab:orange", 1.0), "checkpoint-segments": ("tab:purple", 1.0),
+          "keras-remat": ("tab:brown", 1.0), "keras-remat-activations": ("tab:pink", 1.0)}
+
+
+#: Marker of each method on the throughput curve, in METHODS order.
+CURVE_MARKERS = ("s", "o", "^", "D", "v", "P", "X")
 
 
 def plot_timelines(path: pathlib.Path, model: str, profile: str, results: dict[str, MethodResult],
@@ -301,8 +353,7 @@ def plot_timelines(path: pathlib.Path, model: str, profile: str, results: dict[s
         say("matplotlib is not installed: no plots (pip install -e \".[plot]\")")
         return False
     fig, ax = plt.subplots(figsize=(9, 4.2))
-    styles = {"none": ("black", 1.6), "tflms-distance": ("tab:green", 1.0), "tflms-best": ("tab:blue", 1.2),
-              "grappler": ("tab:orange", 1.0), "recompute": ("tab:purple", 1.0)}
+    styles = STYLES
     same = results["tflms-best"].sim is not None and results["tflms-best"].sim is results["tflms-distance"].sim
     for method in METHODS:
         sim = results[method].sim
@@ -319,6 +370,73 @@ def plot_timelines(path: pathlib.Path, model: str, profile: str, results: dict[s
     ax.set_ylabel("accelerator memory (GiB)")
     ax.set_title(f"{model} on {profile} at {label} (simulated)")
     ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def curve_markdown(records: list[dict], plots: dict[str, str]) -> list[str]:
+    """The "Throughput curve" section (``bench.py --curve``): per profile and model, simulated samples/s of every
+    method at each sampled batch (``-``: does not fit; ``failed``: its step could not be built or traced), and the
+    plots (title -> path)."""
+    lines = ["Samples/s **predicted by the simulator** against batch size, from `none`'s maximum to the swap-only "
+             "bound, each method's own rewrite at each batch (as at the common batch: the full tune for the tflms "
+             "methods, grappler's rewrite, the traced checkpoint-segments and keras-remat steps): samples/s = "
+             "batch / simulated step time; `-` = the method does not fit that batch (peak with headroom over the "
+             "budget); `failed` = its step could not be built or traced (its error: the tables above).", ""]
+    curves = [r for r in records if r.get("curve")]
+    for profile in dict.fromkeys(r["profile"] for r in curves):
+        for model in dict.fromkeys(r["model"] for r in curves if r["profile"] == profile):
+            rows = {r["method"]: r for r in curves if (r["model"], r["profile"]) == (model, profile)}
+            methods = [m for m in METHODS if m in rows]
+            batches = [point[0] for point in rows[methods[0]]["curve"]]
+            lines += [f"### {model} on {profile} (samples/s, simulated)", "",
+                      "| batch | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+            for i, batch in enumerate(batches):
+                cells = []
+                for m in methods:
+                    rate = rows[m]["curve"][i][1]
+                    cells.append("failed" if rows[m].get("error") else "-" if rate is None else f"{rate:.1f}")
+                lines.append(f"| {batch} | " + " | ".join(cells) + " |")
+            lines.append("")
+            key = f"{model} on {profile}"
+            if key in plots:
+                lines += [f"![{key}: samples/s against batch size, simulated]({plots[key]})", ""]
+    return lines[:-1] if lines[-1] == "" else lines
+
+
+def plot_curve(path: pathlib.Path, model: str, profile: str, results: dict[str, MethodResult]) -> bool:
+    """Samples/s against batch, a line per method over the batches it fits, with ``none``'s maximum and the bound."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        say("matplotlib is not installed: no plots (pip install -e \".[plot]\")")
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    for i, method in enumerate(METHODS):
+        points = [(b, b / s) for b, s in results[method].curve if s is not None]
+        color, width = STYLES[method]
+        if results[method].error or not points:  # in the legend, so that a missing line is explained
+            ax.plot([], [], color=color, linewidth=width,
+                    label=f"{method} ({'failed' if results[method].error else 'fits no sampled batch'})")
+            continue
+        # markers shrink method by method: methods with the same samples/s (tflms-best keeping the unchanged
+        # step) show as nested markers instead of hiding each other
+        ax.plot([b for b, _ in points], [v for _, v in points], marker=CURVE_MARKERS[i % len(CURVE_MARKERS)],
+                markersize=9 - i, fillstyle="none", color=color, linewidth=width, label=method)
+    for name, style in (("none", ":"), (BOUND, "--")):
+        if name in results and results[name].max_size:
+            ax.axvline(results[name].max_size, color="grey", linestyle=style, linewidth=0.8,
+                       label=f"{name} max {results[name].max_size}")
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("samples/s (simulated)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{model} on {profile}: throughput against batch size (simulated)")
+    ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -7,8 +7,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .common import BOUND, HEADROOM, METHODS, QUICK_DISTANCE_PROBES, SEARCH_LIMIT, say
-from .models import MODELS, Steps, size_amount, size_label
+from .common import (BOUND, HEADROOM, KERAS_REMAT_MODES, METHODS, QUICK_DISTANCE_PROBES, SEARCH_LIMIT,
+                     TRACED_METHODS, say)
+from .models import MODELS, Steps, VariantError, size_amount, size_label
 
 
 @dataclasses.dataclass
@@ -44,6 +45,11 @@ class MethodResult:
     time_bound_ratio_unpruned_at_max: float | None = None
     # the least time/bound any swap-only rewrite reaches at max_size, in any order (tflms.sim.bounds.any_order_time_bound)
     floor_bound_ratio_at_max: float | None = None
+    # a traced method whose step could not be built or traced: the error's first line (models.VariantError), shown
+    # instead of its numbers
+    error: str | None = None
+    # bench.py --curve: (batch, simulated step seconds, or None where the method does not fit that batch)
+    curve: list = dataclasses.field(default_factory=list)
 
 
 def size_label_long(model: str, size: int) -> str:
@@ -66,12 +72,18 @@ class Evaluator:
         self.options = options or SimOptions()  # margin_fraction: the headroom, the same for every method
         self.exact = exact  # tflms-distance probes: the tuner's whole search (True) or QUICK_DISTANCE_PROBES
         self.cache: dict[tuple[str, int], Probe] = {}
+        self.errors: dict[str, str] = {}  # traced methods whose step failed -> the error's first line
 
     def fits(self, method: str, size: int) -> bool:
+        """Whether ``size`` fits with ``method``; ``False`` without probing once the method's step failed to build
+        or trace (:attr:`errors`)."""
+        if method in self.errors:
+            return False
         key = (method, size)
         if key not in self.cache:
             t0 = time.perf_counter()
-            probe = getattr(self, "_" + method.replace("-", "_"))(size)
+            probe = (self._traced(method, size) if method in TRACED_METHODS
+                     else getattr(self, "_" + method.replace("-", "_"))(size))
             probe.seconds = time.perf_counter() - t0
             self.cache[key] = probe
             say(f"{self.model} {self.profile.name} {method}: {self.label(size)} "
@@ -163,9 +175,15 @@ class Evaluator:
         sim = simulate(result.graph, self.profile, options=self.options)
         return Probe(self._fits(sim), sim, len(result.graph))
 
-    def _recompute(self, size):
+    def _traced(self, method, size):
+        """A method judged as its own traced step (:data:`TRACED_METHODS`); a step that fails to build or trace
+        fits nowhere, its error recorded in :attr:`errors`."""
         from tflms.sim import simulate
-        graph, _ = self.steps.graph(self.model, "recompute", size)
+        try:
+            graph, _ = self.steps.graph(self.model, method, size)
+        except VariantError as err:
+            self.errors[method] = err.line
+            return Probe(False)
         sim = simulate(graph, self.profile, options=self.options)
         return Probe(sim.peak_with_margin_bytes <= self.budget, sim, len(graph))
 
@@ -224,7 +242,7 @@ def run_model_profile(steps: Steps, model: str, profile_name: str, budget: int |
     results: dict[str, MethodResult] = {}
     # Where each search starts, and the first larger size it tries (the previous method's first miss).
     plan = {"none": ("none", False), "tflms-distance": ("none", True), "tflms-best": ("tflms-distance", True),
-            "grappler": ("none", True), "recompute": ("none", True)}
+            "grappler": ("none", True), **{m: ("none", True) for m in TRACED_METHODS}}
     for method in METHODS:
         t0 = time.perf_counter()
         if method == "none":
@@ -234,8 +252,11 @@ def run_model_profile(steps: Steps, model: str, profile_name: str, budget: int |
             start, next_try = ref.max_size, ref.upper
         low, high = search_max(lambda s: ev.fits(method, s), start, bisect_steps, next_try)
         res = MethodResult(method, low, high, [(s, p.fits) for (m, s), p in ev.cache.items() if m == method],
-                           time.perf_counter() - t0)
+                           time.perf_counter() - t0, error=ev.errors.get(method))
         results[method] = res
+        if res.error is not None:
+            say(f"{model} {profile_name} {method}: failed: {res.error}")
+            continue
         say(f"{model} {profile_name} {method}: largest {ev.label(low)}"
             f"{f' (< {ev.label(high)})' if high is not None else ''} in {res.search_s:.1f} s")
     # Searches with different starts end at different granularities: probe the unchanged step at every
@@ -246,8 +267,11 @@ def run_model_profile(steps: Steps, model: str, profile_name: str, budget: int |
         if none.max_size < size and (none.upper is None or size < none.upper):
             ev.fits("none", size)
     implied = {"none": (), "tflms-distance": ("none",), "tflms-best": ("none", "tflms-distance"),
-               "grappler": (), "recompute": ()}
+               "grappler": (), **{m: () for m in TRACED_METHODS}}
     for method, r in results.items():
+        if r.error is not None:  # no size was judged: no maximum, no bracket
+            r.max_size, r.upper, r.probes = 0, None, []
+            continue
         known = {}
         for (m, size), probe in ev.cache.items():
             if m == method or (m in implied[method] and probe.fits):
@@ -285,7 +309,8 @@ def run_methods_at(steps: Steps, model: str, profile, budget_bytes: int, options
     The overhead is the simulated step time over the unchanged step's at ``size`` on a GPU with
     unlimited memory, minus 1; ``None`` when the method's peak with headroom exceeds ``budget_bytes``.
     tflms: one full tune with every strategy (``enforce_order=True``), ``tflms-distance`` read off
-    it; grappler: its swapping rewrite of the plain step; recompute: the checkpointed step traced.
+    it; grappler: its swapping rewrite of the plain step; checkpoint-segments and keras-remat: their own
+    steps traced (a step that fails to build or trace gets its error's first line, ``MethodResult.error``).
     Used at the common size of a search (:func:`run_model_profile`) and at sizes given on the
     command line (:func:`run_at_size`).
     """
@@ -347,11 +372,18 @@ def run_methods_at(steps: Steps, model: str, profile, budget_bytes: int, options
     r.sim = simulate(swapped.graph, profile, options=options)
     r.rewrite_s, r.ops, r.overhead = swapped.total_s, len(swapped.graph), fits_overhead(r.sim)
     r.detail += f"; {len(swapped.swaps)} swaps of {swapped.swapped_bytes / 2**30:.2f} GiB"
-    r = results["recompute"]
-    graph, trace_s = steps.graph(model, "recompute", size)
-    r.sim = simulate(graph, profile, options=options)
-    r.rewrite_s, r.ops, r.overhead = trace_s, len(graph), fits_overhead(r.sim)
-    r.detail += f"; {len(steps.checkpointing(model).segments)} segments"
+    for method in TRACED_METHODS:
+        r = results[method]
+        try:
+            graph, trace_s = steps.graph(model, method, size)
+        except VariantError as err:
+            r.error = err.line
+            r.detail += f"; failed: {err.line}"
+            continue
+        r.sim = simulate(graph, profile, options=options)
+        r.rewrite_s, r.ops, r.overhead = trace_s, len(graph), fits_overhead(r.sim)
+        r.detail += (f"; {len(steps.checkpointing(model).segments)} segments" if method == "checkpoint-segments"
+                     else f"; keras.RematScope(mode={KERAS_REMAT_MODES[method]!r})")
 
 
 def run_at_size(steps: Steps, model: str, profile_name: str, budget: int | None, size: int,
