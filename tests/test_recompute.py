@@ -157,3 +157,83 @@ def test_dropout_masks_are_recomputed_from_their_seed(bert_graph):
     cloned_types = {bert_graph.op(op).type for r in plan.recomputes for op in r.ops}
     assert "StatelessRandomUniformV2" in cloned_types
     assert not any(t.startswith(("RandomUniform", "RandomStandardNormal")) for t in cloned_types)
+
+
+# ------------------------------------------------------------------------------------ the tuner's search
+def test_articulations_are_the_layer_boundaries_despite_the_mask_and_dropout(bert_graph):
+    from tflms.policies.recompute import articulations, segment_ops
+    analysis = analyze_graph(bert_graph)
+    cuts = articulations(analysis)
+    # token ids reach every layer as the attention mask, and every layer draws dropout masks: neither is a path
+    layers = {name.split("/")[1].split("_")[0] for name in cuts if "/layer" in name}
+    assert {"layer0", "layer1"} <= layers, cuts
+    few, every = segment_ops(analysis, 1), segment_ops(analysis, len(cuts))
+    assert every < few and not (set(cuts) & every)  # the checkpoints kept are never re-run
+    assert all(recompute_skip_reason(analysis, op) is None for op in few)
+
+
+def test_selected_chains_stay_local(bert_graph):
+    """select() never recomputes a tensor another chain reads as a kept source, and bounds joined chains."""
+    from tflms.policies.recompute import MAX_JOINED_OPS, select
+    analysis = analyze_graph(bert_graph)
+    ranked, _ = rank_candidates(analysis, lambda n: op_time_s(bert_graph, bert_graph.op(n), PROFILE))
+    chosen = select(analysis, ranked)
+    decisions, _ = plan_recomputes(analysis, chosen)
+    assert len(decisions) > 1 and all(len(d.ops) <= MAX_JOINED_OPS for d in decisions)
+    # the union of every candidate's chain, unselected, is one region (the control: what select prevents)
+    everything, _ = plan_recomputes(analysis, {op for c in ranked for op in c.chain})
+    assert max(len(d.ops) for d in everything) > MAX_JOINED_OPS
+
+
+def _tuned(graph, fraction, mode):
+    from tflms.sim.simulator import simulate
+    from tflms.tune.tuner import tune
+    base = simulate(graph, PROFILE)
+    budget = base.resident_bytes + int(fraction * base.transient_peak_bytes)
+    return base, budget, tune(graph, budget=budget, profile=PROFILE, config=LMSConfig(recompute=mode))
+
+
+def test_only_recomputes_with_no_copy_and_names_the_smallest_budget(bert_graph):
+    from tflms.errors import BudgetError
+    base, budget, result = _tuned(bert_graph, 0.6, "only")
+    assert result.best.plan.recomputes and not result.best.plan.swaps
+    assert result.best.sim.peak_with_margin_bytes <= budget
+    assert {c.strategy for c in result.candidates} <= {"none", "recompute"}
+    with pytest.raises(BudgetError, match="nothing fits the budget") as err:
+        _tuned(bert_graph, 0.01, "only")
+    assert not any(c.plan is not None and c.plan.swaps for c in err.value.candidates)
+
+
+def test_auto_is_never_slower_than_swapping_alone(bert_graph):
+    _, budget, off = _tuned(bert_graph, 0.4, "off")
+    _, _, auto = _tuned(bert_graph, 0.4, "auto")
+    assert auto.best.sim.step_time_s <= off.best.sim.step_time_s
+    assert auto.best.sim.peak_with_margin_bytes <= budget
+    assert {"recompute"} <= {c.strategy for c in auto.candidates}
+    assert not {"recompute", "hybrid"} & {c.strategy for c in off.candidates}
+
+
+def test_a_recompute_only_rewrite_trains_bitwise_through_tflms_function():
+    import tflms
+    from tflms.testing import snapshot as snap
+    results = []
+    for wrap in (tf.function, tf.function, None):
+        model, optimizer, step, batches = _traced("residual_bn")
+        if wrap is None:
+            from tflms.sim.simulator import simulate
+            concrete = step.get_concrete_function(*batches[0])
+            graph = tf_io.load_graph(preoptimize(concrete))
+            base = simulate(graph, "v100-16gb-pcie3")
+            budget = base.resident_bytes + int(0.7 * base.transient_peak_bytes)
+            fn = tflms.function(make_train_step(model, optimizer), recompute="only", budget=budget,
+                                profile="v100-16gb-pcie3")
+        else:
+            fn = wrap(make_train_step(model, optimizer))
+        for x, y in batches:
+            fn(x, y)
+        results.append((snap(model, optimizer), fn))
+    assert_bitwise_equal(results[0][0], results[1][0], "plain twice (the control)")
+    assert_bitwise_equal(results[0][0], results[2][0], "recompute only, tuned")
+    report = results[2][1].report
+    assert report.changed and report.num_recomputed > 0 and not report.swaps
+    assert "recomputed:" in report.table()

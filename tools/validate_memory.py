@@ -75,8 +75,9 @@ import numpy as np
 
 #: Models the tool runs by default, in table order (small: about half a minute in all).
 MODELS = ("mlp", "cnn", "resnet")
-#: Real models, run when named with --models (minutes: ResNet-50 at 224x224 runs on the CPU executor).
-LARGE_MODELS = ("resnet50", "unet3d")
+#: Models run when named with --models (minutes: ResNet-50 at 224x224 runs on the CPU executor; bert is the kit's
+#: BERT-style encoder with dropout and BatchNorm).
+LARGE_MODELS = ("resnet50", "unet3d", "bert")
 #: Budget for the tuner: resident bytes + this fraction of the original's simulated transient peak.
 DEFAULT_BUDGET_FRACTION = 0.65
 #: If nothing fits, the fraction is raised by this step, at most this many times.
@@ -161,9 +162,18 @@ def _unet3d(keras: Any, batch: int):
     return model, keras.optimizers.Adam(1e-3), (batch, 64, 64, 64, 4), (batch, 64, 64, 64), 4
 
 
+def _bert(keras: Any, batch: int):
+    """The BERT-style encoder of tflms.testing with BERT's dropout (0.1) and a BatchNorm on the pooled output
+    (``bert_dropout_bn``), 2 layers of width 64, 64 tokens (int32 ids), Adam."""
+    from tflms.testing import build_model
+    model = build_model("bert_dropout_bn", seed=SEED, length=64, width=64, heads=4, layers=2, vocab=256)
+    return model, keras.optimizers.Adam(1e-3), (batch, 64), (batch,), 5
+
+
 #: model -> (builder, default batch); the builder returns (model, optimizer, x shape, label shape, classes)
 _BUILDERS: dict[str, tuple[Callable, int]] = {"mlp": (_mlp, 2048), "cnn": (_cnn, 32), "resnet": (_resnet, 32),
-                                              "resnet50": (_resnet50, 8), "unet3d": (_unet3d, 1)}
+                                              "resnet50": (_resnet50, 8), "unet3d": (_unet3d, 1),
+                                              "bert": (_bert, 32)}
 
 
 @dataclasses.dataclass
@@ -192,9 +202,12 @@ def build_case(model: str, *, batch: int | None = None, seed: int = SEED) -> Cas
     optimizer.build(net.trainable_variables)  # create the slots outside the traced step
     train_step = tf.function(make_train_step(net, optimizer))
 
-    concrete = train_step.get_concrete_function(tf.TensorSpec(x_shape, tf.float32), tf.TensorSpec(y_shape, tf.int32))
+    tokens = net.inputs[0].dtype == "int32"  # token ids (bert): ids in [1, 256), no padding
+    concrete = train_step.get_concrete_function(tf.TensorSpec(x_shape, tf.int32 if tokens else tf.float32),
+                                                tf.TensorSpec(y_shape, tf.int32))
     rng = np.random.default_rng(seed)
-    args = (rng.standard_normal(x_shape).astype(np.float32), rng.integers(0, classes, y_shape).astype(np.int32))
+    x = rng.integers(1, 256, x_shape).astype(np.int32) if tokens else rng.standard_normal(x_shape).astype(np.float32)
+    args = (x, rng.integers(0, classes, y_shape).astype(np.int32))
     return Case(model, concrete, tf_io.from_concrete_function(concrete), args, owners=(net, optimizer),
                 batch=x_shape[0])
 
@@ -212,6 +225,7 @@ class Variant:
     params: dict[str, Any]
     budget_bytes: int | None = None
     swapped_tensors: int = 0
+    clone_triggers: dict[str, str] = dataclasses.field(default_factory=dict)  # recompute clone -> its trigger
 
 
 def rewrite_config(**params: Any):
@@ -221,7 +235,8 @@ def rewrite_config(**params: Any):
     return LMSConfig(accelerator_device=ACCELERATOR_DEVICE, host_device=HOST_DEVICE, **params)
 
 
-def tuned_rewrite(case: Case, budget_fraction: float, free_order: bool = False, profile: Any = None) -> Variant:
+def tuned_rewrite(case: Case, budget_fraction: float, free_order: bool = False, profile: Any = None,
+                  recompute: str = "auto") -> Variant:
     """The pipeline's rewrite for ``resident + budget_fraction * transient`` (raised until something fits),
     planned with ``profile`` (default ``EMULATION_PROFILE``): the stages of
     :func:`tflms.pipeline.rewrite_step` for a budget, on the emulated machine's simulator options.
@@ -239,7 +254,7 @@ def tuned_rewrite(case: Case, budget_fraction: float, free_order: bool = False, 
         budget = int(base.resident_bytes + fraction * base.transient_peak_bytes)
         try:
             with planning_for_emulation():  # the emulated accelerator's kernels, not this process's
-                result = tune(case.graph, budget=budget, profile=profile, config=rewrite_config(),
+                result = tune(case.graph, budget=budget, profile=profile, config=rewrite_config(recompute=recompute),
                               copy_op="DeepCopy", sim_options=EMULATION_SIM_OPTIONS, enforce_order=not free_order)
         except BudgetError as exc:
             error = exc
@@ -247,6 +262,8 @@ def tuned_rewrite(case: Case, budget_fraction: float, free_order: bool = False, 
             continue
         swapped = 0 if result.best.plan is None else len(result.best.plan.swaps)
         params = {"strategy": result.strategy, **result.best.params, "budget_fraction": round(fraction, 3)}
+        triggers = {} if result.best.plan is None else {
+            clone: trigger for r in result.best.plan.recomputes for clone, trigger in zip(r.clones, r.triggers)}
         graph = result.graph
         if not free_order:  # the pipeline's stages: the order the tuner judged in, then the budget guarantee
             from tflms.passes.order import apply_tuned_order, hold_to_budget
@@ -255,7 +272,8 @@ def tuned_rewrite(case: Case, budget_fraction: float, free_order: bool = False, 
             params["order"] = order.get("heuristic") if order.get("applied") else "free"
             params["order_edges"] = order.get("edges", 0) if order.get("applied") else 0
             params["guarantee"] = order["guarantee"]
-        return Variant(case.model, "rewritten", graph, params, budget_bytes=budget, swapped_tensors=swapped)
+        return Variant(case.model, "rewritten", graph, params, budget_bytes=budget, swapped_tensors=swapped,
+                       clone_triggers=triggers)
     raise error
 
 
@@ -321,6 +339,9 @@ class Record:
     sim_step_time_s: float = 0.0  # the simulated step in level order
     executor_step_time_s: float = 0.0  # the median run's step: its last node's end
     executor_step_runs_s: list[float] = dataclasses.field(default_factory=list)  # every run's, in run order
+    clones: int = 0  # recompute clones in the rewrite
+    clones_ran: int = 0  # of them, how many ran in every run
+    clones_after_trigger: int = 0  # of them, how many started after their trigger ended, in every run
 
     @property
     def step_time_ratio(self) -> float:
@@ -427,7 +448,14 @@ def validate(cases: list[Case], variants: list[Variant], *, repeat: int = 1, pro
             names = sorted(before)
             identical = all(set(before) == set(m.variables_after) and not bitwise_diff(
                 [(n, before[n]) for n in names], [(n, m.variables_after[n]) for n in names]) for m in measurements)
+        ran = after = 0
+        for clone, trigger in variant.clone_triggers.items():
+            spans = [m.spans_s() for m in measurements]
+            if all(clone in sp for sp in spans):
+                ran += 1
+                after += all(trigger in sp and sp[clone][0] >= sp[trigger][1] for sp in spans)
         records.append(Record(
+            clones=len(variant.clone_triggers), clones_ran=ran, clones_after_trigger=after,
             model=variant.model, batch=by_model[variant.model].batch, variant=variant.variant, params=variant.params,
             swapped_tensors=variant.swapped_tensors, budget_bytes=variant.budget_bytes,
             resident_bytes=level.resident_bytes, sim_peak_bytes=level.transient_peak_bytes,
@@ -487,6 +515,10 @@ def table(records: list[Record]) -> str:
                             " (within the budget in every run)" if r.executor_within_budget
                             else " (OVER the budget)"))
     for r in records:
+        if r.clones:
+            lines.append(f"{r.model} recompute: {r.clones} clones; {r.clones_ran} ran in every run, "
+                         f"{r.clones_after_trigger} started after their trigger ended in every run")
+    for r in records:
         if r.executor_step_runs_s:
             lines.append(f"{r.model} {r.variant} step: {r.sim_step_time_s:.3f} s simulated, "
                          f"{', '.join(f'{s:.3f}' for s in r.executor_step_runs_s)} s measured")
@@ -508,6 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--free-order", action="store_true",
                         help="tune in level order and pin nothing (the executor takes its own order), instead of "
                              "the pipeline's default: the enforced order and the budget guarantee")
+    parser.add_argument("--recompute", choices=("auto", "off", "only"), default="auto",
+                        help="what the tuner may do besides swapping (LMSConfig.recompute; default %(default)s)")
     parser.add_argument("--load", action="store_true",
                         help="run another TensorFlow process (matrix products) beside the measurements")
     parser.add_argument("--budget-fraction", type=float, default=DEFAULT_BUDGET_FRACTION,
@@ -546,7 +580,8 @@ def main(argv: list[str] | None = None) -> int:
         variants.append(Variant(case.model, "original", case.graph, {}))
         progress(f"choosing the rewrite of {case.model} ...")
         variants.append(threshold_rewrite(case, args.threshold) if args.threshold is not None
-                        else tuned_rewrite(case, args.budget_fraction, args.free_order, profile=profile))
+                        else tuned_rewrite(case, args.budget_fraction, args.free_order, profile=profile,
+                                           recompute=args.recompute))
     with (beside_load() if args.load else contextlib.nullcontext()):
         records = validate(cases, variants, repeat=args.repeat, profile=profile)
     if args.json:

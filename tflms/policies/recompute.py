@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from tflms.analysis.cto import Analysis, Category
 from tflms.ir.graph import TensorRef
-from tflms.ir.op_types import CONSTANT_OPS, SOURCE_OPS, VARIABLE_READ_OPS
-from tflms.policies.eligibility import CLONE_PREFIX, recompute_skip_reason
+from tflms.ir.op_types import CONSTANT_OPS, METADATA_ONLY_TYPES, SOURCE_OPS, VARIABLE_READ_OPS
+from tflms.policies.eligibility import CLONE_PREFIX, NEVER_RECOMPUTE_DTYPES, recompute_skip_reason
 from tflms.policies.swapplan import Skip, find_trigger
 
 #: The most ops one chain may re-run to rebuild one tensor (a longer chain costs more than it frees).
@@ -69,9 +69,12 @@ class RecomputeDecision:
 
 
 def _backward_readers(analysis: Analysis, ref: TensorRef, chain: frozenset[str]) -> tuple[str, ...]:
-    """The readers of ``ref`` that are neither forward ops nor in the chain, by (level, name)."""
-    cats, levels = analysis.categories, analysis.levels
-    readers = {c for c, _ in analysis.graph.consumers(ref) if c not in chain and cats[c] is not Category.FORWARD}
+    """The readers of ``ref`` that are neither forward ops nor in the chain, by (level, name). Readers of its
+    shape alone (``Shape``, ``Size``, ...: gradient ops run them as soon as the forward tensor exists) keep
+    reading the original."""
+    cats, levels, graph = analysis.categories, analysis.levels, analysis.graph
+    readers = {c for c, _ in graph.consumers(ref) if c not in chain and cats[c] is not Category.FORWARD
+               and graph.op(c).type not in METADATA_ONLY_TYPES}
     return tuple(sorted(readers, key=lambda n: (levels[n], n)))
 
 
@@ -190,19 +193,25 @@ def _decide(analysis: Analysis, members: Sequence[str], ahead: int
     top = max(levels[n] for n in members)
     # each clone's trigger: before its own first backward reader, or the earliest trigger of the clones it feeds
     trigger: dict[str, str | None] = {}
+    missing = []
     for name in reversed(members):
         options = []
         own = [rs[0] for ref, rs in zip(tensors, readers) if ref.op == name]
         if own:
+            # a clone serving its own readers must run before the first of them: its own trigger or none (a
+            # later trigger of a clone it feeds could depend on that reader: a cycle)
             first = min(own, key=lambda n: (levels[n], n))
-            options.append(find_trigger(analysis, first, top, levels[first] - ahead))
+            found = find_trigger(analysis, first, top, levels[first] - ahead)
+            if found is None:
+                missing.append(name)
+            options.append(found)
         for consumer, _ in (c for index, _ in enumerate(graph.op(name).outputs)
                             for c in graph.consumers(TensorRef(name, index))):
             if consumer in chain:
                 options.append(trigger[consumer])
         options = [t for t in options if t is not None]
         trigger[name] = min(options, key=lambda n: (levels[n], n)) if options else None
-    missing = [n for n in members if trigger[n] is None]
+    missing += [n for n in members if trigger[n] is None and n not in missing]
     if missing:
         return None, missing
     sources = sorted({ref for name in members for ref in graph.op(name).inputs if ref.op not in chain},
@@ -295,3 +304,83 @@ def select(analysis: Analysis, ranked: Sequence[Candidate], *, max_joined: int =
         chosen |= new
         pinned |= {ref for ref in sources if ref.op not in chosen}
     return chosen
+
+
+#: dtypes of the activations a batch carries through the layers (a mask or an index tensor is a side input).
+ACTIVATION_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+
+def articulations(analysis: Analysis) -> list[str]:
+    """The forward ops every activation path from the step's main input to its loss passes through, in order
+    (Chen et al.'s candidate checkpoints: a layer's output in a chain of layers, a residual block's sum).
+
+    The main input is the step argument the most forward ops descend from (the batch, not the labels); the
+    paths run over edges that carry floating-point tensors or lead into an op with no floating-point input from
+    the batch (token ids into an embedding lookup of a weight table): an attention mask reaches every layer from the input, and as a path
+    it would leave no op on every path; side inputs (weights, dropout's random numbers) are no paths. The articulations are the dominators of the loss (the last forward op) from the main input.
+    """
+    import networkx as nx
+    graph, levels = analysis.graph, analysis.levels
+    reach = {name: _activations(analysis, [name]) for name in _step_arguments(graph)}
+    if not reach:
+        return []
+    main = max(reach, key=lambda n: (len(reach[n]), n))
+    active = reach[main]
+    root = "\0root"
+    dag = nx.DiGraph()
+    dag.add_node(root)
+    for name in active:
+        inputs = graph.op(name).inputs
+        # an edge carries the activations when its tensor is floating point, or when it enters the float stream
+        # (ids into an embedding lookup); a mask joins a float op and is a side input there
+        entry = not any(ref.op in active and graph.tensor(ref).dtype in ACTIVATION_DTYPES for ref in inputs)
+        for ref in inputs:
+            if ref.op == main:
+                dag.add_edge(root, name)
+            elif ref.op in active and (entry or graph.tensor(ref).dtype in ACTIVATION_DTYPES):
+                dag.add_edge(ref.op, name)
+    reachable = nx.descendants(dag, root)
+    if not reachable:
+        return []
+    sink = max(reachable, key=lambda n: (levels[n], n))
+    idom = nx.immediate_dominators(dag, root)
+    chain, node = [], idom.get(sink)
+    while node is not None and node != root:
+        chain.append(node)
+        node = idom.get(node) if idom.get(node) != node else None
+    return sorted(chain, key=lambda n: (levels[n], n))
+
+
+def _step_arguments(graph) -> list[str]:
+    """The step's data arguments (not variable handles)."""
+    return [op.name for op in graph if op.type in SOURCE_OPS
+            and all(info.dtype not in NEVER_RECOMPUTE_DTYPES for info in op.outputs)]
+
+
+def _activations(analysis: Analysis, sources: Sequence[str] | None = None) -> set[str]:
+    """The forward ops that descend from ``sources`` (default: the step's data arguments): what a batch flows
+    through."""
+    graph, cats = analysis.graph, analysis.categories
+    active: set[str] = set()
+    stack = list(_step_arguments(graph) if sources is None else sources)
+    while stack:
+        name = stack.pop()
+        for index, _ in enumerate(graph.op(name).outputs):
+            for consumer, _ in graph.consumers(TensorRef(name, index)):
+                if consumer not in active and cats[consumer] is Category.FORWARD:
+                    active.add(consumer)
+                    stack.append(consumer)
+    return active
+
+
+def segment_ops(analysis: Analysis, segments: int) -> set[str]:
+    """Chen et al.'s sqrt(n) checkpointing at graph level, as recompute: of the :func:`articulations`, about
+    ``segments`` evenly spaced ones are kept (the checkpoints); every other op the batch flows through in the
+    forward pass that may be recomputed is re-run, segment by segment, before the segment's backward pass."""
+    cuts = articulations(analysis)
+    if not cuts or segments < 1:
+        return set()
+    step = max(1, round(len(cuts) / segments))
+    kept = set(cuts[step - 1::step])
+    return {name for name in _activations(analysis) if name not in kept
+            and recompute_skip_reason(analysis, name) is None}

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from tflms.analysis.cto import Analysis, analyze_graph
 from tflms.passes.swaps import apply_swaps
 from tflms.policies.recompute import Candidate as RecomputeCandidate
-from tflms.policies.recompute import plan_recomputes, rank_candidates, select
+from tflms.policies.recompute import articulations, plan_recomputes, rank_candidates, segment_ops, select
 from tflms.policies.swapplan import SwapPlan
 from tflms.sim.cost import op_time_s
 from tflms.sim.simulator import SimResult, simulate
@@ -31,8 +31,17 @@ from tflms.tune.result import Candidate
 
 #: Recompute a tensor when its chain costs at most this times the two copies a swap of it takes.
 PRICES = (0.05, 0.25, 1.0, 4.0)
+#: Prices within checkpointed segments (``None``: every op of a segment is re-run, as Chen et al.).
+SEGMENT_PRICES = (None, 1.0, 0.25)
+#: Simulations :func:`_relax` may take.
+RELAX_BISECTIONS = 10
+#: Relaxed plans that do not fit which get swaps for the excess (the closest to fitting).
+RELAX_HYBRIDS = 2
 #: Simulations the bisection of ``recompute="only"`` may take.
 ONLY_BISECTIONS = 8
+#: The most candidates one search records: per price and per (segments, price) a recompute plan and a hybrid,
+#: the relaxation's trials and their hybrids, the bisection of ``"only"``.
+MAX_CANDIDATES = 2 * len(PRICES) + 2 * 2 * len(SEGMENT_PRICES) + RELAX_BISECTIONS + RELAX_HYBRIDS + ONLY_BISECTIONS
 
 
 def search_recompute(ev, baseline: SimResult, *, only: bool,
@@ -70,11 +79,53 @@ def search_recompute(ev, baseline: SimResult, *, only: bool,
         if count and count not in counts:
             counts.append(count)
             judge(count, price)
+    added.extend(_segment_candidates(ev, skipped, only=only, nested=nested))
     if only:
         if len(ranked) not in counts:
             counts.append(len(ranked))
             judge(len(ranked), None)
         _bisect(ev, judge, counts)
+    fitting = [c for c in added if c.fits and c.strategy == "recompute"]
+    if fitting:
+        relaxed = _relax(ev, min(fitting, key=lambda c: c.sim.step_time_s), tuple(skipped))
+        added.extend(relaxed)
+        if nested is not None and not only:
+            # keeping more than fits, with swaps for the excess: the swap tuner's winner on the closest misses
+            over = sorted((c for c in relaxed if not c.fits), key=lambda c: ev.need(c.sim))[:RELAX_HYBRIDS]
+            for c in over:
+                added.extend(_hybrids(ev, c, ev.graphs[id(c)], nested))
+    return added
+
+
+def _relax(ev, cand: Candidate, skipped: tuple) -> list[Candidate]:
+    """The fastest fitting recompute plan with its dearest ops (re-run time per byte freed) kept instead, as many
+    as still fit: a bisection on how many (at most :data:`RELAX_BISECTIONS` simulations). The memory the budget
+    leaves is spent on not re-running matrix products."""
+    graph = ev.analysis.graph
+    ops = sorted({op for r in cand.plan.recomputes for op in r.ops},
+                 key=lambda op: (-op_time_s(graph, graph.op(op), ev.profile)
+                                 / max(1, sum(i.num_bytes or 0 for i in graph.op(op).outputs)), op))
+    added, low, high = [], 0, len(ops)  # keeping ``low`` fits; keeping ``high`` is not known to
+    for _ in range(RELAX_BISECTIONS):
+        if high - low <= max(1, len(ops) // 64):
+            break
+        middle = (low + high + 1) // 2
+        decisions, skips = plan_recomputes(ev.analysis, ops[middle:])
+        if not decisions:
+            high = middle - 1
+            continue
+        plan = SwapPlan(config=ev.base_config, accelerator_device=ev.accelerator, swaps=(),
+                        skipped=skipped + skips, recomputes=decisions)
+        rgraph = apply_swaps(graph, plan, copy_op=ev.copy_op).graph
+        sim = simulate(rgraph, ev.profile, options=ev.sim_options)
+        params = {**cand.params, "kept": middle, "recomputed": sum(len(r.tensors) for r in decisions),
+                  "cloned": sum(len(r.ops) for r in decisions)}
+        trial = ev.record("recompute", params, plan, sim, rgraph, None)
+        added.append(trial)
+        if trial.fits:
+            low = middle
+        else:
+            high = middle - 1
     return added
 
 
@@ -126,3 +177,38 @@ def _bisect(ev, judge: Callable[[int, float | None], Candidate | None], counts: 
         middle = (low + high) // 2
         counts.append(middle)
         judge(middle, None)
+
+
+def _segment_candidates(ev, skipped, *, only: bool, nested) -> list[Candidate]:
+    """Graph-level checkpointing (Chen et al.): segments between kept articulations re-run before their backward
+    pass; within them, an op whose re-run costs more than ``price`` times the two copies of its outputs is kept
+    instead (a matrix product whose output copies hide), for the swap tuner to swap or keep."""
+    import math
+    graph = ev.analysis.graph
+    cuts = articulations(ev.analysis)
+    if not cuts:
+        return []
+    added, seen = [], set()
+    for segments in sorted({len(cuts), max(1, round(math.sqrt(len(cuts))))}, reverse=True):
+        base = segment_ops(ev.analysis, segments)
+        for price in SEGMENT_PRICES:
+            ops = frozenset(op for op in base if price is None or op_time_s(graph, graph.op(op), ev.profile)
+                            <= price * 2 * ev.profile.copy_time_s(sum(i.num_bytes or 0 for i in graph.op(op).outputs)))
+            if not ops or ops in seen:
+                continue
+            seen.add(ops)
+            decisions, skips = plan_recomputes(ev.analysis, ops)
+            if not decisions:
+                continue
+            plan = SwapPlan(config=ev.base_config, accelerator_device=ev.accelerator, swaps=(),
+                            skipped=tuple(skipped) + skips, recomputes=decisions)
+            rgraph = apply_swaps(graph, plan, copy_op=ev.copy_op).graph
+            sim = simulate(rgraph, ev.profile, options=ev.sim_options)
+            params = {"recomputed": sum(len(r.tensors) for r in plan.recomputes),
+                      "cloned": sum(len(r.ops) for r in plan.recomputes), "segments": segments,
+                      "price": "any" if price is None else price}
+            cand = ev.record("recompute", params, plan, sim, rgraph, None)
+            added.append(cand)
+            if not (only or cand.fits) and nested is not None:
+                added.extend(_hybrids(ev, cand, rgraph, nested))
+    return added

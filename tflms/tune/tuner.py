@@ -221,9 +221,10 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
     order = ("none",) + STRATEGIES + OPT_IN_STRATEGIES + RECOMPUTE_STRATEGIES
     rank = lambda c: (c.sim.step_time_s, c.swapped_bytes, order.index(c.strategy))  # noqa: E731
     fitting = [c for c in ev.candidates if c.fits]
-    if prune and fitting and not first_fit:
+    swaps_only = [c for c in fitting if c.plan is None or not c.plan.recomputes]  # (a hybrid's swaps were pruned)
+    if prune and swaps_only and not first_fit:
         from tflms.tune.prune import prune_swaps
-        pruned = prune_swaps(ev, min(fitting, key=rank))
+        pruned = prune_swaps(ev, min(swaps_only, key=rank))
         if pruned is not None and pruned.fits:
             fitting.append(pruned)
     free = any(c.sim.overhead_vs(baseline) <= NO_OVERHEAD_TOLERANCE for c in fitting)  # nothing left to gain
