@@ -1,9 +1,10 @@
 """The recompute pass: each :class:`~tflms.policies.recompute.RecomputeDecision` becomes clones in the graph.
 
 A clone ``lms/recompute_<op>`` is the op itself (type, attributes, device, outputs), reading the
-clones of its inputs inside the chain and the original tensors outside it, with one control input,
-from its trigger (the original's control inputs only order a stateless op, and the clone runs after
-they have anyway: its trigger is in the backward pass). The chain's readers outside the forward
+clones of its inputs inside the chain and the original tensors outside it through *gates*: an
+``Identity`` per tensor with the trigger as its control input (:func:`~tflms.policies.recompute.clone_inputs`
+says why the clone itself carries none). The original's control inputs are not copied: they only order
+a stateless op, and the clone runs after them anyway (its trigger is in the backward pass). The chain's readers outside the forward
 pass are rewired to the clones. The input graph is not modified.
 """
 
@@ -13,29 +14,51 @@ from collections.abc import Sequence
 
 from tflms.errors import GraphError
 from tflms.ir.graph import Graph, TensorRef
-from tflms.policies.recompute import RecomputeDecision, clone_name
+from tflms.policies.recompute import RecomputeDecision, clone_inputs, clone_name
 
 
 def insert_recomputes(graph: Graph, decisions: Sequence[RecomputeDecision]) -> list[str]:
-    """Insert the clones of ``decisions`` into ``graph`` (in place) and rewire their readers; returns the clones'
-    names in insertion order. :func:`tflms.passes.swaps.apply_swaps` calls this on its copy of the graph."""
-    inserted = []
+    """Insert the gates and clones of ``decisions`` into ``graph`` (in place) and rewire their readers; returns the
+    inserted names in insertion order. :func:`tflms.passes.swaps.apply_swaps` calls this on its copy of the graph."""
+    inserted: list[str] = []
+    gated: set[str] = set()  # gates are shared: chains that read one tensor after one trigger read one gate
     for decision in decisions:
-        chain = set(decision.ops)
+        chain = frozenset(decision.ops)
+        pending = list(decision.gates)
         for name, trigger in zip(decision.ops, decision.triggers):
+            # gates of tensors that exist now (sources, and clones inserted before this one)
+            for gate in [g for g in pending if g[1].op in graph]:
+                pending.remove(gate)
+                if gate[0] not in gated:
+                    gated.add(gate[0])
+                    _gate(graph, *gate)
+                    inserted.append(gate[0])
             op = graph.op(name)
             clone = clone_name(name)
             if clone in graph:
                 raise GraphError(f"an op named {clone!r} already exists: is {name!r} recomputed twice?")
-            inputs = [TensorRef(clone_name(ref.op), ref.index) if ref.op in chain else ref for ref in op.inputs]
-            # Only the trigger: the original's control inputs order a stateless op and change nothing it computes,
-            # and one from a later op (an order pinned by the order pass) could read a clone of this chain
-            graph.add_op(clone, op.type, inputs=inputs, control_inputs=[trigger], device=op.device, attrs=op.attrs,
-                         outputs=op.outputs, node_def=op.node_def)
+            inputs, _ = clone_inputs(op, chain, trigger)
+            graph.add_op(clone, op.type, inputs=inputs, device=op.device, attrs=op.attrs, outputs=op.outputs,
+                         node_def=op.node_def)
             inserted.append(clone)
+        if pending:
+            raise GraphError(f"gates {[g[0] for g in pending]} read tensors no op of the graph or chain produces")
         for ref, readers in zip(decision.tensors, decision.readers):
             members = set(readers)
             for consumer, index in graph.consumers(ref):
                 if consumer in members:
                     graph.set_input(consumer, index, TensorRef(clone_name(ref.op), ref.index))
     return inserted
+
+
+def _gate(graph: Graph, name: str, ref: TensorRef, trigger: str) -> None:
+    """An ``Identity`` of ``ref`` that runs after ``trigger`` (grappler may not remove it)."""
+    info = graph.tensor(ref)
+    attrs = _identity_attrs(info.dtype)
+    graph.add_op(name, "Identity", inputs=[ref], control_inputs=[trigger], device=graph.op(ref.op).device,
+                 attrs=attrs, outputs=[info])
+
+
+def _identity_attrs(dtype: str):
+    from tflms.passes.swaps import _copy_attrs
+    return _copy_attrs(dtype)

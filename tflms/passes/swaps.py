@@ -75,7 +75,7 @@ def apply_swaps(graph: Graph, plan: SwapPlan, *, copy_op: str = DEFAULT_COPY_OP,
         raise GraphError(f"the graph already holds tflms swap ops (e.g. {existing[0]!r}); rewrite the "
                          "original graph, not a rewritten one")
     new = graph.copy()
-    insert_recomputes(new, plan.recomputes)
+    gated = insert_recomputes(new, plan.recomputes)
     for swap in plan.swaps:
         info = new.tensor(swap.tensor)
         attrs = _copy_attrs(swap.dtype)
@@ -91,12 +91,13 @@ def apply_swaps(graph: Graph, plan: SwapPlan, *, copy_op: str = DEFAULT_COPY_OP,
             for consumer, index in new.consumers(swap.tensor):
                 if consumer in members:
                     new.set_input(consumer, index, TensorRef(group.name, 0))
-    return PassResult(new, changed=plan.changed, report=tuple(inserted_op_names(plan)))
+    swapped = [name for name in inserted_op_names(plan) if name not in set(gated)]
+    return PassResult(new, changed=plan.changed, report=tuple(gated + swapped))
 
 
 def inserted_op_names(plan: SwapPlan) -> list[str]:
-    """Names of every op the plan inserts, in insertion order."""
-    names = [clone for decision in plan.recomputes for clone in decision.clones]
+    """Names of every op the plan inserts (recompute gates and clones, then swap ops in insertion order)."""
+    names = list(dict.fromkeys(name for decision in plan.recomputes for name in decision.inserted))
     for swap in plan.swaps:
         names.append(swap.swap_out)
         names.extend(g.name for g in swap.swap_ins)

@@ -39,6 +39,26 @@ def clone_name(op: str) -> str:
     return CLONE_PREFIX + op
 
 
+def gate_name(ref: TensorRef, trigger: str) -> str:
+    """The deterministic name of the ``Identity`` that passes ``ref`` to clones once ``trigger`` has run."""
+    return f"{CLONE_PREFIX}gate_{ref.op}_{ref.index}_after_{trigger}"
+
+
+def clone_inputs(op, chain: frozenset[str] | set[str], trigger: str) -> tuple[list[TensorRef], list[TensorRef]]:
+    """``(the clone's inputs, the tensors gated)``: each input from outside the chain comes through a gate, an
+    ``Identity`` with the trigger as its control input; a clone reading only clones has its first input gated.
+
+    The clone itself has no control input: oneDNN's CPU graph pass checks the in-edges of ops it merges (a
+    ``Pad`` before a ``Conv2D`` must have exactly two: TensorFlow aborts on a third, a control edge), and the
+    gate is an ``Identity`` no pass merges. It forwards its input's buffer: no copy, no memory.
+    """
+    inputs = [TensorRef(clone_name(ref.op), ref.index) if ref.op in chain else ref for ref in op.inputs]
+    outside = [ref for ref in op.inputs if ref.op not in chain]
+    gated = list(dict.fromkeys(outside)) if outside else inputs[:1]
+    gates = {ref: TensorRef(gate_name(ref, trigger), 0) for ref in gated}
+    return [gates.get(ref, ref) for ref in inputs], gated
+
+
 @dataclasses.dataclass(frozen=True)
 class RecomputeDecision:
     """Re-run ``ops`` (one connected chain, in topological order) for the backward pass.
@@ -56,11 +76,22 @@ class RecomputeDecision:
     num_bytes: int
     sources: tuple[TensorRef, ...]
     triggers: tuple[str, ...]
+    #: ``(gate name, tensor gated, trigger)`` for each gate (:func:`clone_inputs`)
+    gates: tuple[tuple[str, TensorRef, str], ...] = ()
+    #: every op the decision inserts, in insertion order: before each clone, the gates it is the first to read
+    inserted: tuple[str, ...] = ()
 
     @property
     def clones(self) -> tuple[str, ...]:
-        """The inserted ops' names (one clone per op of the chain)."""
+        """The clones' names (one per op of the chain)."""
         return tuple(clone_name(op) for op in self.ops)
+
+    def trigger_of(self, name: str) -> str:
+        """The trigger of one of the decision's inserted ops (a clone or a gate)."""
+        for gate, _, trigger in self.gates:
+            if gate == name:
+                return trigger
+        return self.triggers[self.clones.index(name)]
 
     def explain(self) -> str:
         tensors = ", ".join(t.name for t in self.tensors)
@@ -217,9 +248,19 @@ def _decide(analysis: Analysis, members: Sequence[str], ahead: int
     sources = sorted({ref for name in members for ref in graph.op(name).inputs if ref.op not in chain},
                      key=lambda r: (levels[r.op], r.op, r.index))
     num_bytes = sum(graph.tensor(ref).num_bytes or 0 for ref in tensors)
+    gates: dict[str, tuple[str, TensorRef, str]] = {}
+    inserted: list[str] = []
+    for name in members:
+        for ref in clone_inputs(graph.op(name), chain, trigger[name])[1]:
+            gate = gate_name(ref, trigger[name])
+            if gate not in gates:
+                gates[gate] = (gate, ref, trigger[name])
+                inserted.append(gate)
+        inserted.append(clone_name(name))
     return RecomputeDecision(ops=tuple(members), tensors=tuple(tensors), readers=tuple(readers),
                              num_bytes=num_bytes, sources=tuple(sources),
-                             triggers=tuple(trigger[n] for n in members)), []
+                             triggers=tuple(trigger[n] for n in members), gates=tuple(gates.values()),
+                             inserted=tuple(inserted)), []
 
 
 @dataclasses.dataclass(frozen=True)

@@ -64,13 +64,17 @@ def order_with_plan(order: Sequence[str], plan: SwapPlan) -> list[str]:
     pos = {name: k for k, name in enumerate(order)}
     after: dict[str, list[str]] = {}
     anchor: dict[str, str] = {}  # new op -> the base op it follows
+    placed: set[str] = set()
     for decision in plan.recomputes:
-        # a clone runs after its trigger, which follows its sources (forward tensors); its chain's clones are
-        # in level order, each trigger no later than the next's (a clone takes the earliest of its readers')
-        for clone, trigger in zip(decision.clones, decision.triggers):
-            if trigger in pos:
-                anchor[clone] = trigger
-                after.setdefault(trigger, []).append(clone)
+        # a gate or clone runs after its trigger, which follows its sources (forward tensors); each clone after
+        # its gates (insertion order), each trigger no later than the next clone's (a clone takes the earliest of
+        # its readers'); a gate shared by two chains is placed once
+        for name in decision.inserted:
+            trigger = decision.trigger_of(name)
+            if trigger in pos and name not in placed:
+                placed.add(name)
+                anchor[name] = trigger
+                after.setdefault(trigger, []).append(name)
     for swap in plan.swaps:
         producer = swap.tensor.op
         if producer not in pos:
