@@ -35,13 +35,13 @@ PRICES = (0.05, 0.25, 1.0, 4.0)
 SEGMENT_PRICES = (None, 1.0, 0.25)
 #: Simulations :func:`_relax` may take.
 RELAX_BISECTIONS = 10
-#: Relaxed plans that do not fit which get swaps for the excess (the closest to fitting).
-RELAX_HYBRIDS = 2
+#: Recompute plans that miss the budget which get swaps for the excess (the closest to fitting).
+HYBRIDS = 3
 #: Simulations the bisection of ``recompute="only"`` may take.
 ONLY_BISECTIONS = 8
-#: The most candidates one search records: per price and per (segments, price) a recompute plan and a hybrid,
-#: the relaxation's trials and their hybrids, the bisection of ``"only"``.
-MAX_CANDIDATES = 2 * len(PRICES) + 2 * 2 * len(SEGMENT_PRICES) + RELAX_BISECTIONS + RELAX_HYBRIDS + ONLY_BISECTIONS
+#: The most candidates one search records: a recompute plan per price and per (segments, price), the
+#: relaxation's trials, the hybrids, the bisection of ``"only"``.
+MAX_CANDIDATES = len(PRICES) + 2 * len(SEGMENT_PRICES) + RELAX_BISECTIONS + HYBRIDS + ONLY_BISECTIONS
 
 
 def search_recompute(ev, baseline: SimResult, *, only: bool,
@@ -69,8 +69,6 @@ def search_recompute(ev, baseline: SimResult, *, only: bool,
         cand = ev.record("recompute", params, plan, sim, rgraph, None)
         judged[count] = cand
         added.append(cand)
-        if not (only or cand.fits) and nested is not None:
-            added.extend(_hybrids(ev, cand, rgraph, nested))
         return cand
 
     counts = []
@@ -79,21 +77,23 @@ def search_recompute(ev, baseline: SimResult, *, only: bool,
         if count and count not in counts:
             counts.append(count)
             judge(count, price)
-    added.extend(_segment_candidates(ev, skipped, only=only, nested=nested))
+    added.extend(_segment_candidates(ev, skipped))
     if only:
         if len(ranked) not in counts:
             counts.append(len(ranked))
             judge(len(ranked), None)
         _bisect(ev, judge, counts)
-    fitting = [c for c in added if c.fits and c.strategy == "recompute"]
+    fitting = [c for c in added if c.fits]
     if fitting:
-        relaxed = _relax(ev, min(fitting, key=lambda c: c.sim.step_time_s), tuple(skipped))
-        added.extend(relaxed)
-        if nested is not None and not only:
-            # keeping more than fits, with swaps for the excess: the swap tuner's winner on the closest misses
-            over = sorted((c for c in relaxed if not c.fits), key=lambda c: ev.need(c.sim))[:RELAX_HYBRIDS]
-            for c in over:
-                added.extend(_hybrids(ev, c, ev.graphs[id(c)], nested))
+        added.extend(_relax(ev, min(fitting, key=lambda c: c.sim.step_time_s), tuple(skipped)))
+    if nested is not None and not only:
+        # swaps for the excess (the swap tuner's winner on the recomputed graph) on the plans that miss the budget
+        # by least and are faster than the fastest fit: a full tune each, so only :data:`HYBRIDS` of them
+        limit = min((c.sim.step_time_s for c in added if c.fits), default=float("inf"))
+        misses = sorted((c for c in added if not c.fits and c.sim.step_time_s < limit),
+                        key=lambda c: (ev.need(c.sim), c.sim.step_time_s))
+        for c in misses[:HYBRIDS]:
+            added.extend(_hybrids(ev, c, ev.graphs[id(c)], nested))
     return added
 
 
@@ -179,7 +179,7 @@ def _bisect(ev, judge: Callable[[int, float | None], Candidate | None], counts: 
         judge(middle, None)
 
 
-def _segment_candidates(ev, skipped, *, only: bool, nested) -> list[Candidate]:
+def _segment_candidates(ev, skipped) -> list[Candidate]:
     """Graph-level checkpointing (Chen et al.): segments between kept articulations re-run before their backward
     pass; within them, an op whose re-run costs more than ``price`` times the two copies of its outputs is kept
     instead (a matrix product whose output copies hide), for the swap tuner to swap or keep."""
@@ -207,8 +207,5 @@ def _segment_candidates(ev, skipped, *, only: bool, nested) -> list[Candidate]:
             params = {"recomputed": sum(len(r.tensors) for r in plan.recomputes),
                       "cloned": sum(len(r.ops) for r in plan.recomputes), "segments": segments,
                       "price": "any" if price is None else price}
-            cand = ev.record("recompute", params, plan, sim, rgraph, None)
-            added.append(cand)
-            if not (only or cand.fits) and nested is not None:
-                added.extend(_hybrids(ev, cand, rgraph, nested))
+            added.append(ev.record("recompute", params, plan, sim, rgraph, None))
     return added

@@ -201,8 +201,10 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
         if name in strategies or (name == "vdnn" and set(strategies) & set(OPT_IN_STRATEGIES)):
             search()
     recomputes = only or (config.recompute != RECOMPUTE_OFF and "recompute" in strategies)
-    if recomputes and not base.fits and not (first_fit and any(c.fits for c in ev.candidates)):
-        swap_strategies = [s for s in strategies if s in STRATEGIES]
+    free = any(c.fits and c.sim.overhead_vs(baseline) <= NO_OVERHEAD_TOLERANCE for c in ev.candidates)
+    if recomputes and not base.fits and not free and not (first_fit and any(c.fits for c in ev.candidates)):
+        # (a swap plan that fits at no cost leaves recompute nothing to gain)
+        swap_strategies = [s for s in strategies if s in ("idle-time", "idle-time-no-overhead")]
 
         def swaps_on(recomputed: Analysis) -> list:
             # the whole swap tuner on the step with the recomputes in it (in level order: the finalists are
