@@ -79,6 +79,14 @@ def test_a_supported_version_imports_without_loading_tensorflow():
     assert ran.stdout.strip() == "SimpleNamespace"  # the stand-in: the check imported no TensorFlow of its own
 
 
+def test_the_check_reads_installed_metadata_without_importing_tensorflow():
+    code = "import sys, tflms; print('tensorflow' in sys.modules, 'keras' in sys.modules)"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == ["False", "False"]  # import tflms stays light: versions come from the metadata
+
+
 # ------------------------------------------------ one range, stated everywhere
 def _declared(requirement_prefix: str, extra: list[str]) -> tuple[tuple[int, int], tuple[int, int]]:
     """``(lowest, first excluded)`` minor of the requirement in ``extra`` that starts with ``requirement_prefix``."""
