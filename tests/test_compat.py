@@ -37,7 +37,7 @@ def test_private_modules_are_imported_only_in_compat():
 
 def test_a_missing_internal_names_itself_and_the_tested_versions():
     with pytest.raises(UnsupportedVersionError, match=r"tensorflow\.python\.no_such_module.*tested with TensorFlow "
-                                                      r"2\.21 with Keras 3\.15") as err:
+                                                      r"2\.16 to 2\.21 with Keras 3\.15") as err:
         compat.private("tensorflow.python.no_such_module")
     assert isinstance(err.value, TflmsError) and isinstance(err.value, ImportError)
     with pytest.raises(UnsupportedVersionError, match="op_def_registry.no_such_attr"):

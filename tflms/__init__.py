@@ -12,10 +12,14 @@ run. Public API:
 - :func:`rewrite_step`: the pipeline all of the above run (load, analyze, tune or plan, passes, build).
 """
 
-from tflms.config import LMSConfig
-from tflms.errors import (BudgetError, ConfigError, DeviceError, DistributeError, GraphError, KerasFlavourError,
-                          NoTrainingStepError, SavedModelError, TflmsError, UnitsError, UnsupportedGraphError,
-                          UnsupportedModelError, VariableCreationError)
+from tflms._compat.versions import check_installed as _check_versions
+
+_check_versions()  # an unsupported TensorFlow or Keras fails here, naming both and the supported range
+
+from tflms.config import LMSConfig  # noqa: E402 - after the version check
+from tflms.errors import (BudgetError, ConfigError, DeviceError, DistributeError, GraphError,  # noqa: E402
+                          KerasFlavourError, NoTrainingStepError, SavedModelError, TflmsError, UnitsError,
+                          UnsupportedGraphError, UnsupportedModelError, VariableCreationError)
 from tflms.integrations.function import function
 from tflms.pipeline import StepRewrite, analyze, rewrite, rewrite_step
 

@@ -1,4 +1,4 @@
-"""Private TensorFlow APIs for running grappler from Python (tested with TensorFlow 2.21).
+"""Private TensorFlow APIs for running grappler from Python (tested as :mod:`tflms._compat.versions` says).
 
 - :func:`function_call_config`: the ``ConfigProto`` eager function calls pass to
   function instantiation (``context.function_call_options``), whose
@@ -22,12 +22,10 @@ import contextlib
 import functools
 import logging
 
+from tflms._compat.versions import supported_range
 from tflms.errors import UnsupportedVersionError
 
 logger = logging.getLogger(__name__)
-
-#: TensorFlow versions whose private grappler APIs this module was tested with.
-TESTED_TF_VERSIONS = ("2.21",)
 
 
 def _unsupported(what: str, err: Exception) -> UnsupportedVersionError:
@@ -35,7 +33,7 @@ def _unsupported(what: str, err: Exception) -> UnsupportedVersionError:
     return UnsupportedVersionError(
         f"tflms needs TensorFlow's private {what} to keep training bitwise identical under grappler, and this "
         f"TensorFlow ({tf.__version__}) does not have it as tflms expects ({type(err).__name__}: {err}). tflms was "
-        f"tested with TensorFlow {', '.join(TESTED_TF_VERSIONS)}; install one of those")
+        f"tested with {supported_range()}; install one of those")
 
 
 def function_call_config():

@@ -12,10 +12,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from tflms._compat.versions import supported_range
 from tflms.errors import UnsupportedVersionError
 
-#: The versions CI runs the suite on (pyproject.toml declares the same range).
-TESTED = "TensorFlow 2.21 with Keras 3.15"
+#: The versions CI runs the suite on (:data:`tflms._compat.versions.SUPPORTED`; pyproject.toml declares the same).
+TESTED = supported_range()
 
 
 def private(module: str, attr: str | None = None) -> Any:
