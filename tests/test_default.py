@@ -31,10 +31,10 @@ def test_without_a_gpu_the_default_tunes_for_the_profiles_memory_and_leaves_a_fi
 def test_on_a_gpu_the_default_fits_the_step_in_that_gpus_memory(monkeypatch):
     graph = mlp_training_graph(6, batch=4096, width=128)  # activations dominate the resident weights
     peak = _peak(graph)
-    small_gpu = int(peak * 0.8)  # a GPU too small for the step: the default must swap, and fit
+    small_gpu = int(peak * 0.8)  # a GPU too small for the step: the default must swap or recompute, and fit
     monkeypatch.setattr(pipeline, "local_gpu", lambda: ("Tesla V100-PCIE-16GB", small_gpu))
     report = rewrite(graph, accelerator_device=ACC).report
-    assert report.tuning is not None and report.num_swapped > 0
+    assert report.tuning is not None and report.changed and (report.num_swapped or report.num_recomputed)
     assert report.tuning["budget_bytes"] == small_gpu
     assert report.prediction()["peak_after_bytes"] <= small_gpu < report.prediction()["peak_before_bytes"]
     assert "the memory of this machine's GPU 'Tesla V100-PCIE-16GB'" in report.hardware["budget"]

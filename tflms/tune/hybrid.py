@@ -58,17 +58,11 @@ def search_recompute(ev, baseline: SimResult, *, only: bool,
     def judge(count: int, price: float | None) -> Candidate | None:
         if count in judged or count == 0:
             return judged.get(count)
-        plan, rgraph = _recompute_plan(ev, ranked[:count], tuple(skipped))
-        if plan is None:
-            return None
-        params = {"recomputed": sum(len(r.tensors) for r in plan.recomputes),
-                  "cloned": sum(len(r.ops) for r in plan.recomputes)}
-        if price is not None:
-            params["price"] = price
-        sim = simulate(_compressed(ev, rgraph, plan), ev.profile, options=ev.sim_options)
-        cand = ev.record("recompute", params, plan, sim, rgraph, None)
-        judged[count] = cand
-        added.append(cand)
+        cand = _judge_ops(ev, select(ev.analysis, ranked[:count]), tuple(skipped),
+                          {} if price is None else {"price": price})
+        if cand is not None:
+            judged[count] = cand
+            added.append(cand)
         return cand
 
     counts = []
@@ -110,17 +104,10 @@ def _relax(ev, cand: Candidate, skipped: tuple) -> list[Candidate]:
         if high - low <= max(1, len(ops) // 64):
             break
         middle = (low + high + 1) // 2
-        decisions, skips = plan_recomputes(ev.analysis, ops[middle:])
-        if not decisions:
+        trial = _judge_ops(ev, ops[middle:], skipped, {**cand.params, "kept": middle})
+        if trial is None:
             high = middle - 1
             continue
-        plan = SwapPlan(config=ev.base_config, accelerator_device=ev.accelerator, swaps=(),
-                        skipped=skipped + skips, recomputes=decisions)
-        rgraph = apply_swaps(graph, plan, copy_op=ev.copy_op).graph
-        sim = simulate(rgraph, ev.profile, options=ev.sim_options)
-        params = {**cand.params, "kept": middle, "recomputed": sum(len(r.tensors) for r in decisions),
-                  "cloned": sum(len(r.ops) for r in decisions)}
-        trial = ev.record("recompute", params, plan, sim, rgraph, None)
         added.append(trial)
         if trial.fits:
             low = middle
@@ -133,17 +120,19 @@ def _round_trip_s(ev, cand: RecomputeCandidate) -> float:
     return 2 * ev.profile.copy_time_s(cand.freed_bytes)
 
 
-def _recompute_plan(ev, chosen: list[RecomputeCandidate], skipped: tuple) -> tuple[SwapPlan | None, object]:
-    decisions, skips = plan_recomputes(ev.analysis, select(ev.analysis, chosen))
+def _judge_ops(ev, ops, skipped: tuple, params: dict) -> Candidate | None:
+    """Recompute ``ops`` (:func:`~tflms.policies.recompute.plan_recomputes`), simulate and record the plan
+    (``params`` plus what it recomputes); ``None`` when no op can be recomputed."""
+    decisions, skips = plan_recomputes(ev.analysis, ops)
     if not decisions:
-        return None, None
+        return None
     plan = SwapPlan(config=ev.base_config, accelerator_device=ev.accelerator, swaps=(),
-                    skipped=skipped + skips, recomputes=decisions)
-    return plan, apply_swaps(ev.analysis.graph, plan, copy_op=ev.copy_op).graph
-
-
-def _compressed(ev, graph, plan: SwapPlan):
-    return graph if ev.compress is None or not plan.swaps else ev.compress(graph, plan)
+                    skipped=tuple(skipped) + skips, recomputes=decisions)
+    rgraph = apply_swaps(ev.analysis.graph, plan, copy_op=ev.copy_op).graph
+    sim = simulate(rgraph, ev.profile, options=ev.sim_options)
+    params = {**params, "recomputed": sum(len(r.tensors) for r in decisions),
+              "cloned": sum(len(r.ops) for r in decisions)}
+    return ev.record("recompute", params, plan, sim, rgraph, None)
 
 
 def _hybrids(ev, recompute: Candidate, rgraph, nested: Callable[[Analysis], list[Candidate]]) -> list[Candidate]:
@@ -197,15 +186,7 @@ def _segment_candidates(ev, skipped) -> list[Candidate]:
             if not ops or ops in seen:
                 continue
             seen.add(ops)
-            decisions, skips = plan_recomputes(ev.analysis, ops)
-            if not decisions:
-                continue
-            plan = SwapPlan(config=ev.base_config, accelerator_device=ev.accelerator, swaps=(),
-                            skipped=tuple(skipped) + skips, recomputes=decisions)
-            rgraph = apply_swaps(graph, plan, copy_op=ev.copy_op).graph
-            sim = simulate(rgraph, ev.profile, options=ev.sim_options)
-            params = {"recomputed": sum(len(r.tensors) for r in plan.recomputes),
-                      "cloned": sum(len(r.ops) for r in plan.recomputes), "segments": segments,
-                      "price": "any" if price is None else price}
-            added.append(ev.record("recompute", params, plan, sim, rgraph, None))
+            cand = _judge_ops(ev, ops, skipped, {"segments": segments, "price": "any" if price is None else price})
+            if cand is not None:
+                added.append(cand)
     return added
