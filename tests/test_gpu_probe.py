@@ -41,10 +41,12 @@ def test_the_profile_takes_the_slower_pinned_direction_and_every_measured_rate()
     profile = result["profile"]
     assert profile["link_gbps"] == pytest.approx(40.0)
     assert profile["peak_flops"] == pytest.approx(50e12)
-    assert set(profile["math_flops"]) == {"fp32", "tf32", "fp16", "bf16"}
+    assert profile["tf32_flops"] == pytest.approx(380e12) and profile["bf16_flops"] == pytest.approx(750e12)
     assert profile["memory_bytes"] == 80 * 2**30
     assert profile["name"] == "measured-stand-in-gpu"
     assert "Stand-in GPU" in profile["description"] and "median of 3" in profile["description"]
+    assert set(profile["sources"]) == {"peak_flops", "memory_gbps", "link_gbps", "tf32_flops", "fp16_flops",
+                                       "bf16_flops"}
     json.dumps(result)  # all of it is JSON
 
 
@@ -59,7 +61,7 @@ def test_a_rate_the_library_cannot_measure_is_said_not_faked():
     m = result["measurements"]
     assert m["matmul_flops"]["bf16"] is None and "bfloat16" in m["not_measured"]["matmul_bf16"]
     assert m["overlap"]["h2d"]["product"] == "fp16"  # overlapped with a product that was measured
-    assert "bf16" not in result["profile"]["math_flops"]
+    assert "bf16_flops" not in result["profile"] and "bf16_flops" not in result["profile"]["sources"]
     assert "bf16 -" in gpu_probe.table(result)
 
 
@@ -73,3 +75,35 @@ def test_table_and_cli_errors():
 def test_without_a_gpu_the_probe_says_what_it_needs():
     with pytest.raises(SystemExit, match="NVIDIA GPU with PyTorch or CuPy"):
         gpu_probe.make_backend("auto")
+
+
+def test_tflms_loads_the_probes_json_as_a_profile(tmp_path):
+    """LMSConfig(profile=path), the CLI's --profile path: the probe's JSON is a profile the simulator prices with."""
+    from tflms.config import LMSConfig
+    from tflms.errors import ConfigError
+    from tflms.profiles import get_profile, select_profile
+    from tflms.sim.cost import op_time_s
+    from tflms.testing import GraphBuilder
+
+    result = _run(h2d_gbps=50.0, d2h_gbps=40.0, hbm_gbps=3000.0)
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(result))
+    config = LMSConfig(profile=str(path), budget="1GiB")
+    profile = get_profile(config.profile)
+    assert profile.name == "measured-stand-in-gpu" and profile.link_gbps == pytest.approx(40.0)
+    assert profile.copy_time_s(40 * 10**9) == pytest.approx(1.0 + profile.link_latency_s)  # efficiency 1: as measured
+    choice = select_profile(str(path), None)
+    assert choice.name == profile.name and str(path) in choice.why
+    # a bfloat16 product is priced at the measured bf16 rate
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", shape=(4096, 4096), dtype="bfloat16")
+    w = b.op("w", "Placeholder", shape=(4096, 4096), dtype="bfloat16")
+    mm = b.op("mm", "MatMul", [x, w], shape=(4096, 4096), dtype="bfloat16")
+    seconds = op_time_s(b.graph, b.graph.op(mm.op), profile) - profile.launch_overhead_s
+    assert 2 * 4096**3 / seconds == pytest.approx(750e12, rel=0.01)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"name": "x"}')
+    with pytest.raises(ConfigError, match="bad.json.*missing fields"):
+        LMSConfig(profile=str(bad))
+    with pytest.raises(ConfigError, match="cannot read the hardware profile file"):
+        LMSConfig(profile=str(tmp_path / "absent.json"))

@@ -146,9 +146,10 @@ def add_budget_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--budget", default=None,
                        help="accelerator memory budget, e.g. '12GiB', that the tuner fits the step in (it searches "
                             "the swap parameters); default: the accelerator's memory, unless a rule flag is given")
-    group.add_argument("--profile", default=None,
-                       help="hardware profile to simulate, e.g. 'v100-16gb-pcie3' (default: the closest to this "
-                            "machine's GPU, else v100-16gb-pcie3); turns on the tuner")
+    group.add_argument("--profile", "--profile-file", dest="profile", default=None,
+                       help="hardware profile to simulate: a name, e.g. 'v100-16gb-pcie3', or a JSON file ending in "
+                            ".json (tools/gpu_probe.py's output) (default: the closest to this machine's GPU, else "
+                            "v100-16gb-pcie3); turns on the tuner")
     group.add_argument("--batch-size", type=int, default=None,
                        help="size of unknown (batch) dimensions when sizing tensors; without it such tensors are "
                             "not swapped")

@@ -434,10 +434,43 @@ for _p in (
     register_profile(_p)
 
 
+def load_profile(path: str) -> HardwareProfile:
+    """The profile a JSON file describes, registered under its name: :meth:`HardwareProfile.to_dict`'s form, or
+    the output of ``tools/gpu_probe.py`` (its ``profile`` object). Errors name the file and what is wrong."""
+    import json
+    import os
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as err:
+        raise ConfigError(f"cannot read the hardware profile file {path!r}: {err.strerror or err}") from None
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"hardware profile file {path!r} is not JSON: {err}") from None
+    if isinstance(data, Mapping) and "profile" in data and "measurements" in data:
+        data = data["profile"]  # tools/gpu_probe.py's output
+    try:
+        profile = HardwareProfile.from_dict(data)
+    except (ConfigError, TypeError) as err:
+        raise ConfigError(f"hardware profile file {os.fspath(path)!r}: {err}") from None
+    known = _PROFILES.get(profile.name)
+    if known is not None and known != profile:
+        raise ConfigError(f"hardware profile file {path!r} names {profile.name!r}, which is already another "
+                          "profile: rename it in the file")
+    return register_profile(profile)
+
+
+def is_profile_file(profile: str) -> bool:
+    """Whether ``profile`` names a JSON file rather than a registered profile."""
+    return profile.endswith(".json")
+
+
 def get_profile(profile: str | HardwareProfile) -> HardwareProfile:
-    """A profile by name (or the profile itself)."""
+    """A profile by name, from a JSON file (a name ending in ``.json``: :func:`load_profile`), or the profile
+    itself."""
     if isinstance(profile, HardwareProfile):
         return profile
+    if is_profile_file(profile):
+        return load_profile(profile)
     try:
         return _PROFILES[profile]
     except KeyError:
@@ -517,7 +550,8 @@ def profile_for_device(device_name: str, memory_bytes: int | None = None) -> Pro
 def select_profile(given: str | None, gpu: tuple[str, int | None] | None) -> ProfileChoice:
     """The profile to plan for: the one given, else the closest to ``gpu`` (name, memory), else the default."""
     if given is not None:
-        return ProfileChoice(get_profile(given).name, PROFILE_GIVEN, "given in the configuration")
+        where = f" (from the file {given})" if is_profile_file(given) else ""
+        return ProfileChoice(get_profile(given).name, PROFILE_GIVEN, f"given in the configuration{where}")
     if gpu is not None:
         return profile_for_device(*gpu)
     return ProfileChoice(DEFAULT_PROFILE, PROFILE_DEFAULT,

@@ -411,14 +411,17 @@ def probe(backend: Backend, *, copy_bytes: int = 256 * MIB, matmul_n: int = 8192
 def to_profile(device: dict[str, Any], measured: dict[str, Any], *, name: str | None = None) -> dict[str, Any]:
     """The measurements as :class:`tflms.profiles.HardwareProfile` fields (a JSON object tflms loads).
 
-    Measured rates are what kernels reach, so the efficiencies are 1: the simulator prices the
-    product rates, the HBM copy and the pinned link as measured (the link per direction: the
-    slower of host-to-device and device-to-host, pinned, since swap-outs and swap-ins both cross it).
+    Measured rates are what kernels reach, so every efficiency is 1: the simulator prices products at the
+    measured rate of their math mode, memory traffic at the measured HBM copy, and host copies at the pinned
+    link, per direction the slower of host-to-device and device-to-host (swap-outs and swap-ins both cross it).
+    A rate the library could not measure is left out (the simulator then falls back as for a GPU without it).
     """
     rates = measured["matmul_flops"]
     link = measured["link_gbps"]
     label = name or "measured-" + "-".join(device["name"].lower().replace("nvidia", "").split())
-    return {
+    how = (f"measured by tools/gpu_probe.py on {device['name']} (driver {device['driver']}, {device['library']}), "
+           f"median of {measured['repeats']}")
+    profile = {
         "name": label,
         "memory_bytes": int(device["memory_bytes"]),
         "peak_flops": rates["fp32"],
@@ -426,11 +429,18 @@ def to_profile(device: dict[str, Any], measured: dict[str, Any], *, name: str | 
         "link_gbps": min(link["h2d_pinned"], link["d2h_pinned"]),
         "compute_efficiency": 1.0,
         "link_efficiency": 1.0,
-        "math_flops": {mode: rate for mode, rate in rates.items() if rate},
-        "description": (f"measured by tools/gpu_probe.py on {device['name']} (driver {device['driver']}, "
-                        f"{device['library']}), {measured['matmul_n']}^3 products and "
-                        f"{measured['copy_bytes'] // MIB} MiB copies, median of {measured['repeats']}"),
+        "contraction_efficiency": 1.0,
+        "memory_efficiency": 1.0,
+        "description": (f"{how}: {measured['matmul_n']}^3 products, {measured['copy_bytes'] // MIB} MiB copies"),
+        "sources": {"peak_flops": f"{how}: {measured['matmul_n']}^3 float32 product, TF32 off",
+                    "memory_gbps": f"{how}: device-to-device copy, bytes read plus written",
+                    "link_gbps": f"{how}: pinned host copies, the slower direction"},
     }
+    for mode, field in (("tf32", "tf32_flops"), ("fp16", "fp16_flops"), ("bf16", "bf16_flops")):
+        if rates.get(mode):
+            profile[field] = rates[mode]
+            profile["sources"][field] = f"{how}: {measured['matmul_n']}^3 {mode} product"
+    return profile
 
 
 def table(result: dict[str, Any]) -> str:
