@@ -352,3 +352,81 @@ def test_regression_layernorm_without_swaps_is_bitwise():
     so the difference comes from the swap ops, not from tflms.function itself."""
     recipe = TFRecipe(side=0, channels=32, batch=4, optimizer="sgd", nodes=(TFNode("layernorm", (0,)),))
     assert check_bitwise(recipe, LMSConfig(swapout_threshold=10_000)).num_swapped == 0
+
+
+# ------------------------------------------------------------- recompute plans (issue 27)
+def _recompute_plan(graph: Graph, picks: list[bool], with_swaps: bool):
+    """A recompute plan of ``graph`` from the candidates ``picks`` selects (by rank), with TFLMS-rule swaps on the
+    recomputed graph when ``with_swaps`` (the hybrid's shape: swaps may serve clones)."""
+    from tflms.analysis.cto import analyze_graph
+    from tflms.passes.swaps import apply_swaps
+    from tflms.policies.recompute import plan_recomputes, rank_candidates
+    from tflms.policies.swapplan import SwapPlan
+    from tflms.policies.tflms_rules import plan_swaps
+    from tflms.profiles import get_profile
+    from tflms.sim.cost import op_time_s
+    profile = get_profile("v100-16gb-pcie3")
+    analysis = analyze_graph(graph)
+    ranked, _ = rank_candidates(analysis, lambda n: op_time_s(graph, graph.op(n), profile))
+    chosen = {op for c, pick in zip(ranked, picks * (len(ranked) // max(1, len(picks)) + 1)) if pick for op in c.chain}
+    decisions, _ = plan_recomputes(analysis, chosen)
+    config = LMSConfig(swapout_threshold=1, accelerator_device="/device:GPU:0")
+    plan = SwapPlan(config, "/device:GPU:0", (), (), recomputes=decisions)
+    if with_swaps and decisions:
+        recomputed = apply_swaps(graph, plan).graph
+        swaps = plan_swaps(analyze_graph(recomputed), config, accelerator_device="/device:GPU:0")
+        plan = dataclasses.replace(swaps, recomputes=decisions)
+    return plan
+
+
+@pytest.mark.slow  # 1000 examples per CI run
+@IR_SETTINGS
+@given(recipe=ir_recipes(), picks=st.lists(st.booleans(), min_size=1, max_size=8), with_swaps=st.booleans())
+def test_ir_recompute_plans_are_lint_clean_acyclic_and_deterministic(recipe, picks, with_swaps):
+    from tflms.passes.swaps import apply_swaps
+    graph = build_ir_step(recipe)
+    before = serialized(graph)
+    plan = _recompute_plan(graph, picks, with_swaps)
+    result = apply_swaps(graph, plan)
+    assert serialized(graph) == before, "apply_swaps changed its input graph"
+    result.graph.lint()
+    assert nx.is_directed_acyclic_graph(result.graph.to_networkx()), "the recomputed graph has a cycle"
+    assert len(result.graph) == len(graph) + len(result.report)
+    again = apply_swaps(build_ir_step(recipe), _recompute_plan(build_ir_step(recipe), picks, with_swaps))
+    assert serialized(again.graph) == serialized(result.graph), "same graph + picks gave another rewrite"
+    event(f"{'recomputes' if plan.recomputes else 'no recomputes'}, {'swaps' if plan.swaps else 'no swaps'}")
+
+
+@TF_SETTINGS
+@pytest.mark.slow
+@given(recipe=tf_recipes(), picks=st.lists(st.booleans(), min_size=1, max_size=8))
+def test_recompute_plans_train_bitwise(recipe, picks):
+    """Random Keras DAGs with random recompute plans train 2 steps bitwise like tf.function."""
+    import tensorflow as tf
+
+    from tflms.ir import tf_io
+    from tflms.ir.preoptimize import preoptimize
+    from tflms.passes.swaps import apply_swaps
+    from tflms.pipeline import _build
+    from tflms.testing import assert_bitwise_equal
+
+    def recomputed(step):
+        traced = tf.function(step)
+        state = {}
+
+        def call(x, y):
+            if "fn" not in state:
+                pre = preoptimize(traced.get_concrete_function(x, y))
+                graph = tf_io.load_graph(pre)
+                plan = _recompute_plan(graph, picks, with_swaps=False)
+                state["plan"] = plan
+                result = apply_swaps(graph, plan)
+                state["fn"] = _build(result.graph, pre, result.report)
+            return state["fn"](x, y)
+        call.state = state
+        return call
+
+    plain, _ = train_two_steps(recipe, tf.function)
+    mine, fn = train_two_steps(recipe, recomputed)
+    event("recomputes" if fn.state["plan"].recomputes else "no recomputes")
+    assert_bitwise_equal(plain, mine, f"{len(fn.state['plan'].recomputes)} recompute chains vs tf.function, {recipe}")
