@@ -123,3 +123,14 @@ def test_tensor_core_references_cite_their_table_and_batch():
         assert ref.batch == 256 and "DeepLearningExamples" in ref.source and "batch 256" in ref.source, ref
         assert f"{ref.img_s:g} img/s" in ref.source, ref  # the figure used is the one quoted
         assert ref.model in MODELS
+
+
+def test_op_type_breakdown_counts_the_contractions_by_dtype_and_ranks_memory_bound_time(mixed_mlps):
+    from benchlib.calibration import op_type_breakdown
+    from tflms.profiles import get_profile
+    graph, _ = Steps().graph("mlp-tiny-amp-fp16", "plain", BATCH)
+    parts = op_type_breakdown(graph, get_profile("a100-80gb-sxm4"), top=3)
+    assert parts["contractions"] == {"MatMul float16": 14}
+    ranked = parts["memory_bound_by_type"]
+    assert len(ranked) == 3 and [s for _, _, s in ranked] == sorted((s for _, _, s in ranked), reverse=True)
+    assert all(n >= 1 and s > 0 for _, n, s in ranked) and parts["memory_bound_bytes"] > 0

@@ -30,7 +30,7 @@ with XLA, so a GPU running this very graph would also be slower than 412 img/s.
 The ratio says how the model compares with a tuned run, not that the profile is
 off by that factor; docs/results.md discusses it.
 
-    python tools/calibrate_compute.py [--json] [--batch 128] [--tensor-cores]
+    python tools/calibrate_compute.py [--json] [--batch 128] [--tensor-cores] [--by-op-type]
 """
 
 from __future__ import annotations
@@ -49,18 +49,24 @@ def main(argv=None) -> int:
                         help="batch size (default: each published run's, 128 for FP32, 256 for AMP and TF32)")
     parser.add_argument("--tensor-cores", action="store_true",
                         help="the mixed-precision (AMP) and TF32 references instead of the FP32 ones")
+    parser.add_argument("--by-op-type", action="store_true",
+                        help="also each step's contractions by dtype and its costliest memory-bound op types")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
 
-    from benchlib.calibration import PUBLISHED, PUBLISHED_TENSOR_CORES, calibration_markdown, calibration_rows
+    from benchlib.calibration import (PUBLISHED, PUBLISHED_TENSOR_CORES, calibration_markdown, calibration_rows,
+                                      op_type_markdown)
     from benchlib.models import Steps
-    rows = calibration_rows(Steps(), args.batch, PUBLISHED_TENSOR_CORES if args.tensor_cores else PUBLISHED)
+    rows = calibration_rows(Steps(), args.batch, PUBLISHED_TENSOR_CORES if args.tensor_cores else PUBLISHED,
+                            by_op_type=args.by_op_type)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     what = "AMP (mixed_float16) and TF32" if args.tensor_cores else "FP32"
     print(f"ResNet-50 training step, {what}, simulated (no swapping) vs published\n")
     print("\n".join(calibration_markdown(rows)))
+    if args.by_op_type:
+        print("\n" + "\n".join(op_type_markdown(rows)))
     return 0
 
 

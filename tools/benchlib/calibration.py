@@ -80,6 +80,43 @@ def breakdown(graph, profile) -> dict:
     return {"flop_bound_s": flop_s, "memory_bound_s": mem_s, "launch_s": launch_s}
 
 
+def op_type_breakdown(graph, profile, top: int = 10) -> dict:
+    """Where the step's predicted time goes, by op type: the ``top`` op types whose memory-bound ops (the roofline's
+    memory term wins) cost most, as ``[(op type, ops, seconds)]``, the bytes per batch those ops read and write, and
+    the contractions counted by ``(op type, dtype)``."""
+    import collections
+
+    from tflms.ir.op_types import CONTRACTION_OPS, FREE_OPS
+    from tflms.sim.cost import op_bytes, op_compute_s, op_dtype, op_memory_s
+    seconds, count, contractions = collections.Counter(), collections.Counter(), collections.Counter()
+    memory_bytes = 0
+    for op in graph.ops:
+        if op.type in FREE_OPS:
+            continue
+        if op.type in CONTRACTION_OPS:
+            contractions[f"{op.type} {op_dtype(graph, op)}"] += 1
+        memory = op_memory_s(graph, op, profile)
+        if memory > op_compute_s(graph, op, profile):
+            seconds[op.type] += memory
+            count[op.type] += 1
+            memory_bytes += op_bytes(graph, op)
+    ranked = sorted(seconds, key=lambda t: (-seconds[t], t))[:top]
+    return {"memory_bound_by_type": [(t, count[t], seconds[t]) for t in ranked],
+            "memory_bound_bytes": memory_bytes, "contractions": dict(sorted(contractions.items()))}
+
+
+def op_type_markdown(rows: list[dict]) -> list[str]:
+    """One line per calibration row that has ``op_types`` (:func:`calibration_rows`): where its time goes."""
+    lines = []
+    for r in rows:
+        parts = r["op_types"]
+        top = ", ".join(f"{t} {n} ops {s * 1e3:.1f} ms" for t, n, s in parts["memory_bound_by_type"])
+        lines.append(f"- {r['profile']}, {r['model']} ({r['batch']}): contractions "
+                     f"{', '.join(f'{k}: {v}' for k, v in parts['contractions'].items())}; memory-bound ops move "
+                     f"{parts['memory_bound_bytes'] / r['batch'] / 1e9:.2f} GB per sample, the costliest: {top}.")
+    return lines
+
+
 def predicted_vs_published(batch: int, step_time_s: float, published_img_s: float) -> tuple[float, float]:
     """``(predicted images/s, predicted / published)`` for a simulated step of ``batch`` samples that takes
     ``step_time_s``: the images/s is ``batch / step_time_s``. Raises ``ValueError`` on a non-positive input."""
@@ -99,10 +136,11 @@ def reference_profile(ref: Published):
     return dataclasses.replace(profile, name=f"{profile.name}@{ref.memory_gbps:g}GB/s", memory_gbps=ref.memory_gbps)
 
 
-def calibration_rows(steps, batch: int | None = None, published=PUBLISHED) -> list[dict]:
+def calibration_rows(steps, batch: int | None = None, published=PUBLISHED, by_op_type: bool = False) -> list[dict]:
     """Predicted vs published ResNet-50 images/s for each reference in ``published`` (simulated).
 
     ``batch``: simulate every reference at this batch instead of its published run's (``Published.batch``).
+    ``by_op_type``: each row also has ``op_types`` (:func:`op_type_breakdown`).
     """
     from tflms.sim import simulate
     from tflms.sim.cost import op_math_mode
@@ -124,6 +162,8 @@ def calibration_rows(steps, batch: int | None = None, published=PUBLISHED) -> li
                      "launch_s": parts["launch_s"], "img_s_if_memory_bound_ops_were_free": flop_only,
                      "ratio_if_memory_bound_ops_were_free": flop_only_ratio,
                      "published_applies": ref.applies, "source": ref.source})
+        if by_op_type:
+            rows[-1]["op_types"] = op_type_breakdown(graph, profile)
     return rows
 
 
