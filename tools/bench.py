@@ -136,6 +136,14 @@ def extra_sections(steps, models, profiles, headroom: float) -> dict[str, list[s
             "batch normalization from separate element-wise ops that a tuned run (cuDNN's fused batch norm, XLA) "
             "fuses, and the roofline prices each of them at memory bandwidth.", "",
             *calibration_markdown(calibration_rows(steps))]
+    if "resnet50-amp-fp16" in models:
+        from benchlib.calibration import PUBLISHED_TENSOR_CORES
+        say("calibrating the tensor-core prices (ResNet-50 AMP and TF32, batch 256)")
+        extras["Tensor-core prices against published throughputs"] = [
+            "ResNet-50 training steps at batch 256, simulated without swapping: Keras mixed_float16 "
+            "(`resnet50-amp-fp16`) against NVIDIA's AMP figures, the float32 step at TF32 against the TF32 figure "
+            "(`tools/calibrate_compute.py --tensor-cores`; docs/results.md, \"Mixed precision on A100 and H100\").", "",
+            *calibration_markdown(calibration_rows(steps, published=PUBLISHED_TENSOR_CORES))]
     if "vgg16" in models:
         body = []
         for profile in (p for p in profiles if p.startswith("v100")):

@@ -16,7 +16,8 @@ KERAS_REMAT_MODES = {"keras-remat": "full", "keras-remat-activations": "activati
 #: Method names of earlier runs (docs/results.json, docs/regressions.md) -> today's: "recompute" names the
 #: tuner's plan action alone since issue 27, the segment-checkpointing baseline is "checkpoint-segments".
 RENAMED_METHODS = {"recompute": "checkpoint-segments"}
-ALL_MODELS = ("resnet50", "vgg16", "unet3d", "densenet121", "inception_v3", "bert-base", "mlp-tiny")
+ALL_MODELS = ("resnet50", "vgg16", "unet3d", "densenet121", "inception_v3", "bert-base", "mlp-tiny", "resnet50-amp-fp16",
+              "bert-base-amp-bf16")
 FULL_MODELS = ("resnet50", "vgg16", "unet3d", "densenet121", "bert-base")
 FULL_PROFILES = ("v100-16gb-pcie3", "v100-16gb-nvlink2")
 QUICK_MODELS = ("resnet50", "unet3d")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -88,6 +89,26 @@ class ModelSpec:
     build: Callable[[], tuple[Any, Any, Any]]  # -> (keras model, optimizer, loss_fn)
     specs: Callable[[tuple[int, int, int] | None], tuple[Any, Any]]  # volume (or None) -> (x, y specs), batch unknown
     budget_bytes: int | None = None  # judged against this instead of the profile's memory (unless --budget)
+    #: Keras dtype policy the model is built and its step traced under (``keras.config.set_dtype_policy``, restored
+    #: afterwards: :func:`dtype_policy_scope`); ``None``: the global policy as it is (float32).
+    dtype_policy: str | None = None
+
+
+@contextlib.contextmanager
+def dtype_policy_scope(policy: str | None):
+    """Keras's global dtype policy set to ``policy`` inside the block, the previous one restored after it (also
+    when the block raises); ``None`` changes nothing. Layers take the policy when they are constructed, and
+    TensorFlow traces a step's ops when ``get_concrete_function`` runs: both run inside the scope."""
+    if policy is None:
+        yield
+        return
+    import keras
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
 
 
 def _image_specs(side: int, channels: int = 3):
@@ -144,6 +165,27 @@ def _mlp_specs(_):
     return tf.TensorSpec((None, 256), tf.float32), tf.TensorSpec((None,), tf.int32)
 
 
+def _mixed_precision(base_build, policy: str):
+    """``base_build`` for a model built under ``policy``. Under ``mixed_float16`` the optimizer is wrapped in
+    ``keras.optimizers.LossScaleOptimizer`` and the loss scaled by it (``optimizer.scale_loss``), as Keras's own
+    ``Model.compile``/``train_step`` do; ``mixed_bfloat16`` needs no loss scaling (float32's exponent range)."""
+    def build():
+        import keras
+        model, optimizer, loss_fn = base_build()
+        if policy != "mixed_float16":
+            return model, optimizer, loss_fn
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+
+        def scaled_loss(y_true, y_pred):
+            return optimizer.scale_loss(loss_fn(y_true, y_pred))
+        return model, optimizer, scaled_loss
+    return build
+
+
+#: Mixed-precision rows (issue 28): name -> (the float32 model it is built from, Keras dtype policy).
+MIXED_PRECISION = {"resnet50-amp-fp16": ("resnet50", "mixed_float16"),
+                   "bert-base-amp-bf16": ("bert-base", "mixed_bfloat16")}
+
 MODELS = {
     "resnet50": ModelSpec("resnet50", "batch", "Keras ResNet-50, 224x224x3, 1000 classes, SGD momentum",
                           _classifier("ResNet50", 224), _image_specs(224)),
@@ -160,6 +202,17 @@ MODELS = {
     "mlp-tiny": ModelSpec("mlp-tiny", "batch", "4 x Dense(512) MLP for tests (budget 64 MiB), SGD momentum",
                           _mlp_tiny, _mlp_specs, budget_bytes=64 * 2**20),
 }
+
+
+def mixed_precision_spec(base: ModelSpec, name: str, policy: str) -> ModelSpec:
+    """``base`` built and traced under the Keras dtype policy ``policy`` (e.g. ``mixed_float16``), named ``name``."""
+    return dataclasses.replace(base, name=name, build=_mixed_precision(base.build, policy), dtype_policy=policy,
+                               description=f"{base.description}; Keras mixed precision {policy}"
+                                           + (" (loss scaling)" if policy == "mixed_float16" else ""))
+
+
+MODELS.update({name: mixed_precision_spec(MODELS[base], name, policy)
+               for name, (base, policy) in MIXED_PRECISION.items()})
 
 
 def size_label(name: str, size: int) -> str:
@@ -262,8 +315,9 @@ class Steps:
             from tflms.baselines.recompute import checkpointed
             from tflms.testing import make_train_step
             keras.utils.set_random_seed(0)
-            model, optimizer, loss_fn = MODELS[name].build()
-            ckpt = checkpointed(model)
+            with dtype_policy_scope(MODELS[name].dtype_policy):
+                model, optimizer, loss_fn = MODELS[name].build()
+                ckpt = checkpointed(model)
 
             def make(forward):
                 return tf.function(make_train_step(model, optimizer, loss_fn, forward=forward))
@@ -280,7 +334,7 @@ class Steps:
 
             from tflms.testing import make_train_step
             keras.utils.set_random_seed(0)
-            with keras.RematScope(mode=KERAS_REMAT_MODES[variant]):
+            with dtype_policy_scope(MODELS[name].dtype_policy), keras.RematScope(mode=KERAS_REMAT_MODES[variant]):
                 model, optimizer, loss_fn = MODELS[name].build()
             self._remat[(name, variant)] = (model, optimizer,
                                             tf.function(make_train_step(model, optimizer, loss_fn)))
@@ -310,8 +364,9 @@ class Steps:
         if key not in self._graphs:
             t0 = time.perf_counter()
             try:
-                step = self._step(name, variant)
-                concrete = step.get_concrete_function(*spec.specs(shape))
+                with dtype_policy_scope(spec.dtype_policy):
+                    step = self._step(name, variant)
+                    concrete = step.get_concrete_function(*spec.specs(shape))
                 graph = tf_io.from_concrete_function(concrete)
             except Exception as err:  # noqa: BLE001 - any failure of a variant is a result the bench reports
                 if variant == "plain":
