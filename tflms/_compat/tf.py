@@ -133,3 +133,13 @@ def keras_print_msg() -> Any:
 def xplane_pb2() -> Any:
     """The ``XSpace`` protocol buffers TensorFlow's profiler writes (``*.xplane.pb``)."""
     return private("tensorflow.tsl.profiler.protobuf.xplane_pb2")
+
+
+def closure_value(function: Any, name: str) -> Any:
+    """The value ``function``'s closure holds under ``name`` (a trainer's step inside its train function), or
+    ``None``: the Keras flavours keep their step functions there and have no public accessor for them."""
+    code, closure = function.__code__, function.__closure__ or ()
+    try:
+        return dict(zip(code.co_freevars, closure))[name].cell_contents
+    except (KeyError, ValueError):  # not in the closure, or an empty cell
+        return None

@@ -295,12 +295,8 @@ def _keras_step(model, keras_function):
             f"TensorFlow trainer builds ({_KERAS_TRAINER_MODULE}.{_KERAS_TRAIN_FUNCTION_QUALNAME}), so the training "
             "step cannot be found. Do not override make_train_function or set model.train_function when using "
             "LMS (overriding train_step is fine); for a custom training loop use tflms.function")
-    code, closure = keras_function.__code__, keras_function.__closure__ or ()
-    cells = dict(zip(code.co_freevars, closure))
-    try:
-        wrapper = cells[_KERAS_STEP_NAME].cell_contents
-    except (KeyError, ValueError):
-        wrapper = None
+    from tflms._compat.tf import closure_value
+    wrapper = closure_value(keras_function, _KERAS_STEP_NAME)
     step = getattr(wrapper, "__wrapped__", wrapper)  # under keras's _autoconvert_optionals (functools.wraps)
     if step is None or not hasattr(step, "get_concrete_function"):
         raise UnsupportedModelError(

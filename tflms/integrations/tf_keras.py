@@ -125,12 +125,8 @@ def train_step_function(model, keras_function) -> Any:
             f"{TRAINER_MODULE}.{TRAIN_FUNCTION_QUALNAME} that tf_keras's make_train_function builds, so the training "
             "step cannot be found. Do not override make_train_function or set model.train_function when using LMS "
             "(overriding train_step is fine); for a custom training loop use tflms.function")
-    code, closure = python_function.__code__, python_function.__closure__ or ()
-    cells = dict(zip(code.co_freevars, closure))
-    try:
-        step_function = cells[STEP_NAME].cell_contents
-    except (KeyError, ValueError):
-        step_function = None
+    from tflms._compat.tf import closure_value
+    step_function = closure_value(python_function, STEP_NAME)
     if not callable(step_function):
         raise UnsupportedModelError(
             f"tflms.keras.LMS: no {STEP_NAME!r} in the closure of tf_keras model {name!r}'s train_function (closure "
