@@ -258,3 +258,16 @@ def test_a_recompute_only_rewrite_trains_bitwise_through_tflms_function():
     report = results[2][1].report
     assert report.changed and report.num_recomputed > 0 and not report.swaps
     assert "recomputed:" in report.table()
+
+
+def test_known_op_times_price_a_recompute_plan_as_pricing_it_afresh(bert_graph):
+    """The recompute search prices a rewritten graph with the base graph's op times and each clone at its
+    original's: the same simulation, op for op, as pricing every op again."""
+    from tflms.sim.simulator import simulate
+    _, plan = _every_recompute(bert_graph)
+    rewritten = apply_swaps(bert_graph, plan).graph
+    known = {op.name: op_time_s(bert_graph, op, PROFILE) for op in bert_graph}
+    known.update({clone: known[op] for r in plan.recomputes for op, clone in zip(r.ops, r.clones)})
+    fresh, reused = simulate(rewritten, PROFILE), simulate(rewritten, PROFILE, known_op_times_s=known)
+    assert (fresh.step_time_s, fresh.peak_bytes) == (reused.step_time_s, reused.peak_bytes)
+    assert [(r.name, r.start_s, r.end_s) for r in fresh.ops] == [(r.name, r.start_s, r.end_s) for r in reused.ops]

@@ -217,14 +217,18 @@ class OpCosts:
     tensors, none of which a swap plan changes (swap-ins carry the swapped tensor's facts).
     """
 
-    def __init__(self, graph: Graph, profile: HardwareProfile):
+    def __init__(self, graph: Graph, profile: HardwareProfile, known_s: Mapping[str, float] | None = None):
         self.graph, self.profile = graph, profile
         self._times: dict[int, float] = {}
+        self._known = known_s or {}  # op name -> seconds, priced already on this profile (e.g. a base graph's)
 
     def time_s(self, op_id: int, op) -> float:
         t = self._times.get(op_id)
         if t is None:
-            t = self._times[op_id] = op_time_s(self.graph, op, self.profile)
+            t = self._known.get(op.name)
+            if t is None:
+                t = op_time_s(self.graph, op, self.profile)
+            self._times[op_id] = t
         return t
 
 

@@ -152,13 +152,16 @@ def gc_paused():
 
 def simulate(graph: Graph, profile: str | HardwareProfile, *, order: Sequence[str] | None = None,
              options: SimOptions | None = None, output_names: Sequence[str] | None = None,
-             observed: Mapping[str, tuple[float, float]] | None = None) -> SimResult:
+             observed: Mapping[str, tuple[float, float]] | None = None,
+             known_op_times_s: Mapping[str, float] | None = None) -> SimResult:
     """Simulate one step of ``graph`` (see module doc); ``order`` defaults to CTO levels.
 
     ``order`` may also list ops that do not run (unused ops, see ``SimOptions.prune_unused``).
     ``observed`` replays a measured run: ``{op: (start_s, end_s)}`` replaces the profile's
     timing for the ops it lists (an op it does not list takes no time and starts when its
     inputs are done); ``order`` then defaults to the observed start order.
+    ``known_op_times_s``: op name -> compute seconds already priced on ``profile`` for an op with the
+    same type, attributes and tensors (a rewrite's unchanged ops and clones; the tuner's recompute search).
     """
     profile = get_profile(profile)
     options = options or SimOptions()
@@ -186,8 +189,8 @@ def simulate(graph: Graph, profile: str | HardwareProfile, *, order: Sequence[st
         if ref.op in op_id and alive[op_id[ref.op]] and 0 <= ref.index < net.n_out[op_id[ref.op]]:
             outputs.append(net.out_start[op_id[ref.op]] + ref.index)
     with gc_paused():
-        return _run(net, order_ids, position, outputs, profile, options, OpCosts(graph, profile), alive,
-                    observed=observed)
+        return _run(net, order_ids, position, outputs, profile, options, OpCosts(graph, profile, known_op_times_s),
+                    alive, observed=observed)
 
 
 def compare(original: SimResult, rewritten: SimResult) -> Mapping[str, float]:

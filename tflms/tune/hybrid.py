@@ -129,10 +129,24 @@ def _judge_ops(ev, ops, skipped: tuple, params: dict) -> Candidate | None:
     plan = SwapPlan(config=ev.base_config, accelerator_device=ev.accelerator, swaps=(),
                     skipped=tuple(skipped) + skips, recomputes=decisions)
     rgraph = apply_swaps(ev.analysis.graph, plan, copy_op=ev.copy_op).graph
-    sim = simulate(rgraph, ev.profile, options=ev.sim_options)
+    sim = simulate(rgraph, ev.profile, options=ev.sim_options, known_op_times_s=_known_times(ev, decisions))
     params = {**params, "recomputed": sum(len(r.tensors) for r in decisions),
               "cloned": sum(len(r.ops) for r in decisions)}
     return ev.record("recompute", params, plan, sim, rgraph, None)
+
+
+def _known_times(ev, decisions) -> dict[str, float]:
+    """Compute seconds of the base graph's ops (priced once per search) and of each clone (its original's): a clone
+    and a rewired reader read tensors with the facts of the originals, so their prices do not change."""
+    base = ev.__dict__.get("_base_op_times_s")
+    if base is None:
+        graph = ev.analysis.graph
+        base = ev.__dict__["_base_op_times_s"] = {op.name: op_time_s(graph, op, ev.profile) for op in graph}
+    known = dict(base)
+    for decision in decisions:
+        for op, clone in zip(decision.ops, decision.clones):
+            known[clone] = base[op]
+    return known
 
 
 def _hybrids(ev, recompute: Candidate, rgraph, nested: Callable[[Analysis], list[Candidate]]) -> list[Candidate]:
