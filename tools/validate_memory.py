@@ -434,11 +434,11 @@ def validate(cases: list[Case], variants: list[Variant], *, repeat: int = 1, pro
         peaks = [m.peak("accelerator") for m in measurements]
         median = measurements[median_run(peaks)]
         level = simulate(graph, sim_profile, options=options)
-        observed = median.spans_s()
+        spans = [m.spans_s() for m in measurements]  # each run's op spans, read once
+        observed = spans[median_run(peaks)]
         exec_order = order_from_start_times(graph, {name: span[0] for name, span in observed.items()})
         in_exec_order = simulate(graph, sim_profile, options=options, order=exec_order)
-        replays = [simulate(graph, sim_profile, options=options, observed=m.spans_s()).transient_peak_bytes
-                   for m in measurements]
+        replays = [simulate(graph, sim_profile, options=options, observed=sp).transient_peak_bytes for sp in spans]
         replay_ratios = [r / p for r, p in zip(replays, peaks) if p]
         grappler = grappler_peak(request.graph_def, fetches=[*request.fetches, *request.targets],
                                  accelerator=ACCELERATOR_DEVICE, host=HOST_DEVICE, variables=request.variables)
@@ -450,7 +450,6 @@ def validate(cases: list[Case], variants: list[Variant], *, repeat: int = 1, pro
                 [(n, before[n]) for n in names], [(n, m.variables_after[n]) for n in names]) for m in measurements)
         ran = after = 0
         for clone, trigger in variant.clone_triggers.items():
-            spans = [m.spans_s() for m in measurements]
             if all(clone in sp for sp in spans):
                 ran += 1
                 after += all(trigger in sp and sp[clone][0] >= sp[trigger][1] for sp in spans)
