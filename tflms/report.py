@@ -224,7 +224,7 @@ class RewriteReport:
             short = (lambda n: n) if wide else _short
             header = ("tensors", "bytes", "ops re-run", "trigger")
             rows = [(short(", ".join(t.name for t in r.tensors)), format_bytes(r.num_bytes),
-                     str(len(r.ops)) if wide is False else ", ".join(r.ops), short(r.triggers[0]))
+                     ", ".join(r.ops) if wide else str(len(r.ops)), short(r.triggers[0]))
                     for r in shown_r]
             widths = [max(len(h), *(len(row[c]) for row in rows)) for c, h in enumerate(header)]
             fmt = "  ".join(f"{{:<{w}}}" for w in widths)

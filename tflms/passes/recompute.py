@@ -4,8 +4,8 @@ A clone ``lms/recompute_<op>`` is the op itself (type, attributes, device, outpu
 clones of its inputs inside the chain and the original tensors outside it through *gates*: an
 ``Identity`` per tensor with the trigger as its control input (:func:`~tflms.policies.recompute.clone_inputs`
 says why the clone itself carries none). The original's control inputs are not copied: they only order
-a stateless op, and the clone runs after them anyway (its trigger is in the backward pass). The chain's readers outside the forward
-pass are rewired to the clones. The input graph is not modified.
+a stateless op, and the clone runs after them anyway (its trigger is in the backward pass). The chain's
+readers outside the forward pass are rewired to the clones. The input graph is not modified.
 """
 
 from __future__ import annotations
@@ -18,31 +18,30 @@ from tflms.policies.recompute import RecomputeDecision, clone_inputs, clone_name
 
 
 def insert_recomputes(graph: Graph, decisions: Sequence[RecomputeDecision]) -> list[str]:
-    """Insert the gates and clones of ``decisions`` into ``graph`` (in place) and rewire their readers; returns the
-    inserted names in insertion order. :func:`tflms.passes.swaps.apply_swaps` calls this on its copy of the graph."""
+    """Insert the gates and clones of ``decisions`` into ``graph`` (in place, in each decision's ``inserted``
+    order: a gate just before the first clone that reads it) and rewire their readers; returns the inserted names
+    in insertion order. :func:`tflms.passes.swaps.apply_swaps` calls this on its copy of the graph."""
     inserted: list[str] = []
     gated: set[str] = set()  # gates are shared: chains that read one tensor after one trigger read one gate
     for decision in decisions:
         chain = frozenset(decision.ops)
-        pending = list(decision.gates)
-        for name, trigger in zip(decision.ops, decision.triggers):
-            # gates of tensors that exist now (sources, and clones inserted before this one)
-            for gate in [g for g in pending if g[1].op in graph]:
-                pending.remove(gate)
-                if gate[0] not in gated:
-                    gated.add(gate[0])
-                    _gate(graph, *gate)
-                    inserted.append(gate[0])
-            op = graph.op(name)
-            clone = clone_name(name)
-            if clone in graph:
-                raise GraphError(f"an op named {clone!r} already exists: is {name!r} recomputed twice?")
+        gates = {gate[0]: gate for gate in decision.gates}
+        ops = dict(zip(decision.clones, zip(decision.ops, decision.triggers)))
+        for name in decision.inserted:
+            if name in gates:
+                if name not in gated:
+                    gated.add(name)
+                    _gate(graph, *gates[name])
+                    inserted.append(name)
+                continue
+            original, trigger = ops[name]
+            if name in graph:
+                raise GraphError(f"an op named {name!r} already exists: is {original!r} recomputed twice?")
+            op = graph.op(original)
             inputs, _ = clone_inputs(op, chain, trigger)
-            graph.add_op(clone, op.type, inputs=inputs, device=op.device, attrs=op.attrs, outputs=op.outputs,
+            graph.add_op(name, op.type, inputs=inputs, device=op.device, attrs=op.attrs, outputs=op.outputs,
                          node_def=op.node_def)
-            inserted.append(clone)
-        if pending:
-            raise GraphError(f"gates {[g[0] for g in pending]} read tensors no op of the graph or chain produces")
+            inserted.append(name)
         for ref, readers in zip(decision.tensors, decision.readers):
             members = set(readers)
             for consumer, index in graph.consumers(ref):
@@ -53,12 +52,7 @@ def insert_recomputes(graph: Graph, decisions: Sequence[RecomputeDecision]) -> l
 
 def _gate(graph: Graph, name: str, ref: TensorRef, trigger: str) -> None:
     """An ``Identity`` of ``ref`` that runs after ``trigger`` (grappler may not remove it)."""
+    from tflms.passes.swaps import _copy_attrs  # (swaps imports this module)
     info = graph.tensor(ref)
-    attrs = _identity_attrs(info.dtype)
     graph.add_op(name, "Identity", inputs=[ref], control_inputs=[trigger], device=graph.op(ref.op).device,
-                 attrs=attrs, outputs=[info])
-
-
-def _identity_attrs(dtype: str):
-    from tflms.passes.swaps import _copy_attrs
-    return _copy_attrs(dtype)
+                 attrs=_copy_attrs(info.dtype), outputs=[info])

@@ -7,14 +7,16 @@ alive until the clone runs). Every reader of a chain op's output that is not in 
 pass reads the clone instead, so the original is freed after its last forward reader.
 
 Without a trigger TensorFlow's executor would run a clone as soon as its sources exist, in
-the forward pass, and save nothing. So each clone has a control input from a *trigger*: an
-ancestor of the first backward reader it serves, ``ahead`` levels before it (as a swap-in's
-trigger, :func:`~tflms.policies.swapplan.find_trigger`); a clone that only feeds other clones
-takes the earliest trigger among them.
+the forward pass, and save nothing. So each clone waits for a *trigger*: an ancestor of the
+first backward reader it serves, ``ahead`` levels before it (as a swap-in's trigger,
+:func:`~tflms.policies.swapplan.find_trigger`); a clone that only feeds other clones takes the
+earliest trigger among them. It waits through *gates*, ``Identity`` s of what it reads with the
+trigger as control input (:func:`clone_inputs` says why the clone carries none itself).
 
 Which ops may be cloned is :func:`~tflms.policies.eligibility.recompute_skip_reason`; which
 tensors are worth it is the tuner's question (:func:`rank_candidates` ranks them by bytes freed
-per second of recompute, Capuchin's rule). The pass is :func:`tflms.passes.recompute.apply_recomputes`.
+per second of recompute, Capuchin's rule; :mod:`tflms.tune.hybrid` searches). The pass is
+:func:`tflms.passes.recompute.insert_recomputes`, which :func:`tflms.passes.swaps.apply_swaps` runs first.
 """
 
 from __future__ import annotations
@@ -66,8 +68,8 @@ class RecomputeDecision:
     ``tensors``: the chain's outputs that readers outside the forward pass read, with
     ``readers[k]`` the ops that read ``tensors[k]`` from its clone; ``num_bytes``: their bytes
     (what the gap between the forward and the backward pass no longer holds); ``sources``: the
-    tensors the clones read from outside the chain; ``triggers[k]``: the control input of the
-    clone of ``ops[k]``.
+    tensors the clones read from outside the chain; ``triggers[k]``: what the clone of ``ops[k]``
+    waits for (its gates' control input).
     """
 
     ops: tuple[str, ...]
@@ -86,17 +88,9 @@ class RecomputeDecision:
         """The clones' names (one per op of the chain)."""
         return tuple(clone_name(op) for op in self.ops)
 
-    def trigger_of(self, name: str) -> str:
-        """The trigger of one of the decision's inserted ops (a clone or a gate)."""
-        for gate, _, trigger in self.gates:
-            if gate == name:
-                return trigger
-        return self.triggers[self.clones.index(name)]
-
-    def explain(self) -> str:
-        tensors = ", ".join(t.name for t in self.tensors)
-        return (f"recompute {tensors} ({self.num_bytes} bytes) by re-running {len(self.ops)} op(s) "
-                f"from {len(self.sources)} kept tensor(s), triggered by {', '.join(sorted(set(self.triggers)))}")
+    def triggers_by_name(self) -> dict[str, str]:
+        """What each inserted op (a gate or a clone) waits for, by name."""
+        return {**{gate: trigger for gate, _, trigger in self.gates}, **dict(zip(self.clones, self.triggers))}
 
 
 def _backward_readers(analysis: Analysis, ref: TensorRef, chain: frozenset[str]) -> tuple[str, ...]:
@@ -122,15 +116,14 @@ def is_kept(analysis: Analysis, ref: TensorRef) -> bool:
     return any(cats[c] is not Category.FORWARD for c, _ in graph.consumers(ref))
 
 
-def chain_for(analysis: Analysis, target: str, *, kept: Callable[[TensorRef], bool] | None = None,
+def chain_for(analysis: Analysis, target: str, *,
               max_ops: int = MAX_CHAIN_OPS) -> tuple[tuple[str, ...] | None, tuple[str, str] | None]:
     """The ops to re-run to rebuild ``target``'s outputs from kept tensors: ``(chain, None)`` or
     ``(None, (reason, sentence))``.
 
-    Walks back from ``target``: an input that is kept (:func:`is_kept`, or ``kept``) is a source;
-    any other input's producer joins the chain if it may be recomputed, up to ``max_ops`` ops.
+    Walks back from ``target``: an input that is kept (:func:`is_kept`) is a source; any other
+    input's producer joins the chain if it may be recomputed, up to ``max_ops`` ops.
     """
-    kept = kept or (lambda ref: is_kept(analysis, ref))
     reason = recompute_skip_reason(analysis, target)
     if reason is not None:
         return None, reason
@@ -138,7 +131,7 @@ def chain_for(analysis: Analysis, target: str, *, kept: Callable[[TensorRef], bo
     chain, stack = {target}, [target]
     while stack:
         for ref in graph.op(stack.pop()).inputs:
-            if ref.op in chain or kept(ref):
+            if ref.op in chain or is_kept(analysis, ref):
                 continue
             why = recompute_skip_reason(analysis, ref.op)
             if why is not None:
@@ -277,22 +270,22 @@ class Candidate:
         return self.freed_bytes / self.cost_s if self.cost_s > 0 else float("inf")
 
 
-def rank_candidates(analysis: Analysis, op_time: Callable[[str], float], *, min_bytes: int = 0,
-                    exclude: frozenset[str] = frozenset()) -> tuple[list[Candidate], list[Skip]]:
-    """Every forward op whose outputs a backward op reads, with the chain that rebuilds them (:func:`chain_for`),
-    ranked by bytes freed per second of recompute (Capuchin's rule; ties by name). ``op_time(name)`` is an op's
-    simulated time; ``exclude``: ops never chosen as targets (e.g. producers of swapped tensors)."""
+def rank_candidates(analysis: Analysis, op_time: Callable[[str], float], *,
+                    min_bytes: int = 0) -> tuple[list[Candidate], list[Skip]]:
+    """Every forward op whose outputs a backward op reads, more than ``min_bytes`` of them, with the chain that
+    rebuilds them (:func:`chain_for`), ranked by bytes freed per second of recompute (Capuchin's rule; ties by
+    name). ``op_time(name)`` is an op's simulated time."""
     graph, cats = analysis.graph, analysis.categories
     out, skipped = [], []
     for name in analysis.order:
-        if cats[name] is not Category.FORWARD or name in exclude:
+        if cats[name] is not Category.FORWARD:
             continue
         op = graph.op(name)
         freed = 0
         for index, info in enumerate(op.outputs):
             if _backward_readers(analysis, TensorRef(name, index), frozenset()):
                 freed += info.num_bytes or 0
-        if freed <= max(min_bytes, 0) or freed == 0:
+        if freed <= min_bytes:  # (min_bytes >= 0: nothing freed is never a candidate)
             continue
         chain, why = chain_for(analysis, name)
         if chain is None:
@@ -355,10 +348,12 @@ def articulations(analysis: Analysis) -> list[str]:
     """The forward ops every activation path from the step's main input to its loss passes through, in order
     (Chen et al.'s candidate checkpoints: a layer's output in a chain of layers, a residual block's sum).
 
-    The main input is the step argument the most forward ops descend from (the batch, not the labels); the
-    paths run over edges that carry floating-point tensors or lead into an op with no floating-point input from
-    the batch (token ids into an embedding lookup of a weight table): an attention mask reaches every layer from the input, and as a path
-    it would leave no op on every path; side inputs (weights, dropout's random numbers) are no paths. The articulations are the dominators of the loss (the last forward op) from the main input.
+    The main input is the step argument the most forward ops descend from (the batch, not the labels). The
+    paths run over edges that carry floating-point tensors, or that lead into an op with no floating-point input
+    from the batch (token ids into an embedding lookup of a weight table): an attention mask reaches every layer
+    from the input, and as a path it would leave no op on every path. Side inputs (weights, dropout's random
+    numbers) are no paths. The articulations are the dominators of the loss (the last forward op) from the main
+    input.
     """
     import networkx as nx
     graph, levels = analysis.graph, analysis.levels

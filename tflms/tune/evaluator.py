@@ -69,8 +69,9 @@ def order_with_plan(order: Sequence[str], plan: SwapPlan) -> list[str]:
         # a gate or clone runs after its trigger, which follows its sources (forward tensors); each clone after
         # its gates (insertion order), each trigger no later than the next clone's (a clone takes the earliest of
         # its readers'); a gate shared by two chains is placed once
+        triggers = decision.triggers_by_name()
         for name in decision.inserted:
-            trigger = decision.trigger_of(name)
+            trigger = triggers[name]
             if trigger in pos and name not in placed:
                 placed.add(name)
                 anchor[name] = trigger

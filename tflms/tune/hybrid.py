@@ -3,13 +3,14 @@
 Capuchin's rule, priced by the simulator's cost model: a forward tensor the backward pass reads
 is worth recomputing when re-running the chain that rebuilds it
 (:func:`tflms.policies.recompute.rank_candidates`) costs less than ``price`` times the two copies
-a swap of it would take over the host link. Each price on :data:`PRICES` gives one recompute set,
-judged alone (``recompute``) and, when it does not fit alone, with swaps chosen for what is left
-(``hybrid``): the whole swap tuner (distance rules, idle-time, pruning) runs on the graph with the
-clones in it (``nested``, :func:`tflms.tune.tuner.tune`), so every swap it considers is judged with
-the recomputes in place. The cheapest prices recompute only elementwise chains (normalisation,
-activations, dropout masks: memory-bound, tens of times faster than a PCIe copy); the largest also
-re-run contractions.
+a swap of it would take over the host link. Each price on :data:`PRICES` gives one recompute set.
+The cheapest prices recompute only elementwise chains (normalisation, activations, dropout masks:
+memory-bound, tens of times faster than a PCIe copy); the largest also re-run contractions. Beside
+them, graph-level checkpointing (:func:`_segment_candidates`), and the fastest fitting plan relaxed
+(:func:`_relax`). Every set is judged alone (``recompute``); the :data:`HYBRIDS` that miss the budget by
+least get swaps for what is left (``hybrid``): the swap tuner's idle-time searches run on the graph with
+the clones in it (``nested``, :func:`tflms.tune.tuner.tune`), so every swap is judged with the
+recomputes in place.
 
 With ``recompute="only"`` there are no swaps: the sets alone, and between the largest price that does not
 fit and the smallest that does, a bisection on the ranking for the cheapest set that fits.
@@ -18,11 +19,11 @@ fit and the smallest that does, a bisection on the ranking for the cheapest set 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections import ChainMap
+from collections.abc import Callable, Mapping
 
 from tflms.analysis.cto import Analysis, analyze_graph
 from tflms.passes.swaps import apply_swaps
-from tflms.policies.recompute import Candidate as RecomputeCandidate
 from tflms.policies.recompute import articulations, plan_recomputes, rank_candidates, segment_ops, select
 from tflms.policies.swapplan import SwapPlan
 from tflms.sim.cost import op_time_s
@@ -48,17 +49,18 @@ def search_recompute(ev, baseline: SimResult, *, only: bool,
                      nested: Callable[[Analysis], list[Candidate]] | None) -> list[Candidate]:
     """Recompute candidates (and, unless ``only``, hybrids through ``nested``); returns the candidates recorded."""
     graph = ev.analysis.graph
-    ranked, skipped = rank_candidates(ev.analysis, lambda n: op_time_s(graph, graph.op(n), ev.profile),
-                                      min_bytes=ev.base_config.min_swap_bytes)
+    times = {op.name: op_time_s(graph, op, ev.profile) for op in graph}  # every op, priced once per search
+    ranked, skipped = rank_candidates(ev.analysis, times.__getitem__, min_bytes=ev.base_config.min_swap_bytes)
     if not ranked:
         return []
+    skipped = tuple(skipped)
     added: list[Candidate] = []
     judged: dict[int, Candidate] = {}  # by how many of the ranking were chosen
 
     def judge(count: int, price: float | None) -> Candidate | None:
         if count in judged or count == 0:
             return judged.get(count)
-        cand = _judge_ops(ev, select(ev.analysis, ranked[:count]), tuple(skipped),
+        cand = _judge_ops(ev, times, select(ev.analysis, ranked[:count]), skipped,
                           {} if price is None else {"price": price})
         if cand is not None:
             judged[count] = cand
@@ -67,11 +69,11 @@ def search_recompute(ev, baseline: SimResult, *, only: bool,
 
     counts = []
     for price in PRICES:
-        count = sum(1 for c in ranked if c.cost_s <= price * _round_trip_s(ev, c))
+        count = sum(1 for c in ranked if c.cost_s <= price * _round_trip_s(ev, c.freed_bytes))
         if count and count not in counts:
             counts.append(count)
             judge(count, price)
-    added.extend(_segment_candidates(ev, skipped))
+    added.extend(_segment_candidates(ev, times, skipped))
     if only:
         if len(ranked) not in counts:
             counts.append(len(ranked))
@@ -79,7 +81,7 @@ def search_recompute(ev, baseline: SimResult, *, only: bool,
         _bisect(ev, judge, counts)
     fitting = [c for c in added if c.fits]
     if fitting:
-        added.extend(_relax(ev, min(fitting, key=lambda c: c.sim.step_time_s), tuple(skipped)))
+        added.extend(_relax(ev, times, min(fitting, key=lambda c: c.sim.step_time_s), skipped))
     if nested is not None and not only:
         # swaps for the excess (the swap tuner's winner on the recomputed graph) on the plans that miss the budget
         # by least and are faster than the fastest fit: a full tune each, so only :data:`HYBRIDS` of them
@@ -91,20 +93,19 @@ def search_recompute(ev, baseline: SimResult, *, only: bool,
     return added
 
 
-def _relax(ev, cand: Candidate, skipped: tuple) -> list[Candidate]:
+def _relax(ev, times: Mapping[str, float], cand: Candidate, skipped: tuple) -> list[Candidate]:
     """The fastest fitting recompute plan with its dearest ops (re-run time per byte freed) kept instead, as many
     as still fit: a bisection on how many (at most :data:`RELAX_BISECTIONS` simulations). The memory the budget
     leaves is spent on not re-running matrix products."""
     graph = ev.analysis.graph
     ops = sorted({op for r in cand.plan.recomputes for op in r.ops},
-                 key=lambda op: (-op_time_s(graph, graph.op(op), ev.profile)
-                                 / max(1, sum(i.num_bytes or 0 for i in graph.op(op).outputs)), op))
+                 key=lambda op: (-times[op] / max(1, _output_bytes(graph, op)), op))
     added, low, high = [], 0, len(ops)  # keeping ``low`` fits; keeping ``high`` is not known to
     for _ in range(RELAX_BISECTIONS):
         if high - low <= max(1, len(ops) // 64):
             break
         middle = (low + high + 1) // 2
-        trial = _judge_ops(ev, ops[middle:], skipped, {**cand.params, "kept": middle})
+        trial = _judge_ops(ev, times, ops[middle:], skipped, {**cand.params, "kept": middle})
         if trial is None:
             high = middle - 1
             continue
@@ -116,11 +117,16 @@ def _relax(ev, cand: Candidate, skipped: tuple) -> list[Candidate]:
     return added
 
 
-def _round_trip_s(ev, cand: RecomputeCandidate) -> float:
-    return 2 * ev.profile.copy_time_s(cand.freed_bytes)
+def _round_trip_s(ev, num_bytes: int) -> float:
+    """The two copies a swap of ``num_bytes`` takes over the host link."""
+    return 2 * ev.profile.copy_time_s(num_bytes)
 
 
-def _judge_ops(ev, ops, skipped: tuple, params: dict) -> Candidate | None:
+def _output_bytes(graph, op: str) -> int:
+    return sum(info.num_bytes or 0 for info in graph.op(op).outputs)
+
+
+def _judge_ops(ev, times: Mapping[str, float], ops, skipped: tuple, params: dict) -> Candidate | None:
     """Recompute ``ops`` (:func:`~tflms.policies.recompute.plan_recomputes`), simulate and record the plan
     (``params`` plus what it recomputes); ``None`` when no op can be recomputed."""
     decisions, skips = plan_recomputes(ev.analysis, ops)
@@ -129,24 +135,12 @@ def _judge_ops(ev, ops, skipped: tuple, params: dict) -> Candidate | None:
     plan = SwapPlan(config=ev.base_config, accelerator_device=ev.accelerator, swaps=(),
                     skipped=tuple(skipped) + skips, recomputes=decisions)
     rgraph = apply_swaps(ev.analysis.graph, plan, copy_op=ev.copy_op).graph
-    sim = simulate(rgraph, ev.profile, options=ev.sim_options, known_op_times_s=_known_times(ev, decisions))
+    # a clone, and a rewired reader, read tensors with the facts of the originals: their prices do not change
+    clones = {clone: times[op] for r in decisions for op, clone in zip(r.ops, r.clones)}
+    sim = simulate(rgraph, ev.profile, options=ev.sim_options, known_op_times_s=ChainMap(clones, times))
     params = {**params, "recomputed": sum(len(r.tensors) for r in decisions),
               "cloned": sum(len(r.ops) for r in decisions)}
     return ev.record("recompute", params, plan, sim, rgraph, None)
-
-
-def _known_times(ev, decisions) -> dict[str, float]:
-    """Compute seconds of the base graph's ops (priced once per search) and of each clone (its original's): a clone
-    and a rewired reader read tensors with the facts of the originals, so their prices do not change."""
-    base = ev.__dict__.get("_base_op_times_s")
-    if base is None:
-        graph = ev.analysis.graph
-        base = ev.__dict__["_base_op_times_s"] = {op.name: op_time_s(graph, op, ev.profile) for op in graph}
-    known = dict(base)
-    for decision in decisions:
-        for op, clone in zip(decision.ops, decision.clones):
-            known[clone] = base[op]
-    return known
 
 
 def _hybrids(ev, recompute: Candidate, rgraph, nested: Callable[[Analysis], list[Candidate]]) -> list[Candidate]:
@@ -182,7 +176,7 @@ def _bisect(ev, judge: Callable[[int, float | None], Candidate | None], counts: 
         judge(middle, None)
 
 
-def _segment_candidates(ev, skipped) -> list[Candidate]:
+def _segment_candidates(ev, times: Mapping[str, float], skipped: tuple) -> list[Candidate]:
     """Graph-level checkpointing (Chen et al.): segments between kept articulations re-run before their backward
     pass; within them, an op whose re-run costs more than ``price`` times the two copies of its outputs is kept
     instead (a matrix product whose output copies hide), for the swap tuner to swap or keep."""
@@ -195,12 +189,13 @@ def _segment_candidates(ev, skipped) -> list[Candidate]:
     for segments in sorted({len(cuts), max(1, round(math.sqrt(len(cuts))))}, reverse=True):
         base = segment_ops(ev.analysis, segments)
         for price in SEGMENT_PRICES:
-            ops = frozenset(op for op in base if price is None or op_time_s(graph, graph.op(op), ev.profile)
-                            <= price * 2 * ev.profile.copy_time_s(sum(i.num_bytes or 0 for i in graph.op(op).outputs)))
+            ops = frozenset(op for op in base
+                            if price is None or times[op] <= price * _round_trip_s(ev, _output_bytes(graph, op)))
             if not ops or ops in seen:
                 continue
             seen.add(ops)
-            cand = _judge_ops(ev, ops, skipped, {"segments": segments, "price": "any" if price is None else price})
+            cand = _judge_ops(ev, times, ops, skipped,
+                              {"segments": segments, "price": "any" if price is None else price})
             if cand is not None:
                 added.append(cand)
     return added

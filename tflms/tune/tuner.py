@@ -116,8 +116,8 @@ def _shape_text(shape) -> str:
 
 
 def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str | HardwareProfile = DEFAULT_PROFILE,
-         config: LMSConfig | None = None, strategies: Sequence[str] = DEFAULT_STRATEGIES, sim_options: SimOptions | None = None,
-         host_budget: int | str | None = None, copy_op: str = DEFAULT_COPY_OP, first_fit: bool = False,
+         config: LMSConfig | None = None, strategies: Sequence[str] = DEFAULT_STRATEGIES,
+         sim_options: SimOptions | None = None, host_budget: int | str | None = None, copy_op: str = DEFAULT_COPY_OP, first_fit: bool = False,
          require_backward: bool = True, fit_by: str = FIT_BY_LIVE,
          compress: Callable[[Graph, SwapPlan], Graph] | None = None,
          progress: Callable[[str], None] | None = None, enforce_order: bool = False,
@@ -195,30 +195,40 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
                 ("idle-time-no-overhead", lambda: search_idle(ev, baseline, NO_OVERHEAD)),
                 ("vdnn", lambda: search_vdnn(ev, policies=[s for s in strategies if s in OPT_IN_STRATEGIES]))]
     only = config.recompute == RECOMPUTE_ONLY
+    found = lambda: first_fit and any(c.fits for c in ev.candidates)  # noqa: E731 - first_fit's stop
+    free = lambda cands: any(c.sim.overhead_vs(baseline) <= NO_OVERHEAD_TOLERANCE for c in cands)  # noqa: E731
+
+    def swap_tune(source: Analysis, swap_strategies: list[str], **options: Any) -> tuple[TuneResult | None, list]:
+        """This tune's swap strategies on another graph (the recomputed step, the ordered step), swaps only:
+        ``(its result or None when nothing fits, every candidate it judged)``."""
+        try:
+            result = tune(source, budget=budget_bytes, profile=profile, config=config.replace(recompute=RECOMPUTE_OFF),
+                          strategies=swap_strategies, sim_options=sim_options, host_budget=host_bytes,
+                          copy_op=copy_op, fit_by=fit_by, require_backward=require_backward, **options)
+        except BudgetError as err:
+            return None, list(err.candidates)
+        return result, list(result.candidates)
+
     for name, search in searches:
-        if base.fits or (first_fit and any(c.fits for c in ev.candidates)) or only:
+        if base.fits or found() or only:
             break
         if name in strategies or (name == "vdnn" and set(strategies) & set(OPT_IN_STRATEGIES)):
             search()
     recomputes = only or (config.recompute != RECOMPUTE_OFF and "recompute" in strategies)
-    free = any(c.fits and c.sim.overhead_vs(baseline) <= NO_OVERHEAD_TOLERANCE for c in ev.candidates)
-    if recomputes and not base.fits and not free and not (first_fit and any(c.fits for c in ev.candidates)):
-        # (a swap plan that fits at no cost leaves recompute nothing to gain)
-        swap_strategies = [s for s in strategies if s in ("idle-time", "idle-time-no-overhead")]
+    # (a swap plan that fits at no cost leaves recompute nothing to gain)
+    if recomputes and not base.fits and not free(c for c in ev.candidates if c.fits) and not found():
+        idle = [s for s in strategies if s in ("idle-time", "idle-time-no-overhead")]
 
         def swaps_on(recomputed: Analysis) -> list:
-            # the whole swap tuner on the step with the recomputes in it (in level order: the finalists are
-            # judged in the enforced order below, hybrids among them): its winner, or the plan closest to fitting
-            try:
-                return [tune(recomputed, budget=budget_bytes, profile=profile,
-                             config=config.replace(recompute=RECOMPUTE_OFF), strategies=swap_strategies,
-                             sim_options=sim_options, host_budget=host_bytes, copy_op=copy_op, first_fit=first_fit,
-                             fit_by=fit_by, require_backward=require_backward, prune=prune).best]
-            except BudgetError as err:
-                tried = [c for c in err.candidates if c.plan is not None]
-                return [min(tried, key=lambda c: c.sim.peak_with_margin_bytes)] if tried else []
-        search_recompute(ev, baseline, only=only, nested=None if only or not swap_strategies else swaps_on)
-    if enforce_order and not base.fits and not (first_fit and any(c.fits for c in ev.candidates)):
+            # the idle-time searches on the step with the recomputes in it (in level order: the finalists are
+            # judged in the enforced order below, hybrids among them): their winner, or the plan closest to fitting
+            result, tried = swap_tune(recomputed, idle, first_fit=first_fit, prune=prune)
+            if result is not None:
+                return [result.best]
+            tried = [c for c in tried if c.plan is not None]
+            return [min(tried, key=lambda c: c.sim.peak_with_margin_bytes)] if tried else []
+        search_recompute(ev, baseline, only=only, nested=None if only or not idle else swaps_on)
+    if enforce_order and not base.fits and not found():
         judge_ordered(ev, first_fit=first_fit)
     order = ("none",) + STRATEGIES + OPT_IN_STRATEGIES + RECOMPUTE_STRATEGIES
     rank = lambda c: (c.sim.step_time_s, c.swapped_bytes, order.index(c.strategy))  # noqa: E731
@@ -229,18 +239,11 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
         pruned = prune_swaps(ev, min(swaps_only, key=rank))
         if pruned is not None and pruned.fits:
             fitting.append(pruned)
-    free = any(c.sim.overhead_vs(baseline) <= NO_OVERHEAD_TOLERANCE for c in fitting)  # nothing left to gain
     if (enforce_order and "idle-time-no-overhead" in strategies and not base.fits and not first_fit
-            and compress is None and not free and not only):
+            and compress is None and not free(fitting) and not only):  # (free: nothing left to gain)
         # (the search on the ordered step checks there whether copies can hide: level order's peak is elsewhere)
         def no_overhead_search(ordered: Analysis) -> list:
-            try:
-                return list(tune(ordered, budget=budget_bytes, profile=profile,
-                                 config=config.replace(recompute=RECOMPUTE_OFF), strategies=["idle-time-no-overhead"], sim_options=sim_options,
-                                 host_budget=host_bytes, copy_op=copy_op, fit_by=fit_by,
-                                 require_backward=require_backward, prune=False).candidates)
-            except BudgetError as err:
-                return list(err.candidates)
+            return swap_tune(ordered, ["idle-time-no-overhead"], prune=False)[1]
         fitting += [c for c in search_order_first(ev, baseline, no_overhead_search) if c.fits]
     if not fitting:
         smallest = min(ev.candidates, key=lambda c: ev.need(c.sim))
