@@ -25,7 +25,8 @@ Sources:
 Rates by math mode (issue 28): ``peak_flops`` is the FP32 (CUDA-core) rate; ``tf32_flops``,
 ``fp16_flops`` and ``bf16_flops`` are the dense tensor-core rates (the datasheets' figures marked
 "with sparsity" halved). :mod:`tflms.sim.cost` prices a contraction (MatMul, BatchMatMul, Einsum,
-Conv and their fused forms) by its dtype at these rates x ``contraction_efficiency``, and every op's
+Conv and their fused forms) by its dtype at these rates x ``contraction_efficiency`` (convolutions x
+``conv_efficiency`` where a profile measured it), and every op's
 memory traffic at ``memory_gbps`` x ``memory_efficiency``; each profile's ``sources`` cites where
 every figure comes from (``HardwareProfile.source_of``).
 """
@@ -79,6 +80,10 @@ class HardwareProfile:
         then priced at ``peak_flops``, a float16 or bfloat16 one too).
       contraction_efficiency: fraction of the math mode's peak that contractions reach
         (``None``: ``compute_efficiency``).
+      conv_efficiency: fraction of the math mode's peak that convolutions (forward and both gradients)
+        reach, where it was measured apart from matrix products (``None``: ``contraction_efficiency``).
+        cuDNN's convolutions at ResNet-50's shapes reach a fraction of what a large matrix product does
+        (``tools/gpu_probe.py --conv-layers``, ``tools/compare_profile.py --fit-conv``).
       memory_efficiency: fraction of ``memory_gbps`` that ops reach for their memory traffic
         (element-wise ops, reductions, copies; ``None``: ``compute_efficiency``).
       tf32_enabled: whether float32 contractions run as TF32 where the GPU has it (TensorFlow's
@@ -106,6 +111,7 @@ class HardwareProfile:
     contraction_efficiency: float | None = None
     memory_efficiency: float | None = None
     tf32_enabled: bool = True
+    conv_efficiency: float | None = None
     sources: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
@@ -141,7 +147,7 @@ class HardwareProfile:
             if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ConfigError(f"profile {self.name!r}: {field} must be a number > 0 (FLOP/s) or None (no such "
                                   f"tensor cores), got {value!r}")
-        for field in ("contraction_efficiency", "memory_efficiency"):
+        for field in ("contraction_efficiency", "memory_efficiency", "conv_efficiency"):
             value = getattr(self, field)
             if value is not None and not (isinstance(value, (int, float)) and 0 < value <= 1):
                 raise ConfigError(f"profile {self.name!r}: {field} must be in (0, 1] or None "
@@ -195,9 +201,12 @@ class HardwareProfile:
         value = getattr(self, MATH_MODE_FIELDS[mode])
         return self.peak_flops if value is None else value
 
-    def contraction_flops_per_s(self, dtype: str | None) -> float:
-        """FLOP/s a contraction of ``dtype`` reaches: its math mode's peak x ``contraction_efficiency``."""
+    def contraction_flops_per_s(self, dtype: str | None, conv: bool = False) -> float:
+        """FLOP/s a contraction of ``dtype`` reaches: its math mode's peak x ``contraction_efficiency``
+        (a convolution's, ``conv``, x ``conv_efficiency`` where the profile has one)."""
         efficiency = self.compute_efficiency if self.contraction_efficiency is None else self.contraction_efficiency
+        if conv and self.conv_efficiency is not None:
+            efficiency = self.conv_efficiency
         return self.peak_flops_of(self.math_mode(dtype)) * efficiency
 
     def with_tf32(self, enabled: bool) -> "HardwareProfile":
@@ -282,6 +291,17 @@ _H100_MEASURED_MM = "measured on an H100 80GB HBM3 (issue 28): 8192^3 bf16 MatMu
 _H100_MEASURED_COPY = "measured on an H100 80GB HBM3 (issue 28): device copy 3.0 TB/s / 3.35 = 0.90"
 _H200_MEASURED_MM = "measured on an H200 (issue 28): 8192^3 bf16 MatMul 788 TFLOP/s / 989.5 = 0.80"
 _H200_MEASURED_COPY = "measured on an H200 (issue 28): device copy 4.3 TB/s / 4.8 = 0.90"
+#: tools/gpu_probe.py --conv-layers on an H100 80GB HBM3 (2026-11-26, docs/profiles/h100-80gb-hbm3-conv-layers.json):
+#: ResNet-50's 13 stride-1 convolution shapes at batch 64, forward and both gradients, float32 (TF32) and bfloat16,
+#: each at its faster layout; `tools/compare_profile.py ... --fit-conv` fits the efficiency at which the roofline
+#: predicts their total time (geometric mean of the two dtypes; 0.187 for TF32 alone, 0.117 for bfloat16 alone).
+_H100_MEASURED_CONV = ("measured on an H100 80GB HBM3 (tools/gpu_probe.py --conv-layers, 2026-11-26, "
+                       "docs/profiles/h100-80gb-hbm3-conv-layers.json): ResNet-50's convolutions at batch 64, "
+                       "forward and backward, reach 85 TFLOP/s in TF32 and 108 in BF16; "
+                       "tools/compare_profile.py --fit-conv: 0.147")
+_H100_MEASURED_LINK = ("measured on an H100 80GB HBM3 and an H200 (tools/gpu_probe.py, 2026-11-26, "
+                       "docs/profiles/h100-80gb-hbm3.json, docs/profiles/h200.json): pinned copies 54.5-55.2 GB/s "
+                       "each way of PCIe 5.0's 63 = 0.87")
 _ASSUMED = (" -- assumed from the H100 SXM5 measurement of issue 28 (same cuBLAS/cuDNN kernel class), not measured "
             "on this GPU; tools/gpu_probe.py measures it")
 _TFLMS = "tflms default, not a vendor figure (kept from the first profiles)"
@@ -368,7 +388,7 @@ for _p in (
     # PCIe: FP32 51, TF32 378, BF16/FP16 756.5 dense TFLOPS, 2.0 TB/s. Both: PCIe Gen5 128 GB/s to the host.
     HardwareProfile("h100-80gb-sxm5", 80 * GIB, 67e12, 3350, 63, host_memory_bytes=2048 * GIB,
                     tf32_flops=494.5e12, fp16_flops=989.5e12, bf16_flops=989.5e12,
-                    contraction_efficiency=0.81, memory_efficiency=0.90,
+                    contraction_efficiency=0.81, memory_efficiency=0.90, conv_efficiency=0.147, link_efficiency=0.87,
                     description="NVIDIA H100 80GB SXM5 (HGX H100), PCIe 5.0 x16 to the host",
                     sources=_cite(
                         peak_flops=_H100 + ": H100 SXM FP32 67 TFLOPS",
@@ -379,11 +399,11 @@ for _p in (
                         link_gbps=_H100 + ": PCIe Gen5 128 GB/s (both directions); " + _PCIE5,
                         contraction_efficiency=_H100_MEASURED_MM, memory_efficiency=_H100_MEASURED_COPY,
                         host_memory_bytes="NVIDIA DGX H100 datasheet: 2 TB system memory (for 8 GPUs)",
-                        compute_efficiency=_TFLMS, link_efficiency=_TFLMS, link_latency_s=_TFLMS,
-                        launch_overhead_s=_TFLMS)),
+                        compute_efficiency=_TFLMS, link_efficiency=_H100_MEASURED_LINK,
+                        conv_efficiency=_H100_MEASURED_CONV, link_latency_s=_TFLMS, launch_overhead_s=_TFLMS)),
     HardwareProfile("h100-80gb-pcie5", 80 * GIB, 51e12, 2000, 63, host_memory_bytes=1024 * GIB,
                     tf32_flops=378e12, fp16_flops=756.5e12, bf16_flops=756.5e12,
-                    contraction_efficiency=0.81, memory_efficiency=0.90,
+                    contraction_efficiency=0.81, memory_efficiency=0.90, conv_efficiency=0.147, link_efficiency=0.87,
                     description="NVIDIA H100 80GB PCIe on PCIe 5.0 x16",
                     sources=_cite(
                         peak_flops=_H100 + ": H100 PCIe FP32 51 TFLOPS",
@@ -395,12 +415,13 @@ for _p in (
                         contraction_efficiency=_H100_MEASURED_MM + _ASSUMED.replace(
                             "(same", "(the SXM5 part; the PCIe card's lower power limit may lower it; same"),
                         memory_efficiency=_H100_MEASURED_COPY + _ASSUMED, host_memory_bytes=_HOST_SERVER,
-                        compute_efficiency=_TFLMS, link_efficiency=_TFLMS, link_latency_s=_TFLMS,
+                        compute_efficiency=_TFLMS, link_efficiency=_H100_MEASURED_LINK + _ASSUMED,
+                        conv_efficiency=_H100_MEASURED_CONV + _ASSUMED, link_latency_s=_TFLMS,
                         launch_overhead_s=_TFLMS)),
     # H200 (Hopper, HBM3e): the H100 SXM's compute, 141 GB at 4.8 TB/s.
     HardwareProfile("h200-141gb", 141 * GIB, 67e12, 4800, 63, host_memory_bytes=2048 * GIB,
                     tf32_flops=494.5e12, fp16_flops=989.5e12, bf16_flops=989.5e12,
-                    contraction_efficiency=0.80, memory_efficiency=0.90,
+                    contraction_efficiency=0.80, memory_efficiency=0.90, conv_efficiency=0.147, link_efficiency=0.87,
                     description="NVIDIA H200 141GB SXM (HGX H200), PCIe 5.0 x16 to the host",
                     sources=_cite(
                         peak_flops=_H200 + ": H200 SXM FP32 67 TFLOPS",
@@ -411,12 +432,13 @@ for _p in (
                         link_gbps=_H200 + ": PCIe Gen5 128 GB/s (both directions); " + _PCIE5,
                         contraction_efficiency=_H200_MEASURED_MM, memory_efficiency=_H200_MEASURED_COPY,
                         host_memory_bytes="NVIDIA DGX H200 datasheet: 2 TB system memory (for 8 GPUs)",
-                        compute_efficiency=_TFLMS, link_efficiency=_TFLMS, link_latency_s=_TFLMS,
+                        compute_efficiency=_TFLMS, link_efficiency=_H100_MEASURED_LINK,
+                        conv_efficiency=_H100_MEASURED_CONV + _ASSUMED, link_latency_s=_TFLMS,
                         launch_overhead_s=_TFLMS)),
     # GH200: an H100 with 96 GB HBM3 at 4 TB/s, NVLink-C2C (900 GB/s total) to 480 GB LPDDR5X.
     HardwareProfile("gh200", 96 * GIB, 67e12, 4000, 450, host_memory_bytes=480 * GIB,
                     tf32_flops=494.5e12, fp16_flops=989.5e12, bf16_flops=989.5e12,
-                    contraction_efficiency=0.81, memory_efficiency=0.90,
+                    contraction_efficiency=0.81, memory_efficiency=0.90, conv_efficiency=0.147,
                     description="NVIDIA GH200 Grace Hopper: H100 96GB HBM3, NVLink-C2C to 480GB LPDDR5X",
                     sources=_cite(
                         peak_flops=_GH200 + ": FP32 67 TFLOPS",
@@ -428,6 +450,7 @@ for _p in (
                         contraction_efficiency=_H100_MEASURED_MM + _ASSUMED,
                         memory_efficiency=_H100_MEASURED_COPY + _ASSUMED,
                         host_memory_bytes=_GH200 + ": up to 480 GB LPDDR5X",
+                        conv_efficiency=_H100_MEASURED_CONV + _ASSUMED,
                         compute_efficiency=_TFLMS, link_efficiency=_TFLMS, link_latency_s=_TFLMS,
                         launch_overhead_s=_TFLMS)),
 ):

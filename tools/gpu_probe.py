@@ -38,6 +38,12 @@ GIB = 2**30
 MATMUL_MODES = ("fp32", "tf32", "fp16", "bf16")
 #: ResNet-50's conv3_x 3x3 layer: batch, channels in/out, height/width, kernel.
 CONV_SHAPE = (64, 128, 128, 28, 3)
+#: ``--conv-layers``: ResNet-50's stride-1 convolutions at batch 64 (224x224 input), one of each shape.
+RESNET50_CONVS = ((64, 64, 64, 56, 1), (64, 64, 64, 56, 3), (64, 64, 256, 56, 1), (64, 256, 64, 56, 1),
+                  (64, 128, 128, 28, 3), (64, 128, 512, 28, 1), (64, 512, 128, 28, 1),
+                  (64, 256, 256, 14, 3), (64, 256, 1024, 14, 1), (64, 1024, 256, 14, 1),
+                  (64, 512, 512, 7, 3), (64, 512, 2048, 7, 1), (64, 2048, 512, 7, 1))
+CONV_LAYOUTS = ("nchw", "nhwc")
 
 
 class Backend(Protocol):
@@ -59,6 +65,10 @@ class Backend(Protocol):
     def conv_s(self, shape: tuple[int, int, int, int, int], dtype: str, repeats: int) -> float | None: ...
 
     def device_copy_s(self, nbytes: int, repeats: int) -> float: ...
+
+    def conv_train_s(self, shape: tuple[int, int, int, int, int], dtype: str, layout: str,
+                     repeats: int) -> tuple[float, float] | None:
+        """A convolution's forward and backward (input and filter gradients) times, or ``None``."""
 
 
 def _median(times: list[float]) -> float:
@@ -180,6 +190,22 @@ class TorchBackend:
         torch.backends.cudnn.benchmark = True
         return self._timed(lambda: torch.nn.functional.conv2d(x, w, padding=k // 2), repeats)
 
+    def conv_train_s(self, shape: tuple[int, int, int, int, int], dtype: str, layout: str,
+                     repeats: int) -> tuple[float, float] | None:
+        torch = self.torch
+        batch, c_in, c_out, hw, k = shape
+        dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        fmt = torch.channels_last if layout == "nhwc" else torch.contiguous_format
+        x = torch.randn(batch, c_in, hw, hw, device=self.dev, dtype=dt).to(memory_format=fmt).requires_grad_()
+        w = torch.randn(c_out, c_in, k, k, device=self.dev, dtype=dt).to(memory_format=fmt).requires_grad_()
+        torch.backends.cudnn.benchmark = True
+        forward = self._timed(lambda: torch.nn.functional.conv2d(x, w, padding=k // 2), repeats)
+        y = torch.nn.functional.conv2d(x, w, padding=k // 2)
+        dy = torch.randn_like(y)
+        both = self._timed(lambda: torch.autograd.grad(torch.nn.functional.conv2d(x, w, padding=k // 2), (x, w), dy),
+                           repeats)
+        return forward, max(both - forward, 0.0)
+
     def device_copy_s(self, nbytes: int, repeats: int) -> float:
         src = self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.dev)
         dst = self.torch.empty_like(src)
@@ -299,6 +325,10 @@ class CupyBackend:
     def conv_s(self, shape: tuple[int, int, int, int, int], dtype: str, repeats: int) -> float | None:
         return None  # CuPy's cuDNN bindings are optional; the table says "not measured"
 
+    def conv_train_s(self, shape: tuple[int, int, int, int, int], dtype: str, layout: str,
+                     repeats: int) -> tuple[float, float] | None:
+        return None
+
     def device_copy_s(self, nbytes: int, repeats: int) -> float:
         src = self.cp.empty(nbytes, self.cp.uint8)
         dst = self.cp.empty_like(src)
@@ -353,6 +383,11 @@ class StandInBackend:
     def device_copy_s(self, nbytes: int, repeats: int) -> float:
         return 2 * nbytes / (self.hbm_gbps * 1e9)
 
+    def conv_train_s(self, shape: tuple[int, int, int, int, int], dtype: str, layout: str,
+                     repeats: int) -> tuple[float, float] | None:
+        forward = self.conv_s(shape, dtype, repeats) * (1.0 if layout == "nhwc" else 1.5)
+        return forward, 2 * forward
+
 
 def conv_flops(shape: tuple[int, int, int, int, int]) -> float:
     """Multiply-adds x 2 of a stride-1 'same' convolution."""
@@ -371,8 +406,9 @@ def _nvidia_smi_driver() -> str:
 
 
 def probe(backend: Backend, *, copy_bytes: int = 256 * MIB, matmul_n: int = 8192, repeats: int = 10,
-          progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    """Every measurement, as rates: GB/s (1e9 bytes/s) and FLOP/s."""
+          conv_layers: bool = False, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Every measurement, as rates: GB/s (1e9 bytes/s) and FLOP/s; with ``conv_layers``, also a training
+    step's convolutions (:func:`conv_layers`)."""
     out: dict[str, Any] = {"copy_bytes": copy_bytes, "matmul_n": matmul_n, "repeats": repeats}
     link = out["link_gbps"] = {}
     for host in ("pinned", "pageable"):
@@ -405,7 +441,38 @@ def probe(backend: Backend, *, copy_bytes: int = 256 * MIB, matmul_n: int = 8192
         conv[dtype] = None if seconds is None else conv_flops(CONV_SHAPE) / seconds
     progress("device-to-device copy")
     out["hbm_gbps"] = 2 * copy_bytes / backend.device_copy_s(copy_bytes, repeats) / 1e9
+    if conv_layers:
+        progress(f"{len(RESNET50_CONVS)} ResNet-50 convolutions, forward and backward")
+        out["conv_layers"] = measure_conv_layers(backend, repeats)
     return out
+
+
+def measure_conv_layers(backend: Backend, repeats: int) -> dict[str, Any]:
+    """ResNet-50's stride-1 convolutions (:data:`RESNET50_CONVS`) in float32 (TF32, as PyTorch and TensorFlow
+    run them by default) and bfloat16, channels-first and channels-last: per layer, forward and backward rates
+    (the backward pass is the input and filter gradients, twice the forward FLOPs); then, per dtype, the
+    training rate over all layers at each layer's faster layout (what cuDNN's heuristics and TensorFlow's
+    layout optimizer aim for): total FLOPs over total time."""
+    layers, totals = [], {}
+    for dtype in ("float32", "bfloat16"):
+        flops_sum = seconds_sum = 0.0
+        for shape in RESNET50_CONVS:
+            best = None
+            for layout in CONV_LAYOUTS:
+                times = backend.conv_train_s(shape, dtype, layout, repeats)
+                if times is None:
+                    return {"not_measured": f"{backend.name} has no convolution"}
+                forward, backward = times
+                layers.append({"shape": list(shape), "dtype": dtype, "layout": layout,
+                               "forward_flops": conv_flops(shape) / forward,
+                               "backward_flops": 2 * conv_flops(shape) / backward if backward else None})
+                step = forward + backward
+                best = step if best is None else min(best, step)
+            flops_sum += 3 * conv_flops(shape)
+            seconds_sum += best
+        totals[dtype] = flops_sum / seconds_sum
+    return {"shapes": "batch, channels in, channels out, height = width, kernel (stride 1, 'same')",
+            "layers": layers, "training_flops": totals}
 
 
 def to_profile(device: dict[str, Any], measured: dict[str, Any], *, name: str | None = None) -> dict[str, Any]:
@@ -458,6 +525,10 @@ def table(result: dict[str, Any]) -> str:
     rows.append("convolution " + str(CONV_SHAPE) + " (TFLOP/s): " + ", ".join(
         f"{k} {'not measured' if v is None else f'{v / 1e12:.1f}'}" for k, v in m["conv_flops"].items()))
     rows.append(f"HBM (device-to-device copy, read + written): {m['hbm_gbps']:.0f} GB/s")
+    layers = m.get("conv_layers")
+    if layers and "training_flops" in layers:
+        rows.append(f"ResNet-50's {len(RESNET50_CONVS)} stride-1 convolutions, forward + backward at the faster "
+                    "layout (TFLOP/s): " + ", ".join(f"{k} {v / 1e12:.1f}" for k, v in layers["training_flops"].items()))
     return "\n".join(rows)
 
 
@@ -489,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--matmul-n", type=int, default=8192, help="square matrix product size (default 8192)")
     parser.add_argument("--repeats", type=int, default=10, help="timed runs per figure, median (default 10)")
     parser.add_argument("--name", help="the profile's name (default: measured-<device name>)")
+    parser.add_argument("--conv-layers", action="store_true",
+                        help="also time ResNet-50's convolutions, forward and backward, in both layouts")
     parser.add_argument("--json", action="store_true", help="print the JSON instead of the table")
     parser.add_argument("-o", "--output", help="also write the JSON to this file")
     args = parser.parse_args(argv)
@@ -496,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--copy-mib, --matmul-n and --repeats must be positive")
     backend = make_backend(args.backend)
     result = run(backend, copy_bytes=args.copy_mib * MIB, matmul_n=args.matmul_n, repeats=args.repeats,
-                 name=args.name, progress=lambda what: print(f"measuring {what} ...", file=sys.stderr, flush=True))
+                 conv_layers=args.conv_layers, name=args.name,
+                 progress=lambda what: print(f"measuring {what} ...", file=sys.stderr, flush=True))
     text = json.dumps(result, indent=2)
     if args.output:
         with open(args.output, "w") as f:

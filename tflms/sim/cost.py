@@ -232,7 +232,7 @@ def op_compute_s(graph: Graph, op: Op, profile: HardwareProfile) -> float:
         return 0.0
     flops = op_flops(graph, op)
     if op.type in CONTRACTION_OPS:
-        return flops / profile.contraction_flops_per_s(op_dtype(graph, op))
+        return flops / profile.contraction_flops_per_s(op_dtype(graph, op), conv="Conv" in op.type)
     return flops / profile.effective_flops
 
 

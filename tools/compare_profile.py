@@ -1,0 +1,231 @@
+"""Compare what a GPU measured (``tools/gpu_probe.py``'s JSON) with what tflms's cost model predicts on a profile.
+
+Every measured figure is priced again through the code the planner uses: the probe's matrix products,
+its convolution and its device-to-device copy are traced as TensorFlow ops and priced by
+:func:`tflms.sim.cost.op_time_s`; host copies by :meth:`HardwareProfile.copy_time_s`. Each row shows the
+measured rate, the rate the profile predicts and their ratio, for the profile the device is matched to
+(:func:`tflms.profiles.profile_for_device`, or ``--profile``) and for the probe's own JSON loaded as a profile.
+A probe run with ``--conv-layers`` adds ResNet-50's stride-1 convolutions, forward and backward: their FLOPs over
+the measured time (each layer at its faster layout) against the same over the priced ``Conv2D``,
+``Conv2DBackpropInput`` and ``Conv2DBackpropFilter`` ops of a traced gradient.
+
+    python tools/compare_profile.py docs/profiles/h100-80gb-hbm3.json
+    python tools/compare_profile.py docs/profiles/h200.json --profile h200-141gb --json
+    python tools/compare_profile.py docs/profiles/h100-80gb-hbm3-conv-layers.json --fit-conv
+
+The simulator runs copies on their own streams beside compute, so it predicts that a copy and a product
+running together each take the time they take alone; the probe's ``overlap`` figures check that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+#: The probe's matrix-product modes, the TensorFlow dtype each is traced in, and whether TF32 is on.
+MODES = {"fp32": ("float32", False), "tf32": ("float32", True), "fp16": ("float16", True),
+         "bf16": ("bfloat16", True)}
+#: The probe's convolution dtypes. PyTorch runs a float32 convolution as TF32 by default
+#: (``torch.backends.cudnn.allow_tf32``), as TensorFlow does (``enable_tensor_float_32_execution``).
+CONV_DTYPES = ("float32", "bfloat16")
+
+
+def _graph(fn, *specs):
+    import tensorflow as tf
+    from tflms.ir.tf_io import load_graph
+    return load_graph(tf.function(fn).get_concrete_function(*specs))
+
+
+def _priced(graph, op_type: str, profile) -> float:
+    from tflms.sim.cost import op_time_s
+    [op] = [op for op in graph if op.type == op_type]
+    return op_time_s(graph, op, profile)
+
+
+def predictions(measurements: dict[str, Any], profile) -> dict[str, float]:
+    """The rates ``profile`` predicts for the probe's operations, keyed as :func:`measured` keys them:
+    FLOP/s for products and the convolution, bytes/s for copies (a device copy counts bytes read plus written)."""
+    import tensorflow as tf
+    out: dict[str, float] = {}
+    n = int(measurements["matmul_n"])
+    for mode, (dtype, tf32) in MODES.items():
+        spec = tf.TensorSpec((n, n), getattr(tf, dtype))
+        out[f"matmul {mode}"] = 2 * n**3 / _priced(_graph(tf.matmul, spec, spec), "MatMul",
+                                                   profile.with_tf32(tf32))
+    batch, c_in, c_out, hw, k = measurements.get("conv_shape", (64, 128, 128, 28, 3))
+    flops = 2.0 * batch * hw * hw * c_out * c_in * k * k
+    for dtype in CONV_DTYPES:
+        dt = getattr(tf, dtype)
+        graph = _graph(lambda x, w: tf.nn.conv2d(x, w, 1, "SAME"), tf.TensorSpec((batch, hw, hw, c_in), dt),
+                       tf.TensorSpec((k, k, c_in, c_out), dt))
+        out[f"conv {dtype}"] = flops / _priced(graph, "Conv2D", profile.with_tf32(True))
+    nbytes = int(measurements["copy_bytes"])
+    copy = _graph(lambda x: tf.raw_ops.DeepCopy(x=x), tf.TensorSpec((nbytes // 4,), tf.float32))
+    out["device copy"] = 2 * nbytes / _priced(copy, "DeepCopy", profile)
+    for direction in ("h2d", "d2h"):
+        out[f"host {direction} pinned"] = nbytes / profile.copy_time_s(nbytes)
+    return out
+
+
+def conv_layer_times(layers: dict[str, Any], profile) -> dict[str, dict[str, float]]:
+    """Per dtype, the measured and predicted seconds of a training step's convolutions (``gpu_probe.py
+    --conv-layers``): each layer's forward and backward at its faster measured layout, against
+    :func:`op_time_s` of the ops TensorFlow's gradient builds (``Conv2D``, ``Conv2DBackpropInput``,
+    ``Conv2DBackpropFilter``), traced channels-last."""
+    import tensorflow as tf
+    from tflms.sim.cost import op_time_s
+    best: dict[tuple[str, tuple[int, ...]], float] = {}
+    for layer in layers["layers"]:
+        flops = 2.0 * _conv_macs(layer["shape"])
+        seconds = flops / layer["forward_flops"] + (2 * flops / layer["backward_flops"] if layer["backward_flops"]
+                                                     else 0.0)
+        key = (layer["dtype"], tuple(layer["shape"]))
+        best[key] = min(best.get(key, seconds), seconds)
+    out: dict[str, dict[str, float]] = {}
+    for (dtype, shape), seconds in sorted(best.items()):
+        batch, c_in, c_out, hw, k = shape
+        dt = getattr(tf, dtype)
+
+        def step(x, w, dy):
+            with tf.GradientTape() as tape:
+                tape.watch([x, w])
+                y = tf.nn.conv2d(x, w, 1, "SAME")
+            return tape.gradient(y, [x, w], output_gradients=dy)
+        graph = _graph(step, tf.TensorSpec((batch, hw, hw, c_in), dt), tf.TensorSpec((k, k, c_in, c_out), dt),
+                       tf.TensorSpec((batch, hw, hw, c_out), dt))
+        predicted = sum(op_time_s(graph, op, profile.with_tf32(True)) for op in graph
+                        if op.type.startswith("Conv2D"))
+        totals = out.setdefault(dtype, {"flops": 0.0, "measured_s": 0.0, "predicted_s": 0.0})
+        totals["flops"] += 6.0 * _conv_macs(shape)
+        totals["measured_s"] += seconds
+        totals["predicted_s"] += predicted
+    return out
+
+
+def fit_conv_efficiency(layers: dict[str, Any], profile, dtypes: tuple[str, ...] | None = None) -> float:
+    """The ``conv_efficiency`` at which ``profile`` predicts the measured convolutions: the geometric mean of
+    predicted over measured time, over ``dtypes`` (default: every measured dtype), is 1. Bisection (the
+    predicted time falls as the efficiency rises; memory-bound layers keep their memory time)."""
+    import dataclasses
+    import math
+
+    def log_error(efficiency: float) -> float:
+        times = conv_layer_times(layers, dataclasses.replace(profile, conv_efficiency=efficiency))
+        chosen = [t for dtype, t in times.items() if dtypes is None or dtype in dtypes]
+        return sum(math.log(t["predicted_s"] / t["measured_s"]) for t in chosen) / len(chosen)
+
+    low, high = 0.01, 1.0
+    if log_error(high) > 0:
+        return high  # slower than measured even at the full peak: nothing to fit
+    for _ in range(30):
+        middle = (low + high) / 2
+        low, high = (middle, high) if log_error(middle) > 0 else (low, middle)
+    return round((low + high) / 2, 3)
+
+
+def _conv_macs(shape) -> float:
+    batch, c_in, c_out, hw, k = shape
+    return float(batch) * hw * hw * c_out * c_in * k * k
+
+
+def measured(measurements: dict[str, Any]) -> dict[str, float]:
+    out = {f"matmul {mode}": rate for mode, rate in measurements["matmul_flops"].items() if rate}
+    out.update({f"conv {dtype}": rate for dtype, rate in (measurements.get("conv_flops") or {}).items() if rate})
+    out["device copy"] = measurements["hbm_gbps"] * 1e9
+    for direction in ("h2d", "d2h"):
+        out[f"host {direction} pinned"] = measurements["link_gbps"][f"{direction}_pinned"] * 1e9
+    return out
+
+
+def compare(probe: dict[str, Any], profile_names: list[str] | None = None, fit_conv: bool = False) -> dict[str, Any]:
+    from tflms.profiles import HardwareProfile, get_profile, profile_for_device
+    device = probe["device"]
+    names = profile_names or [profile_for_device(device["name"], device.get("memory_bytes")).name]
+    profiles = [get_profile(name) for name in names] + [HardwareProfile.from_dict(probe["profile"])]
+    got = measured(probe["measurements"])
+    rows = []
+    predicted = {p.name: predictions(probe["measurements"], p) for p in profiles}
+    layers = probe["measurements"].get("conv_layers") or {}
+    if layers.get("layers"):
+        for p in profiles:
+            for dtype, totals in conv_layer_times(layers, p).items():
+                predicted[p.name][f"ResNet-50 convs {dtype}"] = totals["flops"] / totals["predicted_s"]
+                got[f"ResNet-50 convs {dtype}"] = totals["flops"] / totals["measured_s"]
+    for key, rate in got.items():
+        rows.append({"figure": key, "measured": rate,
+                     **{p.name: {"predicted": predicted[p.name][key], "ratio": predicted[p.name][key] / rate}
+                        for p in profiles}})
+    overlap = {direction: {k: v for k, v in figures.items() if k.endswith("_vs_alone")}
+               for direction, figures in (probe["measurements"].get("overlap") or {}).items()}
+    result = {"device": device, "profiles": [p.name for p in profiles], "rows": rows, "overlap": overlap}
+    if fit_conv and layers.get("layers"):
+        dtypes = sorted({layer["dtype"] for layer in layers["layers"]})
+        result["conv_efficiency"] = {p.name: {"all": fit_conv_efficiency(layers, p),
+                                              **{d: fit_conv_efficiency(layers, p, (d,)) for d in dtypes}}
+                                     for p in profiles}
+    return result
+
+
+def _unit(key: str, rate: float) -> str:
+    return f"{rate / 1e12:.1f} TFLOP/s" if key.startswith(("matmul", "conv", "ResNet")) else f"{rate / 1e9:.1f} GB/s"
+
+
+def table(result: dict[str, Any]) -> str:
+    device = result["device"]
+    lines = [f"{device['name']} (driver {device.get('driver', '?')}, {device.get('library', '?')}): measured "
+             "against the cost model (tflms.sim.cost.op_time_s; predicted / measured)", "",
+             "| figure | measured | " + " | ".join(result["profiles"]) + " |",
+             "|---|---|" + "---|" * len(result["profiles"])]
+    for row in result["rows"]:
+        cells = [f"{_unit(row['figure'], row[p]['predicted'])} ({row[p]['ratio']:.2f})" for p in result["profiles"]]
+        lines.append(f"| {row['figure']} | {_unit(row['figure'], row['measured'])} | " + " | ".join(cells) + " |")
+    for direction, figures in result["overlap"].items():
+        lines.append(f"\n{direction} copy during a product: copy {figures.get('copy_vs_alone', float('nan')):.2f}x "
+                     f"its time alone, product {figures.get('product_vs_alone', float('nan')):.2f}x "
+                     "(the simulator assumes 1.00x for both)")
+    for name, fits in result.get("conv_efficiency", {}).items():
+        lines.append(f"\n{name}: conv_efficiency that predicts the measured ResNet-50 convolutions: "
+                     + ", ".join(f"{k} {v:.3f}" for k, v in fits.items())
+                     + f" (now {_conv_now(name)})")
+    return "\n".join(lines)
+
+
+def _conv_now(name: str) -> str:
+    from tflms.profiles import HardwareProfile, get_profile
+    try:
+        profile = get_profile(name)
+    except Exception:
+        return "the probe's own profile"
+    return (f"{profile.conv_efficiency}" if profile.conv_efficiency is not None
+            else f"unset: contraction_efficiency {profile.contraction_efficiency}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("probe", help="a JSON file written by tools/gpu_probe.py")
+    parser.add_argument("--profile", action="append", help="a profile to compare (repeatable; default: the "
+                        "registered profile matched to the probe's device)")
+    parser.add_argument("--fit-conv", action="store_true", help="also fit each profile's conv_efficiency to the "
+                        "measured ResNet-50 convolutions (a probe run with --conv-layers)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        with open(args.probe) as f:
+            probe = json.load(f)
+        probe["device"], probe["measurements"], probe["profile"]
+    except (OSError, ValueError, KeyError) as err:
+        parser.error(f"{args.probe}: not a tools/gpu_probe.py JSON file ({err!r})")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    result = compare(probe, args.profile, fit_conv=args.fit_conv)
+    print(json.dumps(result, indent=1) if args.json else table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
