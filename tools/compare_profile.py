@@ -20,6 +20,7 @@ running together each take the time they take alone; the probe's ``overlap`` fig
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -78,7 +79,6 @@ def conv_layer_times(layers: dict[str, Any], profile) -> dict[str, dict[str, flo
     --conv-layers``): each layer's forward and backward at its faster measured layout, against
     :func:`op_time_s` of the ops TensorFlow's gradient builds (``Conv2D``, ``Conv2DBackpropInput``,
     ``Conv2DBackpropFilter``), traced channels-last."""
-    import tensorflow as tf
     from tflms.sim.cost import op_time_s
     best: dict[tuple[str, tuple[int, ...]], float] = {}
     for layer in layers["layers"]:
@@ -89,16 +89,7 @@ def conv_layer_times(layers: dict[str, Any], profile) -> dict[str, dict[str, flo
         best[key] = min(best.get(key, seconds), seconds)
     out: dict[str, dict[str, float]] = {}
     for (dtype, shape), seconds in sorted(best.items()):
-        batch, c_in, c_out, hw, k = shape
-        dt = getattr(tf, dtype)
-
-        def step(x, w, dy):
-            with tf.GradientTape() as tape:
-                tape.watch([x, w])
-                y = tf.nn.conv2d(x, w, 1, "SAME")
-            return tape.gradient(y, [x, w], output_gradients=dy)
-        graph = _graph(step, tf.TensorSpec((batch, hw, hw, c_in), dt), tf.TensorSpec((k, k, c_in, c_out), dt),
-                       tf.TensorSpec((batch, hw, hw, c_out), dt))
+        graph = _conv_step_graph(dtype, shape)
         predicted = sum(op_time_s(graph, op, profile.with_tf32(True)) for op in graph
                         if op.type.startswith("Conv2D"))
         totals = out.setdefault(dtype, {"flops": 0.0, "measured_s": 0.0, "predicted_s": 0.0})
@@ -127,6 +118,22 @@ def fit_conv_efficiency(layers: dict[str, Any], profile, dtypes: tuple[str, ...]
         middle = (low + high) / 2
         low, high = (middle, high) if log_error(middle) > 0 else (low, middle)
     return round((low + high) / 2, 3)
+
+
+@functools.lru_cache(maxsize=None)
+def _conv_step_graph(dtype: str, shape: tuple[int, ...]):
+    """A convolution and its two gradients, traced channels-last (fitting prices them many times)."""
+    import tensorflow as tf
+    batch, c_in, c_out, hw, k = shape
+    dt = getattr(tf, dtype)
+
+    def step(x, w, dy):
+        with tf.GradientTape() as tape:
+            tape.watch([x, w])
+            y = tf.nn.conv2d(x, w, 1, "SAME")
+        return tape.gradient(y, [x, w], output_gradients=dy)
+    return _graph(step, tf.TensorSpec((batch, hw, hw, c_in), dt), tf.TensorSpec((k, k, c_in, c_out), dt),
+                  tf.TensorSpec((batch, hw, hw, c_out), dt))
 
 
 def _conv_macs(shape) -> float:

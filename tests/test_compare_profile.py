@@ -1,0 +1,110 @@
+"""The H100 and H200 measured by tools/gpu_probe.py (docs/profiles/*.json) against the profiles the cost model uses,
+through tools/compare_profile.py, and the convolution efficiency fitted from them (issue 28, part 5)."""
+
+import dataclasses
+import json
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import compare_profile  # noqa: E402
+import gpu_probe  # noqa: E402
+
+PROFILES = ROOT / "docs" / "profiles"
+
+
+def _probe(name: str) -> dict:
+    return json.loads((PROFILES / name).read_text())
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return compare_profile.compare(_probe("h100-80gb-hbm3-conv-layers.json"), ["h100-80gb-sxm5"], fit_conv=True)
+
+
+def _row(result, figure):
+    [row] = [r for r in result["rows"] if r["figure"] == figure]
+    return row
+
+
+def test_every_committed_probe_names_its_device_driver_and_date():
+    files = sorted(PROFILES.glob("*.json"))
+    assert {f.name for f in files} >= {"h100-80gb-hbm3.json", "h100-80gb-hbm3-conv-layers.json", "h200.json"}
+    for path in files:
+        probe = json.loads(path.read_text())
+        assert probe["tool"] == "tools/gpu_probe.py" and probe["date"] and probe["device"]["driver"], path
+        assert probe["device"]["name"].startswith("NVIDIA H"), path
+
+
+def test_the_matched_profiles_predict_the_measured_products_copies_and_host_link_within_10_percent():
+    for name, profile in (("h100-80gb-hbm3.json", "h100-80gb-sxm5"), ("h200.json", "h200-141gb")):
+        result = compare_profile.compare(_probe(name))
+        assert result["profiles"][0] == profile  # profile_for_device matched the device
+        for figure in ("matmul tf32", "matmul fp16", "matmul bf16", "device copy", "host h2d pinned",
+                       "host d2h pinned"):
+            ratio = _row(result, figure)[profile]["ratio"]
+            assert 0.9 <= ratio <= 1.1, (name, figure, ratio)
+
+
+def test_resnet50_convolutions_were_priced_too_fast_at_the_products_efficiency_and_are_within_25_percent_now(h100):
+    from tflms.profiles import get_profile
+    layers = _probe("h100-80gb-hbm3-conv-layers.json")["measurements"]["conv_layers"]
+    for dtype in ("float32", "bfloat16"):
+        ratio = _row(h100, f"ResNet-50 convs {dtype}")["h100-80gb-sxm5"]["ratio"]
+        assert 0.75 <= ratio <= 1.25, (dtype, ratio)
+    before = dataclasses.replace(get_profile("h100-80gb-sxm5"), conv_efficiency=None)
+    for dtype, times in compare_profile.conv_layer_times(layers, before).items():
+        assert times["measured_s"] / times["predicted_s"] > 2.0, dtype  # the matrix products' 0.81: 2.3x / 3.3x
+
+
+def test_the_profiles_conv_efficiency_is_the_fit_to_the_committed_measurement(h100):
+    from tflms.profiles import get_profile
+    assert h100["conv_efficiency"]["h100-80gb-sxm5"]["all"] == pytest.approx(
+        get_profile("h100-80gb-sxm5").conv_efficiency, abs=0.002)
+    fits = h100["conv_efficiency"]["h100-80gb-sxm5"]
+    assert fits["bfloat16"] < fits["all"] < fits["float32"]
+
+
+def test_conv_efficiency_prices_convolutions_only():
+    import tensorflow as tf
+    from tflms.profiles import get_profile
+    profile = get_profile("h100-80gb-sxm5")
+    spec = tf.TensorSpec((4096, 4096), tf.bfloat16)
+    product = compare_profile._graph(tf.matmul, spec, spec)
+    assert compare_profile._priced(product, "MatMul", profile) == pytest.approx(
+        compare_profile._priced(product, "MatMul", dataclasses.replace(profile, conv_efficiency=None)))
+    conv = compare_profile._graph(lambda x, w: tf.nn.conv2d(x, w, 1, "SAME"),
+                                  tf.TensorSpec((64, 14, 14, 1024), tf.bfloat16),
+                                  tf.TensorSpec((3, 3, 1024, 1024), tf.bfloat16))
+    slow, fast = (compare_profile._priced(conv, "Conv2D", p) for p in (profile, dataclasses.replace(
+        profile, conv_efficiency=None)))
+    assert slow - profile.launch_overhead_s == pytest.approx((fast - profile.launch_overhead_s) * 0.81 / 0.147)
+
+
+def test_conv_efficiency_out_of_range_is_refused():
+    from tflms.errors import ConfigError
+    from tflms.profiles import get_profile
+    with pytest.raises(ConfigError, match="conv_efficiency must be in"):
+        dataclasses.replace(get_profile("h100-80gb-sxm5"), conv_efficiency=1.5)
+
+
+def test_the_conv_layer_probe_takes_each_layers_faster_layout():
+    """The stand-in runs channels-first 1.5x slower: the totals are at its channels-last rate."""
+    result = gpu_probe.run(gpu_probe.StandInBackend(latency_s=0.0), copy_bytes=2**20, matmul_n=256, repeats=1,
+                           conv_layers=True)
+    layers = result["measurements"]["conv_layers"]
+    assert len(layers["layers"]) == 2 * 2 * len(gpu_probe.RESNET50_CONVS)
+    assert layers["training_flops"]["bfloat16"] == pytest.approx(750e12)
+    assert layers["training_flops"]["float32"] == pytest.approx(50e12)
+    assert "ResNet-50's 13 stride-1 convolutions" in gpu_probe.table(result)
+
+
+def test_the_tool_refuses_a_file_that_is_no_probe(tmp_path, capsys):
+    bad = tmp_path / "x.json"
+    bad.write_text('{"name": "h100"}')
+    with pytest.raises(SystemExit):
+        compare_profile.main([str(bad)])
+    assert "not a tools/gpu_probe.py JSON file" in capsys.readouterr().err
