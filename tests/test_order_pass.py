@@ -190,12 +190,12 @@ def _mlp_evaluator():
     from tflms.passes.swaps import DEFAULT_COPY_OP
     from tflms.sim import SimOptions, get_profile
     from tflms.testing import mlp_training_graph
-    from tflms.tune.search import _Evaluator
+    from tflms.tune.search import TuneEvaluator
     g = mlp_training_graph(6, batch=64, width=256)
     profile = get_profile("v100-16gb-pcie3")
     base = simulate(g, profile)
     budget = base.resident_bytes + (base.peak_bytes - base.resident_bytes) // 4
-    return _Evaluator(analyze_graph(g), profile, budget, profile.host_memory_bytes, SimOptions(),
+    return TuneEvaluator(analyze_graph(g), profile, budget, profile.host_memory_bytes, SimOptions(),
                       LMSConfig().with_rule_defaults(), "/device:GPU:0", DEFAULT_COPY_OP, None)
 
 

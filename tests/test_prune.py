@@ -13,7 +13,7 @@ from tflms.profiles import get_profile
 from tflms.sim.simulator import SimOptions, simulate
 from tflms.testing.graphs import GraphBuilder, mlp_training_graph
 from tflms.tune.prune import PRUNED_PARAM, ROUND_TRIP_PARAM, earlier_swap_ins, merged_swap_ins, predicted_drops, prune_swaps
-from tflms.tune.search import _Evaluator
+from tflms.tune.search import TuneEvaluator
 
 PROFILE = get_profile("v100-16gb-pcie3")
 SHAPE = (1024, 1024)  # 4 MiB: a copy takes about 0.34 ms on PCIe 3, an element-wise op about 0.02 ms
@@ -59,9 +59,9 @@ def _swap(analysis, tensor: str, consumer: str, trigger: str) -> SwapDecision:
                                               levels[trigger], sync=False),))
 
 
-def _evaluator(analysis, budget: int, progress=None) -> _Evaluator:
+def _evaluator(analysis, budget: int, progress=None) -> TuneEvaluator:
     config = LMSConfig().with_rule_defaults()
-    ev = _Evaluator(analysis, PROFILE, budget, PROFILE.host_memory_bytes, SimOptions(), config, "/device:GPU:0",
+    ev = TuneEvaluator(analysis, PROFILE, budget, PROFILE.host_memory_bytes, SimOptions(), config, "/device:GPU:0",
                     DEFAULT_COPY_OP, progress)
     ev.context = dataclasses.replace(ev.context, baseline=ev.plans.evaluate(None))
     return ev

@@ -388,8 +388,8 @@ def test_idle_time_candidates_follow_the_device_planned_for_not_this_machines_on
     def tuners_candidates(device):
         from tflms.passes.swaps import DEFAULT_COPY_OP
         from tflms.sim import SimOptions
-        from tflms.tune.search import _Evaluator
-        ev = _Evaluator(analysis, profile, sim.peak_bytes, profile.host_memory_bytes, SimOptions(), config, device,
+        from tflms.tune.search import TuneEvaluator
+        ev = TuneEvaluator(analysis, profile, sim.peak_bytes, profile.host_memory_bytes, SimOptions(), config, device,
                         DEFAULT_COPY_OP, None)
         return {c.tensor.op for c in ev.scored(sim)}
 

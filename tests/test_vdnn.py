@@ -23,7 +23,7 @@ from tflms.passes.swaps import apply_swaps, inserted_op_names
 from tflms.sim import SimOptions, get_profile, simulate
 from tflms.sim.simulator import RECV_SUFFIX
 from tflms.testing import GraphBuilder, assert_bitwise_equal, make_train_step, mlp_training_graph, snapshot
-from tflms.tune.tuner import _Evaluator
+from tflms.tune.tuner import TuneEvaluator
 from tflms.policies.vdnn import VDNN_ALL, VDNN_CONV, plan_vdnn, vdnn_layers
 from tflms.tune.vdnn import choose_vdnn, search_vdnn
 
@@ -180,7 +180,7 @@ def test_vdnn_dyn_picks_the_first_policy_that_fits():
 def test_search_vdnn_runs_through_the_tuners_evaluator():
     analysis = analyze_graph(mlp_training_graph(4))
     profile = get_profile(PROFILE)
-    ev = _Evaluator(analysis, profile, profile.memory_bytes, profile.host_memory_bytes, SimOptions(), LMSConfig(),
+    ev = TuneEvaluator(analysis, profile, profile.memory_bytes, profile.host_memory_bytes, SimOptions(), LMSConfig(),
                     GPU, "Identity", None)
     search_vdnn(ev)
     assert [(c.strategy, len(c.plan.swaps), c.fits) for c in ev.candidates] == [(VDNN_CONV, 0, True),

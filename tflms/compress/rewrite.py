@@ -51,6 +51,7 @@ from tflms.ir.graph import DTYPE_BYTES, Graph, TensorInfo, TensorRef
 from tflms.ir.tf_io import DO_NOT_REMOVE_ATTR
 from tflms.passes.swaps import inserted_op_names as plan_op_names
 from tflms.passes.result import PassResult
+from tflms.policies.eligibility import INSERTED_PREFIX
 from tflms.policies.swapplan import SwapDecision, SwapPlan
 from tflms.sim.cost import CODEC_ATTR, CODEC_ROLE_ATTR, DECODE, ENCODE
 
@@ -87,11 +88,11 @@ ChoiceLike = Codec | str | CompressionChoice
 
 
 def encode_op_name(tensor: TensorRef) -> str:
-    return f"lms/encode_{tensor.op}_{tensor.index}"
+    return f"{INSERTED_PREFIX}encode_{tensor.op}_{tensor.index}"
 
 
 def decode_op_name(tensor: TensorRef, group: int) -> str:
-    return f"lms/decode_{tensor.op}_{tensor.index}_{group}"
+    return f"{INSERTED_PREFIX}decode_{tensor.op}_{tensor.index}_{group}"
 
 
 def part_op_name(base: str, part: int) -> str:

@@ -14,7 +14,7 @@ policy's public function, unchanged:
 :class:`PlanContext` carries what a policy may need beyond the graph and the
 config: the accelerator device the plan is for, the hardware profile and the
 simulation of the unrewritten step. The tuner (:mod:`tflms.tune.tuner`) builds
-policy objects and judges every one through one entry, ``_Evaluator.evaluate``.
+policy objects and judges every one through one entry, ``TuneEvaluator.evaluate``.
 """
 
 from __future__ import annotations

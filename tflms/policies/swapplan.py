@@ -22,7 +22,7 @@ from tflms.config import LMSConfig
 from tflms.errors import ConfigError
 from tflms.ir.graph import TensorRef
 from tflms.devices import runs_onednn_cpu_kernels
-from tflms.policies.eligibility import is_inserted
+from tflms.policies.eligibility import INSERTED_PREFIX, is_inserted
 from tflms.ir.op_types import CONDITIONAL_TYPES, HOST_PRODUCERS, IDENTITY_OPS, ONEDNN_WORKSPACE_EDGES
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,8 @@ class SwapPlan:
 
 def swap_op_names(tensor: TensorRef) -> tuple[str, str]:
     """Deterministic base names of a tensor's swap ops (swap-in gets ``_<group>``)."""
-    return f"lms/swap_out_{tensor.op}_{tensor.index}", f"lms/swap_in_{tensor.op}_{tensor.index}"
+    return (f"{INSERTED_PREFIX}swap_out_{tensor.op}_{tensor.index}",
+            f"{INSERTED_PREFIX}swap_in_{tensor.op}_{tensor.index}")
 
 
 def _in_scope(name: str, scope: str) -> bool:

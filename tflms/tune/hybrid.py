@@ -21,14 +21,19 @@ from __future__ import annotations
 import dataclasses
 from collections import ChainMap
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from tflms.analysis.cto import Analysis, analyze_graph
+from tflms.ir.graph import Graph
 from tflms.passes.swaps import apply_swaps
 from tflms.policies.recompute import articulations, plan_recomputes, rank_candidates, segment_ops, select
 from tflms.policies.swapplan import SwapPlan
 from tflms.sim.cost import op_time_s
 from tflms.sim.simulator import SimResult, simulate
 from tflms.tune.result import Candidate
+
+if TYPE_CHECKING:
+    from tflms.tune.search import TuneEvaluator
 
 #: Recompute a tensor when its chain costs at most this times the two copies a swap of it takes.
 PRICES = (0.05, 0.25, 1.0, 4.0)
@@ -45,7 +50,7 @@ ONLY_BISECTIONS = 8
 MAX_CANDIDATES = len(PRICES) + 2 * len(SEGMENT_PRICES) + RELAX_BISECTIONS + HYBRIDS + ONLY_BISECTIONS
 
 
-def search_recompute(ev, baseline: SimResult, *, only: bool,
+def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
                      nested: Callable[[Analysis], list[Candidate]] | None) -> list[Candidate]:
     """Recompute candidates (and, unless ``only``, hybrids through ``nested``); returns the candidates recorded."""
     graph = ev.analysis.graph
@@ -93,7 +98,7 @@ def search_recompute(ev, baseline: SimResult, *, only: bool,
     return added
 
 
-def _relax(ev, times: Mapping[str, float], cand: Candidate, skipped: tuple) -> list[Candidate]:
+def _relax(ev: TuneEvaluator, times: Mapping[str, float], cand: Candidate, skipped: tuple) -> list[Candidate]:
     """The fastest fitting recompute plan with its dearest ops (re-run time per byte freed) kept instead, as many
     as still fit: a bisection on how many (at most :data:`RELAX_BISECTIONS` simulations). The memory the budget
     leaves is spent on not re-running matrix products."""
@@ -117,7 +122,7 @@ def _relax(ev, times: Mapping[str, float], cand: Candidate, skipped: tuple) -> l
     return added
 
 
-def _round_trip_s(ev, num_bytes: int) -> float:
+def _round_trip_s(ev: TuneEvaluator, num_bytes: int) -> float:
     """The two copies a swap of ``num_bytes`` takes over the host link."""
     return 2 * ev.profile.copy_time_s(num_bytes)
 
@@ -126,7 +131,7 @@ def _output_bytes(graph, op: str) -> int:
     return sum(info.num_bytes or 0 for info in graph.op(op).outputs)
 
 
-def _judge_ops(ev, times: Mapping[str, float], ops, skipped: tuple, params: dict) -> Candidate | None:
+def _judge_ops(ev: TuneEvaluator, times: Mapping[str, float], ops, skipped: tuple, params: dict) -> Candidate | None:
     """Recompute ``ops`` (:func:`~tflms.policies.recompute.plan_recomputes`), simulate and record the plan
     (``params`` plus what it recomputes); ``None`` when no op can be recomputed."""
     decisions, skips = plan_recomputes(ev.analysis, ops)
@@ -143,7 +148,8 @@ def _judge_ops(ev, times: Mapping[str, float], ops, skipped: tuple, params: dict
     return ev.record("recompute", params, plan, sim, rgraph, None)
 
 
-def _hybrids(ev, recompute: Candidate, rgraph, nested: Callable[[Analysis], list[Candidate]]) -> list[Candidate]:
+def _hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
+             nested: Callable[[Analysis], list[Candidate]]) -> list[Candidate]:
     """Swaps chosen by the whole swap tuner on the recomputed graph, each recorded with the recomputes."""
     added = []
     for c in nested(analyze_graph(rgraph)):
@@ -161,7 +167,7 @@ def _hybrids(ev, recompute: Candidate, rgraph, nested: Callable[[Analysis], list
     return added
 
 
-def _bisect(ev, judge: Callable[[int, float | None], Candidate | None], counts: list[int]) -> None:
+def _bisect(ev: TuneEvaluator, judge: Callable[[int, float | None], Candidate | None], counts: list[int]) -> None:
     """Between the largest count that does not fit and the smallest that does, the fewest recomputes that fit."""
     for _ in range(ONLY_BISECTIONS):
         fit = sorted(n for n in counts if (c := judge(n, None)) is not None and c.fits)
@@ -176,7 +182,7 @@ def _bisect(ev, judge: Callable[[int, float | None], Candidate | None], counts: 
         judge(middle, None)
 
 
-def _segment_candidates(ev, times: Mapping[str, float], skipped: tuple) -> list[Candidate]:
+def _segment_candidates(ev: TuneEvaluator, times: Mapping[str, float], skipped: tuple) -> list[Candidate]:
     """Graph-level checkpointing (Chen et al.): segments between kept articulations re-run before their backward
     pass; within them, an op whose re-run costs more than ``price`` times the two copies of its outputs is kept
     instead (a matrix product whose output copies hide), for the swap tuner to swap or keep."""

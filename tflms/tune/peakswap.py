@@ -24,14 +24,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import TYPE_CHECKING
 
 from tflms.errors import GraphError
 from tflms.ir.graph import Graph, TensorRef
 from tflms.ir.op_types import ALIAS_OPS, IDENTITY_REDUCTION_OPS
 from tflms.passes.swaps import apply_swaps
+from tflms.policies.eligibility import is_inserted
 from tflms.policies.swapplan import SwapDecision, SwapInGroup, SwapPlan, skip_reason, swap_op_names
 from tflms.sim.simulator import SimResult
 from tflms.tune.result import Candidate
+
+if TYPE_CHECKING:
+    from tflms.tune.search import TuneEvaluator
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +49,7 @@ PEAK_SWAP_MIN_FRACTION = 0.25
 PEAK_SWAP_WAIT_DEPTH = 4
 
 
-def swap_across_peak(ev, cand: Candidate) -> list[Candidate]:
+def swap_across_peak(ev: TuneEvaluator, cand: Candidate) -> list[Candidate]:
     """Candidates adding swaps of tensors that wait across the enforced order's peak (see the module doc).
 
     ``ev``: the tuner's evaluator; ``cand``: a candidate judged in the enforced order (``order`` set) that
@@ -132,7 +137,7 @@ def peak_swap(graph: Graph, sim: SimResult, plan: SwapPlan, ordered: set[str], p
             values[buf] = max(held, key=lambda t: (span[TensorRef.parse(t).op][0], t))
     for buf, nbytes in live:
         value = values.get(buf)
-        if value is None or TensorRef.parse(value).op.startswith("lms/"):
+        if value is None or is_inserted(TensorRef.parse(value).op):
             continue
         ref = TensorRef.parse(value)
         if value in swapped:

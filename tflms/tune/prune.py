@@ -66,14 +66,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tflms.errors import GraphError
+from tflms.policies.eligibility import is_inserted
 from tflms.policies.swapplan import SwapDecision
 from tflms.sim.simulator import SimResult
 from tflms.tune.result import Candidate
 from tflms.units import format_bytes
+
+if TYPE_CHECKING:
+    from tflms.tune.search import TuneEvaluator
 
 logger = logging.getLogger(__name__)
 
@@ -292,7 +297,7 @@ def later_waits(graph, plan_swaps: tuple[SwapDecision, ...], sim: SimResult, ord
             continue
         produced = pos[swap.tensor.op]
         target = produced + 2 * max(1, min(waits) - produced)
-        later = next((n for n in names[target:] if n in ordered and not n.startswith("lms/")), None)
+        later = next((n for n in names[target:] if n in ordered and not is_inserted(n)), None)
         if later is None or (later,) == swap.sync_out_consumers:
             continue
         proposals.append((produced, swap.tensor.name, swap.tensor.index,
@@ -355,7 +360,7 @@ def split_waits(graph, plan_swaps: tuple[SwapDecision, ...], sim: SimResult, ord
         first = min(waits)
         ran_on = np.cumsum(took[first:]) - took[first:]  # compute before each op from the wait on
         target = first + int(np.searchsorted(ran_on, reach * (ended - queued[-1][0]), side="right")) - 1
-        later = next((n for n in names[max(target, first + 1):] if n in ordered and not n.startswith("lms/")), None)
+        later = next((n for n in names[max(target, first + 1):] if n in ordered and not is_inserted(n)), None)
         if later is None:
             continue
         pairs = tuple((queued[-1][3], c) for c in swap.sync_out_consumers)  # the copies before it end first
@@ -455,7 +460,7 @@ class _Judge:
         return self.ev.need(sim) <= self.ev.budget and sim.host_peak_bytes <= self.ev.host_budget
 
 
-def _settle(ev, judge: _Judge, state: dict, proposals: list, drop: bool, max_simulations: int,
+def _settle(ev: TuneEvaluator, judge: _Judge, state: dict, proposals: list, drop: bool, max_simulations: int,
             what: str, apply=None) -> tuple[set, set]:
     """Judge ``proposals`` (swaps to drop, or replacements of kept swaps) all at once, bisecting a refused set,
     earlier half first, down to single ones. ``state`` (``kept``: the swaps in plan order, ``judged``: the
@@ -496,19 +501,19 @@ def _settle(ev, judge: _Judge, state: dict, proposals: list, drop: bool, max_sim
     return kept, refused
 
 
-def _ordered(ev, graph) -> set[str]:
+def _ordered(ev: TuneEvaluator, graph: Graph) -> set[str]:
     """The ops of ``graph`` the order pins, the only ones that may be given waits (their ops do not change
     from one trial plan to the next: trials change only swap ops and control edges)."""
     from tflms.schedule import ordered_ops
     return set(ordered_ops(graph, [op.name for op in graph], ev.sim_options))
 
 
-def _limit(ev, sim: SimResult) -> int:
+def _limit(ev: TuneEvaluator, sim: SimResult) -> int:
     """The accelerator's live bytes the budget allows, judged from ``sim`` (its slack, less the margin)."""
     return sim.peak_bytes + int((ev.budget - ev.need(sim)) / (1 + ev.sim_options.margin_fraction))
 
 
-def prune_swaps(ev, cand: Candidate, *, round_trip_simulations: int = ROUND_TRIP_MAX_SIMULATIONS,
+def prune_swaps(ev: TuneEvaluator, cand: Candidate, *, round_trip_simulations: int = ROUND_TRIP_MAX_SIMULATIONS,
                 max_simulations: int = PRUNE_MAX_SIMULATIONS,
                 merge_simulations: int = MERGE_MAX_SIMULATIONS,
                 retime_simulations: int = RETIME_MAX_SIMULATIONS,

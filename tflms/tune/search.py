@@ -1,6 +1,6 @@
 """The tuner's searches: the TFLMS distance ladder, greedy idle-time rounds, the enforced-order finalists.
 
-Each search judges candidates through one :class:`_Evaluator` (simulated by
+Each search judges candidates through one :class:`TuneEvaluator` (simulated by
 :class:`~tflms.tune.evaluator.PlanEvaluator`, memoized by plan) and records them;
 :func:`tflms.tune.tuner.tune` runs the searches and picks the winner.
 """
@@ -51,7 +51,15 @@ NO_OVERHEAD_PATIENCE = 4
 SCORED_MEMO_SIZE = 4
 
 
-class _Evaluator:
+class TuneEvaluator:
+    """One tune's judge: every search plans, simulates and records its candidates through it.
+
+    It holds what every candidate is judged against (the analysis, the profile, the budgets, the base config,
+    the accelerator and copy op), a :class:`~tflms.tune.evaluator.PlanEvaluator` that simulates swap plans of
+    the base graph incrementally (plans with recomputes on their rewritten graph), the candidates recorded so
+    far, and the rewritten graphs built for them. :meth:`evaluate` plans a policy and records it;
+    :meth:`record` records a plan made elsewhere (the recompute search, pruning, the order pass)."""
+
     def __init__(self, analysis: Analysis, profile: HardwareProfile, budget: int, host_budget: int,
                  sim_options: SimOptions, base_config: LMSConfig, accelerator: str, copy_op: str,
                  progress: Callable[[str], None] | None):
@@ -175,7 +183,7 @@ ORDER_MAX_OVERSHOOT = 2.0
 ORDER_UNGROUPED_TWINS = 2
 
 
-def judge_ordered(ev: _Evaluator, first_fit: bool = False) -> list[Candidate]:
+def judge_ordered(ev: TuneEvaluator, first_fit: bool = False) -> list[Candidate]:
     """Judge the finalists in the order the pipeline will enforce; returns the candidates added.
 
     Scheduling costs seconds on a large step (docs/design.md, "Enforced order"), so only finalists
@@ -266,7 +274,7 @@ def _family(c: Candidate) -> tuple:
     return c.strategy, c.params.get("sync_mode")
 
 
-def _closest_families(ev: _Evaluator, judged: list[Candidate]) -> list[Candidate]:
+def _closest_families(ev: TuneEvaluator, judged: list[Candidate]) -> list[Candidate]:
     """The lowest-need candidate of each family among ``judged``, closest to fitting first; a family whose
     best judged exactly as another's (a sync mode that adds no wait to these swaps) is left out."""
     best: dict = {}
@@ -281,7 +289,7 @@ def _closest_families(ev: _Evaluator, judged: list[Candidate]) -> list[Candidate
     return distinct
 
 
-def record_ordered(ev, strategy: str, params: dict, plan, sim: SimResult, report, graph: Graph, policy,
+def record_ordered(ev: TuneEvaluator, strategy: str, params: dict, plan, sim: SimResult, report, graph: Graph, policy,
                    what: str) -> Candidate:
     """A candidate judged in the enforced order (``report`` the order pass's): fit, recorded, reported."""
     return ev.record(strategy, params, plan, sim, graph, policy, order=report.to_dict(), what=what)
@@ -309,7 +317,7 @@ def _powers(limit: int) -> list[int]:
     return out
 
 
-def search_distance(ev: _Evaluator, first_fit: bool = False) -> None:
+def search_distance(ev: TuneEvaluator, first_fit: bool = False) -> None:
     """TFLMS's search, choosing by simulated time among fitting candidates.
 
     With ``first_fit`` it stops at the first fitting configuration (a yes/no
@@ -366,7 +374,7 @@ def search_distance(ev: _Evaluator, first_fit: bool = False) -> None:
         best = chosen
 
 
-def _copies_can_hide(ev: _Evaluator, baseline: SimResult) -> bool:
+def _copies_can_hide(ev: TuneEvaluator, baseline: SimResult) -> bool:
     """Whether a swap plan might fit without slowing the step: a cheap necessary condition.
 
     To fit, the live bytes at the baseline's peak must drop by the overshoot ``D`` (live bytes; the
@@ -384,7 +392,7 @@ def _copies_can_hide(ev: _Evaluator, baseline: SimResult) -> bool:
     return ev.profile.copy_time_s(int(live_overshoot)) <= before_peak
 
 
-def search_order_first(ev: _Evaluator, baseline: SimResult,
+def search_order_first(ev: TuneEvaluator, baseline: SimResult,
                        search: Callable[[Analysis], list[Candidate]]) -> list[Candidate]:
     """The no-overhead idle-time search on the step with its memory-aware order pinned *before* the swaps.
 
@@ -423,7 +431,7 @@ def _useful_ahead(plan: SwapPlan) -> int:
                 if g.consumer_levels), default=0)
 
 
-def search_idle(ev: _Evaluator, baseline: SimResult, mode: str) -> None:
+def search_idle(ev: TuneEvaluator, baseline: SimResult, mode: str) -> None:
     """Greedy idle-time selection, re-simulating as the peak moves.
 
     Each round adds the best-scoring tensors alive at the current peak until

@@ -56,7 +56,7 @@ from tflms.tune.result import Candidate, TuneResult
 # the searches and their knobs live in tflms.tune.search; the names stay importable from here
 from tflms.tune.search import (FIT_BY_BFC, FIT_BY_LIVE, NO_OVERHEAD_TOLERANCE, ORDER_FINALISTS,  # noqa: F401
                                ORDER_MAX_OVERSHOOT,
-                               _Evaluator, judge_ordered, search_distance, search_idle, search_order_first)
+                               TuneEvaluator, judge_ordered, search_distance, search_idle, search_order_first)
 from tflms.tune.hybrid import search_recompute
 from tflms.tune.vdnn import search_vdnn
 from tflms.units import format_bytes, parse_bytes
@@ -179,7 +179,7 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
     accelerator = config.accelerator_device or resolve_accelerator(config.accelerator_device)[0]
     if accelerator == config.host_device:
         accelerator = "/device:GPU:0"  # planning for a GPU we do not have: the profile is the device
-    ev = _Evaluator(analysis, profile, budget_bytes, host_bytes, sim_options, config, accelerator, copy_op, progress)
+    ev = TuneEvaluator(analysis, profile, budget_bytes, host_bytes, sim_options, config, accelerator, copy_op, progress)
     baseline = ev.plans.evaluate(None)  # = simulate(graph, profile, options=sim_options)
     ev.context = dataclasses.replace(ev.context, baseline=baseline)
     check_known_sizes(graph, baseline, config.batch_size)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tflms.analysis.cto import Analysis
 from tflms.config import LMSConfig
@@ -22,6 +22,9 @@ from tflms.policies.vdnn import VDNN_NONE, VDNN_POLICIES, plan_vdnn
 from tflms.profiles import HardwareProfile, get_profile
 from tflms.sim.simulator import SimOptions, SimResult, simulate
 from tflms.units import format_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    from tflms.tune.search import TuneEvaluator
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +98,7 @@ def choose_vdnn(analysis: Analysis, profile: str | HardwareProfile, budget: int 
                       "that, a smaller batch, or try the tflms-distance strategy")
 
 
-def search_vdnn(ev: Any, sync_offload: bool = True, policies: Sequence[str] = VDNN_POLICIES) -> None:
+def search_vdnn(ev: TuneEvaluator, sync_offload: bool = True, policies: Sequence[str] = VDNN_POLICIES) -> None:
     """Tuner hook: evaluate ``policies`` (default ``vdnn_conv`` and ``vdnn_all``) with the tuner's evaluator.
 
     The tuner then keeps the fastest fitting candidate, as for its other
