@@ -15,6 +15,9 @@ tflms paths are each compared to a plain run of the same path:
   188 MB resident at 32x32 and 96x96, and the tuner gets 510 -> 472 MB at
   224x224. At the minimum inputs this path then swaps nothing ("0 swaps" in the
   table); ``--input 224`` makes it swap;
+- ``fit_recompute``: ``model.fit`` + ``LMS(budget=..., recompute="only")``: recompute plans alone (no host
+  copies), at the smallest peak they reach (or half the peak where they reach it), so that the step trains with
+  as many tensors recomputed as lower its peak (``recomputed`` in the JSON; issue 27's bitwise check);
 - ``function``: a GradientTape step (:func:`tflms.testing.make_train_step`) in
   ``tflms.function(swapout_threshold=1)`` against ``tf.function``.
 
@@ -69,14 +72,18 @@ FAMILIES = (
 MIN_INPUT = {"InceptionV3": 75, "InceptionResNetV2": 75, "Xception": 71}
 DEFAULT_MIN_INPUT = 32
 CLASSES = 3
-BATCH = 2
+#: ``--batch`` (default 2), read from the environment so that every worker process uses it. At 2 the peak is at
+#: the weight update and neither swapping nor recomputing activations lowers it; recompute plans need a batch
+#: whose activations outweigh the weights (``--batch 16 --input 224``).
+ENV_BATCH = "TFLMS_ZOO_BATCH"
+BATCH = int(os.environ.get(ENV_BATCH, "2"))
 STEPS = 2
 SEED = 0
 #: the hardware profile the budget is simulated for (the tuner's default).
 PROFILE = "v100-16gb-pcie3"
 #: a budget this close above the resident bytes leaves the tuner nothing to work with.
 RESIDENT_MARGIN = 1.05
-PATHS = ("fit_ctl", "fit_t1", "fit_budget", "function_ctl", "function")
+PATHS = ("fit_ctl", "fit_t1", "fit_budget", "fit_recompute", "function_ctl", "function")
 QUICK_PATHS = ("fit_ctl", "fit_t1")
 #: environment switches a worker reads (the probes for nondeterminism set them).
 ENV_SINGLE_THREAD = "TFLMS_ZOO_SINGLE_THREAD"
@@ -199,12 +206,13 @@ def _partition_counts(function_graphs, inserted) -> dict[str, int]:
     return total
 
 
-def _budget_for(callback, name: str) -> tuple[int, str, dict[str, int]]:
+def _budget_for(callback, name: str, recompute: str = "auto") -> tuple[int, str, dict[str, int]]:
     """About half the simulated peak of the original step the callback traced.
 
     Half the peak when the tuner finds a rewrite that fits it; otherwise (the
     peak is not where activations are live, or the weights alone take half) the
-    smallest peak the tuner reaches, as its ``BudgetError`` reports.
+    smallest peak the tuner reaches, as its ``BudgetError`` reports. ``recompute``:
+    :attr:`LMSConfig.recompute` of that tune (``"only"``: the smallest peak recomputing alone reaches).
     """
     from tflms.config import LMSConfig
     from tflms.errors import BudgetError
@@ -217,7 +225,8 @@ def _budget_for(callback, name: str) -> tuple[int, str, dict[str, int]]:
     facts = {"peak_bytes": sim.peak_with_margin_bytes, "resident_bytes": sim.resident_bytes}
     budget = sim.peak_with_margin_bytes // 2
     try:
-        tune(graph, budget=budget, profile=PROFILE, config=LMSConfig(batch_size=BATCH), first_fit=True)
+        tune(graph, budget=budget, profile=PROFILE, config=LMSConfig(batch_size=BATCH, recompute=recompute),
+             first_fit=True)
         return budget, "half the peak", facts
     except BudgetError as err:
         smallest = min(c.sim.peak_with_margin_bytes for c in err.candidates)
@@ -263,7 +272,7 @@ def run_worker(name: str, paths: tuple[str, ...], out_path: str | None = None) -
         if "fit_ctl" in paths:
             guarded("fit_ctl", lambda: _compare(plain, timed("fit plain (control)", lambda: _fit(name))[0]))
         lms_t1 = None
-        if "fit_t1" in paths or "fit_budget" in paths:
+        if "fit_t1" in paths or "fit_budget" in paths or "fit_recompute" in paths:
             def fit_t1():
                 nonlocal lms_t1
                 lms_t1 = tflms.keras.LMS(swapout_threshold=1, verbose=0)
@@ -282,6 +291,19 @@ def run_worker(name: str, paths: tuple[str, ...], out_path: str | None = None) -
                         "budget_rule": rule, **sim, "strategy": tuning.get("strategy"),
                         "predicted_peak_bytes": tuning.get("predicted_peak_bytes")}
             guarded("fit_budget", fit_budget)
+        if "fit_recompute" in paths:
+            def fit_recompute():
+                if lms_t1 is None or not lms_t1.reports:
+                    raise RuntimeError("no traced step to simulate (fit_t1 failed)")
+                budget, rule, sim = _budget_for(lms_t1, name, recompute="only")
+                lms = tflms.keras.LMS(budget=budget, profile=PROFILE, recompute="only", verbose=0)
+                state, ran = timed(f"fit LMS(budget={budget}, recompute='only')", lambda: _fit(name, lms))
+                tuning = lms.reports[-1].tuning or {}
+                return {**_compare(plain, state), **_ran_checks(plain_ran, ran, lms.reports), "budget_bytes": budget,
+                        "budget_rule": rule, **sim, "strategy": tuning.get("strategy"),
+                        "recomputed": lms.reports[-1].num_recomputed,
+                        "predicted_peak_bytes": tuning.get("predicted_peak_bytes")}
+            guarded("fit_recompute", fit_recompute)
     if "function_ctl" in paths or "function" in paths:
         plain, plain_ran, _ = timed("tf.function", lambda: _custom_loop(name, tf.function))
         if "function_ctl" in paths:
@@ -399,7 +421,9 @@ def _cell(entry: dict[str, Any] | None) -> str:
         text = "same"
     else:
         text = f"DIFF {entry['max_abs_diff']:.1e}" if entry["max_abs_diff"] else "DIFF bits"
-    if entry.get("swapped") == 0:
+    if "recomputed" in entry:
+        text += f" ({entry['recomputed']} recomputed)"
+    elif entry.get("swapped") == 0:
         text += " (0 swaps)"
     if entry.get("swap_ops_missing"):
         text += f" ({entry['swap_ops_missing']} swaps lost)"
@@ -451,6 +475,7 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global BATCH
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", help="comma-separated names or globs (default: every family)")
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK_PATHS)}")
@@ -463,10 +488,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe", action="store_true",
                         help="when a plain fit differs from itself, retry it with oneDNN off / op determinism / "
                              "one thread to name the cause")
+    parser.add_argument("--batch", type=int, help=f"batch size of every fit and step (default {BATCH}); "
+                        "`--paths fit_ctl,fit_recompute --batch 16 --input 224` trains with recompute plans")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-' for stdout)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.batch is not None:
+        if args.batch <= 0:
+            parser.error(f"--batch must be positive, got {args.batch}")
+        BATCH = args.batch
+        os.environ[ENV_BATCH] = str(args.batch)  # the workers read it
     paths = QUICK_PATHS if args.quick else PATHS
     if args.paths:
         paths = tuple(p.strip() for p in args.paths.split(",") if p.strip())
