@@ -20,9 +20,14 @@ def _probe(name: str) -> dict:
     return json.loads((PROFILES / name).read_text())
 
 
+#: the two H100 runs with --conv-layers, which the profile's conv_efficiency is fitted to
+CONV_RUNS = ("h100-80gb-hbm3-conv-layers.json", "h100-80gb-hbm3-elementwise.json")
+
+
 @pytest.fixture(scope="module")
 def h100():
-    return compare_profile.compare(_probe("h100-80gb-hbm3-conv-layers.json"), ["h100-80gb-sxm5"], fit_conv=True)
+    return compare_profile.compare(_probe(CONV_RUNS[0]), ["h100-80gb-sxm5"], fit_conv=True,
+                                   also=[_probe(CONV_RUNS[1])])
 
 
 def _row(result, figure):
@@ -32,7 +37,7 @@ def _row(result, figure):
 
 def test_every_committed_probe_names_its_device_driver_and_date():
     files = sorted(PROFILES.glob("*.json"))
-    assert {f.name for f in files} >= {"h100-80gb-hbm3.json", "h100-80gb-hbm3-conv-layers.json", "h200.json"}
+    assert {f.name for f in files} >= {"h100-80gb-hbm3.json", *CONV_RUNS, "h200.json"}
     for path in files:
         probe = json.loads(path.read_text())
         assert probe["tool"] == "tools/gpu_probe.py" and probe["date"] and probe["device"]["driver"], path
@@ -49,15 +54,29 @@ def test_the_matched_profiles_predict_the_measured_products_copies_and_host_link
             assert 0.9 <= ratio <= 1.1, (name, figure, ratio)
 
 
-def test_resnet50_convolutions_were_priced_too_fast_at_the_products_efficiency_and_are_within_25_percent_now(h100):
+def test_resnet50_convolutions_were_priced_too_fast_at_the_products_efficiency_and_are_within_35_percent_now():
+    """One efficiency for both dtypes: BF16 convolutions reach less of their peak than TF32 ones (fits 0.133 and
+    0.202), so each dtype alone is off by up to a third; before, both were 2x to 3.3x too fast."""
     from tflms.profiles import get_profile
-    layers = _probe("h100-80gb-hbm3-conv-layers.json")["measurements"]["conv_layers"]
-    for dtype in ("float32", "bfloat16"):
-        ratio = _row(h100, f"ResNet-50 convs {dtype}")["h100-80gb-sxm5"]["ratio"]
-        assert 0.75 <= ratio <= 1.25, (dtype, ratio)
     before = dataclasses.replace(get_profile("h100-80gb-sxm5"), conv_efficiency=None)
-    for dtype, times in compare_profile.conv_layer_times(layers, before).items():
-        assert times["measured_s"] / times["predicted_s"] > 2.0, dtype  # the matrix products' 0.81: 2.3x / 3.3x
+    for name in CONV_RUNS:
+        result = compare_profile.compare(_probe(name), ["h100-80gb-sxm5"])
+        for dtype in ("float32", "bfloat16"):
+            ratio = _row(result, f"ResNet-50 convs {dtype}")["h100-80gb-sxm5"]["ratio"]
+            assert 0.75 <= ratio <= 1.35, (name, dtype, ratio)
+        layers = _probe(name)["measurements"]["conv_layers"]
+        for dtype, times in compare_profile.conv_layer_times(layers, before).items():
+            assert times["measured_s"] / times["predicted_s"] > 2.0, (name, dtype)
+
+
+def test_element_wise_ops_are_priced_within_15_percent_and_reductions_are_not():
+    """What a recompute plan re-runs most (activations, normalisation arithmetic, residual adds) is priced at
+    HBM bandwidth as measured; a per-channel reduction runs at a third of it (not modelled: docs/results.md)."""
+    result = compare_profile.compare(_probe("h100-80gb-hbm3-elementwise.json"))
+    for dtype in ("float32", "bfloat16"):
+        for op in ("relu", "add", "mul"):
+            assert 0.85 <= _row(result, f"{op} {dtype}")["h100-80gb-sxm5"]["ratio"] <= 1.15, (op, dtype)
+        assert _row(result, f"sum {dtype}")["h100-80gb-sxm5"]["ratio"] > 2.0, dtype
 
 
 def test_the_profiles_conv_efficiency_is_the_fit_to_the_committed_measurement(h100):
@@ -81,7 +100,7 @@ def test_conv_efficiency_prices_convolutions_only():
                                   tf.TensorSpec((3, 3, 1024, 1024), tf.bfloat16))
     slow, fast = (compare_profile._priced(conv, "Conv2D", p) for p in (profile, dataclasses.replace(
         profile, conv_efficiency=None)))
-    assert slow - profile.launch_overhead_s == pytest.approx((fast - profile.launch_overhead_s) * 0.81 / 0.147)
+    assert slow - profile.launch_overhead_s == pytest.approx((fast - profile.launch_overhead_s) * 0.81 / 0.162)
 
 
 def test_conv_efficiency_out_of_range_is_refused():
@@ -108,3 +127,16 @@ def test_the_tool_refuses_a_file_that_is_no_probe(tmp_path, capsys):
     with pytest.raises(SystemExit):
         compare_profile.main([str(bad)])
     assert "not a tools/gpu_probe.py JSON file" in capsys.readouterr().err
+
+
+def test_the_elementwise_probe_counts_bytes_read_and_written():
+    """The stand-in runs every element-wise op at its HBM rate: each rate comes back as that rate."""
+    result = gpu_probe.run(gpu_probe.StandInBackend(latency_s=0.0, hbm_gbps=2500.0), copy_bytes=2**20, matmul_n=256,
+                           repeats=1, elementwise=True)
+    rates = result["measurements"]["elementwise_gbps"]
+    assert rates["shape"] == list(gpu_probe.ELEMENTWISE_SHAPE)
+    assert all(rates[f"{op} {dt}"] == pytest.approx(2500.0) for op in gpu_probe.ELEMENTWISE_OPS
+               for dt in ("float32", "bfloat16"))
+    elements = 64 * 56 * 56 * 256
+    assert gpu_probe.elementwise_bytes("add", gpu_probe.ELEMENTWISE_SHAPE, "float32") == 3 * elements * 4
+    assert gpu_probe.elementwise_bytes("sum", gpu_probe.ELEMENTWISE_SHAPE, "bfloat16") == (elements + 256) * 2

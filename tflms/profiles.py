@@ -291,14 +291,15 @@ _H100_MEASURED_MM = "measured on an H100 80GB HBM3 (issue 28): 8192^3 bf16 MatMu
 _H100_MEASURED_COPY = "measured on an H100 80GB HBM3 (issue 28): device copy 3.0 TB/s / 3.35 = 0.90"
 _H200_MEASURED_MM = "measured on an H200 (issue 28): 8192^3 bf16 MatMul 788 TFLOP/s / 989.5 = 0.80"
 _H200_MEASURED_COPY = "measured on an H200 (issue 28): device copy 4.3 TB/s / 4.8 = 0.90"
-#: tools/gpu_probe.py --conv-layers on an H100 80GB HBM3 (2026-11-26, docs/profiles/h100-80gb-hbm3-conv-layers.json):
-#: ResNet-50's 13 stride-1 convolution shapes at batch 64, forward and both gradients, float32 (TF32) and bfloat16,
-#: each at its faster layout; `tools/compare_profile.py ... --fit-conv` fits the efficiency at which the roofline
-#: predicts their total time (geometric mean of the two dtypes; 0.187 for TF32 alone, 0.117 for bfloat16 alone).
-_H100_MEASURED_CONV = ("measured on an H100 80GB HBM3 (tools/gpu_probe.py --conv-layers, 2026-11-26, "
-                       "docs/profiles/h100-80gb-hbm3-conv-layers.json): ResNet-50's convolutions at batch 64, "
-                       "forward and backward, reach 85 TFLOP/s in TF32 and 108 in BF16; "
-                       "tools/compare_profile.py --fit-conv: 0.147")
+#: tools/gpu_probe.py --conv-layers, twice on an H100 80GB HBM3 (2026-11-26, docs/profiles/h100-80gb-hbm3-conv-layers.json
+#: and h100-80gb-hbm3-elementwise.json): ResNet-50's 13 stride-1 convolution shapes at batch 64, forward and both
+#: gradients, float32 (TF32) and bfloat16, each at its faster layout; `tools/compare_profile.py A B --fit-conv` fits
+#: the efficiency at which the roofline predicts their total time (geometric mean over both runs and dtypes; 0.202
+#: for TF32 alone, 0.133 for bfloat16 alone).
+_H100_MEASURED_CONV = ("measured on an H100 80GB HBM3 (tools/gpu_probe.py --conv-layers, two runs, 2026-11-26, "
+                       "docs/profiles/h100-80gb-hbm3-conv-layers.json, h100-80gb-hbm3-elementwise.json): "
+                       "ResNet-50's convolutions at batch 64, forward and backward, reach 85-96 TFLOP/s in TF32 and "
+                       "108-137 in BF16; tools/compare_profile.py --fit-conv over both runs: 0.162")
 _H100_MEASURED_LINK = ("measured on an H100 80GB HBM3 and an H200 (tools/gpu_probe.py, 2026-11-26, "
                        "docs/profiles/h100-80gb-hbm3.json, docs/profiles/h200.json): pinned copies 54.5-55.2 GB/s "
                        "each way of PCIe 5.0's 63 = 0.87")
@@ -388,7 +389,7 @@ for _p in (
     # PCIe: FP32 51, TF32 378, BF16/FP16 756.5 dense TFLOPS, 2.0 TB/s. Both: PCIe Gen5 128 GB/s to the host.
     HardwareProfile("h100-80gb-sxm5", 80 * GIB, 67e12, 3350, 63, host_memory_bytes=2048 * GIB,
                     tf32_flops=494.5e12, fp16_flops=989.5e12, bf16_flops=989.5e12,
-                    contraction_efficiency=0.81, memory_efficiency=0.90, conv_efficiency=0.147, link_efficiency=0.87,
+                    contraction_efficiency=0.81, memory_efficiency=0.90, conv_efficiency=0.162, link_efficiency=0.87,
                     description="NVIDIA H100 80GB SXM5 (HGX H100), PCIe 5.0 x16 to the host",
                     sources=_cite(
                         peak_flops=_H100 + ": H100 SXM FP32 67 TFLOPS",
@@ -403,7 +404,7 @@ for _p in (
                         conv_efficiency=_H100_MEASURED_CONV, link_latency_s=_TFLMS, launch_overhead_s=_TFLMS)),
     HardwareProfile("h100-80gb-pcie5", 80 * GIB, 51e12, 2000, 63, host_memory_bytes=1024 * GIB,
                     tf32_flops=378e12, fp16_flops=756.5e12, bf16_flops=756.5e12,
-                    contraction_efficiency=0.81, memory_efficiency=0.90, conv_efficiency=0.147, link_efficiency=0.87,
+                    contraction_efficiency=0.81, memory_efficiency=0.90, conv_efficiency=0.162, link_efficiency=0.87,
                     description="NVIDIA H100 80GB PCIe on PCIe 5.0 x16",
                     sources=_cite(
                         peak_flops=_H100 + ": H100 PCIe FP32 51 TFLOPS",
@@ -421,7 +422,7 @@ for _p in (
     # H200 (Hopper, HBM3e): the H100 SXM's compute, 141 GB at 4.8 TB/s.
     HardwareProfile("h200-141gb", 141 * GIB, 67e12, 4800, 63, host_memory_bytes=2048 * GIB,
                     tf32_flops=494.5e12, fp16_flops=989.5e12, bf16_flops=989.5e12,
-                    contraction_efficiency=0.80, memory_efficiency=0.90, conv_efficiency=0.147, link_efficiency=0.87,
+                    contraction_efficiency=0.80, memory_efficiency=0.90, conv_efficiency=0.162, link_efficiency=0.87,
                     description="NVIDIA H200 141GB SXM (HGX H200), PCIe 5.0 x16 to the host",
                     sources=_cite(
                         peak_flops=_H200 + ": H200 SXM FP32 67 TFLOPS",
@@ -438,7 +439,7 @@ for _p in (
     # GH200: an H100 with 96 GB HBM3 at 4 TB/s, NVLink-C2C (900 GB/s total) to 480 GB LPDDR5X.
     HardwareProfile("gh200", 96 * GIB, 67e12, 4000, 450, host_memory_bytes=480 * GIB,
                     tf32_flops=494.5e12, fp16_flops=989.5e12, bf16_flops=989.5e12,
-                    contraction_efficiency=0.81, memory_efficiency=0.90, conv_efficiency=0.147,
+                    contraction_efficiency=0.81, memory_efficiency=0.90, conv_efficiency=0.162,
                     description="NVIDIA GH200 Grace Hopper: H100 96GB HBM3, NVLink-C2C to 480GB LPDDR5X",
                     sources=_cite(
                         peak_flops=_GH200 + ": FP32 67 TFLOPS",

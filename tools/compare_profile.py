@@ -11,7 +11,8 @@ the measured time (each layer at its faster layout) against the same over the pr
 
     python tools/compare_profile.py docs/profiles/h100-80gb-hbm3.json
     python tools/compare_profile.py docs/profiles/h200.json --profile h200-141gb --json
-    python tools/compare_profile.py docs/profiles/h100-80gb-hbm3-conv-layers.json --fit-conv
+    python tools/compare_profile.py docs/profiles/h100-80gb-hbm3-elementwise.json \
+        docs/profiles/h100-80gb-hbm3-conv-layers.json --fit-conv    # the fit pools both runs
 
 The simulator runs copies on their own streams beside compute, so it predicts that a copy and a product
 running together each take the time they take alone; the probe's ``overlap`` figures check that.
@@ -99,16 +100,18 @@ def conv_layer_times(layers: dict[str, Any], profile) -> dict[str, dict[str, flo
     return out
 
 
-def fit_conv_efficiency(layers: dict[str, Any], profile, dtypes: tuple[str, ...] | None = None) -> float:
-    """The ``conv_efficiency`` at which ``profile`` predicts the measured convolutions: the geometric mean of
-    predicted over measured time, over ``dtypes`` (default: every measured dtype), is 1. Bisection (the
-    predicted time falls as the efficiency rises; memory-bound layers keep their memory time)."""
+def fit_conv_efficiency(runs: list[dict[str, Any]], profile, dtypes: tuple[str, ...] | None = None) -> float:
+    """The ``conv_efficiency`` at which ``profile`` predicts the measured convolutions of every run in ``runs``
+    (``conv_layers`` objects): the geometric mean of predicted over measured time, over the runs and ``dtypes``
+    (default: every measured dtype), is 1. Bisection (the predicted time falls as the efficiency rises;
+    memory-bound layers keep their memory time)."""
     import dataclasses
     import math
 
     def log_error(efficiency: float) -> float:
-        times = conv_layer_times(layers, dataclasses.replace(profile, conv_efficiency=efficiency))
-        chosen = [t for dtype, t in times.items() if dtypes is None or dtype in dtypes]
+        trial = dataclasses.replace(profile, conv_efficiency=efficiency)
+        chosen = [t for layers in runs for dtype, t in conv_layer_times(layers, trial).items()
+                  if dtypes is None or dtype in dtypes]
         return sum(math.log(t["predicted_s"] / t["measured_s"]) for t in chosen) / len(chosen)
 
     low, high = 0.01, 1.0
@@ -141,6 +144,24 @@ def _conv_macs(shape) -> float:
     return float(batch) * hw * hw * c_out * c_in * k * k
 
 
+#: gpu_probe's element-wise ops as TensorFlow ops: the traced function and the op type priced.
+ELEMENTWISE_TF = {"relu": ("Relu", lambda tf: lambda x, y: tf.nn.relu(x)),
+                  "add": ("AddV2", lambda tf: lambda x, y: x + y),
+                  "mul": ("Mul", lambda tf: lambda x, y: x * tf.constant(0.5, x.dtype)),
+                  "sum": ("Sum", lambda tf: lambda x, y: tf.reduce_sum(x, axis=(0, 1, 2)))}
+
+
+def elementwise_rate(op: str, shape: tuple[int, ...], dtype: str, profile) -> float:
+    """Bytes read and written per second that ``profile`` predicts for gpu_probe's element-wise ``op``
+    (``gpu_probe.elementwise_bytes`` over :func:`op_time_s` of the traced TensorFlow op)."""
+    import tensorflow as tf
+    from gpu_probe import elementwise_bytes
+    op_type, make = ELEMENTWISE_TF[op]
+    spec = tf.TensorSpec(shape, getattr(tf, dtype))
+    graph = _graph(make(tf), spec, spec)
+    return elementwise_bytes(op, shape, dtype) / _priced(graph, op_type, profile)
+
+
 def measured(measurements: dict[str, Any]) -> dict[str, float]:
     out = {f"matmul {mode}": rate for mode, rate in measurements["matmul_flops"].items() if rate}
     out.update({f"conv {dtype}": rate for dtype, rate in (measurements.get("conv_flops") or {}).items() if rate})
@@ -150,7 +171,11 @@ def measured(measurements: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def compare(probe: dict[str, Any], profile_names: list[str] | None = None, fit_conv: bool = False) -> dict[str, Any]:
+def compare(probe: dict[str, Any], profile_names: list[str] | None = None, fit_conv: bool = False,
+            also: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    """``probe`` against its matched profile (or ``profile_names``) and its own JSON as a profile; with
+    ``fit_conv``, each profile's ``conv_efficiency`` fitted to the convolutions of ``probe`` and of ``also``
+    (more runs of the same GPU, pooled)."""
     from tflms.profiles import HardwareProfile, get_profile, profile_for_device
     device = probe["device"]
     names = profile_names or [profile_for_device(device["name"], device.get("memory_bytes")).name]
@@ -158,6 +183,14 @@ def compare(probe: dict[str, Any], profile_names: list[str] | None = None, fit_c
     got = measured(probe["measurements"])
     rows = []
     predicted = {p.name: predictions(probe["measurements"], p) for p in profiles}
+    rates = probe["measurements"].get("elementwise_gbps") or {}
+    for key, value in rates.items():
+        if key == "shape" or not value:
+            continue
+        op, dtype = key.split()
+        got[f"{op} {dtype}"] = value * 1e9
+        for p in profiles:
+            predicted[p.name][f"{op} {dtype}"] = elementwise_rate(op, tuple(rates["shape"]), dtype, p)
     layers = probe["measurements"].get("conv_layers") or {}
     if layers.get("layers"):
         for p in profiles:
@@ -171,16 +204,18 @@ def compare(probe: dict[str, Any], profile_names: list[str] | None = None, fit_c
     overlap = {direction: {k: v for k, v in figures.items() if k.endswith("_vs_alone")}
                for direction, figures in (probe["measurements"].get("overlap") or {}).items()}
     result = {"device": device, "profiles": [p.name for p in profiles], "rows": rows, "overlap": overlap}
-    if fit_conv and layers.get("layers"):
-        dtypes = sorted({layer["dtype"] for layer in layers["layers"]})
-        result["conv_efficiency"] = {p.name: {"all": fit_conv_efficiency(layers, p),
-                                              **{d: fit_conv_efficiency(layers, p, (d,)) for d in dtypes}}
+    runs = [r for r in [layers] + [(a["measurements"].get("conv_layers") or {}) for a in also] if r.get("layers")]
+    if fit_conv and runs:
+        dtypes = sorted({layer["dtype"] for run in runs for layer in run["layers"]})
+        result["conv_efficiency"] = {p.name: {"all": fit_conv_efficiency(runs, p),
+                                              **{d: fit_conv_efficiency(runs, p, (d,)) for d in dtypes}}
                                      for p in profiles}
+        result["conv_runs"] = len(runs)
     return result
 
 
 def _unit(key: str, rate: float) -> str:
-    return f"{rate / 1e12:.1f} TFLOP/s" if key.startswith(("matmul", "conv", "ResNet")) else f"{rate / 1e9:.1f} GB/s"
+    return f"{rate / 1e12:.1f} TFLOP/s" if key.startswith(("matmul", "conv", "ResNet")) else f"{rate / 1e9:.0f} GB/s"
 
 
 def table(result: dict[str, Any]) -> str:
@@ -197,7 +232,8 @@ def table(result: dict[str, Any]) -> str:
                      f"its time alone, product {figures.get('product_vs_alone', float('nan')):.2f}x "
                      "(the simulator assumes 1.00x for both)")
     for name, fits in result.get("conv_efficiency", {}).items():
-        lines.append(f"\n{name}: conv_efficiency that predicts the measured ResNet-50 convolutions: "
+        lines.append(f"\n{name}: conv_efficiency that predicts the measured ResNet-50 convolutions "
+                     f"({result['conv_runs']} run{'s' if result['conv_runs'] > 1 else ''}): "
                      + ", ".join(f"{k} {v:.3f}" for k, v in fits.items())
                      + f" (now {_conv_now(name)})")
     return "\n".join(lines)
@@ -215,21 +251,28 @@ def _conv_now(name: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("probe", help="a JSON file written by tools/gpu_probe.py")
+    parser.add_argument("probe", nargs="+", help="JSON files written by tools/gpu_probe.py: the first is compared; "
+                        "--fit-conv pools the convolutions of all (runs of the same GPU)")
     parser.add_argument("--profile", action="append", help="a profile to compare (repeatable; default: the "
                         "registered profile matched to the probe's device)")
     parser.add_argument("--fit-conv", action="store_true", help="also fit each profile's conv_efficiency to the "
                         "measured ResNet-50 convolutions (a probe run with --conv-layers)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    try:
-        with open(args.probe) as f:
-            probe = json.load(f)
-        probe["device"], probe["measurements"], probe["profile"]
-    except (OSError, ValueError, KeyError) as err:
-        parser.error(f"{args.probe}: not a tools/gpu_probe.py JSON file ({err!r})")
+    probes = []
+    for path in args.probe:
+        try:
+            with open(path) as f:
+                probe = json.load(f)
+            probe["device"], probe["measurements"], probe["profile"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            parser.error(f"{path}: not a tools/gpu_probe.py JSON file ({err!r})")
+        probes.append(probe)
+    names = {p["device"]["name"] for p in probes}
+    if len(names) > 1:
+        parser.error(f"the probe files measured different GPUs ({sorted(names)}): give runs of one GPU")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    result = compare(probe, args.profile, fit_conv=args.fit_conv)
+    result = compare(probes[0], args.profile, fit_conv=args.fit_conv, also=probes[1:])
     print(json.dumps(result, indent=1) if args.json else table(result))
     return 0
 

@@ -10,7 +10,9 @@ It measures, with CUDA events, the median of ``--repeats`` timed runs after a wa
   hides behind compute, and what it costs the product);
 - matrix-product rates for fp32 (TF32 off), tf32, fp16 and bf16 (square ``--matmul-n``);
 - one convolution (PyTorch only: a ResNet-50 3x3 layer at batch 64, float32 and bfloat16);
-- HBM bandwidth: a device-to-device copy, counted as bytes read plus written.
+- HBM bandwidth: a device-to-device copy, counted as bytes read plus written;
+- with ``--conv-layers``, ResNet-50's convolutions forward and backward in both layouts; with ``--elementwise``,
+  element-wise ops on an activation (what a recompute plan re-runs).
 
 The JSON it writes has ``device`` (name, memory, driver, library versions, date), the raw
 ``measurements`` and a ``profile`` object of :class:`tflms.profiles.HardwareProfile`'s fields
@@ -44,6 +46,10 @@ RESNET50_CONVS = ((64, 64, 64, 56, 1), (64, 64, 64, 56, 3), (64, 64, 256, 56, 1)
                   (64, 256, 256, 14, 3), (64, 256, 1024, 14, 1), (64, 1024, 256, 14, 1),
                   (64, 512, 512, 7, 3), (64, 512, 2048, 7, 1), (64, 2048, 512, 7, 1))
 CONV_LAYOUTS = ("nchw", "nhwc")
+#: ``--elementwise``: ops a recompute plan re-runs (activations, normalisation arithmetic, residual adds, a
+#: per-channel reduction), on a ResNet-50 activation at batch 64 (64 x 56 x 56 x 256, channels last).
+ELEMENTWISE_SHAPE = (64, 56, 56, 256)
+ELEMENTWISE_OPS = ("relu", "add", "mul", "sum")
 
 
 class Backend(Protocol):
@@ -69,6 +75,9 @@ class Backend(Protocol):
     def conv_train_s(self, shape: tuple[int, int, int, int, int], dtype: str, layout: str,
                      repeats: int) -> tuple[float, float] | None:
         """A convolution's forward and backward (input and filter gradients) times, or ``None``."""
+
+    def elementwise_s(self, op: str, shape: tuple[int, ...], dtype: str, repeats: int) -> float | None:
+        """One element-wise op (:data:`ELEMENTWISE_OPS`) on a tensor of ``shape``, or ``None``."""
 
 
 def _median(times: list[float]) -> float:
@@ -206,6 +215,15 @@ class TorchBackend:
                            repeats)
         return forward, max(both - forward, 0.0)
 
+    def elementwise_s(self, op: str, shape: tuple[int, ...], dtype: str, repeats: int) -> float | None:
+        torch = self.torch
+        dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        x = torch.randn(*shape, device=self.dev, dtype=dt)
+        y = torch.randn(*shape, device=self.dev, dtype=dt)
+        launch = {"relu": lambda: torch.relu(x), "add": lambda: x + y, "mul": lambda: x * 0.5,
+                  "sum": lambda: x.sum(dim=(0, 1, 2))}[op]
+        return self._timed(launch, repeats)
+
     def device_copy_s(self, nbytes: int, repeats: int) -> float:
         src = self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.dev)
         dst = self.torch.empty_like(src)
@@ -329,6 +347,9 @@ class CupyBackend:
                      repeats: int) -> tuple[float, float] | None:
         return None
 
+    def elementwise_s(self, op: str, shape: tuple[int, ...], dtype: str, repeats: int) -> float | None:
+        return None
+
     def device_copy_s(self, nbytes: int, repeats: int) -> float:
         src = self.cp.empty(nbytes, self.cp.uint8)
         dst = self.cp.empty_like(src)
@@ -388,6 +409,20 @@ class StandInBackend:
         forward = self.conv_s(shape, dtype, repeats) * (1.0 if layout == "nhwc" else 1.5)
         return forward, 2 * forward
 
+    def elementwise_s(self, op: str, shape: tuple[int, ...], dtype: str, repeats: int) -> float | None:
+        return elementwise_bytes(op, shape, dtype) / (self.hbm_gbps * 1e9)
+
+
+def elementwise_bytes(op: str, shape: tuple[int, ...], dtype: str) -> int:
+    """Bytes an element-wise op reads and writes: ``add`` reads two tensors, ``sum`` writes one per channel."""
+    elements = 1
+    for d in shape:
+        elements *= d
+    size = 4 if dtype == "float32" else 2
+    reads = 2 if op == "add" else 1
+    written = shape[-1] if op == "sum" else elements
+    return (reads * elements + written) * size
+
 
 def conv_flops(shape: tuple[int, int, int, int, int]) -> float:
     """Multiply-adds x 2 of a stride-1 'same' convolution."""
@@ -406,9 +441,11 @@ def _nvidia_smi_driver() -> str:
 
 
 def probe(backend: Backend, *, copy_bytes: int = 256 * MIB, matmul_n: int = 8192, repeats: int = 10,
-          conv_layers: bool = False, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+          conv_layers: bool = False, elementwise: bool = False,
+          progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Every measurement, as rates: GB/s (1e9 bytes/s) and FLOP/s; with ``conv_layers``, also a training
-    step's convolutions (:func:`conv_layers`)."""
+    step's convolutions (:func:`measure_conv_layers`); with ``elementwise``, element-wise ops (bytes read and
+    written per second, :data:`ELEMENTWISE_OPS`)."""
     out: dict[str, Any] = {"copy_bytes": copy_bytes, "matmul_n": matmul_n, "repeats": repeats}
     link = out["link_gbps"] = {}
     for host in ("pinned", "pageable"):
@@ -444,6 +481,15 @@ def probe(backend: Backend, *, copy_bytes: int = 256 * MIB, matmul_n: int = 8192
     if conv_layers:
         progress(f"{len(RESNET50_CONVS)} ResNet-50 convolutions, forward and backward")
         out["conv_layers"] = measure_conv_layers(backend, repeats)
+    if elementwise:
+        progress(f"element-wise ops on {ELEMENTWISE_SHAPE}")
+        rates: dict[str, Any] = {"shape": list(ELEMENTWISE_SHAPE)}
+        for dtype in ("float32", "bfloat16"):
+            for op in ELEMENTWISE_OPS:
+                seconds = backend.elementwise_s(op, ELEMENTWISE_SHAPE, dtype, repeats)
+                rates[f"{op} {dtype}"] = (None if seconds is None
+                                          else elementwise_bytes(op, ELEMENTWISE_SHAPE, dtype) / seconds / 1e9)
+        out["elementwise_gbps"] = rates
     return out
 
 
@@ -529,6 +575,10 @@ def table(result: dict[str, Any]) -> str:
     if layers and "training_flops" in layers:
         rows.append(f"ResNet-50's {len(RESNET50_CONVS)} stride-1 convolutions, forward + backward at the faster "
                     "layout (TFLOP/s): " + ", ".join(f"{k} {v / 1e12:.1f}" for k, v in layers["training_flops"].items()))
+    rates = m.get("elementwise_gbps")
+    if rates:
+        rows.append(f"element-wise ops on {tuple(rates['shape'])}, bytes read + written (GB/s): " + ", ".join(
+            f"{k} {'-' if v is None else f'{v:.0f}'}" for k, v in rates.items() if k != "shape"))
     return "\n".join(rows)
 
 
@@ -562,6 +612,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", help="the profile's name (default: measured-<device name>)")
     parser.add_argument("--conv-layers", action="store_true",
                         help="also time ResNet-50's convolutions, forward and backward, in both layouts")
+    parser.add_argument("--elementwise", action="store_true",
+                        help="also time element-wise ops (relu, add, mul, a per-channel sum) on an activation")
     parser.add_argument("--json", action="store_true", help="print the JSON instead of the table")
     parser.add_argument("-o", "--output", help="also write the JSON to this file")
     args = parser.parse_args(argv)
@@ -569,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--copy-mib, --matmul-n and --repeats must be positive")
     backend = make_backend(args.backend)
     result = run(backend, copy_bytes=args.copy_mib * MIB, matmul_n=args.matmul_n, repeats=args.repeats,
-                 conv_layers=args.conv_layers, name=args.name,
+                 conv_layers=args.conv_layers, elementwise=args.elementwise, name=args.name,
                  progress=lambda what: print(f"measuring {what} ...", file=sys.stderr, flush=True))
     text = json.dumps(result, indent=2)
     if args.output:
