@@ -30,3 +30,19 @@ def test_a_bad_input_side_is_refused_by_name(zoo, text, message, capsys):
     with pytest.raises(SystemExit):
         zoo.main(["--models", "ResNet50", "--input", text])
     assert message.split(" is")[0].split(" input")[0] in capsys.readouterr().err
+
+
+def test_batch_reaches_the_workers_and_a_bad_one_is_refused(zoo, monkeypatch, capsys):
+    """--batch goes through the environment, which every worker process reads at import (fit_recompute needs a
+    batch whose activations outweigh the weights)."""
+    import os
+    monkeypatch.setattr(zoo, "BATCH", zoo.BATCH)
+    monkeypatch.setenv(zoo.ENV_BATCH, "2")  # (restored after the test: main sets it)
+    with pytest.raises(SystemExit):
+        zoo.main(["--batch", "0", "--models", "ResNet50"])
+    assert "--batch must be positive, got 0" in capsys.readouterr().err
+    monkeypatch.setattr(zoo, "run_model", lambda name, paths, timeout_s, env=None: {
+        "model": name, "input": 32, "paths": {}, "seconds": 0.0, "error": "not run"})
+    zoo.main(["--batch", "16", "--models", "ResNet50", "--input", "32", "--paths", "fit_ctl,fit_recompute"])
+    assert os.environ[zoo.ENV_BATCH] == "16" and zoo.BATCH == 16
+    assert "fit_recompute" in zoo.PATHS
