@@ -84,6 +84,9 @@ class HardwareProfile:
         reach, where it was measured apart from matrix products (``None``: ``contraction_efficiency``).
         cuDNN's convolutions at ResNet-50's shapes reach a fraction of what a large matrix product does
         (``tools/gpu_probe.py --conv-layers``, ``tools/compare_profile.py --fit-conv``).
+      contraction_latency_s: time every contraction takes beyond its roofline term and the launch overhead
+        (the tail of its last wave of tiles, library setup): what makes a 1024^3 product run at an eighth of
+        the large-product rate (``tools/gpu_probe.py --matmul-n``). 0 where not measured.
       memory_efficiency: fraction of ``memory_gbps`` that ops reach for their memory traffic
         (element-wise ops, reductions, copies; ``None``: ``compute_efficiency``).
       tf32_enabled: whether float32 contractions run as TF32 where the GPU has it (TensorFlow's
@@ -112,6 +115,7 @@ class HardwareProfile:
     memory_efficiency: float | None = None
     tf32_enabled: bool = True
     conv_efficiency: float | None = None
+    contraction_latency_s: float = 0.0
     sources: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
@@ -124,7 +128,7 @@ class HardwareProfile:
         for field in ("compute_efficiency", "link_efficiency"):
             if not 0 < getattr(self, field) <= 1:
                 raise ConfigError(f"profile {self.name!r}: {field} must be in (0, 1], got {getattr(self, field)!r}")
-        for field in ("link_latency_s", "launch_overhead_s"):
+        for field in ("link_latency_s", "launch_overhead_s", "contraction_latency_s"):
             if getattr(self, field) < 0:
                 raise ConfigError(f"profile {self.name!r}: {field} must be >= 0")
         factors = self.op_time_factors
@@ -291,15 +295,24 @@ _H100_MEASURED_MM = "measured on an H100 80GB HBM3 (issue 28): 8192^3 bf16 MatMu
 _H100_MEASURED_COPY = "measured on an H100 80GB HBM3 (issue 28): device copy 3.0 TB/s / 3.35 = 0.90"
 _H200_MEASURED_MM = "measured on an H200 (issue 28): 8192^3 bf16 MatMul 788 TFLOP/s / 989.5 = 0.80"
 _H200_MEASURED_COPY = "measured on an H200 (issue 28): device copy 4.3 TB/s / 4.8 = 0.90"
-#: tools/gpu_probe.py --conv-layers, twice on an H100 80GB HBM3 (2026-11-26, docs/profiles/h100-80gb-hbm3-conv-layers.json
-#: and h100-80gb-hbm3-elementwise.json): ResNet-50's 13 stride-1 convolution shapes at batch 64, forward and both
-#: gradients, float32 (TF32) and bfloat16, each at its faster layout; `tools/compare_profile.py A B --fit-conv` fits
-#: the efficiency at which the roofline predicts their total time (geometric mean over both runs and dtypes; 0.202
-#: for TF32 alone, 0.133 for bfloat16 alone).
+#: tools/gpu_probe.py --conv-layers, twice on an H100 80GB HBM3 (2026-11-26,
+#: docs/profiles/h100-80gb-hbm3-conv-layers.json and h100-80gb-hbm3-elementwise.json): ResNet-50's 13 stride-1
+#: convolution shapes at batch 64, forward and both gradients, float32 (TF32) and bfloat16, each at its faster
+#: layout; `tools/compare_profile.py A B --fit-conv` fits the efficiency at which the roofline (with the
+#: contraction latency below) predicts their total time (geometric mean over both runs and dtypes; 0.250 for
+#: TF32 alone, 0.173 for bfloat16 alone).
 _H100_MEASURED_CONV = ("measured on an H100 80GB HBM3 (tools/gpu_probe.py --conv-layers, two runs, 2026-11-26, "
                        "docs/profiles/h100-80gb-hbm3-conv-layers.json, h100-80gb-hbm3-elementwise.json): "
                        "ResNet-50's convolutions at batch 64, forward and backward, reach 85-96 TFLOP/s in TF32 and "
-                       "108-137 in BF16; tools/compare_profile.py --fit-conv over both runs: 0.162")
+                       "108-137 in BF16; tools/compare_profile.py --fit-conv over both runs, with the "
+                       "14.5 us contraction latency: 0.210")
+#: tools/gpu_probe.py --matmul-n 1024 / 2048 / 4096 on an H100 80GB HBM3 (2026-11-26,
+#: docs/profiles/h100-80gb-hbm3-n*.json): bf16 products at 105 / 468 / 747 TFLOP/s and tf32 at 69 / 268 / 386
+#: against 795 / 413 at 8192^3. The roofline with the launch overhead priced them up to 3x too fast; 14.5 us
+#: more per contraction makes the geometric mean of predicted over measured time over the six 1.
+_H100_MEASURED_LATENCY = ("measured on an H100 80GB HBM3 (tools/gpu_probe.py --matmul-n 1024/2048/4096, 2026-11-26, "
+                          "docs/profiles/h100-80gb-hbm3-n*.json): bf16 and tf32 products of those sizes take "
+                          "7.5-21 us more than the roofline and launch overhead; fitted over the six: 14.5 us")
 _H100_MEASURED_LINK = ("measured on an H100 80GB HBM3 and an H200 (tools/gpu_probe.py, 2026-11-26, "
                        "docs/profiles/h100-80gb-hbm3.json, docs/profiles/h200.json): pinned copies 54.5-55.2 GB/s "
                        "each way of PCIe 5.0's 63 = 0.87")
@@ -389,7 +402,8 @@ for _p in (
     # PCIe: FP32 51, TF32 378, BF16/FP16 756.5 dense TFLOPS, 2.0 TB/s. Both: PCIe Gen5 128 GB/s to the host.
     HardwareProfile("h100-80gb-sxm5", 80 * GIB, 67e12, 3350, 63, host_memory_bytes=2048 * GIB,
                     tf32_flops=494.5e12, fp16_flops=989.5e12, bf16_flops=989.5e12,
-                    contraction_efficiency=0.81, memory_efficiency=0.90, conv_efficiency=0.162, link_efficiency=0.87,
+                    contraction_efficiency=0.81, memory_efficiency=0.90,
+                    conv_efficiency=0.210, contraction_latency_s=14.5e-6, link_efficiency=0.87,
                     description="NVIDIA H100 80GB SXM5 (HGX H100), PCIe 5.0 x16 to the host",
                     sources=_cite(
                         peak_flops=_H100 + ": H100 SXM FP32 67 TFLOPS",
@@ -401,10 +415,12 @@ for _p in (
                         contraction_efficiency=_H100_MEASURED_MM, memory_efficiency=_H100_MEASURED_COPY,
                         host_memory_bytes="NVIDIA DGX H100 datasheet: 2 TB system memory (for 8 GPUs)",
                         compute_efficiency=_TFLMS, link_efficiency=_H100_MEASURED_LINK,
+                        contraction_latency_s=_H100_MEASURED_LATENCY,
                         conv_efficiency=_H100_MEASURED_CONV, link_latency_s=_TFLMS, launch_overhead_s=_TFLMS)),
     HardwareProfile("h100-80gb-pcie5", 80 * GIB, 51e12, 2000, 63, host_memory_bytes=1024 * GIB,
                     tf32_flops=378e12, fp16_flops=756.5e12, bf16_flops=756.5e12,
-                    contraction_efficiency=0.81, memory_efficiency=0.90, conv_efficiency=0.162, link_efficiency=0.87,
+                    contraction_efficiency=0.81, memory_efficiency=0.90,
+                    conv_efficiency=0.210, contraction_latency_s=14.5e-6, link_efficiency=0.87,
                     description="NVIDIA H100 80GB PCIe on PCIe 5.0 x16",
                     sources=_cite(
                         peak_flops=_H100 + ": H100 PCIe FP32 51 TFLOPS",
@@ -417,12 +433,14 @@ for _p in (
                             "(same", "(the SXM5 part; the PCIe card's lower power limit may lower it; same"),
                         memory_efficiency=_H100_MEASURED_COPY + _ASSUMED, host_memory_bytes=_HOST_SERVER,
                         compute_efficiency=_TFLMS, link_efficiency=_H100_MEASURED_LINK + _ASSUMED,
+                        contraction_latency_s=_H100_MEASURED_LATENCY + _ASSUMED,
                         conv_efficiency=_H100_MEASURED_CONV + _ASSUMED, link_latency_s=_TFLMS,
                         launch_overhead_s=_TFLMS)),
     # H200 (Hopper, HBM3e): the H100 SXM's compute, 141 GB at 4.8 TB/s.
     HardwareProfile("h200-141gb", 141 * GIB, 67e12, 4800, 63, host_memory_bytes=2048 * GIB,
                     tf32_flops=494.5e12, fp16_flops=989.5e12, bf16_flops=989.5e12,
-                    contraction_efficiency=0.80, memory_efficiency=0.90, conv_efficiency=0.162, link_efficiency=0.87,
+                    contraction_efficiency=0.80, memory_efficiency=0.90,
+                    conv_efficiency=0.210, contraction_latency_s=14.5e-6, link_efficiency=0.87,
                     description="NVIDIA H200 141GB SXM (HGX H200), PCIe 5.0 x16 to the host",
                     sources=_cite(
                         peak_flops=_H200 + ": H200 SXM FP32 67 TFLOPS",
@@ -434,12 +452,14 @@ for _p in (
                         contraction_efficiency=_H200_MEASURED_MM, memory_efficiency=_H200_MEASURED_COPY,
                         host_memory_bytes="NVIDIA DGX H200 datasheet: 2 TB system memory (for 8 GPUs)",
                         compute_efficiency=_TFLMS, link_efficiency=_H100_MEASURED_LINK,
+                        contraction_latency_s=_H100_MEASURED_LATENCY + _ASSUMED,
                         conv_efficiency=_H100_MEASURED_CONV + _ASSUMED, link_latency_s=_TFLMS,
                         launch_overhead_s=_TFLMS)),
     # GH200: an H100 with 96 GB HBM3 at 4 TB/s, NVLink-C2C (900 GB/s total) to 480 GB LPDDR5X.
     HardwareProfile("gh200", 96 * GIB, 67e12, 4000, 450, host_memory_bytes=480 * GIB,
                     tf32_flops=494.5e12, fp16_flops=989.5e12, bf16_flops=989.5e12,
-                    contraction_efficiency=0.81, memory_efficiency=0.90, conv_efficiency=0.162,
+                    contraction_efficiency=0.81, memory_efficiency=0.90,
+                    conv_efficiency=0.210, contraction_latency_s=14.5e-6,
                     description="NVIDIA GH200 Grace Hopper: H100 96GB HBM3, NVLink-C2C to 480GB LPDDR5X",
                     sources=_cite(
                         peak_flops=_GH200 + ": FP32 67 TFLOPS",
@@ -451,6 +471,7 @@ for _p in (
                         contraction_efficiency=_H100_MEASURED_MM + _ASSUMED,
                         memory_efficiency=_H100_MEASURED_COPY + _ASSUMED,
                         host_memory_bytes=_GH200 + ": up to 480 GB LPDDR5X",
+                        contraction_latency_s=_H100_MEASURED_LATENCY + _ASSUMED,
                         conv_efficiency=_H100_MEASURED_CONV + _ASSUMED,
                         compute_efficiency=_TFLMS, link_efficiency=_TFLMS, link_latency_s=_TFLMS,
                         launch_overhead_s=_TFLMS)),

@@ -256,8 +256,9 @@ def op_work_s(graph: Graph, op: Op, profile: HardwareProfile) -> float:
 
 
 def op_time_s(graph: Graph, op: Op, profile: HardwareProfile) -> float:
-    """Roofline estimate: launch overhead + the profile's factor for the op type (1 unless calibrated,
-    ``HardwareProfile.op_time_factors``) x max(compute time, memory time); codec calls: :func:`codec_time_s`."""
+    """Roofline estimate: launch overhead (+ ``contraction_latency_s`` for a contraction) + the profile's factor
+    for the op type (1 unless calibrated, ``HardwareProfile.op_time_factors``) x max(compute time, memory time);
+    codec calls: :func:`codec_time_s`."""
     if op.type in FREE_OPS:
         return 0.0
     codec = codec_call(op)
@@ -266,4 +267,5 @@ def op_time_s(graph: Graph, op: Op, profile: HardwareProfile) -> float:
         ref_bytes = (graph.tensor(op.inputs[0]).num_bytes if role == ENCODE and op.inputs
                      else op.outputs[0].num_bytes if op.outputs else 0)
         return codec_time_s(key, role, ref_bytes or 0, profile)
-    return profile.launch_overhead_s + profile.op_time_factor(op.type) * op_work_s(graph, op, profile)
+    latency = profile.contraction_latency_s if op.type in CONTRACTION_OPS else 0.0
+    return profile.launch_overhead_s + latency + profile.op_time_factor(op.type) * op_work_s(graph, op, profile)
