@@ -118,6 +118,11 @@ class TorchBackend:
         torch.cuda.synchronize()
         return _median(times)
 
+    def _dtype(self, name: str):
+        """The torch dtype the probe's dtype names (``float32``, ``bfloat16``, ``float16``) stand for."""
+        torch = self.torch
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
     def _host(self, nbytes: int, host: str):
         return self.torch.empty(nbytes, dtype=self.torch.uint8, pin_memory=host == "pinned")
 
@@ -193,7 +198,7 @@ class TorchBackend:
     def conv_s(self, shape: tuple[int, int, int, int, int], dtype: str, repeats: int) -> float | None:
         torch = self.torch
         batch, c_in, c_out, hw, k = shape
-        dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        dt = self._dtype(dtype)
         x = torch.randn(batch, c_in, hw, hw, device=self.dev, dtype=dt)
         w = torch.randn(c_out, c_in, k, k, device=self.dev, dtype=dt)
         torch.backends.cudnn.benchmark = True
@@ -203,7 +208,7 @@ class TorchBackend:
                      repeats: int) -> tuple[float, float] | None:
         torch = self.torch
         batch, c_in, c_out, hw, k = shape
-        dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        dt = self._dtype(dtype)
         fmt = torch.channels_last if layout == "nhwc" else torch.contiguous_format
         x = torch.randn(batch, c_in, hw, hw, device=self.dev, dtype=dt).to(memory_format=fmt).requires_grad_()
         w = torch.randn(c_out, c_in, k, k, device=self.dev, dtype=dt).to(memory_format=fmt).requires_grad_()
@@ -217,7 +222,7 @@ class TorchBackend:
 
     def elementwise_s(self, op: str, shape: tuple[int, ...], dtype: str, repeats: int) -> float | None:
         torch = self.torch
-        dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        dt = self._dtype(dtype)
         x = torch.randn(*shape, device=self.dev, dtype=dt)
         y = torch.randn(*shape, device=self.dev, dtype=dt)
         launch = {"relu": lambda: torch.relu(x), "add": lambda: x + y, "mul": lambda: x * 0.5,
