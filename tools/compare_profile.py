@@ -29,6 +29,8 @@ from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_probe import CONV_SHAPE, conv_flops, elementwise_bytes  # noqa: E402 (the probe's shapes and counts)
 
 #: The probe's matrix-product modes, the TensorFlow dtype each is traced in, and whether TF32 is on.
 MODES = {"fp32": ("float32", False), "tf32": ("float32", True), "fp16": ("float16", True),
@@ -44,6 +46,35 @@ def _graph(fn, *specs):
     return load_graph(tf.function(fn).get_concrete_function(*specs))
 
 
+@functools.lru_cache(maxsize=None)
+def _traced(kind: str, shape: tuple[int, ...], dtype: str):
+    """The IR of one probed operation, traced once whatever the profiles it is priced on: ``matmul`` (square,
+    ``shape`` = (n,)), ``conv`` (forward), ``conv_step`` (forward and both gradients; both at gpu_probe's
+    (batch, channels in, channels out, side, kernel), channels-last), ``copy`` (a DeepCopy of ``shape``) or one
+    of :data:`ELEMENTWISE_TF`."""
+    import tensorflow as tf
+    dt = getattr(tf, dtype)
+    if kind == "matmul":
+        spec = tf.TensorSpec((shape[0], shape[0]), dt)
+        return _graph(tf.matmul, spec, spec)
+    if kind == "copy":
+        return _graph(lambda x: tf.raw_ops.DeepCopy(x=x), tf.TensorSpec(shape, dt))
+    if kind in ("conv", "conv_step"):
+        batch, c_in, c_out, hw, k = shape
+        x, w = tf.TensorSpec((batch, hw, hw, c_in), dt), tf.TensorSpec((k, k, c_in, c_out), dt)
+        if kind == "conv":
+            return _graph(lambda x, w: tf.nn.conv2d(x, w, 1, "SAME"), x, w)
+
+        def step(x, w, dy):
+            with tf.GradientTape() as tape:
+                tape.watch([x, w])
+                y = tf.nn.conv2d(x, w, 1, "SAME")
+            return tape.gradient(y, [x, w], output_gradients=dy)
+        return _graph(step, x, w, tf.TensorSpec((batch, hw, hw, c_out), dt))
+    spec = tf.TensorSpec(shape, dt)
+    return _graph(ELEMENTWISE_TF[kind][1](tf), spec, spec)
+
+
 def _priced(graph, op_type: str, profile) -> float:
     from tflms.sim.cost import op_time_s
     [op] = [op for op in graph if op.type == op_type]
@@ -53,23 +84,16 @@ def _priced(graph, op_type: str, profile) -> float:
 def predictions(measurements: dict[str, Any], profile) -> dict[str, float]:
     """The rates ``profile`` predicts for the probe's operations, keyed as :func:`measured` keys them:
     FLOP/s for products and the convolution, bytes/s for copies (a device copy counts bytes read plus written)."""
-    import tensorflow as tf
     out: dict[str, float] = {}
     n = int(measurements["matmul_n"])
     for mode, (dtype, tf32) in MODES.items():
-        spec = tf.TensorSpec((n, n), getattr(tf, dtype))
-        out[f"matmul {mode}"] = 2 * n**3 / _priced(_graph(tf.matmul, spec, spec), "MatMul",
-                                                   profile.with_tf32(tf32))
-    batch, c_in, c_out, hw, k = measurements.get("conv_shape", (64, 128, 128, 28, 3))
-    flops = 2.0 * batch * hw * hw * c_out * c_in * k * k
+        out[f"matmul {mode}"] = 2 * n**3 / _priced(_traced("matmul", (n,), dtype), "MatMul", profile.with_tf32(tf32))
+    shape = tuple(measurements.get("conv_shape", CONV_SHAPE))
     for dtype in CONV_DTYPES:
-        dt = getattr(tf, dtype)
-        graph = _graph(lambda x, w: tf.nn.conv2d(x, w, 1, "SAME"), tf.TensorSpec((batch, hw, hw, c_in), dt),
-                       tf.TensorSpec((k, k, c_in, c_out), dt))
-        out[f"conv {dtype}"] = flops / _priced(graph, "Conv2D", profile.with_tf32(True))
+        out[f"conv {dtype}"] = conv_flops(shape) / _priced(_traced("conv", shape, dtype), "Conv2D",
+                                                           profile.with_tf32(True))
     nbytes = int(measurements["copy_bytes"])
-    copy = _graph(lambda x: tf.raw_ops.DeepCopy(x=x), tf.TensorSpec((nbytes // 4,), tf.float32))
-    out["device copy"] = 2 * nbytes / _priced(copy, "DeepCopy", profile)
+    out["device copy"] = 2 * nbytes / _priced(_traced("copy", (nbytes // 4,), "float32"), "DeepCopy", profile)
     for direction in ("h2d", "d2h"):
         out[f"host {direction} pinned"] = nbytes / profile.copy_time_s(nbytes)
     return out
@@ -83,18 +107,18 @@ def conv_layer_times(layers: dict[str, Any], profile) -> dict[str, dict[str, flo
     from tflms.sim.cost import op_time_s
     best: dict[tuple[str, tuple[int, ...]], float] = {}
     for layer in layers["layers"]:
-        flops = 2.0 * _conv_macs(layer["shape"])
+        flops = conv_flops(layer["shape"])
         seconds = flops / layer["forward_flops"] + (2 * flops / layer["backward_flops"] if layer["backward_flops"]
                                                      else 0.0)
         key = (layer["dtype"], tuple(layer["shape"]))
         best[key] = min(best.get(key, seconds), seconds)
     out: dict[str, dict[str, float]] = {}
     for (dtype, shape), seconds in sorted(best.items()):
-        graph = _conv_step_graph(dtype, shape)
+        graph = _traced("conv_step", shape, dtype)
         predicted = sum(op_time_s(graph, op, profile.with_tf32(True)) for op in graph
                         if op.type.startswith("Conv2D"))
         totals = out.setdefault(dtype, {"flops": 0.0, "measured_s": 0.0, "predicted_s": 0.0})
-        totals["flops"] += 6.0 * _conv_macs(shape)
+        totals["flops"] += 3 * conv_flops(shape)
         totals["measured_s"] += seconds
         totals["predicted_s"] += predicted
     return out
@@ -123,27 +147,6 @@ def fit_conv_efficiency(runs: list[dict[str, Any]], profile, dtypes: tuple[str, 
     return round((low + high) / 2, 3)
 
 
-@functools.lru_cache(maxsize=None)
-def _conv_step_graph(dtype: str, shape: tuple[int, ...]):
-    """A convolution and its two gradients, traced channels-last (fitting prices them many times)."""
-    import tensorflow as tf
-    batch, c_in, c_out, hw, k = shape
-    dt = getattr(tf, dtype)
-
-    def step(x, w, dy):
-        with tf.GradientTape() as tape:
-            tape.watch([x, w])
-            y = tf.nn.conv2d(x, w, 1, "SAME")
-        return tape.gradient(y, [x, w], output_gradients=dy)
-    return _graph(step, tf.TensorSpec((batch, hw, hw, c_in), dt), tf.TensorSpec((k, k, c_in, c_out), dt),
-                  tf.TensorSpec((batch, hw, hw, c_out), dt))
-
-
-def _conv_macs(shape) -> float:
-    batch, c_in, c_out, hw, k = shape
-    return float(batch) * hw * hw * c_out * c_in * k * k
-
-
 #: gpu_probe's element-wise ops as TensorFlow ops: the traced function and the op type priced.
 ELEMENTWISE_TF = {"relu": ("Relu", lambda tf: lambda x, y: tf.nn.relu(x)),
                   "add": ("AddV2", lambda tf: lambda x, y: x + y),
@@ -154,12 +157,7 @@ ELEMENTWISE_TF = {"relu": ("Relu", lambda tf: lambda x, y: tf.nn.relu(x)),
 def elementwise_rate(op: str, shape: tuple[int, ...], dtype: str, profile) -> float:
     """Bytes read and written per second that ``profile`` predicts for gpu_probe's element-wise ``op``
     (``gpu_probe.elementwise_bytes`` over :func:`op_time_s` of the traced TensorFlow op)."""
-    import tensorflow as tf
-    from gpu_probe import elementwise_bytes
-    op_type, make = ELEMENTWISE_TF[op]
-    spec = tf.TensorSpec(shape, getattr(tf, dtype))
-    graph = _graph(make(tf), spec, spec)
-    return elementwise_bytes(op, shape, dtype) / _priced(graph, op_type, profile)
+    return elementwise_bytes(op, shape, dtype) / _priced(_traced(op, shape, dtype), ELEMENTWISE_TF[op][0], profile)
 
 
 def measured(measurements: dict[str, Any]) -> dict[str, float]:
@@ -211,6 +209,7 @@ def compare(probe: dict[str, Any], profile_names: list[str] | None = None, fit_c
                                               **{d: fit_conv_efficiency(runs, p, (d,)) for d in dtypes}}
                                      for p in profiles}
         result["conv_runs"] = len(runs)
+        result["conv_efficiency_now"] = {p.name: p.conv_efficiency for p in profiles}
     return result
 
 
@@ -235,18 +234,12 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"\n{name}: conv_efficiency that predicts the measured ResNet-50 convolutions "
                      f"({result['conv_runs']} run{'s' if result['conv_runs'] > 1 else ''}): "
                      + ", ".join(f"{k} {v:.3f}" for k, v in fits.items())
-                     + f" (now {_conv_now(name)})")
+                     + f" (now {_now(result['conv_efficiency_now'][name])})")
     return "\n".join(lines)
 
 
-def _conv_now(name: str) -> str:
-    from tflms.profiles import HardwareProfile, get_profile
-    try:
-        profile = get_profile(name)
-    except Exception:
-        return "the probe's own profile"
-    return (f"{profile.conv_efficiency}" if profile.conv_efficiency is not None
-            else f"unset: contraction_efficiency {profile.contraction_efficiency}")
+def _now(conv_efficiency: float | None) -> str:
+    return "unset: the products' efficiency" if conv_efficiency is None else f"{conv_efficiency}"
 
 
 def main(argv: list[str] | None = None) -> int:
