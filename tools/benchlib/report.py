@@ -343,14 +343,22 @@ STYLES = {"none": ("black", 1.6), "tflms-distance": ("tab:green", 1.0), "tflms-b
 CURVE_MARKERS = ("s", "o", "^", "D", "v", "P", "X")
 
 
-def plot_timelines(path: pathlib.Path, model: str, profile: str, results: dict[str, MethodResult],
-                   budget_bytes: int, label: str) -> bool:
+def _pyplot():
+    """matplotlib's pyplot on the file-only Agg backend, or ``None`` (said once per plot) without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         say("matplotlib is not installed: no plots (pip install -e \".[plot]\")")
+        return None
+    return plt
+
+
+def plot_timelines(path: pathlib.Path, model: str, profile: str, results: dict[str, MethodResult],
+                   budget_bytes: int, label: str) -> bool:
+    plt = _pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(9, 4.2))
     styles = STYLES
@@ -409,12 +417,8 @@ def curve_markdown(records: list[dict], plots: dict[str, str]) -> list[str]:
 
 def plot_curve(path: pathlib.Path, model: str, profile: str, results: dict[str, MethodResult]) -> bool:
     """Samples/s against batch, a line per method over the batches it fits, with ``none``'s maximum and the bound."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        say("matplotlib is not installed: no plots (pip install -e \".[plot]\")")
+    plt = _pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(8, 4.2))
     for i, method in enumerate(METHODS):
