@@ -8,6 +8,8 @@ TensorFlow ran: the clones ran, the user's op types did not change.
 
 from __future__ import annotations
 
+import dataclasses
+
 import keras
 import networkx as nx
 import pytest
@@ -271,3 +273,86 @@ def test_known_op_times_price_a_recompute_plan_as_pricing_it_afresh(bert_graph):
     fresh, reused = simulate(rewritten, PROFILE), simulate(rewritten, PROFILE, known_op_times_s=known)
     assert (fresh.step_time_s, fresh.peak_bytes) == (reused.step_time_s, reused.peak_bytes)
     assert [(r.name, r.start_s, r.end_s) for r in fresh.ops] == [(r.name, r.start_s, r.end_s) for r in reused.ops]
+
+
+# ------------------------------------------------------------------- swaps on the recomputed step
+def _residual_bn_32():
+    """The residual_bn kit model at batch 32 (two residual blocks: the order pass has branches to order)."""
+    model, optimizer, step, batches = _traced("residual_bn", batch_size=32)
+    pre = preoptimize(step.get_concrete_function(*batches[0]))
+    return model, optimizer, step, batches, pre, tf_io.load_graph(pre)
+
+
+def _train_rewritten(model, optimizer, pre, graph, inserted, batches):
+    fn = _build(graph, pre, inserted)
+    with record_run_metadata() as ran:
+        for x, y in batches:
+            fn(x, y)
+    return snapshot(model, optimizer), ran
+
+
+def _plain(model, optimizer, step, batches):
+    for x, y in batches:
+        step(x, y)
+    return snapshot(model, optimizer)
+
+
+def test_a_clone_may_be_swapped_and_the_step_trains_bitwise():
+    """A clone rebuilt for its first backward reader can idle across another branch's backward pass: swapping
+    it is a swap like any other (its copies never change a value), and the hybrid search may choose it."""
+    from tflms.policies.swapplan import skip_reason
+    from tflms.policies.tflms_rules import plan_swaps
+    runs = [_residual_bn_32() for _ in range(3)]
+    model, optimizer, step, batches, _, _ = runs[0]
+    plain = _plain(model, optimizer, step, batches)
+    model, optimizer, step, batches, _, _ = runs[1]
+    assert_bitwise_equal(plain, _plain(model, optimizer, step, batches), "plain TensorFlow twice (the control)")
+    model, optimizer, _, batches, pre, graph = runs[2]
+    analysis, recomputes = _every_recompute(graph)
+    recomputed = analyze_graph(apply_swaps(graph, recomputes).graph)
+    clone = next(TensorRef(c, 0) for r in recomputes.recomputes for c in r.clones)
+    assert skip_reason(recomputed, clone, LMSConfig()) is None
+    gate = next(TensorRef(g, 0) for r in recomputes.recomputes for g, _, _ in r.gates)
+    assert skip_reason(recomputed, gate, LMSConfig())[0] == "identity"  # an alias, as any Identity
+    config = LMSConfig(swapout_threshold=1, accelerator_device="/device:GPU:0")  # (soft placement runs it here)
+    swaps = plan_swaps(recomputed, config, accelerator_device="/device:GPU:0")
+    plan = dataclasses.replace(swaps, recomputes=recomputes.recomputes)
+    swapped_clones = [s for s in plan.swaps if is_clone(s.tensor.op)]
+    assert swapped_clones, "the distance rules at threshold 1 swap some clone"
+    result = apply_swaps(graph, plan)
+    result.graph.lint()
+    trained, ran = _train_rewritten(model, optimizer, pre, result.graph, result.report, batches)
+    assert_bitwise_equal(plain, trained, "every recomputable op recomputed, clones swapped too")
+    names = {n.name for n in ran.step_graph(list(result.report)).post_optimization_graph.node}
+    assert {s.swap_out for s in swapped_clones} <= names  # the clones' copies ran
+
+
+def test_a_hybrid_ordered_before_its_swaps_is_what_runs_and_trains_bitwise():
+    """The hybrid search also pins the recomputed step's memory-aware order before choosing its swaps: the
+    winner's graph holds the clones, the swaps and the order's edges, simulates as judged, and trains bitwise."""
+    from tflms.sim.simulator import simulate
+    from tflms.tune.tuner import tune
+    runs = [_residual_bn_32() for _ in range(2)]
+    model, optimizer, step, batches, _, _ = runs[0]
+    plain = _plain(model, optimizer, step, batches)
+    model, optimizer, _, batches, pre, graph = runs[1]
+    base = simulate(graph, PROFILE)
+    budget = base.resident_bytes + int(0.5 * base.transient_peak_bytes)
+    result = tune(graph, budget=budget, profile=PROFILE, strategies=["idle-time", "recompute"], enforce_order=True)
+    best = result.best
+    assert best.strategy == "hybrid" and best.plan.recomputes and best.plan.swaps
+    assert best.order["before_swaps"] and best.params["order_first"] == best.order["edges"] > 0
+    ran_graph = result.graph
+    assert {c for r in best.plan.recomputes for c in r.clones} <= {op.name for op in ran_graph}
+    assert {s.swap_out for s in best.plan.swaps} <= {op.name for op in ran_graph}
+    edges = sum(len(op.control_inputs) for op in ran_graph)
+    unordered = apply_swaps(graph, best.plan).graph  # the same plan without the order's edges
+    assert edges >= sum(len(op.control_inputs) for op in unordered) + best.order["edges"]
+    again = simulate(ran_graph, PROFILE)
+    assert again.peak_bytes == best.sim.peak_bytes and again.peak_with_margin_bytes <= budget
+    assert simulate(unordered, PROFILE).peak_bytes > best.sim.peak_bytes  # the order is what makes it fit
+    from tflms.passes.order import apply_tuned_order
+    assert apply_tuned_order(ran_graph, best.order, PROFILE)[0] is ran_graph  # the pipeline adds no edges
+    inserted = [op.name for op in ran_graph if op.name.startswith("lms/")]
+    trained, _ = _train_rewritten(model, optimizer, pre, ran_graph, inserted, batches)
+    assert_bitwise_equal(plain, trained, "the ordered hybrid")

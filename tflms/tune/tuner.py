@@ -227,7 +227,8 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
                 return [result.best]
             tried = [c for c in tried if c.plan is not None]
             return [min(tried, key=lambda c: c.sim.peak_with_margin_bytes)] if tried else []
-        search_recompute(ev, baseline, only=only, nested=None if only or not idle else swaps_on)
+        search_recompute(ev, baseline, only=only, nested=None if only or not idle else swaps_on,
+                         ordered=enforce_order and not first_fit)
     if enforce_order and not base.fits and not found():
         judge_ordered(ev, first_fit=first_fit)
     order = ("none",) + STRATEGIES + OPT_IN_STRATEGIES + RECOMPUTE_STRATEGIES
