@@ -161,3 +161,78 @@ def test_small_products_are_priced_within_25_percent_with_the_contraction_latenc
     small = _probe("h100-80gb-hbm3-n1024.json")["measurements"]
     before = compare_profile.predictions(small, dataclasses.replace(profile, contraction_latency_s=0.0))
     assert before["matmul bf16"] > 2.5 * small["matmul_flops"]["bf16"]  # 2.7x too fast without it
+
+
+def _batchnorm_probe(**stand_in) -> dict:
+    return gpu_probe.run(gpu_probe.StandInBackend(latency_s=0.0, device_name="NVIDIA H100 80GB HBM3", **stand_in),
+                         copy_bytes=2**20, matmul_n=256, repeats=1, batchnorm=True)
+
+
+def test_batch_norm_is_priced_as_the_fused_ops_and_the_ratio_is_measured_over_predicted():
+    """Each layer at its faster layout (the stand-in's channels-last) against FusedBatchNormV3 and
+    FusedBatchNormGradV3 on the matched profile: twice the measured time is twice the ratio."""
+    import math
+    from tflms.profiles import get_profile
+    probe = _batchnorm_probe(hbm_gbps=3000.0)
+    result = compare_profile.compare(probe, ["h100-80gb-sxm5"])
+    rows = result["batchnorm"]["h100-80gb-sxm5"]["layers"]
+    assert len(rows) == 2 * len(gpu_probe.RESNET50_BATCHNORMS)
+    assert {row["layout"] for row in rows} == {"nhwc"}
+    profile = get_profile("h100-80gb-sxm5")
+    for row in rows:
+        for which in ("forward", "backward"):
+            times = row[which]
+            assert times["ratio"] == pytest.approx(times["measured_s"] / times["predicted_s"])
+            bytes_ = gpu_probe.batchnorm_bytes(tuple(row["shape"]), row["dtype"], which)
+            assert times["measured_s"] == pytest.approx(bytes_ / 3000e9)
+    # the model prices the activation-sized tensors a training-mode kernel moves (forward: x twice and y;
+    # backward: x and dy twice and dx: tflms.sim.cost.TWO_PASS_INPUTS), at the profile's memory rate, bfloat16 at
+    # 2 bytes an element: the probe's own count
+    [big] = [row for row in rows if row["shape"] == [64, 256, 56] and row["dtype"] == "bfloat16"]
+    elements = 64 * 256 * 56 * 56
+    assert big["forward"]["predicted_s"] == pytest.approx(
+        profile.launch_overhead_s + 3 * elements * 2 / profile.effective_memory_bytes_per_s, rel=0.01)
+    assert big["backward"]["predicted_s"] == pytest.approx(
+        profile.launch_overhead_s + 5 * elements * 2 / profile.effective_memory_bytes_per_s, rel=0.01)
+    means = result["batchnorm"]["h100-80gb-sxm5"]["geomean_ratio"]
+    for dtype in ("float32", "bfloat16"):
+        ratios = [row[which]["ratio"] for row in rows if row["dtype"] == dtype for which in ("forward", "backward")]
+        assert means[dtype]["all"] == pytest.approx(math.exp(sum(map(math.log, ratios)) / len(ratios)))
+
+    slower = compare_profile.compare(_batchnorm_probe(hbm_gbps=1500.0), ["h100-80gb-sxm5"])
+    for fast, slow in zip(rows, slower["batchnorm"]["h100-80gb-sxm5"]["layers"]):
+        assert fast["shape"] == slow["shape"] and fast["dtype"] == slow["dtype"]
+        for which in ("forward", "backward"):
+            assert slow[which]["ratio"] == pytest.approx(2 * fast[which]["ratio"])
+    assert slower["batchnorm"]["h100-80gb-sxm5"]["geomean_ratio"]["float32"]["backward"] == pytest.approx(
+        2 * means["float32"]["backward"])
+    text = compare_profile.table(result)
+    assert "| (64, 256, 56) | bfloat16 | backward |" in text
+    assert "h100-80gb-sxm5: batch norm measured / predicted, geometric mean: float32 forward" in text
+
+
+def test_a_failed_batch_norm_layer_is_left_out_of_the_comparison_and_shown():
+    probe = _batchnorm_probe()
+    [layer] = [layer for layer in probe["measurements"]["batchnorm"]["layers"]
+               if layer["shape"] == [64, 2048, 7] and layer["dtype"] == "float32" and layer["layout"] == "nhwc"]
+    for key in ("forward_s", "backward_s", "forward_gbps", "backward_gbps"):
+        del layer[key]
+    layer["error"] = "RuntimeError: cuDNN error"
+    result = compare_profile.compare(probe, ["h100-80gb-sxm5"])
+    [row] = [row for row in result["batchnorm"]["h100-80gb-sxm5"]["layers"]
+             if row["shape"] == [64, 2048, 7] and row["dtype"] == "float32"]
+    assert row["layout"] == "nchw"  # the slower layout, the only one measured
+    assert "(64, 2048, 7) float32 nhwc failed: RuntimeError: cuDNN error" in compare_profile.table(result)
+    assert "batchnorm" not in compare_profile.compare(_probe("h100-80gb-hbm3.json"))
+
+
+def test_fused_batch_norms_measured_on_the_h100_are_priced_within_20_percent_in_float32():
+    """cuDNN's training-mode batch norm reads its activation inputs twice: priced with each read once, the
+    committed H100 run was 1.49x slower than predicted (float32, geometric mean of both passes over ResNet-50's
+    nine shapes); with :data:`tflms.sim.cost.TWO_PASS_INPUTS` it is within 20%. bfloat16 stays slower than
+    priced (PyTorch's bfloat16 forward ran at about 1 TB/s): not modelled."""
+    result = compare_profile.compare(_probe("h100-80gb-hbm3-batchnorm.json"), ["h100-80gb-sxm5"])
+    means = result["batchnorm"]["h100-80gb-sxm5"]["geomean_ratio"]
+    for which in ("forward", "backward", "all"):
+        assert 1 / 1.2 <= means["float32"][which] <= 1.2, (which, means["float32"])
+    assert means["bfloat16"]["forward"] > 1.5

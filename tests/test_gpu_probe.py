@@ -107,3 +107,70 @@ def test_tflms_loads_the_probes_json_as_a_profile(tmp_path):
         LMSConfig(profile=str(bad))
     with pytest.raises(ConfigError, match="cannot read the hardware profile file"):
         LMSConfig(profile=str(tmp_path / "absent.json"))
+
+
+def test_the_batchnorm_probe_times_every_shape_dtype_and_layout():
+    """The stand-in moves batchnorm_bytes at its HBM rate channels-last, 1.25x slower channels-first."""
+    result = gpu_probe.run(gpu_probe.StandInBackend(latency_s=0.0, hbm_gbps=2500.0), copy_bytes=MIB, matmul_n=256,
+                           repeats=1, batchnorm=True)
+    section = result["measurements"]["batchnorm"]
+    layers = section["layers"]
+    assert {(tuple(layer["shape"]), layer["dtype"], layer["layout"]) for layer in layers} == {
+        (shape, dtype, layout) for shape in gpu_probe.RESNET50_BATCHNORMS for dtype in ("float32", "bfloat16")
+        for layout in ("nchw", "nhwc")}
+    assert len(layers) == 9 * 2 * 2 and len(gpu_probe.RESNET50_BATCHNORMS) == 9
+    for layer in layers:
+        assert layer["forward_s"] > 0 and layer["backward_s"] > 0 and "error" not in layer
+        expected = 2500.0 if layer["layout"] == "nhwc" else 2000.0
+        assert layer["forward_gbps"] == pytest.approx(expected) and layer["backward_gbps"] == pytest.approx(expected)
+    assert section["params_dtype"]["bfloat16 nhwc"] == "float32"
+    best = gpu_probe.batchnorm_best(layers)
+    assert len(best) == 18 and {layer["layout"] for layer in best.values()} == {"nhwc"}
+    assert "batch norm (training) on ResNet-50's 9 activation shapes" in gpu_probe.table(result)
+    assert "float32 forward 2500 backward 2500" in gpu_probe.table(result)
+    json.dumps(result)
+
+
+def test_batchnorm_bytes_count_three_activations_forward_and_five_backward():
+    elements = 64 * 256 * 56 * 56
+    assert gpu_probe.batchnorm_bytes((64, 256, 56), "float32", "forward") == 3 * elements * 4  # x twice, y
+    assert gpu_probe.batchnorm_bytes((64, 256, 56), "float32", "backward") == 5 * elements * 4  # x, dy twice; dx
+    assert gpu_probe.batchnorm_bytes((64, 2048, 7), "bfloat16", "backward") == 5 * 64 * 2048 * 49 * 2
+    with pytest.raises(KeyError):
+        gpu_probe.batchnorm_bytes((64, 256, 56), "float32", "sideways")
+
+
+def test_a_batchnorm_layer_that_fails_is_recorded_and_the_probe_goes_on():
+    class Flaky(gpu_probe.StandInBackend):
+        def batchnorm_train_s(self, shape, dtype, layout, repeats):
+            if shape == (64, 512, 7) and dtype == "bfloat16":
+                raise RuntimeError("CUDA out of memory")
+            return super().batchnorm_train_s(shape, dtype, layout, repeats)
+
+    result = gpu_probe.run(Flaky(), copy_bytes=MIB, matmul_n=256, repeats=1, batchnorm=True)
+    layers = result["measurements"]["batchnorm"]["layers"]
+    failed = [layer for layer in layers if "error" in layer]
+    assert len(failed) == 2 and failed[0]["error"] == "RuntimeError: CUDA out of memory"
+    assert len(layers) == 36 and all(layer["forward_s"] > 0 for layer in layers if "error" not in layer)
+    every = {(dt, s) for s in gpu_probe.RESNET50_BATCHNORMS for dt in ("float32", "bfloat16")}
+    assert gpu_probe.batchnorm_best(layers).keys() == every - {("bfloat16", (64, 512, 7))}
+    assert "2 of 36 measurements failed" in gpu_probe.table(result)
+
+
+def test_a_backend_without_batchnorm_says_so():
+    class NoBatchNorm(gpu_probe.StandInBackend):
+        def batchnorm_train_s(self, shape, dtype, layout, repeats):
+            return None
+
+    result = gpu_probe.run(NoBatchNorm(), copy_bytes=MIB, matmul_n=256, repeats=1, batchnorm=True)
+    assert result["measurements"]["batchnorm"] == {"not_measured": "stand-in has no batch normalisation"}
+    assert "batch norm: stand-in has no batch normalisation" in gpu_probe.table(result)
+
+
+def test_the_cli_flags_reach_the_probe(monkeypatch, capsys):
+    monkeypatch.setattr(gpu_probe, "make_backend", lambda choice: gpu_probe.StandInBackend())
+    assert gpu_probe.main(["--batchnorm", "--json", "--copy-mib", "1", "--matmul-n", "256", "--repeats", "1"]) == 0
+    m = json.loads(capsys.readouterr().out)["measurements"]
+    assert len(m["batchnorm"]["layers"]) == 36 and "conv_layers" not in m and "elementwise_gbps" not in m
+    assert gpu_probe.main(["--copy-mib", "1", "--matmul-n", "256", "--repeats", "1"]) == 0
+    assert "batch norm" not in capsys.readouterr().out

@@ -7,7 +7,10 @@ measured rate, the rate the profile predicts and their ratio, for the profile th
 (:func:`tflms.profiles.profile_for_device`, or ``--profile``) and for the probe's own JSON loaded as a profile.
 A probe run with ``--conv-layers`` adds ResNet-50's stride-1 convolutions, forward and backward: their FLOPs over
 the measured time (each layer at its faster layout) against the same over the priced ``Conv2D``,
-``Conv2DBackpropInput`` and ``Conv2DBackpropFilter`` ops of a traced gradient.
+``Conv2DBackpropInput`` and ``Conv2DBackpropFilter`` ops of a traced gradient. A probe run with ``--batchnorm`` adds
+training-mode batch norm on ResNet-50's activations: per layer and dtype, the measured seconds (at the faster layout)
+against the priced ``FusedBatchNormV3`` and ``FusedBatchNormGradV3`` of a traced gradient, their ratio
+measured / predicted and its geometric mean per dtype.
 
     python tools/compare_profile.py docs/profiles/h100-80gb-hbm3.json
     python tools/compare_profile.py docs/profiles/h200.json --profile h200-141gb --json
@@ -30,7 +33,8 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_probe import CONV_SHAPE, conv_flops, elementwise_bytes  # noqa: E402 (the probe's shapes and counts)
+from gpu_probe import (CONV_SHAPE, batchnorm_best, conv_flops,  # noqa: E402 (the probe's shapes and counts)
+                       elementwise_bytes)
 
 #: The probe's matrix-product modes, the TensorFlow dtype each is traced in, and whether TF32 is on.
 MODES = {"fp32": ("float32", False), "tf32": ("float32", True), "fp16": ("float16", True),
@@ -50,8 +54,9 @@ def _graph(fn, *specs):
 def _traced(kind: str, shape: tuple[int, ...], dtype: str):
     """The IR of one probed operation, traced once whatever the profiles it is priced on: ``matmul`` (square,
     ``shape`` = (n,)), ``conv`` (forward), ``conv_step`` (forward and both gradients; both at gpu_probe's
-    (batch, channels in, channels out, side, kernel), channels-last), ``copy`` (a DeepCopy of ``shape``) or one
-    of :data:`ELEMENTWISE_TF`."""
+    (batch, channels in, channels out, side, kernel), channels-last), ``batchnorm_step`` (a training-mode
+    fused batch norm and its gradient, at gpu_probe's (batch, channels, side), channels-last: :data:`BATCHNORM_TF`),
+    ``copy`` (a DeepCopy of ``shape``) or one of :data:`ELEMENTWISE_TF`."""
     import tensorflow as tf
     dt = getattr(tf, dtype)
     if kind == "matmul":
@@ -71,6 +76,17 @@ def _traced(kind: str, shape: tuple[int, ...], dtype: str):
                 y = tf.nn.conv2d(x, w, 1, "SAME")
             return tape.gradient(y, [x, w], output_gradients=dy)
         return _graph(step, x, w, tf.TensorSpec((batch, hw, hw, c_out), dt))
+    if kind == "batchnorm_step":
+        batch, channels, hw = shape
+
+        def bn_step(x, scale, offset, mean, variance, dy):
+            with tf.GradientTape() as tape:
+                tape.watch([x, scale, offset])
+                y, _, _ = tf.compat.v1.nn.fused_batch_norm(x, scale, offset, mean, variance, is_training=True,
+                                                           exponential_avg_factor=0.01, data_format="NHWC")
+            return tape.gradient(y, [x, scale, offset], output_gradients=dy)
+        act, per_channel = tf.TensorSpec((batch, hw, hw, channels), dt), tf.TensorSpec((channels,), tf.float32)
+        return _graph(bn_step, act, per_channel, per_channel, per_channel, per_channel, act)
     spec = tf.TensorSpec(shape, dt)
     return _graph(ELEMENTWISE_TF[kind][1](tf), spec, spec)
 
@@ -160,6 +176,41 @@ def elementwise_rate(op: str, shape: tuple[int, ...], dtype: str, profile) -> fl
     return elementwise_bytes(op, shape, dtype) / _priced(_traced(op, shape, dtype), ELEMENTWISE_TF[op][0], profile)
 
 
+#: gpu_probe's batch norm passes and the TensorFlow op each is priced as. The forward is the op Keras 2's
+#: ``BatchNormalization(fused=True)`` traces under training (``tf.compat.v1.nn.fused_batch_norm``, moving statistics
+#: updated with momentum 0.99; Keras 3 builds batch norm from separate ops instead). bfloat16 traces as on a GPU:
+#: a bfloat16 activation with float32 scale, offset and statistics, each activation-sized tensor priced at 2 bytes.
+BATCHNORM_TF = (("forward", "FusedBatchNormV3"), ("backward", "FusedBatchNormGradV3"))
+
+
+def batchnorm_times(section: dict[str, Any], profile) -> list[dict[str, Any]]:
+    """Per layer and dtype of ``gpu_probe.py --batchnorm`` (its faster measured layout,
+    ``gpu_probe.batchnorm_best``): for each pass of :data:`BATCHNORM_TF`, the measured seconds, the seconds
+    :func:`op_time_s` prices the traced op at, and their ratio measured / predicted."""
+    rows = []
+    for (dtype, shape), layer in batchnorm_best(section["layers"]).items():
+        graph = _traced("batchnorm_step", shape, dtype)
+        row: dict[str, Any] = {"shape": list(shape), "dtype": dtype, "layout": layer["layout"]}
+        for which, op_type in BATCHNORM_TF:
+            seconds, predicted = layer[f"{which}_s"], _priced(graph, op_type, profile)
+            row[which] = {"measured_s": seconds, "predicted_s": predicted, "ratio": seconds / predicted}
+        rows.append(row)
+    return rows
+
+
+def batchnorm_geomean(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per dtype, the geometric mean over :func:`batchnorm_times`' layers of the ratio measured / predicted, per
+    pass and over both passes (``all``)."""
+    import math
+    logs: dict[str, dict[str, list[float]]] = {}
+    for row in rows:
+        per_pass = logs.setdefault(row["dtype"], {which: [] for which, _ in BATCHNORM_TF} | {"all": []})
+        for which, _ in BATCHNORM_TF:
+            per_pass[which].append(math.log(row[which]["ratio"]))
+            per_pass["all"].append(math.log(row[which]["ratio"]))
+    return {dtype: {k: math.exp(sum(v) / len(v)) for k, v in per_pass.items()} for dtype, per_pass in logs.items()}
+
+
 def measured(measurements: dict[str, Any]) -> dict[str, float]:
     out = {f"matmul {mode}": rate for mode, rate in measurements["matmul_flops"].items() if rate}
     out.update({f"conv {dtype}": rate for dtype, rate in (measurements.get("conv_flops") or {}).items() if rate})
@@ -202,6 +253,15 @@ def compare(probe: dict[str, Any], profile_names: list[str] | None = None, fit_c
     overlap = {direction: {k: v for k, v in figures.items() if k.endswith("_vs_alone")}
                for direction, figures in (probe["measurements"].get("overlap") or {}).items()}
     result = {"device": device, "profiles": [p.name for p in profiles], "rows": rows, "overlap": overlap}
+    batchnorm = probe["measurements"].get("batchnorm") or {}
+    if batchnorm.get("layers"):
+        result["batchnorm"] = {}
+        for p in profiles:
+            times = batchnorm_times(batchnorm, p)
+            result["batchnorm"][p.name] = {"layers": times, "geomean_ratio": batchnorm_geomean(times)}
+        failed = [layer for layer in batchnorm["layers"] if layer.get("error")]
+        if failed:
+            result["batchnorm_failed"] = failed
     runs = [r for r in [layers] + [(a["measurements"].get("conv_layers") or {}) for a in also] if r.get("layers")]
     if fit_conv and runs:
         dtypes = sorted({layer["dtype"] for run in runs for layer in run["layers"]})
@@ -230,12 +290,39 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"\n{direction} copy during a product: copy {figures.get('copy_vs_alone', float('nan')):.2f}x "
                      f"its time alone, product {figures.get('product_vs_alone', float('nan')):.2f}x "
                      "(the simulator assumes 1.00x for both)")
+    lines.extend(batchnorm_table(result))
     for name, fits in result.get("conv_efficiency", {}).items():
         lines.append(f"\n{name}: conv_efficiency that predicts the measured ResNet-50 convolutions "
                      f"({result['conv_runs']} run{'s' if result['conv_runs'] > 1 else ''}): "
                      + ", ".join(f"{k} {v:.3f}" for k, v in fits.items())
                      + f" (now {_now(result['conv_efficiency_now'][name])})")
     return "\n".join(lines)
+
+
+def batchnorm_table(result: dict[str, Any]) -> list[str]:
+    """:func:`table`'s batch norm lines: per layer, dtype and pass, the measured time (its faster layout) and each
+    profile's predicted time (ratio measured / predicted); then per profile, the geometric mean ratio per dtype."""
+    if not result.get("batchnorm"):
+        return []
+    names = result["profiles"]
+    lines = ["", "batch norm, training (FusedBatchNormV3 forward, FusedBatchNormGradV3 backward): measured at the "
+             "faster layout against the predicted time (measured / predicted)", "",
+             "| shape (batch, channels, side) | dtype | pass | measured | " + " | ".join(names) + " |",
+             "|---|---|---|---|" + "---|" * len(names)]
+    per_profile = [result["batchnorm"][name]["layers"] for name in names]
+    for rows in zip(*per_profile):
+        first = rows[0]
+        for which, _ in BATCHNORM_TF:
+            cells = [f"{row[which]['predicted_s'] * 1e6:.0f} us ({row[which]['ratio']:.2f})" for row in rows]
+            lines.append(f"| {tuple(first['shape'])} | {first['dtype']} | {which} | "
+                         f"{first[which]['measured_s'] * 1e6:.0f} us {first['layout']} | " + " | ".join(cells) + " |")
+    for name in names:
+        lines.append(f"\n{name}: batch norm measured / predicted, geometric mean: " + "; ".join(
+            f"{dtype} " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
+            for dtype, ratios in result["batchnorm"][name]["geomean_ratio"].items()))
+    for layer in result.get("batchnorm_failed", []):
+        lines.append(f"batch norm {tuple(layer['shape'])} {layer['dtype']} {layer['layout']} failed: {layer['error']}")
+    return lines
 
 
 def _now(conv_efficiency: float | None) -> str:

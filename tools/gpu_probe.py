@@ -12,7 +12,8 @@ It measures, with CUDA events, the median of ``--repeats`` timed runs after a wa
 - one convolution (PyTorch only: a ResNet-50 3x3 layer at batch 64, float32 and bfloat16);
 - HBM bandwidth: a device-to-device copy, counted as bytes read plus written;
 - with ``--conv-layers``, ResNet-50's convolutions forward and backward in both layouts; with ``--elementwise``,
-  element-wise ops on an activation (what a recompute plan re-runs).
+  element-wise ops on an activation (what a recompute plan re-runs); with ``--batchnorm`` (PyTorch only),
+  training-mode batch normalisation on ResNet-50's activations, forward and backward, in both layouts.
 
 The JSON it writes has ``device`` (name, memory, driver, library versions, date), the raw
 ``measurements`` and a ``profile`` object of :class:`tflms.profiles.HardwareProfile`'s fields
@@ -50,6 +51,14 @@ CONV_LAYOUTS = ("nchw", "nhwc")
 #: per-channel reduction), on a ResNet-50 activation at batch 64 (64 x 56 x 56 x 256, channels last).
 ELEMENTWISE_SHAPE = (64, 56, 56, 256)
 ELEMENTWISE_OPS = ("relu", "add", "mul", "sum")
+#: ``--batchnorm``: the distinct activation shapes ResNet-50 normalises at batch 64 (224x224 input), as batch,
+#: channels, height = width. Checked against ``keras.applications.ResNet50(weights=None)`` (Keras 3.15): its 53
+#: BatchNormalization layers have these 9 output shapes (1, 6, 4, 8, 5, 12, 7, 6 and 4 layers of each, in order).
+RESNET50_BATCHNORMS = ((64, 64, 112), (64, 64, 56), (64, 256, 56), (64, 128, 28), (64, 512, 28), (64, 256, 14),
+                       (64, 1024, 14), (64, 512, 7), (64, 2048, 7))
+BATCHNORM_DTYPES = ("float32", "bfloat16")
+#: GPU clock cycles (about 2 ms) of the sleep each timed batch norm queues behind (``TorchBackend._timed``).
+QUEUE_CYCLES = 4_000_000
 
 
 class Backend(Protocol):
@@ -79,6 +88,16 @@ class Backend(Protocol):
     def elementwise_s(self, op: str, shape: tuple[int, ...], dtype: str, repeats: int) -> float | None:
         """One element-wise op (:data:`ELEMENTWISE_OPS`) on a tensor of ``shape``, or ``None``."""
 
+    def batchnorm_train_s(self, shape: tuple[int, int, int], dtype: str, layout: str,
+                          repeats: int) -> tuple[float, float] | None:
+        """Training-mode batch normalisation of a (batch, channels, side, side) activation: the forward's time
+        (batch statistics, running statistics updated, normalised output) and the backward's (input, weight and
+        bias gradients from a fixed upstream gradient), or ``None``."""
+
+    def batchnorm_details(self) -> dict[str, Any]:
+        """How :meth:`batchnorm_train_s` measured (``params_dtype``: the dtype of the weight, bias and running
+        statistics each activation dtype and layout, as ``"bfloat16 nhwc"``, ran with; ``timing``), for the JSON."""
+
 
 def _median(times: list[float]) -> float:
     return statistics.median(times)
@@ -95,6 +114,7 @@ class TorchBackend:
             raise RuntimeError("PyTorch sees no CUDA GPU (torch.cuda.is_available() is False)")
         self.torch = torch
         self.dev = torch.device("cuda")
+        self.batchnorm_params: dict[str, str] = {}
 
     def device(self) -> dict[str, Any]:
         torch = self.torch
@@ -103,13 +123,19 @@ class TorchBackend:
                 "multiprocessors": props.multi_processor_count, "compute_capability": f"{props.major}.{props.minor}",
                 "driver": _nvidia_smi_driver(), "cuda_runtime": torch.version.cuda, "library": f"torch {torch.__version__}"}
 
-    def _timed(self, launch: Callable[[], None], repeats: int, stream=None) -> float:
+    def _timed(self, launch: Callable[[], None], repeats: int, stream=None, queued: bool = False) -> float:
+        """With ``queued``, each timed launch waits on the GPU behind a sleep of :data:`QUEUE_CYCLES` (queued
+        first), so the events time the GPU's work even where PyTorch takes longer to launch it than the GPU to
+        run it (a small batch norm, an autograd backward)."""
         torch = self.torch
+        sleep = getattr(torch.cuda, "_sleep", None) if queued else None
         launch()
         torch.cuda.synchronize()
         times = []
         for _ in range(repeats):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if sleep is not None:
+                sleep(QUEUE_CYCLES)
             start.record(stream)
             launch()
             end.record(stream)
@@ -228,6 +254,62 @@ class TorchBackend:
         launch = {"relu": lambda: torch.relu(x), "add": lambda: x + y, "mul": lambda: x * 0.5,
                   "sum": lambda: x.sum(dim=(0, 1, 2))}[op]
         return self._timed(launch, repeats)
+
+    def _batchnorm(self, shape: tuple[int, int, int], dtype: str, layout: str, params: str):
+        """An activation (``requires_grad``), weight and bias (``requires_grad``, in ``params``), and the
+        training-mode forward over them (running mean and variance in ``params``, updated in place)."""
+        torch = self.torch
+        batch, channels, side = shape
+        fmt = torch.channels_last if layout == "nhwc" else torch.contiguous_format
+        x = torch.randn(batch, channels, side, side, device=self.dev, dtype=self._dtype(dtype))
+        x = x.to(memory_format=fmt).requires_grad_()
+        p = self._dtype(params)
+        weight = torch.ones(channels, device=self.dev, dtype=p, requires_grad=True)
+        bias = torch.zeros(channels, device=self.dev, dtype=p, requires_grad=True)
+        mean, var = torch.zeros(channels, device=self.dev, dtype=p), torch.ones(channels, device=self.dev, dtype=p)
+        return x, weight, bias, lambda: torch.nn.functional.batch_norm(x, mean, var, weight, bias, training=True,
+                                                                         momentum=0.1, eps=1e-5)
+
+    def batchnorm_train_s(self, shape: tuple[int, int, int], dtype: str, layout: str,
+                          repeats: int) -> tuple[float, float] | None:
+        """A bfloat16 activation runs with float32 weight, bias and running statistics (cuDNN's mixed batch norm,
+        as autocast and TensorFlow's FusedBatchNormV3 run it) where PyTorch accepts that, else all in bfloat16;
+        the first shape of each dtype and layout decides, and :meth:`batchnorm_details` says which. The backward
+        is timed alone: ``torch.autograd.grad`` of the input, weight and bias on a forward graph kept for every
+        repeat (``retain_graph``), so each run is the backward kernels a training step runs after that forward.
+        Each time is the lesser of the queued and the plain measurement (:meth:`_timed`): queued, a launch that
+        synchronised would count the sleep."""
+        torch = self.torch
+        key = f"{dtype} {layout}"
+        choices = [self.batchnorm_params[key]] if key in self.batchnorm_params else (
+            ["float32", dtype] if dtype != "float32" else ["float32"])
+        for i, params in enumerate(choices):
+            try:
+                x, weight, bias, forward = self._batchnorm(shape, dtype, layout, params)
+                y = forward()
+                dy = torch.randn_like(y)
+                torch.autograd.grad(y, (x, weight, bias), dy)
+                torch.cuda.synchronize()
+                break
+            except Exception:  # mixed dtypes refused (or anything else): the next choice
+                if i == len(choices) - 1:
+                    raise
+        self.batchnorm_params[key] = params
+        forward_s = min(self._timed(forward, repeats, queued=True), self._timed(forward, repeats))
+        y = forward()
+
+        def backward() -> None:
+            torch.autograd.grad(y, (x, weight, bias), dy, retain_graph=True)
+        backward_s = min(self._timed(backward, repeats, queued=True), self._timed(backward, repeats))
+        return forward_s, backward_s
+
+    def batchnorm_details(self) -> dict[str, Any]:
+        queued = (f"the lesser of: each run queued behind a {QUEUE_CYCLES}-cycle GPU sleep (the GPU's time, not "
+                  "PyTorch's launch overhead), and each run alone" if hasattr(self.torch.cuda, "_sleep")
+                  else "each run alone (no torch.cuda._sleep: launch overhead included where it exceeds the GPU's)")
+        return {"params_dtype": dict(self.batchnorm_params),
+                "timing": "torch.nn.functional.batch_norm(training=True), then torch.autograd.grad on its kept "
+                          f"graph; CUDA events around each run, median; {queued}"}
 
     def device_copy_s(self, nbytes: int, repeats: int) -> float:
         src = self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.dev)
@@ -355,6 +437,13 @@ class CupyBackend:
     def elementwise_s(self, op: str, shape: tuple[int, ...], dtype: str, repeats: int) -> float | None:
         return None
 
+    def batchnorm_train_s(self, shape: tuple[int, int, int], dtype: str, layout: str,
+                          repeats: int) -> tuple[float, float] | None:
+        return None  # as for convolutions: no cuDNN here
+
+    def batchnorm_details(self) -> dict[str, Any]:
+        return {}
+
     def device_copy_s(self, nbytes: int, repeats: int) -> float:
         src = self.cp.empty(nbytes, self.cp.uint8)
         dst = self.cp.empty_like(src)
@@ -417,6 +506,18 @@ class StandInBackend:
     def elementwise_s(self, op: str, shape: tuple[int, ...], dtype: str, repeats: int) -> float | None:
         return elementwise_bytes(op, shape, dtype) / (self.hbm_gbps * 1e9)
 
+    def batchnorm_train_s(self, shape: tuple[int, int, int], dtype: str, layout: str,
+                          repeats: int) -> tuple[float, float] | None:
+        """:func:`batchnorm_bytes` at the HBM rate, channels-last; channels-first 1.25x slower."""
+        slower = 1.0 if layout == "nhwc" else 1.25
+        return tuple(batchnorm_bytes(shape, dtype, which) / (self.hbm_gbps * 1e9) * slower
+                     for which in ("forward", "backward"))
+
+    def batchnorm_details(self) -> dict[str, Any]:
+        return {"params_dtype": {f"{dtype} {layout}": "float32" for dtype in BATCHNORM_DTYPES
+                                 for layout in CONV_LAYOUTS},
+                "timing": "stand-in: batchnorm_bytes at hbm_gbps"}
+
 
 def elementwise_bytes(op: str, shape: tuple[int, ...], dtype: str) -> int:
     """Bytes an element-wise op reads and writes: ``add`` reads two tensors, ``sum`` writes one per channel."""
@@ -427,6 +528,31 @@ def elementwise_bytes(op: str, shape: tuple[int, ...], dtype: str) -> int:
     reads = 2 if op == "add" else 1
     written = shape[-1] if op == "sum" else elements
     return (reads * elements + written) * size
+
+
+def batchnorm_bytes(shape: tuple[int, int, int], dtype: str, which: str) -> int:
+    """Bytes a minimal training-mode batch norm of a (batch, channels, side, side) activation moves, counting
+    activation-sized tensors only (the per-channel weight, bias, statistics and their gradients, a few KiB, are
+    left out). ``forward``: reads x twice (the batch statistics, then normalising) and writes y, 3 tensors;
+    ``backward``: reads x and dy twice (the per-channel sums of dy and dy * x-hat, then dx) and writes dx,
+    5 tensors. A tensor is batch x channels x side x side elements of 4 bytes (float32) or 2 (bfloat16)."""
+    batch, channels, side = shape
+    size = 4 if dtype == "float32" else 2
+    return {"forward": 3, "backward": 5}[which] * batch * channels * side * side * size
+
+
+def batchnorm_best(layers: list[dict[str, Any]]) -> dict[tuple[str, tuple[int, ...]], dict[str, Any]]:
+    """Per (dtype, shape), the measured ``--batchnorm`` layer at its faster layout (least forward + backward
+    time); layers that recorded an error are left out."""
+    best: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
+    for layer in layers:
+        if layer.get("error"):
+            continue
+        key = (layer["dtype"], tuple(layer["shape"]))
+        seconds = layer["forward_s"] + layer["backward_s"]
+        if key not in best or seconds < best[key]["forward_s"] + best[key]["backward_s"]:
+            best[key] = layer
+    return best
 
 
 def conv_flops(shape: tuple[int, int, int, int, int]) -> float:
@@ -446,11 +572,12 @@ def _nvidia_smi_driver() -> str:
 
 
 def probe(backend: Backend, *, copy_bytes: int = 256 * MIB, matmul_n: int = 8192, repeats: int = 10,
-          conv_layers: bool = False, elementwise: bool = False,
+          conv_layers: bool = False, elementwise: bool = False, batchnorm: bool = False,
           progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Every measurement, as rates: GB/s (1e9 bytes/s) and FLOP/s; with ``conv_layers``, also a training
     step's convolutions (:func:`measure_conv_layers`); with ``elementwise``, element-wise ops (bytes read and
-    written per second, :data:`ELEMENTWISE_OPS`)."""
+    written per second, :data:`ELEMENTWISE_OPS`); with ``batchnorm``, training-mode batch norms
+    (:func:`measure_batchnorm`)."""
     out: dict[str, Any] = {"copy_bytes": copy_bytes, "matmul_n": matmul_n, "repeats": repeats}
     link = out["link_gbps"] = {}
     for host in ("pinned", "pageable"):
@@ -495,7 +622,44 @@ def probe(backend: Backend, *, copy_bytes: int = 256 * MIB, matmul_n: int = 8192
                 rates[f"{op} {dtype}"] = (None if seconds is None
                                           else elementwise_bytes(op, ELEMENTWISE_SHAPE, dtype) / seconds / 1e9)
         out["elementwise_gbps"] = rates
+    if batchnorm:
+        progress(f"batch norm on {len(RESNET50_BATCHNORMS)} ResNet-50 activations, forward and backward")
+        out["batchnorm"] = measure_batchnorm(backend, repeats)
     return out
+
+
+def measure_batchnorm(backend: Backend, repeats: int) -> dict[str, Any]:
+    """Training-mode batch norm on ResNet-50's activations (:data:`RESNET50_BATCHNORMS`) in float32 and bfloat16,
+    channels-first and channels-last: per layer, forward and backward seconds and GB/s (:func:`batchnorm_bytes`
+    over the time). A layer whose measurement fails records ``error`` (its type and message) and the probe goes
+    on."""
+    layers = []
+    for shape in RESNET50_BATCHNORMS:
+        for dtype in BATCHNORM_DTYPES:
+            for layout in CONV_LAYOUTS:
+                layer: dict[str, Any] = {"shape": list(shape), "dtype": dtype, "layout": layout}
+                layers.append(layer)
+                try:
+                    times = backend.batchnorm_train_s(shape, dtype, layout, repeats)
+                except Exception as err:  # one layer's failure is recorded, not the probe's end
+                    layer["error"] = f"{type(err).__name__}: {err}"[:500]
+                    continue
+                if times is None:
+                    return {"not_measured": f"{backend.name} has no batch normalisation"}
+                forward, backward = times
+                layer.update(forward_s=forward, backward_s=backward,
+                             forward_gbps=batchnorm_bytes(shape, dtype, "forward") / forward / 1e9 if forward else None,
+                             backward_gbps=(batchnorm_bytes(shape, dtype, "backward") / backward / 1e9 if backward
+                                            else None))
+    try:
+        details = backend.batchnorm_details()
+    except Exception as err:  # the measurements are kept whatever this says
+        details = {"details_error": f"{type(err).__name__}: {err}"}
+    return {"shapes": "batch, channels, height = width (training mode: batch statistics, running statistics "
+                      "updated; backward: input, weight and bias gradients)",
+            "bytes": "GB/s counts activation-sized tensors: forward reads x twice and writes y, backward reads x "
+                     "and dy twice and writes dx (batchnorm_bytes)",
+            **details, "layers": layers}
 
 
 def measure_conv_layers(backend: Backend, repeats: int) -> dict[str, Any]:
@@ -584,7 +748,32 @@ def table(result: dict[str, Any]) -> str:
     if rates:
         rows.append(f"element-wise ops on {tuple(rates['shape'])}, bytes read + written (GB/s): " + ", ".join(
             f"{k} {'-' if v is None else f'{v:.0f}'}" for k, v in rates.items() if k != "shape"))
+    rows.extend(batchnorm_rows(m.get("batchnorm")))
     return "\n".join(rows)
+
+
+def batchnorm_rows(section: dict[str, Any] | None) -> list[str]:
+    """The table's batch norm lines: per dtype, forward and backward GB/s over all shapes at each one's faster
+    layout (total bytes over total time), and how many layers failed."""
+    if not section:
+        return []
+    if "layers" not in section:
+        return [f"batch norm: {section.get('not_measured', 'not measured')}"]
+    totals: dict[str, list[float]] = {}
+    for (dtype, shape), layer in batchnorm_best(section["layers"]).items():
+        t = totals.setdefault(dtype, [0.0, 0.0, 0.0, 0.0])
+        for i, which in enumerate(("forward", "backward")):
+            t[2 * i] += batchnorm_bytes(shape, dtype, which)
+            t[2 * i + 1] += layer[f"{which}_s"]
+    rows = [f"batch norm (training) on ResNet-50's {len(RESNET50_BATCHNORMS)} activation shapes, faster layout, "
+            "bytes a minimal kernel moves (GB/s): " + ", ".join(
+                f"{dtype} forward {t[0] / t[1] / 1e9:.0f} backward {t[2] / t[3] / 1e9:.0f}" if t[1] and t[3]
+                else f"{dtype} -" for dtype, t in totals.items())]
+    failed = [layer for layer in section["layers"] if layer.get("error")]
+    if failed:
+        rows.append(f"batch norm: {len(failed)} of {len(section['layers'])} measurements failed, e.g. "
+                    f"{tuple(failed[0]['shape'])} {failed[0]['dtype']} {failed[0]['layout']}: {failed[0]['error']}")
+    return rows
 
 
 def run(backend: Backend, **options: Any) -> dict[str, Any]:
@@ -619,6 +808,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time ResNet-50's convolutions, forward and backward, in both layouts")
     parser.add_argument("--elementwise", action="store_true",
                         help="also time element-wise ops (relu, add, mul, a per-channel sum) on an activation")
+    parser.add_argument("--batchnorm", action="store_true",
+                        help="also time training-mode batch norm on ResNet-50's activations, forward and backward, "
+                             "in both layouts (PyTorch only)")
     parser.add_argument("--json", action="store_true", help="print the JSON instead of the table")
     parser.add_argument("-o", "--output", help="also write the JSON to this file")
     args = parser.parse_args(argv)
@@ -626,7 +818,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--copy-mib, --matmul-n and --repeats must be positive")
     backend = make_backend(args.backend)
     result = run(backend, copy_bytes=args.copy_mib * MIB, matmul_n=args.matmul_n, repeats=args.repeats,
-                 conv_layers=args.conv_layers, elementwise=args.elementwise, name=args.name,
+                 conv_layers=args.conv_layers, elementwise=args.elementwise, batchnorm=args.batchnorm,
+                 name=args.name,
                  progress=lambda what: print(f"measuring {what} ...", file=sys.stderr, flush=True))
     text = json.dumps(result, indent=2)
     if args.output:
