@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 import tflms
 from tflms.config import LMSConfig
 from tflms.ir.graph import Graph, TensorRef
+from tflms.policies.eligibility import is_clone
 from tflms.testing import GraphBuilder
 
 #: TensorFlow examples per run (each trains two small models for two steps).
@@ -399,9 +400,10 @@ def test_ir_recompute_plans_are_lint_clean_acyclic_and_deterministic(recipe, pic
 
 @TF_SETTINGS
 @pytest.mark.slow
-@given(recipe=tf_recipes(), picks=st.lists(st.booleans(), min_size=1, max_size=8))
-def test_recompute_plans_train_bitwise(recipe, picks):
-    """Random Keras DAGs with random recompute plans train 2 steps bitwise like tf.function."""
+@given(recipe=tf_recipes(), picks=st.lists(st.booleans(), min_size=1, max_size=8), with_swaps=st.booleans())
+def test_recompute_plans_train_bitwise(recipe, picks, with_swaps):
+    """Random Keras DAGs with random recompute plans train 2 steps bitwise like tf.function; with ``with_swaps``,
+    the distance rules also swap on the recomputed step (the hybrid's shape: a clone may be swapped too)."""
     import tensorflow as tf
 
     from tflms.ir import tf_io
@@ -418,7 +420,7 @@ def test_recompute_plans_train_bitwise(recipe, picks):
             if "fn" not in state:
                 pre = preoptimize(traced.get_concrete_function(x, y))
                 graph = tf_io.load_graph(pre)
-                plan = _recompute_plan(graph, picks, with_swaps=False)
+                plan = _recompute_plan(graph, picks, with_swaps=with_swaps)
                 state["plan"] = plan
                 result = apply_swaps(graph, plan)
                 state["fn"] = _build(result.graph, pre, result.report)
@@ -428,5 +430,7 @@ def test_recompute_plans_train_bitwise(recipe, picks):
 
     plain, _ = train_two_steps(recipe, tf.function)
     mine, fn = train_two_steps(recipe, recomputed)
-    event("recomputes" if fn.state["plan"].recomputes else "no recomputes")
+    plan = fn.state["plan"]
+    event(f"{'recomputes' if plan.recomputes else 'no recomputes'}, "
+          f"{'a clone swapped' if any(is_clone(s.tensor.op) for s in plan.swaps) else 'no clone swapped'}")
     assert_bitwise_equal(plain, mine, f"{len(fn.state['plan'].recomputes)} recompute chains vs tf.function, {recipe}")
