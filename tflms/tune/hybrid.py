@@ -10,9 +10,10 @@ them, graph-level checkpointing (:func:`_segment_candidates`), and the fastest f
 (:func:`_relax`). Every set is judged alone (``recompute``); the :data:`HYBRIDS` that miss the budget by
 least get swaps for what is left (``hybrid``): the swap tuner's idle-time searches run on the graph with
 the clones in it (``nested``, :func:`tflms.tune.tuner.tune`), so every swap is judged with the
-recomputes in place. With ``ordered`` (the pipeline will pin a memory-aware order), when none of those
-hybrids fits, they run again on each graph with its memory-aware order pinned first
-(:func:`_ordered_hybrids`), as :func:`tflms.tune.search.search_order_first` does for swaps alone.
+recomputes in place. When none of those hybrids fits and the pipeline will pin a memory-aware order, the
+swap searches ``ordered`` runs (the tuner's: the idle-time searches and the distance rules) choose swaps on
+each graph with its memory-aware order pinned first (:func:`_ordered_hybrids`), as
+:func:`tflms.tune.search.search_order_first` does for swaps alone.
 
 With ``recompute="only"`` there are no swaps: the sets alone, and between the largest price that does not
 fit and the smallest that does, a bisection on the ranking for the cheapest set that fits.
@@ -53,9 +54,10 @@ MAX_CANDIDATES = len(PRICES) + 2 * len(SEGMENT_PRICES) + RELAX_BISECTIONS + HYBR
 
 
 def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
-                     nested: Callable[[Analysis], list[Candidate]] | None, ordered: bool = False) -> list[Candidate]:
-    """Recompute candidates (and, unless ``only``, hybrids through ``nested``; with ``ordered``, when none of them
-    fits, also with the memory-aware order pinned first); returns the candidates recorded."""
+                     nested: Callable[[Analysis], list[Candidate]] | None,
+                     ordered: Callable[[Analysis], list[Candidate]] | None = None) -> list[Candidate]:
+    """Recompute candidates (and, unless ``only``, hybrids through ``nested``; when none of them fits, hybrids
+    through ``ordered`` with the memory-aware order pinned first); returns the candidates recorded."""
     graph = ev.analysis.graph
     times = {op.name: op_time_s(graph, op, ev.profile) for op in graph}  # every op, priced once per search
     ranked, skipped = rank_candidates(ev.analysis, times.__getitem__, min_bytes=ev.base_config.min_swap_bytes)
@@ -98,9 +100,9 @@ def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
                         key=lambda c: (ev.need(c.sim), c.sim.step_time_s))
         hybrids = [h for c in misses[:HYBRIDS] for h in _hybrids(ev, c, ev.graphs[id(c)], nested)]
         added.extend(hybrids)
-        if ordered and not any(h.fits for h in hybrids):  # (a fitting hybrid is judged in the order later)
+        if ordered is not None and not any(h.fits for h in hybrids):  # (a fitting one is judged in the order later)
             for c in misses[:HYBRIDS]:
-                added.extend(_ordered_hybrids(ev, c, ev.graphs[id(c)], nested))
+                added.extend(_ordered_hybrids(ev, c, ev.graphs[id(c)], ordered))
     return added
 
 
