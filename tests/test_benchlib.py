@@ -137,3 +137,26 @@ def test_unet3d_input_specs_name_a_side_the_unet_cannot_halve():
     with pytest.raises(ConfigError, match="positive int or three"):
         unet3d_input_specs((16, 16))
     assert unet3d_input_specs(32)[0].shape.as_list() == [None, 32, 32, 32, 4]  # an int is still a cube
+
+
+def test_the_full_tune_at_a_maximum_reports_no_unpruned_fit_where_every_fit_was_pruned(monkeypatch):
+    """A hybrid ordered before its swaps carries its nested tune's pruned plan alone: when every fitting candidate
+    says ``pruned``, the step before pruning is unknown (None), not an error that ends the benchmark."""
+    import types
+
+    import benchlib.search as search
+    import tflms.tune.tuner as tuner
+    from tflms.tune.prune import PRUNED_PARAM
+
+    sim = types.SimpleNamespace(step_time_s=2.0)
+    best = types.SimpleNamespace(fits=True, params={PRUNED_PARAM: 3}, sim=sim, strategy="hybrid")
+    other = types.SimpleNamespace(fits=False, params={}, sim=types.SimpleNamespace(step_time_s=1.0))
+    monkeypatch.setattr(tuner, "tune", lambda *a, **k: types.SimpleNamespace(best=best, candidates=(other, best)))
+    steps = types.SimpleNamespace(graph=lambda model, variant, size: (object(), 0.0))
+    ev = types.SimpleNamespace(steps=steps, model="resnet50", budget=1, profile=types.SimpleNamespace(name="p"),
+                               options=None, label=lambda size: f"batch {size}")
+    assert search._full_tune(ev, "tflms-best", 8) == (sim, None)
+    unpruned = types.SimpleNamespace(fits=True, params={}, sim=types.SimpleNamespace(step_time_s=3.0))
+    monkeypatch.setattr(tuner, "tune", lambda *a, **k: types.SimpleNamespace(best=best,
+                                                                             candidates=(unpruned, best)))
+    assert search._full_tune(ev, "tflms-best", 8) == (sim, unpruned.sim)

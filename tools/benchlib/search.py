@@ -419,8 +419,8 @@ FULL_TUNE_AT_MAX = ("tflms-distance", "tflms-best")
 
 
 def _full_tune(ev: Evaluator, method: str, size: int):
-    """``(winner's sim, fastest fit before pruning's sim)`` of the full tune of ``method`` at ``size``; ``None``
-    when it finds no fit (the quick distance probes plan with other parameters than the tuner's ladder)."""
+    """``(winner's sim, fastest fit before pruning's sim or None)`` of the full tune of ``method`` at ``size``;
+    ``None`` when it finds no fit (the quick distance probes plan with other parameters than the tuner's ladder)."""
     from tflms.errors import BudgetError
     from tflms.tune.prune import EARLIER_PARAM, MERGED_PARAM, PRUNED_PARAM
     from tflms.tune.tuner import DEFAULT_STRATEGIES, tune
@@ -434,12 +434,13 @@ def _full_tune(ev: Evaluator, method: str, size: int):
         say(f"{ev.model} {ev.profile.name} {method}: the full tune at {ev.label(size)} finds no fit")
         return None
     changes = (PRUNED_PARAM, MERGED_PARAM, EARLIER_PARAM)
+    # (None where every fit was pruned: a hybrid ordered before its swaps keeps its nested tune's pruned plan alone)
     unpruned = min((c for c in result.candidates if c.fits and not any(k in c.params for k in changes)),
-                   key=lambda c: c.sim.step_time_s)
+                   key=lambda c: c.sim.step_time_s, default=None)
+    before = "" if unpruned is None else f" (before pruning {unpruned.sim.step_time_s:.2f} s)"
     say(f"{ev.model} {ev.profile.name} {method}: full tune at {ev.label(size)} in {time.perf_counter() - t0:.1f} s: "
-        f"{result.best.strategy} {result.best.params}, step {result.best.sim.step_time_s:.2f} s "
-        f"(before pruning {unpruned.sim.step_time_s:.2f} s)")
-    return result.best.sim, unpruned.sim
+        f"{result.best.strategy} {result.best.params}, step {result.best.sim.step_time_s:.2f} s{before}")
+    return result.best.sim, None if unpruned is None else unpruned.sim
 
 
 @dataclasses.dataclass(frozen=True)
