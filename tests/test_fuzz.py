@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 import tflms
 from tflms.config import LMSConfig
 from tflms.ir.graph import Graph, TensorRef
-from tflms.policies.eligibility import is_clone
+from tflms.policies.eligibility import is_clone, swapping_clones
 from tflms.testing import GraphBuilder
 
 #: TensorFlow examples per run (each trains two small models for two steps).
@@ -375,7 +375,8 @@ def _recompute_plan(graph: Graph, picks: list[bool], with_swaps: bool):
     plan = SwapPlan(config, "/device:GPU:0", (), (), recomputes=decisions)
     if with_swaps and decisions:
         recomputed = apply_swaps(graph, plan).graph
-        swaps = plan_swaps(analyze_graph(recomputed), config, accelerator_device="/device:GPU:0")
+        with swapping_clones():  # as the hybrid search ordered first plans them: a clone may be swapped
+            swaps = plan_swaps(analyze_graph(recomputed), config, accelerator_device="/device:GPU:0")
         plan = dataclasses.replace(swaps, recomputes=decisions)
     return plan
 

@@ -23,7 +23,7 @@ from tflms.ir.graph import TensorRef
 from tflms.ir.preoptimize import preoptimize
 from tflms.passes.swaps import apply_swaps
 from tflms.pipeline import _build
-from tflms.policies.eligibility import is_clone, recompute_skip_reason
+from tflms.policies.eligibility import is_clone, recompute_skip_reason, swapping_clones
 from tflms.policies.recompute import chain_for, clone_name, plan_recomputes, rank_candidates
 from tflms.policies.swapplan import SwapPlan
 from tflms.profiles import get_profile
@@ -299,7 +299,8 @@ def _plain(model, optimizer, step, batches):
 
 def test_a_clone_may_be_swapped_and_the_step_trains_bitwise():
     """A clone rebuilt for its first backward reader can idle across another branch's backward pass: swapping
-    it is a swap like any other (its copies never change a value), and the hybrid search may choose it."""
+    it is a swap like any other (its copies never change a value), and the hybrid search ordered first may choose
+    it (inside ``swapping_clones``; elsewhere a clone is never swapped)."""
     from tflms.policies.swapplan import skip_reason
     from tflms.policies.tflms_rules import plan_swaps
     runs = [_residual_bn_32() for _ in range(3)]
@@ -311,11 +312,15 @@ def test_a_clone_may_be_swapped_and_the_step_trains_bitwise():
     analysis, recomputes = _every_recompute(graph)
     recomputed = analyze_graph(apply_swaps(graph, recomputes).graph)
     clone = next(TensorRef(c, 0) for r in recomputes.recomputes for c in r.clones)
-    assert skip_reason(recomputed, clone, LMSConfig()) is None
-    gate = next(TensorRef(g, 0) for r in recomputes.recomputes for g, _, _ in r.gates)
-    assert skip_reason(recomputed, gate, LMSConfig())[0] == "identity"  # an alias, as any Identity
+    assert skip_reason(recomputed, clone, LMSConfig())[0] == "inserted"  # outside the ordered hybrid search
     config = LMSConfig(swapout_threshold=1, accelerator_device="/device:GPU:0")  # (soft placement runs it here)
-    swaps = plan_swaps(recomputed, config, accelerator_device="/device:GPU:0")
+    assert not any(is_clone(s.tensor.op) for s in plan_swaps(recomputed, config, accelerator_device="/device:GPU:0").swaps)
+    with swapping_clones():
+        assert skip_reason(recomputed, clone, LMSConfig()) is None
+        gate = next(TensorRef(g, 0) for r in recomputes.recomputes for g, _, _ in r.gates)
+        assert skip_reason(recomputed, gate, LMSConfig())[0] == "identity"  # an alias, as any Identity
+        swaps = plan_swaps(recomputed, config, accelerator_device="/device:GPU:0")
+    assert skip_reason(recomputed, clone, LMSConfig())[0] == "inserted"  # the block ended
     plan = dataclasses.replace(swaps, recomputes=recomputes.recomputes)
     swapped_clones = [s for s in plan.swaps if is_clone(s.tensor.op)]
     assert swapped_clones, "the distance rules at threshold 1 swap some clone"

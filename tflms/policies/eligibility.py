@@ -7,6 +7,10 @@ to the host; :func:`recompute_skip_reason` says which ops may be cloned into the
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 from tflms.analysis.cto import Analysis, Category
 from tflms.ir.op_types import (CALL_OP_TYPES, CONDITIONAL_TYPES, HOST_PRODUCERS, IDENTITY_OPS, LOOP_TYPES,
                                ONEDNN_WORKSPACE_EDGES, PYTHON_CALLBACK_OPS, VARIABLE_READ_OPS)
@@ -29,6 +33,32 @@ def is_inserted(name: str) -> bool:
 def is_clone(name: str) -> bool:
     """Whether ``name`` is a recompute clone (a graph with clones may still get swaps: the hybrid search's)."""
     return name.startswith(CLONE_PREFIX)
+
+
+_SWAP_CLONES: contextvars.ContextVar[bool] = contextvars.ContextVar("tflms_swap_clones", default=False)
+
+
+@contextlib.contextmanager
+def swapping_clones() -> Iterator[None]:
+    """Within this block a recompute clone's output may be swapped (:func:`clones_swappable`).
+
+    The hybrid search plans swaps on a recomputed step, where a clone rebuilt for its first backward reader can
+    wait on the device across another branch's backward pass; swapping it is what fits DenseNet-121 at batch 1108
+    and (with the memory-aware order pinned first, :func:`tflms.tune.hybrid._ordered_hybrids`) ResNet-50 at batch
+    999 on v100-16gb-pcie3. Offered clones where it fits without them, the greedy searches chose slower plans
+    (BERT-base at batch 329: 25.0 s a step against 21.6 s), so the hybrid search offers them only when no hybrid
+    fits without, and nothing else ever swaps a clone: it is rebuilt where it is read.
+    """
+    token = _SWAP_CLONES.set(True)
+    try:
+        yield
+    finally:
+        _SWAP_CLONES.reset(token)
+
+
+def clones_swappable() -> bool:
+    """Whether a recompute clone's output may be swapped here (inside :func:`swapping_clones`)."""
+    return _SWAP_CLONES.get()
 
 
 def recompute_skip_reason(analysis: Analysis, name: str) -> tuple[str, str] | None:

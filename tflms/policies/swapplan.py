@@ -22,7 +22,7 @@ from tflms.config import LMSConfig
 from tflms.errors import ConfigError
 from tflms.ir.graph import TensorRef
 from tflms.devices import runs_onednn_cpu_kernels
-from tflms.policies.eligibility import INSERTED_PREFIX, is_clone, is_inserted
+from tflms.policies.eligibility import INSERTED_PREFIX, clones_swappable, is_clone, is_inserted
 from tflms.ir.op_types import CONDITIONAL_TYPES, HOST_PRODUCERS, IDENTITY_OPS, ONEDNN_WORKSPACE_EDGES
 
 logger = logging.getLogger(__name__)
@@ -162,10 +162,9 @@ def skip_reason(analysis: Analysis, ref: TensorRef, config: LMSConfig,
     graph = analysis.graph
     op = graph.op(ref.op)
     info = op.outputs[ref.index]
-    if is_inserted(ref.op) and not is_clone(ref.op):
-        # (a recompute clone's output may be swapped: the hybrid search plans swaps on the recomputed step, where
-        # a clone rebuilt for its first backward reader can idle across another branch's backward pass)
-        return "inserted", f"output of {ref.op}, an op tflms inserted (a swap copy or a codec call)"
+    if is_inserted(ref.op) and not (is_clone(ref.op) and clones_swappable()):
+        return "inserted", (f"output of {ref.op}, an op tflms inserted (a recompute clone is made where it is read, "
+                            "and swapped only by the hybrid search ordered first)")
     if info.dtype in NEVER_SWAP_DTYPES or info.dtype.endswith("_ref"):
         return "dtype", f"{info.dtype} tensors are handles or host data, never swapped"
     if op.type in NO_SWAP_PRODUCERS:

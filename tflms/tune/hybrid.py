@@ -10,10 +10,12 @@ them, graph-level checkpointing (:func:`_segment_candidates`), and the fastest f
 (:func:`_relax`). Every set is judged alone (``recompute``); the :data:`HYBRIDS` that miss the budget by
 least get swaps for what is left (``hybrid``): the swap tuner's idle-time searches run on the graph with
 the clones in it (``nested``, :func:`tflms.tune.tuner.tune`), so every swap is judged with the
-recomputes in place. When none of those hybrids fits and the pipeline will pin a memory-aware order, the
-swap searches ``ordered`` runs (the tuner's: the idle-time searches and the distance rules) choose swaps on
-each graph with its memory-aware order pinned first (:func:`_ordered_hybrids`), as
-:func:`tflms.tune.search.search_order_first` does for swaps alone.
+recomputes in place; when none fits, again with a clone's output offered to the swap searches too
+(:func:`tflms.policies.eligibility.swapping_clones`; first without: offered clones, the greedy searches chose a
+slower plan for BERT-base at batch 329). When none of those hybrids fits and the pipeline will pin a
+memory-aware order, the swap searches ``ordered`` runs (the tuner's: the idle-time searches and the distance
+rules) choose swaps on each graph with its memory-aware order pinned first (:func:`_ordered_hybrids`), as
+:func:`tflms.tune.search.search_order_first` does for swaps alone, a clone offered too.
 
 With ``recompute="only"`` there are no swaps: the sets alone, and between the largest price that does not
 fit and the smallest that does, a bisection on the ranking for the cheapest set that fits.
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING
 from tflms.analysis.cto import Analysis, analyze_graph
 from tflms.ir.graph import Graph
 from tflms.passes.swaps import apply_swaps
+from tflms.policies.eligibility import is_clone, swapping_clones
 from tflms.policies.recompute import articulations, plan_recomputes, rank_candidates, segment_ops, select
 from tflms.policies.swapplan import SwapPlan
 from tflms.sim.cost import op_time_s
@@ -99,6 +102,9 @@ def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
         misses = sorted((c for c in added if not c.fits and c.sim.step_time_s < limit),
                         key=lambda c: (ev.need(c.sim), c.sim.step_time_s))
         hybrids = [h for c in misses[:HYBRIDS] for h in _hybrids(ev, c, ev.graphs[id(c)], nested)]
+        if not any(h.fits for h in hybrids):
+            with swapping_clones():  # the same searches, a clone offered too (DenseNet-121 at batch 1108 fits so)
+                hybrids += [h for c in misses[:HYBRIDS] for h in _hybrids(ev, c, ev.graphs[id(c)], nested)]
         added.extend(hybrids)
         if ordered is not None and not any(h.fits for h in hybrids):  # (a fitting one is judged in the order later)
             for c in misses[:HYBRIDS]:
@@ -170,9 +176,15 @@ def _hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
         if ev.compress is not None:
             graph = ev.compress(graph, plan)
             sim = simulate(graph, ev.profile, options=ev.sim_options)
-        added.append(ev.record("hybrid", {**recompute.params, "swaps": c.strategy, **c.params}, plan, sim, graph,
-                               c.policy, order=c.order))
+        added.append(ev.record("hybrid", {**recompute.params, "swaps": c.strategy, **c.params, **_clones_swapped(plan)},
+                               plan, sim, graph, c.policy, order=c.order))
     return added
+
+
+def _clones_swapped(plan: SwapPlan) -> dict[str, int]:
+    """``{"clones_swapped": n}`` for a hybrid whose swaps take ``n`` clones' outputs (``{}`` for none)."""
+    n = sum(1 for s in plan.swaps if is_clone(s.tensor.op))
+    return {"clones_swapped": n} if n else {}
 
 
 def _ordered_hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
@@ -195,14 +207,16 @@ def _ordered_hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
     order = {**ordered.report.to_dict(), "before_swaps": True}
     edges = ordered.report.num_edges
     added = []
-    for c in nested(analyze_graph(ordered.graph)):
+    with swapping_clones():  # (a clone may wait across another branch's backward pass in this order)
+        judged = nested(analyze_graph(ordered.graph))
+    for c in judged:
         if c.plan is None or not c.plan.swaps:
             continue
         plan = dataclasses.replace(c.plan, recomputes=recompute.plan.recomputes,
                                    skipped=recompute.plan.skipped + c.plan.skipped)
         graph = apply_swaps(ordered.graph, c.plan, copy_op=ev.copy_op).graph
-        added.append(ev.record("hybrid", {**recompute.params, "swaps": c.strategy, **c.params, "order_first": edges},
-                               plan, c.sim, graph, c.policy, order=order,
+        added.append(ev.record("hybrid", {**recompute.params, "swaps": c.strategy, **c.params, **_clones_swapped(plan),
+                                          "order_first": edges}, plan, c.sim, graph, c.policy, order=order,
                                what=f"with the order pinned before the swaps ({edges} edges)"))
     return added
 
