@@ -346,6 +346,7 @@ def test_a_hybrid_ordered_before_its_swaps_is_what_runs_and_trains_bitwise():
     result = tune(graph, budget=budget, profile=PROFILE, strategies=["idle-time", "recompute"], enforce_order=True)
     best = result.best
     assert best.strategy == "hybrid" and best.plan.recomputes and best.plan.swaps
+    assert best.plan.config.recompute == "auto"  # the tune's mode, not the nested swap tune's "off"
     assert best.order["before_swaps"] and best.params["order_first"] == best.order["edges"] > 0
     ran_graph = result.graph
     assert {c for r in best.plan.recomputes for c in r.clones} <= {op.name for op in ran_graph}

@@ -169,8 +169,7 @@ def _hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
     for c in nested(analyze_graph(rgraph)):
         if c.plan is None or not c.plan.swaps or (c.order or {}).get("before_swaps"):
             continue  # (a plan whose order was pinned before its swaps holds edges its plan does not say)
-        plan = dataclasses.replace(c.plan, recomputes=recompute.plan.recomputes,
-                                   skipped=recompute.plan.skipped + c.plan.skipped)
+        plan = _with_recomputes(c.plan, recompute.plan)
         graph = apply_swaps(rgraph, c.plan, copy_op=ev.copy_op).graph
         sim = c.sim
         if ev.compress is not None:
@@ -179,6 +178,13 @@ def _hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
         added.append(ev.record("hybrid", {**recompute.params, "swaps": c.strategy, **c.params, **_clones_swapped(plan)},
                                plan, sim, graph, c.policy, order=c.order))
     return added
+
+
+def _with_recomputes(swaps: SwapPlan, recompute: SwapPlan) -> SwapPlan:
+    """A nested swap tune's plan with ``recompute``'s recomputes and refusals, and its config's ``recompute`` mode
+    (the nested tune ran with recompute off)."""
+    return dataclasses.replace(swaps, config=swaps.config.replace(recompute=recompute.config.recompute),
+                               recomputes=recompute.recomputes, skipped=recompute.skipped + swaps.skipped)
 
 
 def _clones_swapped(plan: SwapPlan) -> dict[str, int]:
@@ -212,8 +218,7 @@ def _ordered_hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
     for c in judged:
         if c.plan is None or not c.plan.swaps:
             continue
-        plan = dataclasses.replace(c.plan, recomputes=recompute.plan.recomputes,
-                                   skipped=recompute.plan.skipped + c.plan.skipped)
+        plan = _with_recomputes(c.plan, recompute.plan)
         graph = apply_swaps(ordered.graph, c.plan, copy_op=ev.copy_op).graph
         added.append(ev.record("hybrid", {**recompute.params, "swaps": c.strategy, **c.params, **_clones_swapped(plan),
                                           "order_first": edges}, plan, c.sim, graph, c.policy, order=order,
