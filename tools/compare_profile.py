@@ -201,14 +201,14 @@ def batchnorm_times(section: dict[str, Any], profile) -> list[dict[str, Any]]:
 def batchnorm_geomean(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per dtype, the geometric mean over :func:`batchnorm_times`' layers of the ratio measured / predicted, per
     pass and over both passes (``all``)."""
-    import math
-    logs: dict[str, dict[str, list[float]]] = {}
+    import statistics
+    ratios: dict[str, dict[str, list[float]]] = {}
     for row in rows:
-        per_pass = logs.setdefault(row["dtype"], {which: [] for which, _ in BATCHNORM_TF} | {"all": []})
+        per_pass = ratios.setdefault(row["dtype"], {which: [] for which, _ in BATCHNORM_TF} | {"all": []})
         for which, _ in BATCHNORM_TF:
-            per_pass[which].append(math.log(row[which]["ratio"]))
-            per_pass["all"].append(math.log(row[which]["ratio"]))
-    return {dtype: {k: math.exp(sum(v) / len(v)) for k, v in per_pass.items()} for dtype, per_pass in logs.items()}
+            per_pass[which].append(row[which]["ratio"])
+            per_pass["all"].append(row[which]["ratio"])
+    return {dtype: {k: statistics.geometric_mean(v) for k, v in per_pass.items()} for dtype, per_pass in ratios.items()}
 
 
 def measured(measurements: dict[str, Any]) -> dict[str, float]:

@@ -164,7 +164,7 @@ def skip_reason(analysis: Analysis, ref: TensorRef, config: LMSConfig,
     info = op.outputs[ref.index]
     if is_inserted(ref.op) and not (is_clone(ref.op) and clones_swappable()):
         return "inserted", (f"output of {ref.op}, an op tflms inserted (a recompute clone is made where it is read, "
-                            "and swapped only by the hybrid search ordered first)")
+                            "and swapped only where the hybrid search offers clones)")
     if info.dtype in NEVER_SWAP_DTYPES or info.dtype.endswith("_ref"):
         return "dtype", f"{info.dtype} tensors are handles or host data, never swapped"
     if op.type in NO_SWAP_PRODUCERS:

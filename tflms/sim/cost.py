@@ -222,10 +222,8 @@ def op_bytes(graph: Graph, op: Op) -> int:
 
 def _is_training(op: Op) -> bool:
     """A batch norm's ``is_training`` attribute (TensorFlow's default, true, when the graph does not say)."""
-    try:
-        return bool(op.attrs["is_training"].b) if "is_training" in op.attrs else True
-    except (TypeError, AttributeError, KeyError):
-        return True
+    attr = op.attrs.get("is_training") if hasattr(op.attrs, "get") else None
+    return True if attr is None else bool(getattr(attr, "b", attr))  # an AttrValue, or a plain value (as _attr_str)
 
 
 def op_dtype(graph: Graph, op: Op) -> str | None:

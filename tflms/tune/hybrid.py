@@ -101,10 +101,12 @@ def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
         limit = min((c.sim.step_time_s for c in added if c.fits), default=float("inf"))
         misses = sorted((c for c in added if not c.fits and c.sim.step_time_s < limit),
                         key=lambda c: (ev.need(c.sim), c.sim.step_time_s))
-        hybrids = [h for c in misses[:HYBRIDS] for h in _hybrids(ev, c, ev.graphs[id(c)], nested)]
+        def hybrids_of_misses() -> list[Candidate]:
+            return [h for c in misses[:HYBRIDS] for h in _hybrids(ev, c, ev.graphs[id(c)], nested)]
+        hybrids = hybrids_of_misses()
         if not any(h.fits for h in hybrids):
             with swapping_clones():  # the same searches, a clone offered too (DenseNet-121 at batch 1108 fits so)
-                hybrids += [h for c in misses[:HYBRIDS] for h in _hybrids(ev, c, ev.graphs[id(c)], nested)]
+                hybrids += hybrids_of_misses()
         added.extend(hybrids)
         if ordered is not None and not any(h.fits for h in hybrids):  # (a fitting one is judged in the order later)
             for c in misses[:HYBRIDS]:
