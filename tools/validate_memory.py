@@ -49,6 +49,7 @@ Usage (from the repo root)::
     python tools/validate_memory.py --models cnn --threshold 8 --repeat 5
     python tools/validate_memory.py --models resnet50,unet3d    # the real models, minutes
     python tools/validate_memory.py --models resnet50,unet3d --calibrate
+    python tools/validate_memory.py --models bert,bert12 --recompute only    # recompute plans, the kit's encoder
     python tools/validate_memory.py --load      # another TensorFlow job runs beside every measurement
     python tools/validate_memory.py --models unet3d --free-order   # no order pinned: the executor's own
 
@@ -76,8 +77,8 @@ import numpy as np
 #: Models the tool runs by default, in table order (small: about half a minute in all).
 MODELS = ("mlp", "cnn", "resnet")
 #: Models run when named with --models (minutes: ResNet-50 at 224x224 runs on the CPU executor; bert is the kit's
-#: BERT-style encoder with dropout and BatchNorm).
-LARGE_MODELS = ("resnet50", "unet3d", "bert")
+#: BERT-style encoder with dropout and BatchNorm, 2 layers; bert12 the same at BERT-base's 12 layers).
+LARGE_MODELS = ("resnet50", "unet3d", "bert", "bert12")
 #: Budget for the tuner: resident bytes + this fraction of the original's simulated transient peak.
 DEFAULT_BUDGET_FRACTION = 0.65
 #: If nothing fits, the fraction is raised by this step, at most this many times.
@@ -170,10 +171,18 @@ def _bert(keras: Any, batch: int):
     return model, keras.optimizers.Adam(1e-3), (batch, 64), (batch,), 5
 
 
+def _bert12(keras: Any, batch: int):
+    """``bert`` at BERT-base's depth: 12 layers (width 64, 4 heads, 64 tokens). One activation more or less, what the
+    executor's two inter-op threads vary by, is a smaller part of a deeper step's peak."""
+    from tflms.testing import build_model
+    model = build_model("bert_dropout_bn", seed=SEED, length=64, width=64, heads=4, layers=12, vocab=256)
+    return model, keras.optimizers.Adam(1e-3), (batch, 64), (batch,), 5
+
+
 #: model -> (builder, default batch); the builder returns (model, optimizer, x shape, label shape, classes)
 _BUILDERS: dict[str, tuple[Callable, int]] = {"mlp": (_mlp, 2048), "cnn": (_cnn, 32), "resnet": (_resnet, 32),
                                               "resnet50": (_resnet50, 8), "unet3d": (_unet3d, 1),
-                                              "bert": (_bert, 32)}
+                                              "bert": (_bert, 32), "bert12": (_bert12, 32)}
 
 
 @dataclasses.dataclass
