@@ -236,3 +236,108 @@ def test_fused_batch_norms_measured_on_the_h100_are_priced_within_20_percent_in_
     for which in ("forward", "backward", "all"):
         assert 1 / 1.2 <= means["float32"][which] <= 1.2, (which, means["float32"])
     assert means["bfloat16"]["forward"] > 1.5
+
+
+def _attention_probe(**stand_in) -> dict:
+    return gpu_probe.run(gpu_probe.StandInBackend(latency_s=0.0, device_name="NVIDIA H100 80GB HBM3", **stand_in),
+                         copy_bytes=2**20, matmul_n=256, repeats=1, attention=True, attention_batch=2)
+
+
+def test_the_attention_chain_is_priced_op_by_op_and_against_the_copies_of_its_tensor():
+    """At batch 2: each probed op against the TensorFlow ops traced for it (named after it), the chain against their
+    sum, the copies against copy_time_s, and the recompute / copies ratio measured against predicted."""
+    import math
+    from tflms.profiles import get_profile
+    probe = _attention_probe(hbm_gbps=2500.0)
+    result = compare_profile.compare(probe, ["h100-80gb-sxm5"])
+    assert set(result["attention"]) == {"h100-80gb-sxm5", "measured-h100-80gb-hbm3"}
+    assert result["attention_shape"] == {"shape": [2, 12, 512, 64], "dropout_rate": 0.1}
+    priced = result["attention"]["h100-80gb-sxm5"]
+    profile = get_profile("h100-80gb-sxm5")
+    bw, launch = profile.effective_memory_bytes_per_s, profile.launch_overhead_s
+    for dtype, w in (("float32", 4), ("bfloat16", 2)):
+        rows = priced["dtypes"][dtype]
+        entry = probe["measurements"]["attention"]["dtypes"][dtype]
+        ops = {op["op"]: op for op in rows["ops"]}
+        assert [op["op"] for op in rows["ops"]] == [name for name, _, _ in gpu_probe.ATTENTION_OPS]
+        assert ops["uniform"]["tf_ops"] == ["StatelessRandomUniformV2"]  # (grappler folds the * 1 and + 0 after it)
+        for op in rows["ops"]:
+            assert op["measured_s"] == entry["ops"][op["op"]]["seconds"]
+            assert op["ratio"] == pytest.approx(op["measured_s"] / op["predicted_s"])
+        e = 2 * 12 * 512 * 512  # elements of a chain tensor
+        # element-wise ops at the profile's memory rate: one tensor in and one out, a bool mask 1 byte an element
+        assert ops["softmax"]["predicted_s"] == pytest.approx(launch + 2 * e * w / bw, rel=1e-3)
+        assert ops["rescale"]["predicted_s"] == pytest.approx(launch + 2 * e * w / bw, rel=1e-3)
+        assert ops["mask"]["predicted_s"] == pytest.approx(launch + (e * w + e) / bw, rel=1e-3)
+        assert ops["select"]["predicted_s"] == pytest.approx(launch + (e + 2 * e * w) / bw, rel=1e-3)
+        # the uniform writes one tensor
+        assert ops["uniform"]["predicted_s"] == pytest.approx(launch + e * w / bw, rel=1e-3)
+        assert rows["chain"]["predicted_s"] == pytest.approx(sum(op["predicted_s"] for op in rows["ops"]))
+        assert rows["chain"]["measured_s"] == entry["chain_s"]
+        assert rows["tensor_bytes"] == e * w
+        for direction in ("d2h", "h2d"):
+            assert rows["copies"][direction]["predicted_s"] == pytest.approx(profile.copy_time_s(e * w))
+            assert rows["copies"][direction]["measured_s"] == entry[f"{direction}_s"]
+        assert rows["copy"]["predicted_s"] == pytest.approx(2 * profile.copy_time_s(e * w))
+        ratio = rows["recompute_over_copy"]
+        assert ratio["measured"] == pytest.approx(entry["chain_s"] / (entry["d2h_s"] + entry["h2d_s"]))
+        assert ratio["predicted"] == pytest.approx(rows["chain"]["predicted_s"] / rows["copy"]["predicted_s"])
+        assert ratio["ratio"] == pytest.approx(ratio["measured"] / ratio["predicted"])
+        assert priced["geomean_ratio"][dtype] == pytest.approx(
+            math.exp(sum(math.log(op["ratio"]) for op in rows["ops"]) / len(rows["ops"])))
+    # float32 scores are priced as TensorFlow runs them, at TF32: memory-bound here, where FP32 would be compute-bound
+    scores = {op["op"]: op for op in priced["dtypes"]["float32"]["ops"]}["scores"]
+    scores_bytes = (2 * 2 * 12 * 512 * 64 + 2 * 12 * 512 * 512) * 4
+    assert scores["predicted_s"] == pytest.approx(launch + profile.contraction_latency_s + scores_bytes / bw, rel=1e-3)
+    fp32 = 2 * 2 * 12 * 512 * 512 * 64 / profile.with_tf32(False).contraction_flops_per_s("float32")
+    assert fp32 > scores_bytes / bw
+
+    # half the HBM rate: every op and the chain take twice as long against the same prices, the copies do not move
+    slower = compare_profile.compare(_attention_probe(hbm_gbps=1250.0), ["h100-80gb-sxm5"])["attention"]
+    for dtype in ("float32", "bfloat16"):
+        fast, slow = priced["dtypes"][dtype], slower["h100-80gb-sxm5"]["dtypes"][dtype]
+        for a, b in zip(fast["ops"], slow["ops"]):
+            assert a["op"] == b["op"] and b["ratio"] == pytest.approx(2 * a["ratio"])
+        assert slow["chain"]["ratio"] == pytest.approx(2 * fast["chain"]["ratio"])
+        assert slow["copy"]["ratio"] == pytest.approx(fast["copy"]["ratio"])
+        assert slow["recompute_over_copy"]["ratio"] == pytest.approx(2 * fast["recompute_over_copy"]["ratio"])
+        assert slower["h100-80gb-sxm5"]["geomean_ratio"][dtype] == pytest.approx(2 * priced["geomean_ratio"][dtype])
+    text = compare_profile.table(result)
+    assert "attention chain (batch 2, 12 heads, sequence 512, head size 64, dropout 0.1)" in text
+    assert "| bfloat16 | uniform (StatelessRandomUniformV2) |" in text
+    f32 = priced["dtypes"]["float32"]["recompute_over_copy"]
+    assert (f"| float32 | recompute / copies | {f32['measured']:.3f} | {f32['predicted']:.3f} "
+            f"({f32['ratio']:.2f}) |") in text
+    assert "h100-80gb-sxm5: attention ops measured / predicted, geometric mean: float32" in text
+    json.dumps(result)
+
+
+def test_the_traced_attention_ops_carry_the_probes_names_and_drift_is_refused():
+    graph = compare_profile._traced("attention", (2, 12, 512, 64), "bfloat16")
+    for name, _, op_types in gpu_probe.ATTENTION_OPS:
+        ops = compare_profile.attention_ops(graph, name, op_types)
+        assert sorted(op.type for op in ops) == sorted(op_types)
+        assert all(op.outputs[0].shape == (2, 12, 512, 512) and op.outputs[0].dtype == "bfloat16"
+                   for op in ops if op.type != "GreaterEqual")
+        if name != "uniform":
+            assert [op.name for op in ops] == [name]
+    uniform = [op.type for op in graph if op.name.startswith("uniform/") and op.outputs
+               and op.outputs[0].shape == (2, 12, 512, 512)]  # traced, and left out: grappler folds the * 1 and + 0
+    assert sorted(uniform) == ["Mul", "StatelessRandomUniformV2"]
+    [mask] = compare_profile.attention_ops(graph, "mask", ("GreaterEqual",))
+    assert mask.outputs[0].dtype == "bool"
+    with pytest.raises(ValueError, match="not gpu_probe.ATTENTION_OPS"):
+        compare_profile.attention_ops(graph, "softmax", ("Softmax", "Exp"))
+
+
+def test_a_failed_or_unmeasured_attention_chain_is_shown_and_left_out():
+    probe = _attention_probe()
+    probe["measurements"]["attention"]["dtypes"]["bfloat16"] = {"error": "RuntimeError: CUDA out of memory"}
+    result = compare_profile.compare(probe, ["h100-80gb-sxm5"])
+    assert set(result["attention"]["h100-80gb-sxm5"]["dtypes"]) == {"float32"}
+    assert "attention bfloat16: not measured: RuntimeError: CUDA out of memory" in compare_profile.table(result)
+    probe["measurements"]["attention"] = {"not_measured": "cupy has no attention chain"}
+    result = compare_profile.compare(probe, ["h100-80gb-sxm5"])
+    assert "attention" not in result
+    assert "attention all: not measured: cupy has no attention chain" in compare_profile.table(result)
+    assert "attention" not in compare_profile.compare(_probe("h100-80gb-hbm3.json"))

@@ -174,3 +174,101 @@ def test_the_cli_flags_reach_the_probe(monkeypatch, capsys):
     assert len(m["batchnorm"]["layers"]) == 36 and "conv_layers" not in m and "elementwise_gbps" not in m
     assert gpu_probe.main(["--copy-mib", "1", "--matmul-n", "256", "--repeats", "1"]) == 0
     assert "batch norm" not in capsys.readouterr().out
+
+
+def _attention_bytes_by_hand(batch, dtype):
+    """Each op's inputs read and output written once: e elements a chain tensor, w bytes an element, a bool mask."""
+    e, w = batch * 12 * 512 * 512, 4 if dtype == "float32" else 2
+    qk = 2 * batch * 12 * 512 * 64 * w
+    return {"scores": qk + e * w, "scale": 2 * e * w, "softmax": 2 * e * w, "uniform": e * w, "mask": e * w + e,
+            "rescale": 2 * e * w, "select": e + 2 * e * w}
+
+
+def test_the_attention_probe_times_each_op_the_chain_and_the_tensors_copies():
+    """The stand-in moves attention_bytes at its HBM rate (every op memory-bound at batch 8) and copies at its link
+    rates plus latency: each op, the chain, the copies and the ratio come back as those rates give."""
+    backend = gpu_probe.StandInBackend(latency_s=20e-6, hbm_gbps=2500.0, h2d_gbps=50.0, d2h_gbps=40.0)
+    result = gpu_probe.run(backend, copy_bytes=MIB, matmul_n=256, repeats=1, attention=True)
+    section = result["measurements"]["attention"]
+    assert section["shape"] == [8, 12, 512, 64] and section["dropout_rate"] == 0.1
+    names = [name for name, _, _ in gpu_probe.ATTENTION_OPS]
+    assert names == ["scores", "scale", "softmax", "uniform", "mask", "rescale", "select"]
+    assert list(section["ops"]) == names and set(section["dtypes"]) == {"float32", "bfloat16"}
+    for dtype in ("float32", "bfloat16"):
+        entry = section["dtypes"][dtype]
+        by_hand = _attention_bytes_by_hand(8, dtype)
+        assert list(entry["ops"]) == names
+        for name in names:
+            assert gpu_probe.attention_bytes(name, (8, 12, 512, 64), dtype) == by_hand[name]
+            assert entry["ops"][name]["seconds"] == pytest.approx(by_hand[name] / 2500e9)
+            assert entry["ops"][name]["gbps"] == pytest.approx(2500.0)
+        flops = 2 * 8 * 12 * 512 * 512 * 64
+        assert entry["ops"]["scores"]["flops"] == pytest.approx(flops / (by_hand["scores"] / 2500e9))
+        chain = sum(by_hand.values()) / 2500e9
+        assert entry["chain_s"] == pytest.approx(chain) and entry["ops_sum_s"] == pytest.approx(chain)
+        tensor = 8 * 12 * 512 * 512 * (4 if dtype == "float32" else 2)
+        assert entry["tensor_bytes"] == tensor == gpu_probe.attention_tensor_bytes((8, 12, 512, 64), dtype)
+        assert entry["d2h_s"] == pytest.approx(20e-6 + tensor / 40e9)
+        assert entry["h2d_s"] == pytest.approx(20e-6 + tensor / 50e9)
+        assert entry["copy_s"] == pytest.approx(entry["d2h_s"] + entry["h2d_s"])
+        assert entry["recompute_over_copy"] == pytest.approx(chain / (40e-6 + tensor / 40e9 + tensor / 50e9))
+    # bfloat16 halves every tensor but the bool mask: its chain is a little more than half float32's
+    f32, bf16 = section["dtypes"]["float32"]["chain_s"], section["dtypes"]["bfloat16"]["chain_s"]
+    assert 0.5 < bf16 / f32 < 0.55
+    text = gpu_probe.table(result)
+    assert "attention chain (batch 8, 12 heads, sequence 512, head size 64, dropout 0.1)" in text
+    ratio = section["dtypes"]["float32"]["recompute_over_copy"]
+    scores_us = section["dtypes"]["float32"]["ops"]["scores"]["seconds"] * 1e6
+    assert f"float32: scores {scores_us:.0f} scale" in text
+    assert f"recompute / copies {ratio:.3f}" in text and "(96 MiB)" in text and "(48 MiB)" in text
+    json.dumps(result)
+
+
+def test_an_attention_product_bound_by_its_flops_is_timed_at_them():
+    """At a slow product rate the scores' time is its FLOPs: the probe's FLOP/s give the rate back."""
+    backend = gpu_probe.StandInBackend(latency_s=0.0, flops={"fp32": 1e12, "tf32": 2e12, "fp16": 4e12, "bf16": 4e12})
+    section = gpu_probe.run(backend, copy_bytes=MIB, matmul_n=64, repeats=1, attention=True,
+                            attention_batch=2)["measurements"]["attention"]
+    assert section["shape"] == [2, 12, 512, 64]
+    assert section["dtypes"]["float32"]["ops"]["scores"]["flops"] == pytest.approx(2e12)  # TF32, as TensorFlow
+    assert section["dtypes"]["bfloat16"]["ops"]["scores"]["flops"] == pytest.approx(4e12)
+    assert gpu_probe.attention_flops("softmax", (2, 12, 512, 64)) == 0.0
+
+
+def test_an_attention_dtype_that_fails_is_recorded_and_the_other_measured():
+    class Flaky(gpu_probe.StandInBackend):
+        def attention_s(self, shape, dtype, rate, repeats):
+            if dtype == "bfloat16":
+                raise RuntimeError("CUDA out of memory")
+            return super().attention_s(shape, dtype, rate, repeats)
+
+    result = gpu_probe.run(Flaky(), copy_bytes=MIB, matmul_n=256, repeats=1, attention=True)
+    dtypes = result["measurements"]["attention"]["dtypes"]
+    assert dtypes["bfloat16"] == {"error": "RuntimeError: CUDA out of memory"}
+    assert dtypes["float32"]["recompute_over_copy"] > 0
+    assert "bfloat16: failed: RuntimeError: CUDA out of memory" in gpu_probe.table(result)
+
+
+def test_a_backend_without_the_attention_chain_says_so():
+    class NoAttention(gpu_probe.StandInBackend):
+        def attention_s(self, shape, dtype, rate, repeats):
+            return None
+
+    result = gpu_probe.run(NoAttention(), copy_bytes=MIB, matmul_n=256, repeats=1, attention=True)
+    assert result["measurements"]["attention"] == {
+        "not_measured": "stand-in has no attention chain (--attention needs --backend pytorch)"}
+    assert "attention: stand-in has no attention chain" in gpu_probe.table(result)
+    assert gpu_probe.CupyBackend.attention_s(None, (8, 12, 512, 64), "float32", 0.1, 1) is None
+
+
+def test_the_attention_flags_reach_the_probe(monkeypatch, capsys):
+    monkeypatch.setattr(gpu_probe, "make_backend", lambda choice: gpu_probe.StandInBackend())
+    assert gpu_probe.main(["--attention", "--attention-batch", "2", "--json", "--copy-mib", "1", "--matmul-n", "256",
+                           "--repeats", "1"]) == 0
+    m = json.loads(capsys.readouterr().out)["measurements"]
+    assert m["attention"]["shape"] == [2, 12, 512, 64] and "batchnorm" not in m
+    assert m["attention"]["dtypes"]["bfloat16"]["tensor_bytes"] == 2 * 12 * 512 * 512 * 2
+    assert gpu_probe.main(["--copy-mib", "1", "--matmul-n", "256", "--repeats", "1"]) == 0
+    assert "attention" not in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        gpu_probe.main(["--attention", "--attention-batch", "0"])

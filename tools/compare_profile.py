@@ -10,7 +10,12 @@ the measured time (each layer at its faster layout) against the same over the pr
 ``Conv2DBackpropInput`` and ``Conv2DBackpropFilter`` ops of a traced gradient. A probe run with ``--batchnorm`` adds
 training-mode batch norm on ResNet-50's activations: per layer and dtype, the measured seconds (at the faster layout)
 against the priced ``FusedBatchNormV3`` and ``FusedBatchNormGradV3`` of a traced gradient, their ratio
-measured / predicted and its geometric mean per dtype.
+measured / predicted and its geometric mean per dtype. A probe run with ``--attention`` adds BERT's attention chain
+(scores, scale, softmax, Keras 3's stateless dropout): per dtype, each op's measured seconds against the priced
+TensorFlow ops traced for it (:data:`gpu_probe.ATTENTION_OPS`, each traced op named after the probe's op), the chain
+back to back against the sum of its priced ops, the pinned copies of its largest tensor out and back against
+:meth:`HardwareProfile.copy_time_s`, and the ratio the tuner's recompute-or-swap rule reads (the chain's time over
+the two copies'), measured against predicted.
 
     python tools/compare_profile.py docs/profiles/h100-80gb-hbm3.json
     python tools/compare_profile.py docs/profiles/h200.json --profile h200-141gb --json
@@ -33,8 +38,8 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_probe import (CONV_SHAPE, batchnorm_best, conv_flops,  # noqa: E402 (the probe's shapes and counts)
-                       elementwise_bytes)
+from gpu_probe import (ATTENTION_DROPOUT, ATTENTION_OPS, CONV_SHAPE,  # noqa: E402 (the probe's shapes and counts)
+                       attention_tensor_bytes, batchnorm_best, conv_flops, elementwise_bytes)
 
 #: The probe's matrix-product modes, the TensorFlow dtype each is traced in, and whether TF32 is on.
 MODES = {"fp32": ("float32", False), "tf32": ("float32", True), "fp16": ("float16", True),
@@ -56,7 +61,8 @@ def _traced(kind: str, shape: tuple[int, ...], dtype: str):
     ``shape`` = (n,)), ``conv`` (forward), ``conv_step`` (forward and both gradients; both at gpu_probe's
     (batch, channels in, channels out, side, kernel), channels-last), ``batchnorm_step`` (a training-mode
     fused batch norm and its gradient, at gpu_probe's (batch, channels, side), channels-last: :data:`BATCHNORM_TF`),
-    ``copy`` (a DeepCopy of ``shape``) or one of :data:`ELEMENTWISE_TF`."""
+    ``attention`` (BERT's attention chain on Q and K of gpu_probe's (batch, heads, sequence, head size):
+    :func:`_attention_chain`), ``copy`` (a DeepCopy of ``shape``) or one of :data:`ELEMENTWISE_TF`."""
     import tensorflow as tf
     dt = getattr(tf, dtype)
     if kind == "matmul":
@@ -87,8 +93,44 @@ def _traced(kind: str, shape: tuple[int, ...], dtype: str):
             return tape.gradient(y, [x, scale, offset], output_gradients=dy)
         act, per_channel = tf.TensorSpec((batch, hw, hw, channels), dt), tf.TensorSpec((channels,), tf.float32)
         return _graph(bn_step, act, per_channel, per_channel, per_channel, per_channel, act)
+    if kind == "attention":
+        qk = tf.TensorSpec(shape, dt)
+        return _graph(_attention_chain(tf, dt, shape), qk, qk, tf.TensorSpec((2,), tf.int32))
     spec = tf.TensorSpec(shape, dt)
     return _graph(ELEMENTWISE_TF[kind][1](tf), spec, spec)
+
+
+def _attention_chain(tf, dt, shape: tuple[int, ...]):
+    """BERT's attention probabilities as a Keras 3 model traces them (``tools/benchlib/models.py``'s SelfAttention:
+    ``ops.softmax(ops.matmul(q, ops.transpose(k)) * head_size ** -0.5)``, then ``keras.layers.Dropout``, which is
+    ``tf.nn.experimental.stateless_dropout``), written out op by op so that each op carries the name of the probe's op
+    (:data:`gpu_probe.ATTENTION_OPS`): the uniform's ops are ``uniform/StatelessRandomUniformV2``, ``uniform/mul`` and
+    ``uniform`` (``tf.random.stateless_uniform``'s x * (max - min) + min, a Mul by 1 and an AddV2 of 0 that grappler
+    folds away before the step runs: only the uniform is priced). K's transpose is the product's
+    ``adj_y`` (Keras traces a Transpose of K, 1/8 the size of the scores, before it; not priced here)."""
+    batch, heads, seq, size = shape
+
+    def chain(q, k, seed):
+        scores = tf.linalg.matmul(q, k, transpose_b=True, name="scores")
+        probs = tf.nn.softmax(tf.multiply(scores, tf.constant(size ** -0.5, dt), name="scale"), axis=-1,
+                              name="softmax")
+        uniform = tf.random.stateless_uniform((batch, heads, seq, seq), seed, dtype=dt, name="uniform")
+        mask = tf.math.greater_equal(uniform, tf.constant(ATTENTION_DROPOUT, dt), name="mask")
+        rescaled = tf.multiply(probs, tf.constant(1 / (1 - ATTENTION_DROPOUT), dt), name="rescale")
+        return tf.where(mask, rescaled, tf.zeros((), dt), name="select")
+    return chain
+
+
+def attention_ops(graph, name: str, op_types: tuple[str, ...]) -> list:
+    """The ops of the traced attention chain that stand for the probe's op ``name``: those named ``name`` or under
+    ``name/`` whose type is one of ``op_types`` (a scalar ``uniform/sub`` of two constants, and the ops grappler folds, are left
+    out). Refused
+    unless they are exactly ``op_types``: the probe's names and the trace must not drift apart."""
+    ops = [op for op in graph if (op.name == name or op.name.startswith(name + "/")) and op.type in op_types]
+    if sorted(op.type for op in ops) != sorted(op_types):
+        raise ValueError(f"the traced attention chain has {sorted(op.type for op in ops)} for {name!r}, "
+                         f"not gpu_probe.ATTENTION_OPS's {sorted(op_types)}")
+    return ops
 
 
 def _priced(graph, op_type: str, profile) -> float:
@@ -211,6 +253,50 @@ def batchnorm_geomean(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]
     return {dtype: {k: statistics.geometric_mean(v) for k, v in per_pass.items()} for dtype, per_pass in ratios.items()}
 
 
+def attention_times(section: dict[str, Any], profile) -> dict[str, Any]:
+    """Per dtype of ``gpu_probe.py --attention`` (dtypes that failed left out): each op of
+    :data:`gpu_probe.ATTENTION_OPS` measured against :func:`op_time_s` summed over the TensorFlow ops traced for it
+    (float32 products as TF32, as TensorFlow runs them); the chain measured back to back against the sum of those
+    (the simulator runs a recompute's ops one after another); the pinned copies of one chain tensor, each direction
+    against :meth:`HardwareProfile.copy_time_s`; and ``recompute_over_copy``, the chain's time over the two copies',
+    measured and predicted. Every ``ratio`` is measured / predicted. ``geomean_ratio``: per dtype, the geometric mean
+    of the ops' ratios."""
+    import statistics
+    from tflms.sim.cost import op_time_s
+    shape = tuple(section["shape"])
+    out: dict[str, Any] = {"dtypes": {}, "geomean_ratio": {}}
+    tf32 = profile.with_tf32(True)
+    for dtype, entry in section["dtypes"].items():
+        if entry.get("error"):
+            continue
+        graph = _traced("attention", shape, dtype)
+        ops = []
+        for name, _, op_types in ATTENTION_OPS:
+            seconds = entry["ops"][name]["seconds"]
+            predicted = sum(op_time_s(graph, op, tf32) for op in attention_ops(graph, name, op_types))
+            ops.append({"op": name, "tf_ops": list(op_types), "measured_s": seconds, "predicted_s": predicted,
+                        "ratio": seconds / predicted})
+        chain = sum(op["predicted_s"] for op in ops)
+        nbytes = int(entry["tensor_bytes"])
+        if nbytes != attention_tensor_bytes(shape, dtype):
+            raise ValueError(f"--attention {dtype}: tensor_bytes {nbytes} is not a {shape} chain's tensor")
+        copies = {direction: {"measured_s": entry[f"{direction}_s"], "predicted_s": profile.copy_time_s(nbytes),
+                              "ratio": entry[f"{direction}_s"] / profile.copy_time_s(nbytes)}
+                  for direction in ("d2h", "h2d")}
+        copy_predicted = sum(c["predicted_s"] for c in copies.values())
+        measured_ratio, predicted_ratio = entry["chain_s"] / entry["copy_s"], chain / copy_predicted
+        out["dtypes"][dtype] = {
+            "ops": ops,
+            "chain": {"measured_s": entry["chain_s"], "predicted_s": chain, "ratio": entry["chain_s"] / chain},
+            "tensor_bytes": nbytes, "copies": copies,
+            "copy": {"measured_s": entry["copy_s"], "predicted_s": copy_predicted,
+                     "ratio": entry["copy_s"] / copy_predicted},
+            "recompute_over_copy": {"measured": measured_ratio, "predicted": predicted_ratio,
+                                    "ratio": measured_ratio / predicted_ratio}}
+        out["geomean_ratio"][dtype] = statistics.geometric_mean([op["ratio"] for op in ops])
+    return out
+
+
 def measured(measurements: dict[str, Any]) -> dict[str, float]:
     out = {f"matmul {mode}": rate for mode, rate in measurements["matmul_flops"].items() if rate}
     out.update({f"conv {dtype}": rate for dtype, rate in (measurements.get("conv_flops") or {}).items() if rate})
@@ -262,6 +348,15 @@ def compare(probe: dict[str, Any], profile_names: list[str] | None = None, fit_c
         failed = [layer for layer in batchnorm["layers"] if layer.get("error")]
         if failed:
             result["batchnorm_failed"] = failed
+    attention = probe["measurements"].get("attention") or {}
+    if attention.get("dtypes"):
+        result["attention"] = {p.name: attention_times(attention, p) for p in profiles}
+        result["attention_shape"] = {"shape": attention["shape"], "dropout_rate": attention["dropout_rate"]}
+        failed = {dtype: entry["error"] for dtype, entry in attention["dtypes"].items() if entry.get("error")}
+        if failed:
+            result["attention_failed"] = failed
+    elif attention.get("not_measured"):
+        result["attention_failed"] = {"all": attention["not_measured"]}
     runs = [r for r in [layers] + [(a["measurements"].get("conv_layers") or {}) for a in also] if r.get("layers")]
     if fit_conv and runs:
         dtypes = sorted({layer["dtype"] for run in runs for layer in run["layers"]})
@@ -291,6 +386,7 @@ def table(result: dict[str, Any]) -> str:
                      f"its time alone, product {figures.get('product_vs_alone', float('nan')):.2f}x "
                      "(the simulator assumes 1.00x for both)")
     lines.extend(batchnorm_table(result))
+    lines.extend(attention_table(result))
     for name, fits in result.get("conv_efficiency", {}).items():
         lines.append(f"\n{name}: conv_efficiency that predicts the measured ResNet-50 convolutions "
                      f"({result['conv_runs']} run{'s' if result['conv_runs'] > 1 else ''}): "
@@ -322,6 +418,46 @@ def batchnorm_table(result: dict[str, Any]) -> list[str]:
             for dtype, ratios in result["batchnorm"][name]["geomean_ratio"].items()))
     for layer in result.get("batchnorm_failed", []):
         lines.append(f"batch norm {tuple(layer['shape'])} {layer['dtype']} {layer['layout']} failed: {layer['error']}")
+    return lines
+
+
+def attention_table(result: dict[str, Any]) -> list[str]:
+    """:func:`table`'s attention lines: per dtype, each op, the chain and the copies, measured against each profile's
+    predicted time (measured / predicted), and the ratio recompute / copies measured against predicted; then per
+    profile the geometric mean of the ops' ratios per dtype."""
+    lines = []
+    if result.get("attention"):
+        names = result["profiles"]
+        batch, heads, seq, size = result["attention_shape"]["shape"]
+        lines += ["", f"attention chain (batch {batch}, {heads} heads, sequence {seq}, head size {size}, dropout "
+                  f"{result['attention_shape']['dropout_rate']}): measured against the predicted time "
+                  "(measured / predicted); recompute / copies: the chain's time over the pinned copies out and back "
+                  f"of one {batch}x{heads}x{seq}x{seq} tensor", "",
+                  "| dtype | op (TensorFlow ops priced) | measured | " + " | ".join(names) + " |",
+                  "|---|---|---|" + "---|" * len(names)]
+        per_profile = [result["attention"][name]["dtypes"] for name in names]
+        for dtype, first in per_profile[0].items():
+            rows = [p[dtype] for p in per_profile]
+
+            def cells(pick) -> str:
+                return " | ".join(f"{pick(row)['predicted_s'] * 1e6:.1f} us ({pick(row)['ratio']:.2f})" for row in rows)
+            for i, op in enumerate(first["ops"]):
+                lines.append(f"| {dtype} | {op['op']} ({', '.join(op['tf_ops'])}) | {op['measured_s'] * 1e6:.1f} us | "
+                             + cells(lambda row: row["ops"][i]) + " |")
+            lines.append(f"| {dtype} | chain, back to back (predicted: the ops' sum) | "
+                         f"{first['chain']['measured_s'] * 1e6:.1f} us | " + cells(lambda row: row["chain"]) + " |")
+            for direction in ("d2h", "h2d"):
+                lines.append(f"| {dtype} | {direction} copy, pinned, {first['tensor_bytes'] / 2**20:.0f} MiB | "
+                             f"{first['copies'][direction]['measured_s'] * 1e6:.1f} us | "
+                             + cells(lambda row: row["copies"][direction]) + " |")
+            lines.append(f"| {dtype} | recompute / copies | {first['recompute_over_copy']['measured']:.3f} | "
+                         + " | ".join(f"{row['recompute_over_copy']['predicted']:.3f} "
+                                      f"({row['recompute_over_copy']['ratio']:.2f})" for row in rows) + " |")
+        for name in names:
+            lines.append(f"\n{name}: attention ops measured / predicted, geometric mean: " + ", ".join(
+                f"{dtype} {mean:.2f}" for dtype, mean in result["attention"][name]["geomean_ratio"].items()))
+    for dtype, error in result.get("attention_failed", {}).items():
+        lines.append(f"attention {dtype}: not measured: {error}")
     return lines
 
 

@@ -13,7 +13,9 @@ It measures, with CUDA events, the median of ``--repeats`` timed runs after a wa
 - HBM bandwidth: a device-to-device copy, counted as bytes read plus written;
 - with ``--conv-layers``, ResNet-50's convolutions forward and backward in both layouts; with ``--elementwise``,
   element-wise ops on an activation (what a recompute plan re-runs); with ``--batchnorm`` (PyTorch only),
-  training-mode batch normalisation on ResNet-50's activations, forward and backward, in both layouts.
+  training-mode batch normalisation on ResNet-50's activations, forward and backward, in both layouts; with
+  ``--attention`` (PyTorch only), BERT-base's attention-probability chain op by op and back to back, against the
+  host copies of its largest tensor (what the tuner weighs: recompute it or swap it).
 
 The JSON it writes has ``device`` (name, memory, driver, library versions, date), the raw
 ``measurements`` and a ``profile`` object of :class:`tflms.profiles.HardwareProfile`'s fields
@@ -22,6 +24,7 @@ that ``tflms`` loads (``--profile-file PATH`` on the command line, ``LMSConfig(p
     python tools/gpu_probe.py                              # table, and JSON to stdout with --json
     python tools/gpu_probe.py --json -o docs/profiles/h100.json
     python tools/gpu_probe.py --backend cupy --repeats 5 --copy-mib 256
+    python tools/gpu_probe.py --attention --json -o h100-attention.json
 
 Its tests (tests/test_gpu_probe.py) run without a GPU, through :class:`StandInBackend`.
 """
@@ -59,6 +62,36 @@ RESNET50_BATCHNORMS = ((64, 64, 112), (64, 64, 56), (64, 256, 56), (64, 128, 28)
 BATCHNORM_DTYPES = ("float32", "bfloat16")
 #: GPU clock cycles (about 2 ms) of the sleep each timed batch norm queues behind (``TorchBackend._timed``).
 QUEUE_CYCLES = 4_000_000
+#: ``--attention``: BERT-base's self-attention (12 heads of size 64) at sequence 512, as heads, sequence, head size;
+#: the batch is ``--attention-batch`` (:data:`ATTENTION_BATCH`). Q and K are (batch, heads, sequence, head size),
+#: every tensor of the chain (batch, heads, sequence, sequence): 12 MiB per sample in float32.
+ATTENTION_HEADS, ATTENTION_SEQUENCE, ATTENTION_HEAD_SIZE = 12, 512, 64
+#: Batch 8: the chain's tensors are 96 MiB (float32) and 48 MiB (bfloat16), so every kernel runs 30 us or more on an
+#: H100 (well above launch overhead, and each is queued behind a GPU sleep anyway) and each host copy about 1-2 ms
+#: (far above the link's latency); every op and the copies scale linearly with the batch, so the ratio the tuner
+#: reads hardly depends on it, and the whole section (both dtypes, 8 timings per dtype twice, 2 copies) takes
+#: seconds and under 1 GiB of GPU memory.
+ATTENTION_BATCH = 8
+ATTENTION_DTYPES = ("float32", "bfloat16")
+#: BERT's attention-probability dropout rate.
+ATTENTION_DROPOUT = 0.1
+#: The chain, in order: the probe's name of each op, what PyTorch runs for it, and the TensorFlow ops a Keras 3 model
+#: traces for it (``ops.matmul(q, ops.transpose(k))`` is a BatchMatMulV2; the scale a Mul by a scalar; Keras 3's
+#: dropout is ``tf.nn.experimental.stateless_dropout``: a StatelessRandomUniformV2, a GreaterEqual mask, x times
+#: 1 / (1 - rate), and a SelectV2 of that and 0). ``tf.random.stateless_uniform`` traces a Mul by 1 and an AddV2 of 0
+#: after the uniform (x * (max - min) + min); grappler's constant folding removes both before the step runs (in
+#: the kit's BERT traced through ``tflms.ir.preoptimize``, the uniform feeds the GreaterEqual), so only the uniform
+#: is priced. ``tools/compare_profile.py`` names each traced op after the probe's name and prices the TensorFlow ops
+#: listed here. The dropout's output is what a recompute of it re-runs the whole chain for.
+ATTENTION_OPS = (
+    ("scores", "torch.matmul(q, k.transpose(-1, -2))", ("BatchMatMulV2",)),
+    ("scale", "scores * head_size ** -0.5", ("Mul",)),
+    ("softmax", "torch.softmax(scaled, dim=-1)", ("Softmax",)),
+    ("uniform", "torch.rand(batch, heads, sequence, sequence)", ("StatelessRandomUniformV2",)),
+    ("mask", "uniform >= rate", ("GreaterEqual",)),
+    ("rescale", "probs * (1 / (1 - rate))", ("Mul",)),
+    ("select", "torch.where(mask, rescaled, 0)", ("SelectV2",)),
+)
 
 
 class Backend(Protocol):
@@ -97,6 +130,15 @@ class Backend(Protocol):
     def batchnorm_details(self) -> dict[str, Any]:
         """How :meth:`batchnorm_train_s` measured (``params_dtype``: the dtype of the weight, bias and running
         statistics each activation dtype and layout, as ``"bfloat16 nhwc"``, ran with; ``timing``), for the JSON."""
+
+    def attention_s(self, shape: tuple[int, int, int, int], dtype: str, rate: float,
+                    repeats: int) -> dict[str, float] | None:
+        """BERT's attention-probability chain (:data:`ATTENTION_OPS`) on Q and K of ``shape`` (batch, heads,
+        sequence, head size) with dropout ``rate``: seconds of each op alone, keyed by its name, and of the whole
+        chain run back to back (``chain``); or ``None``."""
+
+    def attention_details(self) -> dict[str, Any]:
+        """How :meth:`attention_s` measured (``timing``, ``float32_products``), for the JSON."""
 
 
 def _median(times: list[float]) -> float:
@@ -304,12 +346,62 @@ class TorchBackend:
         return forward_s, backward_s
 
     def batchnorm_details(self) -> dict[str, Any]:
-        queued = (f"the lesser of: each run queued behind a {QUEUE_CYCLES}-cycle GPU sleep (the GPU's time, not "
-                  "PyTorch's launch overhead), and each run alone" if hasattr(self.torch.cuda, "_sleep")
-                  else "each run alone (no torch.cuda._sleep: launch overhead included where it exceeds the GPU's)")
         return {"params_dtype": dict(self.batchnorm_params),
                 "timing": "torch.nn.functional.batch_norm(training=True), then torch.autograd.grad on its kept "
-                          f"graph; CUDA events around each run, median; {queued}"}
+                          f"graph; CUDA events around each run, median; {self._queued_note()}"}
+
+    def _queued_note(self) -> str:
+        return (f"the lesser of: each run queued behind a {QUEUE_CYCLES}-cycle GPU sleep (the GPU's time, not "
+                "PyTorch's launch overhead), and each run alone" if hasattr(self.torch.cuda, "_sleep")
+                else "each run alone (no torch.cuda._sleep: launch overhead included where it exceeds the GPU's)")
+
+    def attention_s(self, shape: tuple[int, int, int, int], dtype: str, rate: float,
+                    repeats: int) -> dict[str, float] | None:
+        """Each op of :data:`ATTENTION_OPS` alone on the previous op's output (computed once, outside the timing),
+        then the chain back to back from Q and K (each op allocating its output, as TensorFlow's kernels do).
+        A float32 product runs as TF32 (TensorFlow's default on this GPU, what the cost model prices). Each time is
+        the lesser of the queued and the plain measurement (:meth:`_timed`), as for batch norm."""
+        torch = self.torch
+        batch, heads, seq, size = shape
+        dt = self._dtype(dtype)
+        q = torch.randn(batch, heads, seq, size, device=self.dev, dtype=dt)
+        k = torch.randn(batch, heads, seq, size, device=self.dev, dtype=dt)
+        zero = torch.zeros((), device=self.dev, dtype=dt)
+        scale, keep = size ** -0.5, 1.0 / (1.0 - rate)
+
+        def scores():
+            return torch.matmul(q, k.transpose(-1, -2))
+
+        def uniform():
+            return torch.rand(batch, heads, seq, seq, device=self.dev, dtype=dt)
+
+        def chain():
+            probs = torch.softmax(scores() * scale, dim=-1)
+            return torch.where(uniform() >= rate, probs * keep, zero)
+
+        torch.backends.cuda.matmul.allow_tf32 = dtype == "float32"
+        try:
+            s = scores()
+            scaled = s * scale
+            probs = torch.softmax(scaled, dim=-1)
+            u = uniform()
+            mask = u >= rate
+            rescaled = probs * keep
+            launches = {"scores": scores, "scale": lambda: s * scale, "softmax": lambda: torch.softmax(scaled, dim=-1),
+                        "uniform": uniform, "mask": lambda: u >= rate, "rescale": lambda: probs * keep,
+                        "select": lambda: torch.where(mask, rescaled, zero), "chain": chain}
+            assert list(launches)[:-1] == [name for name, _, _ in ATTENTION_OPS]
+            return {name: min(self._timed(launch, repeats, queued=True), self._timed(launch, repeats))
+                    for name, launch in launches.items()}
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = False
+
+    def attention_details(self) -> dict[str, Any]:
+        return {"float32_products": "TF32 (torch.backends.cuda.matmul.allow_tf32, as TensorFlow runs float32 "
+                                    "products by default)",
+                "timing": "each op alone on the previous op's output, then the chain back to back from Q and K; "
+                          f"CUDA events around each run, median; {self._queued_note()}; host copies: copy_s "
+                          "(pinned, one direction at a time) of the chain's tensor's bytes"}
 
     def device_copy_s(self, nbytes: int, repeats: int) -> float:
         src = self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.dev)
@@ -444,6 +536,13 @@ class CupyBackend:
     def batchnorm_details(self) -> dict[str, Any]:
         return {}
 
+    def attention_s(self, shape: tuple[int, int, int, int], dtype: str, rate: float,
+                    repeats: int) -> dict[str, float] | None:
+        return None  # no softmax, bfloat16 or Philox uniform here: --attention needs PyTorch
+
+    def attention_details(self) -> dict[str, Any]:
+        return {}
+
     def device_copy_s(self, nbytes: int, repeats: int) -> float:
         src = self.cp.empty(nbytes, self.cp.uint8)
         dst = self.cp.empty_like(src)
@@ -518,6 +617,18 @@ class StandInBackend:
                                  for layout in CONV_LAYOUTS},
                 "timing": "stand-in: batchnorm_bytes at hbm_gbps"}
 
+    def attention_s(self, shape: tuple[int, int, int, int], dtype: str, rate: float,
+                    repeats: int) -> dict[str, float] | None:
+        """Each op the longer of :func:`attention_bytes` at the HBM rate and :func:`attention_flops` at the product
+        rate of its dtype (float32 as TF32); the chain the sum of its ops."""
+        mode = "tf32" if dtype == "float32" else "bf16"
+        times = {name: max(attention_bytes(name, shape, dtype) / (self.hbm_gbps * 1e9),
+                           attention_flops(name, shape) / self.flops[mode]) for name, _, _ in ATTENTION_OPS}
+        return {**times, "chain": sum(times.values())}
+
+    def attention_details(self) -> dict[str, Any]:
+        return {"timing": "stand-in: attention_bytes at hbm_gbps, attention_flops at the tf32 / bf16 rate"}
+
 
 def elementwise_bytes(op: str, shape: tuple[int, ...], dtype: str) -> int:
     """Bytes an element-wise op reads and writes: ``add`` reads two tensors, ``sum`` writes one per channel."""
@@ -539,6 +650,32 @@ def batchnorm_bytes(shape: tuple[int, int, int], dtype: str, which: str) -> int:
     batch, channels, side = shape
     size = 4 if dtype == "float32" else 2
     return {"forward": 3, "backward": 5}[which] * batch * channels * side * side * size
+
+
+def attention_tensor_bytes(shape: tuple[int, int, int, int], dtype: str) -> int:
+    """Bytes of one (batch, heads, sequence, sequence) tensor of the attention chain (the softmax's or the dropout's
+    output, what a swap copies out and back) for Q and K of ``shape`` (batch, heads, sequence, head size)."""
+    batch, heads, seq, _ = shape
+    return batch * heads * seq * seq * (4 if dtype == "float32" else 2)
+
+
+def attention_bytes(op: str, shape: tuple[int, int, int, int], dtype: str) -> int:
+    """Bytes an op of :data:`ATTENTION_OPS` reads and writes, unfused (one kernel per op, as PyTorch runs them):
+    ``scores`` reads Q and K and writes the scores; ``uniform`` writes one tensor; ``mask`` reads one and writes a
+    bool (1 byte an element); ``select`` reads the mask and one tensor and writes one; the rest read one and write
+    one. A tensor of the chain is :func:`attention_tensor_bytes`."""
+    batch, heads, seq, size = shape
+    width = 4 if dtype == "float32" else 2
+    tensor, elements = attention_tensor_bytes(shape, dtype), batch * heads * seq * seq
+    return {"scores": 2 * batch * heads * seq * size * width + tensor, "scale": 2 * tensor, "softmax": 2 * tensor,
+            "uniform": tensor, "mask": tensor + elements, "rescale": 2 * tensor,
+            "select": elements + 2 * tensor}[op]
+
+
+def attention_flops(op: str, shape: tuple[int, int, int, int]) -> float:
+    """Multiply-adds x 2 of the ``scores`` product (Q times K transposed); 0 for the chain's other ops."""
+    batch, heads, seq, size = shape
+    return 2.0 * batch * heads * seq * seq * size if op == "scores" else 0.0
 
 
 def batchnorm_best(layers: list[dict[str, Any]]) -> dict[tuple[str, tuple[int, ...]], dict[str, Any]]:
@@ -572,12 +709,13 @@ def _nvidia_smi_driver() -> str:
 
 
 def probe(backend: Backend, *, copy_bytes: int = 256 * MIB, matmul_n: int = 8192, repeats: int = 10,
-          conv_layers: bool = False, elementwise: bool = False, batchnorm: bool = False,
-          progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+          conv_layers: bool = False, elementwise: bool = False, batchnorm: bool = False, attention: bool = False,
+          attention_batch: int = ATTENTION_BATCH, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Every measurement, as rates: GB/s (1e9 bytes/s) and FLOP/s; with ``conv_layers``, also a training
     step's convolutions (:func:`measure_conv_layers`); with ``elementwise``, element-wise ops (bytes read and
     written per second, :data:`ELEMENTWISE_OPS`); with ``batchnorm``, training-mode batch norms
-    (:func:`measure_batchnorm`)."""
+    (:func:`measure_batchnorm`); with ``attention``, BERT's attention chain and its tensor's host copies at
+    ``attention_batch`` (:func:`measure_attention`)."""
     out: dict[str, Any] = {"copy_bytes": copy_bytes, "matmul_n": matmul_n, "repeats": repeats}
     link = out["link_gbps"] = {}
     for host in ("pinned", "pageable"):
@@ -625,7 +763,53 @@ def probe(backend: Backend, *, copy_bytes: int = 256 * MIB, matmul_n: int = 8192
     if batchnorm:
         progress(f"batch norm on {len(RESNET50_BATCHNORMS)} ResNet-50 activations, forward and backward")
         out["batchnorm"] = measure_batchnorm(backend, repeats)
+    if attention:
+        progress(f"BERT's attention chain at batch {attention_batch}, sequence {ATTENTION_SEQUENCE}, and its copies")
+        out["attention"] = measure_attention(backend, repeats, attention_batch)
     return out
+
+
+def measure_attention(backend: Backend, repeats: int, batch: int = ATTENTION_BATCH) -> dict[str, Any]:
+    """BERT-base's attention chain (:data:`ATTENTION_OPS`) at ``batch`` in float32 and bfloat16: per dtype, each
+    op's seconds alone (and GB/s of :func:`attention_bytes`; the product's FLOP/s too), the chain's back to back
+    (``chain_s``: what a recompute of the dropout's output re-runs), the pinned host copies of one chain tensor
+    (:func:`attention_tensor_bytes`) out and back, timed by the backend's ``copy_s`` as the link figures are, and
+    ``recompute_over_copy``: ``chain_s`` over ``d2h_s + h2d_s``, the ratio Capuchin's rule compares with 1 (below:
+    recompute). A dtype whose measurement fails records ``error`` and the probe goes on."""
+    shape = (batch, ATTENTION_HEADS, ATTENTION_SEQUENCE, ATTENTION_HEAD_SIZE)
+    dtypes: dict[str, Any] = {}
+    for dtype in ATTENTION_DTYPES:
+        entry: dict[str, Any] = dtypes.setdefault(dtype, {})
+        try:
+            times = backend.attention_s(shape, dtype, ATTENTION_DROPOUT, repeats)
+            if times is None:
+                return {"not_measured": f"{backend.name} has no attention chain (--attention needs --backend pytorch)"}
+            nbytes = attention_tensor_bytes(shape, dtype)
+            d2h = backend.copy_s(nbytes, "d2h", "pinned", repeats)
+            h2d = backend.copy_s(nbytes, "h2d", "pinned", repeats)
+        except Exception as err:  # one dtype's failure is recorded, not the probe's end
+            entry["error"] = f"{type(err).__name__}: {err}"[:500]
+            continue
+        ops = {}
+        for name, _, _ in ATTENTION_OPS:
+            seconds = times[name]
+            ops[name] = {"seconds": seconds,
+                         "gbps": attention_bytes(name, shape, dtype) / seconds / 1e9 if seconds else None}
+            if attention_flops(name, shape):
+                ops[name]["flops"] = attention_flops(name, shape) / seconds if seconds else None
+        entry.update(ops=ops, chain_s=times["chain"], ops_sum_s=sum(op["seconds"] for op in ops.values()),
+                     tensor_bytes=nbytes, d2h_s=d2h, h2d_s=h2d, copy_s=d2h + h2d,
+                     recompute_over_copy=times["chain"] / (d2h + h2d))
+    try:
+        details = backend.attention_details()
+    except Exception as err:  # the measurements are kept whatever this says
+        details = {"details_error": f"{type(err).__name__}: {err}"}
+    return {"shape": list(shape), "shapes": "Q and K: batch, heads, sequence, head size; every tensor of the chain "
+                                            "(the copied one included): batch, heads, sequence, sequence",
+            "dropout_rate": ATTENTION_DROPOUT, "ops": {name: torch for name, torch, _ in ATTENTION_OPS},
+            "bytes": "GB/s counts each op's inputs read and output written once (attention_bytes); a mask is 1 "
+                     "byte an element",
+            **details, "dtypes": dtypes}
 
 
 def measure_batchnorm(backend: Backend, repeats: int) -> dict[str, Any]:
@@ -749,7 +933,28 @@ def table(result: dict[str, Any]) -> str:
         rows.append(f"element-wise ops on {tuple(rates['shape'])}, bytes read + written (GB/s): " + ", ".join(
             f"{k} {'-' if v is None else f'{v:.0f}'}" for k, v in rates.items() if k != "shape"))
     rows.extend(batchnorm_rows(m.get("batchnorm")))
+    rows.extend(attention_rows(m.get("attention")))
     return "\n".join(rows)
+
+
+def attention_rows(section: dict[str, Any] | None) -> list[str]:
+    """The table's attention lines: per dtype, each op's and the chain's microseconds, the copies' and the ratio."""
+    if not section:
+        return []
+    if "dtypes" not in section:
+        return [f"attention: {section.get('not_measured', 'not measured')}"]
+    batch, heads, seq, size = section["shape"]
+    rows = [f"attention chain (batch {batch}, {heads} heads, sequence {seq}, head size {size}, dropout "
+            f"{section['dropout_rate']}), microseconds; pinned copies of one {batch}x{heads}x{seq}x{seq} tensor:"]
+    for dtype, entry in section["dtypes"].items():
+        if entry.get("error"):
+            rows.append(f"  {dtype}: failed: {entry['error']}")
+            continue
+        ops = " ".join(f"{name} {op['seconds'] * 1e6:.0f}" for name, op in entry["ops"].items())
+        rows.append(f"  {dtype}: {ops}; chain {entry['chain_s'] * 1e6:.0f}; d2h {entry['d2h_s'] * 1e6:.0f} "
+                    f"h2d {entry['h2d_s'] * 1e6:.0f} ({entry['tensor_bytes'] / MIB:.0f} MiB); recompute / copies "
+                    f"{entry['recompute_over_copy']:.3f}")
+    return rows
 
 
 def batchnorm_rows(section: dict[str, Any] | None) -> list[str]:
@@ -811,15 +1016,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batchnorm", action="store_true",
                         help="also time training-mode batch norm on ResNet-50's activations, forward and backward, "
                              "in both layouts (PyTorch only)")
+    parser.add_argument("--attention", action="store_true",
+                        help="also time BERT-base's attention chain (scores, scale, softmax, dropout) op by op and "
+                             "back to back, and the pinned host copies of its largest tensor, in float32 and "
+                             "bfloat16 (PyTorch only)")
+    parser.add_argument("--attention-batch", type=int, default=ATTENTION_BATCH,
+                        help=f"batch of --attention's chain (default {ATTENTION_BATCH})")
     parser.add_argument("--json", action="store_true", help="print the JSON instead of the table")
     parser.add_argument("-o", "--output", help="also write the JSON to this file")
     args = parser.parse_args(argv)
-    if args.copy_mib <= 0 or args.matmul_n <= 0 or args.repeats <= 0:
-        parser.error("--copy-mib, --matmul-n and --repeats must be positive")
+    if args.copy_mib <= 0 or args.matmul_n <= 0 or args.repeats <= 0 or args.attention_batch <= 0:
+        parser.error("--copy-mib, --matmul-n, --repeats and --attention-batch must be positive")
     backend = make_backend(args.backend)
     result = run(backend, copy_bytes=args.copy_mib * MIB, matmul_n=args.matmul_n, repeats=args.repeats,
                  conv_layers=args.conv_layers, elementwise=args.elementwise, batchnorm=args.batchnorm,
-                 name=args.name,
+                 attention=args.attention, attention_batch=args.attention_batch, name=args.name,
                  progress=lambda what: print(f"measuring {what} ...", file=sys.stderr, flush=True))
     text = json.dumps(result, indent=2)
     if args.output:
