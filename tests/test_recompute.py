@@ -332,6 +332,38 @@ def test_a_clone_may_be_swapped_and_the_step_trains_bitwise():
     assert {s.swap_out for s in swapped_clones} <= names  # the clones' copies ran
 
 
+def test_the_ordered_hybrid_search_chooses_swaps_without_and_with_clones_offered():
+    """With the order pinned first the swaps are searched twice: without clones offered (the greedy idle-time
+    search spends the budget on clones where it fits without them: BERT-base at batch 324) and with them."""
+    import types
+
+    from tflms.policies.eligibility import clones_swappable
+    from tflms.policies.tflms_rules import plan_swaps
+    from tflms.sim.simulator import simulate
+    from tflms.tune.hybrid import _ordered_hybrids
+    *_, graph = _residual_bn_32()
+    _, recomputes = _every_recompute(graph)
+    rgraph = apply_swaps(graph, recomputes).graph
+    offered, recorded = [], []
+
+    def nested(analysis):  # the distance rules at threshold 1: a plan with swaps, clones among them when offered
+        offered.append(clones_swappable())
+        config = LMSConfig(swapout_threshold=1, accelerator_device="/device:GPU:0")
+        plan = plan_swaps(analysis, config, accelerator_device="/device:GPU:0")
+        return [types.SimpleNamespace(plan=plan, sim=None, strategy="tflms-distance", params={}, policy=None)]
+
+    def record(strategy, params, plan, sim, graph, policy, order=None, what=None):
+        recorded.append(params)
+        return params
+
+    ev = types.SimpleNamespace(compress=None, profile=PROFILE, sim_options=None, copy_op="Identity", record=record)
+    cand = types.SimpleNamespace(plan=recomputes, params={}, sim=simulate(rgraph, PROFILE))
+    _ordered_hybrids(ev, cand, rgraph, nested)
+    assert offered == [False, True]
+    assert len(recorded) == 2 and all(p["order_first"] > 0 for p in recorded)
+    assert "clones_swapped" not in recorded[0] and recorded[1]["clones_swapped"] > 0
+
+
 def test_a_hybrid_ordered_before_its_swaps_is_what_runs_and_trains_bitwise():
     """The hybrid search also pins the recomputed step's memory-aware order before choosing its swaps: the
     winner's graph holds the clones, the swaps and the order's edges, simulates as judged, and trains bitwise."""
