@@ -46,3 +46,26 @@ def test_batch_reaches_the_workers_and_a_bad_one_is_refused(zoo, monkeypatch, ca
     zoo.main(["--batch", "16", "--models", "ResNet50", "--input", "32", "--paths", "fit_ctl,fit_recompute"])
     assert os.environ[zoo.ENV_BATCH] == "16" and zoo.BATCH == 16
     assert "fit_recompute" in zoo.PATHS
+
+
+def test_the_hybrid_path_swaps_clones_in_the_pinned_order_and_trains_bitwise(zoo, monkeypatch):
+    """function_hybrid (issue 27) on the kit's residual_bn in place of a keras.applications model (seconds, not
+    minutes): every recomputable op recomputed, the order pinned, clones among the swaps, and what TensorFlow ran
+    trains bit for bit like the plain tf.function loop, every clone and every swapped clone's swap-out in it."""
+    from tflms.testing.models import residual_bn
+    monkeypatch.setattr(zoo, "_build", lambda name: residual_bn(seed=1, size=32, classes=zoo.CLASSES))
+    monkeypatch.setattr(zoo, "BATCH", 2)
+    result = zoo.run_worker("residual_bn", ("function_ctl", "function_hybrid"))
+    assert result["paths"]["function_ctl"]["identical"], "plain tf.function twice (the control)"
+    hybrid = result["paths"]["function_hybrid"]
+    assert "error" not in hybrid, hybrid.get("error")
+    assert hybrid["identical"], hybrid["first_difference"]
+    assert hybrid["recomputed"] > 0 and hybrid["clones_ran"] == hybrid["cloned"] > 0
+    assert hybrid["order_edges"] > 0  # two residual blocks: the order pass has branches to order
+    assert 0 < hybrid["clones_swapped"] < hybrid["swaps"] == hybrid["swapped"]
+    assert hybrid["clone_swapouts_ran"] == hybrid["clones_swapped"] and hybrid["swap_ops_missing"] == 0
+    assert hybrid["op_changes"] == {}  # the user's op types, clones and swap ops aside
+    cell = zoo._cell(hybrid)
+    assert cell.startswith("same (") and f"{hybrid['clones_swapped']} of clones" in cell
+    assert zoo._op_changes_of(result) == "function_hybrid: none"
+    assert "function_hybrid" in zoo.PATHS and "function_hybrid" not in zoo.QUICK_PATHS

@@ -19,7 +19,14 @@ tflms paths are each compared to a plain run of the same path:
   copies), at the smallest peak they reach (or half the peak where they reach it), so that the step trains with
   as many tensors recomputed as lower its peak (``recomputed`` in the JSON; issue 27's bitwise check);
 - ``function``: a GradientTape step (:func:`tflms.testing.make_train_step`) in
-  ``tflms.function(swapout_threshold=1)`` against ``tf.function``.
+  ``tflms.function(swapout_threshold=1)`` against ``tf.function``;
+- ``function_hybrid``: the same step with a hybrid plan built by hand (:func:`_hybrid`), against the same
+  ``tf.function`` run: every recomputable forward op recomputed (the most clones any plan makes), the memory-aware
+  order pinned on the recomputed step (:func:`tflms.passes.order.enforce_order`; ``order_edges`` 0 where it adds
+  none), then the distance rules at threshold 1 choose swaps on the ordered step with clones offered
+  (:func:`tflms.policies.eligibility.swapping_clones`): the shape of the hybrid search's ordered hybrids with
+  clones offered (:func:`tflms.tune.hybrid._ordered_hybrids`). The JSON says how many tensors were ``recomputed``, ops
+  ``cloned``, ``swaps``, ``clones_swapped`` and how many of those clones' swap-outs ran (``clone_swapouts_ran``).
 
 Weights and optimizer state are compared by bytes (:mod:`tflms.testing.bitwise`);
 a plain-vs-plain control per path (``fit_ctl``, ``function_ctl``) says whether
@@ -33,15 +40,16 @@ that run past grappler (oneDNN's: e.g. ``MaxPoolGrad 0->8``).
 
 One subprocess per model (a crash, an out-of-memory or the per-model timeout
 marks only that model; what finished before is kept), progress lines on stderr,
-a table on stdout. With ``--probe`` a model whose plain fit differs from itself
-is refitted with oneDNN off, with op determinism, and single-threaded, to name
-the cause.
+a table on stdout. With ``--probe`` a model whose plain fit (else plain ``tf.function``
+loop) differs from itself is rerun with oneDNN off, with op determinism, and
+single-threaded, to name the cause.
 
     python tools/zoo.py --models ResNet50,MobileNetV2,DenseNet121      # each at its minimum and at 96
     python tools/zoo.py --models ResNet50 --input 224                  # one side
     python tools/zoo.py --quick                   # fit_t1 and its control only
     python tools/zoo.py --models 'EfficientNet*' --json zoo.json --timeout 1200
     python tools/zoo.py --models InceptionV3 --quick --probe   # name the cause of plain nondeterminism
+    python tools/zoo.py --models MobileNetV2,DenseNet121 --paths function_ctl,function_hybrid --input 64 --batch 4
 """
 
 from __future__ import annotations
@@ -83,7 +91,7 @@ SEED = 0
 PROFILE = "v100-16gb-pcie3"
 #: a budget this close above the resident bytes leaves the tuner nothing to work with.
 RESIDENT_MARGIN = 1.05
-PATHS = ("fit_ctl", "fit_t1", "fit_budget", "fit_recompute", "function_ctl", "function")
+PATHS = ("fit_ctl", "fit_t1", "fit_budget", "fit_recompute", "function_ctl", "function", "function_hybrid")
 QUICK_PATHS = ("fit_ctl", "fit_t1")
 #: environment switches a worker reads (the probes for nondeterminism set them).
 ENV_SINGLE_THREAD = "TFLMS_ZOO_SINGLE_THREAD"
@@ -161,6 +169,76 @@ def _custom_loop(name: str, wrap):
     with record_run_metadata() as ran:
         losses = [fn(tf.constant(x[i:i + BATCH]), tf.constant(y[i:i + BATCH])) for i in range(0, len(x), BATCH)]
     return snapshot(model, optimizer, losses=losses), ran, fn
+
+
+def _hybrid(step, x, y):
+    """``step`` rewritten by hand with a hybrid plan whose swaps may take recompute clones' outputs, its order
+    pinned before the swaps are chosen; returns ``(the function to call, RewriteReport, facts for the JSON)``.
+
+    Every recomputable forward op is recomputed (``tests/test_recompute.py``'s ``_every_recompute``: the most
+    clones any plan makes), the recomputed step's memory-aware order is pinned, then the TFLMS distance rules at
+    threshold 1 choose swaps on the ordered step inside :func:`~tflms.policies.eligibility.swapping_clones`: the
+    shape of the hybrid search's ordered hybrids with clones offered (:func:`tflms.tune.hybrid._ordered_hybrids`,
+    tried only when no hybrid fits without), forced here on a step that needs none of it. ``x, y``: the first
+    call's arguments (traced, and the call that observes any grappler accumulator's summation order, as
+    ``tflms.function`` does).
+    """
+    import dataclasses
+
+    import tensorflow as tf
+
+    from tflms.analysis.cto import analyze_graph
+    from tflms.config import LMSConfig
+    from tflms.devices import resolve_accelerator
+    from tflms.ir import tf_io
+    from tflms.passes.order import enforce_order
+    from tflms.passes.swaps import apply_swaps
+    from tflms.pipeline import _build, _traced_and_preoptimized, inserted_ops
+    from tflms.policies.eligibility import swapping_clones
+    from tflms.policies.recompute import plan_recomputes, rank_candidates
+    from tflms.policies.swapplan import SwapPlan
+    from tflms.policies.tflms_rules import plan_swaps
+    from tflms.profiles import get_profile
+    from tflms.report import RewriteReport
+    from tflms.sim.cost import op_time_s
+    from tflms.sim.simulator import SimOptions
+    _, pre = _traced_and_preoptimized(tf.function(step), (x, y), example_inputs=(x, y))
+    graph = tf_io.load_graph(pre)
+    analysis = analyze_graph(graph)
+    profile = get_profile(PROFILE)
+    ranked, _ = rank_candidates(analysis, lambda n: op_time_s(graph, graph.op(n), profile))
+    recomputes, _ = plan_recomputes(analysis, {op for c in ranked for op in c.chain})
+    if not recomputes:
+        raise RuntimeError("no forward op can be recomputed")
+    config = LMSConfig(swapout_threshold=1)
+    accelerator = resolve_accelerator(config.accelerator_device)[0]  # as the pipeline plans
+    recomputed = apply_swaps(graph, SwapPlan(config, accelerator, (), (), recomputes=recomputes)).graph
+    ordered = enforce_order(recomputed, profile, options=SimOptions(host_device=config.host_device))
+    with swapping_clones():  # (a clone may wait across another branch's backward pass)
+        swaps = plan_swaps(analyze_graph(ordered.graph), config, accelerator_device=accelerator)
+    final = apply_swaps(ordered.graph, swaps).graph  # (the recomputes are in ordered.graph already)
+    final.lint()
+    plan = dataclasses.replace(swaps, recomputes=recomputes)
+    inserted = inserted_ops(graph, final)  # clones, their gates and the swap ops
+    report = RewriteReport(plan=plan, graph_summary=analysis.summary(), inserted_ops=inserted, timings_s={},
+                           order={**ordered.report.to_dict(), "before_swaps": True} if ordered.changed else None)
+    facts = {"recomputed": report.num_recomputed, "cloned": sum(len(r.ops) for r in recomputes),
+             "swaps": len(plan.swaps), "order_edges": ordered.report.num_edges if ordered.changed else 0,
+             "order_why": ordered.report.why}
+    return _build(final, pre, inserted), report, facts
+
+
+def _hybrid_checks(ran, report) -> dict[str, Any]:
+    """What of the hand-made hybrid's clones, and of the swapped clones' swap-outs, TensorFlow ran (the step's
+    graphs after grappler, and its partitions)."""
+    from tflms.policies.eligibility import is_clone
+    step = ran.step_graph(report.inserted_ops)
+    graphs = [step.post_optimization_graph, *step.partition_graphs] if step is not None else []
+    names = {n.name for g in graphs for n in g.node}
+    clones = [c for r in report.plan.recomputes for c in r.clones]
+    swapouts = [s.swap_out for s in report.plan.swaps if is_clone(s.tensor.op)]
+    return {"clones_ran": sum(1 for n in clones if n in names), "clones_swapped": len(swapouts),
+            "clone_swapouts_ran": sum(1 for n in swapouts if n in names)}
 
 
 def _compare(reference, candidate) -> dict[str, Any]:
@@ -304,7 +382,7 @@ def run_worker(name: str, paths: tuple[str, ...], out_path: str | None = None) -
                         "recomputed": lms.reports[-1].num_recomputed,
                         "predicted_peak_bytes": tuning.get("predicted_peak_bytes")}
             guarded("fit_recompute", fit_recompute)
-    if "function_ctl" in paths or "function" in paths:
+    if {"function_ctl", "function", "function_hybrid"} & set(paths):
         plain, plain_ran, _ = timed("tf.function", lambda: _custom_loop(name, tf.function))
         if "function_ctl" in paths:
             guarded("function_ctl", lambda: _compare(
@@ -315,6 +393,21 @@ def run_worker(name: str, paths: tuple[str, ...], out_path: str | None = None) -
                     name, lambda step: tflms.function(step, swapout_threshold=1)))
                 return {**_compare(plain, state), **_ran_checks(plain_ran, ran, fn.reports)}
             guarded("function", function)
+        if "function_hybrid" in paths:
+            def function_hybrid():
+                built: dict[str, Any] = {}
+
+                def wrap(step):
+                    x, y = _data(name)
+                    fn, built["report"], built["facts"] = timed("hybrid plan (recompute all, order, swaps)", lambda:
+                                                                _hybrid(step, tf.constant(x[:BATCH]),
+                                                                        tf.constant(y[:BATCH])))
+                    return fn
+                state, ran, _ = timed("hybrid step, built and trained", lambda: _custom_loop(name, wrap))
+                report = built["report"]
+                return {**_compare(plain, state), **_ran_checks(plain_ran, ran, [report]), **built["facts"],
+                        **_hybrid_checks(ran, report)}
+            guarded("function_hybrid", function_hybrid)
     result["seconds"] = round(time.perf_counter() - t_model, 1)
     return result
 
@@ -402,11 +495,14 @@ def run_model(name: str, paths: tuple[str, ...], timeout_s: float, env: dict[str
     return result
 
 
-def probe_nondeterminism(name: str, timeout_s: float, env: dict[str, str] | None = None) -> str:
-    """Which of :data:`PROBES` makes the plain fit equal itself: a cause, or that none did."""
+def probe_nondeterminism(name: str, timeout_s: float, env: dict[str, str] | None = None,
+                         control: str = "fit_ctl") -> str:
+    """Which of :data:`PROBES` makes the plain run of ``control`` (``fit_ctl``, ``function_ctl``) equal itself: a
+    cause, or that none did."""
+    what = "fit" if control == "fit_ctl" else "tf.function loop"
     for label, probe in PROBES:
-        _say(f"  {name}: plain fit differs from itself; probing with {label}")
-        entry = run_model(name, ("fit_ctl",), timeout_s, {**(env or {}), **probe}).get("paths", {}).get("fit_ctl", {})
+        _say(f"  {name}: plain {what} differs from itself; probing with {label}")
+        entry = run_model(name, (control,), timeout_s, {**(env or {}), **probe}).get("paths", {}).get(control, {})
         if entry.get("identical"):
             return f"deterministic with {label}"
     return "still nondeterministic with oneDNN off, op determinism and one thread: cause not found"
@@ -421,7 +517,10 @@ def _cell(entry: dict[str, Any] | None) -> str:
         text = "same"
     else:
         text = f"DIFF {entry['max_abs_diff']:.1e}" if entry["max_abs_diff"] else "DIFF bits"
-    if "recomputed" in entry:
+    if "clones_swapped" in entry:  # function_hybrid
+        text += (f" ({entry['recomputed']} recomputed; {entry['swaps']} swaps, {entry['clones_swapped']} of clones, "
+                 f"{entry['clone_swapouts_ran']} of those ran; {entry['order_edges']} order edges)")
+    elif "recomputed" in entry:
         text += f" ({entry['recomputed']} recomputed)"
     elif entry.get("swapped") == 0:
         text += " (0 swaps)"
@@ -444,24 +543,40 @@ def _op_changes(entry: dict[str, Any] | None) -> str:
     return text
 
 
+#: the paths whose op-type changes the table shows: fit_t1's, else the first of the others that ran.
+OP_CHANGE_PATHS = ("fit_t1", "function", "function_hybrid", "fit_budget", "fit_recompute")
+
+
+def _op_changes_of(result: dict[str, Any]) -> str:
+    """The table's op-type changes of one run: fit_t1's, else those of the first tflms path that ran, named."""
+    for path in OP_CHANGE_PATHS:
+        entry = result["paths"].get(path)
+        if entry and "error" not in entry:
+            text = _op_changes(entry)
+            return text if path == "fit_t1" else f"{path}: {text}"
+    return "-"
+
+
 def table(results: list[dict[str, Any]]) -> str:
     width = {p: max([16] + [len(_cell(r["paths"].get(p))) + 2 for r in results if "paths" in r]) for p in PATHS}
     header = (f"{'model':<20}{'in':>4}  " + "".join(f"{p:<{width[p]}}" for p in PATHS)
-              + f"{'sec':>6}  op-type changes (fit_t1)")
+              + f"{'sec':>6}  op-type changes (fit_t1, else the path named)")
     lines = [header, "-" * len(header)]
     for r in results:
         if "paths" not in r:
             lines.append(f"{r['model']:<20}{'':>4}  {r['error']}")
             continue
         cells = "".join(f"{_cell(r['paths'].get(p)):<{width[p]}}" for p in PATHS)
-        changes = _op_changes(r["paths"].get("fit_t1"))
+        changes = _op_changes_of(r)
         lines.append(f"{r['model']:<20}{r['input']:>4}  {cells}{r['seconds']:>6.0f}  {changes}")
     notes = []
     for r in results:
         for path in ("fit_ctl", "function_ctl"):
             entry = r.get("paths", {}).get(path)
             if entry and "error" not in entry and not entry["identical"]:
-                cause = r.get("nondeterminism", "not probed (--probe)")
+                probed = r.get("probed")
+                cause = (r.get("nondeterminism") if probed == path else "not probed (--probe)" if probed is None
+                         else f"not probed (--probe probed {probed}, the first control that differed)")
                 notes.append(f"  {r['model']}: plain {path[:-4]} is nondeterministic ({entry['first_difference']}); "
                              f"{cause}")
         if "paths" in r and r.get("error"):
@@ -479,15 +594,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", help="comma-separated names or globs (default: every family)")
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK_PATHS)}")
-    parser.add_argument("--paths", help=f"comma-separated subset of {', '.join(PATHS)}")
+    parser.add_argument("--paths", help=f"comma-separated subset of {', '.join(PATHS)} (function_hybrid: every "
+                        "recomputable op recomputed, the order pinned, then swaps that may take clones' outputs; "
+                        "`--paths function_ctl,function_hybrid --input 64 --batch 4`)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per model (default 1800)")
     parser.add_argument("--input", default=",".join(DEFAULT_INPUTS),
                         help="comma-separated input sides, each run for every model ('min': its minimum; a side "
                              "below a model's minimum is raised to it; default: %(default)s). At the minimum the "
                              "simulated peak is at the weight update, so the budget path swaps nothing")
     parser.add_argument("--probe", action="store_true",
-                        help="when a plain fit differs from itself, retry it with oneDNN off / op determinism / "
-                             "one thread to name the cause")
+                        help="when a plain fit (or tf.function loop, without fit_ctl) differs from itself, retry "
+                             "it with oneDNN off / op determinism / one thread to name the cause")
     parser.add_argument("--batch", type=int, help=f"batch size of every fit and step (default {BATCH}); "
                         "`--paths fit_ctl,fit_recompute --batch 16 --input 224` trains with recompute plans")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-' for stdout)")
@@ -525,9 +642,11 @@ def main(argv: list[str] | None = None) -> int:
         env = {ENV_INPUT: str(side)}  # the worker reads its input side from it
         result = run_model(name, paths, args.timeout, env)
         result.setdefault("input", side)
-        ctl = result.get("paths", {}).get("fit_ctl") or {}
-        if args.probe and ctl.get("identical") is False:
-            result["nondeterminism"] = probe_nondeterminism(name, args.timeout, env)
+        differing = [p for p in ("fit_ctl", "function_ctl")
+                     if (result.get("paths", {}).get(p) or {}).get("identical") is False]
+        if args.probe and differing:
+            result["nondeterminism"] = probe_nondeterminism(name, args.timeout, env, differing[0])
+            result["probed"] = differing[0]
         results.append(result)
         _say(f"[{i}/{len(runs)}] {name} at {side}: " + ", ".join(
             [f"{p} {_cell(e)}" for p, e in result.get("paths", {}).items()] + [result.get("error") or ""]).strip(", "))
