@@ -103,7 +103,8 @@ def _traced_and_preoptimized(source: Any, args: Sequence[Any], kwargs: dict[str,
     if concrete is None:
         return None, source
     from tflms.ir import preoptimize
-    return concrete, preoptimize.preoptimize(concrete, _observer(concrete, example_inputs))
+    return concrete, preoptimize.preoptimize(concrete, _observer(concrete, example_inputs),
+                                             _ran_check(concrete, example_inputs))
 
 
 def _observer(concrete: Any, example_inputs: Sequence[Any] | None) -> Callable[[Any, Any], Any] | None:
@@ -113,6 +114,15 @@ def _observer(concrete: Any, example_inputs: Sequence[Any] | None) -> Callable[[
     from tflms.measure.accumulations import observe_accumulation_orders
     return lambda function, adds: observe_accumulation_orders(function, list(example_inputs), adds,
                                                               variables=concrete.graph.variables)
+
+
+def _ran_check(concrete: Any, example_inputs: Sequence[Any] | None) -> Callable[[Any, Any], Any] | None:
+    """How LOAD learns which ops TensorFlow's own run of ``concrete`` has: one call with ``example_inputs``."""
+    if example_inputs is None:
+        return None
+    from tflms.measure.accumulations import ops_that_ran
+    return lambda function, names: ops_that_ran(function, list(example_inputs), names,
+                                                variables=concrete.graph.variables)
 
 
 def rewrite(source: Any, config: LMSConfig | None = None, *args: Any, copy_op: str = DEFAULT_COPY_OP,

@@ -46,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from tflms._compat import grappler as compat
@@ -184,16 +184,22 @@ def _restore(optimized, func_graph, originals, feeds, unplaced, device: str):
     return graph_def, tuple(outputs[i] for i in range(len(func_graph.outputs)))
 
 
-def preoptimized_graph_def(concrete_function):
+def preoptimized_graph_def(concrete_function, *, memory_optimizer: bool = True):
     """Grappler's optimization of ``concrete_function``'s graph, as TensorFlow would do at instantiation.
 
     Returns ``(graph_def, output_names)``: the optimized graph with the original
     argument placeholders, and the tensors that now produce each output.
+    ``memory_optimizer=False`` leaves grappler's memory optimizer out (it makes no
+    accumulator), for a step whose instantiation made none (:func:`preoptimize`).
     """
     func_graph = concrete_function.graph
     device = compat.default_device()
     graph_def, fetch, originals, feeds, unplaced = _instantiation_like(func_graph, device)
-    optimized = compat.run_grappler(graph_def, fetch, compat.function_call_config())
+    config = compat.function_call_config()
+    if not memory_optimizer:
+        from tensorflow.core.protobuf import rewriter_config_pb2
+        config.graph_options.rewrite_options.memory_optimization = rewriter_config_pb2.RewriterConfig.NO_MEM_OPT
+    optimized = compat.run_grappler(graph_def, fetch, config)
     return _restore(optimized, func_graph, originals, feeds, unplaced, device)
 
 
@@ -219,6 +225,9 @@ ORDER_GPU_INLINE = "gpu-inline"  # a GPU's executor: inexpensive kernels inline,
 #: ``observe(unpinned function, {accumulator: its AssignAdd names}) -> {accumulator: AssignAdd names in the
 #: order they ran}``; raises :class:`~tflms.errors.TflmsError` saying why it could not observe.
 Observer = Callable[[Any, Mapping[str, Sequence[str]]], Mapping[str, Sequence[str]]]
+#: ``ran(the user's function, node names) -> the names among them that ran in one call of it``
+#: (:func:`tflms.measure.accumulations.ops_that_ran`); raises :class:`~tflms.errors.TflmsError` saying why not.
+RanCheck = Callable[[Any, Iterable[str]], set]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,7 +243,7 @@ class AccumulatorPin:
         return {"result": self.result, "order": list(self.order), "source": self.source, "why": self.why}
 
 
-def preoptimize(concrete_function, observe: Observer | None = None):
+def preoptimize(concrete_function, observe: Observer | None = None, ran: RanCheck | None = None):
     """LOAD: a ``ConcreteFunction`` running grappler's optimization of ``concrete_function``'s graph.
 
     It captures the same variables and has the same signature; rewrite it (its
@@ -243,13 +252,20 @@ def preoptimize(concrete_function, observe: Observer | None = None):
     (XLA, not grappler, decides what runs). ``observe``: how to learn the order in
     which this machine's executor sums each grappler accumulator on a CPU
     (:func:`pin_accumulations`); without it a CPU's usual order is assumed.
+
+    ``ran``: how to learn whether TensorFlow's own instantiation of ``concrete_function`` makes the
+    accumulators the pre-pass made on a CPU (one call of the user's step, its variables restored). The
+    memory optimizer's choice follows a schedule grappler's cost model predicts, and a difference too
+    small to find between the pre-pass and instantiation can tip it (docs/design.md, "Exceptions to
+    bitwise"; keras.applications ResNet50 at 64x64, batch 4). Where instantiation made none of them, the
+    pre-pass runs again without the memory optimizer, as TensorFlow's run of the step left it.
     """
     if _xla_compiled(concrete_function) or compat.is_grappler_done(concrete_function):
         return concrete_function
     cached, observable = _PREOPTIMIZED.get(concrete_function, (None, False))
     if cached is not None and not (observable and observe is not None):
         return cached
-    new, observable = _preoptimize(concrete_function, observe)
+    new, observable = _preoptimize(concrete_function, observe, ran)
     _PREOPTIMIZED[concrete_function] = (new, observable)
     return new
 
@@ -259,7 +275,7 @@ def accumulator_pins(function) -> tuple[AccumulatorPin, ...]:
     return _PINS.get(function, ())
 
 
-def _preoptimize(concrete_function, observe: Observer | None):
+def _preoptimize(concrete_function, observe: Observer | None, ran: RanCheck | None = None):
     try:
         graph_def, outputs = preoptimized_graph_def(concrete_function)
     except NonPlaceholderInputError as err:
@@ -273,13 +289,16 @@ def _preoptimize(concrete_function, observe: Observer | None):
                        "original (docs/design.md, 'Bitwise under grappler')", concrete_function.graph.name,
                        "/".join(lowered))
         return concrete_function, False
-    graph = tf_io.from_graph_def(graph_def)
-    signature = tf_io.signature_of(concrete_function)
-    graph.signature = dataclasses.replace(signature, output_names=outputs)
+    graph = _graph_of(concrete_function, graph_def, outputs)
     name = f"{concrete_function.graph.name}_optimized"
     default_device = compat.default_device()
     on_cpu = {result.name: [a.name for a in adds] for result, adds in _accumulations(graph)
               if not _on_gpu(result, default_device)}
+    if on_cpu and ran is not None and not _made_by_instantiation(concrete_function, on_cpu, ran):
+        graph_def, outputs = preoptimized_graph_def(concrete_function, memory_optimizer=False)
+        graph = _graph_of(concrete_function, graph_def, outputs)
+        on_cpu = {result.name: [a.name for a in adds] for result, adds in _accumulations(graph)
+                  if not _on_gpu(result, default_device)}
     observed, why = None, ("no call of the step to observe (tflms.function and the Keras callback observe their "
                            "first call)")
     if on_cpu and observe is not None:
@@ -300,6 +319,38 @@ def _preoptimize(concrete_function, observe: Observer | None):
     logger.debug("tflms: grappler took %s from %d to %d nodes", concrete_function.graph.name,
                  len(concrete_function.graph.get_operations()), len(graph_def.node))
     return new, bool(on_cpu) and observe is None  # a failed observation is not tried again
+
+
+def _graph_of(concrete_function, graph_def, outputs):
+    """The IR of a pre-optimized ``graph_def`` of ``concrete_function``, with its signature."""
+    graph = tf_io.from_graph_def(graph_def)
+    graph.signature = dataclasses.replace(tf_io.signature_of(concrete_function), output_names=outputs)
+    return graph
+
+
+def _made_by_instantiation(concrete_function, adds: Mapping[str, Sequence[str]], ran: RanCheck) -> bool:
+    """Whether TensorFlow's instantiation of ``concrete_function`` makes the accumulators ``adds`` (``{result:
+    its AssignAdd names}``) the pre-pass made: ``True`` when it makes them all, or when that cannot be learned
+    (logged); ``False`` when it makes none of them (logged)."""
+    try:
+        seen = ran(concrete_function, [n for names in adds.values() for n in names])
+    except TflmsError as err:
+        logger.warning("tflms: could not check whether TensorFlow itself makes the %d grappler accumulator(s) the "
+                       "pre-pass made (%s); keeping them, so training may differ from the original in the last bits "
+                       "(docs/design.md, 'Exceptions to bitwise')", len(adds), err)
+        return True
+    made = [result for result, names in adds.items() if set(names) <= seen]
+    if not made:
+        logger.info("tflms: TensorFlow's own run of the step made none of the %d grappler accumulator(s) the pre-pass "
+                    "made (%s); pre-optimizing without grappler's memory optimizer, as that run was", len(adds),
+                    ", ".join(sorted(adds)[:3]))
+        return False
+    if len(made) < len(adds):
+        logger.warning("tflms: TensorFlow's own run of the step made %d of the %d grappler accumulator(s) the "
+                       "pre-pass made (not %s); keeping them all, so training may differ from the original in the "
+                       "last bits (docs/design.md, 'Exceptions to bitwise')", len(made), len(adds),
+                       ", ".join(sorted(set(adds) - set(made))[:3]))
+    return True
 
 
 def _accumulations(graph):

@@ -48,10 +48,39 @@ def observe_accumulation_orders(function: Any, args: Sequence[Any], adds: Mappin
     captures); their values are restored after the call.
     Raises :class:`ObservationError` saying why when the order cannot be observed.
     """
+    start = time.perf_counter()
+    ended = end_order(_profiled_call(function, args, variables), {n for names in adds.values() for n in names})
+    orders = {}
+    for result, names in adds.items():
+        seen = [n for n in ended if n in set(names)]
+        if sorted(seen) != sorted(names):
+            missing = sorted(set(names) - set(seen))
+            raise ObservationError(f"the trace holds {len(seen)} of the {len(names)} AssignAdds of {result!r} "
+                                   f"(missing {missing[:3]})")
+        orders[result] = tuple(seen)
+    logger.info("tflms: observed the summation order of %d grappler accumulator(s) in one call (%.1f s)",
+                len(orders), time.perf_counter() - start)
+    return orders
+
+
+def ops_that_ran(function: Any, args: Sequence[Any], names: Iterable[str], *,
+                 variables: Iterable[Any]) -> set[str]:
+    """Which of the node ``names`` ran in one call ``function(*args)`` (TensorFlow's profiler; ``variables``
+    restored after the call, as :func:`observe_accumulation_orders` does).
+
+    Called with the user's own step, it tells what TensorFlow's instantiation made of it: whether grappler
+    turned an ``AddN`` into the accumulator whose ``AssignAdd`` s are named here.
+    Raises :class:`ObservationError` saying why when the call cannot be made or traced.
+    """
+    return set(end_order(_profiled_call(function, args, variables), names))
+
+
+def _profiled_call(function: Any, args: Sequence[Any], variables: Iterable[Any]) -> bytes:
+    """The serialized ``XSpace`` of one call ``function(*args)`` under TensorFlow's profiler (host ops only); the
+    ``variables`` are read before the call and assigned back after it."""
     import numpy as np
     import tensorflow as tf
 
-    start = time.perf_counter()
     try:
         variables = list(variables)
         restorable = {id(v.handle) for v in variables}
@@ -86,18 +115,7 @@ def observe_accumulation_orders(function: Any, args: Sequence[Any], adds: Mappin
         paths = sorted(pathlib.Path(logdir).rglob("*.xplane.pb"))
         if not paths:
             raise ObservationError("the profiler wrote no trace")
-        ended = end_order(paths[0].read_bytes(), {n for names in adds.values() for n in names})
-    orders = {}
-    for result, names in adds.items():
-        seen = [n for n in ended if n in set(names)]
-        if sorted(seen) != sorted(names):
-            missing = sorted(set(names) - set(seen))
-            raise ObservationError(f"the trace holds {len(seen)} of the {len(names)} AssignAdds of {result!r} "
-                                   f"(missing {missing[:3]})")
-        orders[result] = tuple(seen)
-    logger.info("tflms: observed the summation order of %d grappler accumulator(s) in one call (%.1f s)",
-                len(orders), time.perf_counter() - start)
-    return orders
+        return paths[0].read_bytes()
 
 
 def end_order(xspace_bytes: bytes, names: Iterable[str]) -> list[str]:
