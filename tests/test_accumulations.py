@@ -92,6 +92,25 @@ def test_observing_a_call_reads_every_accumulator_and_leaves_the_variables_as_th
     assert any(b.tobytes() != v.numpy().tobytes() for b, v in zip(before, concrete.graph.variables))
 
 
+def test_ops_that_ran_names_the_ops_one_call_ran_and_restores_the_variables():
+    """What the pre-pass asks of the user's own step (does TensorFlow's run make this accumulator?): which of the
+    given node names ran in one call; a name that did not run is not among them, and the call leaves the
+    variables as they were."""
+    from tflms.measure.accumulations import ops_that_ran
+    v = tf.Variable([1.0, 2.0])
+
+    @tf.function
+    def step(x):
+        v.assign_add(tf.multiply(x, 2.0, name="doubled"))
+        return tf.reduce_sum(v)
+
+    concrete = step.get_concrete_function(tf.constant([1.0, 1.0]))
+    names = {op.name for op in concrete.graph.get_operations()}
+    assert "doubled" in names
+    assert ops_that_ran(concrete, [tf.constant([1.0, 1.0])], ["doubled", "never_there"], variables=[v]) == {"doubled"}
+    assert v.numpy().tolist() == [1.0, 2.0]
+
+
 def test_a_captured_resource_that_is_not_a_variable_is_not_observed():
     table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.float32, default_value=0.0)
 
