@@ -336,8 +336,8 @@ def _made_by_instantiation(concrete_function, adds: Mapping[str, Sequence[str]],
         seen = ran(concrete_function, [n for names in adds.values() for n in names])
     except TflmsError as err:
         logger.warning("tflms: could not check whether TensorFlow itself makes the %d grappler accumulator(s) the "
-                       "pre-pass made (%s); keeping them, so training may differ from the original in the last bits "
-                       "(docs/design.md, 'Exceptions to bitwise')", len(adds), err)
+                       "pre-pass made (%s); keeping them, so training may not be bitwise like the original's (an accumulator "
+                       "sums in another order; docs/design.md, 'Exceptions to bitwise')", len(adds), err)
         return True
     made = [result for result, names in adds.items() if set(names) <= seen]
     if not made:
@@ -347,8 +347,8 @@ def _made_by_instantiation(concrete_function, adds: Mapping[str, Sequence[str]],
         return False
     if len(made) < len(adds):
         logger.warning("tflms: TensorFlow's own run of the step made %d of the %d grappler accumulator(s) the "
-                       "pre-pass made (not %s); keeping them all, so training may differ from the original in the "
-                       "last bits (docs/design.md, 'Exceptions to bitwise')", len(made), len(adds),
+                       "pre-pass made (not %s); keeping them all, so training may not be bitwise like the original's "
+                       "(docs/design.md, 'Exceptions to bitwise')", len(made), len(adds),
                        ", ".join(sorted(set(adds) - set(made))[:3]))
     return True
 
