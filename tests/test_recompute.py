@@ -364,6 +364,31 @@ def test_the_ordered_hybrid_search_chooses_swaps_without_and_with_clones_offered
     assert "clones_swapped" not in recorded[0] and recorded[1]["clones_swapped"] > 0
 
 
+def test_the_order_first_hybrids_are_searched_when_the_fastest_fit_stalls_on_its_copies(monkeypatch):
+    """A hybrid that fits in level order can still stall on its copies (BERT-base at batch 270: +123.5%, where the
+    order-first search finds +29.8% at batch 300); past ``ORDERED_STALL_FRACTION`` of its step the order-first
+    search runs too, and the tuner keeps the fastest of all."""
+    from tflms.sim.simulator import simulate
+    from tflms.tune import hybrid
+    from tflms.tune.tuner import tune
+    *_, graph = _residual_bn_32()
+    base = simulate(graph, PROFILE)
+    budget = base.resident_bytes + int(0.65 * base.transient_peak_bytes)  # level-order hybrids fit here
+
+    def searched(fraction):
+        monkeypatch.setattr(hybrid, "ORDERED_STALL_FRACTION", fraction)
+        result = tune(graph, budget=budget, profile=PROFILE, strategies=["idle-time", "recompute"], enforce_order=True)
+        level = [c for c in result.candidates if c.strategy == "hybrid" and c.fits and "order_first" not in c.params]
+        first = [c for c in result.candidates if c.strategy == "hybrid" and "order_first" in c.params]
+        return result, level, first
+
+    result, level, first = searched(10.0)  # a fit never stalls for ten steps: no order-first search
+    assert level and not first
+    again, _, first = searched(-1.0)  # every fit "stalls" past this: searched
+    assert first
+    assert again.best.sim.step_time_s <= result.best.sim.step_time_s  # more candidates, never a slower choice
+
+
 def test_a_hybrid_ordered_before_its_swaps_is_what_runs_and_trains_bitwise():
     """The hybrid search also pins the recomputed step's memory-aware order before choosing its swaps: the
     winner's graph holds the clones, the swaps and the order's edges, simulates as judged, and trains bitwise."""
