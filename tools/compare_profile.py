@@ -280,9 +280,9 @@ def attention_times(section: dict[str, Any], profile) -> dict[str, Any]:
         nbytes = int(entry["tensor_bytes"])
         if nbytes != attention_tensor_bytes(shape, dtype):
             raise ValueError(f"--attention {dtype}: tensor_bytes {nbytes} is not a {shape} chain's tensor")
-        copies = {direction: {"measured_s": entry[f"{direction}_s"], "predicted_s": profile.copy_time_s(nbytes),
-                              "ratio": entry[f"{direction}_s"] / profile.copy_time_s(nbytes)}
-                  for direction in ("d2h", "h2d")}
+        copy_s = profile.copy_time_s(nbytes)  # either direction
+        copies = {direction: {"measured_s": entry[f"{direction}_s"], "predicted_s": copy_s,
+                              "ratio": entry[f"{direction}_s"] / copy_s} for direction in ("d2h", "h2d")}
         copy_predicted = sum(c["predicted_s"] for c in copies.values())
         measured_ratio, predicted_ratio = entry["chain_s"] / entry["copy_s"], chain / copy_predicted
         out["dtypes"][dtype] = {

@@ -292,13 +292,11 @@ def _preoptimize(concrete_function, observe: Observer | None, ran: RanCheck | No
     graph = _graph_of(concrete_function, graph_def, outputs)
     name = f"{concrete_function.graph.name}_optimized"
     default_device = compat.default_device()
-    on_cpu = {result.name: [a.name for a in adds] for result, adds in _accumulations(graph)
-              if not _on_gpu(result, default_device)}
+    on_cpu = _cpu_accumulations(graph, default_device)
     if on_cpu and ran is not None and not _made_by_instantiation(concrete_function, on_cpu, ran):
         graph_def, outputs = preoptimized_graph_def(concrete_function, memory_optimizer=False)
         graph = _graph_of(concrete_function, graph_def, outputs)
-        on_cpu = {result.name: [a.name for a in adds] for result, adds in _accumulations(graph)
-                  if not _on_gpu(result, default_device)}
+        on_cpu = _cpu_accumulations(graph, default_device)
     observed, why = None, ("no call of the step to observe (tflms.function and the Keras callback observe their "
                            "first call)")
     if on_cpu and observe is not None:
@@ -319,6 +317,12 @@ def _preoptimize(concrete_function, observe: Observer | None, ran: RanCheck | No
     logger.debug("tflms: grappler took %s from %d to %d nodes", concrete_function.graph.name,
                  len(concrete_function.graph.get_operations()), len(graph_def.node))
     return new, bool(on_cpu) and observe is None  # a failed observation is not tried again
+
+
+def _cpu_accumulations(graph, default_device: str) -> dict[str, list[str]]:
+    """``{accumulator: its AssignAdd names}`` of the accumulators in ``graph`` that are not on a GPU."""
+    return {result.name: [a.name for a in adds] for result, adds in _accumulations(graph)
+            if not _on_gpu(result, default_device)}
 
 
 def _graph_of(concrete_function, graph_def, outputs):

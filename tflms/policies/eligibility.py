@@ -46,8 +46,9 @@ def swapping_clones() -> Iterator[None]:
     wait on the device across another branch's backward pass; swapping it is what fits DenseNet-121 at batch 1108
     and (with the memory-aware order pinned first, :func:`tflms.tune.hybrid._ordered_hybrids`) ResNet-50 at batch
     999 on v100-16gb-pcie3. Offered clones where it fits without them, the greedy searches chose slower plans
-    (BERT-base at batch 329: 25.0 s a step against 21.6 s), so the hybrid search offers them only when no hybrid
-    fits without, and nothing else ever swaps a clone: it is rebuilt where it is read.
+    (BERT-base at batch 329: 25.0 s a step against 21.6 s), so the level-order hybrid search offers them only
+    when no hybrid fits without, and the order-first one searches both without and with them; nothing else ever
+    swaps a clone: it is rebuilt where it is read.
     """
     token = _SWAP_CLONES.set(True)
     try:

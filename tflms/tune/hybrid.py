@@ -12,10 +12,11 @@ least get swaps for what is left (``hybrid``): the swap tuner's idle-time search
 the clones in it (``nested``, :func:`tflms.tune.tuner.tune`), so every swap is judged with the
 recomputes in place; when none fits, again with a clone's output offered to the swap searches too
 (:func:`tflms.policies.eligibility.swapping_clones`; first without: offered clones, the greedy searches chose a
-slower plan for BERT-base at batch 329). When none of those hybrids fits and the pipeline will pin a
-memory-aware order, the swap searches ``ordered`` runs (the tuner's: the idle-time searches and the distance
-rules) choose swaps on each graph with its memory-aware order pinned first (:func:`_ordered_hybrids`), as
-:func:`tflms.tune.search.search_order_first` does for swaps alone, a clone offered too.
+slower plan for BERT-base at batch 329). When none of those hybrids fits, or the fastest that fits stalls on its
+copies for more than :data:`ORDERED_STALL_FRACTION` of its step, and the pipeline will pin a memory-aware order,
+the swap searches ``ordered`` runs (the tuner's: the idle-time searches and the distance rules) choose swaps on
+each graph with its memory-aware order pinned first (:func:`_ordered_hybrids`), as
+:func:`tflms.tune.search.search_order_first` does for swaps alone, without and with a clone offered.
 
 With ``recompute="only"`` there are no swaps: the sets alone, and between the largest price that does not
 fit and the smallest that does, a bisection on the ranking for the cheapest set that fits.
