@@ -137,7 +137,7 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     so the finalists (:func:`judge_ordered`) are judged again with the order's edges, and one that fits
     only in that order can win; and, when no plan fits at zero overhead yet, the no-overhead search runs
     again with that order pinned before the swaps (:func:`tflms.tune.search.search_order_first`; not with
-    ``first_fit`` or ``compress``).
+    ``first_fit`` or ``compress``), before the recompute search, which a plan it fits spares.
     ``prune``: after the searches, the fastest fitting candidate's plan is judged again with waits instead of
     the swaps that go out and straight back, without the swaps fitting does not need, with merged swap-ins,
     without the waits for swap-outs it does not need and the others split or later, and with earlier swap-ins
@@ -215,7 +215,24 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
         if name in strategies or (name == "vdnn" and set(strategies) & set(OPT_IN_STRATEGIES)):
             search()
     recomputes = only or (config.recompute != RECOMPUTE_OFF and "recompute" in strategies)
+    # the no-overhead search with the order pinned before the swaps (see the docstring's ``enforce_order``)
+    order_first = (enforce_order and "idle-time-no-overhead" in strategies and not base.fits and not first_fit
+                   and compress is None and not only)
+
+    def order_first_fits() -> list:
+        def no_overhead_search(ordered: Analysis) -> list:
+            # (the search on the ordered step checks there whether copies can hide: level order's peak is elsewhere)
+            return swap_tune(ordered, ["idle-time-no-overhead"], prune=False)[1]
+        return [c for c in search_order_first(ev, baseline, no_overhead_search) if c.fits]
+
+    ordered_free = None  # what the order-first search fitted, once it has run
     # (a swap plan that fits at no cost leaves recompute nothing to gain)
+    if recomputes and not base.fits and not free(c for c in ev.candidates if c.fits) and not found():
+        if order_first:
+            # before the recompute search, which it can spare: on keras.applications ResNet50 (64x64, batch 8) at
+            # 55% of its peak the order-first plan fits at no cost, and the recompute search took two thirds of
+            # a 60 s tune to find nothing faster
+            ordered_free = order_first_fits()
     if recomputes and not base.fits and not free(c for c in ev.candidates if c.fits) and not found():
         idle = [s for s in strategies if s in ("idle-time", "idle-time-no-overhead")]
 
@@ -239,18 +256,16 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
     order = ("none",) + STRATEGIES + OPT_IN_STRATEGIES + RECOMPUTE_STRATEGIES
     rank = lambda c: (c.sim.step_time_s, c.swapped_bytes, order.index(c.strategy))  # noqa: E731
     fitting = [c for c in ev.candidates if c.fits]
-    swaps_only = [c for c in fitting if c.plan is None or not c.plan.recomputes]  # (a hybrid's swaps were pruned)
+    # (a hybrid's swaps were pruned; an order-first plan's swaps were chosen for its pinned order)
+    swaps_only = [c for c in fitting if (c.plan is None or not c.plan.recomputes)
+                  and not (c.order or {}).get("before_swaps")]
     if prune and swaps_only and not first_fit:
         from tflms.tune.prune import prune_swaps
         pruned = prune_swaps(ev, min(swaps_only, key=rank))
         if pruned is not None and pruned.fits:
             fitting.append(pruned)
-    if (enforce_order and "idle-time-no-overhead" in strategies and not base.fits and not first_fit
-            and compress is None and not free(fitting) and not only):  # (free: nothing left to gain)
-        # (the search on the ordered step checks there whether copies can hide: level order's peak is elsewhere)
-        def no_overhead_search(ordered: Analysis) -> list:
-            return swap_tune(ordered, ["idle-time-no-overhead"], prune=False)[1]
-        fitting += [c for c in search_order_first(ev, baseline, no_overhead_search) if c.fits]
+    if order_first and ordered_free is None and not free(fitting):  # (free: nothing left to gain)
+        fitting += order_first_fits()
     if not fitting:
         smallest = min(ev.candidates, key=lambda c: ev.need(c.sim))
         error = BudgetError(
