@@ -62,6 +62,19 @@ def test_the_order_pinned_first_fits_at_no_cost_where_nothing_else_does(step_gra
     assert "order_first" not in without.best.params and without.overhead > 0.01, without.best.params
 
 
+def test_a_plan_the_order_pinned_first_fits_at_no_cost_spares_the_recompute_search(step_graph, monkeypatch):
+    """The order-first search runs before the recompute search: where it fits at no cost, recompute has nothing to
+    gain and is not searched; without it (the control) the same tune searches recompute plans."""
+    import tflms.tune.tuner as tuner
+    graph, budget = step_graph
+    result = tuner.tune(graph, budget=budget, profile=SLOW, enforce_order=True)
+    assert result.best.params.get("order_first") and result.overhead <= 0.001, result.best.params
+    assert not [c for c in result.candidates if c.strategy in ("recompute", "hybrid")]
+    monkeypatch.setattr(tuner, "search_order_first", lambda ev, baseline, search: [])
+    without = tuner.tune(graph, budget=budget, profile=SLOW, enforce_order=True)
+    assert [c for c in without.candidates if c.strategy == "recompute"], "the control searched no recompute plan"
+
+
 def test_the_order_pinned_first_is_not_searched_without_the_order_pass_or_the_strategy(step_graph):
     from tflms.errors import BudgetError
     from tflms.tune.tuner import tune
