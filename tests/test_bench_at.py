@@ -79,6 +79,21 @@ def test_at_runs_every_method_at_the_given_size_and_writes_no_file(capsys):
         assert f"| mlp-tiny | {SIZE} | {method} |" in table, method
 
 
+def test_tune_log_has_every_candidate_the_full_tune_judged(tmp_path, capsys):
+    """--tune-log: one line per candidate of the tflms full tune (model, profile, size, seconds, the tuner's own
+    progress line), as many as the tune judged; and no log is kept open or written after the run."""
+    from benchlib import search
+    log = tmp_path / "tune.log"
+    assert bench.main(["--at", f"mlp-tiny={SIZE}", "--profiles", PROFILE, "--json", "--tune-log", str(log)]) == 0
+    best = next(r for r in json.loads(capsys.readouterr().out) if r["method"] == "tflms-best")
+    lines = log.read_text().splitlines()
+    assert lines and all(line.startswith(f"mlp-tiny {PROFILE} {SIZE} ") for line in lines), lines[:3]
+    assert any(" tflms-distance {" in line and ": peak " in line and ", step " in line for line in lines), lines[:3]
+    assert search.tune_log is None
+    chosen = best["detail"].split("; chose ", 1)[1].split(" {", 1)[0]
+    assert any(f" s  {chosen} " in line for line in lines), (chosen, lines[-3:])
+
+
 def test_at_size_gives_what_the_search_gives_at_its_common_size():
     """One code path: --at at a search's common batch reproduces that search's rows at it."""
     steps = Steps()

@@ -84,6 +84,10 @@ one table per profile with each method's overhead, peak with headroom, whether i
 It compares figures taken at fixed sizes (an earlier report's common batches) like for like
 (docs/regressions.md). It writes no file unless ``--results``/``--plots`` is given, and runs no extras.
 
+``--tune-log FILE`` writes every full tune's progress to FILE, a line per candidate the tuner judged (model,
+profile, size, seconds into the tune, then the candidate's strategy, parameters, peak with headroom and step
+time, and why it missed): the figures behind a ``tflms-best`` row, e.g. each recompute plan's peak.
+
 ``--curve`` adds, after each batch model's search, its throughput curve (``benchlib.curve``): simulated
 samples/s against batch size at ``--curve-points`` (default 6) batches evenly spaced from ``none``'s
 maximum to the swap-only bound's, ends included. At each batch every method runs as at the common batch
@@ -104,6 +108,7 @@ or ``--plots`` is given. Progress goes to stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -212,6 +217,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON records instead of the Markdown report")
     parser.add_argument("--results", help="write the Markdown report here (default docs/results.md without --json)")
     parser.add_argument("--plots", help="directory for timeline PNGs (default docs/plots without --json)")
+    parser.add_argument("--tune-log", metavar="FILE",
+                        help="write every full tune's progress lines (each candidate judged: its peak and step time) "
+                             "to FILE, e.g. the recompute plans' peaks behind a tflms-best row")
     parser.add_argument("--curve", action="store_true",
                         help="also samples/s against batch size, from none's maximum to the swap-only bound, every "
                              "method (batch models; a table, a plot per model and profile, a report section)")
@@ -220,6 +228,16 @@ def main(argv=None) -> int:
     parser.add_argument("--no-extras", action="store_true",
                         help="skip the compute-model calibration (with resnet50) and vDNN like for like (with vgg16)")
     args = parser.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        if args.tune_log:
+            from benchlib import search
+            search.tune_log = stack.enter_context(open(args.tune_log, "w", encoding="utf-8"))
+            stack.callback(setattr, search, "tune_log", None)
+        return _run(parser, args, argv)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, argv) -> int:
+    """:func:`main` once the arguments are parsed."""
 
     from tflms.sim import get_profile
     from tflms.units import parse_bytes

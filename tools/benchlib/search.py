@@ -302,6 +302,11 @@ def run_model_profile(steps: Steps, model: str, profile_name: str, budget: int |
     return results
 
 
+#: A text file every full tune's progress lines go to (``bench.py --tune-log``; ``None``: nowhere): each candidate the
+#: tuner judged, its peak with headroom and step time, after the model, profile, size and seconds into the tune.
+tune_log = None
+
+
 def run_methods_at(steps: Steps, model: str, profile, budget_bytes: int, options, size: int,
                    results: dict[str, MethodResult]) -> None:
     """Every method at one ``size``: its overhead, graph, simulation and choice, into ``results``.
@@ -339,9 +344,15 @@ def run_methods_at(steps: Steps, model: str, profile, budget_bytes: int, options
     # evaluate: its wall time is the time of the last of them, its choice the fastest of them that fits.
     t0 = time.perf_counter()
     stamps: list[tuple[float, str]] = []
+
+    def progress(msg: str) -> None:
+        stamps.append((time.perf_counter() - t0, msg))
+        if tune_log is not None:
+            tune_log.write(f"{model} {profile.name} {size} {stamps[-1][0]:8.1f} s  {msg}\n")
+            tune_log.flush()
     try:
         tuned = tune(plain, budget=budget_bytes, profile=profile, sim_options=options, enforce_order=True,
-                     progress=lambda msg: stamps.append((time.perf_counter() - t0, msg)))
+                     progress=progress)
     except BudgetError as err:
         tuned, error = None, str(err)
     total = time.perf_counter() - t0
