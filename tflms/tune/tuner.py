@@ -225,15 +225,16 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
             return swap_tune(ordered, ["idle-time-no-overhead"], prune=False)[1]
         return [c for c in search_order_first(ev, baseline, no_overhead_search) if c.fits]
 
-    ordered_free = None  # what the order-first search fitted, once it has run
-    # (a swap plan that fits at no cost leaves recompute nothing to gain)
-    if recomputes and not base.fits and not free(c for c in ev.candidates if c.fits) and not found():
-        if order_first:
-            # before the recompute search, which it can spare: on keras.applications ResNet50 (64x64, batch 8) at
-            # 55% of its peak the order-first plan fits at no cost, and the recompute search took two thirds of
-            # a 60 s tune to find nothing faster
-            ordered_free = order_first_fits()
-    if recomputes and not base.fits and not free(c for c in ev.candidates if c.fits) and not found():
+    def recompute_pays() -> bool:  # (a swap plan that fits at no cost leaves recompute nothing to gain)
+        return recomputes and not base.fits and not free(c for c in ev.candidates if c.fits) and not found()
+
+    order_first_ran = order_first and recompute_pays()
+    if order_first_ran:
+        # before the recompute search, which its fits (recorded in ev.candidates) can spare: on keras.applications
+        # ResNet50 (64x64, batch 8) at 55% of its peak the order-first plan fits at no cost, and the recompute
+        # search took two thirds of a 60 s tune to find nothing faster
+        order_first_fits()
+    if recompute_pays():
         idle = [s for s in strategies if s in ("idle-time", "idle-time-no-overhead")]
 
         def swaps_on(recomputed: Analysis, searched: list[str] = idle) -> list:
@@ -264,7 +265,7 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
         pruned = prune_swaps(ev, min(swaps_only, key=rank))
         if pruned is not None and pruned.fits:
             fitting.append(pruned)
-    if order_first and ordered_free is None and not free(fitting):  # (free: nothing left to gain)
+    if order_first and not order_first_ran and not free(fitting):  # (free: nothing left to gain)
         fitting += order_first_fits()
     if not fitting:
         smallest = min(ev.candidates, key=lambda c: ev.need(c.sim))
