@@ -38,7 +38,7 @@ def insert_recomputes(graph: Graph, decisions: Sequence[RecomputeDecision]) -> l
             if name in graph:
                 raise GraphError(f"an op named {name!r} already exists: is {original!r} recomputed twice?")
             op = graph.op(original)
-            inputs, _ = clone_inputs(op, chain, trigger)
+            inputs, _ = clone_inputs(op, chain, trigger, decision.copy)
             graph.add_op(name, op.type, inputs=inputs, device=op.device, attrs=op.attrs, outputs=op.outputs,
                          node_def=op.node_def)
             inserted.append(name)
@@ -46,7 +46,7 @@ def insert_recomputes(graph: Graph, decisions: Sequence[RecomputeDecision]) -> l
             members = set(readers)
             for consumer, index in graph.consumers(ref):
                 if consumer in members:
-                    graph.set_input(consumer, index, TensorRef(clone_name(ref.op), ref.index))
+                    graph.set_input(consumer, index, TensorRef(clone_name(ref.op, decision.copy), ref.index))
     return inserted
 
 

@@ -22,7 +22,7 @@ per second of recompute, Capuchin's rule; :mod:`tflms.tune.hybrid` searches). Th
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from tflms.analysis.cto import Analysis, Category
 from tflms.ir.graph import TensorRef
@@ -34,11 +34,13 @@ from tflms.policies.swapplan import Skip, find_trigger
 MAX_CHAIN_OPS = 12
 #: The most ops chains joined by :func:`select` may hold together (one trigger region of the backward pass).
 MAX_JOINED_OPS = 32
+#: The most times one op is cloned (its first clone and the re-runs :func:`plan_recomputes` may add).
+MAX_COPIES = 4
 
 
-def clone_name(op: str) -> str:
-    """The deterministic name of ``op``'s clone."""
-    return CLONE_PREFIX + op
+def clone_name(op: str, copy: int = 0) -> str:
+    """The deterministic name of ``op``'s clone (its ``copy``-th: a chain op re-run again, :func:`plan_recomputes`)."""
+    return CLONE_PREFIX + op if copy == 0 else f"{CLONE_PREFIX}{op}/again{copy}"
 
 
 def gate_name(ref: TensorRef, trigger: str) -> str:
@@ -46,7 +48,8 @@ def gate_name(ref: TensorRef, trigger: str) -> str:
     return f"{CLONE_PREFIX}gate_{ref.op}_{ref.index}_after_{trigger}"
 
 
-def clone_inputs(op, chain: frozenset[str] | set[str], trigger: str) -> tuple[list[TensorRef], list[TensorRef]]:
+def clone_inputs(op, chain: frozenset[str] | set[str], trigger: str, copy: int = 0
+                 ) -> tuple[list[TensorRef], list[TensorRef]]:
     """``(the clone's inputs, the tensors gated)``: each input from outside the chain comes through a gate, an
     ``Identity`` with the trigger as its control input; a clone reading only clones has its first input gated.
 
@@ -54,7 +57,7 @@ def clone_inputs(op, chain: frozenset[str] | set[str], trigger: str) -> tuple[li
     ``Pad`` before a ``Conv2D`` must have exactly two: TensorFlow aborts on a third, a control edge), and the
     gate is an ``Identity`` no pass merges. It forwards its input's buffer: no copy, no memory.
     """
-    inputs = [TensorRef(clone_name(ref.op), ref.index) if ref.op in chain else ref for ref in op.inputs]
+    inputs = [TensorRef(clone_name(ref.op, copy), ref.index) if ref.op in chain else ref for ref in op.inputs]
     outside = [ref for ref in op.inputs if ref.op not in chain]
     gated = list(dict.fromkeys(outside)) if outside else inputs[:1]
     gates = {ref: TensorRef(gate_name(ref, trigger), 0) for ref in gated}
@@ -82,11 +85,13 @@ class RecomputeDecision:
     gates: tuple[tuple[str, TensorRef, str], ...] = ()
     #: every op the decision inserts, in insertion order: before each clone, the gates it is the first to read
     inserted: tuple[str, ...] = ()
+    #: 0, or which re-run this is of ops an earlier decision of the same chain also clones (``split_levels``)
+    copy: int = 0
 
     @property
     def clones(self) -> tuple[str, ...]:
         """The clones' names (one per op of the chain)."""
-        return tuple(clone_name(op) for op in self.ops)
+        return tuple(clone_name(op, self.copy) for op in self.ops)
 
     def triggers_by_name(self) -> dict[str, str]:
         """What each inserted op (a gate or a clone) waits for, by name."""
@@ -144,10 +149,18 @@ def chain_for(analysis: Analysis, target: str, *,
     return tuple(sorted(chain, key=lambda n: (analysis.levels[n], n))), None
 
 
-def plan_recomputes(analysis: Analysis, ops: Iterable[str], *, ahead: int = 1
+def plan_recomputes(analysis: Analysis, ops: Iterable[str], *, ahead: int = 1, split_levels: int | None = None
                     ) -> tuple[tuple[RecomputeDecision, ...], tuple[Skip, ...]]:
     """Decisions that re-run ``ops`` (forward ops, e.g. the union of :func:`chain_for` chains), one per connected
     chain, with their triggers; ops whose clone would serve no reader or find no trigger are skipped.
+
+    A clone that feeds other clones runs with the earliest of them, and then waits for its own readers: in a long
+    chain (a checkpointed segment of several layers) the first layers' clones wait through the last layers'
+    backward pass. With ``split_levels``, an op whose own trigger comes more than that many levels after the
+    trigger of the clones it feeds is re-run again for its own readers, with what it reads inside the chain (a
+    second decision of the chain, ``copy`` 1, its clones named ``.../again1``; and so on, at most
+    :data:`MAX_COPIES` clones of one op): time for memory, as a chain split in two would be, but from the same
+    kept tensors.
 
     Deterministic: the same analysis and ops give the same decisions, in level order.
     """
@@ -161,14 +174,14 @@ def plan_recomputes(analysis: Analysis, ops: Iterable[str], *, ahead: int = 1
     while True:  # an op whose clone finds no trigger leaves the set, and the chains are formed again
         decisions, dropped, unread = [], [], []
         for members in _chains(analysis, chosen):
-            decision, missing = _decide(analysis, members, ahead)
-            if decision is None and missing:
+            decided, missing = _decide(analysis, members, ahead, split_levels=split_levels)
+            if decided is None and missing:
                 dropped.extend(missing)
-            elif decision is None:
+            elif decided is None:
                 unread.append(Skip(TensorRef(members[-1], 0), "no-backward-reader",
                                    "nothing outside the forward pass reads this chain's outputs"))
             else:
-                decisions.append(decision)
+                decisions.extend(decided)
         if not dropped:
             return tuple(decisions), tuple(skipped + unread)
         for name in sorted(dropped):
@@ -199,61 +212,93 @@ def _chains(analysis: Analysis, chosen: set[str]) -> list[list[str]]:
                   key=lambda g: (levels[g[0]], g[0]))
 
 
-def _decide(analysis: Analysis, members: Sequence[str], ahead: int
-            ) -> tuple[RecomputeDecision | None, list[str]]:
-    """The decision for one chain, or ``(None, the ops whose clone finds no trigger)`` (``[]``: no reader)."""
+def _decide(analysis: Analysis, members: Sequence[str], ahead: int, *, split_levels: int | None = None,
+            copy: int = 0, serves: frozenset[str] | None = None) -> tuple[list[RecomputeDecision] | None, list[str]]:
+    """The decisions for one chain (its re-runs after the first, see :func:`plan_recomputes`), or ``(None, the ops
+    whose clone finds no trigger)`` (``[]``: no reader). ``serves``: the ops whose backward readers this re-run
+    serves (default: all; the others only feed them)."""
     graph, levels = analysis.graph, analysis.levels
     chain = frozenset(members)
-    tensors, readers = [], []
+    own: dict[str, list[tuple[TensorRef, tuple[str, ...]]]] = {}
     for name in members:
-        for index, _ in enumerate(graph.op(name).outputs):
-            ref = TensorRef(name, index)
-            rs = _backward_readers(analysis, ref, chain)
-            if rs:
-                tensors.append(ref)
-                readers.append(rs)
-    if not tensors:
+        if serves is None or name in serves:
+            for index, _ in enumerate(graph.op(name).outputs):
+                ref = TensorRef(name, index)
+                rs = _backward_readers(analysis, ref, chain)
+                if rs:
+                    own.setdefault(name, []).append((ref, rs))
+    if not own:
         return None, []
     top = max(levels[n] for n in members)
+
+    def earliest(options):
+        return min(options, key=lambda n: (levels[n], n))
+
     # each clone's trigger: before its own first backward reader, or the earliest trigger of the clones it feeds
     trigger: dict[str, str | None] = {}
-    missing = []
+    missing, again = [], []
     for name in reversed(members):
-        options = []
-        own = [rs[0] for ref, rs in zip(tensors, readers) if ref.op == name]
-        if own:
+        own_trigger = None
+        if name in own:
             # a clone serving its own readers must run before the first of them: its own trigger or none (a
             # later trigger of a clone it feeds could depend on that reader: a cycle)
-            first = min(own, key=lambda n: (levels[n], n))
-            found = find_trigger(analysis, first, top, levels[first] - ahead)
-            if found is None:
+            first = earliest(rs[0] for _, rs in own[name])
+            own_trigger = find_trigger(analysis, first, top, levels[first] - ahead)
+            if own_trigger is None:
                 missing.append(name)
-            options.append(found)
-        for consumer, _ in (c for index, _ in enumerate(graph.op(name).outputs)
-                            for c in graph.consumers(TensorRef(name, index))):
-            if consumer in chain:
-                options.append(trigger[consumer])
-        options = [t for t in options if t is not None]
-        trigger[name] = min(options, key=lambda n: (levels[n], n)) if options else None
+        fed = [trigger[c] for index, _ in enumerate(graph.op(name).outputs)
+               for c, _ in graph.consumers(TensorRef(name, index)) if c in chain and trigger[c] is not None]
+        feeder = earliest(fed) if fed else None
+        if (split_levels is not None and own_trigger is not None and feeder is not None and copy + 1 < MAX_COPIES
+                and levels[own_trigger] - levels[feeder] > split_levels):
+            again.append(name)  # it feeds now and is re-run for its own readers, rather than wait for them
+            own.pop(name)
+            trigger[name] = feeder
+            continue
+        options = [t for t in (own_trigger, feeder) if t is not None]
+        trigger[name] = earliest(options) if options else None
     missing += [n for n in members if trigger[n] is None and n not in missing]
     if missing:
         return None, missing
+    decisions = [_decision(analysis, members, own, trigger, copy)]
+    if again:
+        # the ops to re-run again: those waiting and what they read inside the chain, back to its sources
+        rerun, stack = set(again), list(again)
+        while stack:
+            for ref in graph.op(stack.pop()).inputs:
+                if ref.op in chain and ref.op not in rerun:
+                    rerun.add(ref.op)
+                    stack.append(ref.op)
+        later, missing = _decide(analysis, [n for n in members if n in rerun], ahead, split_levels=split_levels,
+                                 copy=copy + 1, serves=frozenset(again))
+        if later is None:
+            return None, missing
+        decisions += later
+    return decisions, []
+
+
+def _decision(analysis: Analysis, members: Sequence[str], own: dict[str, list[tuple[TensorRef, tuple[str, ...]]]],
+              trigger: Mapping[str, str], copy: int) -> RecomputeDecision:
+    graph, levels = analysis.graph, analysis.levels
+    chain = frozenset(members)
+    served = [pair for name in members for pair in own.get(name, ())]
+    tensors = tuple(ref for ref, _ in served)
     sources = sorted({ref for name in members for ref in graph.op(name).inputs if ref.op not in chain},
                      key=lambda r: (levels[r.op], r.op, r.index))
     num_bytes = sum(graph.tensor(ref).num_bytes or 0 for ref in tensors)
     gates: dict[str, tuple[str, TensorRef, str]] = {}
     inserted: list[str] = []
     for name in members:
-        for ref in clone_inputs(graph.op(name), chain, trigger[name])[1]:
+        for ref in clone_inputs(graph.op(name), chain, trigger[name], copy)[1]:
             gate = gate_name(ref, trigger[name])
             if gate not in gates:
                 gates[gate] = (gate, ref, trigger[name])
                 inserted.append(gate)
-        inserted.append(clone_name(name))
-    return RecomputeDecision(ops=tuple(members), tensors=tuple(tensors), readers=tuple(readers),
+        inserted.append(clone_name(name, copy))
+    return RecomputeDecision(ops=tuple(members), tensors=tensors, readers=tuple(rs for _, rs in served),
                              num_bytes=num_bytes, sources=tuple(sources),
                              triggers=tuple(trigger[n] for n in members), gates=tuple(gates.values()),
-                             inserted=tuple(inserted)), []
+                             inserted=tuple(inserted), copy=copy)
 
 
 @dataclasses.dataclass(frozen=True)
