@@ -356,12 +356,14 @@ def test_regression_layernorm_without_swaps_is_bitwise():
 
 
 # ------------------------------------------------------------- recompute plans (issue 27)
-def _recompute_plan(graph: Graph, picks: list[bool], with_swaps: bool):
-    """A recompute plan of ``graph`` from the candidates ``picks`` selects (by rank), with TFLMS-rule swaps on the
-    recomputed graph when ``with_swaps`` (the hybrid's shape: swaps may serve clones)."""
+def _recompute_plan(graph: Graph, picks: list[bool], with_swaps: bool, split: int | None = None,
+                    segments: int | None = None):
+    """A recompute plan of ``graph`` from the candidates ``picks`` selects (by rank), or from ``segments``
+    checkpointed segments, its chains re-run again past ``split`` levels (``plan_recomputes(split_levels=)``), with
+    TFLMS-rule swaps on the recomputed graph when ``with_swaps`` (the hybrid's shape: swaps may serve clones)."""
     from tflms.analysis.cto import analyze_graph
     from tflms.passes.swaps import apply_swaps
-    from tflms.policies.recompute import plan_recomputes, rank_candidates
+    from tflms.policies.recompute import plan_recomputes, rank_candidates, segment_ops
     from tflms.policies.swapplan import SwapPlan
     from tflms.policies.tflms_rules import plan_swaps
     from tflms.profiles import get_profile
@@ -370,7 +372,9 @@ def _recompute_plan(graph: Graph, picks: list[bool], with_swaps: bool):
     analysis = analyze_graph(graph)
     ranked, _ = rank_candidates(analysis, lambda n: op_time_s(graph, graph.op(n), profile))
     chosen = {op for c, pick in zip(ranked, picks * (len(ranked) // max(1, len(picks)) + 1)) if pick for op in c.chain}
-    decisions, _ = plan_recomputes(analysis, chosen)
+    if segments is not None:
+        chosen = segment_ops(analysis, segments)
+    decisions, _ = plan_recomputes(analysis, chosen, split_levels=split)
     config = LMSConfig(swapout_threshold=1, accelerator_device="/device:GPU:0")
     plan = SwapPlan(config, "/device:GPU:0", (), (), recomputes=decisions)
     if with_swaps and decisions:
@@ -383,26 +387,30 @@ def _recompute_plan(graph: Graph, picks: list[bool], with_swaps: bool):
 
 @pytest.mark.slow  # 1000 examples per CI run
 @IR_SETTINGS
-@given(recipe=ir_recipes(), picks=st.lists(st.booleans(), min_size=1, max_size=8), with_swaps=st.booleans())
-def test_ir_recompute_plans_are_lint_clean_acyclic_and_deterministic(recipe, picks, with_swaps):
+@given(recipe=ir_recipes(), picks=st.lists(st.booleans(), min_size=1, max_size=8), with_swaps=st.booleans(),
+       split=st.sampled_from([None, 0, 2]), segments=st.sampled_from([None, 1, 2]))
+def test_ir_recompute_plans_are_lint_clean_acyclic_and_deterministic(recipe, picks, with_swaps, split, segments):
     from tflms.passes.swaps import apply_swaps
     graph = build_ir_step(recipe)
     before = serialized(graph)
-    plan = _recompute_plan(graph, picks, with_swaps)
+    plan = _recompute_plan(graph, picks, with_swaps, split, segments)
     result = apply_swaps(graph, plan)
     assert serialized(graph) == before, "apply_swaps changed its input graph"
     result.graph.lint()
     assert nx.is_directed_acyclic_graph(result.graph.to_networkx()), "the recomputed graph has a cycle"
     assert len(result.graph) == len(graph) + len(result.report)
-    again = apply_swaps(build_ir_step(recipe), _recompute_plan(build_ir_step(recipe), picks, with_swaps))
+    again = apply_swaps(build_ir_step(recipe), _recompute_plan(build_ir_step(recipe), picks, with_swaps, split,
+                                                                    segments))
     assert serialized(again.graph) == serialized(result.graph), "same graph + picks gave another rewrite"
-    event(f"{'recomputes' if plan.recomputes else 'no recomputes'}, {'swaps' if plan.swaps else 'no swaps'}")
+    event(f"{'recomputes' if plan.recomputes else 'no recomputes'}, {'swaps' if plan.swaps else 'no swaps'}, "
+          f"{'re-run again' if any(r.copy for r in plan.recomputes) else 'none re-run again'}")
 
 
 @TF_SETTINGS
 @pytest.mark.slow
-@given(recipe=tf_recipes(), picks=st.lists(st.booleans(), min_size=1, max_size=8), with_swaps=st.booleans())
-def test_recompute_plans_train_bitwise(recipe, picks, with_swaps):
+@given(recipe=tf_recipes(), picks=st.lists(st.booleans(), min_size=1, max_size=8), with_swaps=st.booleans(),
+       split=st.sampled_from([None, 0, 2]), segments=st.sampled_from([None, 1, 2]))
+def test_recompute_plans_train_bitwise(recipe, picks, with_swaps, split, segments):
     """Random Keras DAGs with random recompute plans train 2 steps bitwise like tf.function; with ``with_swaps``,
     the distance rules also swap on the recomputed step (the hybrid's shape: a clone may be swapped too)."""
     import tensorflow as tf
@@ -421,7 +429,7 @@ def test_recompute_plans_train_bitwise(recipe, picks, with_swaps):
             if "fn" not in state:
                 pre = preoptimize(traced.get_concrete_function(x, y))
                 graph = tf_io.load_graph(pre)
-                plan = _recompute_plan(graph, picks, with_swaps=with_swaps)
+                plan = _recompute_plan(graph, picks, with_swaps=with_swaps, split=split, segments=segments)
                 state["plan"] = plan
                 result = apply_swaps(graph, plan)
                 state["fn"] = _build(result.graph, pre, result.report)
@@ -433,5 +441,6 @@ def test_recompute_plans_train_bitwise(recipe, picks, with_swaps):
     mine, fn = train_two_steps(recipe, recomputed)
     plan = fn.state["plan"]
     event(f"{'recomputes' if plan.recomputes else 'no recomputes'}, "
-          f"{'a clone swapped' if any(is_clone(s.tensor.op) for s in plan.swaps) else 'no clone swapped'}")
+          f"{'a clone swapped' if any(is_clone(s.tensor.op) for s in plan.swaps) else 'no clone swapped'}, "
+          f"{'re-run again' if any(r.copy for r in plan.recomputes) else 'none re-run again'}")
     assert_bitwise_equal(plain, mine, f"{len(fn.state['plan'].recomputes)} recompute chains vs tf.function, {recipe}")

@@ -15,7 +15,7 @@ import networkx as nx
 import pytest
 import tensorflow as tf
 
-from tflms.analysis.cto import analyze_graph
+from tflms.analysis.cto import Category, analyze_graph
 from tflms.config import LMSConfig
 from tflms.ir import tf_io
 from tflms.ir.graph import TensorRef
@@ -25,6 +25,7 @@ from tflms.pipeline import _build
 from tflms.policies.recompute import MAX_COPIES, clone_name, plan_recomputes, segment_ops
 from tflms.policies.swapplan import SwapPlan
 from tflms.profiles import get_profile
+from tflms.report import RewriteReport
 from tflms.sim.simulator import simulate
 from tflms.testing import (assert_bitwise_equal, build_model, make_batches, make_train_step, op_type_counts,
                            record_run_metadata, snapshot)
@@ -68,6 +69,8 @@ def test_each_tensor_is_served_once_by_the_copy_its_readers_read(mha):
     assert nx.is_directed_acyclic_graph(rewritten.to_networkx())
     for d in split.recomputes:
         assert d.clones == tuple(clone_name(op, d.copy) for op in d.ops)
+        top = max(analysis.levels[n] for n in d.ops)
+        assert all(analysis.categories[t] is not Category.FORWARD or analysis.levels[t] > top for t in d.triggers)
         assert all(c.endswith(f"/again{d.copy}") == (d.copy > 0) for c in d.clones)
         for ref, readers in zip(d.tensors, d.readers):
             for reader in readers:
@@ -79,6 +82,12 @@ def test_each_tensor_is_served_once_by_the_copy_its_readers_read(mha):
     # a later copy re-runs only ops an earlier copy of the chain clones too
     first = {op for d in split.recomputes if d.copy == 0 for op in d.ops}
     assert {op for d in split.recomputes if d.copy for op in d.ops} <= first
+    # the report says so
+    report = RewriteReport(plan=split, graph_summary={}, inserted_ops=tuple(apply_swaps(mha, split).report),
+                           timings_s={})
+    again = sum(1 for d in split.recomputes if d.copy)
+    assert f"{len(split.recomputes) - again} chains, and {again} re-runs of a chain's first ops" in report.table()
+    assert [r["copy"] for r in report.to_dict()["recomputes"]] == [d.copy for d in split.recomputes]
     # deterministic
     again = apply_swaps(mha, _plan(mha, 3)[1]).graph
     assert tf_io.to_graph_def(rewritten).SerializeToString(deterministic=True) == tf_io.to_graph_def(

@@ -148,7 +148,7 @@ class RewriteReport:
             "recomputes": [{
                 "ops": list(r.ops), "clones": list(r.clones), "tensors": [t.name for t in r.tensors],
                 "readers": [list(rs) for rs in r.readers], "bytes": r.num_bytes,
-                "sources": [t.name for t in r.sources], "triggers": list(r.triggers),
+                "sources": [t.name for t in r.sources], "triggers": list(r.triggers), "copy": r.copy,
             } for r in self.plan.recomputes],
             "skipped": [{"tensor": k.tensor.name, "reason": k.reason, "detail": k.detail}
                         for k in self.plan.skipped],
@@ -218,7 +218,9 @@ class RewriteReport:
             adds = (self.tuning or {}).get("recompute_time_s")
             lines.append(f"recomputed: {self.num_recomputed} tensors, {format_bytes(self.recomputed_bytes)}, by "
                          f"{sum(len(r.ops) for r in self.plan.recomputes)} cloned ops in "
-                         f"{len(self.plan.recomputes)} chains"
+                         f"{sum(1 for r in self.plan.recomputes if not r.copy)} chains"
+                         + (f", and {again} re-runs of a chain's first ops for their own readers"
+                            if (again := sum(1 for r in self.plan.recomputes if r.copy)) else "")
                          + (f"; they add {adds * 1e3:.2f} ms of compute (simulated)" if adds is not None else ""))
             shown_r = self.plan.recomputes if max_rows is None else self.plan.recomputes[:max_rows]
             short = (lambda n: n) if wide else _short

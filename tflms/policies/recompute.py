@@ -213,10 +213,12 @@ def _chains(analysis: Analysis, chosen: set[str]) -> list[list[str]]:
 
 
 def _decide(analysis: Analysis, members: Sequence[str], ahead: int, *, split_levels: int | None = None,
-            copy: int = 0, serves: frozenset[str] | None = None) -> tuple[list[RecomputeDecision] | None, list[str]]:
+            copy: int = 0, serves: frozenset[str] | None = None, top: int | None = None
+            ) -> tuple[list[RecomputeDecision] | None, list[str]]:
     """The decisions for one chain (its re-runs after the first, see :func:`plan_recomputes`), or ``(None, the ops
     whose clone finds no trigger)`` (``[]``: no reader). ``serves``: the ops whose backward readers this re-run
-    serves (default: all; the others only feed them)."""
+    serves (default: all; the others only feed them); ``top``: the whole chain's highest level (a trigger comes
+    after it)."""
     graph, levels = analysis.graph, analysis.levels
     chain = frozenset(members)
     own: dict[str, list[tuple[TensorRef, tuple[str, ...]]]] = {}
@@ -229,7 +231,7 @@ def _decide(analysis: Analysis, members: Sequence[str], ahead: int, *, split_lev
                     own.setdefault(name, []).append((ref, rs))
     if not own:
         return None, []
-    top = max(levels[n] for n in members)
+    top = max(levels[n] for n in members) if top is None else top
 
     def earliest(options):
         return min(options, key=lambda n: (levels[n], n))
@@ -270,7 +272,7 @@ def _decide(analysis: Analysis, members: Sequence[str], ahead: int, *, split_lev
                     rerun.add(ref.op)
                     stack.append(ref.op)
         later, missing = _decide(analysis, [n for n in members if n in rerun], ahead, split_levels=split_levels,
-                                 copy=copy + 1, serves=frozenset(again))
+                                 copy=copy + 1, serves=frozenset(again), top=top)
         if later is None:
             return None, missing
         decisions += later
