@@ -367,7 +367,8 @@ def test_the_ordered_hybrid_search_chooses_swaps_without_and_with_clones_offered
 def test_the_order_first_hybrids_are_searched_when_the_fastest_fit_stalls_on_its_copies(monkeypatch):
     """A hybrid that fits in level order can still stall on its copies (BERT-base at batch 270: +123.5%, where the
     order-first search finds +29.8% at batch 300); past ``ORDERED_STALL_FRACTION`` of its step the order-first
-    search runs too, and the tuner keeps the fastest of all."""
+    search runs too, and the split stage (segment plans re-run again, with swaps), and the tuner keeps the fastest
+    of all."""
     from tflms.sim.simulator import simulate
     from tflms.tune import hybrid
     from tflms.tune.tuner import tune
@@ -384,8 +385,12 @@ def test_the_order_first_hybrids_are_searched_when_the_fastest_fit_stalls_on_its
 
     result, level, first = searched(10.0)  # a fit never stalls for ten steps: no order-first search
     assert level and not first
+    assert not [c for c in result.candidates if "split" in c.params]  # nor the split stage
     again, _, first = searched(-1.0)  # every fit "stalls" past this: searched
     assert first
+    split = [c for c in again.candidates if "split" in c.params]  # the split segment plans (and swaps for misses)
+    assert "recompute" in {c.strategy for c in split}
+    assert all(any(r.copy for r in c.plan.recomputes) for c in split)
     assert again.best.sim.step_time_s <= result.best.sim.step_time_s  # more candidates, never a slower choice
 
 

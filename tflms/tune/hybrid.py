@@ -16,9 +16,11 @@ slower plan for BERT-base at batch 329). When none of those hybrids fits, or the
 copies for more than :data:`ORDERED_STALL_FRACTION` of its step, and the pipeline will pin a memory-aware order,
 the swap searches ``ordered`` runs (the tuner's: the idle-time searches and the distance rules) choose swaps on
 each graph with its memory-aware order pinned first (:func:`_ordered_hybrids`), as
-:func:`tflms.tune.search.search_order_first` does for swaps alone, without and with a clone offered.
+:func:`tflms.tune.search.search_order_first` does for swaps alone, without and with a clone offered. In the same
+case the segment plans are judged once more with a segment's first layers re-run again for their own backward
+pass (:data:`SEGMENT_SPLITS`), and the closest misses among them get swaps too (:func:`_split_hybrids`).
 
-With ``recompute="only"`` there are no swaps: the sets alone, and between the largest price that does not
+With ``recompute="only"`` there are no swaps: the sets alone (the split segment plans among them), and between the largest price that does not
 fit and the smallest that does, a bisection on the ranking for the cheapest set that fits.
 """
 
@@ -46,9 +48,9 @@ if TYPE_CHECKING:
 PRICES = (0.05, 0.25, 1.0, 4.0)
 #: Prices within checkpointed segments (``None``: every op of a segment is re-run, as Chen et al.).
 SEGMENT_PRICES = (None, 1.0, 0.25)
-#: ``split_levels`` of :func:`~tflms.policies.recompute.plan_recomputes` tried on each segment plan besides none:
-#: a segment's first layers re-run again for their own backward pass when their clones would wait more than this
-#: many levels. BERT-base at batch 324 on v100-16gb-pcie3, 8 segments: the enforced order's peak 24.71 GiB at
+#: ``split_levels`` of :func:`~tflms.policies.recompute.plan_recomputes` tried on each segment plan where the
+#: hybrids found no fast fit (:func:`_split_hybrids`): a segment's first layers re-run again for their own backward
+#: pass when their clones would wait more than this many levels. BERT-base at batch 324 on v100-16gb-pcie3, 8 segments: the enforced order's peak 24.71 GiB at
 #: 12.74 s without, 19.35 GiB at 14.20 s with 10 (docs/design.md, "Re-running a segment's first layers again").
 SEGMENT_SPLITS = (10,)
 #: Simulations :func:`_relax` may take.
@@ -62,8 +64,9 @@ ORDERED_STALL_FRACTION = 0.2
 #: Simulations the bisection of ``recompute="only"`` may take.
 ONLY_BISECTIONS = 8
 #: The most candidates one search records: a recompute plan per price and per (segments, price), the
-#: relaxation's trials, the hybrids, the bisection of ``"only"``.
-MAX_CANDIDATES = (len(PRICES) + 2 * len(SEGMENT_PRICES) * (1 + len(SEGMENT_SPLITS)) + RELAX_BISECTIONS + HYBRIDS
+#: relaxation's trials, the hybrids, the bisection of ``"only"``, and the split stage's plans and hybrids
+#: (:func:`_split_hybrids`).
+MAX_CANDIDATES = (len(PRICES) + 2 * len(SEGMENT_PRICES) * (1 + len(SEGMENT_SPLITS)) + RELAX_BISECTIONS + 2 * HYBRIDS
                   + ONLY_BISECTIONS)
 
 
@@ -100,6 +103,7 @@ def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
             judge(count, price)
     added.extend(_segment_candidates(ev, times, skipped))
     if only:
+        added.extend(_segment_candidates(ev, times, skipped, splits=SEGMENT_SPLITS))
         if len(ranked) not in counts:
             counts.append(len(ranked))
             judge(len(ranked), None)
@@ -121,10 +125,39 @@ def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
                 hybrids += hybrids_of_misses()
         added.extend(hybrids)
         fastest = min((h for h in hybrids if h.fits), key=lambda h: h.sim.step_time_s, default=None)
-        if ordered is not None and (fastest is None  # (a fitting one is judged in the order later)
-                                    or fastest.sim.stall_time_s > ORDERED_STALL_FRACTION * fastest.sim.step_time_s):
-            for c in misses[:HYBRIDS]:
-                added.extend(_ordered_hybrids(ev, c, ev.graphs[id(c)], ordered))
+        if fastest is None or fastest.sim.stall_time_s > ORDERED_STALL_FRACTION * fastest.sim.step_time_s:
+            if ordered is not None:  # (a fitting one is judged in the order later)
+                for c in misses[:HYBRIDS]:
+                    added.extend(_ordered_hybrids(ev, c, ev.graphs[id(c)], ordered))
+            added.extend(_split_hybrids(ev, times, skipped, added, nested, ordered))
+    return added
+
+
+def _split_hybrids(ev: TuneEvaluator, times: Mapping[str, float], skipped: tuple, judged: list[Candidate],
+                   nested: Callable[[Analysis], list[Candidate]],
+                   ordered: Callable[[Analysis], list[Candidate]] | None) -> list[Candidate]:
+    """The segment plans re-run again past :data:`SEGMENT_SPLITS` levels, and swaps for the :data:`HYBRIDS` of them
+    that miss the budget by least and are faster than every fit so far (ordered first when the pipeline pins an
+    order, else in level order; plans the simulator cannot tell apart get one search).
+
+    A later stage, not more plans beside the others: among the closest misses a split plan displaced the hybrid
+    that wins ResNet-50 at batch 481 on v100-16gb-pcie3 (+30.9% instead of +13.8%); it runs where the hybrids
+    found no fit, or only one that stalls on its copies (BERT-base at batch 324: +106.1% without it, +49.1% with).
+    """
+    added = _segment_candidates(ev, times, skipped, splits=SEGMENT_SPLITS)
+    limit = min((c.sim.step_time_s for c in [*judged, *added] if c.fits), default=float("inf"))
+    misses, seen = [], []
+    for c in sorted((c for c in added if not c.fits and c.sim.step_time_s < limit),
+                    key=lambda c: (ev.need(c.sim), c.sim.step_time_s)):
+        if not any(abs(c.sim.peak_bytes - o.sim.peak_bytes) <= 1e-3 * o.sim.peak_bytes
+                   and abs(c.sim.step_time_s - o.sim.step_time_s) <= 1e-3 * o.sim.step_time_s for o in seen):
+            seen.append(c)
+            misses.append(c)
+    for c in misses[:HYBRIDS]:
+        if ordered is not None:
+            added.extend(_ordered_hybrids(ev, c, ev.graphs[id(c)], ordered))
+        else:
+            added.extend(_hybrids(ev, c, ev.graphs[id(c)], nested))
     return added
 
 
@@ -264,10 +297,12 @@ def _bisect(ev: TuneEvaluator, judge: Callable[[int, float | None], Candidate | 
         judge(middle, None)
 
 
-def _segment_candidates(ev: TuneEvaluator, times: Mapping[str, float], skipped: tuple) -> list[Candidate]:
+def _segment_candidates(ev: TuneEvaluator, times: Mapping[str, float], skipped: tuple,
+                        splits: tuple[int, ...] = ()) -> list[Candidate]:
     """Graph-level checkpointing (Chen et al.): segments between kept articulations re-run before their backward
     pass; within them, an op whose re-run costs more than ``price`` times the two copies of its outputs is kept
-    instead (a matrix product whose output copies hide), for the swap tuner to swap or keep."""
+    instead (a matrix product whose output copies hide), for the swap tuner to swap or keep. With ``splits``: the
+    same plans re-run again past each of those levels instead (where that re-runs something)."""
     import math
     graph = ev.analysis.graph
     cuts = articulations(ev.analysis)
@@ -283,7 +318,7 @@ def _segment_candidates(ev: TuneEvaluator, times: Mapping[str, float], skipped: 
                 continue
             seen.add(ops)
             params = {"segments": segments, "price": "any" if price is None else price}
-            for split in (None, *SEGMENT_SPLITS):
+            for split in splits or (None,):
                 cand = _judge_ops(ev, times, ops, skipped, params if split is None else {**params, "split": split},
                                   split_only=split is not None)
                 if cand is not None:
