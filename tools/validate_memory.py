@@ -320,6 +320,27 @@ def threshold_rewrite(case: Case, threshold: int) -> Variant:
                    swapped_tensors=result.report.num_swapped)
 
 
+def segment_rewrite(case: Case, segments: int, split: int | None) -> Variant:
+    """Graph-level checkpointing with ``segments`` segments, every recomputable op of a segment re-run
+    (:func:`tflms.policies.recompute.segment_ops`), its chains re-run again past ``split`` levels
+    (``plan_recomputes(split_levels=)``); no swaps, no budget, no order pinned (the executor takes its own)."""
+    from tflms.analysis.cto import analyze_graph
+    from tflms.passes.swaps import apply_swaps
+    from tflms.policies.recompute import plan_recomputes, segment_ops
+    from tflms.policies.swapplan import SwapPlan
+    config = rewrite_config(recompute="only")
+    analysis = analyze_graph(case.graph)
+    decisions, _ = plan_recomputes(analysis, segment_ops(analysis, segments), split_levels=split)
+    if not decisions:
+        raise SystemExit(f"{case.model}: {segments} segments recompute nothing")
+    plan = SwapPlan(config, config.accelerator_device, (), (), recomputes=decisions)
+    graph = apply_swaps(case.graph, plan, copy_op="DeepCopy").graph
+    triggers = {clone: trigger for r in decisions for clone, trigger in zip(r.clones, r.triggers)}
+    params = {"segments": segments, "split": split, "cloned": len(triggers),
+              "re_runs": sum(1 for r in decisions if r.copy)}
+    return Variant(case.model, "rewritten", graph, params, clone_triggers=triggers)
+
+
 # ------------------------------------------------------------------------------------------------ validation
 
 
@@ -556,6 +577,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="tuner budget: resident + this fraction of the simulated transient peak")
     parser.add_argument("--threshold", type=int, default=None,
                         help="rewrite with this swapout_threshold instead of tuning")
+    parser.add_argument("--segments", type=int, default=None,
+                        help="recompute every segment of this many checkpointed segments instead of tuning (no "
+                             "swaps, no order pinned)")
+    parser.add_argument("--split", type=int, default=None,
+                        help="with --segments: re-run a chain's first ops again past this many levels "
+                             "(plan_recomputes(split_levels=))")
     parser.add_argument("--repeat", type=int, default=DEFAULT_REPEAT,
                         help="executor runs per graph (the table compares with the median run)")
     parser.add_argument("--calibrate", action="store_true",
@@ -570,6 +597,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeat must be >= 1")
     if args.threshold is not None and args.threshold < 1:
         parser.error("--threshold must be >= 1")
+    if args.segments is not None and (args.segments < 1 or args.threshold is not None):
+        parser.error("--segments must be >= 1, and not with --threshold")
+    if args.split is not None and (args.segments is None or args.split < 0):
+        parser.error("--split needs --segments and must be >= 0")
 
     t_start = time.perf_counter()
     progress("importing TensorFlow and Keras ...")
@@ -588,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         variants.append(Variant(case.model, "original", case.graph, {}))
         progress(f"choosing the rewrite of {case.model} ...")
         variants.append(threshold_rewrite(case, args.threshold) if args.threshold is not None
+                        else segment_rewrite(case, args.segments, args.split) if args.segments is not None
                         else tuned_rewrite(case, args.budget_fraction, args.free_order, profile=profile,
                                            recompute=args.recompute))
     with (beside_load() if args.load else contextlib.nullcontext()):
