@@ -281,6 +281,8 @@ def _decide(analysis: Analysis, members: Sequence[str], ahead: int, *, split_lev
 
 def _decision(analysis: Analysis, members: Sequence[str], own: dict[str, list[tuple[TensorRef, tuple[str, ...]]]],
               trigger: Mapping[str, str], copy: int) -> RecomputeDecision:
+    """The ``copy``-th decision of a chain: its clones, the gates they read through, and the tensors it serves
+    (``own``: by op, each tensor with its backward readers)."""
     graph, levels = analysis.graph, analysis.levels
     chain = frozenset(members)
     served = [pair for name in members for pair in own.get(name, ())]
