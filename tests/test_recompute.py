@@ -354,9 +354,10 @@ def test_the_ordered_hybrid_search_chooses_swaps_without_and_with_clones_offered
 
     def record(strategy, params, plan, sim, graph, policy, order=None, what=None):
         recorded.append(params)
-        return params
+        return types.SimpleNamespace(params=params, fits=False)
 
-    ev = types.SimpleNamespace(compress=None, profile=PROFILE, sim_options=None, copy_op="Identity", record=record)
+    ev = types.SimpleNamespace(compress=None, profile=PROFILE, sim_options=None, copy_op="Identity", record=record,
+                               graphs={})
     cand = types.SimpleNamespace(plan=recomputes, params={}, sim=simulate(rgraph, PROFILE))
     _ordered_hybrids(ev, cand, rgraph, nested)
     assert offered == [False, True]

@@ -53,6 +53,9 @@ SEGMENT_PRICES = (None, 1.0, 0.25)
 #: pass when their clones would wait more than this many levels. BERT-base at batch 324 on v100-16gb-pcie3, 8 segments: the enforced order's peak 24.71 GiB at
 #: 12.74 s without, 19.35 GiB at 14.20 s with 10 (docs/design.md, "Re-running a segment's first layers again").
 SEGMENT_SPLITS = (10,)
+#: A split plan that clones more than this many times the ops of the same segment plan unsplit is not given swaps:
+#: the re-runs of a chain whose every op reads every earlier one (a dense block's concatenations) re-run all of it.
+SPLIT_MAX_CLONES = 2.0
 #: Simulations :func:`_relax` may take.
 RELAX_BISECTIONS = 10
 #: Recompute plans that miss the budget which get swaps for the excess (the closest to fitting).
@@ -118,7 +121,7 @@ def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
         misses = sorted((c for c in added if not c.fits and c.sim.step_time_s < limit),
                         key=lambda c: (ev.need(c.sim), c.sim.step_time_s))
         def hybrids_of_misses() -> list[Candidate]:
-            return [h for c in misses[:HYBRIDS] for h in _hybrids(ev, c, ev.graphs[id(c)], nested)]
+            return [h for c in misses[:HYBRIDS] for h in _hybrids(ev, c, ev.graph_of(c), nested)]
         hybrids = hybrids_of_misses()
         if not any(h.fits for h in hybrids):
             with swapping_clones():  # the same searches, a clone offered too (DenseNet-121 at batch 1108 fits so)
@@ -128,7 +131,7 @@ def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
         if fastest is None or fastest.sim.stall_time_s > ORDERED_STALL_FRACTION * fastest.sim.step_time_s:
             if ordered is not None:  # (a fitting one is judged in the order later)
                 for c in misses[:HYBRIDS]:
-                    added.extend(_ordered_hybrids(ev, c, ev.graphs[id(c)], ordered))
+                    added.extend(_ordered_hybrids(ev, c, ev.graph_of(c), ordered))
             added.extend(_split_hybrids(ev, times, skipped, added, nested, ordered))
     return added
 
@@ -137,27 +140,39 @@ def _split_hybrids(ev: TuneEvaluator, times: Mapping[str, float], skipped: tuple
                    nested: Callable[[Analysis], list[Candidate]],
                    ordered: Callable[[Analysis], list[Candidate]] | None) -> list[Candidate]:
     """The segment plans re-run again past :data:`SEGMENT_SPLITS` levels, and swaps for the :data:`HYBRIDS` of them
-    that miss the budget by least and are faster than every fit so far (ordered first when the pipeline pins an
-    order, else in level order; plans the simulator cannot tell apart get one search).
+    that miss the budget by least and are faster than every fit so far, fastest first (ordered first when the
+    pipeline pins an order, else in level order; plans the simulator cannot tell apart get one search).
 
     A later stage, not more plans beside the others: among the closest misses a split plan displaced the hybrid
     that wins ResNet-50 at batch 481 on v100-16gb-pcie3 (+30.9% instead of +13.8%); it runs where the hybrids
-    found no fit, or only one that stalls on its copies (BERT-base at batch 324: +106.1% without it, +49.1% with).
+    found no fit, or only one that stalls on its copies (BERT-base at batch 324: +106.1% without it, +36.8% with).
     """
     added = _segment_candidates(ev, times, skipped, splits=SEGMENT_SPLITS)
+    cloned = {(c.params["segments"], c.params["price"]): c.params["cloned"] for c in judged
+              if c.strategy == "recompute" and "segments" in c.params and "kept" not in c.params}
     limit = min((c.sim.step_time_s for c in [*judged, *added] if c.fits), default=float("inf"))
     misses, seen = [], []
     for c in sorted((c for c in added if not c.fits and c.sim.step_time_s < limit),
                     key=lambda c: (ev.need(c.sim), c.sim.step_time_s)):
+        if c.params["cloned"] > SPLIT_MAX_CLONES * cloned.get((c.params["segments"], c.params["price"]), 0):
+            ev.graphs.pop(id(c), None)  # (its re-runs re-run most of it: not given swaps)
+            continue
         if not any(abs(c.sim.peak_bytes - o.sim.peak_bytes) <= 1e-3 * o.sim.peak_bytes
                    and abs(c.sim.step_time_s - o.sim.step_time_s) <= 1e-3 * o.sim.step_time_s for o in seen):
             seen.append(c)
             misses.append(c)
-    for c in misses[:HYBRIDS]:
-        if ordered is not None:
-            added.extend(_ordered_hybrids(ev, c, ev.graphs[id(c)], ordered))
-        else:
-            added.extend(_hybrids(ev, c, ev.graphs[id(c)], nested))
+    for c in misses[HYBRIDS:]:
+        ev.graphs.pop(id(c), None)  # (rebuilt from its plan if it were ever needed: the tune's memory at large batches)
+    # fastest first: a hybrid is no faster than its recompute plan, so once one fits at or below the next plan's
+    # step, the rest cannot win (BERT-base at 324: the first fits, one swap search instead of three)
+    for c in sorted(misses[:HYBRIDS], key=lambda c: c.sim.step_time_s):
+        if limit <= c.sim.step_time_s:
+            ev.graphs.pop(id(c), None)
+            continue
+        hybrids = (_ordered_hybrids(ev, c, ev.graph_of(c), ordered) if ordered is not None
+                   else _hybrids(ev, c, ev.graph_of(c), nested))
+        limit = min([limit, *(h.sim.step_time_s for h in hybrids if h.fits)])
+        added.extend(hybrids)
     return added
 
 
@@ -228,7 +243,19 @@ def _hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
             sim = simulate(graph, ev.profile, options=ev.sim_options)
         added.append(ev.record("hybrid", {**recompute.params, "swaps": c.strategy, **c.params, **_clones_swapped(plan)},
                                plan, sim, graph, c.policy, order=c.order))
-    return added
+    return _forget_misses(ev, added)
+
+
+def _forget_misses(ev: TuneEvaluator, hybrids: list[Candidate]) -> list[Candidate]:
+    """``hybrids``, the rewritten graphs of those that miss the budget dropped: a miss never wins, and the few that
+    :func:`tflms.tune.search.judge_ordered` judges again are rebuilt from their plans (``ev.graph_of``). A tune at a
+    large batch records dozens of hybrids; kept, their graphs took DenseNet-121's at batch 1143 to 24 GB."""
+    if ev.compress is not None:
+        return hybrids  # (a compressed graph is not what its plan rebuilds)
+    for h in hybrids:
+        if not h.fits:
+            ev.graphs.pop(id(h), None)
+    return hybrids
 
 
 def _with_recomputes(swaps: SwapPlan, recompute: SwapPlan) -> SwapPlan:
@@ -279,7 +306,7 @@ def _ordered_hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
         added.append(ev.record("hybrid", {**recompute.params, "swaps": c.strategy, **c.params, **_clones_swapped(plan),
                                           "order_first": edges}, plan, c.sim, graph, c.policy, order=order,
                                what=f"with the order pinned before the swaps ({edges} edges)"))
-    return added
+    return _forget_misses(ev, added)
 
 
 def _bisect(ev: TuneEvaluator, judge: Callable[[int, float | None], Candidate | None], counts: list[int]) -> None:
