@@ -56,6 +56,9 @@ SEGMENT_SPLITS = (10,)
 #: A split plan that clones more than this many times the ops of the same segment plan unsplit is not given swaps:
 #: the re-runs of a chain whose every op reads every earlier one (a dense block's concatenations) re-run all of it.
 SPLIT_MAX_CLONES = 2.0
+#: The split plans that get swaps (the fastest of the closest misses first): each is a full swap search on a graph
+#: of tens of thousands of ops, and with three DenseNet-121's tune at batch 1143 reached 24.2 GB of resident memory.
+SPLIT_HYBRIDS = 1
 #: Simulations :func:`_relax` may take.
 RELAX_BISECTIONS = 10
 #: Recompute plans that miss the budget which get swaps for the excess (the closest to fitting).
@@ -139,9 +142,10 @@ def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
 def _split_hybrids(ev: TuneEvaluator, times: Mapping[str, float], skipped: tuple, judged: list[Candidate],
                    nested: Callable[[Analysis], list[Candidate]],
                    ordered: Callable[[Analysis], list[Candidate]] | None) -> list[Candidate]:
-    """The segment plans re-run again past :data:`SEGMENT_SPLITS` levels, and swaps for the :data:`HYBRIDS` of them
-    that miss the budget by least and are faster than every fit so far, fastest first (ordered first when the
-    pipeline pins an order, else in level order; plans the simulator cannot tell apart get one search).
+    """The segment plans re-run again past :data:`SEGMENT_SPLITS` levels, and swaps for the fastest
+    :data:`SPLIT_HYBRIDS` of the :data:`HYBRIDS` that miss the budget by least and are faster than every fit so far
+    (ordered first when the pipeline pins an order, else in level order; plans the simulator cannot tell apart count
+    once).
 
     A later stage, not more plans beside the others: among the closest misses a split plan displaced the hybrid
     that wins ResNet-50 at batch 481 on v100-16gb-pcie3 (+30.9% instead of +13.8%); it runs where the hybrids
@@ -161,11 +165,12 @@ def _split_hybrids(ev: TuneEvaluator, times: Mapping[str, float], skipped: tuple
                    and abs(c.sim.step_time_s - o.sim.step_time_s) <= 1e-3 * o.sim.step_time_s for o in seen):
             seen.append(c)
             misses.append(c)
-    for c in misses[HYBRIDS:]:
-        ev.graphs.pop(id(c), None)  # (rebuilt from its plan if it were ever needed: the tune's memory at large batches)
     # fastest first: a hybrid is no faster than its recompute plan, so once one fits at or below the next plan's
-    # step, the rest cannot win (BERT-base at 324: the first fits, one swap search instead of three)
-    for c in sorted(misses[:HYBRIDS], key=lambda c: c.sim.step_time_s):
+    # step, the rest cannot win (BERT-base at 324: the first fits, at +36.8%)
+    fastest = sorted(misses[:HYBRIDS], key=lambda c: c.sim.step_time_s)
+    for c in [*misses[HYBRIDS:], *fastest[SPLIT_HYBRIDS:]]:
+        ev.graphs.pop(id(c), None)  # (rebuilt from its plan if it were ever needed: the tune's memory at large batches)
+    for c in fastest[:SPLIT_HYBRIDS]:
         if limit <= c.sim.step_time_s:
             ev.graphs.pop(id(c), None)
             continue
