@@ -354,10 +354,9 @@ def test_the_ordered_hybrid_search_chooses_swaps_without_and_with_clones_offered
 
     def record(strategy, params, plan, sim, graph, policy, order=None, what=None):
         recorded.append(params)
-        return types.SimpleNamespace(params=params, fits=False)
+        return params
 
-    ev = types.SimpleNamespace(compress=None, profile=PROFILE, sim_options=None, copy_op="Identity", record=record,
-                               graphs={})
+    ev = types.SimpleNamespace(compress=None, profile=PROFILE, sim_options=None, copy_op="Identity", record=record)
     cand = types.SimpleNamespace(plan=recomputes, params={}, sim=simulate(rgraph, PROFILE))
     _ordered_hybrids(ev, cand, rgraph, nested)
     assert offered == [False, True]

@@ -20,8 +20,9 @@ each graph with its memory-aware order pinned first (:func:`_ordered_hybrids`), 
 case the segment plans are judged once more with a segment's first layers re-run again for their own backward
 pass (:data:`SEGMENT_SPLITS`), and the closest misses among them get swaps too (:func:`_split_hybrids`).
 
-With ``recompute="only"`` there are no swaps: the sets alone (the split segment plans among them), and between the largest price that does not
-fit and the smallest that does, a bisection on the ranking for the cheapest set that fits.
+With ``recompute="only"`` there are no swaps: the sets alone (the split segment plans among them), and between
+the largest price that does not fit and the smallest that does, a bisection on the ranking for the cheapest set
+that fits.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ PRICES = (0.05, 0.25, 1.0, 4.0)
 SEGMENT_PRICES = (None, 1.0, 0.25)
 #: ``split_levels`` of :func:`~tflms.policies.recompute.plan_recomputes` tried on each segment plan where the
 #: hybrids found no fast fit (:func:`_split_hybrids`): a segment's first layers re-run again for their own backward
-#: pass when their clones would wait more than this many levels. BERT-base at batch 324 on v100-16gb-pcie3, 8 segments: the enforced order's peak 24.71 GiB at
-#: 12.74 s without, 19.35 GiB at 14.20 s with 10 (docs/design.md, "Re-running a segment's first layers again").
+#: pass when their clones would wait more than this many levels. BERT-base at batch 324 on v100-16gb-pcie3, 8
+#: segments: the enforced order's peak 24.71 GiB at 12.74 s without, 19.35 GiB at 14.20 s with 10 (docs/design.md,
+#: "Swap or recompute", item 6).
 SEGMENT_SPLITS = (10,)
 #: A split plan that clones more than this many times the ops of the same segment plan unsplit is not given swaps:
 #: the re-runs of a chain whose every op reads every earlier one (a dense block's concatenations) re-run all of it.
@@ -155,25 +157,19 @@ def _split_hybrids(ev: TuneEvaluator, times: Mapping[str, float], skipped: tuple
     cloned = {(c.params["segments"], c.params["price"]): c.params["cloned"] for c in judged
               if c.strategy == "recompute" and "segments" in c.params and "kept" not in c.params}
     limit = min((c.sim.step_time_s for c in [*judged, *added] if c.fits), default=float("inf"))
-    misses, seen = [], []
+    misses = []
     for c in sorted((c for c in added if not c.fits and c.sim.step_time_s < limit),
                     key=lambda c: (ev.need(c.sim), c.sim.step_time_s)):
         if c.params["cloned"] > SPLIT_MAX_CLONES * cloned.get((c.params["segments"], c.params["price"]), 0):
-            ev.graphs.pop(id(c), None)  # (its re-runs re-run most of it: not given swaps)
-            continue
+            continue  # (its re-runs re-run most of it: not given swaps)
         if not any(abs(c.sim.peak_bytes - o.sim.peak_bytes) <= 1e-3 * o.sim.peak_bytes
-                   and abs(c.sim.step_time_s - o.sim.step_time_s) <= 1e-3 * o.sim.step_time_s for o in seen):
-            seen.append(c)
+                   and abs(c.sim.step_time_s - o.sim.step_time_s) <= 1e-3 * o.sim.step_time_s for o in misses):
             misses.append(c)
     # fastest first: a hybrid is no faster than its recompute plan, so once one fits at or below the next plan's
     # step, the rest cannot win (BERT-base at 324: the first fits, at +36.8%)
-    fastest = sorted(misses[:HYBRIDS], key=lambda c: c.sim.step_time_s)
-    for c in [*misses[HYBRIDS:], *fastest[SPLIT_HYBRIDS:]]:
-        ev.graphs.pop(id(c), None)  # (rebuilt from its plan if it were ever needed: the tune's memory at large batches)
-    for c in fastest[:SPLIT_HYBRIDS]:
+    for c in sorted(misses[:HYBRIDS], key=lambda c: c.sim.step_time_s)[:SPLIT_HYBRIDS]:
         if limit <= c.sim.step_time_s:
-            ev.graphs.pop(id(c), None)
-            continue
+            break
         hybrids = (_ordered_hybrids(ev, c, ev.graph_of(c), ordered) if ordered is not None
                    else _hybrids(ev, c, ev.graph_of(c), nested))
         limit = min([limit, *(h.sim.step_time_s for h in hybrids if h.fits)])
@@ -248,19 +244,7 @@ def _hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
             sim = simulate(graph, ev.profile, options=ev.sim_options)
         added.append(ev.record("hybrid", {**recompute.params, "swaps": c.strategy, **c.params, **_clones_swapped(plan)},
                                plan, sim, graph, c.policy, order=c.order))
-    return _forget_misses(ev, added)
-
-
-def _forget_misses(ev: TuneEvaluator, hybrids: list[Candidate]) -> list[Candidate]:
-    """``hybrids``, the rewritten graphs of those that miss the budget dropped: a miss never wins, and the few that
-    :func:`tflms.tune.search.judge_ordered` judges again are rebuilt from their plans (``ev.graph_of``). A tune at a
-    large batch records dozens of hybrids; kept, their graphs took DenseNet-121's at batch 1143 to 24 GB."""
-    if ev.compress is not None:
-        return hybrids  # (a compressed graph is not what its plan rebuilds)
-    for h in hybrids:
-        if not h.fits:
-            ev.graphs.pop(id(h), None)
-    return hybrids
+    return added
 
 
 def _with_recomputes(swaps: SwapPlan, recompute: SwapPlan) -> SwapPlan:
@@ -311,7 +295,7 @@ def _ordered_hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
         added.append(ev.record("hybrid", {**recompute.params, "swaps": c.strategy, **c.params, **_clones_swapped(plan),
                                           "order_first": edges}, plan, c.sim, graph, c.policy, order=order,
                                what=f"with the order pinned before the swaps ({edges} edges)"))
-    return _forget_misses(ev, added)
+    return added
 
 
 def _bisect(ev: TuneEvaluator, judge: Callable[[int, float | None], Candidate | None], counts: list[int]) -> None:
