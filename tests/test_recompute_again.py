@@ -33,8 +33,15 @@ from tflms.testing import (assert_bitwise_equal, build_model, make_batches, make
 PROFILE = get_profile("v100-16gb-pcie3")
 
 
+def _mobilenet():
+    """keras.applications MobileNet (alpha 0.25) at 32x32: depthwise and pointwise convolutions, BatchNorm, ReLU6."""
+    keras.utils.set_random_seed(1)
+    return keras.applications.MobileNet(input_shape=(32, 32, 3), alpha=0.25, weights=None, classes=3,
+                                        classifier_activation=None)
+
+
 def _traced(model_name: str, batch_size: int):
-    model = build_model(model_name, seed=1)
+    model = _mobilenet() if model_name == "mobilenet" else build_model(model_name, seed=1)
     optimizer = keras.optimizers.Adam(1e-2)
     optimizer.build(model.trainable_variables)
     step = tf.function(make_train_step(model, optimizer))
@@ -118,7 +125,8 @@ def _train(model_name, split_levels):
     return snapshot(model, optimizer), plan, ran
 
 
-@pytest.mark.parametrize("model_name", ["mha_block", "layernorm_gelu"])
+@pytest.mark.parametrize("model_name", ["mha_block", "layernorm_gelu",
+                                        pytest.param("mobilenet", marks=pytest.mark.slow)])
 def test_a_step_with_chains_re_run_again_trains_bitwise_and_the_copies_run(model_name):
     plain, _, plain_ran = _train(model_name, "plain")
     control, _, _ = _train(model_name, "plain")

@@ -26,7 +26,6 @@ import tensorflow as tf
 
 import tflms
 import tflms.keras
-from tflms._compat.tf import onednn_enabled
 from tflms.testing import (assert_bitwise_equal, bitwise_diff, build_model, make_batches, make_train_step,
                            record_run_metadata, snapshot)
 
@@ -55,22 +54,13 @@ def _assert_swaps_ran(ran, reports) -> None:
         assert not missing, f"grappler removed {len(missing)} of {len(report.inserted_ops)} swap ops: {missing[:5]}"
 
 
-def fit_matches_plain(build, data, *, racy_plain: str = "", skip_unless=None):
-    """Plain fit twice (control), then fit with LMS(swapout_threshold=1): bitwise, swaps alive.
-
-    ``racy_plain``: why the plain step may legitimately differ from itself; then a differing control skips the
-    test (the comparison would mean nothing) instead of failing it. ``skip_unless(what the plain fit ran)``: a
-    reason to skip when the plain step lacks what the test is about (checked before the other fits), else
-    ``None``. Returns what the plain fit ran."""
+def fit_matches_plain(build, data):
+    """Plain fit twice (control), then fit with LMS(swapout_threshold=1): bitwise, swaps alive. Returns what the
+    plain fit ran."""
     initial = snapshot(build())
     plain, plain_ran = _fit(build, data)
     assert bitwise_diff(initial, plain[:len(initial)]), "training changed nothing"
-    reason = skip_unless(plain_ran) if skip_unless is not None else None
-    if reason:
-        pytest.skip(reason)
     control, _ = _fit(build, data)
-    if racy_plain and bitwise_diff(plain, control):
-        pytest.skip(f"plain fit differed from itself this run: {racy_plain}")
     assert_bitwise_equal(plain, control, "plain fit vs plain fit (control)")
     callback = tflms.keras.LMS(swapout_threshold=1, verbose=0)
     swapped, ran = _fit(build, data, callback)
@@ -97,27 +87,6 @@ def _application(name: str, side: int, **options):
 def test_mobilenet_fit_with_lms_is_bitwise():
     """MobileNet (alpha 0.25) at 32x32: depthwise/pointwise convs, BatchNorm, ReLU6."""
     fit_matches_plain(_application("MobileNet", 32, alpha=0.25), _image_data(32, 3))
-
-
-@pytest.mark.slow
-def test_resnet50_fit_at_224_with_grappler_accumulators_is_bitwise():
-    """ResNet50 at 224x224: grappler's memory optimizer turns a large AddN of gradients into a TemporaryVariable
-    accumulator in the plain step (its estimated peak passes 80% of the CPU device's 256 MiB). The pre-pass must
-    make the same rewrite and tflms must keep the order its AssignAdds run in (issue 10's last exception)."""
-
-    def has_accumulator(plain_ran):
-        # Grappler decides from a static estimate of the step's peak on a virtual schedule of this machine's devices;
-        # the machines of 2026-11-23 got an accumulator here, a 2-core AMD EPYC (oneDNN on or off) gets none. The
-        # accumulators themselves are tested on every machine (tests/test_accumulations.py).
-        ran = plain_ran.step_graph().post_optimization_graph
-        if any(n.op == "DestroyTemporaryVariable" for n in ran.node):
-            return None
-        return (f"grappler made no accumulator in this plain step (oneDNN {'on' if onednn_enabled() else 'off'}): "
-                "the test proves nothing about accumulators here")
-
-    fit_matches_plain(_application("ResNet50", 224), _image_data(224, 3), skip_unless=has_accumulator, racy_plain=(
-        "its accumulator's AssignAdds race in TensorFlow (docs/design.md, 'Exceptions to bitwise'; 3 of 6 full "
-        "suite runs here, 2026-11-23)"))
 
 
 @pytest.mark.slow

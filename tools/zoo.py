@@ -263,6 +263,9 @@ def _ran_checks(plain_ran, lms_ran, reports) -> dict[str, Any]:
         plain = op_type_counts(plain_step.post_optimization_graph)
         lms = op_type_counts(lms_step.post_optimization_graph, exclude_names=inserted)
         out["op_changes"] = {t: list(v) for t, v in count_differences(plain, lms).items()}
+        # grappler's gradient accumulators in the plain step (each ends in a DestroyTemporaryVariable): their
+        # AssignAdds' order is what tflms must keep (docs/design.md, "Exceptions to bitwise")
+        out["plain_accumulators"] = plain.get("DestroyTemporaryVariable", 0)
         # after the graph passes that run past grappler (oneDNN's layout pass): NASNetMobile's MaxPoolGrad lost its
         # oneDNN kernel with unchanged grappler counts
         plain_parts = _partition_counts(plain_step, ())
@@ -524,6 +527,9 @@ def _cell(entry: dict[str, Any] | None) -> str:
         text += f" ({entry['recomputed']} recomputed)"
     elif entry.get("swapped") == 0:
         text += " (0 swaps)"
+    if entry.get("plain_accumulators"):
+        n = entry["plain_accumulators"]
+        text += f" ({n} accumulator{'s' if n > 1 else ''})"
     if entry.get("swap_ops_missing"):
         text += f" ({entry['swap_ops_missing']} swaps lost)"
     return text
