@@ -40,7 +40,8 @@ def test_every_committed_probe_names_its_device_driver_and_date():
     assert {f.name for f in files} >= {"h100-80gb-hbm3.json", *CONV_RUNS, "h200.json"}
     for path in files:
         probe = json.loads(path.read_text())
-        assert probe["tool"] == "tools/gpu_probe.py" and probe["date"] and probe["device"]["driver"], path
+        assert probe["tool"] in ("tools/gpu_probe.py", "tools/gpu_step.py"), path
+        assert probe["date"] and probe["device"]["driver"], path
         assert probe["device"]["name"].startswith("NVIDIA H"), path
 
 

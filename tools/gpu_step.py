@@ -105,8 +105,9 @@ def measure(cfg: dict, dtypes: tuple[str, ...], batches: tuple[int, ...], repeat
     torch.backends.cudnn.allow_tf32 = True
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(0)
+    from gpu_probe import _nvidia_smi_driver
     device = {"name": props.name, "memory_bytes": int(props.total_memory), "library": f"torch {torch.__version__}",
-              "cuda_runtime": torch.version.cuda}
+              "cuda_runtime": torch.version.cuda, "driver": _nvidia_smi_driver()}
     rows = []
     for dtype in dtypes:
         for batch in batches:
