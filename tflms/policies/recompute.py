@@ -469,3 +469,71 @@ def segment_ops(analysis: Analysis, segments: int) -> set[str]:
     kept = set(cuts[step - 1::step])
     return {name for name in _activations(analysis) if name not in kept
             and recompute_skip_reason(analysis, name) is None}
+
+
+def balanced_segment_ops(analysis: Analysis, slack: float = 1.0) -> tuple[set[str], int]:
+    """Checkpointing with the kept articulations chosen by bytes, not evenly spaced: ``(ops to recompute, how
+    many articulations are kept)``.
+
+    While a segment's backward pass runs, the checkpoints kept before it, the segment's re-run activations and
+    the checkpoint that ends it are all on the device. Evenly spaced checkpoints ignore how large each layer's
+    tensors are: on ResNet-50 at batch 1347 every articulation kept still keeps the stem's four 4 GiB tensors, and
+    sqrt(n) segments put the three blocks of the first stage (36 GiB of clones) in one. Here a dynamic programme
+    over the :func:`articulations` (in order) finds the least ``target`` for which checkpoints exist with, for every
+    segment, the bytes kept before it plus the bytes it re-runs plus its closing checkpoint's at most ``target``
+    (activation bytes by output size, a bisection to a thousandth); then, at ``target * slack``, the checkpoints
+    that keep the fewest bytes (a larger ``slack`` keeps fewer). Chen et al.'s memory-planned checkpointing (2016,
+    section 4.3) greedily closes a segment once it holds a given number of bytes; this also weighs the kept
+    checkpoints' own sizes. ``(set(), 0)`` when the graph has no articulation.
+    """
+    import bisect
+    graph, levels = analysis.graph, analysis.levels
+    cuts = articulations(analysis)
+    if not cuts:
+        return set(), 0
+
+    def nbytes(name: str) -> int:
+        return sum(info.num_bytes or 0 for info in graph.op(name).outputs)
+
+    recomputable = sorted((levels[n], nbytes(n), n) for n in _activations(analysis)
+                          if recompute_skip_reason(analysis, n) is None)
+    at = [level for level, _, _ in recomputable]
+    prefix = [0]
+    for _, size, _ in recomputable:
+        prefix.append(prefix[-1] + size)
+
+    def between(low: int, high: int) -> int:  # the bytes of recomputable ops with low < level < high
+        return prefix[bisect.bisect_left(at, high)] - prefix[bisect.bisect_right(at, low)]
+
+    # a start before the first op, each articulation, an end after the last op (closing the loss's segment)
+    points = [(-1, 0, ""), *((levels[c], nbytes(c), c) for c in cuts), ((at[-1] if at else 0) + 1, 0, "")]
+
+    def kept_for(target: float) -> list[str] | None:
+        """The checkpoints that keep the fewest bytes with every segment within ``target``, or ``None``."""
+        least = [0.0] + [float("inf")] * (len(points) - 1)  # bytes kept up to and including point j
+        back = [0] * len(points)
+        for j in range(1, len(points)):
+            level, size, _ = points[j]
+            for i in range(j - 1, -1, -1):  # a longer segment re-runs more: stop once it alone is over
+                span = between(points[i][0], level) + size
+                if span > target:
+                    break
+                if least[i] + span <= target and least[i] + size < least[j]:
+                    least[j], back[j] = least[i] + size, i
+        if least[-1] == float("inf"):
+            return None
+        kept, j = [], back[-1]
+        while j:
+            kept.append(points[j][2])
+            j = back[j]
+        return kept
+
+    low, high = 0, prefix[-1] + sum(size for _, size, _ in points)  # nothing fits ``low``; ``high`` fits
+    while high - low > max(1, high // 1000):
+        middle = (low + high) // 2
+        if kept_for(middle) is None:
+            low = middle
+        else:
+            high = middle
+    kept = set(kept_for(high * slack))
+    return {name for _, _, name in recomputable if name not in kept}, len(kept)

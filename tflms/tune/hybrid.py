@@ -20,9 +20,10 @@ each graph with its memory-aware order pinned first (:func:`_ordered_hybrids`), 
 case the segment plans are judged once more with a segment's first layers re-run again for their own backward
 pass (:data:`SEGMENT_SPLITS`), and the closest misses among them get swaps too (:func:`_split_hybrids`).
 
-With ``recompute="only"`` there are no swaps: the sets alone (the split segment plans among them), and between
-the largest price that does not fit and the smallest that does, a bisection on the ranking for the cheapest set
-that fits.
+With ``recompute="only"`` there are no swaps: the sets alone (among them the split segment plans, and segment plans
+whose checkpoints are chosen by bytes, :func:`~tflms.policies.recompute.balanced_segment_ops`), and between the
+largest price that does not fit and the smallest that does, a bisection on the ranking for the cheapest set that
+fits.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from tflms.analysis.cto import Analysis, analyze_graph
 from tflms.ir.graph import Graph
 from tflms.passes.swaps import apply_swaps
 from tflms.policies.eligibility import is_clone, swapping_clones
-from tflms.policies.recompute import articulations, plan_recomputes, rank_candidates, segment_ops, select
+from tflms.policies.recompute import (articulations, balanced_segment_ops, plan_recomputes, rank_candidates,
+                                      segment_ops, select)
 from tflms.policies.swapplan import SwapPlan
 from tflms.sim.cost import op_time_s
 from tflms.sim.simulator import SimResult, simulate
@@ -55,6 +57,14 @@ SEGMENT_PRICES = (None, 1.0, 0.25)
 #: segments: the enforced order's peak 24.71 GiB at 12.74 s without, 19.35 GiB at 14.20 s with 10 (docs/design.md,
 #: "Swap or recompute", item 6).
 SEGMENT_SPLITS = (10,)
+#: ``slack`` of :func:`~tflms.policies.recompute.balanced_segment_ops` for the segment plans of ``recompute="only"``:
+#: 1 keeps the checkpoints that bound every segment's bytes least, 1.5 fewer of them. On v100-16gb-pcie3, in the
+#: enforced order, ResNet-50 at batch 1347 peaks at 35.0 / 40.3 GiB with them against 47.6 for the best evenly
+#: spaced plan (every articulation kept), DenseNet-121 at 1143 at 35.4 / 29.0 against 48.4, BERT-base at 324 at
+#: 29.2 / 32.0 against 41.2, each at about the same step time. Not in the hybrid search: there, at BERT-base 324,
+#: they took the swap search from the split plan that wins (13.02 s) and fitted at 26.57 s (docs/design.md, "Swap or
+#: recompute", item 7).
+BALANCED_SLACKS = (1.0, 1.5)
 #: A split plan that clones more than this many times the ops of the same segment plan unsplit is not given swaps:
 #: the re-runs of a chain whose every op reads every earlier one (a dense block's concatenations) re-run all of it.
 SPLIT_MAX_CLONES = 2.0
@@ -74,8 +84,8 @@ ONLY_BISECTIONS = 8
 #: The most candidates one search records: a recompute plan per price and per (segments, price), the
 #: relaxation's trials, the hybrids, the bisection of ``"only"``, and the split stage's plans and hybrids
 #: (:func:`_split_hybrids`).
-MAX_CANDIDATES = (len(PRICES) + 2 * len(SEGMENT_PRICES) * (1 + len(SEGMENT_SPLITS)) + RELAX_BISECTIONS + 2 * HYBRIDS
-                  + ONLY_BISECTIONS)
+MAX_CANDIDATES = (len(PRICES) + (2 + len(BALANCED_SLACKS)) * len(SEGMENT_PRICES) * (1 + len(SEGMENT_SPLITS))
+                  + RELAX_BISECTIONS + 2 * HYBRIDS + ONLY_BISECTIONS)
 
 
 def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
@@ -112,6 +122,7 @@ def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
     added.extend(_segment_candidates(ev, times, skipped))
     if only:
         added.extend(_segment_candidates(ev, times, skipped, splits=SEGMENT_SPLITS))
+        added.extend(_segment_candidates(ev, times, skipped, splits=SEGMENT_SPLITS, balanced=True))
         if len(ranked) not in counts:
             counts.append(len(ranked))
             judge(len(ranked), None)
@@ -314,29 +325,40 @@ def _bisect(ev: TuneEvaluator, judge: Callable[[int, float | None], Candidate | 
 
 
 def _segment_candidates(ev: TuneEvaluator, times: Mapping[str, float], skipped: tuple,
-                        splits: tuple[int, ...] = ()) -> list[Candidate]:
+                        splits: tuple[int, ...] = (), balanced: bool = False) -> list[Candidate]:
     """Graph-level checkpointing (Chen et al.): segments between kept articulations re-run before their backward
     pass; within them, an op whose re-run costs more than ``price`` times the two copies of its outputs is kept
     instead (a matrix product whose output copies hide), for the swap tuner to swap or keep. With ``splits``: the
-    same plans re-run again past each of those levels instead (where that re-runs something)."""
+    same plans re-run again past each of those levels instead (where that re-runs something). With ``balanced``:
+    the articulations kept are chosen by bytes (:func:`~tflms.policies.recompute.balanced_segment_ops`, at each
+    of :data:`BALANCED_SLACKS`; ``params["balanced"]``), and ``splits`` adds to the plans instead of replacing
+    them."""
     import math
     graph = ev.analysis.graph
     cuts = articulations(ev.analysis)
     if not cuts:
         return []
+    if balanced:
+        bases = []
+        for slack in BALANCED_SLACKS:
+            ops, kept = balanced_segment_ops(ev.analysis, slack)
+            bases.append((ops, {"segments": kept + 1, "balanced": slack}))
+        splits = (None, *splits)
+    else:
+        bases = [(segment_ops(ev.analysis, segments), {"segments": segments})
+                 for segments in sorted({len(cuts), max(1, round(math.sqrt(len(cuts))))}, reverse=True)]
     added, seen = [], set()
-    for segments in sorted({len(cuts), max(1, round(math.sqrt(len(cuts))))}, reverse=True):
-        base = segment_ops(ev.analysis, segments)
+    for base, how in bases:
         for price in SEGMENT_PRICES:
             ops = frozenset(op for op in base
                             if price is None or times[op] <= price * _round_trip_s(ev, _output_bytes(graph, op)))
             if not ops or ops in seen:
                 continue
             seen.add(ops)
-            params = {"segments": segments, "price": "any" if price is None else price}
+            params = {**how, "price": "any" if price is None else price}
             for split in splits or (None,):
                 cand = _judge_ops(ev, times, ops, skipped, params if split is None else {**params, "split": split},
-                                  split_only=split is not None)
+                                  split_only=split is not None)  # (a split that re-runs nothing again: no plan)
                 if cand is not None:
                     added.append(cand)
     return added
