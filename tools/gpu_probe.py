@@ -989,6 +989,16 @@ def run(backend: Backend, **options: Any) -> dict[str, Any]:
             "device": device, "measurements": measured, "profile": to_profile(device, measured, name=name)}
 
 
+def emit(result: dict[str, Any], output: str | None, as_json: bool, as_table: Callable[[dict[str, Any]], str]) -> int:
+    """Write ``result`` as JSON to ``output`` (if given) and print it, as JSON or as ``as_table`` renders it."""
+    text = json.dumps(result, indent=2)
+    if output:
+        with open(output, "w") as f:
+            f.write(text + "\n")
+    print(text if as_json else as_table(result))
+    return 0
+
+
 def make_backend(choice: str) -> Backend:
     errors = []
     for name, cls in (("pytorch", TorchBackend), ("cupy", CupyBackend)):
@@ -1032,12 +1042,7 @@ def main(argv: list[str] | None = None) -> int:
                  conv_layers=args.conv_layers, elementwise=args.elementwise, batchnorm=args.batchnorm,
                  attention=args.attention, attention_batch=args.attention_batch, name=args.name,
                  progress=lambda what: print(f"measuring {what} ...", file=sys.stderr, flush=True))
-    text = json.dumps(result, indent=2)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text + "\n")
-    print(text if args.json else table(result))
-    return 0
+    return emit(result, args.output, args.json, table)
 
 
 if __name__ == "__main__":

@@ -274,12 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     device, rows = measure(BERT, dtypes, batches, args.repeats, progress=say)
     result = {"tool": "tools/gpu_step.py", "date": datetime.date.today().isoformat(), "device": device,
               "model": BERT, "repeats": args.repeats, "rows": rows}
-    text = json.dumps(result, indent=2)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text + "\n")
-    print(text if args.json else measured_table(result))
-    return 0
+    from gpu_probe import emit
+    return emit(result, args.output, args.json, measured_table)
 
 
 if __name__ == "__main__":
