@@ -63,6 +63,8 @@ def test_the_plan_recomputes_every_recomputable_activation_but_the_kept_checkpoi
         return sum(info.num_bytes or 0 for name in kept for info in analysis.graph.op(name).outputs)
 
     assert kept_bytes(4.0) <= kept_bytes(1.5) <= kept_bytes(1.0)  # more room per segment, fewer bytes kept
+    with pytest.raises(ValueError, match="slack must be at least 1"):
+        balanced_segment_ops(analysis, 0.5)
 
 
 def _train(model_name: str, balanced: bool):

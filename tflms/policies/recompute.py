@@ -487,6 +487,8 @@ def balanced_segment_ops(analysis: Analysis, slack: float = 1.0) -> tuple[set[st
     checkpoints' own sizes. ``(set(), 0)`` when the graph has no articulation.
     """
     import bisect
+    if not slack >= 1:
+        raise ValueError(f"slack must be at least 1 (the least bound times slack), got {slack!r}")
     graph, levels = analysis.graph, analysis.levels
     cuts = articulations(analysis)
     if not cuts:

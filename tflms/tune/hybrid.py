@@ -82,8 +82,8 @@ ORDERED_STALL_FRACTION = 0.2
 #: Simulations the bisection of ``recompute="only"`` may take.
 ONLY_BISECTIONS = 8
 #: The most candidates one search records: a recompute plan per price and per (segments, price), the
-#: relaxation's trials, the hybrids, the bisection of ``"only"``, and the split stage's plans and hybrids
-#: (:func:`_split_hybrids`).
+#: relaxation's trials, the hybrids, the bisection of ``"only"`` and its balanced segment plans, and the split
+#: stage's plans and hybrids (:func:`_split_hybrids`).
 MAX_CANDIDATES = (len(PRICES) + (2 + len(BALANCED_SLACKS)) * len(SEGMENT_PRICES) * (1 + len(SEGMENT_SPLITS))
                   + RELAX_BISECTIONS + 2 * HYBRIDS + ONLY_BISECTIONS)
 
