@@ -69,3 +69,13 @@ def test_the_hybrid_path_swaps_clones_in_the_pinned_order_and_trains_bitwise(zoo
     assert cell.startswith("same (") and f"{hybrid['clones_swapped']} of clones" in cell
     assert zoo._op_changes_of(result) == "function_hybrid: none"
     assert "function_hybrid" in zoo.PATHS and "function_hybrid" not in zoo.QUICK_PATHS
+
+
+def test_a_fit_cell_counts_the_plain_steps_accumulators(zoo):
+    """Where grappler made gradient accumulators in the plain step, the cell says so: only then does the comparison
+    test the order of their AssignAdds (ResNet50 at 224 on some machines, docs/zoo.md)."""
+    entry = {"identical": True, "max_abs_diff": 0.0, "swapped": 468, "swap_ops_missing": 0, "plain_accumulators": 1}
+    assert zoo._cell(entry) == "same (1 accumulator)"
+    assert zoo._cell({**entry, "identical": False, "max_abs_diff": 6.2, "plain_accumulators": 3}) == \
+        "DIFF 6.2e+00 (3 accumulators)"
+    assert zoo._cell({**entry, "plain_accumulators": 0}) == "same"
