@@ -467,8 +467,17 @@ def segment_ops(analysis: Analysis, segments: int) -> set[str]:
         return set()
     step = max(1, round(len(cuts) / segments))
     kept = set(cuts[step - 1::step])
-    return {name for name in _activations(analysis) if name not in kept
-            and recompute_skip_reason(analysis, name) is None}
+    return _recomputable(analysis) - kept
+
+
+def _recomputable(analysis: Analysis) -> set[str]:
+    """The ops the batch flows through in the forward pass (:func:`_activations`) that may be recomputed."""
+    return {name for name in _activations(analysis) if recompute_skip_reason(analysis, name) is None}
+
+
+def output_bytes(graph, name: str) -> int:
+    """The bytes of op ``name``'s outputs (sizes not known count 0)."""
+    return sum(info.num_bytes or 0 for info in graph.op(name).outputs)
 
 
 def balanced_segment_ops(analysis: Analysis, slack: float = 1.0) -> tuple[set[str], int]:
@@ -494,11 +503,7 @@ def balanced_segment_ops(analysis: Analysis, slack: float = 1.0) -> tuple[set[st
     if not cuts:
         return set(), 0
 
-    def nbytes(name: str) -> int:
-        return sum(info.num_bytes or 0 for info in graph.op(name).outputs)
-
-    recomputable = sorted((levels[n], nbytes(n), n) for n in _activations(analysis)
-                          if recompute_skip_reason(analysis, n) is None)
+    recomputable = sorted((levels[n], output_bytes(graph, n), n) for n in _recomputable(analysis))
     at = [level for level, _, _ in recomputable]
     prefix = [0]
     for _, size, _ in recomputable:
@@ -508,7 +513,7 @@ def balanced_segment_ops(analysis: Analysis, slack: float = 1.0) -> tuple[set[st
         return prefix[bisect.bisect_left(at, high)] - prefix[bisect.bisect_right(at, low)]
 
     # a start before the first op, each articulation, an end after the last op (closing the loss's segment)
-    points = [(-1, 0, ""), *((levels[c], nbytes(c), c) for c in cuts), ((at[-1] if at else 0) + 1, 0, "")]
+    points = [(-1, 0, ""), *((levels[c], output_bytes(graph, c), c) for c in cuts), ((at[-1] if at else 0) + 1, 0, "")]
 
     def kept_for(target: float) -> list[str] | None:
         """The checkpoints that keep the fewest bytes with every segment within ``target``, or ``None``."""

@@ -37,8 +37,8 @@ from tflms.analysis.cto import Analysis, analyze_graph
 from tflms.ir.graph import Graph
 from tflms.passes.swaps import apply_swaps
 from tflms.policies.eligibility import is_clone, swapping_clones
-from tflms.policies.recompute import (articulations, balanced_segment_ops, plan_recomputes, rank_candidates,
-                                      segment_ops, select)
+from tflms.policies.recompute import (articulations, balanced_segment_ops, output_bytes, plan_recomputes,
+                                      rank_candidates, segment_ops, select)
 from tflms.policies.swapplan import SwapPlan
 from tflms.sim.cost import op_time_s
 from tflms.sim.simulator import SimResult, simulate
@@ -194,7 +194,7 @@ def _relax(ev: TuneEvaluator, times: Mapping[str, float], cand: Candidate, skipp
     leaves is spent on not re-running matrix products."""
     graph = ev.analysis.graph
     ops = sorted({op for r in cand.plan.recomputes for op in r.ops},
-                 key=lambda op: (-times[op] / max(1, _output_bytes(graph, op)), op))
+                 key=lambda op: (-times[op] / max(1, output_bytes(graph, op)), op))
     added, low, high = [], 0, len(ops)  # keeping ``low`` fits; keeping ``high`` is not known to
     for _ in range(RELAX_BISECTIONS):
         if high - low <= max(1, len(ops) // 64):
@@ -215,10 +215,6 @@ def _relax(ev: TuneEvaluator, times: Mapping[str, float], cand: Candidate, skipp
 def _round_trip_s(ev: TuneEvaluator, num_bytes: int) -> float:
     """The two copies a swap of ``num_bytes`` takes over the host link."""
     return 2 * ev.profile.copy_time_s(num_bytes)
-
-
-def _output_bytes(graph, op: str) -> int:
-    return sum(info.num_bytes or 0 for info in graph.op(op).outputs)
 
 
 def _judge_ops(ev: TuneEvaluator, times: Mapping[str, float], ops, skipped: tuple, params: dict, *,
@@ -351,7 +347,7 @@ def _segment_candidates(ev: TuneEvaluator, times: Mapping[str, float], skipped: 
     for base, how in bases:
         for price in SEGMENT_PRICES:
             ops = frozenset(op for op in base
-                            if price is None or times[op] <= price * _round_trip_s(ev, _output_bytes(graph, op)))
+                            if price is None or times[op] <= price * _round_trip_s(ev, output_bytes(graph, op)))
             if not ops or ops in seen:
                 continue
             seen.add(ops)
