@@ -486,14 +486,14 @@ def balanced_segment_ops(analysis: Analysis, slack: float = 1.0) -> tuple[set[st
 
     While a segment's backward pass runs, the checkpoints kept before it, the segment's re-run activations and
     the checkpoint that ends it are all on the device. Evenly spaced checkpoints ignore how large each layer's
-    tensors are: on ResNet-50 at batch 1347 every articulation kept still keeps the stem's four 4 GiB tensors, and
-    sqrt(n) segments put the three blocks of the first stage (36 GiB of clones) in one. Here a dynamic programme
-    over the :func:`articulations` (in order) finds the least ``target`` for which checkpoints exist with, for every
-    segment, the bytes kept before it plus the bytes it re-runs plus its closing checkpoint's at most ``target``
-    (activation bytes by output size, a bisection to a thousandth); then, at ``target * slack``, the checkpoints
-    that keep the fewest bytes (a larger ``slack`` keeps fewer). Chen et al.'s memory-planned checkpointing (2016,
-    section 4.3) greedily closes a segment once it holds a given number of bytes; this also weighs the kept
-    checkpoints' own sizes. ``(set(), 0)`` when the graph has no articulation.
+    tensors are: on ResNet-50 at batch 1347 every articulation kept still keeps the stem's large outputs, and
+    sqrt(n) segments put the stem and the first stage's three blocks in one (tools/segment_report.py). Here a
+    dynamic programme over the :func:`articulations` (in order) finds the least ``target`` for which checkpoints
+    exist with, for every segment, the bytes kept before it plus the bytes it re-runs plus its closing
+    checkpoint's at most ``target`` (activation bytes by output size, a bisection to a thousandth); then, at
+    ``target * slack``, the checkpoints that keep the fewest bytes (a larger ``slack`` keeps fewer). Chen et al.'s
+    memory-planned checkpointing (2016, section 4.3) greedily closes a segment once it holds a given number of
+    bytes; this also weighs the kept checkpoints' own sizes. ``(set(), 0)`` when the graph has no articulation.
     """
     import bisect
     if not slack >= 1:

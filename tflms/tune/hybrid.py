@@ -60,8 +60,8 @@ SEGMENT_SPLITS = (10,)
 #: ``slack`` of :func:`~tflms.policies.recompute.balanced_segment_ops` for the segment plans of ``recompute="only"``:
 #: 1 keeps the checkpoints that bound every segment's bytes least, 1.5 fewer of them. On v100-16gb-pcie3, in the
 #: enforced order, ResNet-50 at batch 1347 peaks at 35.0 / 40.3 GiB with them against 47.6 for the best evenly
-#: spaced plan (every articulation kept), DenseNet-121 at 1143 at 35.4 / 29.0 against 48.4, BERT-base at 324 at
-#: 29.2 / 32.0 against 41.2, each at about the same step time. Not in the hybrid search: there, at BERT-base 324,
+#: spaced plan, DenseNet-121 at 1143 at 35.7 / 29.0 against 41.2, BERT-base at 324 at 29.2 / 31.0 against 41.2,
+#: each at about the same step time (tools/segment_report.py). Not in the hybrid search: there, at BERT-base 324,
 #: they took the swap search from the split plan that wins (13.02 s) and fitted at 26.57 s (docs/design.md, "Swap or
 #: recompute", item 7).
 BALANCED_SLACKS = (1.0, 1.5)
