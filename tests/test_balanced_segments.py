@@ -82,13 +82,14 @@ def _train(model_name: str, balanced: bool):
     return snapshot(model, optimizer), decisions, ran
 
 
-def test_a_step_recomputed_by_balanced_checkpoints_trains_bitwise_and_the_clones_run():
-    plain, _, plain_ran = _train("bert_dropout_bn", False)
-    control, _, _ = _train("bert_dropout_bn", False)
+@pytest.mark.parametrize("model_name", ["bert_dropout_bn", pytest.param("mobilenet", marks=pytest.mark.slow)])
+def test_a_step_recomputed_by_balanced_checkpoints_trains_bitwise_and_the_clones_run(model_name):
+    plain, _, plain_ran = _train(model_name, False)
+    control, _, _ = _train(model_name, False)
     assert_bitwise_equal(plain, control, "plain TensorFlow twice (the control)")
-    recomputed, decisions, ran = _train("bert_dropout_bn", True)
+    recomputed, decisions, ran = _train(model_name, True)
     assert decisions, "nothing recomputed"
-    assert_bitwise_equal(plain, recomputed, "bert_dropout_bn recomputed by balanced checkpoints")
+    assert_bitwise_equal(plain, recomputed, f"{model_name} recomputed by balanced checkpoints")
     inserted = [name for d in decisions for name in d.inserted]
     step = ran.step_graph(inserted)
     assert step is not None, "no function TensorFlow ran holds the clones"
