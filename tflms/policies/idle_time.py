@@ -228,6 +228,7 @@ def _load_integrals(timeline: Sequence[tuple[float, int, int]], windows: Sequenc
     Live bytes are a step function of time (``timeline``); its running integral is tabulated once,
     so each window costs two binary searches.
     """
+    timeline = tuple(timeline)  # (a simulation's view, indexed below: built once)
     times = [t for t, _, _ in timeline]
     if not times:
         return [0.0 for _ in windows]

@@ -288,11 +288,12 @@ def hidden_swap_bound(sim, profile: str | HardwareProfile, graph: Graph | None =
     profile = get_profile(profile)
     rate = profile.effective_link_bytes_per_s
     end = sim.step_time_s
+    timeline = tuple(sim.timeline)  # (a simulation's view, indexed below: built once)
     floors = [(max(sim.resident_bytes, live - int(rate * max(0.0, min(t, end - t)))), i)
-              for i, (t, live, _host) in enumerate(sim.timeline)]
+              for i, (t, live, _host) in enumerate(timeline)]
     if graph is None:
         lowest, i = max(floors, default=(sim.resident_bytes, 0), key=lambda f: (f[0], -f[1]))
-        at = sim.timeline[i][0] if sim.timeline else 0.0
+        at = timeline[i][0] if timeline else 0.0
         return HiddenSwapBound(peak_bytes=sim.peak_bytes, lowest_peak_bytes=min(lowest, sim.peak_bytes), at_time_s=at)
     buffers = _swappable_buffers(sim, graph)
     lowest, at = sim.resident_bytes, 0.0
@@ -300,7 +301,7 @@ def hidden_swap_bound(sim, profile: str | HardwareProfile, graph: Graph | None =
     for loose, i in sorted(floors, key=lambda f: (-f[0], f[1])):
         if loose <= lowest:
             break
-        t, live, _host = sim.timeline[i]
+        t, live, _host = timeline[i]
         floor = max(sim.resident_bytes, live - _away_at_most(buffers, i, t, end, rate))
         if floor > lowest:
             lowest, at = floor, t

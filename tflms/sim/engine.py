@@ -8,6 +8,7 @@ out of them.
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 
 from tflms.errors import GraphError
@@ -17,7 +18,8 @@ from tflms.ir.op_types import (ALIAS_OPS, COPY_OPS, FORWARDING_OPS, IDENTITY_RED
 from tflms.sim.cost import op_time_s
 from tflms.sim.indexed import (_NO_BUFFER_DTYPES, ACCEL, HOST, IndexedGraph, OpCosts, _resident_variable_bytes,
                                _synthetic_op)
-from tflms.sim.records import TRANSFER_ORDER_RELEASE, OpRecord, SimOptions, SimResult
+from tflms.sim.records import (TRANSFER_ORDER_RELEASE, MappingView, SequenceView, SimDetails, SimOptions,
+                                SimResult)
 from tflms.profiles import HardwareProfile
 
 
@@ -77,7 +79,6 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
         end: list = [None] * n
         start = [0.0] * n
         event_seq = [0.0] * n
-        records: list[tuple[float, float, str, int, str]] = []  # (start, end, name, op, stream)
         stream_free = {"d2h": 0.0, "h2d": 0.0}
         compute_free = 0.0
         stall = 0.0
@@ -110,7 +111,6 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
                 stream_free[direction] = t0 + duration
                 transfer_time += duration
                 start[i] = t0
-                records.append((t0, t0 + duration, names[i], i, direction))
                 end[i] = t0 + duration
                 event_seq[i] = seq + 0.5
                 more = dependents.get(i)
@@ -130,7 +130,6 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
                     stream = "host" if dev[i] == HOST else "compute"
                     compute_time += (t1 - t0) if stream == "compute" else 0.0
                 start[i], end[i], event_seq[i] = t0, t1, float(idx)
-                records.append((t0, t1, names[i], i, stream))
                 continue
             if is_transfer[i]:
                 continue
@@ -144,7 +143,6 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
                     ready_at, latest = e, p
             if dev[i] == HOST:
                 t0 = t1 = ready_at
-                records.append((t0, t1, names[i], i, "host"))
             else:
                 t0 = compute_free if compute_free > ready_at else ready_at
                 if ready_at > compute_free and is_transfer[latest]:
@@ -155,7 +153,6 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
                         net.graph, _synthetic_op(net, i), profile)
                 t1 = compute_free = t0 + duration
                 compute_time += duration
-                records.append((t0, t1, names[i], i, "compute"))
             start[i] = t0
             end[i] = t1
             event_seq[i] = seq = float(idx)
@@ -170,7 +167,6 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
         end: list = [None] * n
         start = [0.0] * n
         event_seq = [0.0] * n
-        records: list[tuple[float, float, str, int, str]] = []  # (start, end, name, op, stream)
         stall = 0.0
         compute_time = 0.0
         transfer_time = 0.0
@@ -206,7 +202,6 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
             if remaining[i] == 0 and dev[i] == HOST and not is_transfer[i]:
                 start[i] = end[i] = 0.0
                 event_seq[i] = float(position[i])
-                records.append((0.0, 0.0, names[i], i, "host"))
                 heappush(heap, (0.0, event_seq[i], 0, i, ""))
         while True:
             while next_compute < len(compute_ops) and remaining[compute_ops[next_compute]] == 0:
@@ -227,7 +222,6 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
                         net.graph, _synthetic_op(net, i), profile)
                 t1 = compute_free = t0 + duration
                 compute_time += duration
-                records.append((t0, t1, names[i], i, "compute"))
                 start[i] = t0
                 end[i] = t1
                 event_seq[i] = float(position[i])
@@ -246,7 +240,6 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
                     start[j] = t0
                     end[j] = t0 + duration
                     event_seq[j] = rseq + 0.5
-                    records.append((t0, t0 + duration, names[j], j, direction))
                     heappush(heap, (end[j], event_seq[j], 0, j, ""))
                 if queue:
                     heappush(heap, (max(queue[0][0], stream_free[direction]), inf, 1, -1, direction))
@@ -268,7 +261,6 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
                     t = ready_at[j]
                     start[j] = end[j] = t
                     event_seq[j] = float(position[j])
-                    records.append((t, t, names[j], j, "host"))
                     heappush(heap, (t, event_seq[j], 0, j, ""))
         for i in order:
             if end[i] is None:
@@ -324,7 +316,7 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
 
     # ----------------------------------------------------------- memory events
     events: list[tuple[float, float, int, int, int, str]] = []  # (time, seq, phase, tensor id, delta, device)
-    tensor_names: list[str] = []
+    tid_buf: list[int] = []  # the buffer (its owning tensor) of each tensor id of the events
     resident_bytes = _resident_variable_bytes(net, alive)
     host_resident = 0
     output_owners = {buffer_of[t] for t in outputs if in_order[t]}
@@ -350,8 +342,8 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
                 else:
                     host_resident += size
                 continue
-            tid = len(tensor_names)
-            tensor_names.append(f"{names[op]}:{buf - s}")
+            tid = len(tid_buf)
+            tid_buf.append(buf)
             users = readers.get(buf)
             if buf in output_owners:
                 t_free, seq_free = step_time, inf
@@ -370,28 +362,30 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
     events.sort()
     live_accel, live_host = resident_bytes, host_resident
     peak, peak_index, peak_time, host_peak = live_accel, -1, 0.0, live_host
-    timeline = [(0.0, live_accel, live_host)]
-    append = timeline.append
-    for k, (t, _, _, _, delta, d) in enumerate(events):
+    # the timeline (one entry before the events, one after each) and the device buffers' lifetimes, as arrays
+    times, accel, host = array("d", [0.0]), array("q", [live_accel]), array("q", [live_host])
+    add_time, add_accel, add_host = times.append, accel.append, host.append
+    first = [0] * len(tid_buf)
+    last_event = [0] * len(tid_buf)
+    device_tids: list[int] = []  # in order of their first event
+    for k, (t, _, phase, tid, delta, d) in enumerate(events):
         if d == ACCEL:
             live_accel += delta
-            if live_accel > peak:
-                peak, peak_index, peak_time = live_accel, k, t
+            if phase == 0:
+                first[tid] = k
+                device_tids.append(tid)
+                if live_accel > peak:
+                    peak, peak_index, peak_time = live_accel, k, t
+            else:
+                last_event[tid] = k - 1
         else:
             live_host += delta
             if live_host > host_peak:
                 host_peak = live_host
-        append((t, live_accel, live_host))
-    first_event: dict[int, int] = {}
-    lifetimes = []
-    for k, (_, _, phase, tid, delta, d) in enumerate(events):
-        if d != ACCEL:
-            continue
-        if phase == 0:
-            first_event[tid] = k
-        else:
-            lifetimes.append((tensor_names[tid], -delta, first_event[tid], max(first_event[tid], k - 1)))
-    lifetimes.sort(key=lambda lt: (lt[2], lt[0]))
+        add_time(t)
+        add_accel(live_accel)
+        add_host(live_host)
+    t_idx = net.t_idx
     alive_at: dict[int, int] = {}
     for _, _, phase, tid, delta, d in events[:peak_index + 1]:
         if d != ACCEL:
@@ -400,17 +394,24 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
             alive_at[tid] = delta
         else:
             alive_at.pop(tid, None)
-    live_at_peak = tuple(sorted(((tensor_names[k], v) for k, v in alive_at.items()), key=lambda kv: (-kv[1], kv[0])))
+    live_at_peak = tuple(sorted(((f"{names[t_op[tid_buf[k]]]}:{t_idx[tid_buf[k]]}", v) for k, v in alive_at.items()),
+                                key=lambda kv: (-kv[1], kv[0])))
     margin = int(peak * options.margin_fraction) + options.margin_bytes
-    records.sort()  # (start, end, name): names are unique
-    new_record = tuple.__new__  # OpRecord(...) without the NamedTuple's Python-level __new__ (thousands per run)
-    op_records = tuple([new_record(OpRecord, (name, dev[i], stream, t0, t1)) for t0, t1, name, i, stream in records])
-    t_idx = net.t_idx
-    buffer_owner = {f"{names[t_op[t]]}:{t_idx[t]}": f"{names[t_op[o]]}:{t_idx[o]}"
-                    for t, o in enumerate(buffer_of) if o != t and in_order[t]}
+    sizes = {tid: delta for _, _, phase, tid, delta, d in events if phase == 0 and d == ACCEL}
+    details = SimDetails(
+        names=tuple(names), t_op=array("i", t_op), t_idx=array("i", t_idx), order=array("i", order),
+        start=array("d", map(start.__getitem__, order)), end=array("d", map(end.__getitem__, order)),
+        streams=bytes([(2 if dev[i] == ACCEL else 3) if is_transfer[i] else (1 if dev[i] == HOST else 0)
+                       for i in order]),
+        times=times, accel=accel, host=host, buffer_of=array("i", buffer_of), in_order=bytes(in_order),
+        lt_buf=array("i", map(tid_buf.__getitem__, device_tids)), lt_size=array("q", map(sizes.__getitem__, device_tids)),
+        lt_first=array("i", map(first.__getitem__, device_tids)),
+        lt_last=array("i", [max(first[tid], last_event[tid]) for tid in device_tids]))
     return SimResult(
         profile=profile.name, peak_bytes=peak, resident_bytes=resident_bytes,
         transient_peak_bytes=peak - resident_bytes, peak_with_margin_bytes=peak + margin, peak_time_s=peak_time,
         live_at_peak=live_at_peak, host_peak_bytes=host_peak, step_time_s=step_time, compute_time_s=compute_time,
-        transfer_time_s=transfer_time, stall_time_s=stall, timeline=tuple(timeline), ops=op_records,
-        unknown_size_tensors=tuple(unknown), buffer_owner=buffer_owner, buffer_lifetimes=tuple(lifetimes))
+        transfer_time_s=transfer_time, stall_time_s=stall, timeline=SequenceView(details, "timeline"),
+        ops=SequenceView(details, "ops"), unknown_size_tensors=tuple(unknown),
+        buffer_owner=MappingView(details, "buffer_owner"), buffer_lifetimes=SequenceView(details, "buffer_lifetimes"),
+        details=details)

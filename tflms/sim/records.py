@@ -6,8 +6,8 @@ The model they describe is in the module doc of :mod:`tflms.sim.simulator`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import NamedTuple
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from tflms.devices import normalize_device
 from tflms.errors import ConfigError
@@ -68,6 +68,117 @@ class OpRecord(NamedTuple):
     end_s: float
 
 
+#: Stream of an op in :attr:`SimDetails.streams` (one byte per op of the order).
+STREAMS = ("compute", "host", "h2d", "d2h")
+
+
+class SimDetails:
+    """What one simulation recorded op by op and buffer by buffer, in flat arrays.
+
+    :class:`SimResult`'s ``ops``, ``timeline``, ``buffer_owner`` and ``buffer_lifetimes`` are views of it, built
+    when first read and kept until :meth:`release` (:meth:`SimResult.release_views`). A tune simulates hundreds of
+    candidates of a 40,000-op step and reads these views of a few: as tuples of tuples and dicts of strings they
+    took about 300 bytes per op per candidate, 6.9 GiB for DenseNet-121's tune at batch 1143 (docs/design.md,
+    "Tuning memory"). Built by :func:`tflms.sim.engine._run`, which owns the arrays it passes.
+    """
+
+    __slots__ = ("names", "t_op", "t_idx", "order", "start", "end", "streams", "times", "accel", "host",
+                 "buffer_of", "in_order", "lt_buf", "lt_size", "lt_first", "lt_last", "_views")
+
+    def __init__(self, *, names: Sequence[str], t_op: Sequence[int], t_idx: Sequence[int], order: Sequence[int],
+                 start: Sequence[float], end: Sequence[float], streams: bytes, times: Sequence[float],
+                 accel: Sequence[int], host: Sequence[int], buffer_of: Sequence[int], in_order: bytes,
+                 lt_buf: Sequence[int], lt_size: Sequence[int], lt_first: Sequence[int], lt_last: Sequence[int]):
+        # ops: ``order[k]`` ran on ``STREAMS[streams[k]]`` from ``start[k]`` to ``end[k]`` (by position in the order)
+        self.names, self.t_op, self.t_idx = names, t_op, t_idx
+        self.order, self.start, self.end, self.streams = order, start, end, streams
+        # timeline: after memory event ``k``, at ``times[k]``, ``accel[k]`` device and ``host[k]`` host bytes live
+        self.times, self.accel, self.host = times, accel, host
+        # tensor ``t``'s buffer is tensor ``buffer_of[t]``'s; ``in_order[t]``: its op is in the order
+        self.buffer_of, self.in_order = buffer_of, in_order
+        # device buffers in order of their first memory event: tensor, bytes, first and last event (inclusive)
+        self.lt_buf, self.lt_size, self.lt_first, self.lt_last = lt_buf, lt_size, lt_first, lt_last
+        self._views: dict[str, Any] = {}
+
+    def tensor_name(self, t: int) -> str:
+        return f"{self.names[self.t_op[t]]}:{self.t_idx[t]}"
+
+    def view(self, kind: str) -> Any:
+        """``"ops"``, ``"timeline"``, ``"buffer_owner"`` or ``"buffer_lifetimes"``, as :class:`SimResult` types them."""
+        value = self._views.get(kind)
+        if value is None:
+            value = self._views[kind] = getattr(self, f"_build_{kind}")()
+        return value
+
+    def release(self) -> None:
+        """Drop the views built so far (they are built again when read)."""
+        self._views.clear()
+
+    def _build_ops(self) -> tuple[OpRecord, ...]:
+        names, new = self.names, tuple.__new__  # OpRecord(...) without the NamedTuple's Python-level __new__
+        records = sorted(zip(self.start, self.end, map(names.__getitem__, self.order), self.streams))
+        return tuple([new(OpRecord, (name, _device_of(stream), STREAMS[stream], t0, t1))
+                      for t0, t1, name, stream in records])
+
+    def _build_timeline(self) -> tuple[tuple[float, int, int], ...]:
+        return tuple(zip(self.times, self.accel, self.host))
+
+    def _build_buffer_owner(self) -> dict[str, str]:
+        name, in_order = self.tensor_name, self.in_order
+        return {name(t): name(o) for t, o in enumerate(self.buffer_of) if o != t and in_order[t]}
+
+    def _build_buffer_lifetimes(self) -> tuple[tuple[str, int, int, int], ...]:
+        name = self.tensor_name
+        return tuple((name(t), size, first, last)
+                     for t, size, first, last in zip(self.lt_buf, self.lt_size, self.lt_first, self.lt_last))
+
+
+def _device_of(stream: int) -> str:
+    """The device class (``tflms.sim.indexed.ACCEL`` / ``HOST``) an op of ``stream`` ran on (a copy's destination)."""
+    return "host" if stream in (1, 3) else "accelerator"
+
+
+class _View:
+    """A :class:`SimDetails` view, built on first use (see there); compares equal to the value it stands for."""
+
+    __slots__ = ("_details", "_kind")
+
+    def __init__(self, details: SimDetails, kind: str):
+        self._details, self._kind = details, kind
+
+    def _value(self) -> Any:
+        return self._details.view(self._kind)
+
+    def __len__(self) -> int:
+        return len(self._value())
+
+    def __iter__(self) -> Iterator:
+        return iter(self._value())
+
+    def __getitem__(self, key):
+        return self._value()[key]
+
+    def __contains__(self, item) -> bool:
+        return item in self._value()
+
+    def __eq__(self, other) -> bool:
+        other = other._value() if isinstance(other, _View) else other
+        return self._value() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._value())
+
+
+class SequenceView(_View, Sequence):
+    """``SimResult.ops``, ``timeline`` and ``buffer_lifetimes`` of a simulation (a tuple when built)."""
+
+
+class MappingView(_View, Mapping):
+    """``SimResult.buffer_owner`` of a simulation (a dict when built)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SimResult:
     """The simulator's answer for one graph on one profile."""
@@ -84,13 +195,22 @@ class SimResult:
     compute_time_s: float
     transfer_time_s: float
     stall_time_s: float  # time compute waited for transfers
-    timeline: tuple[tuple[float, int, int], ...]  # (time, accelerator bytes, host bytes) after each change
-    ops: tuple[OpRecord, ...]
+    # The next four are tuples (a dict) or, from the simulator, views of its SimDetails built when first read
+    # (``SequenceView``, ``MappingView``; :meth:`release_views`).
+    timeline: Sequence[tuple[float, int, int]]  # (time, accelerator bytes, host bytes) after each change
+    ops: Sequence[OpRecord]  # in order of (start, end, name)
     unknown_size_tensors: tuple[str, ...]
     buffer_owner: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)  # tensor -> buffer
     #: accelerator buffers as (name, bytes, first, last): alive from memory event ``first`` to ``last``
     #: inclusive (event indices in time order), the input of the memory planner (``tflms.plan``).
-    buffer_lifetimes: tuple[tuple[str, int, int, int], ...] = dataclasses.field(default=(), repr=False)
+    buffer_lifetimes: Sequence[tuple[str, int, int, int]] = dataclasses.field(default=(), repr=False)
+    details: SimDetails | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def release_views(self) -> None:
+        """Free the memory of ``ops``, ``timeline``, ``buffer_owner`` and ``buffer_lifetimes`` once built: they are
+        built again from :attr:`details` when next read. The tuner calls it on candidates it is done with."""
+        if self.details is not None:
+            self.details.release()
 
     def tensors_sharing(self, owner: str) -> list[str]:
         """Tensors that live in ``owner``'s buffer (aliases and forwarded outputs)."""

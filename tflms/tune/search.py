@@ -7,6 +7,8 @@ Each search judges candidates through one :class:`TuneEvaluator` (simulated by
 
 from __future__ import annotations
 
+import collections
+
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -49,6 +51,8 @@ AHEAD_PATIENCE = 2
 NO_OVERHEAD_PATIENCE = 4
 #: Simulations whose scored idle-time candidates the tuner keeps (the searches revisit the last one or two).
 SCORED_MEMO_SIZE = 4
+#: Simulations recorded last whose views (``ops``, ``timeline``, ...) the tuner keeps built (:meth:`TuneEvaluator.record`).
+VIEWS_KEPT = 4
 
 
 class TuneEvaluator:
@@ -76,6 +80,7 @@ class TuneEvaluator:
         #: what the policies are given besides the analysis and the config (``baseline`` set once simulated)
         self.context = PlanContext(accelerator, profile)
         self._scored: dict[int, tuple[SimResult, list]] = {}  # id(sim) -> (sim, its scored idle candidates)
+        self._recent: collections.deque[SimResult] = collections.deque()  # the last sims recorded, views kept
 
     def graph_of(self, cand: Candidate) -> Graph:
         """The rewritten graph of ``cand`` (built once, on demand: only the winner's is needed)."""
@@ -126,11 +131,22 @@ class TuneEvaluator:
         if graph is not None:
             self.graphs[id(cand)] = graph
         self.candidates.append(cand)
+        self._keep_views(sim)
         if self.progress:
             self.progress(f"{strategy} {params}{' ' + what if what else ''}: peak "
                           f"{format_bytes(sim.peak_with_margin_bytes)}, step {sim.step_time_s * 1e3:.2f} ms"
                           f"{'' if cand.fits else ' (' + why + ')'}")
         return cand
+
+    def _keep_views(self, sim: SimResult) -> None:
+        """Keep the built views (:class:`~tflms.sim.records.SimDetails`) of the last :data:`VIEWS_KEPT` simulations
+        recorded, and release the older ones': the searches read the views of the simulation they just made, and
+        a view read again later (the winner's, when pruning) is built again."""
+        if any(s is sim for s in self._recent):  # (by identity: equality would compare the views)
+            return
+        self._recent.append(sim)
+        if len(self._recent) > VIEWS_KEPT:
+            self._recent.popleft().release_views()
 
     def scored(self, sim: SimResult) -> list:
         """:func:`~tflms.policies.idle_time.scored_candidates` of ``sim``, kept for the last few simulations
