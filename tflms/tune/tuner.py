@@ -276,7 +276,13 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
             f"({smallest.strategy} {smallest.params}); give a budget of at least that, or a smaller batch. "
             f"Resident variables alone take {format_bytes(baseline.resident_bytes)}.")
         error.candidates, error.baseline = tuple(ev.candidates), baseline  # what was tried, for reports
-        raise error
+        try:
+            raise error
+        finally:
+            # (the error's traceback holds this frame: a local naming the error would make a cycle that keeps
+            # this tune's evaluator, every candidate and graph, alive until the next full collection; the hybrid
+            # search catches several of these from its nested tunes)
+            del error
     best = min(fitting, key=rank)
     return TuneResult(budget_bytes=budget_bytes, profile=profile.name, baseline=baseline, best=best,
                       candidates=tuple(ev.candidates), graph=ev.graph_of(best), analysis=analysis)
