@@ -69,7 +69,9 @@ BALANCED_SLACKS = (1.0, 1.5)
 #: the re-runs of a chain whose every op reads every earlier one (a dense block's concatenations) re-run all of it.
 SPLIT_MAX_CLONES = 2.0
 #: The split plans that get swaps (the fastest of the closest misses first): each is a full swap search on a graph
-#: of tens of thousands of ops, and with three DenseNet-121's tune at batch 1143 reached 24.2 GB of resident memory.
+#: of tens of thousands of ops. With three, BERT-base at batch 353 on v100-16gb-pcie3 chose the same plan (+46.6%)
+#: in 255.6 s instead of 225.2 s. (Three were first ruled out for memory: DenseNet-121's tune at batch 1143 reached
+#: 24.2 GB, which came from reference cycles since broken; docs/design.md, "Tuning memory".)
 SPLIT_HYBRIDS = 1
 #: Simulations :func:`_relax` may take.
 RELAX_BISECTIONS = 10
