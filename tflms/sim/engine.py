@@ -372,12 +372,13 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
     add_time, add_accel, add_host = times.append, accel.append, host.append
     first = [0] * len(tid_buf)
     last_event = [0] * len(tid_buf)
+    size_of = [0] * len(tid_buf)
     device_tids: list[int] = []  # in order of their first event
     for k, (t, _, phase, tid, delta, d) in enumerate(events):
         if d == ACCEL:
             live_accel += delta
             if phase == 0:
-                first[tid] = k
+                first[tid], size_of[tid] = k, delta
                 device_tids.append(tid)
                 if live_accel > peak:
                     peak, peak_index, peak_time = live_accel, k, t
@@ -402,14 +403,14 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
     live_at_peak = tuple(sorted(((f"{names[t_op[tid_buf[k]]]}:{t_idx[tid_buf[k]]}", v) for k, v in alive_at.items()),
                                 key=lambda kv: (-kv[1], kv[0])))
     margin = int(peak * options.margin_fraction) + options.margin_bytes
-    sizes = {tid: delta for _, _, phase, tid, delta, d in events if phase == 0 and d == ACCEL}
     details = SimDetails(
         names=tuple(names), t_op=array("i", t_op), t_idx=array("i", t_idx), order=array("i", order),
         start=array("d", map(start.__getitem__, order)), end=array("d", map(end.__getitem__, order)),
         streams=bytes([(2 if dev[i] == ACCEL else 3) if is_transfer[i] else (1 if dev[i] == HOST else 0)
                        for i in order]),
         times=times, accel=accel, host=host, buffer_of=array("i", buffer_of), in_order=bytes(in_order),
-        lt_buf=array("i", map(tid_buf.__getitem__, device_tids)), lt_size=array("q", map(sizes.__getitem__, device_tids)),
+        lt_buf=array("i", map(tid_buf.__getitem__, device_tids)),
+        lt_size=array("q", map(size_of.__getitem__, device_tids)),
         lt_first=array("i", map(first.__getitem__, device_tids)),
         lt_last=array("i", [max(first[tid], last_event[tid]) for tid in device_tids]))
     return SimResult(

@@ -77,9 +77,9 @@ class SimDetails:
 
     :class:`SimResult`'s ``ops``, ``timeline``, ``buffer_owner`` and ``buffer_lifetimes`` are views of it, built
     when first read and kept until :meth:`release` (:meth:`SimResult.release_views`). A tune simulates hundreds of
-    candidates of a 40,000-op step and reads these views of a few: as tuples of tuples and dicts of strings they
-    took about 300 bytes per op per candidate, 6.9 GiB for DenseNet-121's tune at batch 1143 (docs/design.md,
-    "Tuning memory"). Built by :func:`tflms.sim.engine._run`, which owns the arrays it passes.
+    candidates of a 40,000-op step and reads these views of a few: built eagerly, as tuples of tuples and dicts of
+    strings, they took about 300 bytes per op per candidate (docs/design.md, "Tuning memory"). Built by
+    :func:`tflms.sim.engine._run`, which owns the arrays it passes.
     """
 
     __slots__ = ("names", "t_op", "t_idx", "order", "start", "end", "streams", "times", "accel", "host",

@@ -8,7 +8,6 @@ Each search judges candidates through one :class:`TuneEvaluator` (simulated by
 from __future__ import annotations
 
 import collections
-
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -51,7 +50,8 @@ AHEAD_PATIENCE = 2
 NO_OVERHEAD_PATIENCE = 4
 #: Simulations whose scored idle-time candidates the tuner keeps (the searches revisit the last one or two).
 SCORED_MEMO_SIZE = 4
-#: Simulations recorded last whose views (``ops``, ``timeline``, ...) the tuner keeps built (:meth:`TuneEvaluator.record`).
+#: Simulations recorded last whose views (``ops``, ``timeline``, ...) the tuner keeps built
+#: (:meth:`TuneEvaluator.record`).
 VIEWS_KEPT = 4
 
 
