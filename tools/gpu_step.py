@@ -204,8 +204,8 @@ def simulate_rows(result: dict[str, Any], profile_name: str | None = None, progr
         out.append({**row, "profile": profile.name, "sim_plain_s": plain.step_time_s,
                     "sim_contractions_s": contractions, "sim_ops": len(times),
                     "sim_checkpointed_s": ckpt.step_time_s, "sim_plain_peak_bytes": plain.peak_bytes,
-                    "sim_checkpointed_peak_bytes": ckpt.peak_bytes, "sim_recomputed_ops": sum(len(d.clones) for d in decisions),
-                    "segments": int(cfg["layers"])})
+                    "sim_checkpointed_peak_bytes": ckpt.peak_bytes,
+                    "sim_recomputed_ops": sum(len(d.clones) for d in decisions), "segments": int(cfg["layers"])})
     return out
 
 

@@ -25,8 +25,6 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-GIB = 2**30
-
 
 def plans_at(steps: Any, model: str, size: int, profile_name: str) -> list[dict[str, Any]]:
     """One row per checkpoint choice at ``model``'s ``size`` on ``profile_name``."""
@@ -68,12 +66,13 @@ def plans_at(steps: Any, model: str, size: int, profile_name: str) -> list[dict[
 
 
 def table(rows: list[dict[str, Any]]) -> str:
+    from tflms.units import format_bytes
     lines = ["| model | size | plan | articulations kept | peak, level order | peak, order pinned | step |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
-        ordered = "-" if r["ordered_peak_bytes"] is None else f"{r['ordered_peak_bytes'] / GIB:.2f} GiB"
+        ordered = "-" if r["ordered_peak_bytes"] is None else format_bytes(r["ordered_peak_bytes"])
         lines.append(f"| {r['model']} | {r['size']} | {r['plan']} | {'-' if r['kept'] is None else r['kept']} | "
-                     f"{r['level_peak_bytes'] / GIB:.2f} GiB | {ordered} | {r['step_s']:.2f} s |")
+                     f"{format_bytes(r['level_peak_bytes'])} | {ordered} | {r['step_s']:.2f} s |")
     return "\n".join(lines)
 
 
