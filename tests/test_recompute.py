@@ -236,6 +236,59 @@ def test_auto_is_never_slower_than_swapping_alone(bert_graph):
         assert not {"recompute", "hybrid"} & {c.strategy for c in free.candidates}
 
 
+def test_swaps_are_searched_for_misses_least_compute_first_until_a_fit_beats_the_next():
+    """A hybrid runs every op of its recompute plan, and more: a step never computes less than its compute stream's
+    work, so once a fit is faster than a miss's compute time, no hybrid of that miss can win."""
+    import types
+
+    from tflms.tune.hybrid import _while_faster
+
+    def cand(compute_s, step_s=None, fits=False):  # a candidate as far as the search reads it
+        return types.SimpleNamespace(fits=fits, sim=types.SimpleNamespace(compute_time_s=compute_s,
+                                                                           step_time_s=step_s or compute_s))
+    misses = [cand(3.0), cand(1.0), cand(2.0)]
+    searched = []
+
+    def search(fit_s):
+        def run(c):
+            searched.append(c.sim.compute_time_s)
+            return [cand(c.sim.compute_time_s, fit_s(c), fits=fit_s(c) is not None)]
+        return run
+    found = _while_faster(misses, search(lambda c: 1.5))  # the first fit (1.5 s) beats 2.0 and 3.0
+    assert searched == [1.0] and [h.sim.step_time_s for h in found] == [1.5]
+    searched.clear()
+    _while_faster(misses, search(lambda c: 2.5))  # 2.5 s does not beat the 2.0 s miss, and beats the 3.0 s one
+    assert searched == [1.0, 2.0]
+    searched.clear()
+    _while_faster(misses, search(lambda c: None))  # nothing fits: every miss searched
+    assert searched == [1.0, 2.0, 3.0]
+    searched.clear()
+    assert _while_faster(misses, search(lambda c: 0.5), fits=[cand(0.9, fits=True)]) == []  # a fit already
+    assert searched == []
+
+
+def test_skipping_misses_that_cannot_win_keeps_the_choice(bert_graph, monkeypatch):
+    """The kit's BERT over a slow link at 80% of its transient peak: the fastest miss's hybrid fits faster than the
+    next miss computes, so that nested swap tune is skipped, and the tuner chooses what it chose searching all."""
+    from tflms.tune import hybrid
+    calls = []
+    original = hybrid._hybrids
+
+    def counted(ev, c, rgraph, nested):
+        calls.append(c.params)
+        return original(ev, c, rgraph, nested)
+    monkeypatch.setattr(hybrid, "_hybrids", counted)
+    _, _, skipping = _tuned(bert_graph, 0.8, "auto", _slow_link())
+    skipped_calls = len(calls)
+    calls.clear()
+    monkeypatch.setattr(hybrid, "_while_faster", lambda misses, search, fits=(): [h for c in misses for h in search(c)])
+    _, _, every = _tuned(bert_graph, 0.8, "auto", _slow_link())
+    assert skipped_calls < len(calls) == hybrid.HYBRIDS
+    assert skipping.best.strategy == every.best.strategy == "hybrid"
+    assert skipping.best.params == every.best.params and skipping.best.plan == every.best.plan
+    assert skipping.best.sim.step_time_s == every.best.sim.step_time_s
+
+
 def test_a_recompute_only_rewrite_trains_bitwise_through_tflms_function():
     import tflms
     from tflms.testing import snapshot as snap
