@@ -147,3 +147,25 @@ def test_a_keras_applications_resnet_trains_bitwise_with_the_order_pinned_first(
     assert report.order["before_swaps"] and report.num_swapped > 0
     assert not ran.missing_after_optimization(report.inserted_ops)
     assert_bitwise_equal(plain, state, "tflms (order pinned first) vs plain")
+
+
+def test_the_unswapped_step_goes_through_the_order_pass_once_per_tune(step_graph, monkeypatch):
+    """The order-first search orders the unswapped step, and the finalists judged in the enforced order include it
+    (the unswapped step, or a plan that swaps nothing): one pass serves both, half a second on ResNet-50."""
+    import tflms.passes.order as order_pass
+    import tflms.tune.tuner as tuner
+    graph, budget = step_graph
+    unswapped = {op.name: tuple(op.control_inputs) for op in graph}
+    calls = []
+    original = order_pass.enforce_order
+
+    def counted(g, *args, **kwargs):
+        calls.append({op.name: tuple(op.control_inputs) for op in g} == unswapped)
+        return original(g, *args, **kwargs)
+    monkeypatch.setattr(order_pass, "enforce_order", counted)
+    result = tuner.tune(graph, budget=budget, profile=SLOW, enforce_order=True)
+    assert result.best.params["order_first"] > 0  # the order-first search ran
+    judged = [c for c in result.candidates
+              if c.order is not None and not (c.plan and (c.plan.swaps or c.plan.recomputes))]
+    assert judged  # and the unswapped step was judged in the enforced order too
+    assert calls.count(True) == 1 and len(judged) == 1

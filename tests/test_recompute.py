@@ -429,6 +429,9 @@ def test_the_order_first_hybrids_are_searched_when_the_fastest_fit_stalls_on_its
     base = simulate(graph, PROFILE)
     budget = base.resident_bytes + int(0.65 * base.transient_peak_bytes)  # level-order hybrids fit here
 
+    # every miss searched: here the level-order fits beat the misses' compute, which would skip their swap searches
+    monkeypatch.setattr(hybrid, "_while_faster", lambda misses, search, fits=(): [h for c in misses for h in search(c)])
+
     def searched(fraction):
         monkeypatch.setattr(hybrid, "ORDERED_STALL_FRACTION", fraction)
         result = tune(graph, budget=budget, profile=PROFILE, strategies=["idle-time", "recompute"], enforce_order=True)
