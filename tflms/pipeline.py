@@ -116,13 +116,14 @@ def _observer(concrete: Any, example_inputs: Sequence[Any] | None) -> Callable[[
                                                               variables=concrete.graph.variables)
 
 
-def _ran_check(concrete: Any, example_inputs: Sequence[Any] | None) -> Callable[[Any, Any], Any] | None:
-    """How LOAD learns which ops TensorFlow's own run of ``concrete`` has: one call with ``example_inputs``."""
+def _ran_check(concrete: Any, example_inputs: Sequence[Any] | None) -> Callable[[Any], Any] | None:
+    """How LOAD learns which accumulators TensorFlow's own run of ``concrete`` makes: one call with
+    ``example_inputs``."""
     if example_inputs is None:
         return None
-    from tflms.measure.accumulations import ops_that_ran
-    return lambda function, names: ops_that_ran(function, list(example_inputs), names,
-                                                variables=concrete.graph.variables)
+    from tflms.measure.accumulations import instantiated_accumulators
+    return lambda function: instantiated_accumulators(function, list(example_inputs),
+                                                      variables=concrete.graph.variables)
 
 
 def rewrite(source: Any, config: LMSConfig | None = None, *args: Any, copy_op: str = DEFAULT_COPY_OP,

@@ -46,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tflms._compat import grappler as compat
@@ -225,9 +225,10 @@ ORDER_GPU_INLINE = "gpu-inline"  # a GPU's executor: inexpensive kernels inline,
 #: ``observe(unpinned function, {accumulator: its AssignAdd names}) -> {accumulator: AssignAdd names in the
 #: order they ran}``; raises :class:`~tflms.errors.TflmsError` saying why it could not observe.
 Observer = Callable[[Any, Mapping[str, Sequence[str]]], Mapping[str, Sequence[str]]]
-#: ``ran(the user's function, node names) -> the names among them that ran in one call of it``
-#: (:func:`tflms.measure.accumulations.ops_that_ran`); raises :class:`~tflms.errors.TflmsError` saying why not.
-RanCheck = Callable[[Any, Iterable[str]], set]
+#: ``ran(the user's function) -> {accumulator (the AddN's name): its nodes}`` that TensorFlow's own instantiation
+#: made, from one call of it (:func:`tflms.measure.accumulations.instantiated_accumulators`); raises
+#: :class:`~tflms.errors.TflmsError` saying why not.
+RanCheck = Callable[[Any], Mapping[str, Sequence[Any]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,12 +254,13 @@ def preoptimize(concrete_function, observe: Observer | None = None, ran: RanChec
     which this machine's executor sums each grappler accumulator on a CPU
     (:func:`pin_accumulations`); without it a CPU's usual order is assumed.
 
-    ``ran``: how to learn whether TensorFlow's own instantiation of ``concrete_function`` makes the
-    accumulators the pre-pass made on a CPU (one call of the user's step, its variables restored). The
-    memory optimizer's choice follows a schedule grappler's cost model predicts, and a difference too
-    small to find between the pre-pass and instantiation can tip it (docs/design.md, "Exceptions to
-    bitwise"; keras.applications ResNet50 at 64x64, batch 4). Where instantiation made none of them, the
-    pre-pass runs again without the memory optimizer, as TensorFlow's run of the step left it.
+    ``ran``: how to learn which accumulators TensorFlow's own instantiation of ``concrete_function`` makes on a
+    CPU (one call of the user's step, its variables restored), asked where the pre-pass made one or could have
+    (an ``AddN`` of more than two inputs). The memory optimizer's choice follows a schedule grappler's cost model
+    predicts, and differences between the pre-pass and instantiation can tip it either way (docs/design.md,
+    "Exceptions to bitwise"; keras.applications ResNet50 at 64x64, batch 4, and at 96x96 in ``fit``). Where
+    they differ, the pre-pass runs again without the memory optimizer and takes instantiation's accumulators
+    (:func:`_with_accumulators`).
     """
     if _xla_compiled(concrete_function) or compat.is_grappler_done(concrete_function):
         return concrete_function
@@ -293,10 +295,13 @@ def _preoptimize(concrete_function, observe: Observer | None, ran: RanCheck | No
     name = f"{concrete_function.graph.name}_optimized"
     default_device = compat.default_device()
     on_cpu = _cpu_accumulations(graph, default_device)
-    if on_cpu and ran is not None and not _made_by_instantiation(concrete_function, on_cpu, ran):
-        graph_def, outputs = preoptimized_graph_def(concrete_function, memory_optimizer=False)
-        graph = _graph_of(concrete_function, graph_def, outputs)
-        on_cpu = _cpu_accumulations(graph, default_device)
+    if ran is not None and (on_cpu or _may_accumulate(graph, default_device)):
+        made = _made_by_instantiation(concrete_function, ran)
+        if made is not None and set(made) != set(on_cpu):
+            graph_def, outputs = preoptimized_graph_def(concrete_function, memory_optimizer=False)
+            graph_def = _with_accumulators(graph_def, made, sorted(on_cpu))
+            graph = _graph_of(concrete_function, graph_def, outputs)
+            on_cpu = _cpu_accumulations(graph, default_device)
     observed, why = None, ("no call of the step to observe (tflms.function and the Keras callback observe their "
                            "first call)")
     if on_cpu and observe is not None:
@@ -332,29 +337,67 @@ def _graph_of(concrete_function, graph_def, outputs):
     return graph
 
 
-def _made_by_instantiation(concrete_function, adds: Mapping[str, Sequence[str]], ran: RanCheck) -> bool:
-    """Whether TensorFlow's instantiation of ``concrete_function`` makes the accumulators ``adds`` (``{result:
-    its AssignAdd names}``) the pre-pass made: ``True`` when it makes them all, or when that cannot be learned
-    (logged); ``False`` when it makes none of them (logged)."""
+def _may_accumulate(graph, default_device: str) -> bool:
+    """Whether ``graph`` has an ``AddN`` off the GPU that grappler's memory optimizer could turn into an
+    accumulator (one of more than two inputs)."""
+    return any(op.type == "AddN" and len(op.inputs) > 2 and not _on_gpu(op, default_device) for op in graph.ops)
+
+
+def _made_by_instantiation(concrete_function, ran: RanCheck) -> Mapping[str, Sequence[Any]] | None:
+    """The accumulators TensorFlow's own instantiation of ``concrete_function`` makes (``{result: its nodes}``), or
+    ``None`` when that cannot be learned (logged)."""
     try:
-        seen = ran(concrete_function, [n for names in adds.values() for n in names])
+        return ran(concrete_function)
     except TflmsError as err:
-        logger.warning("tflms: could not check whether TensorFlow itself makes the %d grappler accumulator(s) the "
-                       "pre-pass made (%s); keeping them, so training may not be bitwise like the original's (an accumulator "
-                       "sums in another order; docs/design.md, 'Exceptions to bitwise')", len(adds), err)
-        return True
-    made = [result for result, names in adds.items() if set(names) <= seen]
-    if not made:
-        logger.info("tflms: TensorFlow's own run of the step made none of the %d grappler accumulator(s) the pre-pass "
-                    "made (%s); pre-optimizing without grappler's memory optimizer, as that run was", len(adds),
-                    ", ".join(sorted(adds)[:3]))
-        return False
-    if len(made) < len(adds):
-        logger.warning("tflms: TensorFlow's own run of the step made %d of the %d grappler accumulator(s) the "
-                       "pre-pass made (not %s); keeping them all, so training may not be bitwise like the original's "
-                       "(docs/design.md, 'Exceptions to bitwise')", len(made), len(adds),
-                       ", ".join(sorted(set(adds) - set(made))[:3]))
-    return True
+        logger.warning("tflms: could not learn which grappler accumulators TensorFlow itself makes of this step (%s); "
+                       "keeping the pre-pass's, so training may not be bitwise like the original's (an accumulator "
+                       "sums in another order; docs/design.md, 'Exceptions to bitwise')", err)
+        return None
+
+
+def _with_accumulators(graph_def, made: Mapping[str, Sequence[Any]], pre_pass: Sequence[str]):
+    """``graph_def`` (pre-optimized without the memory optimizer) with the accumulators TensorFlow's instantiation
+    made (``made``: ``{result: its nodes}``) in place of their ``AddN`` s.
+
+    The memory optimizer decides from a schedule grappler's cost model predicts, and differences too small to
+    remove between the pre-pass and instantiation (argument names, the feeds' costs) move that schedule's peak: on
+    one machine the pre-pass made an accumulator that instantiation did not (issue 30), on another instantiation
+    made one the pre-pass did not (keras.applications ResNet50 at 96x96 in ``fit``). So where they differ, the
+    step is pre-optimized without the memory optimizer and given instantiation's own nodes (their names, attributes
+    and inputs as TensorFlow ran them; each placed where its ``AddN`` was). An accumulator whose ``AddN`` is not
+    there with the same inputs is left out (logged): that step may not train bitwise like the original.
+    """
+    from tensorflow.core.framework import graph_pb2
+    nodes = {n.name: n for n in graph_def.node}
+    grafts, refused = {}, []
+    for result, group in made.items():
+        addn = nodes.get(result)
+        adds = [n for n in group if n.op == "AssignAdd"]
+        inputs = sorted(i for i in addn.input if not i.startswith("^")) if addn is not None else None
+        outside = {i.lstrip("^").split(":")[0] for n in group for i in n.input} - {n.name for n in group}
+        if (addn is None or addn.op != "AddN" or inputs != sorted(n.input[1] for n in adds)
+                or not outside <= set(nodes)):
+            refused.append(result)
+            continue
+        grafts[result] = group
+    if refused:
+        logger.warning("tflms: TensorFlow's own run of this step sums %d AddN(s) in a grappler accumulator that the "
+                       "pre-optimized step does not have with the same inputs (%s); they stay AddNs, so training may "
+                       "not be bitwise like the original's (docs/design.md, 'Exceptions to bitwise')", len(refused),
+                       ", ".join(sorted(refused)[:3]))
+    logger.info("tflms: grappler's accumulators as TensorFlow's own run of the step made them: %s (the pre-pass "
+                "made %s)", ", ".join(sorted(grafts)) or "none", ", ".join(pre_pass) or "none")
+    out = graph_pb2.GraphDef()
+    out.versions.CopyFrom(graph_def.versions)
+    out.library.CopyFrom(graph_def.library)
+    for node in graph_def.node:
+        for copy in grafts.get(node.name, (node,)):
+            added = out.node.add()
+            added.CopyFrom(copy)
+            if copy is not node:
+                added.device = node.device
+                added.attr.pop("_XlaHasReferenceVars", None)  # (instantiation marks every node it runs so)
+    return out
 
 
 def _accumulations(graph):

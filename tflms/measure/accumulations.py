@@ -63,21 +63,47 @@ def observe_accumulation_orders(function: Any, args: Sequence[Any], adds: Mappin
     return orders
 
 
-def ops_that_ran(function: Any, args: Sequence[Any], names: Iterable[str], *,
-                 variables: Iterable[Any]) -> set[str]:
-    """Which of the node ``names`` ran in one call ``function(*args)`` (TensorFlow's profiler; ``variables``
-    restored after the call, as :func:`observe_accumulation_orders` does).
+def instantiated_accumulators(function: Any, args: Sequence[Any], *, variables: Iterable[Any]) -> dict[str, list]:
+    """The accumulators TensorFlow's own instantiation of ``function`` made, from one call ``function(*args)``:
+    ``{result (the AddN's name): its nodes (``NodeDef`` copies, in the order of the graph TensorFlow ran)}``.
 
-    Called with the user's own step, it tells what TensorFlow's instantiation made of it: whether grappler
-    turned an ``AddN`` into the accumulator whose ``AssignAdd`` s are named here.
-    Raises :class:`ObservationError` saying why when the call cannot be made or traced.
+    Read from the post-optimization graph TensorFlow reports for the call (run metadata), so it is grappler's
+    decision at instantiation whatever made it (device descriptions, names, the schedule its cost model
+    predicts). ``variables`` are restored after the call, as :func:`observe_accumulation_orders` does. Raises
+    :class:`ObservationError` saying why when the call cannot be made, or TensorFlow reports no graph for it (the
+    function ran before: its instantiation is not repeated).
     """
-    return set(end_order(_profiled_call(function, args, variables), names))
+    from tflms._compat.tf import eager_context
+    from tflms.ir.preoptimize import ACCUMULATOR_RESULT_TYPE
+    ctx = eager_context()
+    saved = _restorable(function, args, variables)
+    ctx.enable_run_metadata()
+    ctx.export_run_metadata()  # drop what earlier calls left behind
+    try:
+        function(*args)
+        graphs = list(ctx.export_run_metadata().function_graphs)
+    except Exception as err:  # noqa: BLE001 - any failure of the trial call means: not learned
+        raise ObservationError(f"the trial call failed ({type(err).__name__}: {str(err)[:200]})") from err
+    finally:
+        ctx.disable_run_metadata()
+        _restore(saved)
+    if not graphs:
+        raise ObservationError("TensorFlow reported no graph for the call (the step was instantiated before)")
+    ran = max((g.post_optimization_graph for g in graphs), key=lambda g: len(g.node))
+    made: dict[str, list] = {}
+    for node in ran.node:
+        if node.op == ACCUMULATOR_RESULT_TYPE:
+            made[node.name] = []
+    for node in ran.node:  # grappler names them <AddN>/tmp_var, _zeros, _initializer and _accum_<i>
+        owner = node.name if node.name in made else node.name.rpartition("/")[0]
+        if owner in made and (node.name == owner or node.name.startswith(f"{owner}/tmp_var")):
+            made[owner].append(type(node).FromString(node.SerializeToString()))
+    return made
 
 
-def _profiled_call(function: Any, args: Sequence[Any], variables: Iterable[Any]) -> bytes:
-    """The serialized ``XSpace`` of one call ``function(*args)`` under TensorFlow's profiler (host ops only); the
-    ``variables`` are read before the call and assigned back after it."""
+def _restorable(function: Any, args: Sequence[Any], variables: Iterable[Any]) -> list:
+    """The ``(variable, value)`` s to assign back after a trial call ``function(*args)``; raises
+    :class:`ObservationError` when the call could change state that cannot be restored."""
     import numpy as np
     import tensorflow as tf
 
@@ -97,6 +123,20 @@ def _profiled_call(function: Any, args: Sequence[Any], variables: Iterable[Any])
     if handles:
         raise ObservationError(f"the step takes a resource or variant argument (flattened argument {handles[0]}, "
                                "e.g. an iterator), which a trial call would advance")
+    return saved
+
+
+def _restore(saved: list) -> None:
+    for variable, value in saved:
+        variable.assign(value)
+
+
+def _profiled_call(function: Any, args: Sequence[Any], variables: Iterable[Any]) -> bytes:
+    """The serialized ``XSpace`` of one call ``function(*args)`` under TensorFlow's profiler (host ops only); the
+    ``variables`` are read before the call and assigned back after it."""
+    import tensorflow as tf
+
+    saved = _restorable(function, args, variables)
     with tempfile.TemporaryDirectory(prefix="tflms_observe_") as logdir:
         options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=HOST_TRACER_LEVEL,
                                                            python_tracer_level=0, device_tracer_level=0)
@@ -110,8 +150,7 @@ def _profiled_call(function: Any, args: Sequence[Any], variables: Iterable[Any])
             raise ObservationError(f"the trial call failed ({type(err).__name__}: {str(err)[:200]})") from err
         finally:
             tf.profiler.experimental.stop()
-            for variable, value in saved:
-                variable.assign(value)
+            _restore(saved)
         paths = sorted(pathlib.Path(logdir).rglob("*.xplane.pb"))
         if not paths:
             raise ObservationError("the profiler wrote no trace")
