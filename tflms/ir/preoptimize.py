@@ -296,7 +296,7 @@ def _preoptimize(concrete_function, observe: Observer | None, ran: RanCheck | No
     default_device = compat.default_device()
     on_cpu = _cpu_accumulations(graph, default_device)
     if ran is not None and (on_cpu or _may_accumulate(graph, default_device)):
-        made = _made_by_instantiation(concrete_function, ran)
+        made = _made_by_instantiation(concrete_function, ran, bool(on_cpu))
         if made is not None and set(made) != set(on_cpu):
             graph_def, outputs = preoptimized_graph_def(concrete_function, memory_optimizer=False)
             graph_def = _with_accumulators(graph_def, made, sorted(on_cpu))
@@ -343,15 +343,18 @@ def _may_accumulate(graph, default_device: str) -> bool:
     return any(op.type == "AddN" and len(op.inputs) > 2 and not _on_gpu(op, default_device) for op in graph.ops)
 
 
-def _made_by_instantiation(concrete_function, ran: RanCheck) -> Mapping[str, Sequence[Any]] | None:
+def _made_by_instantiation(concrete_function, ran: RanCheck, pre_pass_made: bool) -> Mapping[str, Sequence[Any]] | None:
     """The accumulators TensorFlow's own instantiation of ``concrete_function`` makes (``{result: its nodes}``), or
-    ``None`` when that cannot be learned (logged)."""
+    ``None`` when that cannot be learned: logged as a warning where the pre-pass made one (its summation order is
+    then a guess), else as information (most such steps get none)."""
     try:
         return ran(concrete_function)
     except TflmsError as err:
-        logger.warning("tflms: could not learn which grappler accumulators TensorFlow itself makes of this step (%s); "
-                       "keeping the pre-pass's, so training may not be bitwise like the original's (an accumulator "
-                       "sums in another order; docs/design.md, 'Exceptions to bitwise')", err)
+        logger.log(logging.WARNING if pre_pass_made else logging.INFO,
+                   "tflms: could not learn which grappler accumulators TensorFlow itself makes of this step (%s); "
+                   "keeping the pre-pass's (%s), so training may not be bitwise like the original's (an accumulator "
+                   "sums in another order; docs/design.md, 'Exceptions to bitwise')", err,
+                   "some" if pre_pass_made else "none")
         return None
 
 
