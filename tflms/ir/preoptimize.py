@@ -391,8 +391,8 @@ def _with_accumulators(graph_def, made: Mapping[str, Sequence[Any]], pre_pass: S
     logger.info("tflms: grappler's accumulators as TensorFlow's own run of the step made them: %s (the pre-pass "
                 "made %s)", ", ".join(sorted(grafts)) or "none", ", ".join(pre_pass) or "none")
     out = graph_pb2.GraphDef()
-    out.versions.CopyFrom(graph_def.versions)
-    out.library.CopyFrom(graph_def.library)
+    out.CopyFrom(graph_def)  # (versions, library and the rest as they were)
+    del out.node[:]
     for node in graph_def.node:
         for copy in grafts.get(node.name, (node,)):
             added = out.node.add()
