@@ -57,3 +57,21 @@ def test_no_points_and_unreadable_runs_are_refused(tool, tmp_path, capsys):
     with pytest.raises(SystemExit):
         tool.main(["--bench-json", str(empty)])
     assert "no tflms-best maxima" in capsys.readouterr().err
+
+
+def test_a_recompute_price_bounds_the_swaps_its_recompute_set_leaves(tool, capsys):
+    """With --recompute, each price adds the floor of the step with the tuner's recompute set of that price in it:
+    the clones add compute, and fewer bytes must leave the device."""
+    assert tool.main(["--point", "mlp-tiny:8192:v100-16gb-pcie3", "--recompute", "1", "--json"]) == 0
+    plain, priced = json.loads(capsys.readouterr().out)
+    assert (plain["price"], plain["recomputed"]) == (None, 0)
+    assert priced["price"] == 1.0 and priced["recomputed"] > 0
+    assert priced["compute_s"] > plain["compute_s"]
+    assert priced["floor"]["away_bytes"] < plain["floor"]["away_bytes"]
+    assert tool.main(["--point", "mlp-tiny:8192:v100-16gb-pcie3", "--recompute", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"price 1: {priced['recomputed']} tensors" in out and "not every hybrid" in out
+    for bad, said in (("cheap", "give prices as numbers"), ("0.05,0", "a positive number")):
+        with pytest.raises(SystemExit):
+            tool.main(["--point", "mlp-tiny:8192:v100-16gb-pcie3", "--recompute", bad])
+        assert said in capsys.readouterr().err

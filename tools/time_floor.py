@@ -18,6 +18,10 @@ and simulate it a few times.
     python tools/bench.py --full --json > bench.json
     python tools/time_floor.py --bench-json bench.json
     python tools/time_floor.py --point vgg16:432:v100-16gb-pcie3 --point unet3d:208^3:v100-16gb-nvlink2 --json
+    python tools/time_floor.py --point resnet50:1347:v100-16gb-pcie3 --recompute 0.05,0.25
+
+``--recompute`` adds, for each price, the floor of the step with the tuner's recompute set of that price in it
+(``tflms.tune.hybrid.priced``): a bound on the swaps such a hybrid still needs, the clones' compute included.
 """
 
 from __future__ import annotations
@@ -71,8 +75,30 @@ def points_from_bench(path: str) -> list[tuple[str, int, str, dict]]:
     return out
 
 
-def floor_at(steps: Any, model: str, size: int, profile_name: str, headroom: float) -> dict[str, Any]:
-    """The bounds at one point: the issue's and across the peak (bench.py's), and the any-order floor."""
+def recomputed(graph: Any, profile: Any, price: float) -> tuple[Any, int]:
+    """``(graph with the tuner's recompute set of that price in it, how many tensors it recomputes)``: the forward
+    tensors whose chain rebuilds them for at most ``price`` times the two copies a swap of them takes
+    (:func:`tflms.tune.hybrid.priced`, the tuner's recompute plans without swaps)."""
+    from tflms.analysis.cto import analyze_graph
+    from tflms.config import LMSConfig
+    from tflms.passes.swaps import apply_swaps
+    from tflms.policies.recompute import plan_recomputes, rank_candidates, select
+    from tflms.policies.swapplan import SwapPlan
+    from tflms.sim.cost import op_time_s
+    from tflms.tune.hybrid import priced
+    analysis = analyze_graph(graph)
+    config = LMSConfig()
+    ranked, _ = rank_candidates(analysis, lambda name: op_time_s(graph, graph.op(name), profile),
+                                min_bytes=config.min_swap_bytes)
+    decisions, _ = plan_recomputes(analysis, select(analysis, ranked[:priced(ranked, profile, price)]))
+    plan = SwapPlan(config=config, accelerator_device="/device:GPU:0", swaps=(), skipped=(), recomputes=decisions)
+    return apply_swaps(graph, plan).graph, sum(len(r.tensors) for r in decisions)
+
+
+def floor_at(steps: Any, model: str, size: int, profile_name: str, headroom: float,
+             price: float | None = None) -> dict[str, Any]:
+    """The bounds at one point: the issue's and across the peak (bench.py's), and the any-order floor; with
+    ``price``, of the step with that price's recompute set in it (:func:`recomputed`)."""
     from benchlib.common import shape_label, unet_shape
     from benchlib.models import MODELS
     from benchlib.search import budget_for, time_bounds
@@ -80,20 +106,26 @@ def floor_at(steps: Any, model: str, size: int, profile_name: str, headroom: flo
     from tflms.sim.simulator import SimOptions
     profile = get_profile(profile_name)
     graph, _ = steps.graph(model, "plain", size)
+    recomputes = 0
+    if price is not None:
+        graph, recomputes = recomputed(graph, profile, price)
     budget = budget_for(model, profile, None)
     bounds = time_bounds(graph, profile, budget, SimOptions(margin_fraction=headroom))
     bound_s, across_s, floor = bounds.bound_s, bounds.across_s, bounds.floor
     label = shape_label(unet_shape(size)) if MODELS[model].kind == "resolution" else str(size)
     return {"model": model, "size": label, "profile": profile.name, "headroom": headroom, "budget_bytes": budget,
+            "price": price, "recomputed": recomputes,
             "compute_s": floor.compute_s, "bound_s": bound_s, "across_s": across_s, "floor_s": floor.floor_s,
             "floor_over_bound": floor.floor_s / bound_s, "reachable": floor.floor_s / bound_s <= TIME_BOUND_TARGET,
             "floor": floor.to_dict()}
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("model", "profile", "size", "compute s", "bound s", "across s", "floor s", "floor/bound",
+    head = ("model", "profile", "size", "recompute", "compute s", "bound s", "across s", "floor s", "floor/bound",
             "tflms-best time/bound", f"<= {TIME_BOUND_TARGET} possible")
-    body = [(r["model"], r["profile"], r["size"], f"{r['compute_s']:.2f}", f"{r['bound_s']:.2f}",
+    body = [(r["model"], r["profile"], r["size"],
+             "-" if r.get("price") is None else f"price {r['price']:g}: {r['recomputed']} tensors",
+             f"{r['compute_s']:.2f}", f"{r['bound_s']:.2f}",
              f"{r['across_s']:.2f}", f"{r['floor_s']:.2f}", f"{r['floor_over_bound']:.2f}",
              "-" if r.get("time_bound_ratio") is None else f"{r['time_bound_ratio']:.2f}",
              "yes" if r["reachable"] else "no") for r in rows]
@@ -105,6 +137,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines += ["  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in body]
     lines.append(f"floor/bound is the lowest time/bound any swap-only rewrite can have at that point; issue 11's "
                  f"target is {TIME_BOUND_TARGET}.")
+    if any(r.get("price") is not None for r in rows):
+        lines.append("A recompute row bounds the swaps for what that recompute set leaves (its clones' compute "
+                     "included): hybrids with that set, not every hybrid.")
     return "\n".join(lines)
 
 
@@ -115,10 +150,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--point", action="append", default=[], metavar="MODEL:SIZE:PROFILE",
                         help="a point to bound (repeatable), e.g. resnet50:1347:v100-16gb-pcie3")
     parser.add_argument("--headroom", type=float, default=HEADROOM, help=f"default {HEADROOM} (bench.py's)")
+    parser.add_argument("--recompute", metavar="PRICE[,PRICE...]", default="",
+                        help="also bound each point with the tuner's recompute set of each price in the step "
+                             "(tflms.tune.hybrid.PRICES: 0.05, 0.25, 1, 4)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args(argv)
     if not args.bench_json and not args.point:
         parser.error("give --bench-json FILE (a tools/bench.py --json run) or at least one --point")
+    try:
+        prices = [float(p) for p in args.recompute.split(",") if p.strip()]
+    except ValueError:
+        parser.error(f"--recompute {args.recompute!r}: give prices as numbers, e.g. 0.05,0.25")
+    if any(not p > 0 for p in prices):
+        parser.error(f"--recompute {args.recompute!r}: a price is a positive number (a multiple of a swap's two "
+                     "copies), e.g. 0.05")
     try:
         points = points_from_bench(args.bench_json) if args.bench_json else []
         points += [(*parse_point(p), None) for p in args.point]
@@ -137,6 +182,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             row["time_bound_ratio"] = record.get("time_bound_ratio_at_max")
             row["step_ms_at_max"] = record.get("step_ms_at_max")
         rows.append(row)
+        for price in prices:
+            say(f"time_floor: {model} at {size} on {profile}, recompute price {price:g}")
+            rows.append(floor_at(steps, model, size, profile, args.headroom, price))
     print(json.dumps(rows, indent=1) if args.json else table(rows))
     return 0
 

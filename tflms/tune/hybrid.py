@@ -117,7 +117,7 @@ def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
 
     counts = []
     for price in PRICES:
-        count = sum(1 for c in ranked if c.cost_s <= price * _round_trip_s(ev, c.freed_bytes))
+        count = priced(ranked, ev.profile, price)
         if count and count not in counts:
             counts.append(count)
             judge(count, price)
@@ -234,6 +234,13 @@ def _relax(ev: TuneEvaluator, times: Mapping[str, float], cand: Candidate, skipp
         else:
             high = middle - 1
     return added
+
+
+def priced(ranked: list, profile, price: float) -> int:
+    """How many of ``ranked`` (:func:`~tflms.policies.recompute.rank_candidates`: best first) rebuild their tensor
+    for at most ``price`` times the two copies a swap of its bytes would take over ``profile``'s host link: the
+    recompute set of that price is the first that many."""
+    return sum(1 for c in ranked if c.cost_s <= price * 2 * profile.copy_time_s(c.freed_bytes))
 
 
 def _round_trip_s(ev: TuneEvaluator, num_bytes: int) -> float:
