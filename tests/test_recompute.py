@@ -236,6 +236,11 @@ def test_auto_is_never_slower_than_swapping_alone(bert_graph):
         assert not {"recompute", "hybrid"} & {c.strategy for c in free.candidates}
 
 
+def _search_every_miss(misses, search, judged=()):
+    """``tflms.tune.hybrid._while_faster`` without its stop: every miss searched."""
+    return [h for c in misses for h in search(c)]
+
+
 def test_swaps_are_searched_for_misses_least_compute_first_until_a_fit_beats_the_next():
     """A hybrid runs every op of its recompute plan, and more: a step never computes less than its compute stream's
     work, so once a fit is faster than a miss's compute time, no hybrid of that miss can win."""
@@ -263,7 +268,7 @@ def test_swaps_are_searched_for_misses_least_compute_first_until_a_fit_beats_the
     _while_faster(misses, search(lambda c: None))  # nothing fits: every miss searched
     assert searched == [1.0, 2.0, 3.0]
     searched.clear()
-    assert _while_faster(misses, search(lambda c: 0.5), fits=[cand(0.9, fits=True)]) == []  # a fit already
+    assert _while_faster(misses, search(lambda c: 0.5), judged=[cand(0.9, fits=True)]) == []  # a fit already
     assert searched == []
 
 
@@ -281,7 +286,7 @@ def test_skipping_misses_that_cannot_win_keeps_the_choice(bert_graph, monkeypatc
     _, _, skipping = _tuned(bert_graph, 0.8, "auto", _slow_link())
     skipped_calls = len(calls)
     calls.clear()
-    monkeypatch.setattr(hybrid, "_while_faster", lambda misses, search, fits=(): [h for c in misses for h in search(c)])
+    monkeypatch.setattr(hybrid, "_while_faster", _search_every_miss)
     _, _, every = _tuned(bert_graph, 0.8, "auto", _slow_link())
     assert skipped_calls < len(calls) == hybrid.HYBRIDS
     assert skipping.best.strategy == every.best.strategy == "hybrid"
@@ -430,7 +435,7 @@ def test_the_order_first_hybrids_are_searched_when_the_fastest_fit_stalls_on_its
     budget = base.resident_bytes + int(0.65 * base.transient_peak_bytes)  # level-order hybrids fit here
 
     # every miss searched: here the level-order fits beat the misses' compute, which would skip their swap searches
-    monkeypatch.setattr(hybrid, "_while_faster", lambda misses, search, fits=(): [h for c in misses for h in search(c)])
+    monkeypatch.setattr(hybrid, "_while_faster", _search_every_miss)
 
     def searched(fraction):
         monkeypatch.setattr(hybrid, "ORDERED_STALL_FRACTION", fraction)

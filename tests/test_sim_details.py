@@ -95,7 +95,6 @@ def test_a_simulation_leaves_no_cyclic_garbage(graph):
         gc.enable()
 
 
-
 def test_a_tune_that_finds_nothing_leaves_no_cyclic_garbage(graph):
     """The hybrid search catches the BudgetError of each nested tune that finds nothing; the error's traceback held
     the tune's frame, and a local there named the error: a cycle that kept the nested tune's evaluator, with every

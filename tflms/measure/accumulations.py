@@ -73,23 +73,20 @@ def instantiated_accumulators(function: Any, args: Sequence[Any], *, variables: 
     :class:`ObservationError` saying why when the call cannot be made, or TensorFlow reports no graph for it (the
     function ran before: its instantiation is not repeated).
     """
-    from tflms._compat.tf import eager_context
     from tflms.ir.preoptimize import ACCUMULATOR_RESULT_TYPE
-    ctx = eager_context()
+    from tflms.testing.ran import record_run_metadata
     saved = _restorable(function, args, variables)
-    ctx.enable_run_metadata()
-    ctx.export_run_metadata()  # drop what earlier calls left behind
     try:
-        function(*args)
-        graphs = list(ctx.export_run_metadata().function_graphs)
+        with record_run_metadata() as recorded:
+            function(*args)
     except Exception as err:  # noqa: BLE001 - any failure of the trial call means: not learned
         raise ObservationError(f"the trial call failed ({type(err).__name__}: {str(err)[:200]})") from err
     finally:
-        ctx.disable_run_metadata()
         _restore(saved)
-    if not graphs:
+    step = recorded.step_graph()
+    if step is None:
         raise ObservationError("TensorFlow reported no graph for the call (the step was instantiated before)")
-    ran = max((g.post_optimization_graph for g in graphs), key=lambda g: len(g.node))
+    ran = step.post_optimization_graph
     made: dict[str, list] = {}
     for node in ran.node:
         if node.op == ACCUMULATOR_RESULT_TYPE:

@@ -149,15 +149,15 @@ def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
         if fastest is None or fastest.sim.stall_time_s > ORDERED_STALL_FRACTION * fastest.sim.step_time_s:
             if ordered is not None:  # (a fitting one is judged in the order later)
                 added.extend(_while_faster(misses[:HYBRIDS], lambda c: _ordered_hybrids(ev, c, ev.graph_of(c), ordered),
-                                           fits=[c for c in added if c.fits]))
+                                           judged=added))
             added.extend(_split_hybrids(ev, times, skipped, added, nested, ordered))
     return added
 
 
 def _while_faster(misses: list[Candidate], search: Callable[[Candidate], list[Candidate]], *,
-                  fits: Iterable[Candidate] = ()) -> list[Candidate]:
+                  judged: Iterable[Candidate] = ()) -> list[Candidate]:
     """``search`` (swaps for a recompute plan) each of ``misses``, least compute first, until a plan that fits
-    (among ``fits`` and what the searches found) is faster than the next miss's compute time; returns what the
+    (among ``judged`` and what the searches found) is faster than the next miss's compute time; returns what the
     searches found.
 
     A hybrid runs every op of its recompute plan, and more, on the compute stream, and a step is never shorter than
@@ -166,7 +166,7 @@ def _while_faster(misses: list[Candidate], search: Callable[[Candidate], list[Ca
     the other two nested swap tunes are skipped.
     """
     added: list[Candidate] = []
-    best = min((c.sim.step_time_s for c in fits if c.fits), default=float("inf"))
+    best = min((c.sim.step_time_s for c in judged if c.fits), default=float("inf"))
     for c in sorted(misses, key=lambda c: c.sim.compute_time_s):
         if best < c.sim.compute_time_s:
             break
@@ -240,12 +240,12 @@ def priced(ranked: list, profile, price: float) -> int:
     """How many of ``ranked`` (:func:`~tflms.policies.recompute.rank_candidates`: best first) rebuild their tensor
     for at most ``price`` times the two copies a swap of its bytes would take over ``profile``'s host link: the
     recompute set of that price is the first that many."""
-    return sum(1 for c in ranked if c.cost_s <= price * 2 * profile.copy_time_s(c.freed_bytes))
+    return sum(1 for c in ranked if c.cost_s <= price * _round_trip_s(profile, c.freed_bytes))
 
 
-def _round_trip_s(ev: TuneEvaluator, num_bytes: int) -> float:
-    """The two copies a swap of ``num_bytes`` takes over the host link."""
-    return 2 * ev.profile.copy_time_s(num_bytes)
+def _round_trip_s(profile, num_bytes: int) -> float:
+    """The two copies a swap of ``num_bytes`` takes over ``profile``'s host link."""
+    return 2 * profile.copy_time_s(num_bytes)
 
 
 def _judge_ops(ev: TuneEvaluator, times: Mapping[str, float], ops, skipped: tuple, params: dict, *,
@@ -378,7 +378,7 @@ def _segment_candidates(ev: TuneEvaluator, times: Mapping[str, float], skipped: 
     for base, how in bases:
         for price in SEGMENT_PRICES:
             ops = frozenset(op for op in base
-                            if price is None or times[op] <= price * _round_trip_s(ev, output_bytes(graph, op)))
+                            if price is None or times[op] <= price * _round_trip_s(ev.profile, output_bytes(graph, op)))
             if not ops or ops in seen:
                 continue
             seen.add(ops)

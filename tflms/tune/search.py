@@ -14,8 +14,8 @@ from typing import Any
 
 from tflms.analysis.cto import Analysis, analyze_graph
 from tflms.config import LMSConfig
-from tflms.passes.swaps import apply_swaps
 from tflms.passes.result import PassResult
+from tflms.passes.swaps import apply_swaps
 from tflms.policies.base import IdleTime, PlanContext, SwapPolicy, TflmsRules
 from tflms.policies.idle_time import NO_OVERHEAD, majority_order, scored_candidates
 from tflms.policies.swapplan import SwapPlan
