@@ -9,7 +9,9 @@ equivalents are used wherever they exist (``tf.types.experimental.ConcreteFuncti
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator
 from typing import Any
 
 from tflms._compat.versions import supported_range
@@ -53,6 +55,22 @@ def onednn_enabled() -> bool:
 def eager_context() -> Any:
     """TensorFlow's eager context (function registration, run metadata)."""
     return private("tensorflow.python.eager.context").context()
+
+
+@contextlib.contextmanager
+def recorded_function_graphs() -> Iterator[list]:
+    """The function graphs TensorFlow optimizes and runs inside the block: run metadata's ``FunctionGraphs``
+    entries (pre- and post-optimization graphs), in a list filled when the block ends. A function reports its
+    graphs when it is instantiated (its first call), not on later calls."""
+    ctx = eager_context()  # (run metadata has no public API in TF 2.21)
+    graphs: list = []
+    ctx.enable_run_metadata()
+    ctx.export_run_metadata()  # drop what earlier code left behind
+    try:
+        yield graphs
+        graphs.extend(ctx.export_run_metadata().function_graphs)
+    finally:
+        ctx.disable_run_metadata()
 
 
 def parse_saved_model(path: str) -> Any:

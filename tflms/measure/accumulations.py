@@ -73,20 +73,19 @@ def instantiated_accumulators(function: Any, args: Sequence[Any], *, variables: 
     :class:`ObservationError` saying why when the call cannot be made, or TensorFlow reports no graph for it (the
     function ran before: its instantiation is not repeated).
     """
+    from tflms._compat.tf import recorded_function_graphs
     from tflms.ir.preoptimize import ACCUMULATOR_RESULT_TYPE
-    from tflms.testing.ran import record_run_metadata
     saved = _restorable(function, args, variables)
     try:
-        with record_run_metadata() as recorded:
+        with recorded_function_graphs() as graphs:
             function(*args)
     except Exception as err:  # noqa: BLE001 - any failure of the trial call means: not learned
         raise ObservationError(f"the trial call failed ({type(err).__name__}: {str(err)[:200]})") from err
     finally:
         _restore(saved)
-    step = recorded.step_graph()
-    if step is None:
+    if not graphs:
         raise ObservationError("TensorFlow reported no graph for the call (the step was instantiated before)")
-    ran = step.post_optimization_graph
+    ran = max((g.post_optimization_graph for g in graphs), key=lambda g: len(g.node))  # the step: the largest
     made: dict[str, list] = {}
     for node in ran.node:
         if node.op == ACCUMULATOR_RESULT_TYPE:

@@ -53,16 +53,11 @@ class RanGraphs:
 @contextlib.contextmanager
 def record_run_metadata() -> Iterator[RanGraphs]:
     """Collect the function graphs TensorFlow optimizes and runs inside the block (every call's)."""
-    from tflms._compat.tf import eager_context  # run metadata has no public API in TF 2.21
-    ctx = eager_context()
+    from tflms._compat.tf import recorded_function_graphs
     ran = RanGraphs()
-    ctx.enable_run_metadata()
-    ctx.export_run_metadata()  # drop what earlier code left behind
-    try:
+    with recorded_function_graphs() as graphs:
         yield ran
-        ran.function_graphs = list(ctx.export_run_metadata().function_graphs)
-    finally:
-        ctx.disable_run_metadata()
+    ran.function_graphs = graphs
 
 
 def op_type_counts(graph_def: Any, *, exclude_names: Iterable[str] = (),
