@@ -434,8 +434,10 @@ def test_the_order_first_hybrids_are_searched_when_the_fastest_fit_stalls_on_its
     base = simulate(graph, PROFILE)
     budget = base.resident_bytes + int(0.65 * base.transient_peak_bytes)  # level-order hybrids fit here
 
-    # every miss searched: here the level-order fits beat the misses' compute, which would skip their swap searches
+    # every miss searched: here the level-order fits beat the misses' compute, which would skip their swap searches;
+    # and every recompute plan simulated: here a swap plan fits faster than any of them computes
     monkeypatch.setattr(hybrid, "_while_faster", _search_every_miss)
+    monkeypatch.setattr(hybrid, "compute_floor_s", lambda *args: 0.0)
 
     def searched(fraction):
         monkeypatch.setattr(hybrid, "ORDERED_STALL_FRACTION", fraction)

@@ -187,7 +187,7 @@ class AnyOrderTimeBound:
 
 
 def any_order_time_bound(graph: Graph, profile: str | HardwareProfile, budget_bytes: int,
-                         options=None) -> AnyOrderTimeBound:
+                         options=None, *, sim=None) -> AnyOrderTimeBound:
     """Least step time of any swap-only rewrite of ``graph`` that fits ``budget_bytes``, in any order.
 
     ``graph`` is the step without swaps; ``budget_bytes`` the live device bytes allowed (resident included,
@@ -203,7 +203,8 @@ def any_order_time_bound(graph: Graph, profile: str | HardwareProfile, budget_by
     largest over the ops whose level-order live bytes exceed the budget (below it no cut does); ``op`` is
     ``""`` when every copy can hide behind compute. Op times are the simulator's, which do not depend on
     the order. Unlike :func:`across_peak_s` (one order's instants, with the op that starts at an instant
-    counted after it) the order is free, and ``x``'s own time hides neither copy.
+    counted after it) the order is free, and ``x``'s own time hides neither copy. ``sim``: the simulation of
+    ``graph`` on ``profile`` with ``options``, where the caller has it (it gives the op times).
     """
     from tflms.schedule.memory import buffer_model
     from tflms.sim.footprint import Cuts
@@ -211,7 +212,8 @@ def any_order_time_bound(graph: Graph, profile: str | HardwareProfile, budget_by
     profile = get_profile(profile)
     if budget_bytes <= 0:
         raise ConfigError(f"budget_bytes must be positive, got {budget_bytes}")
-    sim = simulate(graph, profile, options=options)
+    if sim is None:
+        sim = simulate(graph, profile, options=options)
     took: dict[str, float] = {}
     for r in sim.ops:
         if r.stream == "compute":

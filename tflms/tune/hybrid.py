@@ -105,11 +105,14 @@ def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
     added: list[Candidate] = []
     judged: dict[int, Candidate] = {}  # by how many of the ranking were chosen
 
+    # (with ``only`` every plan is simulated: the bisection needs to know which fit)
+    bound = None if only else ev.fastest_fit_s
+
     def judge(count: int, price: float | None) -> Candidate | None:
         if count in judged or count == 0:
             return judged.get(count)
         cand = _judge_ops(ev, times, select(ev.analysis, ranked[:count]), skipped,
-                          {} if price is None else {"price": price})
+                          {} if price is None else {"price": price}, bound=bound)
         if cand is not None:
             judged[count] = cand
             added.append(cand)
@@ -121,7 +124,7 @@ def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
         if count and count not in counts:
             counts.append(count)
             judge(count, price)
-    added.extend(_segment_candidates(ev, times, skipped))
+    added.extend(_segment_candidates(ev, times, skipped, bound=bound))
     if only:
         added.extend(_segment_candidates(ev, times, skipped, splits=SEGMENT_SPLITS))
         added.extend(_segment_candidates(ev, times, skipped, splits=SEGMENT_SPLITS, balanced=True))
@@ -188,7 +191,7 @@ def _split_hybrids(ev: TuneEvaluator, times: Mapping[str, float], skipped: tuple
     that wins ResNet-50 at batch 481 on v100-16gb-pcie3 (+30.9% instead of +13.8%); it runs where the hybrids
     found no fit, or only one that stalls on its copies (BERT-base at batch 324: +106.1% without it, +36.8% with).
     """
-    added = _segment_candidates(ev, times, skipped, splits=SEGMENT_SPLITS)
+    added = _segment_candidates(ev, times, skipped, splits=SEGMENT_SPLITS, bound=ev.fastest_fit_s)
     cloned = {(c.params["segments"], c.params["price"]): c.params["cloned"] for c in judged
               if c.strategy == "recompute" and "segments" in c.params and "kept" not in c.params}
     limit = min((c.sim.step_time_s for c in [*judged, *added] if c.fits), default=float("inf"))
@@ -249,12 +252,19 @@ def _round_trip_s(profile, num_bytes: int) -> float:
 
 
 def _judge_ops(ev: TuneEvaluator, times: Mapping[str, float], ops, skipped: tuple, params: dict, *,
-              split_only: bool = False) -> Candidate | None:
+              split_only: bool = False, bound: Callable[[], float] | None = None) -> Candidate | None:
     """Recompute ``ops`` (:func:`~tflms.policies.recompute.plan_recomputes`, with ``params["split"]`` as its
     ``split_levels``), simulate and record the plan (``params`` plus what it recomputes); ``None`` when no op can be
-    recomputed, or, with ``split_only``, when the split re-runs nothing again (the plan without it)."""
+    recomputed, or, with ``split_only``, when the split re-runs nothing again (the plan without it), or when the
+    plan computes longer than ``bound()`` seconds (the fastest fit so far).
+
+    That plan cannot win, nor can a hybrid of it: the compute stream runs every op of the step and every clone,
+    one after another, and a step lasts at least that long (:func:`compute_floor_s`). It is not simulated. On
+    ResNet-50 at batch 32 (tools/bench_rewrite.py's budget) that leaves out 8 of the 15 recompute plans."""
     decisions, skips = plan_recomputes(ev.analysis, ops, split_levels=params.get("split"))
     if not decisions or (split_only and not any(r.copy for r in decisions)):
+        return None
+    if bound is not None and compute_floor_s(ev.context.baseline, times, decisions) > bound():
         return None
     plan = SwapPlan(config=ev.base_config, accelerator_device=ev.accelerator, swaps=(),
                     skipped=tuple(skipped) + skips, recomputes=decisions)
@@ -265,6 +275,18 @@ def _judge_ops(ev: TuneEvaluator, times: Mapping[str, float], ops, skipped: tupl
     params = {**params, "recomputed": sum(len(r.tensors) for r in decisions),
               "cloned": sum(len(r.ops) for r in decisions)}
     return ev.record("recompute", params, plan, sim, rgraph, None)
+
+
+#: Relative round-off :func:`compute_floor_s` allows for (the simulator sums the same op times in another order).
+FLOOR_ROUND_OFF = 1e-9
+
+
+def compute_floor_s(baseline: SimResult, times: Mapping[str, float], decisions: Iterable) -> float:
+    """The least step time of any plan with these recompute ``decisions``: the unswapped step's compute time plus
+    the clones' (``times`` by original op; a clone takes its original's), less a round-off allowance. The gates
+    and swaps add no compute; the order cannot remove any."""
+    cloned = sum(times[op] for r in decisions for op in r.ops)
+    return (baseline.compute_time_s + cloned) * (1 - FLOOR_ROUND_OFF)
 
 
 def _hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
@@ -352,14 +374,15 @@ def _bisect(ev: TuneEvaluator, judge: Callable[[int, float | None], Candidate | 
 
 
 def _segment_candidates(ev: TuneEvaluator, times: Mapping[str, float], skipped: tuple,
-                        splits: tuple[int, ...] = (), balanced: bool = False) -> list[Candidate]:
+                        splits: tuple[int, ...] = (), balanced: bool = False,
+                        bound: Callable[[], float] | None = None) -> list[Candidate]:
     """Graph-level checkpointing (Chen et al.): segments between kept articulations re-run before their backward
     pass; within them, an op whose re-run costs more than ``price`` times the two copies of its outputs is kept
     instead (a matrix product whose output copies hide), for the swap tuner to swap or keep. With ``splits``: the
     same plans re-run again past each of those levels instead (where that re-runs something). With ``balanced``:
     the articulations kept are chosen by bytes (:func:`~tflms.policies.recompute.balanced_segment_ops`, at each
     of :data:`BALANCED_SLACKS`; ``params["balanced"]``), and ``splits`` adds to the plans instead of replacing
-    them."""
+    them. ``bound``: as :func:`_judge_ops`'s."""
     import math
     graph = ev.analysis.graph
     cuts = articulations(ev.analysis)
@@ -385,7 +408,8 @@ def _segment_candidates(ev: TuneEvaluator, times: Mapping[str, float], skipped: 
             params = {**how, "price": "any" if price is None else price}
             for split in splits or (None,):
                 cand = _judge_ops(ev, times, ops, skipped, params if split is None else {**params, "split": split},
-                                  split_only=split is not None)  # (a split that re-runs nothing again: no plan)
+                                  split_only=split is not None,  # (a split that re-runs nothing again: no plan)
+                                  bound=bound)
                 if cand is not None:
                     added.append(cand)
     return added

@@ -78,6 +78,7 @@ from tflms.tune.result import Candidate
 from tflms.units import format_bytes
 
 if TYPE_CHECKING:
+    from tflms.ir.graph import Graph
     from tflms.tune.search import TuneEvaluator
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,8 @@ LINK_IDLE_S = 1e-4
 PRUNED_PARAM, MERGED_PARAM, UNSYNCED_PARAM, SPLIT_PARAM, LATER_PARAM, EARLIER_PARAM = (
     "pruned", "merged", "unsynced", "waits_split", "waits_later", "earlier")
 #: The parameter for how many swaps that went out and straight back became waits (only when not 0).
+#: Relative round-off within which a step that lasts its compute time counts as doing so (:func:`_at_compute_floor`).
+COMPUTE_FLOOR_ROUND_OFF = 1e-9
 ROUND_TRIP_PARAM = "round_trips"
 
 
@@ -508,60 +511,22 @@ def _ordered(ev: TuneEvaluator, graph: Graph) -> set[str]:
     return set(ordered_ops(graph, [op.name for op in graph], ev.sim_options))
 
 
+def _at_compute_floor(sim: SimResult) -> bool:
+    """Whether the compute stream of ``sim`` never waits: its step lasts its compute time (to round-off). No change of
+    swaps, waits or triggers shortens that, and only drops are kept without making the step faster."""
+    return sim.step_time_s <= sim.compute_time_s * (1 + COMPUTE_FLOOR_ROUND_OFF)
+
+
 def _limit(ev: TuneEvaluator, sim: SimResult) -> int:
     """The accelerator's live bytes the budget allows, judged from ``sim`` (its slack, less the margin)."""
     return sim.peak_bytes + int((ev.budget - ev.need(sim)) / (1 + ev.sim_options.margin_fraction))
 
 
-def prune_swaps(ev: TuneEvaluator, cand: Candidate, *, round_trip_simulations: int = ROUND_TRIP_MAX_SIMULATIONS,
-                max_simulations: int = PRUNE_MAX_SIMULATIONS,
-                merge_simulations: int = MERGE_MAX_SIMULATIONS,
-                retime_simulations: int = RETIME_MAX_SIMULATIONS,
-                unsync_simulations: int = UNSYNC_MAX_SIMULATIONS,
-                later_simulations: int = LATER_MAX_SIMULATIONS,
-                split_simulations: int = SPLIT_MAX_SIMULATIONS,
-                gap_simulations: int = GAP_MAX_SIMULATIONS) -> Candidate | None:
-    """The candidate ``cand``'s plan with waits for the swaps that go out and straight back, minus the swaps
-    fitting does not need, then with merged swap-ins, fewer, split and later waits for swap-outs, and earlier
-    swap-ins where they fit and pay (see the module doc), recorded in ``ev.candidates`` with ``round_trips``
-    (round trips made waits), ``pruned`` (swaps dropped), ``merged`` (swaps given one swap-in), ``unsynced``
-    (swaps whose waits went), ``waits_split`` (swaps whose wait another swap took over), ``waits_later``
-    (swaps whose waits moved later) and ``earlier`` (swaps whose swap-ins moved) added to its parameters (each
-    only when not 0); ``None`` when no change was kept, or when the changes left the step exactly as fast but
-    need more memory (fewer copies alone do not make a better plan).
-
-    ``ev``: the tuner's evaluator; ``cand``: a fitting candidate with a plan. Not with compressed swaps
-    (``ev.compress``: the trial plans would be judged without the compression the winner gets). The new
-    candidate fits and is at least as fast as ``cand`` by construction; its ``policy`` is ``None`` (the
-    pipeline applies ``plan``).
-    """
-    if cand.plan is None or not cand.plan.swaps or not cand.fits or ev.compress is not None or cand.plan.recomputes:
-        return None  # (a hybrid's swaps were pruned by the tune that chose them, on the recomputed graph)
-    judge = _Judge(ev, cand)
-    state = {"kept": list(cand.plan.swaps), "judged": (cand.sim, None, None), "changed": 0}
-    settled: set = set()
-    ordered, tripped = None, 0
-    records = _records(cand.sim)
-    if any(_away_intervals(s, records) == [] for s in cand.plan.swaps):
-        ordered = _ordered(ev, ev.graph_of(cand))
-        trips = round_trips(tuple(state["kept"]), cand.sim, ordered)
-        logger.info("pruning %s %s: %d of %d swaps go out and straight back", cand.strategy, cand.params,
-                    len(trips), len(state["kept"]))
-        done, refused = _settle(ev, judge, state, trips, False, round_trip_simulations, "waits instead of",
-                                apply=_with_waits_for)
-        # neither a round trip made a wait nor one refused alone is worth a drop trial (a drop keeps no delay)
-        settled |= done | refused
-        tripped, state["changed"] = len(done), 0
-    budget = judge.simulations + max_simulations
-    for round_ in range(PRUNE_MAX_ROUNDS):
-        sim = state["judged"][0]
-        chunk = predicted_drops(tuple(state["kept"]), sim, _limit(ev, sim), frozenset(settled))
-        logger.info("pruning %s %s (round %d): %d of %d swaps (%s) predicted unneeded", cand.strategy, cand.params,
-                    round_ + 1, len(chunk), len(state["kept"]), format_bytes(sum(s.num_bytes for s in chunk)))
-        if not chunk or judge.simulations >= budget:
-            break
-        settled.update(*_settle(ev, judge, state, chunk, True, budget, "without"))
-    dropped, state["changed"] = state["changed"], 0
+def _faster_changes(ev: TuneEvaluator, judge: _Judge, state: dict, cand: Candidate, ordered: set[str] | None, *,
+                    merge_simulations: int, unsync_simulations: int, split_simulations: int,
+                    later_simulations: int, retime_simulations: int, gap_simulations: int) -> tuple[set, ...]:
+    """Steps 2-7 of :func:`prune_swaps` (merges, waits, earlier swap-ins), each change kept only where the step
+    gets faster: the tensors merged, unsynced, whose waits were split, moved later, and whose swap-ins moved."""
     budget = judge.simulations + merge_simulations
     sim = state["judged"][0]
     merged = merged_swap_ins(tuple(state["kept"]), sim, _limit(ev, sim))
@@ -621,6 +586,67 @@ def prune_swaps(ev: TuneEvaluator, cand: Candidate, *, round_trip_simulations: i
             done, refused = _settle(ev, judge, state, moved, False, budget, what)
             moved_tensors |= done
             settled |= refused
+    return merged_tensors, unsynced_tensors, split_tensors, later_tensors, moved_tensors
+
+
+def prune_swaps(ev: TuneEvaluator, cand: Candidate, *, round_trip_simulations: int = ROUND_TRIP_MAX_SIMULATIONS,
+                max_simulations: int = PRUNE_MAX_SIMULATIONS,
+                merge_simulations: int = MERGE_MAX_SIMULATIONS,
+                retime_simulations: int = RETIME_MAX_SIMULATIONS,
+                unsync_simulations: int = UNSYNC_MAX_SIMULATIONS,
+                later_simulations: int = LATER_MAX_SIMULATIONS,
+                split_simulations: int = SPLIT_MAX_SIMULATIONS,
+                gap_simulations: int = GAP_MAX_SIMULATIONS) -> Candidate | None:
+    """The candidate ``cand``'s plan with waits for the swaps that go out and straight back, minus the swaps
+    fitting does not need, then with merged swap-ins, fewer, split and later waits for swap-outs, and earlier
+    swap-ins where they fit and pay (see the module doc), recorded in ``ev.candidates`` with ``round_trips``
+    (round trips made waits), ``pruned`` (swaps dropped), ``merged`` (swaps given one swap-in), ``unsynced``
+    (swaps whose waits went), ``waits_split`` (swaps whose wait another swap took over), ``waits_later``
+    (swaps whose waits moved later) and ``earlier`` (swaps whose swap-ins moved) added to its parameters (each
+    only when not 0); ``None`` when no change was kept, or when the changes left the step exactly as fast but
+    need more memory (fewer copies alone do not make a better plan).
+
+    ``ev``: the tuner's evaluator; ``cand``: a fitting candidate with a plan. Not with compressed swaps
+    (``ev.compress``: the trial plans would be judged without the compression the winner gets). The new
+    candidate fits and is at least as fast as ``cand`` by construction; its ``policy`` is ``None`` (the
+    pipeline applies ``plan``).
+    """
+    if cand.plan is None or not cand.plan.swaps or not cand.fits or ev.compress is not None or cand.plan.recomputes:
+        return None  # (a hybrid's swaps were pruned by the tune that chose them, on the recomputed graph)
+    judge = _Judge(ev, cand)
+    state = {"kept": list(cand.plan.swaps), "judged": (cand.sim, None, None), "changed": 0}
+    settled: set = set()
+    ordered, tripped = None, 0
+    records = _records(cand.sim)
+    if any(_away_intervals(s, records) == [] for s in cand.plan.swaps) and not _at_compute_floor(cand.sim):
+        ordered = _ordered(ev, ev.graph_of(cand))
+        trips = round_trips(tuple(state["kept"]), cand.sim, ordered)
+        logger.info("pruning %s %s: %d of %d swaps go out and straight back", cand.strategy, cand.params,
+                    len(trips), len(state["kept"]))
+        done, refused = _settle(ev, judge, state, trips, False, round_trip_simulations, "waits instead of",
+                                apply=_with_waits_for)
+        # neither a round trip made a wait nor one refused alone is worth a drop trial (a drop keeps no delay)
+        settled |= done | refused
+        tripped, state["changed"] = len(done), 0
+    budget = judge.simulations + max_simulations
+    for round_ in range(PRUNE_MAX_ROUNDS):
+        sim = state["judged"][0]
+        chunk = predicted_drops(tuple(state["kept"]), sim, _limit(ev, sim), frozenset(settled))
+        logger.info("pruning %s %s (round %d): %d of %d swaps (%s) predicted unneeded", cand.strategy, cand.params,
+                    round_ + 1, len(chunk), len(state["kept"]), format_bytes(sum(s.num_bytes for s in chunk)))
+        if not chunk or judge.simulations >= budget:
+            break
+        settled.update(*_settle(ev, judge, state, chunk, True, budget, "without"))
+    dropped, state["changed"] = state["changed"], 0
+    if _at_compute_floor(state["judged"][0]):
+        # no change but a drop is kept unless it makes the step faster, and nothing makes it faster
+        merged_tensors = unsynced_tensors = split_tensors = later_tensors = moved_tensors = set()
+    else:
+        merged_tensors, unsynced_tensors, split_tensors, later_tensors, moved_tensors = _faster_changes(
+            ev, judge, state, cand, ordered, merge_simulations=merge_simulations,
+            unsync_simulations=unsync_simulations, split_simulations=split_simulations,
+            later_simulations=later_simulations, retime_simulations=retime_simulations,
+            gap_simulations=gap_simulations)
     earlier = len(moved_tensors)
     sim, graph, report = state["judged"]
     if not (tripped or dropped or earlier or merged_tensors or unsynced_tensors or split_tensors or later_tensors):

@@ -209,12 +209,28 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
             return None, list(err.candidates)
         return result, list(result.candidates)
 
-    for name, search in searches:
-        if base.fits or found() or only:
-            break
-        if name in strategies or (name == "vdnn" and set(strategies) & set(OPT_IN_STRATEGIES)):
-            search()
+    def swap_searches() -> None:
+        for name, search in searches:
+            if base.fits or found() or only:
+                break
+            if name in strategies or (name == "vdnn" and set(strategies) & set(OPT_IN_STRATEGIES)):
+                search()
+
     recomputes = only or (config.recompute != RECOMPUTE_OFF and "recompute" in strategies)
+    # No swap plan that fits is faster than the swap floor, in any order. Where that floor is slower than the
+    # unswapped step, no swap plan is free and the recompute search runs whatever they find: it runs first, and
+    # the swap searches (the distance rules, the idle-time rounds, the order-first search, pruning) only where
+    # the floor does not rule out that they beat what it found (docs/design.md, "Tuning time").
+    floor = (ev.swap_floor() if recomputes and not only and not base.fits and not first_fit and compress is None
+             else None)
+    recompute_first = floor is not None and floor.floor_s > baseline.step_time_s * (1 + NO_OVERHEAD_TOLERANCE)
+
+    def swaps_can_win() -> bool:
+        fastest = min((c.sim.step_time_s for c in ev.candidates if c.fits), default=None)
+        return floor is None or fastest is None or floor.floor_s <= fastest
+
+    if not recompute_first:
+        swap_searches()
     # the no-overhead search with the order pinned before the swaps (see the docstring's ``enforce_order``)
     order_first = (enforce_order and "idle-time-no-overhead" in strategies and not base.fits and not first_fit
                    and compress is None and not only)
@@ -228,7 +244,7 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
     def recompute_pays() -> bool:  # (a swap plan that fits at no cost leaves recompute nothing to gain)
         return recomputes and not base.fits and not free(c for c in ev.candidates if c.fits) and not found()
 
-    order_first_ran = order_first and recompute_pays()
+    order_first_ran = order_first and not recompute_first and recompute_pays()
     if order_first_ran:
         # before the recompute search, which its fits (recorded in ev.candidates) can spare: on keras.applications
         # ResNet50 (64x64, batch 8) at 55% of its peak the order-first plan fits at no cost, and the recompute
@@ -252,6 +268,16 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
             return swaps_on(recomputed, idle + [s for s in strategies if s == "tflms-distance"])
         search_recompute(ev, baseline, only=only, nested=None if only or not idle else swaps_on,
                          ordered=swaps_on_ordered if enforce_order and not first_fit else None)
+    skipped = recompute_first and not swaps_can_win()
+    if skipped:
+        fastest = min(c.sim.step_time_s for c in ev.candidates if c.fits)
+        message = (f"swap searches skipped: no swap plan that fits takes less than {1e3 * floor.floor_s:.2f} ms "
+                   f"(their floor in any order, simulated), and a plan found fits in {1e3 * fastest:.2f} ms")
+        logger.info(message)
+        if progress is not None:
+            progress(message)
+    elif recompute_first:
+        swap_searches()
     if enforce_order and not base.fits and not found():
         judge_ordered(ev, first_fit=first_fit)
     order = ("none",) + STRATEGIES + OPT_IN_STRATEGIES + RECOMPUTE_STRATEGIES
@@ -260,12 +286,12 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
     # (a hybrid's swaps were pruned; an order-first plan's swaps were chosen for its pinned order)
     swaps_only = [c for c in fitting if (c.plan is None or not c.plan.recomputes)
                   and not (c.order or {}).get("before_swaps")]
-    if prune and swaps_only and not first_fit:
+    if prune and swaps_only and not first_fit and swaps_can_win():
         from tflms.tune.prune import prune_swaps
         pruned = prune_swaps(ev, min(swaps_only, key=rank))
         if pruned is not None and pruned.fits:
             fitting.append(pruned)
-    if order_first and not order_first_ran and not free(fitting):  # (free: nothing left to gain)
+    if order_first and not order_first_ran and not free(fitting) and not skipped:  # (free: nothing left to gain)
         fitting += order_first_fits()
     if not fitting:
         smallest = min(ev.candidates, key=lambda c: ev.need(c.sim))
@@ -285,4 +311,5 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
             del error
     best = min(fitting, key=rank)
     return TuneResult(budget_bytes=budget_bytes, profile=profile.name, baseline=baseline, best=best,
-                      candidates=tuple(ev.candidates), graph=ev.graph_of(best), analysis=analysis)
+                      candidates=tuple(ev.candidates), graph=ev.graph_of(best), analysis=analysis,
+                      swap_floor_s=None if floor is None else floor.floor_s, swap_searches_skipped=skipped)

@@ -341,7 +341,8 @@ def run_methods_at(steps: Steps, model: str, profile, budget_bytes: int, options
 
     # One full tune with every strategy. The tuner runs the distance search first, so the candidates it
     # reports before the first idle-time one are exactly what tune(strategies=["tflms-distance"]) would
-    # evaluate: its wall time is the time of the last of them, its choice the fastest of them that fits.
+    # evaluate: its wall time is the time of the last of them, its choice the fastest of them that fits. Where
+    # the full tune skips the swap searches (their floor is slower than its choice), the distance rules run alone.
     t0 = time.perf_counter()
     stamps: list[tuple[float, str]] = []
 
@@ -367,6 +368,17 @@ def run_methods_at(steps: Steps, model: str, profile, budget_bytes: int, options
         best.overhead, best.ops, best.sim = fits_overhead(tuned.best.sim), len(tuned.graph), tuned.best.sim
         best.detail += f"; chose {tuned.strategy} {tuned.best.params}"
         choices = [c for c in tuned.candidates if c.fits and c.strategy in ("none", "tflms-distance")]
+        if tuned.swap_searches_skipped:
+            # the full tune left the distance rules out (no swap plan could beat its choice): they run alone, timed
+            # on their own
+            t1 = time.perf_counter()
+            try:
+                alone = tune(plain, budget=budget_bytes, profile=profile, sim_options=options, enforce_order=True,
+                             strategies=["tflms-distance"])
+                choices = [c for c in alone.candidates if c.fits and c.strategy in ("none", "tflms-distance")]
+            except BudgetError:
+                choices = []
+            dist.rewrite_s = time.perf_counter() - t1
         if choices:
             pick = min(choices, key=lambda c: (c.sim.step_time_s, c.swapped_bytes))
             graph = plain if pick.plan is None else apply_swaps(plain, pick.plan).graph
