@@ -261,7 +261,8 @@ def _finalist_world(monkeypatch, ordered_need: dict[str, float]):
 
     budget = 16.0
     ev = types.SimpleNamespace(candidates=[], budget=budget, host_budget=1e9, profile=None, sim_options=None,
-                               need=lambda sim: sim.need, graph_of=lambda c: c.params["name"])
+                               need=lambda sim: sim.need, graph_of=lambda c: c.params["name"],
+                               cannot_beat=lambda c, limit: False)
 
     def sim(need):
         return types.SimpleNamespace(need=need, step_time_s=1.0, host_peak_bytes=0, peak_bytes=need)

@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 
 from test_recompute import PROFILE, _residual_bn_32
-from tflms.sim.simulator import simulate
+from tflms.sim.simulator import SimResult, simulate
 from tflms.tune import hybrid, prune, search
 from tflms.tune.tuner import tune
 
@@ -40,7 +40,7 @@ def _whole(monkeypatch, graph, budget):
     with monkeypatch.context() as m:
         m.setattr(search.TuneEvaluator, "swap_floor", lambda self: None)
         m.setattr(hybrid, "compute_floor_s", lambda *args: 0.0)
-        m.setattr(prune, "_at_compute_floor", lambda sim: False)
+        m.setattr(SimResult, "compute_bound", property(lambda self: False))
         return tune(graph, budget=budget, profile=SLOW_LINK, enforce_order=True)
 
 
@@ -80,7 +80,7 @@ def test_where_a_swap_plan_may_win_the_swap_searches_run(residual_step, monkeypa
     with monkeypatch.context() as m:
         m.setattr(search.TuneEvaluator, "swap_floor", lambda self: None)
         m.setattr(hybrid, "compute_floor_s", lambda *args: 0.0)
-        m.setattr(prune, "_at_compute_floor", lambda sim: False)
+        m.setattr(SimResult, "compute_bound", property(lambda self: False))
         whole = tune(graph, budget=budget, profile=PROFILE, enforce_order=True)
     assert (fast.best.strategy, fast.best.params, _plan_key(fast.best)) == (
         whole.best.strategy, whole.best.params, _plan_key(whole.best))
@@ -101,7 +101,7 @@ def test_a_recompute_plan_never_computes_less_than_its_compute_floor(residual_st
     whole = _whole(monkeypatch, graph, budget)
     with monkeypatch.context() as m:  # (the other two floors as in the whole search)
         m.setattr(search.TuneEvaluator, "swap_floor", lambda self: None)
-        m.setattr(prune, "_at_compute_floor", lambda sim: False)
+        m.setattr(SimResult, "compute_bound", property(lambda self: False))
         m.setattr(hybrid, "compute_floor_s", spy)
         spied = tune(graph, budget=budget, profile=SLOW_LINK, enforce_order=True)
     assert (spied.best.params, _plan_key(spied.best)) == (whole.best.params, _plan_key(whole.best))
@@ -131,7 +131,7 @@ def test_pruning_a_plan_at_its_compute_floor_tries_drops_only(residual_step, mon
     result = tune(graph, budget=budget, profile=FAST_LINK, strategies=["idle-time"], prune=False)
     monkeypatch.undo()
     ev, cand = ev_box["ev"], result.best
-    assert cand.plan.swaps and prune._at_compute_floor(cand.sim), "the test needs a fit at its compute floor"
+    assert cand.plan.swaps and cand.sim.compute_bound, "the test needs a fit at its compute floor"
     trials = []
     real_call = prune._Judge.__call__
 
@@ -143,10 +143,28 @@ def test_pruning_a_plan_at_its_compute_floor_tries_drops_only(residual_step, mon
         fast = prune.prune_swaps(ev, cand)
         fast_trials = len(trials)
         trials.clear()
-        m.setattr(prune, "_at_compute_floor", lambda sim: False)
+        m.setattr(SimResult, "compute_bound", property(lambda self: False))
         every = prune.prune_swaps(ev, cand)
     assert fast_trials < len(trials)
     assert (fast is None) == (every is None)
     if fast is not None:
         assert (fast.params, fast.plan.swaps, fast.sim.step_time_s) == (every.params, every.plan.swaps,
                                                                        every.sim.step_time_s)
+
+
+def test_a_fit_that_lasts_its_compute_time_is_not_judged_again_in_the_enforced_order(residual_step, monkeypatch):
+    """Ordered, such a fit can be no faster (the order adds no compute and the step cannot be shorter than it), and of
+    two plans as fast the tuner keeps the first: the order pass would not change the choice."""
+    graph, _ = residual_step
+    base = simulate(graph, FAST_LINK)
+    budget = base.resident_bytes + int(0.8 * base.transient_peak_bytes)
+    fast = tune(graph, budget=budget, profile=FAST_LINK, enforce_order=True)
+    assert fast.best.plan.swaps and fast.best.sim.compute_bound and fast.best.order is None
+    assert not [c for c in fast.candidates if c.order is not None and _plan_key(c) == _plan_key(fast.best)]
+    with monkeypatch.context() as m:
+        m.setattr(SimResult, "compute_bound", property(lambda self: False))
+        whole = tune(graph, budget=budget, profile=FAST_LINK, enforce_order=True)
+    ordered = [c for c in whole.candidates if c.order is not None and _plan_key(c) == _plan_key(whole.best)]
+    assert ordered and ordered[0].sim.step_time_s >= whole.best.sim.step_time_s
+    assert (fast.best.strategy, fast.best.params, _plan_key(fast.best), fast.best.order) == (
+        whole.best.strategy, whole.best.params, _plan_key(whole.best), whole.best.order)

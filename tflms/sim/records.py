@@ -179,6 +179,11 @@ class MappingView(_View, Mapping):
     """``SimResult.buffer_owner`` of a simulation (a dict when built)."""
 
 
+#: Relative round-off within which a step counts as lasting its compute time (:attr:`SimResult.compute_bound`; the
+#: simulator sums the same op times in other orders).
+COMPUTE_ROUND_OFF = 1e-9
+
+
 @dataclasses.dataclass(frozen=True)
 class SimResult:
     """The simulator's answer for one graph on one profile."""
@@ -218,6 +223,12 @@ class SimResult:
 
     def fits(self, budget_bytes: int) -> bool:
         return self.peak_with_margin_bytes <= budget_bytes
+
+    @property
+    def compute_bound(self) -> bool:
+        """Whether the step lasts its compute time (to :data:`COMPUTE_ROUND_OFF`): the compute stream never waits, so
+        no change that leaves its ops as they are (swaps, waits, triggers, order edges) makes the step faster."""
+        return self.step_time_s <= self.compute_time_s * (1 + COMPUTE_ROUND_OFF)
 
     def overhead_vs(self, baseline: "SimResult") -> float:
         """Relative step-time overhead against ``baseline`` (0.1 = 10% slower)."""

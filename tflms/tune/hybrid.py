@@ -41,6 +41,7 @@ from tflms.policies.recompute import (articulations, balanced_segment_ops, outpu
                                       rank_candidates, segment_ops, select)
 from tflms.policies.swapplan import SwapPlan
 from tflms.sim.cost import op_time_s
+from tflms.sim.records import COMPUTE_ROUND_OFF
 from tflms.sim.simulator import SimResult, simulate
 from tflms.tune.result import Candidate
 
@@ -277,16 +278,12 @@ def _judge_ops(ev: TuneEvaluator, times: Mapping[str, float], ops, skipped: tupl
     return ev.record("recompute", params, plan, sim, rgraph, None)
 
 
-#: Relative round-off :func:`compute_floor_s` allows for (the simulator sums the same op times in another order).
-FLOOR_ROUND_OFF = 1e-9
-
-
 def compute_floor_s(baseline: SimResult, times: Mapping[str, float], decisions: Iterable) -> float:
     """The least step time of any plan with these recompute ``decisions``: the unswapped step's compute time plus
     the clones' (``times`` by original op; a clone takes its original's), less a round-off allowance. The gates
     and swaps add no compute; the order cannot remove any."""
     cloned = sum(times[op] for r in decisions for op in r.ops)
-    return (baseline.compute_time_s + cloned) * (1 - FLOOR_ROUND_OFF)
+    return (baseline.compute_time_s + cloned) * (1 - COMPUTE_ROUND_OFF)
 
 
 def _hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,

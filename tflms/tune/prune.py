@@ -112,8 +112,6 @@ LINK_IDLE_S = 1e-4
 PRUNED_PARAM, MERGED_PARAM, UNSYNCED_PARAM, SPLIT_PARAM, LATER_PARAM, EARLIER_PARAM = (
     "pruned", "merged", "unsynced", "waits_split", "waits_later", "earlier")
 #: The parameter for how many swaps that went out and straight back became waits (only when not 0).
-#: Relative round-off within which a step that lasts its compute time counts as doing so (:func:`_at_compute_floor`).
-COMPUTE_FLOOR_ROUND_OFF = 1e-9
 ROUND_TRIP_PARAM = "round_trips"
 
 
@@ -511,12 +509,6 @@ def _ordered(ev: TuneEvaluator, graph: Graph) -> set[str]:
     return set(ordered_ops(graph, [op.name for op in graph], ev.sim_options))
 
 
-def _at_compute_floor(sim: SimResult) -> bool:
-    """Whether the compute stream of ``sim`` never waits: its step lasts its compute time (to round-off). No change of
-    swaps, waits or triggers shortens that, and only drops are kept without making the step faster."""
-    return sim.step_time_s <= sim.compute_time_s * (1 + COMPUTE_FLOOR_ROUND_OFF)
-
-
 def _limit(ev: TuneEvaluator, sim: SimResult) -> int:
     """The accelerator's live bytes the budget allows, judged from ``sim`` (its slack, less the margin)."""
     return sim.peak_bytes + int((ev.budget - ev.need(sim)) / (1 + ev.sim_options.margin_fraction))
@@ -618,7 +610,7 @@ def prune_swaps(ev: TuneEvaluator, cand: Candidate, *, round_trip_simulations: i
     settled: set = set()
     ordered, tripped = None, 0
     records = _records(cand.sim)
-    if any(_away_intervals(s, records) == [] for s in cand.plan.swaps) and not _at_compute_floor(cand.sim):
+    if any(_away_intervals(s, records) == [] for s in cand.plan.swaps) and not cand.sim.compute_bound:
         ordered = _ordered(ev, ev.graph_of(cand))
         trips = round_trips(tuple(state["kept"]), cand.sim, ordered)
         logger.info("pruning %s %s: %d of %d swaps go out and straight back", cand.strategy, cand.params,
@@ -638,7 +630,7 @@ def prune_swaps(ev: TuneEvaluator, cand: Candidate, *, round_trip_simulations: i
             break
         settled.update(*_settle(ev, judge, state, chunk, True, budget, "without"))
     dropped, state["changed"] = state["changed"], 0
-    if _at_compute_floor(state["judged"][0]):
+    if state["judged"][0].compute_bound:
         # no change but a drop is kept unless it makes the step faster, and nothing makes it faster
         merged_tensors = unsynced_tensors = split_tensors = later_tensors = moved_tensors = set()
     else:
