@@ -217,10 +217,13 @@ class OpCosts:
     tensors, none of which a swap plan changes (swap-ins carry the swapped tensor's facts).
     """
 
-    def __init__(self, graph: Graph, profile: HardwareProfile, known_s: Mapping[str, float] | None = None):
+    def __init__(self, graph: Graph, profile: HardwareProfile, known_s: Mapping[str, float] | None = None,
+                 names: Sequence[str] | None = None):
         self.graph, self.profile = graph, profile
-        self._times: dict[int, float] = {}
         self._known = known_s or {}  # op name -> seconds, priced already on this profile (e.g. a base graph's)
+        # by op id where ``names`` (the ids' op names) are given: the simulator's loop reads ``_times`` first
+        self._times: dict[int, float] = {} if names is None or not self._known else {
+            i: t for i, t in enumerate(map(self._known.get, names)) if t is not None}
 
     def time_s(self, op_id: int, op) -> float:
         t = self._times.get(op_id)

@@ -189,8 +189,8 @@ def simulate(graph: Graph, profile: str | HardwareProfile, *, order: Sequence[st
         if ref.op in op_id and alive[op_id[ref.op]] and 0 <= ref.index < net.n_out[op_id[ref.op]]:
             outputs.append(net.out_start[op_id[ref.op]] + ref.index)
     with gc_paused():
-        return _run(net, order_ids, position, outputs, profile, options, OpCosts(graph, profile, known_op_times_s),
-                    alive, observed=observed)
+        return _run(net, order_ids, position, outputs, profile, options,
+                    OpCosts(graph, profile, known_op_times_s, names=net.names), alive, observed=observed)
 
 
 def compare(original: SimResult, rewritten: SimResult) -> Mapping[str, float]:

@@ -29,7 +29,6 @@ fits.
 from __future__ import annotations
 
 import dataclasses
-from collections import ChainMap
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
@@ -272,7 +271,7 @@ def _judge_ops(ev: TuneEvaluator, times: Mapping[str, float], ops, skipped: tupl
     rgraph = apply_swaps(ev.analysis.graph, plan, copy_op=ev.copy_op).graph
     # a clone, and a rewired reader, read tensors with the facts of the originals: their prices do not change
     clones = {clone: times[op] for r in decisions for op, clone in zip(r.ops, r.clones)}
-    sim = simulate(rgraph, ev.profile, options=ev.sim_options, known_op_times_s=ChainMap(clones, times))
+    sim = simulate(rgraph, ev.profile, options=ev.sim_options, known_op_times_s={**times, **clones})
     params = {**params, "recomputed": sum(len(r.tensors) for r in decisions),
               "cloned": sum(len(r.ops) for r in decisions)}
     return ev.record("recompute", params, plan, sim, rgraph, None)
