@@ -106,6 +106,20 @@ def test_a_chain_stops_at_kept_tensors_and_plans_are_acyclic_and_deterministic(b
             assert gates and all(g.type == "Identity" and g.control_inputs == [trigger] for g in gates)
 
 
+def test_chain_decisions_kept_with_the_analysis_are_what_a_fresh_analysis_decides(bert_graph):
+    """The recompute search plans the same chains many times over one analysis, which keeps their decisions: a plan
+    made again from them, with and without a split, equals one made on a fresh analysis."""
+    analysis, plan = _every_recompute(bert_graph)
+    ops = {op for r in plan.recomputes for op in r.ops}
+    memo = analysis.__dict__["_recompute_decisions"]
+    assert len(memo) >= len(plan.recomputes)
+    for split in (None, 2):
+        kept = plan_recomputes(analysis, ops, split_levels=split)
+        fresh = plan_recomputes(analyze_graph(bert_graph), ops, split_levels=split)
+        assert kept == fresh
+    assert plan_recomputes(analysis, ops)[0] == plan.recomputes
+
+
 def test_chain_refusals_name_the_reason(bert_graph):
     analysis = analyze_graph(bert_graph)
     read = next(op.name for op in bert_graph if op.type == "ReadVariableOp")

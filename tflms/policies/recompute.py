@@ -174,7 +174,7 @@ def plan_recomputes(analysis: Analysis, ops: Iterable[str], *, ahead: int = 1, s
     while True:  # an op whose clone finds no trigger leaves the set, and the chains are formed again
         decisions, dropped, unread = [], [], []
         for members in _chains(analysis, chosen):
-            decided, missing = _decide(analysis, members, ahead, split_levels=split_levels)
+            decided, missing = _decided(analysis, tuple(members), ahead, split_levels)
             if decided is None and missing:
                 dropped.extend(missing)
             elif decided is None:
@@ -188,6 +188,27 @@ def plan_recomputes(analysis: Analysis, ops: Iterable[str], *, ahead: int = 1, s
             chosen.discard(name)
             skipped.append(Skip(TensorRef(name, 0), "no-trigger",
                                 "no op after the forward pass can hold its clone back (it would run at once)"))
+
+
+#: Chains whose decisions :func:`_decided` keeps per analysis (the tuner's recompute search plans a few hundred
+#: distinct chains, each several times: the price sets, segment plans and relaxed plans share most of them).
+DECISION_MEMO_SIZE = 1 << 14
+
+
+def _decided(analysis: Analysis, members: tuple[str, ...], ahead: int, split_levels: int | None
+             ) -> tuple[tuple[RecomputeDecision, ...] | None, tuple[str, ...]]:
+    """:func:`_decide` of a whole chain, memoized with the analysis (stored in its ``__dict__`` as
+    :func:`functools.cached_property` stores its values: the analysis is frozen, and a chain's decisions depend on it
+    and the arguments alone)."""
+    memo = analysis.__dict__.setdefault("_recompute_decisions", {})
+    key = (members, ahead, split_levels)
+    hit = memo.get(key)
+    if hit is None:
+        decided, missing = _decide(analysis, members, ahead, split_levels=split_levels)
+        if len(memo) >= DECISION_MEMO_SIZE:
+            memo.clear()
+        hit = memo[key] = (None if decided is None else tuple(decided), tuple(missing))
+    return hit
 
 
 def _chains(analysis: Analysis, chosen: set[str]) -> list[list[str]]:
