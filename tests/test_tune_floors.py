@@ -1,7 +1,7 @@
 """The tuner leaves out what cannot win, by three lower bounds, and chooses what the whole search chooses (issue 27).
 
-- the swap floor (:meth:`TuneEvaluator.swap_floor`, the any-order bound): where it is slower than the unswapped step,
-  the recompute search runs first, and the swap searches only where the floor does not rule out beating its fit;
+- the swap floor (:meth:`TuneEvaluator.swap_floor_above`, the any-order bound): where it is slower than the unswapped
+  step, the recompute search runs first, and the swap searches only where the floor does not rule out beating its fit;
 - a recompute plan's compute floor (:func:`tflms.tune.hybrid.compute_floor_s`): not simulated where it is slower than
   the fastest fit so far;
 - pruning: a plan whose step lasts its compute time gets no trial that could only make it faster.
@@ -38,7 +38,7 @@ def _plan_key(cand):
 def _whole(monkeypatch, graph, budget):
     """The tune with none of the three floors (the search they shorten)."""
     with monkeypatch.context() as m:
-        m.setattr(search.TuneEvaluator, "swap_floor", lambda self: None)
+        m.setattr(search.TuneEvaluator, "swap_floor_above", lambda self, limit: False)
         m.setattr(hybrid, "compute_floor_s", lambda *args: 0.0)
         m.setattr(SimResult, "compute_bound", property(lambda self: False))
         return tune(graph, budget=budget, profile=SLOW_LINK, enforce_order=True)
@@ -78,7 +78,7 @@ def test_where_a_swap_plan_may_win_the_swap_searches_run(residual_step, monkeypa
     assert not fast.swap_searches_skipped and fast.swap_floor_s == pytest.approx(base.compute_time_s)
     assert [c for c in fast.candidates if c.strategy == "idle-time"]
     with monkeypatch.context() as m:
-        m.setattr(search.TuneEvaluator, "swap_floor", lambda self: None)
+        m.setattr(search.TuneEvaluator, "swap_floor_above", lambda self, limit: False)
         m.setattr(hybrid, "compute_floor_s", lambda *args: 0.0)
         m.setattr(SimResult, "compute_bound", property(lambda self: False))
         whole = tune(graph, budget=budget, profile=PROFILE, enforce_order=True)
@@ -100,7 +100,7 @@ def test_a_recompute_plan_never_computes_less_than_its_compute_floor(residual_st
         return value
     whole = _whole(monkeypatch, graph, budget)
     with monkeypatch.context() as m:  # (the other two floors as in the whole search)
-        m.setattr(search.TuneEvaluator, "swap_floor", lambda self: None)
+        m.setattr(search.TuneEvaluator, "swap_floor_above", lambda self, limit: False)
         m.setattr(SimResult, "compute_bound", property(lambda self: False))
         m.setattr(hybrid, "compute_floor_s", spy)
         spied = tune(graph, budget=budget, profile=SLOW_LINK, enforce_order=True)

@@ -187,7 +187,7 @@ class AnyOrderTimeBound:
 
 
 def any_order_time_bound(graph: Graph, profile: str | HardwareProfile, budget_bytes: int,
-                         options=None, *, sim=None) -> AnyOrderTimeBound:
+                         options=None, *, sim=None, above: float | None = None) -> AnyOrderTimeBound:
     """Least step time of any swap-only rewrite of ``graph`` that fits ``budget_bytes``, in any order.
 
     ``graph`` is the step without swaps; ``budget_bytes`` the live device bytes allowed (resident included,
@@ -204,7 +204,9 @@ def any_order_time_bound(graph: Graph, profile: str | HardwareProfile, budget_by
     ``""`` when every copy can hide behind compute. Op times are the simulator's, which do not depend on
     the order. Unlike :func:`across_peak_s` (one order's instants, with the op that starts at an instant
     counted after it) the order is free, and ``x``'s own time hides neither copy. ``sim``: the simulation of
-    ``graph`` on ``profile`` with ``options``, where the caller has it (it gives the op times).
+    ``graph`` on ``profile`` with ``options``, where the caller has it (it gives the op times). ``above``: stop at
+    the first op whose floor exceeds it (the ops come largest level-order live bytes first); the bound is then that
+    op's, a lower bound above ``above`` but not necessarily the largest.
     """
     from tflms.schedule.memory import buffer_model
     from tflms.sim.footprint import Cuts
@@ -241,6 +243,8 @@ def any_order_time_bound(graph: Graph, profile: str | HardwareProfile, budget_by
         floor = total + max(0.0, max(0.0, link - before) + max(0.0, link - after) - free)
         if floor > best.floor_s or (floor == best.floor_s and best.op and m.names[i] < best.op):
             best = AnyOrderTimeBound(budget_bytes, total, floor, m.names[i], away, before, after, free, 0)
+            if above is not None and floor > above:
+                break
     return dataclasses.replace(best, ops_examined=examined)
 
 

@@ -48,9 +48,9 @@ class TuneResult:
     candidates: tuple[Candidate, ...]
     graph: Graph  # the rewritten graph of the winner (the input graph if nothing is swapped)
     analysis: Analysis
-    #: the least step time of any swap-only plan that fits, in any order (simulated;
-    #: :func:`~tflms.sim.bounds.any_order_time_bound`), where the tune computed it (it does where the recompute
-    #: search runs), else ``None``
+    #: a floor on the step time of every swap-only plan that fits, in any order (simulated;
+    #: :func:`~tflms.sim.bounds.any_order_time_bound`, its scan stopped once it answered the tune's question), where
+    #: the tune computed it (it does where the recompute search runs), else ``None``
     swap_floor_s: float | None = None
     #: whether the swap searches were left out because that floor is slower than a plan already found
     swap_searches_skipped: bool = False
@@ -84,8 +84,9 @@ class TuneResult:
         return (f"{self.best.strategy} fits {format_bytes(self.budget_bytes)} with predicted peak "
                 f"{format_bytes(self.best.sim.peak_with_margin_bytes)}{ordered} and the lowest predicted overhead "
                 f"({100 * self.overhead:+.1f}%)" + (f"; best of the others: {others}" if others else "")
-                + (f"; swap-only plans not searched: none can beat {100 * (self.swap_floor_s / self.baseline.step_time_s - 1):+.1f}% "
-                   "(their floor in any order)" if self.swap_searches_skipped else "")
+                + (f"; swap-only plans not searched: none can beat "
+                   f"{100 * (self.swap_floor_s / self.baseline.step_time_s - 1):+.1f}% (their floor in any order)"
+                   if self.swap_searches_skipped else "")
                 + f"; {len(self.candidates)} configurations simulated" + left_out)
 
     def to_dict(self) -> dict[str, Any]:

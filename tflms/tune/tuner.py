@@ -221,13 +221,12 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
     # unswapped step, no swap plan is free and the recompute search runs whatever they find: it runs first, and
     # the swap searches (the distance rules, the idle-time rounds, the order-first search, pruning) only where
     # the floor does not rule out that they beat what it found (docs/design.md, "Tuning time").
-    floor = (ev.swap_floor() if recomputes and not only and not base.fits and not first_fit and compress is None
-             else None)
-    recompute_first = floor is not None and floor.floor_s > baseline.step_time_s * (1 + NO_OVERHEAD_TOLERANCE)
+    floored = recomputes and not only and not base.fits and not first_fit and compress is None
+    recompute_first = floored and ev.swap_floor_above(baseline.step_time_s * (1 + NO_OVERHEAD_TOLERANCE))
 
     def swaps_can_win() -> bool:
         fastest = min((c.sim.step_time_s for c in ev.candidates if c.fits), default=None)
-        return floor is None or fastest is None or floor.floor_s <= fastest
+        return not floored or fastest is None or not ev.swap_floor_above(fastest)
 
     if not recompute_first:
         swap_searches()
@@ -271,8 +270,9 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
     skipped = recompute_first and not swaps_can_win()
     if skipped:
         fastest = min(c.sim.step_time_s for c in ev.candidates if c.fits)
-        message = (f"swap searches skipped: no swap plan that fits takes less than {1e3 * floor.floor_s:.2f} ms "
-                   f"(their floor in any order, simulated), and a plan found fits in {1e3 * fastest:.2f} ms")
+        message = (f"swap searches skipped: no swap plan that fits takes less than "
+                   f"{1e3 * ev.swap_floor.floor_s:.2f} ms (their floor in any order, simulated), and a plan found "
+                   f"fits in {1e3 * fastest:.2f} ms")
         logger.info(message)
         if progress is not None:
             progress(message)
@@ -312,4 +312,5 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
     best = min(fitting, key=rank)
     return TuneResult(budget_bytes=budget_bytes, profile=profile.name, baseline=baseline, best=best,
                       candidates=tuple(ev.candidates), graph=ev.graph_of(best), analysis=analysis,
-                      swap_floor_s=None if floor is None else floor.floor_s, swap_searches_skipped=skipped)
+                      swap_floor_s=None if ev.swap_floor is None else ev.swap_floor.floor_s,
+                      swap_searches_skipped=skipped)
