@@ -356,3 +356,66 @@ def test_backward_tensors_and_category_independence():
             sync=True),)),))
     got = assert_same(PlanEvaluator(graph, PROFILE), graph, plan)
     assert any(r.name == out_name for r in got.ops)
+
+
+def recompute_plans(analysis, graph):
+    """Recompute plans of growing sets (the tuner's ranking, best first), split and not, and segment plans."""
+    from tflms.policies.recompute import plan_recomputes, rank_candidates, segment_ops, select
+    from tflms.sim.cost import op_time_s
+    ranked, _ = rank_candidates(analysis, lambda n: op_time_s(graph, graph.op(n), PROFILE))
+    sets = [select(analysis, ranked[:k]) for k in sorted({1, 2, len(ranked) // 2, len(ranked)}) if k]
+    sets += [segment_ops(analysis, segments) for segments in (1, 2)]
+    plans, seen = [], set()
+    for ops in sets:
+        for split in (None, 1):
+            decisions, _ = plan_recomputes(analysis, ops, split_levels=split)
+            if decisions and decisions not in seen:
+                seen.add(decisions)
+                plans.append(SwapPlan(LMSConfig(), ACCEL, (), (), recomputes=decisions))
+    return plans
+
+
+@pytest.mark.parametrize("name", ["mlp", "residual", "cnn"])
+def test_evaluator_equals_apply_and_simulate_on_recompute_plans(request, name):
+    """Recompute plans go through the evaluator incrementally too (the clones appended, their readers rewired, which
+    ops run derived again): the same result, field for field, as simulating the rewritten graph."""
+    graph = fixture_graph(request, name)
+    analysis = analyze_graph(graph)
+    plans = recompute_plans(analysis, graph)
+    assert len(plans) >= 3 and any(any(r.copy for r in p.recomputes) for p in plans)  # (split: copies re-run again)
+    options = SimOptions(margin_fraction=0.1, margin_bytes=1000, workspace_bytes_per_element={"MaxPool": 1.0})
+    for opts in (None, options):
+        evaluator = PlanEvaluator(graph, PROFILE, opts)
+        evaluator.evaluate(None)
+        for plan in plans:
+            got = evaluator.evaluate(plan)
+            expected = simulate(apply_swaps(graph, plan).graph, PROFILE, options=opts)
+            assert differences(got, expected) == [], [r.ops for r in plan.recomputes]
+        assert evaluator.simulations == len(plans) + 1
+
+
+def test_a_recomputed_op_that_only_the_backward_pass_read_no_longer_runs_in_either():
+    """An original whose every reader now reads its clone is not needed: the evaluator derives again which ops run,
+    as simulating the rewritten graph does (its last forward reader gone, it is pruned like any unread op)."""
+    from tflms.policies.recompute import plan_recomputes
+    b = GraphBuilder()
+    s = (64, 256)
+    x = b.op("x", "Placeholder", shape=s)
+    a = b.op("fw/a", "Relu", [x], shape=s)
+    side = b.op("fw/side", "Square", [a], shape=s)  # read by the backward pass alone
+    h = b.op("fw/h", "Tanh", [a], shape=s)
+    loss = b.op("loss", "Sum", [h], shape=())
+    g = b.op("gradient_tape/g0", "TanhGrad", [h, loss], shape=s)
+    g = b.op("gradient_tape/g1", "Mul", [g, side], shape=s)
+    b.op("opt/update", "AssignSubVariableOp", [g], shape=None, num_outputs=0)
+    graph = b.graph
+    graph.signature = _sig(outputs=["loss:0"], control_outputs=["opt/update"])
+    analysis = analyze_graph(graph)
+    decisions, _ = plan_recomputes(analysis, ["fw/side"])
+    assert decisions and decisions[0].ops == ("fw/side",)
+    plan = SwapPlan(LMSConfig(), ACCEL, (), (), recomputes=decisions)
+    expected = simulate(apply_swaps(graph, plan).graph, PROFILE)
+    got = PlanEvaluator(graph, PROFILE).evaluate(plan)
+    assert differences(got, expected) == []
+    ran = {r.name for r in got.ops}
+    assert "fw/side" not in ran and "lms/recompute_fw/side" in ran

@@ -17,7 +17,11 @@ implicit copies and recomputes adjacency and levels for every plan.
 swap ops exactly as :func:`~tflms.passes.swaps.apply_swaps` inserts them
 (same names, devices, edges, graph order), extends the pruning and the implicit
 copies from the base's (only ops whose edges changed are revisited) and runs the
-simulator's core on the result. The answer is the same :class:`SimResult`,
+simulator's core on the result. A plan that only recomputes is applied the same way
+(gates and clones appended, their readers rewired; a clone costs what its original does),
+and which ops run and the implicit copies are derived again (a reader rewired to a clone can
+leave its original unread). A plan with both, or with a given ``order``, is simulated on its
+rewritten IR graph. The answer is the same :class:`SimResult`,
 field for field, as ``simulate(apply_swaps(base, plan, copy_op=...), profile,
 options=options)`` (``tests/test_incremental.py`` checks this on many plans),
 and it is memoized by plan.
@@ -135,6 +139,7 @@ class PlanEvaluator:
         self._lms_op = next((name for name in net.names if is_inserted(name) and not is_clone(name)), None)
         self._prunes = self.options.prune_unused and sig is not None
         n = len(net.names)
+        self._output_names = tuple(output_names)
         self._alive = _needed(net, net.roots(base_graph, output_names, self._op_id)) if self._prunes else [True] * n
         self._recv_needs = _recv_needs(net, range(n), self._alive)
         self._recv_entries: dict[int, list[tuple[int, int]]] = {}
@@ -169,7 +174,9 @@ class PlanEvaluator:
             self.memo_hits += 1
             return hit
         with gc_paused():
-            result = self._simulate_rewritten(plan) if plan is not None and plan.recomputes else self._simulate(plan)
+            rewritten = (plan is not None and plan.recomputes
+                         and (plan.swaps or self.order is not None or self._lms_op is not None))
+            result = self._simulate_rewritten(plan) if rewritten else self._simulate(plan)
         if len(self._memo) >= MEMO_SIZE:
             del self._memo[next(iter(self._memo))]
         self._memo[key] = result
@@ -182,9 +189,9 @@ class PlanEvaluator:
 
     # ----------------------------------------------------------------- private
     def _simulate_rewritten(self, plan: SwapPlan) -> SimResult:
-        """A plan with recomputes, simulated on its rewritten IR graph (not incrementally: clones add ops whose
-        costs the base graph's cache does not hold; the hybrid search plans swaps on the recomputed graph with an
-        evaluator of its own instead)."""
+        """A plan with recomputes and swaps (or a given order), simulated on its rewritten IR graph (the hybrid search
+        plans swaps on the recomputed graph with an evaluator of its own); recomputes alone go incrementally
+        (:meth:`_apply_recomputes`)."""
         from tflms.sim.simulator import simulate
         graph = self.rewritten_graph(plan)
         order = order_with_plan(self.order, plan) if self.order is not None else None
@@ -196,6 +203,18 @@ class PlanEvaluator:
         net = base.copy()
         alive = list(self._alive)
         modified: list[int] = []
+        costs = self._costs
+        if plan is not None and plan.recomputes:
+            costs = self._apply_recomputes(net, plan)
+            # a rewired reader can leave an original unread: which ops run is derived again
+            alive = (_needed(net, net.roots(self.graph, self._output_names, self._op_id)) if self._prunes
+                     else [True] * len(net.names))
+            _add_recvs(net, _recv_needs(net, range(len(net.names)), alive), alive)
+            order = self._level_sorted(net, alive, n_base)
+            position = [-1] * len(net.names)
+            for k, i in enumerate(order):
+                position[i] = k
+            return _run(net, order, position, self._outputs, self.profile, self.options, costs, alive)
         if plan is not None and plan.swaps:
             modified = self._apply(net, alive, plan)
         revived: list[int] = []
@@ -276,6 +295,59 @@ class PlanEvaluator:
         order = [i for i in range(n) if alive[i]]
         order.sort(key=level.__getitem__)  # stable: ties keep graph order
         return order
+
+    def _apply_recomputes(self, net: IndexedGraph, plan: SwapPlan) -> OpCosts:
+        """Append ``plan``'s gates and clones to ``net`` as :func:`~tflms.passes.recompute.insert_recomputes` inserts
+        them (same names, devices, edges, graph order) and rewire their readers; returns the op costs of the result: a
+        clone costs what its original does (the same type, attributes and tensors), and carries the original as its
+        source op."""
+        from tflms.policies.recompute import clone_inputs, clone_name
+        op_id, graph = self._op_id, self.graph
+        costs = OpCosts(graph, self.profile)
+        costs._times = {i: t for i, t in self._costs._times.items() if i < len(self._net.names)}
+        new_ids: dict[str, int] = {}
+
+        def tensor(ref: TensorRef) -> int:
+            i = op_id.get(ref.op, new_ids.get(ref.op))
+            if i is None:
+                raise GraphError(f"a recompute reads {ref}, which names no op in the graph")
+            return net.out_start[i] + ref.index
+
+        inputs = net.inputs
+        modified: list[int] = []
+        for decision in plan.recomputes:
+            chain = frozenset(decision.ops)
+            gates = {gate[0]: gate for gate in decision.gates}
+            ops = dict(zip(decision.clones, zip(decision.ops, decision.triggers)))
+            for name in decision.inserted:
+                if name in gates:
+                    if name not in new_ids:
+                        _, ref, trigger = gates[name]
+                        t = tensor(ref)
+                        new_ids[name] = net.add_op(name, "Identity", net.dev[net.t_op[t]], [t], [op_id[trigger]],
+                                                   [net.t_info[t]])
+                    continue
+                if name in op_id or name in new_ids:
+                    raise GraphError(f"an op named {name!r} already exists: is {ops[name][0]!r} recomputed twice?")
+                original, trigger = ops[name]
+                o = op_id[original]
+                op = graph.op(original)
+                refs, _ = clone_inputs(op, chain, trigger, decision.copy)
+                c = new_ids[name] = net.add_op(name, op.type, net.dev[o], [tensor(r) for r in refs], [], op.outputs)
+                net.src_ops[c] = op
+                costs._times[c] = self._costs.time_s(o, op)
+            for ref, readers in zip(decision.tensors, decision.readers):
+                members = {op_id[r] for r in readers if r in op_id}
+                t, clone_t = tensor(ref), tensor(TensorRef(clone_name(ref.op, decision.copy), ref.index))
+                for consumer, index in self._consumers.get(t, ()):
+                    if consumer in members and inputs[consumer][index] == t:
+                        ins = list(inputs[consumer])
+                        ins[index] = clone_t
+                        inputs[consumer] = ins
+                        modified.append(consumer)
+        for c in dict.fromkeys(modified):
+            net.refresh_preds(c)
+        return costs
 
     def _apply(self, net: IndexedGraph, alive: list[bool], plan: SwapPlan) -> list[int]:
         """Append ``plan``'s swap ops to ``net`` as ``apply_swaps`` inserts them; returns the ops whose edges changed."""

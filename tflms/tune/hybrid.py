@@ -268,13 +268,11 @@ def _judge_ops(ev: TuneEvaluator, times: Mapping[str, float], ops, skipped: tupl
         return None
     plan = SwapPlan(config=ev.base_config, accelerator_device=ev.accelerator, swaps=(),
                     skipped=tuple(skipped) + skips, recomputes=decisions)
-    rgraph = apply_swaps(ev.analysis.graph, plan, copy_op=ev.copy_op).graph
-    # a clone, and a rewired reader, read tensors with the facts of the originals: their prices do not change
-    clones = {clone: times[op] for r in decisions for op, clone in zip(r.ops, r.clones)}
-    sim = simulate(rgraph, ev.profile, options=ev.sim_options, known_op_times_s={**times, **clones})
+    # (incrementally, without the rewritten graph: that is built where it is read, ``ev.graph_of``)
+    sim = ev.plans.evaluate(plan)
     params = {**params, "recomputed": sum(len(r.tensors) for r in decisions),
               "cloned": sum(len(r.ops) for r in decisions)}
-    return ev.record("recompute", params, plan, sim, rgraph, None)
+    return ev.record("recompute", params, plan, sim, None, None)
 
 
 def compute_floor_s(baseline: SimResult, times: Mapping[str, float], decisions: Iterable) -> float:
