@@ -174,11 +174,9 @@ def simulate_rows(result: dict[str, Any], profile_name: str | None = None, progr
     from benchlib.models import Steps
 
     from tflms.analysis.cto import analyze_graph
-    from tflms.config import LMSConfig
     from tflms.ir.op_types import CONTRACTION_OPS
     from tflms.passes.swaps import apply_swaps
-    from tflms.policies.recompute import plan_recomputes, segment_ops
-    from tflms.policies.swapplan import SwapPlan
+    from tflms.policies.recompute import recompute_plan, segment_ops
     from tflms.profiles import get_profile, profile_for_device
     from tflms.sim.cost import op_time_s
     from tflms.sim.simulator import simulate
@@ -195,9 +193,7 @@ def simulate_rows(result: dict[str, Any], profile_name: str | None = None, progr
         graph, _ = steps.graph(BENCH_MODELS[row["dtype"]], "plain", row["batch"])
         analysis = analyze_graph(graph)
         plain = simulate(graph, profile)
-        decisions, _ = plan_recomputes(analysis, segment_ops(analysis, int(cfg["layers"])))
-        plan = SwapPlan(config=LMSConfig(), accelerator_device="/device:GPU:0", swaps=(), skipped=(),
-                        recomputes=decisions)
+        plan = recompute_plan(analysis, segment_ops(analysis, int(cfg["layers"])))
         times = {op.name: op_time_s(graph, op, profile) for op in graph}
         ckpt = simulate(apply_swaps(graph, plan).graph, profile)
         contractions = sum(t for name, t in times.items() if graph.op(name).type in CONTRACTION_OPS)
@@ -205,7 +201,7 @@ def simulate_rows(result: dict[str, Any], profile_name: str | None = None, progr
                     "sim_contractions_s": contractions, "sim_ops": len(times),
                     "sim_checkpointed_s": ckpt.step_time_s, "sim_plain_peak_bytes": plain.peak_bytes,
                     "sim_checkpointed_peak_bytes": ckpt.peak_bytes,
-                    "sim_recomputed_ops": sum(len(d.clones) for d in decisions), "segments": int(cfg["layers"])})
+                    "sim_recomputed_ops": sum(len(d.clones) for d in plan.recomputes), "segments": int(cfg["layers"])})
     return out
 
 

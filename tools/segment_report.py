@@ -31,11 +31,9 @@ def plans_at(steps: Any, model: str, size: int, profile_name: str) -> list[dict[
     from benchlib.common import HEADROOM
 
     from tflms.analysis.cto import analyze_graph
-    from tflms.config import LMSConfig
     from tflms.passes.order import enforce_order
     from tflms.passes.swaps import apply_swaps
-    from tflms.policies.recompute import articulations, balanced_segment_ops, plan_recomputes, segment_ops
-    from tflms.policies.swapplan import SwapPlan
+    from tflms.policies.recompute import articulations, balanced_segment_ops, recompute_plan, segment_ops
     from tflms.profiles import get_profile
     from tflms.sim.simulator import SimOptions, simulate
     from tflms.tune.hybrid import BALANCED_SLACKS
@@ -52,10 +50,7 @@ def plans_at(steps: Any, model: str, size: int, profile_name: str) -> list[dict[
              "step_s": plain.step_time_s}]
     for label, ops in choices:
         kept = sum(1 for c in cuts if c not in ops)
-        decisions, _ = plan_recomputes(analysis, ops)
-        plan = SwapPlan(config=LMSConfig(), accelerator_device="/device:GPU:0", swaps=(), skipped=(),
-                        recomputes=decisions)
-        rewritten = apply_swaps(graph, plan).graph
+        rewritten = apply_swaps(graph, recompute_plan(analysis, ops)).graph
         level = simulate(rewritten, profile, options=options)
         ordered = enforce_order(rewritten, profile, options=options, level_peak_bytes=level.peak_bytes)
         in_order = simulate(ordered.graph, profile, options=options) if ordered.changed else level

@@ -82,17 +82,14 @@ def recomputed(graph: Any, profile: Any, price: float) -> tuple[Any, int]:
     from tflms.analysis.cto import analyze_graph
     from tflms.config import LMSConfig
     from tflms.passes.swaps import apply_swaps
-    from tflms.policies.recompute import plan_recomputes, rank_candidates, select
-    from tflms.policies.swapplan import SwapPlan
+    from tflms.policies.recompute import rank_candidates, recompute_plan, select
     from tflms.sim.cost import op_time_s
     from tflms.tune.hybrid import priced
     analysis = analyze_graph(graph)
-    config = LMSConfig()
     ranked, _ = rank_candidates(analysis, lambda name: op_time_s(graph, graph.op(name), profile),
-                                min_bytes=config.min_swap_bytes)
-    decisions, _ = plan_recomputes(analysis, select(analysis, ranked[:priced(ranked, profile, price)]))
-    plan = SwapPlan(config=config, accelerator_device="/device:GPU:0", swaps=(), skipped=(), recomputes=decisions)
-    return apply_swaps(graph, plan).graph, sum(len(r.tensors) for r in decisions)
+                                min_bytes=LMSConfig().min_swap_bytes)
+    plan = recompute_plan(analysis, select(analysis, ranked[:priced(ranked, profile, price)]))
+    return apply_swaps(graph, plan).graph, sum(len(r.tensors) for r in plan.recomputes)
 
 
 def floor_at(steps: Any, model: str, size: int, profile_name: str, headroom: float,

@@ -326,14 +326,14 @@ def segment_rewrite(case: Case, segments: int, split: int | None) -> Variant:
     (``plan_recomputes(split_levels=)``); no swaps, no budget, no order pinned (the executor takes its own)."""
     from tflms.analysis.cto import analyze_graph
     from tflms.passes.swaps import apply_swaps
-    from tflms.policies.recompute import plan_recomputes, segment_ops
-    from tflms.policies.swapplan import SwapPlan
+    from tflms.policies.recompute import recompute_plan, segment_ops
     config = rewrite_config(recompute="only")
     analysis = analyze_graph(case.graph)
-    decisions, _ = plan_recomputes(analysis, segment_ops(analysis, segments), split_levels=split)
+    plan = recompute_plan(analysis, segment_ops(analysis, segments), config,
+                          accelerator_device=config.accelerator_device, split_levels=split)
+    decisions = plan.recomputes
     if not decisions:
         raise SystemExit(f"{case.model}: {segments} segments recompute nothing")
-    plan = SwapPlan(config, config.accelerator_device, (), (), recomputes=decisions)
     graph = apply_swaps(case.graph, plan, copy_op="DeepCopy").graph
     triggers = {clone: trigger for r in decisions for clone, trigger in zip(r.clones, r.triggers)}
     params = {"segments": segments, "split": split, "cloned": len(triggers),

@@ -195,8 +195,7 @@ def _hybrid(step, x, y):
     from tflms.passes.swaps import apply_swaps
     from tflms.pipeline import _build, _traced_and_preoptimized, inserted_ops
     from tflms.policies.eligibility import swapping_clones
-    from tflms.policies.recompute import plan_recomputes, rank_candidates
-    from tflms.policies.swapplan import SwapPlan
+    from tflms.policies.recompute import rank_candidates, recompute_plan
     from tflms.policies.tflms_rules import plan_swaps
     from tflms.profiles import get_profile
     from tflms.report import RewriteReport
@@ -207,12 +206,14 @@ def _hybrid(step, x, y):
     analysis = analyze_graph(graph)
     profile = get_profile(PROFILE)
     ranked, _ = rank_candidates(analysis, lambda n: op_time_s(graph, graph.op(n), profile))
-    recomputes, _ = plan_recomputes(analysis, {op for c in ranked for op in c.chain})
-    if not recomputes:
-        raise RuntimeError("no forward op can be recomputed")
     config = LMSConfig(swapout_threshold=1)
     accelerator = resolve_accelerator(config.accelerator_device)[0]  # as the pipeline plans
-    recomputed = apply_swaps(graph, SwapPlan(config, accelerator, (), (), recomputes=recomputes)).graph
+    recomputing = recompute_plan(analysis, {op for c in ranked for op in c.chain}, config,
+                                 accelerator_device=accelerator)
+    recomputes = recomputing.recomputes
+    if not recomputes:
+        raise RuntimeError("no forward op can be recomputed")
+    recomputed = apply_swaps(graph, recomputing).graph
     ordered = enforce_order(recomputed, profile, options=SimOptions(host_device=config.host_device))
     with swapping_clones():  # (a clone may wait across another branch's backward pass)
         swaps = plan_swaps(analyze_graph(ordered.graph), config, accelerator_device=accelerator)

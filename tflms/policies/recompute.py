@@ -28,7 +28,8 @@ from tflms.analysis.cto import Analysis, Category
 from tflms.ir.graph import TensorRef
 from tflms.ir.op_types import CONSTANT_OPS, METADATA_ONLY_TYPES, SOURCE_OPS, VARIABLE_READ_OPS
 from tflms.policies.eligibility import CLONE_PREFIX, NEVER_RECOMPUTE_DTYPES, recompute_skip_reason
-from tflms.policies.swapplan import Skip, find_trigger
+from tflms.config import LMSConfig
+from tflms.policies.swapplan import Skip, SwapPlan, find_trigger
 
 #: The most ops one chain may re-run to rebuild one tensor (a longer chain costs more than it frees).
 MAX_CHAIN_OPS = 12
@@ -147,6 +148,17 @@ def chain_for(analysis: Analysis, target: str, *,
             chain.add(ref.op)
             stack.append(ref.op)
     return tuple(sorted(chain, key=lambda n: (analysis.levels[n], n))), None
+
+
+def recompute_plan(analysis: Analysis, ops: Iterable[str], config: LMSConfig | None = None, *,
+                   accelerator_device: str = "/device:GPU:0", split_levels: int | None = None,
+                   skipped: Sequence[Skip] = ()) -> SwapPlan:
+    """A plan that recomputes ``ops`` (:func:`plan_recomputes`) and swaps nothing, on ``config`` (default
+    ``LMSConfig()``) for ``accelerator_device``; its skips are ``skipped`` and the ops :func:`plan_recomputes`
+    refused. ``apply_swaps`` applies it; an empty ``recomputes`` means nothing could be recomputed."""
+    decisions, skips = plan_recomputes(analysis, ops, split_levels=split_levels)
+    return SwapPlan(config=config or LMSConfig(), accelerator_device=accelerator_device, swaps=(),
+                    skipped=tuple(skipped) + skips, recomputes=decisions)
 
 
 def plan_recomputes(analysis: Analysis, ops: Iterable[str], *, ahead: int = 1, split_levels: int | None = None

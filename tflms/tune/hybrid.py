@@ -36,8 +36,8 @@ from tflms.analysis.cto import Analysis, analyze_graph
 from tflms.ir.graph import Graph
 from tflms.passes.swaps import apply_swaps
 from tflms.policies.eligibility import is_clone, swapping_clones
-from tflms.policies.recompute import (articulations, balanced_segment_ops, output_bytes, plan_recomputes,
-                                      rank_candidates, segment_ops, select)
+from tflms.policies.recompute import (articulations, balanced_segment_ops, output_bytes, rank_candidates,
+                                      recompute_plan, segment_ops, select)
 from tflms.policies.swapplan import SwapPlan
 from tflms.sim.cost import op_time_s
 from tflms.sim.records import COMPUTE_ROUND_OFF
@@ -253,7 +253,7 @@ def _round_trip_s(profile, num_bytes: int) -> float:
 
 def _judge_ops(ev: TuneEvaluator, times: Mapping[str, float], ops, skipped: tuple, params: dict, *,
               split_only: bool = False, bound: Callable[[], float] | None = None) -> Candidate | None:
-    """Recompute ``ops`` (:func:`~tflms.policies.recompute.plan_recomputes`, with ``params["split"]`` as its
+    """Recompute ``ops`` (:func:`~tflms.policies.recompute.recompute_plan`, with ``params["split"]`` as its
     ``split_levels``), simulate and record the plan (``params`` plus what it recomputes); ``None`` when no op can be
     recomputed, or, with ``split_only``, when the split re-runs nothing again (the plan without it), or when the
     plan computes longer than ``bound()`` seconds (the fastest fit so far).
@@ -261,13 +261,13 @@ def _judge_ops(ev: TuneEvaluator, times: Mapping[str, float], ops, skipped: tupl
     That plan cannot win, nor can a hybrid of it: the compute stream runs every op of the step and every clone,
     one after another, and a step lasts at least that long (:func:`compute_floor_s`). It is not simulated. On
     ResNet-50 at batch 32 (tools/bench_rewrite.py's budget) that leaves out 8 of the 15 recompute plans."""
-    decisions, skips = plan_recomputes(ev.analysis, ops, split_levels=params.get("split"))
+    plan = recompute_plan(ev.analysis, ops, ev.base_config, accelerator_device=ev.accelerator,
+                          split_levels=params.get("split"), skipped=skipped)
+    decisions = plan.recomputes
     if not decisions or (split_only and not any(r.copy for r in decisions)):
         return None
     if bound is not None and compute_floor_s(ev.context.baseline, times, decisions) > bound():
         return None
-    plan = SwapPlan(config=ev.base_config, accelerator_device=ev.accelerator, swaps=(),
-                    skipped=tuple(skipped) + skips, recomputes=decisions)
     # (incrementally, without the rewritten graph: that is built where it is read, ``ev.graph_of``)
     sim = ev.plans.evaluate(plan)
     params = {**params, "recomputed": sum(len(r.tensors) for r in decisions),
