@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from tflms.errors import GraphError
 from tflms.ir.graph import Graph, TensorRef
-from tflms.policies.recompute import RecomputeDecision, clone_inputs, clone_name
+from tflms.policies.recompute import GATE, RecomputeDecision, clone_inputs, clone_name
 
 
 def insert_recomputes(graph: Graph, decisions: Sequence[RecomputeDecision]) -> list[str]:
@@ -25,19 +25,16 @@ def insert_recomputes(graph: Graph, decisions: Sequence[RecomputeDecision]) -> l
     gated: set[str] = set()  # gates are shared: chains that read one tensor after one trigger read one gate
     for decision in decisions:
         chain = frozenset(decision.ops)
-        gates = {gate[0]: gate for gate in decision.gates}
-        ops = dict(zip(decision.clones, zip(decision.ops, decision.triggers)))
-        for name in decision.inserted:
-            if name in gates:
+        for kind, name, trigger, what in decision.insertions():
+            if kind == GATE:
                 if name not in gated:
                     gated.add(name)
-                    _gate(graph, *gates[name])
+                    _gate(graph, name, what, trigger)
                     inserted.append(name)
                 continue
-            original, trigger = ops[name]
             if name in graph:
-                raise GraphError(f"an op named {name!r} already exists: is {original!r} recomputed twice?")
-            op = graph.op(original)
+                raise GraphError(f"an op named {name!r} already exists: is {what!r} recomputed twice?")
+            op = graph.op(what)
             inputs, _ = clone_inputs(op, chain, trigger, decision.copy)
             graph.add_op(name, op.type, inputs=inputs, device=op.device, attrs=op.attrs, outputs=op.outputs,
                          node_def=op.node_def)

@@ -22,7 +22,7 @@ per second of recompute, Capuchin's rule; :mod:`tflms.tune.hybrid` searches). Th
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from tflms.analysis.cto import Analysis, Category
 from tflms.ir.graph import TensorRef
@@ -65,6 +65,10 @@ def clone_inputs(op, chain: frozenset[str] | set[str], trigger: str, copy: int =
     return [gates.get(ref, ref) for ref in inputs], gated
 
 
+#: The kinds of op a :class:`RecomputeDecision` inserts (:meth:`RecomputeDecision.insertions`).
+GATE, CLONE = "gate", "clone"
+
+
 @dataclasses.dataclass(frozen=True)
 class RecomputeDecision:
     """Re-run ``ops`` (one connected chain, in topological order) for the backward pass.
@@ -97,6 +101,20 @@ class RecomputeDecision:
     def triggers_by_name(self) -> dict[str, str]:
         """What each inserted op (a gate or a clone) waits for, by name."""
         return {**{gate: trigger for gate, _, trigger in self.gates}, **dict(zip(self.clones, self.triggers))}
+
+    def insertions(self) -> Iterator[tuple[str, str, str, TensorRef | str]]:
+        """What the decision inserts, in ``inserted`` order (a gate just before the first clone that reads it):
+        ``(GATE, name, trigger, the tensor gated)`` and ``(CLONE, name, trigger, the original op)``. Where two
+        decisions share a gate, each names it: the first inserts it."""
+        gates = {gate[0]: gate for gate in self.gates}
+        ops = dict(zip(self.clones, zip(self.ops, self.triggers)))
+        for name in self.inserted:
+            if name in gates:
+                _, ref, trigger = gates[name]
+                yield GATE, name, trigger, ref
+            else:
+                original, trigger = ops[name]
+                yield CLONE, name, trigger, original
 
 
 def _backward_readers(analysis: Analysis, ref: TensorRef, chain: frozenset[str]) -> tuple[str, ...]:

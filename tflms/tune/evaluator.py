@@ -296,12 +296,23 @@ class PlanEvaluator:
         order.sort(key=level.__getitem__)  # stable: ties keep graph order
         return order
 
+    def _rewire(self, net: IndexedGraph, t: int, new_t: int, members: set[int], modified: list[int]) -> None:
+        """Point the inputs of ``members`` that read tensor ``t`` (among its consumers in the base graph) at
+        ``new_t``, as ``Graph.set_input`` does for each; the consumers rewired are added to ``modified``."""
+        inputs = net.inputs
+        for consumer, index in self._consumers.get(t, ()):
+            if consumer in members and inputs[consumer][index] == t:
+                ins = list(inputs[consumer])
+                ins[index] = new_t
+                inputs[consumer] = ins
+                modified.append(consumer)
+
     def _apply_recomputes(self, net: IndexedGraph, plan: SwapPlan) -> OpCosts:
         """Append ``plan``'s gates and clones to ``net`` as :func:`~tflms.passes.recompute.insert_recomputes` inserts
         them (same names, devices, edges, graph order) and rewire their readers; returns the op costs of the result: a
         clone costs what its original does (the same type, attributes and tensors), and carries the original as its
         source op."""
-        from tflms.policies.recompute import clone_inputs, clone_name
+        from tflms.policies.recompute import GATE, clone_inputs, clone_name
         op_id, graph = self._op_id, self.graph
         costs = OpCosts(graph, self.profile)
         costs._times = {i: t for i, t in self._costs._times.items() if i < len(self._net.names)}
@@ -313,38 +324,27 @@ class PlanEvaluator:
                 raise GraphError(f"a recompute reads {ref}, which names no op in the graph")
             return net.out_start[i] + ref.index
 
-        inputs = net.inputs
         modified: list[int] = []
         for decision in plan.recomputes:
             chain = frozenset(decision.ops)
-            gates = {gate[0]: gate for gate in decision.gates}
-            ops = dict(zip(decision.clones, zip(decision.ops, decision.triggers)))
-            for name in decision.inserted:
-                if name in gates:
+            for kind, name, trigger, what in decision.insertions():
+                if kind == GATE:
                     if name not in new_ids:
-                        _, ref, trigger = gates[name]
-                        t = tensor(ref)
+                        t = tensor(what)
                         new_ids[name] = net.add_op(name, "Identity", net.dev[net.t_op[t]], [t], [op_id[trigger]],
                                                    [net.t_info[t]])
                     continue
                 if name in op_id or name in new_ids:
-                    raise GraphError(f"an op named {name!r} already exists: is {ops[name][0]!r} recomputed twice?")
-                original, trigger = ops[name]
-                o = op_id[original]
-                op = graph.op(original)
+                    raise GraphError(f"an op named {name!r} already exists: is {what!r} recomputed twice?")
+                o = op_id[what]
+                op = graph.op(what)
                 refs, _ = clone_inputs(op, chain, trigger, decision.copy)
                 c = new_ids[name] = net.add_op(name, op.type, net.dev[o], [tensor(r) for r in refs], [], op.outputs)
                 net.src_ops[c] = op
                 costs._times[c] = self._costs.time_s(o, op)
             for ref, readers in zip(decision.tensors, decision.readers):
-                members = {op_id[r] for r in readers if r in op_id}
-                t, clone_t = tensor(ref), tensor(TensorRef(clone_name(ref.op, decision.copy), ref.index))
-                for consumer, index in self._consumers.get(t, ()):
-                    if consumer in members and inputs[consumer][index] == t:
-                        ins = list(inputs[consumer])
-                        ins[index] = clone_t
-                        inputs[consumer] = ins
-                        modified.append(consumer)
+                self._rewire(net, tensor(ref), tensor(TensorRef(clone_name(ref.op, decision.copy), ref.index)),
+                             {op_id[r] for r in readers if r in op_id}, modified)
         for c in dict.fromkeys(modified):
             net.refresh_preds(c)
         return costs
@@ -372,7 +372,7 @@ class PlanEvaluator:
                 raise GraphError(f"an op named {name!r} already exists")
 
         modified: list[int] = []
-        inputs, ctrl = net.inputs, net.ctrl
+        ctrl = net.ctrl
         for swap in plan.swaps:
             producer = lookup(swap.tensor.op, "swapped tensor's op")
             if not 0 <= swap.tensor.index < net.n_out[producer]:
@@ -395,14 +395,8 @@ class PlanEvaluator:
                 in_op = net.add_op(group.name, self.copy_op, in_dev, [out_t], trigger, [info])
                 new_ids[group.name] = in_op
                 alive.append(False)
-                in_t = net.out_start[in_op]
-                members = {op_id[c] for c in group.consumers if c in op_id}
-                for consumer, index in self._consumers.get(t, ()):
-                    if consumer in members and inputs[consumer][index] == t:
-                        ins = list(inputs[consumer])
-                        ins[index] = in_t
-                        inputs[consumer] = ins
-                        modified.append(consumer)
+                self._rewire(net, t, net.out_start[in_op], {op_id[c] for c in group.consumers if c in op_id},
+                             modified)
         modified = list(dict.fromkeys(modified))
         for c in modified:
             net.refresh_preds(c)
