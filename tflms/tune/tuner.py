@@ -218,9 +218,10 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
 
     recomputes = only or (config.recompute != RECOMPUTE_OFF and "recompute" in strategies)
     # No swap plan that fits is faster than the swap floor, in any order. Where that floor is slower than the
-    # unswapped step, no swap plan is free and the recompute search runs whatever they find: it runs first, and
-    # the swap searches (the distance rules, the idle-time rounds, the order-first search, pruning) only where
-    # the floor does not rule out that they beat what it found (docs/design.md, "Tuning time").
+    # unswapped step, no swap plan is free, so the recompute search would run whatever the swap searches found: it
+    # runs first, and the swap searches (the distance rules, the idle-time rounds, pruning) only where the floor
+    # does not rule out that they beat what it found; the order-first search, whose plans must be free, only where
+    # nothing fits (docs/design.md, "Tuning time").
     floored = recomputes and not only and not base.fits and not first_fit and compress is None
     recompute_first = floored and ev.swap_floor_above(baseline.step_time_s * (1 + NO_OVERHEAD_TOLERANCE))
 
@@ -291,7 +292,9 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
         pruned = prune_swaps(ev, min(swaps_only, key=rank))
         if pruned is not None and pruned.fits:
             fitting.append(pruned)
-    if order_first and not order_first_ran and not free(fitting) and not skipped:  # (free: nothing left to gain)
+    # (free: nothing left to gain; with no swap plan free, its plans fit nothing, and it runs only for a smaller need to
+    # name where nothing fits)
+    if order_first and not order_first_ran and not free(fitting) and not (recompute_first and fitting):
         fitting += order_first_fits()
     if not fitting:
         smallest = min(ev.candidates, key=lambda c: ev.need(c.sim))
