@@ -260,7 +260,7 @@ def _judge_ops(ev: TuneEvaluator, times: Mapping[str, float], ops, skipped: tupl
 
     That plan cannot win, nor can a hybrid of it: the compute stream runs every op of the step and every clone,
     one after another, and a step lasts at least that long (:func:`compute_floor_s`). It is not simulated. On
-    ResNet-50 at batch 32 (tools/bench_rewrite.py's budget) that leaves out 8 of the 15 recompute plans."""
+    ResNet-50 at batch 32 (tools/bench_rewrite.py's budget) that leaves out 7 of the 16 recompute plans."""
     plan = recompute_plan(ev.analysis, ops, ev.base_config, accelerator_device=ev.accelerator,
                           split_levels=params.get("split"), skipped=skipped)
     decisions = plan.recomputes
