@@ -35,13 +35,13 @@ def _plan_key(cand):
     return None if plan is None else (plan.swaps, plan.recomputes)
 
 
-def _whole(monkeypatch, graph, budget):
+def _whole(monkeypatch, graph, budget, profile=SLOW_LINK):
     """The tune with none of the three floors (the search they shorten)."""
     with monkeypatch.context() as m:
         m.setattr(search.TuneEvaluator, "swap_floor_above", lambda self, limit: False)
         m.setattr(hybrid, "compute_floor_s", lambda *args: 0.0)
         m.setattr(SimResult, "compute_bound", property(lambda self: False))
-        return tune(graph, budget=budget, profile=SLOW_LINK, enforce_order=True)
+        return tune(graph, budget=budget, profile=profile, enforce_order=True)
 
 
 @pytest.mark.parametrize("fraction", [0.8, 0.5])
@@ -77,11 +77,7 @@ def test_where_a_swap_plan_may_win_the_swap_searches_run(residual_step, monkeypa
     fast = tune(graph, budget=budget, profile=PROFILE, enforce_order=True)
     assert not fast.swap_searches_skipped and fast.swap_floor_s == pytest.approx(base.compute_time_s)
     assert [c for c in fast.candidates if c.strategy == "idle-time"]
-    with monkeypatch.context() as m:
-        m.setattr(search.TuneEvaluator, "swap_floor_above", lambda self, limit: False)
-        m.setattr(hybrid, "compute_floor_s", lambda *args: 0.0)
-        m.setattr(SimResult, "compute_bound", property(lambda self: False))
-        whole = tune(graph, budget=budget, profile=PROFILE, enforce_order=True)
+    whole = _whole(monkeypatch, graph, budget, PROFILE)
     assert (fast.best.strategy, fast.best.params, _plan_key(fast.best)) == (
         whole.best.strategy, whole.best.params, _plan_key(whole.best))
 

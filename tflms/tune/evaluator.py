@@ -48,6 +48,7 @@ from tflms.errors import GraphError
 from tflms.ir.graph import Graph, TensorRef
 from tflms.passes.swaps import DEFAULT_COPY_OP, SWAPIN_ON_HOST, apply_swaps, resolve_swapin_on
 from tflms.policies.eligibility import is_clone, is_inserted
+from tflms.policies.recompute import GATE, clone_inputs, clone_name
 from tflms.policies.swapplan import SwapPlan
 from tflms.profiles import HardwareProfile, get_profile
 from tflms.sim.simulator import (IndexedGraph, OpCosts, SimOptions, SimResult, _add_recvs, _check_order,
@@ -312,7 +313,6 @@ class PlanEvaluator:
         them (same names, devices, edges, graph order) and rewire their readers; returns the op costs of the result: a
         clone costs what its original does (the same type, attributes and tensors), and carries the original as its
         source op."""
-        from tflms.policies.recompute import GATE, clone_inputs, clone_name
         op_id, graph = self._op_id, self.graph
         costs = OpCosts(graph, self.profile)
         costs._times = {i: t for i, t in self._costs._times.items() if i < len(self._net.names)}

@@ -20,7 +20,7 @@ from tflms.policies.base import IdleTime, PlanContext, SwapPolicy, TflmsRules
 from tflms.policies.idle_time import NO_OVERHEAD, majority_order, scored_candidates
 from tflms.policies.swapplan import SwapPlan
 from tflms.profiles import HardwareProfile
-from tflms.sim.bounds import AnyOrderTimeBound
+from tflms.sim.bounds import AnyOrderTimeBound, any_order_time_bound
 from tflms.sim.simulator import SimOptions, SimResult, gc_paused, simulate
 from tflms.tune.evaluator import PlanEvaluator
 from tflms.tune.result import Candidate
@@ -108,7 +108,6 @@ class TuneEvaluator:
             return False
         floor = self._swap_floor
         if floor is None or (floor.floor_s <= limit and not self._swap_floor_whole):
-            from tflms.sim.bounds import any_order_time_bound
             floor = self._swap_floor = any_order_time_bound(
                 self.analysis.graph, self.profile, max(1, self.budget - self.sim_options.margin_bytes),
                 options=self.sim_options, sim=self.context.baseline, above=limit)

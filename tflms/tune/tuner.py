@@ -226,8 +226,8 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
     recompute_first = floored and ev.swap_floor_above(baseline.step_time_s * (1 + NO_OVERHEAD_TOLERANCE))
 
     def swaps_can_win() -> bool:
-        fastest = min((c.sim.step_time_s for c in ev.candidates if c.fits), default=None)
-        return not floored or fastest is None or not ev.swap_floor_above(fastest)
+        fastest = ev.fastest_fit_s()
+        return not floored or fastest == float("inf") or not ev.swap_floor_above(fastest)
 
     if not recompute_first:
         swap_searches()
@@ -270,10 +270,9 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
                          ordered=swaps_on_ordered if enforce_order and not first_fit else None)
     skipped = recompute_first and not swaps_can_win()
     if skipped:
-        fastest = min(c.sim.step_time_s for c in ev.candidates if c.fits)
         message = (f"swap searches skipped: no swap plan that fits takes less than "
                    f"{1e3 * ev.swap_floor.floor_s:.2f} ms (their floor in any order, simulated), and a plan found "
-                   f"fits in {1e3 * fastest:.2f} ms")
+                   f"fits in {1e3 * ev.fastest_fit_s():.2f} ms")
         logger.info(message)
         if progress is not None:
             progress(message)
