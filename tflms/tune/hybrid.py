@@ -81,21 +81,32 @@ HYBRIDS = 3
 #: copies for more than this fraction of its step: BERT-base at batch 270 on v100-16gb-pcie3 fitted a level-order
 #: hybrid at +123.5%, while the order-first search finds +29.8% at batch 300 (docs/design.md, "Swap or recompute").
 ORDERED_STALL_FRACTION = 0.2
+#: The segment plan of the hybrids judged in the enforced order (:func:`_enforced_hybrids`): every articulation kept,
+#: and within a segment only the ops whose re-run costs at most this times the two copies of their outputs (the
+#: elementwise ops and the convolutions that widen a block's channels). At ResNet-50's largest batch (1347 on
+#: v100-16gb-pcie3) it re-runs 0.5 s of compute and is the fastest hybrid (docs/design.md, "Swap or recompute").
+ENFORCED_SEGMENT_PRICE = 0.05
+#: Recompute plans that miss the budget given the whole swap tuner in the enforced order (the least compute first):
+#: each is a full tune of its recomputed step (about a minute at ResNet-50's batch 1347 on the 2-core machine).
+ENFORCED_HYBRIDS = 2
 #: Simulations the bisection of ``recompute="only"`` may take.
 ONLY_BISECTIONS = 8
 #: The most candidates one search records: a recompute plan per price and per (segments, price), the
 #: relaxation's trials, the hybrids, the bisection of ``"only"`` and its balanced segment plans, and the split
 #: stage's plans and hybrids (:func:`_split_hybrids`).
 MAX_CANDIDATES = (len(PRICES) + (2 + len(BALANCED_SLACKS)) * len(SEGMENT_PRICES) * (1 + len(SEGMENT_SPLITS))
-                  + RELAX_BISECTIONS + 2 * HYBRIDS + ONLY_BISECTIONS)
+                  + RELAX_BISECTIONS + 2 * HYBRIDS + ONLY_BISECTIONS + 1 + ENFORCED_HYBRIDS)
 
 
 def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
                      nested: Callable[[Analysis], list[Candidate]] | None,
-                     ordered: Callable[[Analysis], list[Candidate]] | None = None) -> list[Candidate]:
+                     ordered: Callable[[Analysis], list[Candidate]] | None = None,
+                     enforced: Callable[[Analysis], list[Candidate]] | None = None) -> list[Candidate]:
     """Recompute candidates (and, unless ``only``, hybrids through ``nested``; when none of them fits, or the
     fastest that fits stalls on its copies for more than :data:`ORDERED_STALL_FRACTION` of its step, hybrids through
-    ``ordered`` with the memory-aware order pinned first); returns the candidates recorded."""
+    ``ordered`` with the memory-aware order pinned first, and, when still none fits or the fastest stalls, through
+    ``enforced``, the whole swap tuner in the enforced order, :func:`_enforced_hybrids`); returns the candidates
+    recorded."""
     graph = ev.analysis.graph
     times = {op.name: op_time_s(graph, op, ev.profile) for op in graph}  # every op, priced once per search
     ranked, skipped = rank_candidates(ev.analysis, times.__getitem__, min_bytes=ev.base_config.min_swap_bytes)
@@ -149,11 +160,53 @@ def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
                 hybrids += hybrids_of_misses()
         added.extend(hybrids)
         fastest = min((h for h in hybrids if h.fits), key=lambda h: h.sim.step_time_s, default=None)
-        if fastest is None or fastest.sim.stall_time_s > ORDERED_STALL_FRACTION * fastest.sim.step_time_s:
+        if _stalls(fastest):
             if ordered is not None:  # (a fitting one is judged in the order later)
                 added.extend(_while_faster(misses[:HYBRIDS], lambda c: _ordered_hybrids(ev, c, ev.graph_of(c), ordered),
                                            judged=added))
             added.extend(_split_hybrids(ev, times, skipped, added, nested, ordered))
+            if enforced is not None and _stalls(min((c for c in added if c.fits), key=lambda c: c.sim.step_time_s,
+                                                    default=None)):
+                added.extend(_enforced_hybrids(ev, times, skipped, added, enforced))
+    return added
+
+
+def _stalls(fastest: Candidate | None) -> bool:
+    """No fit yet (``None``), or the fastest stalls on its copies for more than :data:`ORDERED_STALL_FRACTION` of
+    its step."""
+    return fastest is None or fastest.sim.stall_time_s > ORDERED_STALL_FRACTION * fastest.sim.step_time_s
+
+
+def _enforced_hybrids(ev: TuneEvaluator, times: Mapping[str, float], skipped: tuple, judged: list[Candidate],
+                      enforced: Callable[[Analysis], list[Candidate]]) -> list[Candidate]:
+    """Swaps chosen by the whole swap tuner in the enforced order (``enforced``: its finalists judged in the order,
+    swaps across the ordered peak, pruning) for the :data:`ENFORCED_HYBRIDS` recompute plans that miss the budget
+    with the least compute, among them the segment plan at every articulation re-running only ops dearer to copy
+    than :data:`ENFORCED_SEGMENT_PRICE` times their re-run; each recorded with its recomputes (``"enforced": 1``).
+
+    The other hybrids choose swaps in level order (judged in the order afterwards) or in the order pinned first,
+    and give the closest misses swaps. At the largest batches neither fits the plans that re-run little: at
+    ResNet-50's batch 1347 on v100-16gb-pcie3, where the swap-only plan takes 19.61 s, that segment plan takes
+    15.23 s, its swaps found by the distance rules and eight swaps across the ordered peak (docs/design.md, "Swap or
+    recompute")."""
+    added: list[Candidate] = []
+    plans = [c for c in judged if c.strategy == "recompute" and not c.fits]
+    cuts = articulations(ev.analysis)
+    if cuts:
+        graph = ev.analysis.graph
+        ops = frozenset(op for op in segment_ops(ev.analysis, len(cuts))
+                        if times[op] <= ENFORCED_SEGMENT_PRICE * _round_trip_s(ev.profile, output_bytes(graph, op)))
+        params = {"segments": len(cuts), "price": ENFORCED_SEGMENT_PRICE}
+        known = [c for c in plans if c.params.get("segments") == len(cuts) and c.params.get("price") == params["price"]
+                 and "split" not in c.params and "kept" not in c.params and "balanced" not in c.params]
+        cand = None if known or not ops else _judge_ops(ev, times, ops, skipped, params, bound=ev.fastest_fit_s)
+        if cand is not None:
+            added.append(cand)
+            if not cand.fits:
+                plans.append(cand)
+    picks = sorted(plans, key=lambda c: (c.sim.compute_time_s, ev.need(c.sim)))[:ENFORCED_HYBRIDS]
+    added += _while_faster(picks, lambda c: _hybrids(ev, c, ev.graph_of(c), enforced, {"enforced": 1}),
+                           judged=[*judged, *added])
     return added
 
 
@@ -284,8 +337,9 @@ def compute_floor_s(baseline: SimResult, times: Mapping[str, float], decisions: 
 
 
 def _hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
-             nested: Callable[[Analysis], list[Candidate]]) -> list[Candidate]:
-    """Swaps chosen by the whole swap tuner on the recomputed graph, each recorded with the recomputes."""
+             nested: Callable[[Analysis], list[Candidate]], extra: Mapping[str, int] | None = None) -> list[Candidate]:
+    """Swaps chosen by the whole swap tuner on the recomputed graph, each recorded with the recomputes (and ``extra``
+    in its parameters)."""
     added = []
     for c in nested(analyze_graph(rgraph)):
         if c.plan is None or not c.plan.swaps or (c.order or {}).get("before_swaps"):
@@ -296,8 +350,8 @@ def _hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
         if ev.compress is not None:
             graph = ev.compress(graph, plan)
             sim = simulate(graph, ev.profile, options=ev.sim_options)
-        added.append(ev.record("hybrid", {**recompute.params, "swaps": c.strategy, **c.params, **_clones_swapped(plan)},
-                               plan, sim, graph, c.policy, order=c.order))
+        added.append(ev.record("hybrid", {**recompute.params, "swaps": c.strategy, **c.params, **_clones_swapped(plan),
+                                          **(extra or {})}, plan, sim, graph, c.policy, order=c.order))
     return added
 
 

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 #: How many tensors :func:`swap_across_peak` adds, one per judged plan (ResNet-50 at batch 1200 needs three).
-PEAK_SWAP_ROUNDS = 6
+PEAK_SWAP_ROUNDS = 10
 #: Tensors live at the peak smaller than this fraction of the largest one are not considered.
 PEAK_SWAP_MIN_FRACTION = 0.25
 #: How many producers up :func:`peak_swap` looks for a pinned op to wait for a copy in place of one the
