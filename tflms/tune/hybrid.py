@@ -18,7 +18,9 @@ the swap searches ``ordered`` runs (the tuner's: the idle-time searches and the 
 each graph with its memory-aware order pinned first (:func:`_ordered_hybrids`), as
 :func:`tflms.tune.search.search_order_first` does for swaps alone, without and with a clone offered. In the same
 case the segment plans are judged once more with a segment's first layers re-run again for their own backward
-pass (:data:`SEGMENT_SPLITS`), and the closest misses among them get swaps too (:func:`_split_hybrids`).
+pass (:data:`SEGMENT_SPLITS`), and the closest misses among them get swaps too (:func:`_split_hybrids`). If still
+none fits, or the fastest stalls, the plans that miss with the least compute get the whole swap tuner run in the
+enforced order, its swaps across the ordered peak included (:func:`_enforced_hybrids`).
 
 With ``recompute="only"`` there are no swaps: the sets alone (among them the split segment plans, and segment plans
 whose checkpoints are chosen by bytes, :func:`~tflms.policies.recompute.balanced_segment_ops`), and between the
@@ -181,8 +183,9 @@ def _enforced_hybrids(ev: TuneEvaluator, times: Mapping[str, float], skipped: tu
                       enforced: Callable[[Analysis], list[Candidate]]) -> list[Candidate]:
     """Swaps chosen by the whole swap tuner in the enforced order (``enforced``: its finalists judged in the order,
     swaps across the ordered peak, pruning) for the :data:`ENFORCED_HYBRIDS` recompute plans that miss the budget
-    with the least compute, among them the segment plan at every articulation re-running only ops dearer to copy
-    than :data:`ENFORCED_SEGMENT_PRICE` times their re-run; each recorded with its recomputes (``"enforced": 1``).
+    with the least compute, among them the segment plan at every articulation that re-runs only the ops costing at
+    most :data:`ENFORCED_SEGMENT_PRICE` times their outputs' two copies; each recorded with its recomputes
+    (``"enforced": 1``).
 
     The other hybrids choose swaps in level order (judged in the order afterwards) or in the order pinned first,
     and give the closest misses swaps. At the largest batches neither fits the plans that re-run little: at
@@ -190,6 +193,8 @@ def _enforced_hybrids(ev: TuneEvaluator, times: Mapping[str, float], skipped: tu
     15.23 s, its swaps found by the distance rules and eight swaps across the ordered peak (docs/design.md, "Swap or
     recompute")."""
     added: list[Candidate] = []
+    if ev.compress is not None:
+        return added  # (a compressed swap changes the copies the order was judged with)
     plans = [c for c in judged if c.strategy == "recompute" and not c.fits]
     cuts = articulations(ev.analysis)
     if cuts:
@@ -197,7 +202,7 @@ def _enforced_hybrids(ev: TuneEvaluator, times: Mapping[str, float], skipped: tu
         ops = frozenset(op for op in segment_ops(ev.analysis, len(cuts))
                         if times[op] <= ENFORCED_SEGMENT_PRICE * _round_trip_s(ev.profile, output_bytes(graph, op)))
         params = {"segments": len(cuts), "price": ENFORCED_SEGMENT_PRICE}
-        known = [c for c in plans if c.params.get("segments") == len(cuts) and c.params.get("price") == params["price"]
+        known = [c for c in judged if c.strategy == "recompute" and c.params.get("segments") == len(cuts) and c.params.get("price") == params["price"]
                  and "split" not in c.params and "kept" not in c.params and "balanced" not in c.params]
         cand = None if known or not ops else _judge_ops(ev, times, ops, skipped, params, bound=ev.fastest_fit_s)
         if cand is not None:
