@@ -102,3 +102,12 @@ def test_an_enforced_hybrid_runs_as_judged_and_trains_bitwise(monkeypatch):
     assert_bitwise_equal(plain, trained, "an enforced-order hybrid")
     names = {n.name for n in ran.step_graph(inserted).post_optimization_graph.node}
     assert {s.swap_out for s in cand.plan.swaps} <= names  # its copies ran
+
+
+def test_not_with_compressed_swaps():
+    """A compressed swap moves other bytes than the order was judged with: the stage searches nothing."""
+    import types
+    calls = []
+    ev = types.SimpleNamespace(compress=lambda graph, plan: graph)
+    assert hybrid._enforced_hybrids(ev, {}, (), [], lambda analysis: calls.append(analysis) or []) == []
+    assert not calls
