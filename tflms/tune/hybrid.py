@@ -202,8 +202,8 @@ def _enforced_hybrids(ev: TuneEvaluator, times: Mapping[str, float], skipped: tu
         ops = frozenset(op for op in segment_ops(ev.analysis, len(cuts))
                         if times[op] <= ENFORCED_SEGMENT_PRICE * _round_trip_s(ev.profile, output_bytes(graph, op)))
         params = {"segments": len(cuts), "price": ENFORCED_SEGMENT_PRICE}
-        known = [c for c in judged if c.strategy == "recompute" and c.params.get("segments") == len(cuts) and c.params.get("price") == params["price"]
-                 and "split" not in c.params and "kept" not in c.params and "balanced" not in c.params]
+        known = [c for c in judged if c.strategy == "recompute" and c.params.get("segments") == len(cuts)
+                 and c.params.get("price") == params["price"] and not {"split", "kept", "balanced"} & c.params.keys()]
         cand = None if known or not ops else _judge_ops(ev, times, ops, skipped, params, bound=ev.fastest_fit_s)
         if cand is not None:
             added.append(cand)

@@ -262,15 +262,17 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
             tried = [c for c in tried if c.plan is not None]
             return [min(tried, key=lambda c: c.sim.peak_with_margin_bytes)] if tried else []
 
+        with_distance = idle + [s for s in strategies if s == "tflms-distance"]
+
         def swaps_on_ordered(recomputed: Analysis) -> list:
             # with the order pinned first the distance rules search too: on ResNet-50 at batch 999 on
             # v100-16gb-pcie3 with 5% headroom only their plan fits there (1.81x the plain step; swaps alone 2.82x)
-            return swaps_on(recomputed, idle + [s for s in strategies if s == "tflms-distance"])
+            return swaps_on(recomputed, with_distance)
 
         def swaps_in_order(recomputed: Analysis) -> list:
             # the whole swap tuner in the enforced order (its finalists judged in the order, swaps across the ordered
             # peak): on ResNet-50 at batch 1347 on v100-16gb-pcie3 only its plans fit the least recompute
-            return swaps_on(recomputed, idle + [s for s in strategies if s == "tflms-distance"], enforce_order=True)
+            return swaps_on(recomputed, with_distance, enforce_order=True)
         in_order = enforce_order and not first_fit
         search_recompute(ev, baseline, only=only, nested=None if only or not idle else swaps_on,
                          ordered=swaps_on_ordered if in_order else None,
