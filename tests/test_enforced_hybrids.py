@@ -111,3 +111,40 @@ def test_not_with_compressed_swaps():
     ev = types.SimpleNamespace(compress=lambda graph, plan: graph)
     assert hybrid._enforced_hybrids(ev, {}, (), [], lambda analysis: calls.append(analysis) or []) == []
     assert not calls
+
+
+def test_a_plan_whose_swap_floor_is_slower_than_the_fastest_fit_gets_no_swap_tune(residual, monkeypatch):
+    """No swap-only rewrite of a recomputed step is faster than its floor in any order, so a plan whose floor is
+    slower than a fit found gets no nested tune (DenseNet-121 at batch 1143: its price-0.05 plan, 15.76 s against a
+    fit of 11.78 s)."""
+    from tflms.tune.search import TuneEvaluator
+    asked = []
+
+    def floor_above(self, graph, sim, limit):
+        asked.append(limit)
+        return True
+    monkeypatch.setattr(TuneEvaluator, "floor_above", floor_above)
+    result, _ = _tune(residual[-1], monkeypatch, stage=True)
+    # asked with the fastest fit found by then (the tune's choice can only be as fast or faster)
+    assert asked and all(result.best.sim.step_time_s <= limit < float("inf") for limit in asked)
+    assert not any(c.params.get("enforced") for c in result.candidates)
+
+
+def test_the_floor_of_a_recomputed_step(residual):
+    """``TuneEvaluator.floor_above``: never with nothing to beat, never where fit is judged by the allocator's model,
+    and a step is never faster than its compute."""
+    from tflms.analysis.cto import analyze_graph
+    from tflms.config import LMSConfig
+    from tflms.sim.simulator import SimOptions
+    from tflms.tune.search import FIT_BY_BFC, TuneEvaluator
+    graph = residual[-1]
+    sim = simulate(graph, PROFILE)
+    ev = TuneEvaluator(analyze_graph(graph), PROFILE, sim.resident_bytes + int(FRACTION * sim.transient_peak_bytes),
+                       1 << 40, SimOptions(), LMSConfig(), "/device:GPU:0", "Identity", None)
+    assert not ev.floor_above(graph, sim, float("inf"))
+    assert ev.floor_above(graph, sim, 0.5 * sim.compute_time_s)  # below its compute: no rewrite is that fast
+    floor = ev.floor_of(graph, sim)
+    assert floor.floor_s >= sim.compute_time_s
+    assert not ev.floor_above(graph, sim, floor.floor_s)  # the floor itself is not above itself
+    ev.fit_by = FIT_BY_BFC
+    assert not ev.floor_above(graph, sim, 0.5 * sim.compute_time_s)

@@ -108,11 +108,23 @@ class TuneEvaluator:
             return False
         floor = self._swap_floor
         if floor is None or (floor.floor_s <= limit and not self._swap_floor_whole):
-            floor = self._swap_floor = any_order_time_bound(
-                self.analysis.graph, self.profile, max(1, self.budget - self.sim_options.margin_bytes),
-                options=self.sim_options, sim=self.context.baseline, above=limit)
+            floor = self._swap_floor = self.floor_of(self.analysis.graph, self.context.baseline, limit)
             self._swap_floor_whole = floor.floor_s <= limit  # (the scan ran to its end: the largest floor)
         return floor.floor_s > limit
+
+    def floor_above(self, graph: Graph, sim: SimResult, limit: float) -> bool:
+        """Whether no swap-only rewrite of ``graph`` (a recomputed step, simulated as ``sim``) that fits takes less
+        than ``limit`` seconds, in any order (:meth:`floor_of`; ``False`` for an infinite limit, or where fit is judged
+        by the BFC model)."""
+        return (self.fit_by == FIT_BY_LIVE and limit < float("inf")
+                and self.floor_of(graph, sim, limit).floor_s > limit)
+
+    def floor_of(self, graph: Graph, sim: SimResult, above: float | None = None) -> AnyOrderTimeBound:
+        """:func:`~tflms.sim.bounds.any_order_time_bound` of ``graph`` (simulated as ``sim``) at this tune's budget:
+        no swap-only rewrite of it that fits is faster, in any order (``above``: the scan stops at the first op whose
+        floor exceeds it)."""
+        return any_order_time_bound(graph, self.profile, max(1, self.budget - self.sim_options.margin_bytes),
+                                    options=self.sim_options, sim=sim, above=above)
 
     @property
     def swap_floor(self) -> AnyOrderTimeBound | None:
