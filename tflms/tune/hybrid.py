@@ -197,14 +197,10 @@ def _enforced_hybrids(ev: TuneEvaluator, times: Mapping[str, float], skipped: tu
         return added  # (a compressed swap changes the copies the order was judged with)
     plans = [c for c in judged if c.strategy == "recompute" and not c.fits]
     cuts = articulations(ev.analysis)
-    if cuts:
-        graph = ev.analysis.graph
-        ops = frozenset(op for op in segment_ops(ev.analysis, len(cuts))
-                        if times[op] <= ENFORCED_SEGMENT_PRICE * _round_trip_s(ev.profile, output_bytes(graph, op)))
+    if cuts:  # (its price is not among :data:`SEGMENT_PRICES`: judged here only)
+        ops = _priced_ops(ev, times, segment_ops(ev.analysis, len(cuts)), ENFORCED_SEGMENT_PRICE)
         params = {"segments": len(cuts), "price": ENFORCED_SEGMENT_PRICE}
-        known = [c for c in judged if c.strategy == "recompute" and c.params.get("segments") == len(cuts)
-                 and c.params.get("price") == params["price"] and not {"split", "kept", "balanced"} & c.params.keys()]
-        cand = None if known or not ops else _judge_ops(ev, times, ops, skipped, params, bound=ev.fastest_fit_s)
+        cand = _judge_ops(ev, times, ops, skipped, params, bound=ev.fastest_fit_s) if ops else None
         if cand is not None:
             added.append(cand)
             if not cand.fits:
@@ -214,9 +210,10 @@ def _enforced_hybrids(ev: TuneEvaluator, times: Mapping[str, float], skipped: tu
     def search(c: Candidate) -> list[Candidate]:
         # a hybrid of ``c`` swaps on its recomputed step: none is faster than that step's swap floor, in any order (at
         # DenseNet-121's batch 1143 the price-0.05 plan's floor is 15.76 s against a fit of 11.78 s: a tune spared)
-        if ev.floor_above(ev.graph_of(c), c.sim, ev.fastest_fit_s()):
+        rgraph = ev.graph_of(c)
+        if ev.floor_above(rgraph, c.sim, ev.fastest_fit_s()):
             return []
-        return _hybrids(ev, c, ev.graph_of(c), enforced, {"enforced": 1})
+        return _hybrids(ev, c, rgraph, enforced, {"enforced": 1})
     added += _while_faster(picks, search, judged=[*judged, *added])
     return added
 
@@ -308,6 +305,14 @@ def priced(ranked: list, profile, price: float) -> int:
     for at most ``price`` times the two copies a swap of its bytes would take over ``profile``'s host link: the
     recompute set of that price is the first that many."""
     return sum(1 for c in ranked if c.cost_s <= price * _round_trip_s(profile, c.freed_bytes))
+
+
+def _priced_ops(ev: TuneEvaluator, times: Mapping[str, float], ops: Iterable[str], price: float | None) -> frozenset:
+    """Those of ``ops`` whose re-run costs at most ``price`` times the two copies of their outputs (all of them for
+    ``None``): within a segment, the rest are kept (:func:`_segment_candidates`, :func:`_enforced_hybrids`)."""
+    graph = ev.analysis.graph
+    return frozenset(op for op in ops
+                     if price is None or times[op] <= price * _round_trip_s(ev.profile, output_bytes(graph, op)))
 
 
 def _round_trip_s(profile, num_bytes: int) -> float:
@@ -443,7 +448,6 @@ def _segment_candidates(ev: TuneEvaluator, times: Mapping[str, float], skipped: 
     of :data:`BALANCED_SLACKS`; ``params["balanced"]``), and ``splits`` adds to the plans instead of replacing
     them. ``bound``: as :func:`_judge_ops`'s."""
     import math
-    graph = ev.analysis.graph
     cuts = articulations(ev.analysis)
     if not cuts:
         return []
@@ -459,8 +463,7 @@ def _segment_candidates(ev: TuneEvaluator, times: Mapping[str, float], skipped: 
     added, seen = [], set()
     for base, how in bases:
         for price in SEGMENT_PRICES:
-            ops = frozenset(op for op in base
-                            if price is None or times[op] <= price * _round_trip_s(ev.profile, output_bytes(graph, op)))
+            ops = _priced_ops(ev, times, base, price)
             if not ops or ops in seen:
                 continue
             seen.add(ops)
