@@ -357,10 +357,11 @@ def test_regression_layernorm_without_swaps_is_bitwise():
 
 # ------------------------------------------------------------- recompute plans (issue 27)
 def _recompute_plan(graph: Graph, picks: list[bool], with_swaps: bool, split: int | None = None,
-                    segments: int | None = None):
+                    segments: int | None = None, per_reader: bool = False):
     """A recompute plan of ``graph`` from the candidates ``picks`` selects (by rank), or from ``segments``
-    checkpointed segments, its chains re-run again past ``split`` levels (``plan_recomputes(split_levels=)``), with
-    TFLMS-rule swaps on the recomputed graph when ``with_swaps`` (the hybrid's shape: swaps may serve clones)."""
+    checkpointed segments, its chains re-run again past ``split`` levels (``plan_recomputes(split_levels=)``; with
+    ``per_reader``, the earliest half of the ops past 0 levels, ``per_reader=``), with TFLMS-rule swaps on the
+    recomputed graph when ``with_swaps`` (the hybrid's shape: swaps may serve clones)."""
     from tflms.analysis.cto import analyze_graph
     from tflms.passes.swaps import apply_swaps
     from tflms.policies.recompute import plan_recomputes, rank_candidates, segment_ops
@@ -374,7 +375,8 @@ def _recompute_plan(graph: Graph, picks: list[bool], with_swaps: bool, split: in
     chosen = {op for c, pick in zip(ranked, picks * (len(ranked) // max(1, len(picks)) + 1)) if pick for op in c.chain}
     if segments is not None:
         chosen = segment_ops(analysis, segments)
-    decisions, _ = plan_recomputes(analysis, chosen, split_levels=split)
+    early = sorted(chosen, key=lambda n: (analysis.levels[n], n))[: len(chosen) // 2] if per_reader else ()
+    decisions, _ = plan_recomputes(analysis, chosen, split_levels=split, per_reader=early)
     config = LMSConfig(swapout_threshold=1, accelerator_device="/device:GPU:0")
     plan = SwapPlan(config, "/device:GPU:0", (), (), recomputes=decisions)
     if with_swaps and decisions:
@@ -388,19 +390,20 @@ def _recompute_plan(graph: Graph, picks: list[bool], with_swaps: bool, split: in
 @pytest.mark.slow  # 1000 examples per CI run
 @IR_SETTINGS
 @given(recipe=ir_recipes(), picks=st.lists(st.booleans(), min_size=1, max_size=8), with_swaps=st.booleans(),
-       split=st.sampled_from([None, 0, 2]), segments=st.sampled_from([None, 1, 2]))
-def test_ir_recompute_plans_are_lint_clean_acyclic_and_deterministic(recipe, picks, with_swaps, split, segments):
+       split=st.sampled_from([None, 0, 2]), segments=st.sampled_from([None, 1, 2]), per_reader=st.booleans())
+def test_ir_recompute_plans_are_lint_clean_acyclic_and_deterministic(recipe, picks, with_swaps, split, segments,
+                                                                     per_reader):
     from tflms.passes.swaps import apply_swaps
     graph = build_ir_step(recipe)
     before = serialized(graph)
-    plan = _recompute_plan(graph, picks, with_swaps, split, segments)
+    plan = _recompute_plan(graph, picks, with_swaps, split, segments, per_reader)
     result = apply_swaps(graph, plan)
     assert serialized(graph) == before, "apply_swaps changed its input graph"
     result.graph.lint()
     assert nx.is_directed_acyclic_graph(result.graph.to_networkx()), "the recomputed graph has a cycle"
     assert len(result.graph) == len(graph) + len(result.report)
     again = apply_swaps(build_ir_step(recipe), _recompute_plan(build_ir_step(recipe), picks, with_swaps, split,
-                                                                    segments))
+                                                                    segments, per_reader))
     assert serialized(again.graph) == serialized(result.graph), "same graph + picks gave another rewrite"
     event(f"{'recomputes' if plan.recomputes else 'no recomputes'}, {'swaps' if plan.swaps else 'no swaps'}, "
           f"{'re-run again' if any(r.copy for r in plan.recomputes) else 'none re-run again'}")
@@ -409,8 +412,8 @@ def test_ir_recompute_plans_are_lint_clean_acyclic_and_deterministic(recipe, pic
 @TF_SETTINGS
 @pytest.mark.slow
 @given(recipe=tf_recipes(), picks=st.lists(st.booleans(), min_size=1, max_size=8), with_swaps=st.booleans(),
-       split=st.sampled_from([None, 0, 2]), segments=st.sampled_from([None, 1, 2]))
-def test_recompute_plans_train_bitwise(recipe, picks, with_swaps, split, segments):
+       split=st.sampled_from([None, 0, 2]), segments=st.sampled_from([None, 1, 2]), per_reader=st.booleans())
+def test_recompute_plans_train_bitwise(recipe, picks, with_swaps, split, segments, per_reader):
     """Random Keras DAGs with random recompute plans train 2 steps bitwise like tf.function; with ``with_swaps``,
     the distance rules also swap on the recomputed step (the hybrid's shape: a clone may be swapped too)."""
     import tensorflow as tf
@@ -429,7 +432,8 @@ def test_recompute_plans_train_bitwise(recipe, picks, with_swaps, split, segment
             if "fn" not in state:
                 pre = preoptimize(traced.get_concrete_function(x, y))
                 graph = tf_io.load_graph(pre)
-                plan = _recompute_plan(graph, picks, with_swaps=with_swaps, split=split, segments=segments)
+                plan = _recompute_plan(graph, picks, with_swaps=with_swaps, split=split, segments=segments,
+                                       per_reader=per_reader)
                 state["plan"] = plan
                 result = apply_swaps(graph, plan)
                 state["fn"] = _build(result.graph, pre, result.report)

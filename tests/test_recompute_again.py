@@ -49,11 +49,19 @@ def _traced(model_name: str, batch_size: int):
     return model, optimizer, step, batches
 
 
-def _plan(graph, split_levels):
-    """One checkpointed segment (every recomputable op the batch flows through re-run), split or not."""
+def _plan(graph, split_levels, per_reader: bool = False):
+    """One checkpointed segment (every recomputable op the batch flows through re-run), split or not; with
+    ``per_reader``, its earliest half re-run for each of their readers (:func:`_first_half`)."""
     analysis = analyze_graph(graph)
-    decisions, _ = plan_recomputes(analysis, segment_ops(analysis, 1), split_levels=split_levels)
+    ops = segment_ops(analysis, 1)
+    decisions, _ = plan_recomputes(analysis, ops, split_levels=split_levels,
+                                   per_reader=_first_half(analysis, ops) if per_reader else ())
     return analysis, SwapPlan(LMSConfig(), "/device:CPU:0", (), (), recomputes=decisions)
+
+
+def _first_half(analysis, ops):
+    """The earliest half of ``ops`` by level: in one segment, the clones that feed the rest."""
+    return frozenset(sorted(ops, key=lambda n: (analysis.levels[n], n))[: len(ops) // 2])
 
 
 @pytest.fixture(scope="module")
@@ -110,13 +118,13 @@ def test_re_running_again_trades_time_for_memory(mha):
     assert not any(d.copy for d in _plan(mha, 10**6)[1].recomputes)
 
 
-def _train(model_name, split_levels):
+def _train(model_name, split_levels, per_reader: bool = False):
     model, optimizer, step, batches = _traced(model_name, batch_size=8)
     fn, plan = step, None
     if split_levels != "plain":
         pre = preoptimize(step.get_concrete_function(*batches[0]))
         graph = tf_io.load_graph(pre)
-        _, plan = _plan(graph, split_levels)
+        _, plan = _plan(graph, split_levels, per_reader)
         result = apply_swaps(graph, plan)
         fn = _build(result.graph, pre, result.report)
     with record_run_metadata() as ran:
@@ -142,3 +150,44 @@ def test_a_step_with_chains_re_run_again_trains_bitwise_and_the_copies_run(model
     assert set(again) <= ran_names, sorted(set(again) - ran_names)[:5]
     assert op_type_counts(plain_ran.step_graph().post_optimization_graph) == op_type_counts(
         step.post_optimization_graph, exclude_names=inserted)
+
+
+def test_ops_re_run_per_reader_are_split_at_zero_levels_alone(mha):
+    """``plan_recomputes(per_reader=)``: those ops are re-run again wherever their own readers come later than the
+    clones they feed (a split at 0 levels for them alone); the rest keep ``split_levels``."""
+    analysis = analyze_graph(mha)
+    ops = segment_ops(analysis, 1)
+    everything, _ = plan_recomputes(analysis, ops, per_reader=ops)
+    assert everything == plan_recomputes(analysis, ops, split_levels=0)[0]
+    whole = plan_recomputes(analysis, ops)[0]
+    assert plan_recomputes(analysis, ops, per_reader=())[0] == whole
+    # the earliest half of the segment: only they serve their readers from a re-run
+    part = _first_half(analysis, ops)
+    mixed = _plan(mha, None, per_reader=True)[1].recomputes
+    again = {ref.op for d in mixed if d.copy for ref in d.tensors}
+    assert again and again <= part
+    assert mixed != whole and mixed != everything
+    # every tensor still served once
+    served = sorted((ref, rs) for d in mixed for ref, rs in zip(d.tensors, d.readers))
+    assert served == sorted((ref, rs) for d in whole for ref, rs in zip(d.tensors, d.readers))
+    # a split level for the rest adds re-runs of its own
+    both, _ = plan_recomputes(analysis, ops, split_levels=3, per_reader=part)
+    assert {ref.op for d in both if d.copy for ref in d.tensors} > again
+    rewritten = apply_swaps(mha, SwapPlan(LMSConfig(), "/device:CPU:0", (), (), recomputes=mixed)).graph
+    rewritten.lint()
+    assert nx.is_directed_acyclic_graph(rewritten.to_networkx())
+    # decisions kept with the analysis under their own key: a fresh analysis decides the same
+    assert plan_recomputes(analysis, ops)[0] == plan_recomputes(analyze_graph(mha), ops)[0]
+    assert plan_recomputes(analyze_graph(mha), ops, per_reader=part)[0] == mixed
+
+
+def test_a_step_with_ops_re_run_per_reader_trains_bitwise_and_the_copies_run():
+    plain, _, _ = _train("mha_block", "plain")
+    control, _, _ = _train("mha_block", "plain")
+    assert_bitwise_equal(plain, control, "plain TensorFlow twice (the control)")
+    mine, plan, ran = _train("mha_block", None, per_reader=True)
+    assert any(d.copy for d in plan.recomputes)
+    assert_bitwise_equal(plain, mine, "mha_block with ops re-run per reader")
+    inserted = [name for d in plan.recomputes for name in d.inserted]
+    names = {n.name for n in ran.step_graph(inserted).post_optimization_graph.node}
+    assert {c for d in plan.recomputes if d.copy for c in d.clones} <= names

@@ -170,17 +170,17 @@ def chain_for(analysis: Analysis, target: str, *,
 
 def recompute_plan(analysis: Analysis, ops: Iterable[str], config: LMSConfig | None = None, *,
                    accelerator_device: str = "/device:GPU:0", split_levels: int | None = None,
-                   skipped: Sequence[Skip] = ()) -> SwapPlan:
+                   per_reader: Iterable[str] = (), skipped: Sequence[Skip] = ()) -> SwapPlan:
     """A plan that recomputes ``ops`` (:func:`plan_recomputes`) and swaps nothing, on ``config`` (default
     ``LMSConfig()``) for ``accelerator_device``; its skips are ``skipped`` and the ops :func:`plan_recomputes`
     refused. ``apply_swaps`` applies it; an empty ``recomputes`` means nothing could be recomputed."""
-    decisions, skips = plan_recomputes(analysis, ops, split_levels=split_levels)
+    decisions, skips = plan_recomputes(analysis, ops, split_levels=split_levels, per_reader=per_reader)
     return SwapPlan(config=config or LMSConfig(), accelerator_device=accelerator_device, swaps=(),
                     skipped=tuple(skipped) + skips, recomputes=decisions)
 
 
-def plan_recomputes(analysis: Analysis, ops: Iterable[str], *, ahead: int = 1, split_levels: int | None = None
-                    ) -> tuple[tuple[RecomputeDecision, ...], tuple[Skip, ...]]:
+def plan_recomputes(analysis: Analysis, ops: Iterable[str], *, ahead: int = 1, split_levels: int | None = None,
+                    per_reader: Iterable[str] = ()) -> tuple[tuple[RecomputeDecision, ...], tuple[Skip, ...]]:
     """Decisions that re-run ``ops`` (forward ops, e.g. the union of :func:`chain_for` chains), one per connected
     chain, with their triggers; ops whose clone would serve no reader or find no trigger are skipped.
 
@@ -190,11 +190,13 @@ def plan_recomputes(analysis: Analysis, ops: Iterable[str], *, ahead: int = 1, s
     trigger of the clones it feeds is re-run again for its own readers, with what it reads inside the chain (a
     second decision of the chain, ``copy`` 1, its clones named ``.../again1``; and so on, at most
     :data:`MAX_COPIES` clones of one op): time for memory, as a chain split in two would be, but from the same
-    kept tensors.
+    kept tensors. The ops of ``per_reader`` are re-run again wherever their own readers come later than those of
+    the clones they feed (a split at 0 levels, for them alone): each clone lives only until its readers ran.
 
     Deterministic: the same analysis and ops give the same decisions, in level order.
     """
     chosen = set(ops)
+    eager = frozenset(per_reader)
     skipped: list[Skip] = []
     for name in sorted(chosen):
         why = recompute_skip_reason(analysis, name)
@@ -204,7 +206,7 @@ def plan_recomputes(analysis: Analysis, ops: Iterable[str], *, ahead: int = 1, s
     while True:  # an op whose clone finds no trigger leaves the set, and the chains are formed again
         decisions, dropped, unread = [], [], []
         for members in _chains(analysis, chosen):
-            decided, missing = _decided(analysis, tuple(members), ahead, split_levels)
+            decided, missing = _decided(analysis, tuple(members), ahead, split_levels, eager.intersection(members))
             if decided is None and missing:
                 dropped.extend(missing)
             elif decided is None:
@@ -225,16 +227,17 @@ def plan_recomputes(analysis: Analysis, ops: Iterable[str], *, ahead: int = 1, s
 DECISION_MEMO_SIZE = 1 << 14
 
 
-def _decided(analysis: Analysis, members: tuple[str, ...], ahead: int, split_levels: int | None
+def _decided(analysis: Analysis, members: tuple[str, ...], ahead: int, split_levels: int | None,
+             per_reader: frozenset[str] = frozenset()
              ) -> tuple[tuple[RecomputeDecision, ...] | None, tuple[str, ...]]:
     """:func:`_decide` of a whole chain, memoized with the analysis (stored in its ``__dict__`` as
     :func:`functools.cached_property` stores its values: the analysis is frozen, and a chain's decisions depend on it
     and the arguments alone)."""
     memo = analysis.__dict__.setdefault("_recompute_decisions", {})
-    key = (members, ahead, split_levels)
+    key = (members, ahead, split_levels, per_reader)
     hit = memo.get(key)
     if hit is None:
-        decided, missing = _decide(analysis, members, ahead, split_levels=split_levels)
+        decided, missing = _decide(analysis, members, ahead, split_levels=split_levels, per_reader=per_reader)
         if len(memo) >= DECISION_MEMO_SIZE:
             memo.clear()
         hit = memo[key] = (None if decided is None else tuple(decided), tuple(missing))
@@ -264,12 +267,12 @@ def _chains(analysis: Analysis, chosen: set[str]) -> list[list[str]]:
 
 
 def _decide(analysis: Analysis, members: Sequence[str], ahead: int, *, split_levels: int | None = None,
-            copy: int = 0, serves: frozenset[str] | None = None, top: int | None = None
-            ) -> tuple[list[RecomputeDecision] | None, list[str]]:
+            per_reader: frozenset[str] = frozenset(), copy: int = 0, serves: frozenset[str] | None = None,
+            top: int | None = None) -> tuple[list[RecomputeDecision] | None, list[str]]:
     """The decisions for one chain (its re-runs after the first, see :func:`plan_recomputes`), or ``(None, the ops
     whose clone finds no trigger)`` (``[]``: no reader). ``serves``: the ops whose backward readers this re-run
     serves (default: all; the others only feed them); ``top``: the whole chain's highest level (a trigger comes
-    after it)."""
+    after it); ``per_reader``: the ops split at 0 levels."""
     graph, levels = analysis.graph, analysis.levels
     chain = frozenset(members)
     own: dict[str, list[tuple[TensorRef, tuple[str, ...]]]] = {}
@@ -302,8 +305,9 @@ def _decide(analysis: Analysis, members: Sequence[str], ahead: int, *, split_lev
         fed = [trigger[c] for index, _ in enumerate(graph.op(name).outputs)
                for c, _ in graph.consumers(TensorRef(name, index)) if c in chain and trigger[c] is not None]
         feeder = earliest(fed) if fed else None
-        if (split_levels is not None and own_trigger is not None and feeder is not None and copy + 1 < MAX_COPIES
-                and levels[own_trigger] - levels[feeder] > split_levels):
+        split = 0 if name in per_reader else split_levels
+        if (split is not None and own_trigger is not None and feeder is not None and copy + 1 < MAX_COPIES
+                and levels[own_trigger] - levels[feeder] > split):
             again.append(name)  # it feeds now and is re-run for its own readers, rather than wait for them
             own.pop(name)
             trigger[name] = feeder
@@ -323,7 +327,7 @@ def _decide(analysis: Analysis, members: Sequence[str], ahead: int, *, split_lev
                     rerun.add(ref.op)
                     stack.append(ref.op)
         later, missing = _decide(analysis, [n for n in members if n in rerun], ahead, split_levels=split_levels,
-                                 copy=copy + 1, serves=frozenset(again), top=top)
+                                 per_reader=per_reader, copy=copy + 1, serves=frozenset(again), top=top)
         if later is None:
             return None, missing
         decisions += later
