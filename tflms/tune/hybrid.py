@@ -20,7 +20,9 @@ each graph with its memory-aware order pinned first (:func:`_ordered_hybrids`), 
 case the segment plans are judged once more with a segment's first layers re-run again for their own backward
 pass (:data:`SEGMENT_SPLITS`), and the closest misses among them get swaps too (:func:`_split_hybrids`). If still
 none fits, or the fastest stalls, the plans that miss with the least compute get the whole swap tuner run in the
-enforced order, its swaps across the ordered peak included (:func:`_enforced_hybrids`).
+enforced order, its swaps across the ordered peak included (:func:`_enforced_hybrids`); where one of those fits, the
+tensors whose copies it waits for and which cost less to re-run are re-run instead, once for each reader
+(:func:`_per_reader_plan`), and that plan gets the same tune.
 
 With ``recompute="only"`` there are no swaps: the sets alone (among them the split segment plans, and segment plans
 whose checkpoints are chosen by bytes, :func:`~tflms.policies.recompute.balanced_segment_ops`), and between the
@@ -34,16 +36,22 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
+import networkx as nx
+
 from tflms.analysis.cto import Analysis, analyze_graph
 from tflms.ir.graph import Graph
 from tflms.passes.swaps import apply_swaps
 from tflms.policies.eligibility import is_clone, swapping_clones
-from tflms.policies.recompute import (articulations, balanced_segment_ops, output_bytes, rank_candidates,
-                                      recompute_plan, segment_ops, select)
+from tflms.analysis.cto import Category
+from tflms.ir.graph import TensorRef
+from tflms.ir.op_types import CONSTANT_OPS, METADATA_ONLY_TYPES, SOURCE_OPS, VARIABLE_READ_OPS
+from tflms.policies.eligibility import recompute_skip_reason
+from tflms.policies.recompute import (MAX_CHAIN_OPS, articulations, balanced_segment_ops, output_bytes,
+                                      rank_candidates, recompute_plan, segment_ops, select)
 from tflms.policies.swapplan import SwapPlan
 from tflms.sim.cost import op_time_s
 from tflms.sim.records import COMPUTE_ROUND_OFF
-from tflms.sim.simulator import SimResult, simulate
+from tflms.sim.simulator import RECV_SUFFIX, SimResult, simulate
 from tflms.tune.result import Candidate
 
 if TYPE_CHECKING:
@@ -97,7 +105,7 @@ ONLY_BISECTIONS = 8
 #: relaxation's trials, the hybrids, the bisection of ``"only"`` and its balanced segment plans, and the split
 #: stage's plans and hybrids (:func:`_split_hybrids`).
 MAX_CANDIDATES = (len(PRICES) + (2 + len(BALANCED_SLACKS)) * len(SEGMENT_PRICES) * (1 + len(SEGMENT_SPLITS))
-                  + RELAX_BISECTIONS + 2 * HYBRIDS + ONLY_BISECTIONS + 1 + ENFORCED_HYBRIDS)
+                  + RELAX_BISECTIONS + 2 * HYBRIDS + ONLY_BISECTIONS + 1 + 2 * ENFORCED_HYBRIDS)
 
 
 def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
@@ -191,7 +199,8 @@ def _enforced_hybrids(ev: TuneEvaluator, times: Mapping[str, float], skipped: tu
     and give the closest misses swaps. At the largest batches neither fits the plans that re-run little: at
     ResNet-50's batch 1347 on v100-16gb-pcie3, where the swap-only plan takes 19.61 s, that segment plan takes
     15.23 s, its swaps found by the distance rules and eight swaps across the ordered peak (docs/design.md, "Swap or
-    recompute")."""
+    recompute"). Where a pick's hybrid fits, the pick re-running what that hybrid waits for once per reader
+    (:func:`_per_reader_plan`) gets the same tune: 13.49 s there."""
     added: list[Candidate] = []
     if ev.compress is not None:
         return added  # (a compressed swap changes the copies the order was judged with)
@@ -207,15 +216,111 @@ def _enforced_hybrids(ev: TuneEvaluator, times: Mapping[str, float], skipped: tu
                 plans.append(cand)
     picks = sorted(plans, key=lambda c: (c.sim.compute_time_s, ev.need(c.sim)))[:ENFORCED_HYBRIDS]
 
-    def search(c: Candidate) -> list[Candidate]:
+    def tuned(c: Candidate) -> list[Candidate]:
         # a hybrid of ``c`` swaps on its recomputed step: none is faster than that step's swap floor, in any order (at
         # DenseNet-121's batch 1143 the price-0.05 plan's floor is 15.76 s against a fit of 11.78 s: a tune spared)
         rgraph = ev.graph_of(c)
         if ev.floor_above(rgraph, c.sim, ev.fastest_fit_s()):
             return []
         return _hybrids(ev, c, rgraph, enforced, {"enforced": 1})
+
+    def search(c: Candidate) -> list[Candidate]:
+        found = tuned(c)
+        refined = _per_reader_plan(ev, times, skipped, c, found)
+        if refined is not None:
+            found.append(refined)
+            if not refined.fits:
+                found += tuned(refined)
+        return found
     added += _while_faster(picks, search, judged=[*judged, *added])
     return added
+
+
+def _per_reader_plan(ev: TuneEvaluator, times: Mapping[str, float], skipped: tuple, pick: Candidate,
+                     hybrids: list[Candidate]) -> Candidate | None:
+    """``pick``'s recompute plan re-running, besides, the chains of :func:`stalling_chains` in its fastest fitting
+    hybrid once per reader, and the rest of it again past :data:`SEGMENT_SPLITS` levels (``params["per_reader"]``:
+    how many ops); ``None`` where no hybrid of it fits (a miss's stalls are not what keeps it from fitting) or no
+    chain stalls.
+
+    Capuchin's rule, swap where the copy hides and else recompute, judged on the hybrid's own timeline: the copies of a
+    tensor made at the start of the forward pass and read at the end of the backward pass hide behind nothing. At
+    ResNet-50's batch 1347 on v100-16gb-pcie3 the stem's three 4 GiB tensors stall the 15.23 s hybrid for 1.9 s;
+    re-run from the input image once for each of their readers (three convolutions of 38 ms), the hybrid takes
+    13.49 s (docs/design.md, "Swap or recompute")."""
+    best = min((h for h in hybrids if h.fits and h.plan is not None and h.plan.swaps),
+               key=lambda h: h.sim.step_time_s, default=None)
+    if best is None:
+        return None
+    chains = stalling_chains(ev.analysis, times, best.plan, best.sim)
+    if not chains:
+        return None
+    ops = {op for r in pick.plan.recomputes for op in r.ops} | chains
+    params = {k: v for k, v in pick.params.items() if k not in ("recomputed", "cloned")}
+    params = {**params, "split": params.get("split", SEGMENT_SPLITS[0]), "per_reader": len(chains)}
+    return _judge_ops(ev, times, ops, skipped, params, per_reader=chains, bound=ev.fastest_fit_s)
+
+
+def stalling_chains(analysis: Analysis, times: Mapping[str, float], plan: SwapPlan, sim: SimResult) -> frozenset[str]:
+    """The forward ops that rebuild the tensors ``plan`` swaps whose copies in ``sim`` overlap more idle time of the
+    compute stream than their chain takes to re-run (``times``, by op), for :func:`_per_reader_plan`.
+
+    A copy that hides behind compute overlaps no idle time; one the compute stream waits for, or one made while it
+    waits for another, does. A tensor's chain walks back from it to what the device holds for the backward pass
+    anyway: the tensors ``plan`` swaps, and those some backward op reads (not only their shape) that ``plan`` does not
+    re-run. It has at most :data:`~tflms.policies.recompute.MAX_CHAIN_OPS` ops, each one that may be re-run. Of the
+    chains chosen, each connected part is kept only where the swapped tensors it reads are fewer bytes than the swapped
+    tensors it rebuilds: what it reads must be back on the device before its clones run, and a chain re-run from a
+    residual block's 4 GiB input to rebuild a 1 GiB convolution output brings more back than it spares."""
+    graph, cats = analysis.graph, analysis.categories
+    busy: list[list[float]] = []
+    for start, end in sorted((r.start_s, r.end_s) for r in sim.ops if r.stream == "compute" and r.end_s > r.start_s):
+        if busy and start <= busy[-1][1]:
+            busy[-1][1] = max(busy[-1][1], end)
+        else:
+            busy.append([start, end])
+
+    def idle(start: float, end: float) -> float:
+        return max(0.0, end - start - sum(max(0.0, min(end, b) - max(start, a)) for a, b in busy))
+
+    copies = {r.name: r for r in sim.ops if r.stream != "compute"}
+    recomputed = {op for r in plan.recomputes for op in r.ops}
+    swapped = {s.tensor for s in plan.swaps}
+
+    def held(ref: TensorRef) -> bool:
+        op = graph.op(ref.op)
+        if ref in swapped or op.type in CONSTANT_OPS or op.type in VARIABLE_READ_OPS or op.type in SOURCE_OPS:
+            return True
+        return ref.op not in recomputed and any(
+            cats[c] is not Category.FORWARD and graph.op(c).type not in METADATA_ONLY_TYPES
+            for c, _ in graph.consumers(ref))
+
+    chosen: set[str] = set()
+    rebuilt: dict[str, int] = {}  # a swapped tensor's op whose chain is chosen -> its bytes
+    for swap in plan.swaps:
+        if swap.tensor.op not in graph or recompute_skip_reason(analysis, swap.tensor.op) is not None:
+            continue  # (a clone's output, or what may not be re-run: a gradient)
+        names = [swap.swap_out, *(n for g in swap.swap_ins for n in (g.name + RECV_SUFFIX, g.name))]
+        exposed = sum(idle(copies[n].start_s, copies[n].end_s) for n in names if n in copies)
+        chain, stack = {swap.tensor.op}, [swap.tensor.op]
+        while stack and len(chain) <= MAX_CHAIN_OPS:
+            for ref in graph.op(stack.pop()).inputs:
+                if ref.op not in chain and not held(ref):
+                    chain.add(ref.op)
+                    stack.append(ref.op)
+        if (len(chain) <= MAX_CHAIN_OPS and sum(times[op] for op in chain) < exposed
+                and all(recompute_skip_reason(analysis, op) is None for op in chain)):
+            chosen |= chain
+            rebuilt[swap.tensor.op] = rebuilt.get(swap.tensor.op, 0) + swap.num_bytes
+    parts = nx.Graph()
+    parts.add_nodes_from(chosen)
+    parts.add_edges_from((ref.op, op) for op in chosen for ref in graph.op(op).inputs if ref.op in chosen)
+    kept: set[str] = set()
+    for part in nx.connected_components(parts):
+        reads = {ref for op in part for ref in graph.op(op).inputs if ref.op not in part and ref in swapped}
+        if sum(graph.tensor(ref).num_bytes or 0 for ref in reads) < sum(rebuilt.get(op, 0) for op in part):
+            kept |= part
+    return frozenset(kept)
 
 
 def _while_faster(misses: list[Candidate], search: Callable[[Candidate], list[Candidate]], *,
@@ -321,7 +426,8 @@ def _round_trip_s(profile, num_bytes: int) -> float:
 
 
 def _judge_ops(ev: TuneEvaluator, times: Mapping[str, float], ops, skipped: tuple, params: dict, *,
-              split_only: bool = False, bound: Callable[[], float] | None = None) -> Candidate | None:
+              split_only: bool = False, bound: Callable[[], float] | None = None,
+              per_reader: frozenset[str] = frozenset()) -> Candidate | None:
     """Recompute ``ops`` (:func:`~tflms.policies.recompute.recompute_plan`, with ``params["split"]`` as its
     ``split_levels``), simulate and record the plan (``params`` plus what it recomputes); ``None`` when no op can be
     recomputed, or, with ``split_only``, when the split re-runs nothing again (the plan without it), or when the
@@ -331,7 +437,7 @@ def _judge_ops(ev: TuneEvaluator, times: Mapping[str, float], ops, skipped: tupl
     one after another, and a step lasts at least that long (:func:`compute_floor_s`). It is not simulated. On
     ResNet-50 at batch 32 (tools/bench_rewrite.py's budget) that leaves out 7 of the 16 recompute plans."""
     plan = recompute_plan(ev.analysis, ops, ev.base_config, accelerator_device=ev.accelerator,
-                          split_levels=params.get("split"), skipped=skipped)
+                          split_levels=params.get("split"), per_reader=per_reader, skipped=skipped)
     decisions = plan.recomputes
     if not decisions or (split_only and not any(r.copy for r in decisions)):
         return None
