@@ -38,14 +38,11 @@ from typing import TYPE_CHECKING
 
 import networkx as nx
 
-from tflms.analysis.cto import Analysis, analyze_graph
-from tflms.ir.graph import Graph
-from tflms.passes.swaps import apply_swaps
-from tflms.policies.eligibility import is_clone, swapping_clones
-from tflms.analysis.cto import Category
-from tflms.ir.graph import TensorRef
+from tflms.analysis.cto import Analysis, Category, analyze_graph
+from tflms.ir.graph import Graph, TensorRef
 from tflms.ir.op_types import CONSTANT_OPS, METADATA_ONLY_TYPES, SOURCE_OPS, VARIABLE_READ_OPS
-from tflms.policies.eligibility import recompute_skip_reason
+from tflms.passes.swaps import apply_swaps
+from tflms.policies.eligibility import is_clone, recompute_skip_reason, swapping_clones
 from tflms.policies.recompute import (MAX_CHAIN_OPS, articulations, balanced_segment_ops, output_bytes,
                                       rank_candidates, recompute_plan, segment_ops, select)
 from tflms.policies.swapplan import SwapPlan
@@ -285,7 +282,7 @@ def stalling_chains(analysis: Analysis, times: Mapping[str, float], plan: SwapPl
 
     copies = {r.name: r for r in sim.ops if r.stream != "compute"}
     recomputed = {op for r in plan.recomputes for op in r.ops}
-    swapped = {s.tensor for s in plan.swaps}
+    swapped = {s.tensor: s.num_bytes for s in plan.swaps}
 
     def held(ref: TensorRef) -> bool:
         op = graph.op(ref.op)
@@ -318,7 +315,7 @@ def stalling_chains(analysis: Analysis, times: Mapping[str, float], plan: SwapPl
     kept: set[str] = set()
     for part in nx.connected_components(parts):
         reads = {ref for op in part for ref in graph.op(op).inputs if ref.op not in part and ref in swapped}
-        if sum(graph.tensor(ref).num_bytes or 0 for ref in reads) < sum(rebuilt.get(op, 0) for op in part):
+        if sum(swapped[ref] for ref in reads) < sum(rebuilt.get(op, 0) for op in part):
             kept |= part
     return frozenset(kept)
 
