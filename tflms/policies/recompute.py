@@ -117,7 +117,7 @@ class RecomputeDecision:
                 yield CLONE, name, trigger, original
 
 
-def _backward_readers(analysis: Analysis, ref: TensorRef, chain: frozenset[str]) -> tuple[str, ...]:
+def backward_readers(analysis: Analysis, ref: TensorRef, chain: frozenset[str] = frozenset()) -> tuple[str, ...]:
     """The readers of ``ref`` that are neither forward ops nor in the chain, by (level, name). Readers of its
     shape alone (``Shape``, ``Size``, ...: gradient ops run them as soon as the forward tensor exists) keep
     reading the original."""
@@ -127,12 +127,17 @@ def _backward_readers(analysis: Analysis, ref: TensorRef, chain: frozenset[str])
     return tuple(sorted(readers, key=lambda n: (levels[n], n)))
 
 
+def is_resident(analysis: Analysis, ref: TensorRef) -> bool:
+    """Whether ``ref`` is on the device for the whole step: a constant, a variable read or a step argument."""
+    op_type = analysis.graph.op(ref.op).type
+    return op_type in CONSTANT_OPS or op_type in VARIABLE_READ_OPS or op_type in SOURCE_OPS
+
+
 def is_kept(analysis: Analysis, ref: TensorRef) -> bool:
-    """Whether ``ref`` is alive into the backward pass anyway: resident (a constant, a variable read, a step
-    argument) or read by some op outside the forward pass."""
+    """Whether ``ref`` is alive into the backward pass anyway: resident (:func:`is_resident`) or read by some op
+    outside the forward pass."""
     graph = analysis.graph
-    op = graph.op(ref.op)
-    if op.type in CONSTANT_OPS or op.type in VARIABLE_READ_OPS or op.type in SOURCE_OPS:
+    if is_resident(analysis, ref):
         return True
     if analysis.categories[ref.op] is not Category.FORWARD:
         return True
@@ -140,14 +145,18 @@ def is_kept(analysis: Analysis, ref: TensorRef) -> bool:
     return any(cats[c] is not Category.FORWARD for c, _ in graph.consumers(ref))
 
 
-def chain_for(analysis: Analysis, target: str, *,
-              max_ops: int = MAX_CHAIN_OPS) -> tuple[tuple[str, ...] | None, tuple[str, str] | None]:
+def chain_for(analysis: Analysis, target: str, *, max_ops: int = MAX_CHAIN_OPS,
+              kept: Callable[[TensorRef], bool] | None = None
+              ) -> tuple[tuple[str, ...] | None, tuple[str, str] | None]:
     """The ops to re-run to rebuild ``target``'s outputs from kept tensors: ``(chain, None)`` or
     ``(None, (reason, sentence))``.
 
-    Walks back from ``target``: an input that is kept (:func:`is_kept`) is a source; any other
+    Walks back from ``target``: an input that is kept (``kept``, default :func:`is_kept`) is a source; any other
     input's producer joins the chain if it may be recomputed, up to ``max_ops`` ops.
     """
+    if kept is None:
+        def kept(ref: TensorRef) -> bool:
+            return is_kept(analysis, ref)
     reason = recompute_skip_reason(analysis, target)
     if reason is not None:
         return None, reason
@@ -155,7 +164,7 @@ def chain_for(analysis: Analysis, target: str, *,
     chain, stack = {target}, [target]
     while stack:
         for ref in graph.op(stack.pop()).inputs:
-            if ref.op in chain or is_kept(analysis, ref):
+            if ref.op in chain or kept(ref):
                 continue
             why = recompute_skip_reason(analysis, ref.op)
             if why is not None:
@@ -280,7 +289,7 @@ def _decide(analysis: Analysis, members: Sequence[str], ahead: int, *, split_lev
         if serves is None or name in serves:
             for index, _ in enumerate(graph.op(name).outputs):
                 ref = TensorRef(name, index)
-                rs = _backward_readers(analysis, ref, chain)
+                rs = backward_readers(analysis, ref, chain)
                 if rs:
                     own.setdefault(name, []).append((ref, rs))
     if not own:
@@ -387,7 +396,7 @@ def rank_candidates(analysis: Analysis, op_time: Callable[[str], float], *,
         op = graph.op(name)
         freed = 0
         for index, info in enumerate(op.outputs):
-            if _backward_readers(analysis, TensorRef(name, index), frozenset()):
+            if backward_readers(analysis, TensorRef(name, index)):
                 freed += info.num_bytes or 0
         if freed <= min_bytes:  # (min_bytes >= 0: nothing freed is never a candidate)
             continue

@@ -38,13 +38,12 @@ from typing import TYPE_CHECKING
 
 import networkx as nx
 
-from tflms.analysis.cto import Analysis, Category, analyze_graph
+from tflms.analysis.cto import Analysis, analyze_graph
 from tflms.ir.graph import Graph, TensorRef
-from tflms.ir.op_types import CONSTANT_OPS, METADATA_ONLY_TYPES, SOURCE_OPS, VARIABLE_READ_OPS
 from tflms.passes.swaps import apply_swaps
-from tflms.policies.eligibility import is_clone, recompute_skip_reason, swapping_clones
-from tflms.policies.recompute import (MAX_CHAIN_OPS, articulations, balanced_segment_ops, output_bytes,
-                                      rank_candidates, recompute_plan, segment_ops, select)
+from tflms.policies.eligibility import is_clone, swapping_clones
+from tflms.policies.recompute import (articulations, backward_readers, balanced_segment_ops, chain_for, is_resident,
+                                      output_bytes, rank_candidates, recompute_plan, segment_ops, select)
 from tflms.policies.swapplan import SwapPlan
 from tflms.sim.cost import op_time_s
 from tflms.sim.records import COMPUTE_ROUND_OFF
@@ -265,11 +264,11 @@ def stalling_chains(analysis: Analysis, times: Mapping[str, float], plan: SwapPl
     A copy that hides behind compute overlaps no idle time; one the compute stream waits for, or one made while it
     waits for another, does. A tensor's chain walks back from it to what the device holds for the backward pass
     anyway: the tensors ``plan`` swaps, and those some backward op reads (not only their shape) that ``plan`` does not
-    re-run. It has at most :data:`~tflms.policies.recompute.MAX_CHAIN_OPS` ops, each one that may be re-run. Of the
-    chains chosen, each connected part is kept only where the swapped tensors it reads are fewer bytes than the swapped
-    tensors it rebuilds: what it reads must be back on the device before its clones run, and a chain re-run from a
-    residual block's 4 GiB input to rebuild a 1 GiB convolution output brings more back than it spares."""
-    graph, cats = analysis.graph, analysis.categories
+    re-run (:func:`~tflms.policies.recompute.chain_for`, with those as what is kept). Of the chains chosen, each
+    connected part is kept only where the swapped tensors it reads are fewer bytes than the swapped tensors it
+    rebuilds: what it reads must be back on the device before its clones run, and a chain re-run from a residual
+    block's 4 GiB input to rebuild a 1 GiB convolution output brings more back than it spares."""
+    graph = analysis.graph
     busy: list[list[float]] = []
     for start, end in sorted((r.start_s, r.end_s) for r in sim.ops if r.stream == "compute" and r.end_s > r.start_s):
         if busy and start <= busy[-1][1]:
@@ -285,29 +284,21 @@ def stalling_chains(analysis: Analysis, times: Mapping[str, float], plan: SwapPl
     swapped = {s.tensor: s.num_bytes for s in plan.swaps}
 
     def held(ref: TensorRef) -> bool:
-        op = graph.op(ref.op)
-        if ref in swapped or op.type in CONSTANT_OPS or op.type in VARIABLE_READ_OPS or op.type in SOURCE_OPS:
-            return True
-        return ref.op not in recomputed and any(
-            cats[c] is not Category.FORWARD and graph.op(c).type not in METADATA_ONLY_TYPES
-            for c, _ in graph.consumers(ref))
+        return (ref in swapped or is_resident(analysis, ref)
+                or (ref.op not in recomputed and bool(backward_readers(analysis, ref))))
 
     chosen: set[str] = set()
     rebuilt: dict[str, int] = {}  # a swapped tensor's op whose chain is chosen -> its bytes
     for swap in plan.swaps:
-        if swap.tensor.op not in graph or recompute_skip_reason(analysis, swap.tensor.op) is not None:
-            continue  # (a clone's output, or what may not be re-run: a gradient)
+        if swap.tensor.op not in graph:
+            continue  # (a clone's output)
+        chain, _ = chain_for(analysis, swap.tensor.op, kept=held)  # (none for what may not be re-run: a gradient)
+        if chain is None:
+            continue
         names = [swap.swap_out, *(n for g in swap.swap_ins for n in (g.name + RECV_SUFFIX, g.name))]
         exposed = sum(idle(copies[n].start_s, copies[n].end_s) for n in names if n in copies)
-        chain, stack = {swap.tensor.op}, [swap.tensor.op]
-        while stack and len(chain) <= MAX_CHAIN_OPS:
-            for ref in graph.op(stack.pop()).inputs:
-                if ref.op not in chain and not held(ref):
-                    chain.add(ref.op)
-                    stack.append(ref.op)
-        if (len(chain) <= MAX_CHAIN_OPS and sum(times[op] for op in chain) < exposed
-                and all(recompute_skip_reason(analysis, op) is None for op in chain)):
-            chosen |= chain
+        if sum(times[op] for op in chain) < exposed:
+            chosen.update(chain)
             rebuilt[swap.tensor.op] = rebuilt.get(swap.tensor.op, 0) + swap.num_bytes
     parts = nx.Graph()
     parts.add_nodes_from(chosen)
