@@ -395,4 +395,8 @@ class Graph:
                 {k: sorted(v) for k, v in self._control_consumers.items() if v}:
             raise GraphError("control-consumer index is stale")
         self.topological_order()
+        from tflms.ir.merges import merge_cycle  # (a leaf module: no cycle of imports)
+        cycle = merge_cycle(self)
+        if cycle is not None:
+            raise GraphError(f"TensorFlow would refuse this graph: {cycle}")
 

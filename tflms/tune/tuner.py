@@ -154,6 +154,33 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
                      require_backward, fit_by, compress, progress, enforce_order, prune)
 
 
+#: How a candidate that fits but would not run starts its ``why_not``.
+UNRUNNABLE = "not runnable: "
+
+
+def _runnable(ev: TuneEvaluator, ranked: list[Candidate], progress: Callable[[str], None] | None) -> list[Candidate]:
+    """``ranked`` (fastest first) from the first candidate whose graph TensorFlow will run on; the ones before it are
+    recorded as not fitting, and said.
+
+    A graph whose ops oneDNN merges into a node that waits for itself (:func:`tflms.ir.merges.merge_cycle`) fails at
+    its first call: such a candidate is no fit, whatever its peak (docs/design.md, "Runnable graphs"). The graphs are
+    built in rank order, so the check usually builds only the winner's.
+    """
+    from tflms.ir.merges import merge_cycle
+    for k, cand in enumerate(ranked):
+        cycle = merge_cycle(ev.graph_of(cand))
+        if cycle is None:
+            return ranked[k:]
+        refused = dataclasses.replace(cand, fits=False, why_not=UNRUNNABLE + cycle)
+        ev.candidates[:] = [refused if c is cand else c for c in ev.candidates]
+        ev.graphs.pop(id(cand), None)
+        message = f"{cand.strategy} {cand.params} fits but is left out: TensorFlow would refuse it ({cycle})"
+        logger.info(message)
+        if progress is not None:
+            progress(message)
+    return []
+
+
 def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: str | HardwareProfile,
           config: LMSConfig | None, strategies: Sequence[str], sim_options: SimOptions | None,
           host_budget: int | str | None, copy_op: str, first_fit: bool, require_backward: bool, fit_by: str,
@@ -304,6 +331,7 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
     # name where nothing fits)
     if order_first and not order_first_ran and not free(fitting) and not (recompute_first and fitting):
         fitting += order_first_fits()
+    fitting = _runnable(ev, sorted(fitting, key=rank), progress)
     if not fitting:
         smallest = min(ev.candidates, key=lambda c: ev.need(c.sim))
         error = BudgetError(
@@ -311,7 +339,9 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
             f"{format_bytes(base_need)} without swapping and at least "
             f"{format_bytes(ev.need(smallest.sim))} with the best rewrite found "
             f"({smallest.strategy} {smallest.params}); give a budget of at least that, or a smaller batch. "
-            f"Resident variables alone take {format_bytes(baseline.resident_bytes)}.")
+            f"Resident variables alone take {format_bytes(baseline.resident_bytes)}."
+            + "".join(f" Left out: {c.strategy} {c.params}, which fits but TensorFlow would refuse ({c.why_not})."
+                      for c in ev.candidates if c.why_not.startswith(UNRUNNABLE)))
         error.candidates, error.baseline = tuple(ev.candidates), baseline  # what was tried, for reports
         try:
             raise error
