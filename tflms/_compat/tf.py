@@ -119,6 +119,22 @@ def concrete_function_from_func_graph(func_graph: Any, function_type: Any, attrs
     return cls.from_func_graph(func_graph, function_type, attrs=attrs)
 
 
+def replace_function_def(concrete: Any, function_def: Any) -> None:
+    """Make ``concrete`` run ``function_def`` (same name and signature) instead of the one it was built with.
+
+    Only before its first call: the runtime instantiates a function's registered definition then. The
+    ``ConcreteFunction``'s cached copy is dropped so that ``function_def`` reads the new one.
+    """
+    atomic = concrete._inference_function  # noqa: SLF001 - the function a call runs
+    ctx = eager_context()
+    name = function_def.signature.name
+    if ctx.has_function(name):
+        ctx.remove_function(name)
+    ctx.add_function_def(function_def)
+    if hasattr(atomic, "_cached_definition"):
+        atomic._cached_definition = None  # noqa: SLF001
+
+
 def handle_data_util() -> Any:
     """Copying a resource tensor's handle data (variable shapes and dtypes) between graphs."""
     return private("tensorflow.python.ops.handle_data_util")

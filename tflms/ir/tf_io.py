@@ -47,9 +47,10 @@ def _tf():
     return tf
 
 
-def _tensor_info(tf_tensor, batch_size: int | None) -> TensorInfo:
+def _tensor_info(tf_tensor, batch_size: int | None, real_dtype: str | None = None) -> TensorInfo:
+    """``real_dtype``: the dtype of a surrogate's output (:mod:`tflms.ir.surrogates`), else the tensor's own."""
     tf = _tf()
-    dtype = tf_tensor.dtype
+    dtype = tf_tensor.dtype if real_dtype is None else tf.as_dtype(real_dtype)
     shape = tf_tensor.shape
     dims = None if shape.rank is None else tuple(shape.as_list())
     num_bytes = None
@@ -65,7 +66,8 @@ def _split_input(name: str) -> tuple[bool, str]:
     return (True, name[1:]) if name.startswith("^") else (False, name)
 
 
-def from_tf_graph(tf_graph, graph_def=None, *, batch_size: int | None = None) -> Graph:
+def from_tf_graph(tf_graph, graph_def=None, *, batch_size: int | None = None,
+                  real_dtypes: Mapping[tuple[str, int], str] | None = None) -> Graph:
     """Read ``tf_graph`` (a ``tf.Graph``) into the IR.
 
     ``graph_def`` (default ``tf_graph.as_graph_def()``) supplies the NodeDefs in
@@ -86,7 +88,8 @@ def from_tf_graph(tf_graph, graph_def=None, *, batch_size: int | None = None) ->
             tf_op = tf_graph.get_operation_by_name(node.name)
         except KeyError:
             raise GraphError(f"node {node.name!r} is in the GraphDef but not in the TF graph") from None
-        outputs = tuple(_tensor_info(t, batch_size) for t in tf_op.outputs)
+        outputs = tuple(_tensor_info(t, batch_size, (real_dtypes or {}).get((node.name, k)))
+                        for k, t in enumerate(tf_op.outputs))
         graph.add_op(node.name, node.op, device=node.device, attrs=node.attr, outputs=outputs, node_def=node)
         wiring.append((node.name, list(node.input)))
     for name, inputs in wiring:
@@ -104,15 +107,18 @@ def from_tf_graph(tf_graph, graph_def=None, *, batch_size: int | None = None) ->
 
 def from_graph_def(graph_def, *, batch_size: int | None = None) -> Graph:
     """Read a ``GraphDef``; it is imported into a scratch graph for shapes."""
+    from tflms.ir.surrogates import importable, real_dtypes
     tf = _tf()
     scratch = tf.Graph()
+    # nodes grappler made that the importer refuses (oneDNN's bfloat16 fusions) are read through surrogates
+    imported, surrogates = importable(graph_def)
     with scratch.as_default():
         try:
-            tf.graph_util.import_graph_def(graph_def, name="")
+            tf.graph_util.import_graph_def(imported, name="")
         except (ValueError, tf.errors.OpError) as err:
             raise GraphError(f"TensorFlow cannot import this GraphDef: {err}. Check that every op is "
                              "registered in this TensorFlow build and that inputs name existing nodes") from err
-    return from_tf_graph(scratch, graph_def, batch_size=batch_size)
+    return from_tf_graph(scratch, graph_def, batch_size=batch_size, real_dtypes=real_dtypes(surrogates))
 
 
 def from_function_def(function_def, *, batch_size: int | None = None,
@@ -148,8 +154,11 @@ def signature_of(concrete_function) -> FunctionSignature:
 
 def from_concrete_function(concrete_function, *, batch_size: int | None = None) -> Graph:
     """Read a ``ConcreteFunction``'s graph and remember its signature."""
+    from tflms.ir.surrogates import BUILT, restore_ir
     func_graph = concrete_function.graph
     graph = from_tf_graph(func_graph, batch_size=batch_size)
+    if BUILT.get(concrete_function):  # built by tflms with surrogates (tflms.ir.surrogates): the real nodes
+        restore_ir(graph, BUILT[concrete_function])
     graph.signature = _signature_of(func_graph, num_captures=len(concrete_function.captured_inputs))
     graph.resource_bytes = _variable_bytes(concrete_function)
     return graph
@@ -215,7 +224,8 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
     if sig is None:
         raise GraphError("this IR graph was not read from a ConcreteFunction; use to_graph_def instead")
     old_graph = original.graph
-    graph_def = to_graph_def(graph)
+    from tflms.ir.surrogates import BUILT, importable, restore_function_def
+    graph_def, surrogates = importable(to_graph_def(graph))  # see tflms.ir.surrogates
     _register_library(graph_def)
     new_graph = compat.func_graph_class()(name or f"{old_graph.name}_lms")
     num_args = len(sig.input_names) - sig.num_captures
@@ -278,6 +288,9 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
     new_graph.variables = old_graph.variables
     attrs = _function_attrs(original)
     new = compat.concrete_function_from_func_graph(new_graph, original.function_type, attrs)
+    if surrogates:  # the real nodes back in the FunctionDef the runtime instantiates at the first call
+        compat.replace_function_def(new, restore_function_def(new.function_def, surrogates))
+        BUILT[new] = surrogates
     # Signatures (e.g. tf.saved_model.save(signatures=...)) call by keyword: keep the keyword names.
     new._arg_keywords = getattr(original, "_arg_keywords", None)  # noqa: SLF001
     new._num_positional_args = getattr(original, "_num_positional_args", None)  # noqa: SLF001

@@ -147,6 +147,7 @@ class _Case:
                     reports = fn.reports
                 else:
                     concrete = fn.get_concrete_function(tf.constant(data[0][0]), tf.constant(data[0][1]))
+        self.alive = (model, optimizer)  # the concrete step reads their variables (budget_span)
         return snapshot(model, optimizer), ran, reports, concrete
 
 
@@ -175,10 +176,10 @@ def run_case(kind: str, precision: str, entry: str, *, fractions: Sequence[float
     from tflms.testing import differences
     case = _Case(kind, precision, entry, size=size, batch=batch, steps=steps, seed=seed)
     plain, _, _, concrete = case.train(None)
-    control = not differences(plain, case.train(None)[0])
     if concrete is None:  # the callback's step: trace it through a run that fits whatever the budget
         concrete = case.train({"budget": "1TiB"})[3]
-    low, high = budget_span(concrete, batch)
+    low, high = budget_span(concrete, batch)  # (while the model whose variables it reads is alive)
+    control = not differences(plain, case.train(None)[0])
     runs = []
     for fraction in fractions:
         budget = int(low + fraction * (high - low))

@@ -1,0 +1,86 @@
+"""Issue 45: every rewrite tflms hands back trains bitwise like the plain step, or it refuses with a BudgetError.
+
+Part of the budget sweep (tools/budget_sweep.py runs all of it): each run in a fresh process per oneDNN setting.
+"""
+
+import numpy as np
+import pytest
+
+from tflms.testing.sweep import ALLOWED
+
+pytestmark = pytest.mark.slow
+
+#: (oneDNN setting, kind, precision, entry): the issue's two reproducers' shapes with oneDNN on, one of each other
+#: precision, and the same paths with oneDNN off.
+CASES = [("1", "conv", "float32", "callback"), ("1", "conv", "mixed_bfloat16", "callback"),
+         ("1", "residual_bn", "mixed_bfloat16", "function"), ("1", "attention", "mixed_float16", "function"),
+         ("0", "conv", "float32", "function"), ("0", "mlp_dropout", "mixed_bfloat16", "callback")]
+
+
+@pytest.fixture(scope="module")
+def swept(request):
+    import importlib.util
+    import pathlib
+    import sys
+    path = pathlib.Path(__file__).resolve().parents[1] / "tools" / "budget_sweep.py"
+    spec = importlib.util.spec_from_file_location("budget_sweep_under_test", path)
+    tool = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = tool
+    spec.loader.exec_module(tool)
+    results = []
+    for setting in ("1", "0"):
+        for _, kind, precision, entry in [c for c in CASES if c[0] == setting]:
+            results += tool.sweep([kind], [precision], [entry], [setting], [0.1, 0.9])
+    return tool, results
+
+
+def test_every_run_is_a_bitwise_fit_or_a_budget_error(swept):
+    tool, results = swept
+    assert len(results) == len(CASES), tool.table(results)
+    for r in results:
+        assert "crashed" not in r, tool.table(results)
+        assert r["control"], f"plain TensorFlow is not deterministic here: {r}"
+        for run in r["runs"]:
+            assert run["outcome"] in ALLOWED, tool.table(results)
+
+
+def test_the_sweep_rewrites_something_in_every_case(swept):
+    # budgets below the unchanged peak: a case where every run fits unchanged or is refused would check nothing
+    tool, results = swept
+    for r in results:
+        assert any(run["outcome"] == "bitwise" and run["inserted"] for run in r["runs"]), tool.table(results)
+
+
+@pytest.mark.parametrize("budget", ["70MiB", "90MiB"])
+def test_issue_45_reproducer_trains_bitwise_or_refuses(budget):
+    # the exact model of the issue: only the ordered hybrid fit, and its step closed a cycle once oneDNN merged
+    # a bias gradient with its filter gradient
+    import keras
+
+    import tflms
+    import tflms.keras
+    from tflms.testing import differences, record_run_metadata, snapshot
+
+    def fit(callbacks):
+        keras.utils.set_random_seed(0)
+        i = keras.Input((64, 64, 3))
+        h = i
+        for f in (32, 64, 64):
+            h = keras.layers.Conv2D(f, 3, padding="same", activation="relu")(h)
+        m = keras.Model(i, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(h)))
+        m.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+        x = np.random.RandomState(0).randn(32, 64, 64, 3).astype("float32")
+        y = np.zeros(32, "int32")
+        with record_run_metadata() as ran:
+            m.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=callbacks)
+        return snapshot(m, m.optimizer), ran
+
+    plain, _ = fit([])
+    lms = tflms.keras.LMS(budget=budget, verbose=0)
+    try:
+        state, ran = fit([lms])
+    except tflms.BudgetError:
+        return
+    assert not differences(plain, state)
+    inserted = lms.reports[-1].inserted_ops
+    assert inserted and not ran.missing_after_optimization(inserted)

@@ -1,0 +1,68 @@
+"""oneDNN's merged nodes (tflms.ir.merges): the cycle they close, lint's refusal, the scheduler's merge units."""
+
+import pytest
+
+from tflms.errors import GraphError
+from tflms.ir.merges import merge_cycle, merge_groups, merge_unit_edges
+from tflms.schedule.memory import buffer_model
+from tflms.testing import GraphBuilder
+
+
+def _backward(*, path_through_update: bool):
+    """dy feeds a BiasAddGrad and a Conv2DBackpropFilter (whose input x comes from ``late``); with
+    ``path_through_update`` the bias gradient's update reaches ``late`` by a control edge (as an order edge would)."""
+    b = GraphBuilder()
+    b.op("x", "Placeholder")
+    b.op("dy", "Placeholder")
+    b.op("shape", "Const", shape=(4,), dtype="int32")
+    b.op("bias_grad", "BiasAddGrad", ["dy"], shape=(64,))
+    b.op("update", "AssignSubVariableOp", ["bias_grad"], shape=())
+    b.op("late", "Identity", ["x"], control=["update"] if path_through_update else ())
+    b.op("filter_grad", "Conv2DBackpropFilter", ["late", "shape", "dy"])
+    return b.graph
+
+
+def test_the_filter_and_bias_gradients_of_one_output_gradient_merge():
+    assert merge_groups(_backward(path_through_update=False)) == [("filter_grad", "bias_grad")]
+
+
+def test_a_path_from_one_merged_op_to_the_other_is_a_cycle_and_lint_names_it():
+    ok = _backward(path_through_update=False)
+    assert merge_cycle(ok) is None
+    ok.lint()
+    bad = _backward(path_through_update=True)
+    bad.topological_order()  # acyclic as an IR ...
+    why = merge_cycle(bad)  # ... but not once oneDNN merges the pair
+    assert why is not None and "bias_grad" in why and "update" in why and "late" in why
+    with pytest.raises(GraphError, match="TensorFlow would refuse"):
+        bad.lint()
+
+
+def test_no_merge_when_the_control_inputs_differ():
+    graph = _backward(path_through_update=True)
+    graph.add_control_input("bias_grad", "shape")  # oneDNN merges only ops with the same control inputs
+    assert merge_groups(graph) == []
+    assert merge_cycle(graph) is None
+
+
+def test_the_scheduler_makes_each_merged_op_wait_for_the_others_inputs():
+    graph = _backward(path_through_update=False)
+    edges = merge_unit_edges(graph)
+    assert ("late", "bias_grad") in edges and ("shape", "bias_grad") in edges
+    m = buffer_model(graph)
+    assert m.index["late"] in m.preds[m.index["bias_grad"]]
+    # a graph that already closes the cycle is left as it is (lint names it), not made cyclic for the scheduler
+    bad = buffer_model(_backward(path_through_update=True))
+    assert bad.index["late"] not in bad.preds[bad.index["bias_grad"]]
+
+
+def test_a_conv_and_its_only_bias_add_merge_but_not_with_a_second_reader():
+    b = GraphBuilder()
+    b.op("x", "Placeholder")
+    b.op("w", "Placeholder")
+    b.op("bias", "Placeholder", shape=(64,))
+    b.op("conv", "Conv2D", ["x", "w"])
+    b.op("add", "BiasAdd", ["conv", "bias"])
+    assert merge_groups(b.graph) == [("conv", "add")]
+    b.op("other", "Relu", ["conv"])
+    assert merge_groups(b.graph) == []
