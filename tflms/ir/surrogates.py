@@ -114,9 +114,9 @@ def importable(graph_def) -> tuple[Any, list[Surrogate]]:
         for attr in bad:
             node.attr[attr].type = proxy
         surrogates.append(Surrogate(node.name, dict(bad), proxy, tuple(inputs), tuple(outputs)))
-    casts = {s.node for s in surrogates}
+    cast_outs = set(renamed.values())
     for node in new.node:
-        if node.op == "Cast" and node.name.rpartition("/")[0] in casts:
+        if node.name in cast_outs:  # (reads the surrogate itself; a cast into another surrogate reads the cast)
             continue
         for k, inp in enumerate(node.input):
             if not inp.startswith("^") and inp in renamed:
@@ -166,7 +166,8 @@ def restore_function_def(fdef, surrogates: list[Surrogate]):
     kept = [n for n in new.node_def if f"{n.name}:y:0" not in cast_in and f"{n.name}:y:0" not in cast_out]
     for node in kept:
         for k, inp in enumerate(node.input):
-            node.input[k] = cast_in.get(inp, cast_out.get(inp, inp))
+            inp = cast_in.get(inp, inp)  # (a surrogate reading another surrogate: through both casts)
+            node.input[k] = cast_out.get(inp, inp)
         if node.name in by_node:
             for attr, real in by_node[node.name].attrs.items():
                 node.attr[attr].type = real

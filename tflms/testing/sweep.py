@@ -9,7 +9,8 @@ each budget between them. Each run ends in one :data:`OUTCOMES`:
 - ``bitwise``: weights and optimizer state equal to the plain run's bytes, and every inserted op alive in what
   TensorFlow ran (run metadata);
 - ``budget_error``: :class:`~tflms.errors.BudgetError` before anything ran;
-- ``fits``: the unchanged step fits the budget, so nothing was inserted (and it trained bitwise);
+- ``fits``: nothing was inserted, yet it trained bitwise: the unchanged step fits the budget, in level order or in
+  the memory-aware order the tuner pinned with control edges (the MLP's 12.2 MB peak drops to 9.6 MB by order alone);
 - ``differs``, ``ops_lost``, ``error``: failures (a different byte, an inserted op removed, any other exception).
 
 oneDNN is chosen when TensorFlow starts (``TF_ENABLE_ONEDNN_OPTS``): run a case in a fresh process per setting
