@@ -4,7 +4,8 @@ One *case* is a small model kind, a Keras precision policy and an entry point (t
 ``tflms.function``). :func:`run_case` trains the plain step twice (the control: is plain TensorFlow deterministic
 here?), finds the span of budgets worth asking for (the best rewrite's simulated peak, from the tuner's
 ``BudgetError`` at an impossible budget, up to the unchanged step's simulated peak), and trains once with tflms at
-each budget between them. Each run ends in one :data:`OUTCOMES`:
+each budget between them, and once just below the best peak (:data:`BELOW_BEST`). Each run ends in one
+:data:`OUTCOMES`:
 
 - ``bitwise``: weights and optimizer state equal to the plain run's bytes, and every inserted op alive in what
   TensorFlow ran (run metadata);
@@ -34,6 +35,9 @@ OUTCOMES = ("bitwise", "budget_error", "fits", "differs", "ops_lost", "error")
 ALLOWED = frozenset({"bitwise", "budget_error", "fits"})
 #: Where between the best rewrite's peak (0) and the unchanged peak (1) each budget lies, by default.
 FRACTIONS = (0.1, 0.5, 0.9)
+#: One more budget per case, this fraction of the best rewrite's peak: the tuner must refuse it (or find a fit there
+#: that the span's own tune did not, and train it bitwise).
+BELOW_BEST = 0.97
 
 
 def _build(keras, kind: str, size: int):
@@ -182,8 +186,8 @@ def run_case(kind: str, precision: str, entry: str, *, fractions: Sequence[float
     low, high = budget_span(concrete, batch)  # (while the model whose variables it reads is alive)
     control = not differences(plain, case.train(None)[0])
     runs = []
-    for fraction in fractions:
-        budget = int(low + fraction * (high - low))
+    # each fraction of the span, and just below the best rewrite's peak, where a BudgetError is the answer expected
+    for budget in [int(low + f * (high - low)) for f in fractions] + [int(low * BELOW_BEST)]:
         options = {"budget": budget, **({"recompute": recompute} if recompute else {})}
         try:
             state, ran, reports, _ = case.train(options)
