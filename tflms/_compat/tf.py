@@ -119,6 +119,11 @@ def concrete_function_from_func_graph(func_graph: Any, function_type: Any, attrs
     return cls.from_func_graph(func_graph, function_type, attrs=attrs)
 
 
+def op_def(op_type: str) -> Any:
+    """The registered ``OpDef`` of ``op_type`` (its attributes' allowed values), or ``None``."""
+    return private("tensorflow.python.framework.op_def_registry", "get")(op_type)
+
+
 def replace_function_def(concrete: Any, function_def: Any) -> None:
     """Make ``concrete`` run ``function_def`` (same name and signature) instead of the one it was built with.
 

@@ -39,8 +39,8 @@ class Surrogate:
 
 
 def _op_def(op_type: str):
-    from tensorflow.python.framework import op_def_registry
-    return op_def_registry.get(op_type)
+    from tflms._compat.tf import op_def
+    return op_def(op_type)
 
 
 def _arg_length(arg, node) -> int:
@@ -137,11 +137,11 @@ def _input_type(op_def, node, k: int, bad: dict[str, int]) -> int:
 
 def real_dtypes(surrogates: list[Surrogate]) -> dict[tuple[str, int], str]:
     """``{(node, output index): the real dtype name}`` of each surrogate's cast outputs."""
-    from tensorflow.python.framework import dtypes
+    import tensorflow as tf
     out = {}
     for s in surrogates:
         for index, _, _, real in s.outputs:
-            out[(s.node, index)] = dtypes.as_dtype(real).name
+            out[(s.node, index)] = tf.as_dtype(real).name
     return out
 
 
@@ -186,7 +186,7 @@ BUILT: "weakref.WeakKeyDictionary[Any, list[Surrogate]]" = weakref.WeakKeyDictio
 def restore_ir(graph, surrogates: list[Surrogate]) -> None:
     """Undo the surrogates in an IR read from a FuncGraph built with them (in place): the real types back on each
     node, its inputs read without the casts, its readers reading it, the casts gone."""
-    from tensorflow.python.framework import dtypes
+    import tensorflow as tf
 
     from tflms.ir.graph import DTYPE_BYTES, TensorInfo, TensorRef
     for s in surrogates:
@@ -198,7 +198,7 @@ def restore_ir(graph, surrogates: list[Surrogate]) -> None:
             cast = f"{s.node}{CAST_OUT}{index}"
             for reader, slot in list(graph.consumers(TensorRef(cast, 0))):
                 graph.set_input(reader, slot, TensorRef(s.node, index))
-            name = dtypes.as_dtype(real).name
+            name = tf.as_dtype(real).name
             info = op.outputs[index]
             size = DTYPE_BYTES.get(name)
             num_bytes = None if info.num_bytes is None or size is None else info.num_bytes // DTYPE_BYTES[info.dtype] * size
