@@ -15,6 +15,9 @@ pytestmark = pytest.mark.slow
 CASES = [("1", "conv", "float32", "callback"), ("1", "conv", "mixed_bfloat16", "callback"),
          ("1", "residual_bn", "mixed_bfloat16", "function"), ("1", "attention", "mixed_float16", "function"),
          ("0", "conv", "float32", "function"), ("0", "mlp_dropout", "mixed_bfloat16", "callback")]
+#: Recompute alone (issue 49: recompute must be bitwise with oneDNN on as well as off), DenseNet's shapes.
+RECOMPUTE_CASES = [("1", "dense_block", "float32", "callback"), ("0", "dense_block", "float32", "callback"),
+                   ("1", "residual_bn", "float32", "function")]
 
 
 @pytest.fixture(scope="module")
@@ -31,17 +34,29 @@ def swept(request):
     for setting in ("1", "0"):
         for _, kind, precision, entry in [c for c in CASES if c[0] == setting]:
             results += tool.sweep([kind], [precision], [entry], [setting], [0.1, 0.9])
+        for _, kind, precision, entry in [c for c in RECOMPUTE_CASES if c[0] == setting]:
+            results += [{**r, "recompute": "only"} for r in
+                        tool.sweep([kind], [precision], [entry], [setting], [0.1, 0.5], recompute="only")]
     return tool, results
 
 
 def test_every_run_is_a_bitwise_fit_or_a_budget_error(swept):
     tool, results = swept
-    assert len(results) == len(CASES), tool.table(results)
+    assert len(results) == len(CASES) + len(RECOMPUTE_CASES), tool.table(results)
     for r in results:
         assert "crashed" not in r, tool.table(results)
         assert r["control"], f"plain TensorFlow is not deterministic here: {r}"
         for run in r["runs"]:
             assert run["outcome"] in ALLOWED, tool.table(results)
+
+
+def test_recompute_alone_recomputes_and_trains_bitwise_with_onednn_on_and_off(swept):
+    tool, results = swept
+    recomputed = [r for r in results if r.get("recompute") == "only"]
+    assert {r["onednn"] for r in recomputed} == {"0", "1"}
+    for r in recomputed:  # (a recompute-only plan inserts clones and gates, no copies)
+        assert any(run["outcome"] == "bitwise" and run["strategy"] == "recompute" for run in r["runs"]), \
+            tool.table(results)
 
 
 def test_the_sweep_rewrites_something_in_every_case(swept):

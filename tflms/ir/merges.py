@@ -26,10 +26,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-#: oneDNN's merged pairs by op type: ``{(first type, second type)}`` (see the module doc).
-FILTER_BIAS_GRADS = ("Conv2DBackpropFilter", "BiasAddGrad")
-CONV_BIAS = ("Conv2D", "BiasAdd")
-PAD_CONVS = frozenset({"Conv2D", "_FusedConv2D"})
+from tflms.ir.op_types import ONEDNN_CONV_BIAS as CONV_BIAS
+from tflms.ir.op_types import ONEDNN_FILTER_BIAS_GRADS as FILTER_BIAS_GRADS
+from tflms.ir.op_types import ONEDNN_PAD_CONVS as PAD_CONVS
 
 
 def _attr_s(op, key: str) -> str | None:

@@ -115,6 +115,13 @@ FUSABLE = {
 #: filter gradient of a convolution without bias (e.g. before a batch norm) is ordered like any other op.
 FUSION_SENSITIVE_OPS = frozenset({"Conv2DBackpropFilter", "Conv3DBackpropFilterV2", "BiasAddGrad"})
 
+#: Pairs oneDNN's CPU graph pass (``mkl_layout_pass.cc``, ``minfo_``) merges into one node after tflms, when both carry
+#: the same control inputs (:mod:`tflms.ir.merges`): a filter gradient and the bias gradient of the same output
+#: gradient, a ``Conv2D`` and its only ``BiasAdd``, a ``Pad`` and the ``VALID`` convolution it feeds.
+ONEDNN_FILTER_BIAS_GRADS = ("Conv2DBackpropFilter", "BiasAddGrad")
+ONEDNN_CONV_BIAS = ("Conv2D", "BiasAdd")
+ONEDNN_PAD_CONVS = frozenset({"Conv2D", "_FusedConv2D"})
+
 #: oneDNN's CPU graph pass (``mkl_layout_pass.cc``: ``MaxpoolGradRewrite``, ``LrnGradRewrite``, the workspace
 #: table ``wsinfo_``) hands a forward op's workspace (the argmax of a max pool) to its gradient only when the
 #: gradient reads the forward op's output *directly*: ``{(forward type, output): (gradient type, input)}``.

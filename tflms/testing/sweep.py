@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-#: The model kinds: ``{name: (builder, input shape)}``; each builder takes ``keras`` and the input shape.
-KINDS = ("conv", "residual_bn", "mlp_dropout", "attention")
+#: The model kinds (:func:`_build`).
+KINDS = ("conv", "residual_bn", "dense_block", "mlp_dropout", "attention")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 ENTRIES = ("callback", "function")
 OUTCOMES = ("bitwise", "budget_error", "fits", "differs", "ops_lost", "error")
@@ -58,6 +58,19 @@ def _build(keras, kind: str, size: int):
             y = layers.ReLU()(layers.BatchNormalization()(layers.Conv2D(16, 3, padding="same", use_bias=False)(h)))
             h = layers.Add()([h, y])
         h = layers.GlobalAveragePooling2D()(layers.MaxPooling2D()(h))
+    elif kind == "dense_block":  # DenseNet's stem and blocks: Pad + VALID conv, BN, ReLU, max pool, concatenation
+        shape = (size, size, 3)
+        inputs = keras.Input(shape)
+        h = layers.Conv2D(8, 3, use_bias=False)(layers.ZeroPadding2D(1)(inputs))
+        h = layers.MaxPooling2D(3, strides=2)(layers.ZeroPadding2D(1)(
+            layers.Activation("relu")(layers.BatchNormalization(epsilon=1.001e-5)(h))))
+        for _ in range(2):
+            y = layers.Conv2D(16, 1, use_bias=False)(layers.Activation("relu")(layers.BatchNormalization(
+                epsilon=1.001e-5)(h)))
+            y = layers.Conv2D(4, 3, padding="same", use_bias=False)(layers.Activation("relu")(
+                layers.BatchNormalization(epsilon=1.001e-5)(y)))
+            h = layers.Concatenate()([h, y])
+        h = layers.GlobalAveragePooling2D()(layers.Activation("relu")(layers.BatchNormalization(epsilon=1.001e-5)(h)))
     elif kind == "mlp_dropout":
         shape = (8 * size,)
         inputs = keras.Input(shape)
@@ -156,8 +169,9 @@ class _Case:
         return snapshot(model, optimizer), ran, reports, concrete
 
 
-def budget_span(concrete, batch: int) -> tuple[int, int]:
-    """``(the best rewrite's simulated peak, the unchanged step's)`` for ``concrete``, as the pipeline tunes it."""
+def budget_span(concrete, batch: int, recompute: str | None = None) -> tuple[int, int]:
+    """``(the best rewrite's simulated peak, the unchanged step's)`` for ``concrete``, as the pipeline tunes it
+    (with ``LMSConfig.recompute`` ``recompute``; ``None``: the default)."""
     from tflms.config import LMSConfig
     from tflms.errors import BudgetError
     from tflms.pipeline import _preoptimized
@@ -165,7 +179,8 @@ def budget_span(concrete, batch: int) -> tuple[int, int]:
     from tflms.tune.tuner import tune
     graph = load_graph(_preoptimized(concrete, ()), batch_size=batch)
     try:
-        result = tune(graph, budget=1, config=LMSConfig(batch_size=batch), enforce_order=True)
+        config = LMSConfig(batch_size=batch, **({"recompute": recompute} if recompute else {}))
+        result = tune(graph, budget=1, config=config, enforce_order=True)
     except BudgetError as err:
         return min(c.sim.peak_with_margin_bytes for c in err.candidates), err.baseline.peak_with_margin_bytes
     raise AssertionError(f"a budget of 1 byte fits: {result.reason()}")
@@ -183,7 +198,7 @@ def run_case(kind: str, precision: str, entry: str, *, fractions: Sequence[float
     plain, _, _, concrete = case.train(None)
     if concrete is None:  # the callback's step: trace it through a run that fits whatever the budget
         concrete = case.train({"budget": "1TiB"})[3]
-    low, high = budget_span(concrete, batch)  # (while the model whose variables it reads is alive)
+    low, high = budget_span(concrete, batch, recompute)  # (while the model whose variables it reads is alive)
     control = not differences(plain, case.train(None)[0])
     runs = []
     # each fraction of the span, and just below the best rewrite's peak, where a BudgetError is the answer expected
