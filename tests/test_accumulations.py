@@ -22,7 +22,8 @@ keras = pytest.importorskip("keras")
 
 import tflms  # noqa: E402
 from tflms.ir import preoptimize  # noqa: E402
-from tflms.measure.accumulations import ObservationError, end_order, observe_accumulation_orders  # noqa: E402
+from tflms.measure.accumulations import (ObservationError, end_order, end_orders,  # noqa: E402
+                                        observe_accumulation_orders)
 from tflms.pipeline import rewrite_step  # noqa: E402
 from tflms.testing import build_model, make_batches, make_train_step  # noqa: E402
 
@@ -66,6 +67,32 @@ def _accumulated_step():
     [(x, y)] = make_batches(model, batch_size=BATCH, steps=1, seed=1)
     args = [tf.constant(x), tf.constant(y)]
     return step.get_concrete_function(*args), args, (model, optimizer)
+
+
+def test_end_orders_split_the_calls_by_each_ops_kth_end():
+    # two calls: accum_0 and accum_1 swap places in the second (a race), accum_2 is last in both
+    raw = _xspace([(0, "acc/tmp_var_accum_0:AssignAdd", 1_000, 1), (0, "acc/tmp_var_accum_1:AssignAdd", 2_000, 1),
+                   (0, "acc/tmp_var_accum_2:AssignAdd", 3_000, 1),
+                   (0, "acc/tmp_var_accum_1:AssignAdd", 11_000, 1), (0, "acc/tmp_var_accum_0:AssignAdd", 12_000, 1),
+                   (0, "acc/tmp_var_accum_2:AssignAdd", 13_000, 1)])
+    names = {f"acc/tmp_var_accum_{i}" for i in range(3)}
+    first, second = end_orders(raw, names, 2)
+    assert first == ["acc/tmp_var_accum_0", "acc/tmp_var_accum_1", "acc/tmp_var_accum_2"]
+    assert second == ["acc/tmp_var_accum_1", "acc/tmp_var_accum_0", "acc/tmp_var_accum_2"]
+    assert end_orders(raw, names, 1) == [end_order(raw, names)] != [first]  # one call: each op by its last end
+
+
+def test_a_racy_observation_is_pinned_by_its_last_call_and_said(monkeypatch):
+    import tflms.measure.accumulations as acc
+    raw = _xspace([(0, "a/tmp_var_accum_0:AssignAdd", 1_000, 1), (0, "a/tmp_var_accum_1:AssignAdd", 2_000, 1),
+                   (0, "a/tmp_var_accum_1:AssignAdd", 11_000, 1), (0, "a/tmp_var_accum_0:AssignAdd", 12_000, 1),
+                   (0, "b/tmp_var_accum_0:AssignAdd", 1_500, 1), (0, "b/tmp_var_accum_1:AssignAdd", 2_500, 1),
+                   (0, "b/tmp_var_accum_0:AssignAdd", 11_500, 1), (0, "b/tmp_var_accum_1:AssignAdd", 12_500, 1)])
+    monkeypatch.setattr(acc, "_profiled_call", lambda function, args, variables, calls: raw)
+    adds = {r: [f"{r}/tmp_var_accum_{i}" for i in range(2)] for r in ("a", "b")}
+    orders = acc.observe_accumulation_orders(None, [], adds, variables=[], calls=2)
+    assert orders == {"a": ("a/tmp_var_accum_1", "a/tmp_var_accum_0"), "b": ("b/tmp_var_accum_0", "b/tmp_var_accum_1")}
+    assert orders.racy == {"a"}
 
 
 def test_observing_a_call_reads_every_accumulator_and_leaves_the_variables_as_they_were():

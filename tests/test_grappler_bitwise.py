@@ -498,6 +498,13 @@ def test_pin_accumulations_follows_the_executors_order_per_device():
         assert pin.why == ("no call" if source == preoptimize.ORDER_CPU_POOL else ""), pin
         assert graph.op("other").control_inputs == []
     assert preoptimize.pin_accumulations(accumulator("/device:GPU:0"), "")[0].source == preoptimize.ORDER_GPU_INLINE
+    # an order that varied between the observed calls is pinned as observed (the last call's) and said to race
+    from tflms.measure.accumulations import ObservedOrders
+    racy = ObservedOrders(observed)
+    racy.racy = frozenset({"acc"})
+    graph = accumulator("/device:CPU:0")
+    [pin] = preoptimize.pin_accumulations(graph, cpu, racy)
+    assert edges(graph) == [(0, 1), (2, 0)] and pin.source == preoptimize.ORDER_OBSERVED_RACY and "race" in pin.why
     with pytest.raises(GraphError, match="acc/tmp_var_accum_9"):
         preoptimize.pin_accumulations(accumulator("/device:CPU:0"), cpu, {"acc": ["acc/tmp_var_accum_9"]})
 

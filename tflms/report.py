@@ -121,7 +121,9 @@ class RewriteReport:
         if not self.accumulations:
             return ""
         sources = Counter(a["source"] for a in self.accumulations)
-        said = {"observed": "observed in one call of the step on this machine",
+        said = {"observed": "observed in calls of the step on this machine",
+                "observed-racy": "observed on this machine, but it varied between calls (a race the plain step "
+                                 "runs too: bitwise is not guaranteed)",
                 "cpu-pool": "a CPU executor's usual order (reverse graph order), nothing observed",
                 "gpu-inline": "a GPU executor's order (graph order)"}
         why = next((a["why"] for a in self.accumulations if a.get("why")), "")

@@ -218,7 +218,8 @@ _PREOPTIMIZED: "weakref.WeakKeyDictionary[object, tuple[object, bool]]" = weakre
 _PINS: "weakref.WeakKeyDictionary[object, tuple[AccumulatorPin, ...]]" = weakref.WeakKeyDictionary()
 
 #: Where an accumulator's summation order came from (:attr:`AccumulatorPin.source`).
-ORDER_OBSERVED = "observed"      # this machine's executor, one profiled call of the step (on a CPU)
+ORDER_OBSERVED = "observed"      # this machine's executor, profiled calls of the step (on a CPU)
+ORDER_OBSERVED_RACY = "observed-racy"  # the same, but the calls summed in different orders: a race of its threads
 ORDER_CPU_POOL = "cpu-pool"      # a CPU's executor as it usually runs: the last inline, the rest LIFO from its pool
 ORDER_GPU_INLINE = "gpu-inline"  # a GPU's executor: inexpensive kernels inline, in graph order
 
@@ -237,8 +238,8 @@ class AccumulatorPin:
 
     result: str  # its DestroyTemporaryVariable (the AddN's name)
     order: tuple[str, ...]  # its AssignAdds, first to last
-    source: str  # ORDER_OBSERVED, ORDER_CPU_POOL or ORDER_GPU_INLINE
-    why: str = ""  # on a CPU without an observation: why there is none
+    source: str  # ORDER_OBSERVED, ORDER_OBSERVED_RACY, ORDER_CPU_POOL or ORDER_GPU_INLINE
+    why: str = ""  # on a CPU without an observation: why there is none; a racy one: that it is
 
     def to_dict(self) -> dict[str, Any]:
         return {"result": self.result, "order": list(self.order), "source": self.source, "why": self.why}
@@ -454,7 +455,10 @@ def pin_accumulations(graph, default_device: str, observed: Mapping[str, Sequenc
             if sorted(seen) != sorted(names):
                 raise GraphError(f"the observed order of accumulator {result.name!r} names {sorted(seen)}, but its "
                                  f"AssignAdds are {sorted(names)}")
-            pin = AccumulatorPin(result.name, tuple(seen), ORDER_OBSERVED)
+            racy = result.name in getattr(observed, "racy", ())
+            pin = AccumulatorPin(result.name, tuple(seen), ORDER_OBSERVED_RACY if racy else ORDER_OBSERVED,
+                                 "the observed calls summed in different orders: the plain step races too"
+                                 if racy else "")
         else:
             pin = AccumulatorPin(result.name, tuple(names[::-1]), ORDER_CPU_POOL, why)
         for earlier, later in zip(pin.order, pin.order[1:]):
