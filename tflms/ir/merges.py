@@ -108,15 +108,15 @@ def _components(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
     return {x: find(x) for x in list(parent)}
 
 
-def merge_cycle(graph, pairs: list[tuple[str, str]] | None = None) -> str | None:
+def merge_cycle(graph, pairs: list[tuple[str, str]] | None = None, adjacency=None) -> str | None:
     """``None`` when ``graph`` stays acyclic once the :func:`merge_groups` are merged, else one sentence naming a
-    merged pair on a cycle and a path that closes it."""
+    merged pair on a cycle and a path that closes it. ``adjacency``: ``graph.adjacency()`` where the caller has it."""
     pairs = merge_groups(graph) if pairs is None else pairs
     if not pairs:
         return None
     rep = _components(pairs)
     unit = lambda name: rep.get(name, name)  # noqa: E731
-    preds, succs = graph.adjacency()
+    preds, succs = adjacency or graph.adjacency()
     indegree: dict[str, int] = {}
     out: dict[str, set[str]] = {}
     for name, ps in preds.items():

@@ -106,14 +106,15 @@ def needed_ops(graph: Graph, options: SimOptions) -> set[str]:
     return needed
 
 
-def _add_merge_unit_edges(graph: Graph, preds: list[list[int]], succs: list[list[int]], index: dict[str, int]) -> None:
+def _add_merge_unit_edges(graph: Graph, preds: list[list[int]], succs: list[list[int]], index: dict[str, int],
+                          adjacency) -> None:
     """Make each op that oneDNN merges with another wait for the other's inputs too (:mod:`tflms.ir.merges`).
 
     Every order the scheduler builds then keeps the merged node runnable: no edge the order pass derives from it
     leads from one member to another. A graph that already closes such a cycle is left as it is (``lint`` names it).
     """
     pairs = merge_groups(graph)
-    if not pairs or merge_cycle(graph, pairs) is not None:
+    if not pairs or merge_cycle(graph, pairs, adjacency) is not None:
         return
     for before, after in merge_unit_edges(graph, pairs):
         b, a = index[before], index[after]
@@ -131,7 +132,7 @@ def buffer_model(graph: Graph, options: SimOptions | None = None) -> BufferModel
     preds_n, succs_n = graph.adjacency()
     preds = [[index[p] for p in preds_n[n]] for n in names]
     succs = [[index[s] for s in succs_n[n]] for n in names]
-    _add_merge_unit_edges(graph, preds, succs, index)
+    _add_merge_unit_edges(graph, preds, succs, index, (preds_n, succs_n))
     needed_set = needed_ops(graph, options)
     needed = [n in needed_set for n in names]
     on_accel = [not is_host(op.device, host) for op in ops]
