@@ -3,7 +3,6 @@
 Part of the budget sweep (tools/budget_sweep.py runs all of it): each run in a fresh process per oneDNN setting.
 """
 
-import numpy as np
 import pytest
 
 from tflms.testing.sweep import ALLOWED
@@ -70,25 +69,14 @@ def test_the_sweep_rewrites_something_in_every_case(swept):
 def test_issue_45_reproducer_trains_bitwise_or_refuses(budget):
     # the exact model of the issue: only the ordered hybrid fit, and its step closed a cycle once oneDNN merged
     # a bias gradient with its filter gradient
-    import keras
-
     import tflms
     import tflms.keras
-    from tflms.testing import differences, record_run_metadata, snapshot
+    from tflms.testing import differences, snapshot
+    from tflms.testing.sweep import issue45_fit
 
     def fit(callbacks):
-        keras.utils.set_random_seed(0)
-        i = keras.Input((64, 64, 3))
-        h = i
-        for f in (32, 64, 64):
-            h = keras.layers.Conv2D(f, 3, padding="same", activation="relu")(h)
-        m = keras.Model(i, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(h)))
-        m.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
-        x = np.random.RandomState(0).randn(32, 64, 64, 3).astype("float32")
-        y = np.zeros(32, "int32")
-        with record_run_metadata() as ran:
-            m.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=callbacks)
-        return snapshot(m, m.optimizer), ran
+        model, ran = issue45_fit(callbacks, record=True)
+        return snapshot(model, model.optimizer), ran
 
     plain, _ = fit([])
     lms = tflms.keras.LMS(budget=budget, verbose=0)

@@ -30,21 +30,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 def issue45_step():
     """The ConcreteFunction of issue 45's Keras CNN training step, traced by ``fit`` (and the model it reads)."""
-    import numpy as np
-    import keras
-
     import tflms.keras
-    keras.utils.set_random_seed(0)
-    i = keras.Input((64, 64, 3))
-    h = i
-    for f in (32, 64, 64):
-        h = keras.layers.Conv2D(f, 3, padding="same", activation="relu")(h)
-    m = keras.Model(i, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(h)))
-    m.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
-    x = np.random.RandomState(0).randn(32, 64, 64, 3).astype("float32")
+    from tflms.testing.sweep import issue45_fit
     lms = tflms.keras.LMS(budget="1TiB", verbose=0)  # fits unchanged: traces the step and trains it plainly
-    m.fit(x, np.zeros(32, "int32"), batch_size=32, epochs=1, verbose=0, callbacks=[lms])
-    return lms._order[0].original, m  # noqa: SLF001 - the traced step (tool-only use)
+    model, _ = issue45_fit([lms])
+    return lms._order[0].original, model  # noqa: SLF001 - the traced step (tool-only use)
 
 
 def floors(graph, budget: int, *, max_ops: int, progress=None) -> dict:

@@ -90,6 +90,28 @@ def _build(keras, kind: str, size: int):
     return keras.Model(inputs, outputs), shape
 
 
+def issue45_fit(callbacks=(), *, record: bool = False):
+    """Issue 45's reproducer: a Keras CNN (three 3x3 convolutions of 32, 64 and 64 filters with ReLU, 64x64x3
+    inputs) compiled with Adam, fitted one epoch at batch 32 on fixed data with ``callbacks``. Returns ``(model,
+    what ran)`` (``None`` unless ``record``: run metadata, :func:`tflms.testing.record_run_metadata`)."""
+    import contextlib
+
+    import keras
+
+    from tflms.testing import record_run_metadata
+    keras.utils.set_random_seed(0)
+    i = keras.Input((64, 64, 3))
+    h = i
+    for f in (32, 64, 64):
+        h = keras.layers.Conv2D(f, 3, padding="same", activation="relu")(h)
+    model = keras.Model(i, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(h)))
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    x = np.random.RandomState(0).randn(32, 64, 64, 3).astype("float32")
+    with (record_run_metadata() if record else contextlib.nullcontext()) as ran:
+        model.fit(x, np.zeros(32, "int32"), batch_size=32, epochs=1, verbose=0, callbacks=list(callbacks))
+    return model, ran
+
+
 @dataclasses.dataclass(frozen=True)
 class Run:
     """One tflms run of a case at one budget."""
