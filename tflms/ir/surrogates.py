@@ -183,12 +183,14 @@ def restore_function_def(fdef, surrogates: list[Surrogate]):
 BUILT: "weakref.WeakKeyDictionary[Any, list[Surrogate]]" = weakref.WeakKeyDictionary()
 
 
-def restore_ir(graph, surrogates: list[Surrogate]) -> None:
+def restore_ir(graph, surrogates: list[Surrogate]) -> dict[str, str]:
     """Undo the surrogates in an IR read from a FuncGraph built with them (in place): the real types back on each
-    node, its inputs read without the casts, its readers reading it, the casts gone."""
+    node, its inputs read without the casts, its readers reading it, the casts gone. Returns ``{a cast's tensor
+    name: the node's}`` for the function's outputs."""
     import tensorflow as tf
 
     from tflms.ir.graph import DTYPE_BYTES, TensorInfo, TensorRef
+    renamed = {}
     for s in surrogates:
         op = graph.op(s.node)
         for k, inp in enumerate(list(op.inputs)):
@@ -196,6 +198,7 @@ def restore_ir(graph, surrogates: list[Surrogate]) -> None:
                 graph.set_input(s.node, k, graph.op(inp.op).inputs[0])
         for index, _, _, real in s.outputs:
             cast = f"{s.node}{CAST_OUT}{index}"
+            renamed[f"{cast}:0"] = f"{s.node}:{index}"
             for reader, slot in list(graph.consumers(TensorRef(cast, 0))):
                 graph.set_input(reader, slot, TensorRef(s.node, index))
             name = tf.as_dtype(real).name
@@ -211,3 +214,4 @@ def restore_ir(graph, surrogates: list[Surrogate]) -> None:
                     holder[attr].type = real
         for name in [o.name for o in graph if o.name.startswith(s.node + "/_tflms_cast_")]:
             graph.remove_op(name)
+    return renamed

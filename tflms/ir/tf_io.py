@@ -157,9 +157,11 @@ def from_concrete_function(concrete_function, *, batch_size: int | None = None) 
     from tflms.ir.surrogates import BUILT, restore_ir
     func_graph = concrete_function.graph
     graph = from_tf_graph(func_graph, batch_size=batch_size)
-    if BUILT.get(concrete_function):  # built by tflms with surrogates (tflms.ir.surrogates): the real nodes
-        restore_ir(graph, BUILT[concrete_function])
     graph.signature = _signature_of(func_graph, num_captures=len(concrete_function.captured_inputs))
+    if BUILT.get(concrete_function):  # built by tflms with surrogates (tflms.ir.surrogates): the real nodes
+        renamed = restore_ir(graph, BUILT[concrete_function])
+        graph.signature = dataclasses.replace(graph.signature, output_names=tuple(
+            renamed.get(n, n) for n in graph.signature.output_names))
     graph.resource_bytes = _variable_bytes(concrete_function)
     return graph
 
@@ -224,7 +226,7 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
     if sig is None:
         raise GraphError("this IR graph was not read from a ConcreteFunction; use to_graph_def instead")
     old_graph = original.graph
-    from tflms.ir.surrogates import BUILT, importable, restore_function_def
+    from tflms.ir.surrogates import BUILT, CAST_OUT, importable, restore_function_def
     graph_def, surrogates = importable(to_graph_def(graph))  # see tflms.ir.surrogates
     _register_library(graph_def)
     new_graph = compat.func_graph_class()(name or f"{old_graph.name}_lms")
@@ -257,7 +259,10 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
         input_map = {name + ":0": t for name, t in zip(sig.input_names, args + captures) if name in used}
         input_map.update({"^" + name: t for name, t in zip(sig.input_names, args + captures)
                           if name in used_as_control})
-        wanted = list(sig.output_names) + list(sig.control_output_names) + list(extra_control_outputs)
+        # a surrogate's output the function returns is returned through its cast back (its real dtype)
+        outputs_of = {f"{o.node}:{index}": f"{o.node}{CAST_OUT}{index}:0" for o in surrogates for index, *_ in o.outputs}
+        wanted = ([outputs_of.get(n if ":" in n else n + ":0", n) for n in sig.output_names]
+                  + list(sig.control_output_names) + list(extra_control_outputs))
         own = {name + ":0": t for name, t in zip(sig.input_names, args + captures)}  # returned arguments
         to_import = [w for w in wanted if w.split(":")[0] not in input_names]
         try:
