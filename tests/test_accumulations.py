@@ -82,7 +82,7 @@ def test_end_orders_split_the_calls_by_each_ops_kth_end():
     assert end_orders(raw, names, 1) == [end_order(raw, names)] != [first]  # one call: each op by its last end
 
 
-def test_a_racy_observation_is_pinned_by_its_last_call_and_said(monkeypatch):
+def test_a_racy_observation_pins_the_warm_calls_order_and_is_said(monkeypatch):
     import tflms.measure.accumulations as acc
     raw = _xspace([(0, "a/tmp_var_accum_0:AssignAdd", 1_000, 1), (0, "a/tmp_var_accum_1:AssignAdd", 2_000, 1),
                    (0, "a/tmp_var_accum_1:AssignAdd", 11_000, 1), (0, "a/tmp_var_accum_0:AssignAdd", 12_000, 1),
@@ -91,8 +91,15 @@ def test_a_racy_observation_is_pinned_by_its_last_call_and_said(monkeypatch):
     monkeypatch.setattr(acc, "_profiled_call", lambda function, args, variables, calls: raw)
     adds = {r: [f"{r}/tmp_var_accum_{i}" for i in range(2)] for r in ("a", "b")}
     orders = acc.observe_accumulation_orders(None, [], adds, variables=[], calls=2)
+    # (two calls: the warm one is the second)
     assert orders == {"a": ("a/tmp_var_accum_1", "a/tmp_var_accum_0"), "b": ("b/tmp_var_accum_0", "b/tmp_var_accum_1")}
     assert orders.racy == {"a"}
+    # four calls: a cold first order, then 1-0, 0-1, 1-0: the warm calls' most frequent (1, 0) wins
+    ends = [(0, f"a/tmp_var_accum_{i}:AssignAdd", 10_000 * call + 1_000 * (k + 1), 1)
+            for call, order in enumerate([(0, 1), (1, 0), (0, 1), (1, 0)]) for k, i in enumerate(order)]
+    monkeypatch.setattr(acc, "_profiled_call", lambda function, args, variables, calls: _xspace(ends))
+    orders = acc.observe_accumulation_orders(None, [], {"a": adds["a"]}, variables=[], calls=4)
+    assert orders == {"a": ("a/tmp_var_accum_1", "a/tmp_var_accum_0")} and orders.racy == {"a"}
 
 
 def test_observing_a_call_reads_every_accumulator_and_leaves_the_variables_as_they_were():

@@ -10,9 +10,10 @@ by the cycles it took before, so the order is this machine's. tflms pins the ord
 with control edges; on a CPU it asks this machine which order that is:
 :func:`observe_accumulation_orders` runs the pre-optimized step (not yet rewritten)
 :data:`OBSERVED_CALLS` times under TensorFlow's profiler and reads when each ``AssignAdd`` ended. An
-``AssignAdd`` holds the lock for its whole update, so the end times are the summation order. The last
-call's order is pinned: the executor rates kernels by the cycles they took before, so the first call
-runs on cold estimates and the user's steps on warm ones. Where the calls disagree, the order is a race
+``AssignAdd`` holds the lock for its whole update, so the end times are the summation order. The order
+pinned is the one the warm calls (all but the first) took most often, the latest on a tie: the executor
+rates kernels by the cycles they took before, so the first call runs on cold estimates and the user's
+steps on warm ones. Where the calls disagree, the order is a race
 of the executor's threads (issue 49: with oneDNN on, one ``AssignAdd`` of DenseNet121's accumulator ran
 on another thread than the others in 4 of 6 plain steps), the plain step itself may sum in either order,
 and the accumulator is reported as such (:attr:`ObservedOrders.racy`).
@@ -38,12 +39,12 @@ logger = logging.getLogger(__name__)
 
 #: The profiler's host tracing only: TensorFlow op events, no Python trace, no device trace.
 HOST_TRACER_LEVEL = 2
-#: Calls of the step observed (see the module doc): the last one's order is pinned.
-OBSERVED_CALLS = 3
+#: Calls of the step observed (see the module doc): the warm ones' most frequent order is pinned.
+OBSERVED_CALLS = 5
 
 
 class ObservedOrders(dict):
-    """``{accumulator: its AssignAdd names in the order they ran in the last observed call}``; ``racy``: the
+    """``{accumulator: its AssignAdd names in the order the warm observed calls took most often}``; ``racy``: the
     accumulators whose order differed between the observed calls (a race of the executor's threads)."""
 
     racy: frozenset = frozenset()
@@ -55,8 +56,9 @@ class ObservationError(MeasurementError):
 
 def observe_accumulation_orders(function: Any, args: Sequence[Any], adds: Mapping[str, Sequence[str]], *,
                                 variables: Iterable[Any], calls: int = OBSERVED_CALLS) -> ObservedOrders:
-    """``{accumulator: its AssignAdd names in the order they ran}`` in the last of ``calls`` calls
-    ``function(*args)`` (see the module doc; ``racy`` names those whose order varied between the calls).
+    """``{accumulator: its AssignAdd names in the order they ran}`` in ``calls`` calls ``function(*args)``: the
+    order the warm calls (all but the first, where there are others) took most often, the latest on a tie (see the
+    module doc; ``racy`` names those whose order varied between the calls).
 
     ``adds``: each accumulator's ``AssignAdd`` node names (any order).
     ``variables``: the step's variables (``tf.Variable`` s whose handles it
@@ -73,7 +75,8 @@ def observe_accumulation_orders(function: Any, args: Sequence[Any], adds: Mappin
             missing = sorted(set(names) - set(seen[-1]))
             raise ObservationError(f"the trace holds {len(seen[-1])} of the {len(names)} AssignAdds of {result!r} "
                                    f"(missing {missing[:3]})")
-        orders[result] = seen[-1]
+        warm = seen[1:] or seen
+        orders[result] = max(warm, key=lambda order: (warm.count(order), max(k for k, o in enumerate(warm) if o == order)))
         if len(set(seen)) > 1:
             racy.add(result)
     orders.racy = frozenset(racy)
@@ -82,8 +85,9 @@ def observe_accumulation_orders(function: Any, args: Sequence[Any], adds: Mappin
     if racy:
         logger.warning("tflms: TensorFlow's executor summed %d grappler accumulator(s) in different orders in %d "
                        "calls of the step on this CPU (%s): the order is a race of its threads, which the plain "
-                       "step runs too, so training may differ from it in the last bits; tflms pins the last call's "
-                       "order (docs/design.md, 'Exceptions to bitwise')", len(racy), calls, ", ".join(sorted(racy)))
+                       "step runs too, so training may differ from it in the last bits; tflms pins the order the "
+                       "warm calls took most often (docs/design.md, 'Exceptions to bitwise')", len(racy), calls,
+                       ", ".join(sorted(racy)))
     return orders
 
 
