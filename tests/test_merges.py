@@ -66,3 +66,21 @@ def test_a_conv_and_its_only_bias_add_merge_but_not_with_a_second_reader():
     assert merge_groups(b.graph) == [("conv", "add")]
     b.op("other", "Relu", ["conv"])
     assert merge_groups(b.graph) == []
+
+
+def test_the_tuner_leaves_out_a_fitting_candidate_tensorflow_would_refuse_and_says_so():
+    import types
+
+    from tflms.tune.result import Candidate
+    from tflms.tune.tuner import UNRUNNABLE, _runnable
+    refused = Candidate("hybrid", {"order_first": 1}, None, sim=None, fits=True)
+    runs = Candidate("tflms-distance", {"swapout_threshold": 4}, None, sim=None, fits=True)
+    graphs = {id(refused): _backward(path_through_update=True), id(runs): _backward(path_through_update=False)}
+    ev = types.SimpleNamespace(candidates=[refused, runs], graphs=dict(graphs), graph_of=lambda c: graphs[id(c)])
+    said = []
+    assert _runnable(ev, [refused, runs], said.append) == [runs]
+    assert ev.candidates[1] is runs and not ev.candidates[0].fits
+    assert ev.candidates[0].why_not.startswith(UNRUNNABLE) and "bias_grad" in ev.candidates[0].why_not
+    assert len(said) == 1 and "left out" in said[0] and "order_first" in said[0]
+    # none left: the caller's BudgetError names it (an empty list)
+    assert _runnable(ev, [refused], None) == []
