@@ -204,6 +204,18 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return _json_error(args, run)
 
 
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from tflms.estimate import estimate
+
+    def run() -> int:
+        result = estimate(args.model, batch_size=args.batch, profile=args.profile, budget=args.budget,
+                          search_max_batch=not args.no_max_batch, progress=None if args.json else _progress)
+        print(json.dumps(result.to_dict(), indent=2) if args.json else result.table())
+        return 0
+
+    return _json_error(args, run)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from tflms.integrations.savedmodel import analyze_saved_model
     from tflms.memplan.report import plan_step
@@ -313,6 +325,27 @@ def build_parser() -> argparse.ArgumentParser:
     add_budget_flags(plan)
     add_config_flags(plan)
     plan.set_defaults(func=cmd_plan)
+
+    from tflms.profiles import DEFAULT_PROFILE, profile_names
+    estimate = sub.add_parser(
+        "estimate", help="will it fit? a Keras model's predicted peak and largest batch, with and without tflms",
+        description="Trace the training step of the Keras model in MODEL (a .keras file; a compiled model brings its "
+                    "optimizer and loss, else Adam and sparse categorical cross-entropy are assumed and said) once, "
+                    "and predict with the simulator, at --batch: the peak, step time and samples/s without tflms and "
+                    "with the rewrite the tuner picks, whether each fits the budget, and the largest batch each way. "
+                    "Nothing is trained and no GPU is needed; every figure is simulated on the profile.")
+    estimate.add_argument("model", metavar="MODEL", help="a .keras file (model.save('model.keras'))")
+    estimate.add_argument("--batch", type=int, required=True, help="the batch size to predict")
+    estimate.add_argument("--profile", default=None,
+                          help="hardware profile: " + ", ".join(profile_names()) + f" (default: the closest to this "
+                               f"machine's GPU, else {DEFAULT_PROFILE}), or a JSON file from tools/gpu_probe.py")
+    estimate.add_argument("--budget", default=None, help="accelerator memory budget, e.g. '12GiB' (default: the "
+                                                         "profile's memory)")
+    estimate.add_argument("--no-max-batch", action="store_true", help="skip the largest-batch searches")
+    estimate.add_argument("--json", action="store_true",
+                          help="print one JSON object: peak_bytes_without, peak_bytes_with, fits_without, fits_with, "
+                               "max_batch_without, max_batch_with, step times, samples/s, what was assumed")
+    estimate.set_defaults(func=cmd_estimate)
 
     from tflms.compress.calibrate import CLI_DESCRIPTION, CLI_HELP, add_calibrate_arguments, cmd_calibrate
     add_calibrate_arguments(sub.add_parser("calibrate", help=CLI_HELP, description=CLI_DESCRIPTION)).set_defaults(

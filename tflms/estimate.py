@@ -1,0 +1,190 @@
+"""Will it fit? The predicted peak, fit and largest batch of a Keras model's training step, with and without tflms.
+
+:func:`estimate` traces the model's training step once, with an unknown batch dimension, and answers from the
+simulator (no training, no GPU): at ``batch_size``, the predicted peak and step time without tflms and with the
+rewrite the tuner picks for the budget, whether each fits, and the largest batch each way (doubling, then bisection:
+:func:`tflms.tune.maxbatch.max_batch`). Figures are simulated on a hardware profile (default: the local GPU's, else
+:data:`~tflms.profiles.DEFAULT_PROFILE`), not measured. ``tflms estimate MODEL.keras --batch N`` is the command.
+
+The step is what ``model.fit`` runs: forward, loss, gradients, the optimizer's update. A compiled model (or a
+``.keras`` file saved after ``compile``) brings its optimizer and loss; otherwise Adam and sparse categorical
+cross-entropy on logits are assumed, and the result says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tflms.errors import ConfigError, TflmsError
+from tflms.units import format_bytes, parse_bytes
+
+
+class EstimateError(TflmsError, ValueError):
+    """The model cannot be estimated (unreadable file, no input shape, a loss whose labels cannot be inferred)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """What :func:`estimate` predicts (simulated) for one model, batch and budget."""
+
+    model: str
+    batch_size: int
+    profile: str
+    budget_bytes: int
+    peak_bytes_without: int
+    peak_bytes_with: int | None  # None: nothing fits with tflms either
+    step_time_s_without: float
+    step_time_s_with: float | None
+    strategy: str | None  # the tuner's pick at batch_size (None: the step fits unchanged, or nothing fits)
+    max_batch_without: int | None  # None: not searched
+    max_batch_with: int | None
+    assumed: tuple[str, ...] = ()  # what the model did not say (optimizer, loss)
+    seconds: float = 0.0
+
+    @property
+    def fits_without(self) -> bool:
+        return self.peak_bytes_without <= self.budget_bytes
+
+    @property
+    def fits_with(self) -> bool:
+        return self.peak_bytes_with is not None and self.peak_bytes_with <= self.budget_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["assumed"] = list(self.assumed)
+        out.update(fits_without=self.fits_without, fits_with=self.fits_with, simulated=True,
+                   samples_per_s_without=self.batch_size / self.step_time_s_without,
+                   samples_per_s_with=None if not self.step_time_s_with else self.batch_size / self.step_time_s_with)
+        return out
+
+    def table(self) -> str:
+        def cell(peak, seconds, fits):
+            if peak is None:
+                return "does not fit", "-", "-"
+            return (f"{format_bytes(peak)} ({'fits' if fits else 'does not fit'})", f"{1e3 * seconds:.1f} ms",
+                    f"{self.batch_size / seconds:.1f}")
+        rows = [("without tflms", *cell(self.peak_bytes_without, self.step_time_s_without, self.fits_without),
+                 self.max_batch_without),
+                ("with tflms", *cell(self.peak_bytes_with, self.step_time_s_with, self.fits_with), self.max_batch_with)]
+        lines = [f"{self.model} at batch {self.batch_size} on {self.profile}, budget {format_bytes(self.budget_bytes)} "
+                 f"(simulated, no training; {self.seconds:.1f} s)",
+                 f"{'':<15}{'predicted peak':<32}{'step':>10}{'samples/s':>11}{'largest batch':>15}"]
+        for name, peak, step, rate, largest in rows:
+            lines.append(f"{name:<15}{peak:<32}{step:>10}{rate:>11}{'-' if largest is None else largest:>15}")
+        if self.strategy:
+            lines.append(f"with tflms: {self.strategy}")
+        if self.assumed:
+            lines.append("assumed: " + "; ".join(self.assumed))
+        return "\n".join(lines)
+
+
+def load_keras_model(path: str):
+    """A Keras model from a ``.keras`` file; :class:`EstimateError` names the file and why not."""
+    import os
+
+    import keras
+    if not os.path.exists(path):
+        raise EstimateError(f"{path}: no such file; give a .keras file written by model.save('model.keras')")
+    try:
+        return keras.saving.load_model(path)
+    except Exception as err:  # noqa: BLE001 - Keras raises many types for unreadable files
+        raise EstimateError(f"{path}: Keras cannot load it ({type(err).__name__}: {str(err)[:200]}); give a .keras "
+                            "file written by model.save('model.keras')") from err
+
+
+def training_step(model: Any) -> tuple[Any, tuple[str, ...], Any]:
+    """``(the ConcreteFunction of model's training step with an unknown batch dimension, what was assumed, the
+    optimizer)``: keep the optimizer while the function is read (it captures the optimizer's variables)."""
+    import keras
+    import tensorflow as tf
+
+    from tflms.testing.steps import make_train_step
+    assumed = []
+    if len(model.inputs) != 1 or len(model.outputs) != 1:
+        raise EstimateError(f"model {model.name!r} has {len(model.inputs)} inputs and {len(model.outputs)} "
+                            "outputs; the estimate supports one of each (trace a tf.function step yourself and use "
+                            "tflms.tune.maxbatch.max_batch)")
+    shape = tuple(model.inputs[0].shape[1:])
+    if any(d is None for d in shape):
+        raise EstimateError(f"model {model.name!r} has input shape {shape} with unknown dimensions beside the "
+                            "batch: build it with a fixed keras.Input shape")
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        optimizer = keras.optimizers.Adam()
+        assumed.append("optimizer Adam (the model is not compiled)")
+    loss = getattr(model, "loss", None)
+    if loss is None:
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        assumed.append("loss sparse categorical cross-entropy on logits (the model is not compiled)")
+    if isinstance(loss, str):
+        loss = keras.losses.get(loss)
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    out = tuple(model.outputs[0].shape[1:])
+    name = getattr(loss, "name", None) or getattr(loss, "__name__", "")
+    sparse = "sparse" in str(name).lower()
+    labels = tf.TensorSpec((None,), tf.int32) if sparse else tf.TensorSpec((None, *out), tf.float32)
+    step = tf.function(make_train_step(model, optimizer, loss))
+    x = tf.TensorSpec((None, *shape), model.inputs[0].dtype)
+    return step.get_concrete_function(x, labels), tuple(assumed), optimizer
+
+
+def estimate(model: Any, *, batch_size: int, profile: str | None = None, budget: int | str | None = None,
+             search_max_batch: bool = True, progress: Callable[[str], None] | None = None) -> Estimate:
+    """Predict the model's training step at ``batch_size`` without and with tflms (see the module doc).
+
+    ``model``: a Keras model or the path of a ``.keras`` file. ``profile``: a profile name (``tflms estimate
+    --help`` lists them; default: the local GPU's, else the default profile). ``budget``: bytes or a string such as
+    ``"12GiB"`` (default: the profile's memory). ``search_max_batch``: also find the largest batch each way.
+    """
+    from tflms.config import LMSConfig
+    from tflms.devices import local_gpu
+    from tflms.errors import BudgetError
+    from tflms.ir.tf_io import load_graph
+    from tflms.pipeline import _preoptimized, priced_profile
+    from tflms.profiles import select_profile
+    from tflms.sim.simulator import SimOptions, simulate
+    from tflms.tune.maxbatch import max_batch
+    from tflms.tune.tuner import tune
+    start = time.perf_counter()
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
+    if isinstance(model, str):
+        model = load_keras_model(model)
+    step, assumed, _optimizer = training_step(model)  # (_optimizer: alive while the step is read)
+    choice = select_profile(profile, local_gpu())
+    priced = priced_profile(choice.name)
+    budget_bytes = priced.memory_bytes if budget is None else parse_bytes(budget, what="budget")
+    config = LMSConfig()
+    options = SimOptions(host_device=config.host_device)
+    graph = load_graph(_preoptimized(step, ()))
+    at = graph.with_batch_size(batch_size)
+    say = progress or (lambda _m: None)
+    say(f"simulating {model.name} at batch {batch_size} on {choice.name}")
+    plain = simulate(at, priced, options=options)
+    peak_with = time_with = strategy = None
+    if plain.peak_with_margin_bytes <= budget_bytes:
+        peak_with, time_with = plain.peak_with_margin_bytes, plain.step_time_s
+    else:
+        say("tuning a rewrite for the budget")
+        try:
+            tuned = tune(at, budget=budget_bytes, profile=priced, config=config.replace(batch_size=batch_size),
+                         enforce_order=True)
+            peak_with, time_with = tuned.best.sim.peak_with_margin_bytes, tuned.best.sim.step_time_s
+            strategy = tuned.reason()
+        except BudgetError:
+            pass
+    largest = {}
+    if search_max_batch:
+        for with_tflms in (False, True):
+            say(f"searching the largest batch {'with' if with_tflms else 'without'} tflms")
+            largest[with_tflms] = max_batch(graph, budget=budget_bytes, profile=priced, with_tflms=with_tflms,
+                                            config=config, sim_options=options, progress=say).batch_size
+    return Estimate(model=model.name, batch_size=batch_size, profile=choice.name, budget_bytes=budget_bytes,
+                    peak_bytes_without=plain.peak_with_margin_bytes, peak_bytes_with=peak_with,
+                    step_time_s_without=plain.step_time_s, step_time_s_with=time_with, strategy=strategy,
+                    max_batch_without=largest.get(False), max_batch_with=largest.get(True), assumed=assumed,
+                    seconds=time.perf_counter() - start)
