@@ -18,6 +18,10 @@ def test_help_lists_the_commands(capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert "demo" in out and "train a built-in model" in out
+    assert "estimate" in out and "exit status" in out and "130 or 143" in out
+    with pytest.raises(SystemExit):
+        main(["estimate", "--help"])
+    assert "h100-80gb-sxm5" in capsys.readouterr().out  # the profile names are listed
 
 
 def test_no_command_prints_help_and_fails(capsys):

@@ -13,6 +13,8 @@ Sub-commands:
   plan     IN_DIR: memory planning of each training step before and after the
            rewrite: lower bound, planned pool (offsets in --json), BFC and
            caching allocator models; writes nothing.
+  estimate MODEL.keras --batch N: the predicted peak, fit and largest batch with
+           and without tflms (simulated; nothing is trained).
 
 Errors tflms raises on purpose (bad paths, unknown functions, functions without
 a training step, ...) exit with status 2 and a message naming the fix; with
@@ -250,7 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tflms",
         description="Large model support for TensorFlow 2: rewrite training graphs so that activations wait "
-                    "in host memory between the forward and the backward pass.")
+                    "in host memory between the forward and the backward pass.",
+        epilog="exit status: 0 done; 2 an error tflms names (bad path, unknown function or profile, a budget nothing "
+               "fits, ...), with --json also printed as {\"error\": ..., \"type\": ...} on stdout; 130 or 143 "
+               "interrupted by SIGINT or SIGTERM (nothing half-written is left).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser("demo", help="train a built-in model with and without tflms and compare the weights",
                           description="Trace a built-in model's training step (no download, no GPU needed), "
