@@ -87,3 +87,35 @@ def test_issue_45_reproducer_trains_bitwise_or_refuses(budget):
     assert not differences(plain, state)
     inserted = lms.reports[-1].inserted_ops
     assert inserted and not ran.missing_after_optimization(inserted)
+
+
+def test_issue_45_second_reproducer_mixed_bfloat16_with_the_rule_parameters_trains_bitwise():
+    # TensorFlow refused the rewritten graph on oneDNN CPUs: grappler's bfloat16 _FusedConv2D, which its op definition
+    # does not allow, could not be imported (tflms.ir.surrogates); with oneDNN off nothing is refused
+    import keras
+    import numpy as np
+
+    import tflms.keras
+    from tflms.testing import differences, record_run_metadata, snapshot
+
+    def fit(callbacks):
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+        try:
+            keras.utils.set_random_seed(0)
+            i = keras.Input((32, 32, 3))
+            h = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(i)
+            m = keras.Model(i, keras.layers.Dense(10, dtype="float32")(keras.layers.GlobalAveragePooling2D()(h)))
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+        m.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+        x = np.random.RandomState(0).randn(16, 32, 32, 3).astype("float32")
+        with record_run_metadata() as ran:
+            m.fit(x, np.zeros(16, "int32"), batch_size=16, verbose=0, callbacks=callbacks)
+        return snapshot(m, m.optimizer), ran
+
+    plain, _ = fit([])
+    lms = tflms.keras.LMS(swapout_threshold=1, swapin_ahead=1, verbose=0)
+    state, ran = fit([lms])
+    inserted = lms.reports[-1].inserted_ops
+    assert inserted and not ran.missing_after_optimization(inserted)
+    assert not differences(plain, state)
