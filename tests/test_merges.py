@@ -84,3 +84,23 @@ def test_the_tuner_leaves_out_a_fitting_candidate_tensorflow_would_refuse_and_sa
     assert len(said) == 1 and "left out" in said[0] and "order_first" in said[0]
     # none left: the caller's BudgetError names it (an empty list)
     assert _runnable(ev, [refused], None) == []
+
+
+def test_a_workspace_gradient_reads_the_forward_output_again_where_the_step_runs_on_onednn():
+    from tflms.passes.workspace import keep_workspace_edges
+    b = GraphBuilder()
+    b.op("x", "Placeholder")
+    b.op("pool", "MaxPool", ["x"])
+    b.op("lms/swap_out_pool_0", "Identity", ["pool"], )
+    b.op("lms/swap_in_pool_0", "Identity", ["lms/swap_out_pool_0"])
+    b.op("dy", "Placeholder")
+    b.op("pool_grad", "MaxPoolGrad", ["x", "lms/swap_in_pool_0", "dy"])
+    b.op("other", "Relu", ["lms/swap_in_pool_0"])
+    graph = b.graph
+    assert keep_workspace_edges(graph, False).graph is graph  # a GPU, or oneDNN off: the plan as it is
+    kept = keep_workspace_edges(graph, True)
+    assert kept.changed and kept.report == (("pool_grad", 1),)
+    assert kept.graph.op("pool_grad").inputs[1].op == "pool"
+    assert kept.graph.op("other").inputs[0].op == "lms/swap_in_pool_0"  # other readers keep the copy
+    assert graph.op("pool_grad").inputs[1].op == "lms/swap_in_pool_0"  # the input graph is left alone
+    kept.graph.lint()

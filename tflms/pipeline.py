@@ -38,11 +38,12 @@ from typing import Any
 
 from tflms.analysis.cto import Analysis, Category, analyze_graph, no_training_step_error
 from tflms.config import COMPRESS_AUTO, LMSConfig
-from tflms.devices import local_gpu, resolve_accelerator
+from tflms.devices import local_gpu, resolve_accelerator, runs_onednn_cpu_kernels
 from tflms.errors import ConfigError
 from tflms.ir import tf_io
 from tflms.ir.graph import Graph, TensorRef
 from tflms.passes import DEFAULT_COPY_OP, Placement, apply_swaps, place_swaps
+from tflms.passes.workspace import keep_workspace_edges
 from tflms.policies.swapplan import SwapPlan, check_filters, skip_reason
 from tflms.policies.tflms_rules import plan_swaps
 from tflms.profiles import HardwareProfile, ProfileChoice, select_profile
@@ -227,6 +228,14 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             ordered = clock("order", lambda: enforce_order(placed.graph, profile, options=options))
             ordered.graph.lint()
             final, order = ordered.graph, ordered.report.to_dict()
+        kept = keep_workspace_edges(final, runs_onednn_cpu_kernels(accelerator))  # (tflms.passes.workspace)
+        if kept.changed:
+            final = kept.graph
+            final.lint()
+            plan = dataclasses.replace(plan, warnings=plan.warnings + (
+                f"{len(kept.report)} gradient(s) read their forward op's output directly, not its swap-in, because this "
+                f"machine runs the step on oneDNN's CPU kernels, which hand them a workspace only so "
+                f"({', '.join(name for name, _ in kept.report[:3])}); the copies still run",))
         pinned = check_pinned_host(  # before anything runs: TensorFlow's pinned-memory cap (issue 28)
             plan, final, host_peak_bytes=result.best.sim.host_peak_bytes if config.auto_tune else None,
             profile=profile, tf32=config.tf32, host_device=config.host_device)
