@@ -14,6 +14,7 @@ pytestmark = pytest.mark.slow
 CASES = [("1", "conv", "float32", "callback"), ("1", "conv", "mixed_bfloat16", "callback"),
          ("1", "residual_bn", "mixed_bfloat16", "function"), ("1", "attention", "mixed_float16", "function"),
          ("1", "dense_block", "float32", "function"),  # a swapped MaxPool output its gradient reads with oneDNN
+         ("1", "residual_bn", "mixed_float16", "callback"),  # the update in the loss scale's branch, order edges
          ("0", "conv", "float32", "function"), ("0", "mlp_dropout", "mixed_bfloat16", "callback")]
 #: Recompute alone (issue 49: recompute must be bitwise with oneDNN on as well as off), DenseNet's shapes.
 RECOMPUTE_CASES = [("1", "dense_block", "float32", "callback"), ("0", "dense_block", "float32", "callback"),

@@ -104,3 +104,25 @@ def test_a_workspace_gradient_reads_the_forward_output_again_where_the_step_runs
     assert kept.graph.op("other").inputs[0].op == "lms/swap_in_pool_0"  # other readers keep the copy
     assert graph.op("pool_grad").inputs[1].op == "lms/swap_in_pool_0"  # the input graph is left alone
     kept.graph.lint()
+
+
+def test_order_edges_never_start_at_an_op_a_conditional_branch_may_leave_dead():
+    # Keras's mixed_float16 fit applies the update in the taken branch of the loss scale's lowered cond; an order edge
+    # from an op of the other branch made the next ordered op, and all after it, dead: updates skipped (the sweep)
+    from tflms.schedule.edges import order_edges, ordered_ops
+    b = GraphBuilder()
+    big = (256, 256)
+    b.op("x", "Placeholder", shape=big)
+    b.op("pred", "Placeholder", shape=(), dtype="bool")
+    b.op("a", "Relu", ["x"], shape=big)
+    b.op("switch", "Switch", ["a", "pred"], shape=big, num_outputs=2)
+    b.op("skip", "Relu", ["switch:0"], shape=big)  # the branch taken when pred is false
+    b.op("apply", "Tanh", ["switch:1"], shape=big)  # the branch taken when pred is true
+    b.op("merge", "Merge", ["skip", "apply"], shape=big, num_outputs=2)
+    b.op("after", "Sigmoid", ["merge"], shape=big)
+    b.op("other", "Exp", ["x"], shape=big)
+    graph = b.graph
+    order = ["x", "pred", "a", "switch", "skip", "other", "apply", "merge", "after"]
+    chained = ordered_ops(graph, order, min_bytes=1)
+    assert "skip" not in chained and "apply" not in chained and {"a", "other", "after"} <= set(chained)
+    assert all(src not in ("skip", "apply") for src, _ in order_edges(graph, order, min_bytes=1))

@@ -60,6 +60,25 @@ def is_gradient_type(op_type: str) -> bool:
     return op_type in GRADIENT_OP_TYPES
 
 
+def may_be_dead(graph: Graph, successors: Mapping[str, list[str]] | None = None) -> frozenset[str]:
+    """Ops reached from a ``Switch`` output without passing a ``Merge``: they run only when their branch of a lowered
+    conditional is taken, and a control edge from one that did not run makes its target dead too
+    (:attr:`Analysis.conditional`). ``successors``: ``graph.adjacency()[1]`` where the caller has it."""
+    switches = [op.name for op in graph if op.type in CONDITIONAL_TYPES and "Switch" in op.type]
+    if not switches:
+        return frozenset()
+    successors = successors if successors is not None else graph.adjacency()[1]
+    seen: set[str] = set()
+    stack = [s for sw in switches for s in successors[sw]]
+    while stack:
+        name = stack.pop()
+        if name in seen or "Merge" in graph.op(name).type:
+            continue
+        seen.add(name)
+        stack.extend(successors[name])
+    return frozenset(seen)
+
+
 @dataclasses.dataclass(frozen=True)
 class TensorFacts:
     """A tensor's producer, consumers and their level distances."""
@@ -97,19 +116,7 @@ class Analysis:
         and never uses it as a trigger: a control edge from a dead op would make the
         swap-in, and every consumer of it, dead too.
         """
-        switches = [op.name for op in self.graph if op.type in CONDITIONAL_TYPES and "Switch" in op.type]
-        if not switches:
-            return frozenset()
-        successors = self.graph.adjacency()[1]
-        seen: set[str] = set()
-        stack = [s for sw in switches for s in successors[sw]]
-        while stack:
-            name = stack.pop()
-            if name in seen or "Merge" in self.graph.op(name).type:
-                continue
-            seen.add(name)
-            stack.extend(successors[name])
-        return frozenset(seen)
+        return may_be_dead(self.graph)
 
     @functools.cached_property
     def predecessors(self) -> dict[str, list[str]]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tflms.analysis.cto import may_be_dead
 from tflms.errors import GraphError
 from tflms.ir.graph import Graph
 from tflms.schedule.memory import BufferModel, buffer_model
@@ -45,7 +46,10 @@ def ordered_ops(graph: Graph, order: Sequence[str], options: SimOptions | None =
     """The ops of ``order`` whose relative order the edges enforce (see the module doc).
 
     Accelerator ops that run and allocate or read a device buffer of at least ``min_bytes``, except
-    metadata ops (:data:`METADATA_OPS`) and, with ``fusion_safe``, ops grappler may fuse into their one
+    metadata ops (:data:`METADATA_OPS`), ops in a branch of a lowered conditional
+    (:func:`tflms.analysis.cto.may_be_dead`: an edge from one whose branch was not taken would kill the next ordered
+    op, and every op after it; Keras's mixed_float16 ``fit`` applies its update in such a branch) and, with
+    ``fusion_safe``, ops grappler may fuse into their one
     consumer (:data:`FUSABLE`, metadata consumers aside) and :data:`FUSION_SENSITIVE_OPS` with a sibling
     they could merge with (:func:`fusion_siblings`): it does
     so (``Conv2D`` into ``BiasAdd``, an add tree into one ``AddN``) only if they have no control edges, and
@@ -64,9 +68,10 @@ def ordered_ops(graph: Graph, order: Sequence[str], options: SimOptions | None =
                 inner.add(op.name)
     else:
         inner = set()
+    dead = may_be_dead(graph)  # a control edge from an op whose branch was not taken kills its target
     touches = {m.names[i] for i in range(len(m))
                if m.needed[i] and not m.eager[i] and graph.op(m.names[i]).type not in METADATA_OPS
-               and m.names[i] not in inner
+               and m.names[i] not in inner and m.names[i] not in dead
                and any(m.size[b] >= min_bytes for b in m.allocs[i] + m.reads[i])}
     return [name for name in order if name in touches]
 
