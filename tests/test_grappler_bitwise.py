@@ -316,10 +316,18 @@ def test_max_pool_gradients_keep_the_onednn_workspace(monkeypatch):
     assert sorted(r for r in reasons.values() if r == "onednn-workspace") == ["onednn-workspace"] * 2, reasons
     plain_parts, lms_parts = _partition_counts(plain_graphs), _partition_counts(lms_graphs)
     assert plain_parts["_MklNativeMaxPoolGrad"] == 2 and lms_parts == plain_parts, (plain_parts, lms_parts)
-    # the control: swapping those outputs too leaves TensorFlow's MaxPoolGrad, and the weights differ
+    # a plan that swaps them anyway (as one made for a profile's GPU does): the build rewires the gradients to the
+    # MaxPool outputs on this oneDNN CPU (tflms.passes.workspace), and the step trains bitwise
     monkeypatch.setattr(swapplan, "_onednn_workspace_reader", lambda *args: None)
-    swapped, swapped_graphs, fn = _tape_run("max_pool", _lms)
+    rewired, rewired_graphs, fn = _tape_run("max_pool", _lms)
     assert not any(s.reason == "onednn-workspace" for s in fn.report.plan.skipped)
+    assert _partition_counts(rewired_graphs) == plain_parts and any("workspace" in w for w in fn.report.plan.warnings)
+    assert_bitwise_equal(plain, rewired, "max_pool with the MaxPool outputs swapped and the gradients rewired")
+    # the control: without the rewiring, TensorFlow's MaxPoolGrad runs, and the weights differ
+    import tflms.pipeline
+    from tflms.passes.result import PassResult
+    monkeypatch.setattr(tflms.pipeline, "keep_workspace_edges", lambda graph, runs: PassResult(graph, False, ()))
+    swapped, swapped_graphs, fn = _tape_run("max_pool", _lms)
     assert _partition_counts(swapped_graphs)["MaxPoolGrad"] == 2
     with pytest.raises(AssertionError):
         assert_bitwise_equal(plain, swapped, "max_pool with the MaxPool outputs swapped")
