@@ -1,6 +1,5 @@
 """Nodes TensorFlow runs but its importer refuses (grappler's bfloat16 fusions on oneDNN CPUs): tflms.ir.surrogates."""
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -72,43 +71,22 @@ def test_the_function_def_gets_the_real_nodes_back_and_no_cast():
 
 
 def test_a_step_with_grapplers_bfloat16_fusions_trains_bitwise():
-    # on a oneDNN CPU grappler fuses the mixed_bfloat16 convolution; elsewhere nothing is refused and this checks
+    # on a oneDNN CPU grappler fuses the mixed_bfloat16 convolutions; elsewhere nothing is refused and this checks
     # only that the rewrite stays bitwise
-    import keras
-
-    import tflms
-    from tflms.testing import differences, make_train_step, snapshot
-
-    def train(wrap):
-        keras.mixed_precision.set_global_policy("mixed_bfloat16")
-        try:
-            keras.utils.set_random_seed(0)
-            i = keras.Input((16, 16, 3))
-            h = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(i)
-            h = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(h)
-            model = keras.Model(i, keras.layers.Dense(5, dtype="float32")(keras.layers.GlobalAveragePooling2D()(h)))
-        finally:
-            keras.mixed_precision.set_global_policy("float32")
-        optimizer = keras.optimizers.Adam(1e-3)
-        optimizer.build(model.trainable_variables)
-        step = wrap(make_train_step(model, optimizer))
-        rng = np.random.default_rng(0)
-        for _ in range(2):
-            step(tf.constant(rng.standard_normal((4, 16, 16, 3)).astype("float32")),
-                 tf.constant(rng.integers(0, 5, 4).astype("int32")))
-        return snapshot(model, optimizer), step
-
     from tflms._compat.tf import onednn_enabled
     from tflms.ir import surrogates
+    from tflms.testing import differences
+    from tflms.testing.sweep import _Case
+    case = _Case("conv", "mixed_bfloat16", "function", size=16, batch=4, steps=2, seed=0)
     built = []
     real_importable = surrogates.importable
     surrogates.importable = lambda gd: (lambda out: (built.extend(out[1]), out)[1])(real_importable(gd))
     try:
-        plain, _ = train(tf.function)
-        state, fn = train(lambda s: tflms.function(s, swapout_threshold=1))
+        plain = case.train(None)[0]
+        state, _, reports, _ = case.train({"swapout_threshold": 1})
     finally:
         surrogates.importable = real_importable
-    assert fn.reports[-1].inserted_ops
+    assert reports[-1].inserted_ops
     assert not differences(plain, state)
     if onednn_enabled():  # the surrogates were used: grappler fused the convolutions in bfloat16
         assert built and all(s.attrs == {"T": BF16} for s in built), built
