@@ -35,7 +35,13 @@ def _graph_def(*, fused_type=BF16):
     return g
 
 
+def _needs_surrogates():
+    if not importable(_graph_def())[1]:
+        pytest.skip("this TensorFlow's _FusedConv2D definition allows bfloat16: nothing to carry through an import")
+
+
 def test_the_importer_refuses_the_node_and_the_surrogate_reads_its_real_shapes_and_dtypes():
+    _needs_surrogates()
     with pytest.raises(ValueError, match="bfloat16"):  # the control: TensorFlow's importer refuses it
         with tf.Graph().as_default():
             tf.graph_util.import_graph_def(_graph_def(), name="")
@@ -55,6 +61,7 @@ def test_the_importer_refuses_the_node_and_the_surrogate_reads_its_real_shapes_a
 
 
 def test_the_function_def_gets_the_real_nodes_back_and_no_cast():
+    _needs_surrogates()
     imported, surrogates = importable(_graph_def())
     with tf.Graph().as_default() as g:
         tf.graph_util.import_graph_def(imported, name="")
