@@ -9,8 +9,9 @@ traced input signature. On a machine without a GPU, tflms warns that the swaps
 save nothing (host and accelerator are the same CPU), but the rewritten step is
 what runs, and training is bitwise identical to a plain ``fit``.
 
-On a GPU compile with ``jit_compile=False``: Keras's default "auto" turns XLA on
-there, and XLA would compile the swaps away (the callback refuses it).
+On a GPU, Keras's default ``jit_compile="auto"`` turns XLA on, which would compile the
+swaps away: the callback trains without XLA for the fits it manages and warns once
+(compile with ``jit_compile=False`` to say so yourself).
 """
 
 import numpy as np
