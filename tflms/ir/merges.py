@@ -24,6 +24,7 @@ GPU nothing merges, and the only cost is that a bias gradient waits for its filt
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 
 from tflms.ir.op_types import ONEDNN_CONV_BIAS as CONV_BIAS
@@ -149,7 +150,6 @@ def merge_cycle(graph, pairs: list[tuple[str, str]] | None = None, adjacency=Non
 
 def _path(start: str, goal: str, succs: dict[str, list[str]], *, skip_direct: bool) -> list[str] | None:
     """A path ``start`` -> ... -> ``goal`` through at least one other op (breadth first), or ``None``."""
-    from collections import deque
     prev: dict[str, str] = {}
     queue = deque(s for s in succs[start] if not (skip_direct and s == goal))
     for s in queue:

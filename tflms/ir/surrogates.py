@@ -85,17 +85,17 @@ def importable(graph_def) -> tuple[Any, list[Surrogate]]:
     for original, (op_def, bad, proxy) in refused:
         node = by_name[original.name]
         data = [k for k, i in enumerate(node.input) if not i.startswith("^")]
-        inputs, pos = [], 0
+        inputs, pos = [], 0  # (data input index, its real type)
         for arg in op_def.input_arg:
             n = _arg_length(arg, node)
             if arg.type_attr in bad:
-                inputs.extend(range(pos, pos + n))
+                inputs.extend((pos + j, bad[arg.type_attr]) for j in range(n))
             pos += n
-        for k in inputs:
+        for k, real in inputs:
             cast = new.node.add()
             cast.name, cast.op, cast.device = f"{node.name}{CAST_IN}{k}", "Cast", node.device
             cast.input.append(node.input[data[k]])
-            cast.attr["SrcT"].type, cast.attr["DstT"].type = _input_type(op_def, node, k, bad), proxy
+            cast.attr["SrcT"].type, cast.attr["DstT"].type = real, proxy
             node.input[data[k]] = cast.name
         outputs, pos = [], 0
         for arg in op_def.output_arg:
@@ -113,7 +113,7 @@ def importable(graph_def) -> tuple[Any, list[Surrogate]]:
                 renamed[f"{node.name}:0"] = cast.name
         for attr in bad:
             node.attr[attr].type = proxy
-        surrogates.append(Surrogate(node.name, dict(bad), proxy, tuple(inputs), tuple(outputs)))
+        surrogates.append(Surrogate(node.name, dict(bad), proxy, tuple(k for k, _ in inputs), tuple(outputs)))
     cast_outs = set(renamed.values())
     for node in new.node:
         if node.name in cast_outs:  # (reads the surrogate itself; a cast into another surrogate reads the cast)
@@ -122,17 +122,6 @@ def importable(graph_def) -> tuple[Any, list[Surrogate]]:
             if not inp.startswith("^") and inp in renamed:
                 node.input[k] = renamed[inp]
     return new, surrogates
-
-
-def _input_type(op_def, node, k: int, bad: dict[str, int]) -> int:
-    """The real type of data input ``k`` of ``node``."""
-    pos = 0
-    for arg in op_def.input_arg:
-        n = _arg_length(arg, node)
-        if pos <= k < pos + n:
-            return bad[arg.type_attr]
-        pos += n
-    raise IndexError(k)
 
 
 def real_dtypes(surrogates: list[Surrogate]) -> dict[tuple[str, int], str]:
@@ -184,34 +173,25 @@ BUILT: "weakref.WeakKeyDictionary[Any, list[Surrogate]]" = weakref.WeakKeyDictio
 
 
 def restore_ir(graph, surrogates: list[Surrogate]) -> dict[str, str]:
-    """Undo the surrogates in an IR read from a FuncGraph built with them (in place): the real types back on each
-    node, its inputs read without the casts, its readers reading it, the casts gone. Returns ``{a cast's tensor
-    name: the node's}`` for the function's outputs."""
-    import tensorflow as tf
-
-    from tflms.ir.graph import DTYPE_BYTES, TensorInfo, TensorRef
+    """Undo the surrogates in an IR read from a FuncGraph built with them, its outputs' dtypes read with
+    :func:`real_dtypes` (in place): the real types back on each node's attributes, its inputs read without the casts,
+    its readers reading it, the casts gone. Returns ``{a cast's tensor name: the node's}`` for the function's outputs."""
+    from tflms.ir.graph import TensorRef
     renamed = {}
     for s in surrogates:
         op = graph.op(s.node)
         for k, inp in enumerate(list(op.inputs)):
-            if CAST_IN in inp.op and inp.op.rpartition(CAST_IN)[0] == s.node:
+            if inp.op.rpartition(CAST_IN)[0] == s.node:
                 graph.set_input(s.node, k, graph.op(inp.op).inputs[0])
-        for index, _, _, real in s.outputs:
+        for index, *_ in s.outputs:
             cast = f"{s.node}{CAST_OUT}{index}"
             renamed[f"{cast}:0"] = f"{s.node}:{index}"
             for reader, slot in list(graph.consumers(TensorRef(cast, 0))):
                 graph.set_input(reader, slot, TensorRef(s.node, index))
-            name = tf.as_dtype(real).name
-            info = op.outputs[index]
-            size = DTYPE_BYTES.get(name)
-            num_bytes = None if info.num_bytes is None or size is None else info.num_bytes // DTYPE_BYTES[info.dtype] * size
-            outputs = list(op.outputs)
-            outputs[index] = TensorInfo(name, info.shape, num_bytes, info.batch_size)
-            op.outputs = tuple(outputs)
         for attr, real in s.attrs.items():
             for holder in (op.attrs, getattr(op.node_def, "attr", None)):
                 if holder is not None and attr in holder:
                     holder[attr].type = real
-        for name in [o.name for o in graph if o.name.startswith(s.node + "/_tflms_cast_")]:
+        for name in [o.name for o in graph if o.name.startswith((s.node + CAST_IN, s.node + CAST_OUT))]:
             graph.remove_op(name)
     return renamed

@@ -154,12 +154,13 @@ def signature_of(concrete_function) -> FunctionSignature:
 
 def from_concrete_function(concrete_function, *, batch_size: int | None = None) -> Graph:
     """Read a ``ConcreteFunction``'s graph and remember its signature."""
-    from tflms.ir.surrogates import BUILT, restore_ir
+    from tflms.ir.surrogates import BUILT, real_dtypes, restore_ir
     func_graph = concrete_function.graph
-    graph = from_tf_graph(func_graph, batch_size=batch_size)
+    surrogates = BUILT.get(concrete_function)  # built by tflms with surrogates (tflms.ir.surrogates): the real nodes
+    graph = from_tf_graph(func_graph, batch_size=batch_size, real_dtypes=real_dtypes(surrogates or []))
     graph.signature = _signature_of(func_graph, num_captures=len(concrete_function.captured_inputs))
-    if BUILT.get(concrete_function):  # built by tflms with surrogates (tflms.ir.surrogates): the real nodes
-        renamed = restore_ir(graph, BUILT[concrete_function])
+    if surrogates:
+        renamed = restore_ir(graph, surrogates)
         graph.signature = dataclasses.replace(graph.signature, output_names=tuple(
             renamed.get(n, n) for n in graph.signature.output_names))
     graph.resource_bytes = _variable_bytes(concrete_function)

@@ -76,7 +76,7 @@ def observe_accumulation_orders(function: Any, args: Sequence[Any], adds: Mappin
             raise ObservationError(f"the trace holds {len(seen[-1])} of the {len(names)} AssignAdds of {result!r} "
                                    f"(missing {missing[:3]})")
         warm = seen[1:] or seen
-        orders[result] = max(warm, key=lambda order: (warm.count(order), max(k for k, o in enumerate(warm) if o == order)))
+        orders[result] = max(reversed(warm), key=warm.count)  # (max keeps the first of ties: the latest call's)
         if len(set(seen)) > 1:
             racy.add(result)
     orders.racy = frozenset(racy)
