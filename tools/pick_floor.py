@@ -6,7 +6,9 @@ computes the least step time *any* swap plan on that recomputed step can reach w
 execution order (:func:`tflms.sim.bounds.any_order_time_bound`: the cut of bytes over the budget at each op must
 leave before it and come back after it, over the host link; docs/design.md, "Bounds"). A set whose floor is above the
 pick's simulated step time cannot beat the pick, whatever its swaps, triggers or order. The sets whose floor is below
-are listed: where a faster plan is not ruled out. Figures are simulated, on the profile the tuner used.
+are listed: where a faster plan is not ruled out. Then the pick's parts are judged alone (:func:`pick_parts`: no swap,
+each swap alone, one swap-in per tensor, the largest swap recomputed instead). Figures are simulated, on the profile
+the tuner used.
 
 Default step: issue 45's Keras CNN (three 3x3 convolutions of 32, 64 and 64 filters on 64x64x3 inputs, batch 32,
 Adam) at 90 MiB and 70 MiB.
@@ -54,9 +56,11 @@ def floors(graph, budget: int, *, max_ops: int, progress=None) -> dict:
     options = SimOptions(host_device=config.host_device)
     analysis = analyze_graph(graph)
     base = simulate(graph, profile, options=options)
+    parts = []
     try:
         pick = tune(analysis, budget=budget, profile=profile, config=config, enforce_order=True)
         pick_s, pick_what = pick.best.sim.step_time_s, f"{pick.best.strategy} {pick.best.params}"
+        parts = pick_parts(graph, pick.best.plan, profile, options)
     except BudgetError as err:
         pick_s, pick_what = float("inf"), f"nothing fits ({str(err)[:120]})"
     ops = sorted(_recomputable(analysis), key=lambda n: (-output_bytes(graph, n), n))[:max_ops]
@@ -78,7 +82,45 @@ def floors(graph, budget: int, *, max_ops: int, progress=None) -> dict:
         if progress:
             progress(f"  {format_bytes(budget)}: sets of {k} of {len(ops)} ops done ({len(rows)} floors)")
     return {"budget_bytes": budget, "profile": profile.name, "baseline_s": base.step_time_s,
-            "pick": pick_what, "pick_s": pick_s, "ops": ops, "rows": rows}
+            "pick": pick_what, "pick_s": pick_s, "ops": ops, "rows": rows, "parts": parts}
+
+
+def pick_parts(graph, plan, profile, options) -> list[dict]:
+    """The pick's parts judged alone: its recomputes with the order pinned first (as the order-first hybrids do),
+    then each of its swaps alone, none, one swap-in per swapped tensor, and its largest swap recomputed instead
+    (in level order and with the order pass after). Each ``{"variant", "peak_bytes", "step_time_s"}``, simulated."""
+    import dataclasses
+
+    from tflms.analysis.cto import analyze_graph
+    from tflms.passes import apply_swaps
+    from tflms.passes.order import enforce_order
+    from tflms.policies.recompute import recompute_plan
+    from tflms.sim.simulator import simulate
+    out = []
+
+    def judge(variant, g):
+        sim = simulate(g, profile, options=options)
+        out.append({"variant": variant, "peak_bytes": sim.peak_with_margin_bytes, "step_time_s": sim.step_time_s})
+
+    def with_plan(g, swaps=(), recomputes=()):
+        return apply_swaps(g, dataclasses.replace(plan, swaps=tuple(swaps), recomputes=tuple(recomputes))).graph
+
+    ordered = enforce_order(with_plan(graph, recomputes=plan.recomputes), profile, options=options).graph
+    judge("the pick's swaps", with_plan(ordered, plan.swaps))
+    judge("no swap", ordered)
+    for swap in plan.swaps:
+        judge(f"only {swap.tensor} swapped", with_plan(ordered, [swap]))
+    merged = [dataclasses.replace(w, swap_ins=(dataclasses.replace(
+        w.swap_ins[0], consumers=sum((g.consumers for g in w.swap_ins), ()),
+        consumer_levels=sum((g.consumer_levels for g in w.swap_ins), ())),)) for w in plan.swaps]
+    judge("one swap-in per swapped tensor", with_plan(ordered, merged))
+    if plan.swaps:
+        big = max(plan.swaps, key=lambda w: w.num_bytes)
+        ops = sorted({op for d in plan.recomputes for op in d.ops} | {big.tensor.op})
+        recomputed = with_plan(graph, recomputes=recompute_plan(analyze_graph(graph), ops, plan.config).recomputes)
+        judge(f"{big.tensor} recomputed instead, level order", recomputed)
+        judge(f"{big.tensor} recomputed instead, order pass", enforce_order(recomputed, profile, options=options).graph)
+    return out
 
 
 def table(result: dict) -> str:
@@ -98,6 +140,11 @@ def table(result: dict) -> str:
                  if below else "no recompute set can beat the pick: every floor is at or above its step time")
     lines.append("columns: compute = the recomputed step's compute time over the unchanged step's; floor = the least "
                  "step time any swap plan of it that fits can reach, in any order (both simulated)")
+    if result["parts"]:
+        lines.append("the pick's parts alone (its recomputes, the order pinned first; simulated):")
+        for part in result["parts"]:
+            lines.append(f"  {part['variant'][:70]:<72}{format_bytes(part['peak_bytes']):>12}"
+                         f"{100 * (part['step_time_s'] / base - 1):>+9.1f}%")
     return "\n".join(lines)
 
 

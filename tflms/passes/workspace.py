@@ -21,9 +21,7 @@ from tflms.policies.eligibility import is_inserted
 
 def _source(graph: Graph, ref: TensorRef) -> TensorRef:
     """The tensor ``ref`` copies: back through the ops tflms inserted (swap-ins, swap-outs, codecs) by input 0."""
-    seen = set()
-    while is_inserted(ref.op) and graph.op(ref.op).inputs and ref.op not in seen:
-        seen.add(ref.op)
+    while is_inserted(ref.op) and graph.op(ref.op).inputs:  # (the IR is acyclic: the walk ends)
         ref = graph.op(ref.op).inputs[0]
     return ref
 
