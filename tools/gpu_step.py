@@ -22,7 +22,7 @@ over the step (weights, gradients and Adam's slots included).
 
 ``--compare`` traces the bench's BERT-base at each measured batch (``tools/benchlib``, TensorFlow on the CPU) and
 simulates it on the profile the device is matched to: the plain step, and graph-level checkpointing of the same
-number of segments as encoder layers (``tflms.policies.recompute.segment_ops``). It prints measured against
+number of segments as encoder layers (``tflms.policies.checkpoints.segment_ops``). It prints measured against
 simulated step times and the recompute overhead each way. The frameworks differ (PyTorch's kernels, its autograd's
 saved tensors), so memory is shown for scale, not as a check.
 """

@@ -322,7 +322,7 @@ def threshold_rewrite(case: Case, threshold: int) -> Variant:
 
 def segment_rewrite(case: Case, segments: int, split: int | None) -> Variant:
     """Graph-level checkpointing with ``segments`` segments, every recomputable op of a segment re-run
-    (:func:`tflms.policies.recompute.segment_ops`), its chains re-run again past ``split`` levels
+    (:func:`tflms.policies.checkpoints.segment_ops`), its chains re-run again past ``split`` levels
     (``plan_recomputes(split_levels=)``); no swaps, no budget, no order pinned (the executor takes its own)."""
     from tflms.analysis.cto import analyze_graph
     from tflms.passes.swaps import apply_swaps

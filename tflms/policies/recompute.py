@@ -14,27 +14,34 @@ earliest trigger among them. It waits through *gates*, ``Identity`` s of what it
 trigger as control input (:func:`clone_inputs` says why the clone carries none itself).
 
 Which ops may be cloned is :func:`~tflms.policies.eligibility.recompute_skip_reason`; which
-tensors are worth it is the tuner's question (:func:`rank_candidates` ranks them by bytes freed
-per second of recompute, Capuchin's rule; :mod:`tflms.tune.hybrid` searches). The pass is
+tensors are worth it is the tuner's question (:func:`~tflms.policies.recompute_rank.rank_candidates` ranks them
+by bytes freed per second of recompute, Capuchin's rule; :mod:`tflms.tune.hybrid` searches). The pass is
 :func:`tflms.passes.recompute.insert_recomputes`, which :func:`tflms.passes.swaps.apply_swaps` runs first.
+
+This module decides what a recompute inserts (:class:`RecomputeDecision`: clones, gates, their names) and plans the
+decisions for a set of ops (:func:`plan_recomputes`: chains, triggers, re-runs). Beside it: which ops rebuild a
+tensor (:mod:`tflms.policies.recompute_chains`), which tensors are worth it (:mod:`tflms.policies.recompute_rank`)
+and graph-level checkpoints (:mod:`tflms.policies.checkpoints`); their names stay importable from here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
-from tflms.analysis.cto import Analysis, Category
+from tflms.analysis.cto import Analysis
 from tflms.ir.graph import TensorRef
-from tflms.ir.op_types import CONSTANT_OPS, METADATA_ONLY_TYPES, SOURCE_OPS, VARIABLE_READ_OPS
-from tflms.policies.eligibility import CLONE_PREFIX, NEVER_RECOMPUTE_DTYPES, recompute_skip_reason
+from tflms.policies.eligibility import CLONE_PREFIX, recompute_skip_reason
 from tflms.config import LMSConfig
 from tflms.policies.swapplan import Skip, SwapPlan, find_trigger
+# which ops rebuild a tensor, which tensors are worth it, graph-level checkpoints: the names stay importable here
+from tflms.policies.recompute_chains import (MAX_CHAIN_OPS, backward_readers, chain_for, is_kept,  # noqa: F401
+                                               is_resident)
+from tflms.policies.recompute_rank import MAX_JOINED_OPS, Candidate, rank_candidates, select  # noqa: F401
+from tflms.policies.checkpoints import (ACTIVATION_DTYPES, _activations, _recomputable,  # noqa: F401
+                                        _step_arguments, articulations, balanced_segment_ops, output_bytes,
+                                        segment_ops)
 
-#: The most ops one chain may re-run to rebuild one tensor (a longer chain costs more than it frees).
-MAX_CHAIN_OPS = 12
-#: The most ops chains joined by :func:`select` may hold together (one trigger region of the backward pass).
-MAX_JOINED_OPS = 32
 #: The most times one op is cloned (its first clone and the re-runs :func:`plan_recomputes` may add).
 MAX_COPIES = 4
 
@@ -115,66 +122,6 @@ class RecomputeDecision:
             else:
                 original, trigger = ops[name]
                 yield CLONE, name, trigger, original
-
-
-def backward_readers(analysis: Analysis, ref: TensorRef, chain: frozenset[str] = frozenset()) -> tuple[str, ...]:
-    """The readers of ``ref`` that are neither forward ops nor in the chain, by (level, name). Readers of its
-    shape alone (``Shape``, ``Size``, ...: gradient ops run them as soon as the forward tensor exists) keep
-    reading the original."""
-    cats, levels, graph = analysis.categories, analysis.levels, analysis.graph
-    readers = {c for c, _ in graph.consumers(ref) if c not in chain and cats[c] is not Category.FORWARD
-               and graph.op(c).type not in METADATA_ONLY_TYPES}
-    return tuple(sorted(readers, key=lambda n: (levels[n], n)))
-
-
-def is_resident(analysis: Analysis, ref: TensorRef) -> bool:
-    """Whether ``ref`` is on the device for the whole step: a constant, a variable read or a step argument."""
-    op_type = analysis.graph.op(ref.op).type
-    return op_type in CONSTANT_OPS or op_type in VARIABLE_READ_OPS or op_type in SOURCE_OPS
-
-
-def is_kept(analysis: Analysis, ref: TensorRef) -> bool:
-    """Whether ``ref`` is alive into the backward pass anyway: resident (:func:`is_resident`) or read by some op
-    outside the forward pass."""
-    graph = analysis.graph
-    if is_resident(analysis, ref):
-        return True
-    if analysis.categories[ref.op] is not Category.FORWARD:
-        return True
-    cats = analysis.categories
-    return any(cats[c] is not Category.FORWARD for c, _ in graph.consumers(ref))
-
-
-def chain_for(analysis: Analysis, target: str, *, max_ops: int = MAX_CHAIN_OPS,
-              kept: Callable[[TensorRef], bool] | None = None
-              ) -> tuple[tuple[str, ...] | None, tuple[str, str] | None]:
-    """The ops to re-run to rebuild ``target``'s outputs from kept tensors: ``(chain, None)`` or
-    ``(None, (reason, sentence))``.
-
-    Walks back from ``target``: an input that is kept (``kept``, default :func:`is_kept`) is a source; any other
-    input's producer joins the chain if it may be recomputed, up to ``max_ops`` ops.
-    """
-    if kept is None:
-        def kept(ref: TensorRef) -> bool:
-            return is_kept(analysis, ref)
-    reason = recompute_skip_reason(analysis, target)
-    if reason is not None:
-        return None, reason
-    graph = analysis.graph
-    chain, stack = {target}, [target]
-    while stack:
-        for ref in graph.op(stack.pop()).inputs:
-            if ref.op in chain or kept(ref):
-                continue
-            why = recompute_skip_reason(analysis, ref.op)
-            if why is not None:
-                return None, ("source", f"input {ref.name} is freed in the forward pass and its producer cannot be "
-                              f"recomputed ({why[0]}: {why[1]})")
-            if len(chain) >= max_ops:
-                return None, ("long-chain", f"rebuilding it needs more than {max_ops} ops")
-            chain.add(ref.op)
-            stack.append(ref.op)
-    return tuple(sorted(chain, key=lambda n: (analysis.levels[n], n))), None
 
 
 def recompute_plan(analysis: Analysis, ops: Iterable[str], config: LMSConfig | None = None, *,
@@ -367,244 +314,3 @@ def _decision(analysis: Analysis, members: Sequence[str], own: dict[str, list[tu
                              num_bytes=num_bytes, sources=tuple(sources),
                              triggers=tuple(trigger[n] for n in members), gates=tuple(gates.values()),
                              inserted=tuple(inserted), copy=copy)
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    """A forward op whose outputs the backward pass reads, the chain that rebuilds them, and what it is worth."""
-
-    target: str
-    chain: tuple[str, ...]
-    freed_bytes: int
-    cost_s: float
-
-    @property
-    def bytes_per_s(self) -> float:
-        return self.freed_bytes / self.cost_s if self.cost_s > 0 else float("inf")
-
-
-def rank_candidates(analysis: Analysis, op_time: Callable[[str], float], *,
-                    min_bytes: int = 0) -> tuple[list[Candidate], list[Skip]]:
-    """Every forward op whose outputs a backward op reads, more than ``min_bytes`` of them, with the chain that
-    rebuilds them (:func:`chain_for`), ranked by bytes freed per second of recompute (Capuchin's rule; ties by
-    name). ``op_time(name)`` is an op's simulated time."""
-    graph, cats = analysis.graph, analysis.categories
-    out, skipped = [], []
-    for name in analysis.order:
-        if cats[name] is not Category.FORWARD:
-            continue
-        op = graph.op(name)
-        freed = 0
-        for index, info in enumerate(op.outputs):
-            if backward_readers(analysis, TensorRef(name, index)):
-                freed += info.num_bytes or 0
-        if freed <= min_bytes:  # (min_bytes >= 0: nothing freed is never a candidate)
-            continue
-        chain, why = chain_for(analysis, name)
-        if chain is None:
-            skipped.append(Skip(TensorRef(name, 0), *why))
-            continue
-        out.append(Candidate(name, chain, freed, sum(op_time(n) for n in chain)))
-    out.sort(key=lambda c: (-c.bytes_per_s, c.target))
-    return out, skipped
-
-
-def select(analysis: Analysis, ranked: Sequence[Candidate], *, max_joined: int = MAX_JOINED_OPS) -> set[str]:
-    """The ops to re-run for ``ranked`` candidates taken greedily in order, keeping every chain local.
-
-    A candidate is taken unless its target is recomputed already, or its chain would recompute a tensor an
-    earlier chain reads as a kept source (that chain's clone would keep the original alive), or it joins
-    chains (by reading a tensor they recompute) into more than ``max_joined`` ops. Without the last two rules
-    the union of every chain is one region whose clones start at the first backward reader of any of them:
-    the whole forward pass re-run at once, which saves nothing.
-    """
-    graph = analysis.graph
-    chosen: set[str] = set()
-    pinned: set[TensorRef] = set()  # tensors some clone reads as kept originals
-    root: dict[str, str] = {}
-    size: dict[str, int] = {}
-
-    def find(x: str) -> str:
-        while root[x] != x:
-            root[x] = root[root[x]]
-            x = root[x]
-        return x
-
-    for cand in ranked:
-        if cand.target in chosen:
-            continue
-        ops = set(cand.chain)
-        if any(TensorRef(op, i) in pinned for op in ops for i, _ in enumerate(graph.op(op).outputs)):
-            continue
-        sources = {ref for op in ops for ref in graph.op(op).inputs if ref.op not in ops}
-        joined = {find(op) for op in ops if op in chosen} | {find(ref.op) for ref in sources if ref.op in chosen}
-        new = ops - chosen
-        if len(new) + sum(size[g] for g in joined) > max_joined:
-            continue
-        for op in new:
-            root[op], size[op] = op, 1
-        roots = joined | new
-        top = min(roots)
-        size[top] = sum(size[r] for r in roots)
-        for r in roots:
-            root[r] = top
-        chosen |= new
-        pinned |= {ref for ref in sources if ref.op not in chosen}
-    return chosen
-
-
-#: dtypes of the activations a batch carries through the layers (a mask or an index tensor is a side input).
-ACTIVATION_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
-
-
-def articulations(analysis: Analysis) -> list[str]:
-    """The forward ops every activation path from the step's main input to its loss passes through, in order
-    (Chen et al.'s candidate checkpoints: a layer's output in a chain of layers, a residual block's sum).
-
-    The main input is the step argument the most forward ops descend from (the batch, not the labels). The
-    paths run over edges that carry floating-point tensors, or that lead into an op with no floating-point input
-    from the batch (token ids into an embedding lookup of a weight table): an attention mask reaches every layer
-    from the input, and as a path it would leave no op on every path. Side inputs (weights, dropout's random
-    numbers) are no paths. The articulations are the dominators of the loss (the last forward op) from the main
-    input.
-    """
-    import networkx as nx
-    graph, levels = analysis.graph, analysis.levels
-    reach = {name: _activations(analysis, [name]) for name in _step_arguments(graph)}
-    if not reach:
-        return []
-    main = max(reach, key=lambda n: (len(reach[n]), n))
-    active = reach[main]
-    root = "\0root"
-    dag = nx.DiGraph()
-    dag.add_node(root)
-    for name in active:
-        inputs = graph.op(name).inputs
-        # an edge carries the activations when its tensor is floating point, or when it enters the float stream
-        # (ids into an embedding lookup); a mask joins a float op and is a side input there
-        entry = not any(ref.op in active and graph.tensor(ref).dtype in ACTIVATION_DTYPES for ref in inputs)
-        for ref in inputs:
-            if ref.op == main:
-                dag.add_edge(root, name)
-            elif ref.op in active and (entry or graph.tensor(ref).dtype in ACTIVATION_DTYPES):
-                dag.add_edge(ref.op, name)
-    reachable = nx.descendants(dag, root)
-    if not reachable:
-        return []
-    sink = max(reachable, key=lambda n: (levels[n], n))
-    idom = nx.immediate_dominators(dag, root)
-    chain, node = [], idom.get(sink)
-    while node is not None and node != root:
-        chain.append(node)
-        node = idom.get(node) if idom.get(node) != node else None
-    return sorted(chain, key=lambda n: (levels[n], n))
-
-
-def _step_arguments(graph) -> list[str]:
-    """The step's data arguments (not variable handles)."""
-    return [op.name for op in graph if op.type in SOURCE_OPS
-            and all(info.dtype not in NEVER_RECOMPUTE_DTYPES for info in op.outputs)]
-
-
-def _activations(analysis: Analysis, sources: Sequence[str] | None = None) -> set[str]:
-    """The forward ops that descend from ``sources`` (default: the step's data arguments): what a batch flows
-    through."""
-    graph, cats = analysis.graph, analysis.categories
-    active: set[str] = set()
-    stack = list(_step_arguments(graph) if sources is None else sources)
-    while stack:
-        name = stack.pop()
-        for index, _ in enumerate(graph.op(name).outputs):
-            for consumer, _ in graph.consumers(TensorRef(name, index)):
-                if consumer not in active and cats[consumer] is Category.FORWARD:
-                    active.add(consumer)
-                    stack.append(consumer)
-    return active
-
-
-def segment_ops(analysis: Analysis, segments: int) -> set[str]:
-    """Chen et al.'s sqrt(n) checkpointing at graph level, as recompute: of the :func:`articulations`, about
-    ``segments`` evenly spaced ones are kept (the checkpoints); every other op the batch flows through in the
-    forward pass that may be recomputed is re-run, segment by segment, before the segment's backward pass."""
-    cuts = articulations(analysis)
-    if not cuts or segments < 1:
-        return set()
-    step = max(1, round(len(cuts) / segments))
-    kept = set(cuts[step - 1::step])
-    return _recomputable(analysis) - kept
-
-
-def _recomputable(analysis: Analysis) -> set[str]:
-    """The ops the batch flows through in the forward pass (:func:`_activations`) that may be recomputed."""
-    return {name for name in _activations(analysis) if recompute_skip_reason(analysis, name) is None}
-
-
-def output_bytes(graph, name: str) -> int:
-    """The bytes of op ``name``'s outputs (sizes not known count 0)."""
-    return sum(info.num_bytes or 0 for info in graph.op(name).outputs)
-
-
-def balanced_segment_ops(analysis: Analysis, slack: float = 1.0) -> tuple[set[str], int]:
-    """Checkpointing with the kept articulations chosen by bytes, not evenly spaced: ``(ops to recompute, how
-    many articulations are kept)``.
-
-    While a segment's backward pass runs, the checkpoints kept before it, the segment's re-run activations and
-    the checkpoint that ends it are all on the device. Evenly spaced checkpoints ignore how large each layer's
-    tensors are: on ResNet-50 at batch 1347 every articulation kept still keeps the stem's large outputs, and
-    sqrt(n) segments put the stem and the first stage's three blocks in one (tools/segment_report.py). Here a
-    dynamic programme over the :func:`articulations` (in order) finds the least ``target`` for which checkpoints
-    exist with, for every segment, the bytes kept before it plus the bytes it re-runs plus its closing
-    checkpoint's at most ``target`` (activation bytes by output size, a bisection to a thousandth); then, at
-    ``target * slack``, the checkpoints that keep the fewest bytes (a larger ``slack`` keeps fewer). Chen et al.'s
-    memory-planned checkpointing (2016, section 4.3) greedily closes a segment once it holds a given number of
-    bytes; this also weighs the kept checkpoints' own sizes. ``(set(), 0)`` when the graph has no articulation.
-    """
-    import bisect
-    if not slack >= 1:
-        raise ValueError(f"slack must be at least 1 (the least bound times slack), got {slack!r}")
-    graph, levels = analysis.graph, analysis.levels
-    cuts = articulations(analysis)
-    if not cuts:
-        return set(), 0
-
-    recomputable = sorted((levels[n], output_bytes(graph, n), n) for n in _recomputable(analysis))
-    at = [level for level, _, _ in recomputable]
-    prefix = [0]
-    for _, size, _ in recomputable:
-        prefix.append(prefix[-1] + size)
-
-    def between(low: int, high: int) -> int:  # the bytes of recomputable ops with low < level < high
-        return prefix[bisect.bisect_left(at, high)] - prefix[bisect.bisect_right(at, low)]
-
-    # a start before the first op, each articulation, an end after the last op (closing the loss's segment)
-    points = [(-1, 0, ""), *((levels[c], output_bytes(graph, c), c) for c in cuts), ((at[-1] if at else 0) + 1, 0, "")]
-
-    def kept_for(target: float) -> list[str] | None:
-        """The checkpoints that keep the fewest bytes with every segment within ``target``, or ``None``."""
-        least = [0.0] + [float("inf")] * (len(points) - 1)  # bytes kept up to and including point j
-        back = [0] * len(points)
-        for j in range(1, len(points)):
-            level, size, _ = points[j]
-            for i in range(j - 1, -1, -1):  # a longer segment re-runs more: stop once it alone is over
-                span = between(points[i][0], level) + size
-                if span > target:
-                    break
-                if least[i] + span <= target and least[i] + size < least[j]:
-                    least[j], back[j] = least[i] + size, i
-        if least[-1] == float("inf"):
-            return None
-        kept, j = [], back[-1]
-        while j:
-            kept.append(points[j][2])
-            j = back[j]
-        return kept
-
-    low, high = 0, prefix[-1] + sum(size for _, size, _ in points)  # nothing fits ``low``; ``high`` fits
-    while high - low > max(1, high // 1000):
-        middle = (low + high) // 2
-        if kept_for(middle) is None:
-            low = middle
-        else:
-            high = middle
-    kept = set(kept_for(high * slack))
-    return {name for _, _, name in recomputable if name not in kept}, len(kept)

@@ -2,7 +2,7 @@
 
 Capuchin's rule, priced by the simulator's cost model: a forward tensor the backward pass reads
 is worth recomputing when re-running the chain that rebuilds it
-(:func:`tflms.policies.recompute.rank_candidates`) costs less than ``price`` times the two copies
+(:func:`tflms.policies.recompute_rank.rank_candidates`) costs less than ``price`` times the two copies
 a swap of it would take over the host link. Each price on :data:`PRICES` gives one recompute set.
 The cheapest prices recompute only elementwise chains (normalisation, activations, dropout masks:
 memory-bound, tens of times faster than a PCIe copy); the largest also re-run contractions. Beside
@@ -25,7 +25,7 @@ tensors whose copies it waits for and which cost less to re-run are re-run inste
 (:func:`_per_reader_plan`), and that plan gets the same tune.
 
 With ``recompute="only"`` there are no swaps: the sets alone (among them the split segment plans, and segment plans
-whose checkpoints are chosen by bytes, :func:`~tflms.policies.recompute.balanced_segment_ops`), and between the
+whose checkpoints are chosen by bytes, :func:`~tflms.policies.checkpoints.balanced_segment_ops`), and between the
 largest price that does not fit and the smallest that does, a bisection on the ranking for the cheapest set that
 fits.
 """
@@ -63,7 +63,7 @@ SEGMENT_PRICES = (None, 1.0, 0.25)
 #: segments: the enforced order's peak 24.71 GiB at 12.74 s without, 19.35 GiB at 14.20 s with 10 (docs/design.md,
 #: "Swap or recompute", item 6).
 SEGMENT_SPLITS = (10,)
-#: ``slack`` of :func:`~tflms.policies.recompute.balanced_segment_ops` for the segment plans of ``recompute="only"``:
+#: ``slack`` of :func:`~tflms.policies.checkpoints.balanced_segment_ops` for the segment plans of ``recompute="only"``:
 #: 1 keeps the checkpoints that bound every segment's bytes least, 1.5 fewer of them. On v100-16gb-pcie3, in the
 #: enforced order, ResNet-50 at batch 1347 peaks at 35.0 / 40.3 GiB with them against 47.6 for the best evenly
 #: spaced plan, DenseNet-121 at 1143 at 35.7 / 29.0 against 41.2, BERT-base at 324 at 29.2 / 31.0 against 41.2,
@@ -264,7 +264,7 @@ def stalling_chains(analysis: Analysis, times: Mapping[str, float], plan: SwapPl
     A copy that hides behind compute overlaps no idle time; one the compute stream waits for, or one made while it
     waits for another, does. A tensor's chain walks back from it to what the device holds for the backward pass
     anyway: the tensors ``plan`` swaps, and those some backward op reads (not only their shape) that ``plan`` does not
-    re-run (:func:`~tflms.policies.recompute.chain_for`, with those as what is kept). Of the chains chosen, each
+    re-run (:func:`~tflms.policies.recompute_chains.chain_for`, with those as what is kept). Of the chains chosen, each
     connected part is kept only where the swapped tensors it reads are fewer bytes than the swapped tensors it
     rebuilds: what it reads must be back on the device before its clones run, and a chain re-run from a residual
     block's 4 GiB input to rebuild a 1 GiB convolution output brings more back than it spares."""
@@ -394,7 +394,7 @@ def _relax(ev: TuneEvaluator, times: Mapping[str, float], cand: Candidate, skipp
 
 
 def priced(ranked: list, profile, price: float) -> int:
-    """How many of ``ranked`` (:func:`~tflms.policies.recompute.rank_candidates`: best first) rebuild their tensor
+    """How many of ``ranked`` (:func:`~tflms.policies.recompute_rank.rank_candidates`: best first) rebuild their tensor
     for at most ``price`` times the two copies a swap of its bytes would take over ``profile``'s host link: the
     recompute set of that price is the first that many."""
     return sum(1 for c in ranked if c.cost_s <= price * _round_trip_s(profile, c.freed_bytes))
@@ -538,7 +538,7 @@ def _segment_candidates(ev: TuneEvaluator, times: Mapping[str, float], skipped: 
     pass; within them, an op whose re-run costs more than ``price`` times the two copies of its outputs is kept
     instead (a matrix product whose output copies hide), for the swap tuner to swap or keep. With ``splits``: the
     same plans re-run again past each of those levels instead (where that re-runs something). With ``balanced``:
-    the articulations kept are chosen by bytes (:func:`~tflms.policies.recompute.balanced_segment_ops`, at each
+    the articulations kept are chosen by bytes (:func:`~tflms.policies.checkpoints.balanced_segment_ops`, at each
     of :data:`BALANCED_SLACKS`; ``params["balanced"]``), and ``splits`` adds to the plans instead of replacing
     them. ``bound``: as :func:`_judge_ops`'s."""
     import math
