@@ -60,6 +60,10 @@ reader's, so no change closes a cycle; order edges are derived anew.
 Every step is deterministic: the order of trials depends only on the plan and its simulation. The tuner's
 ``progress`` callback gets one line, the new candidate's (the callback counts candidates); each trial is
 logged at INFO level.
+
+This module runs the steps and judges their sets (:func:`prune_swaps`); the changes that are proposed come from
+:mod:`tflms.tune.prune_predict` (drops, merges, earlier swap-ins: predicted on the timeline) and
+:mod:`tflms.tune.prune_waits` (round trips, split and later waits), whose names stay importable from here.
 """
 
 from __future__ import annotations
@@ -68,14 +72,16 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from tflms.errors import GraphError
-from tflms.policies.eligibility import is_inserted
 from tflms.policies.swapplan import SwapDecision
 from tflms.sim.simulator import SimResult
 from tflms.tune.result import Candidate
 from tflms.units import format_bytes
+# which changes fit on the timeline, and where compute waits: the names stay importable from here
+from tflms.tune.prune_predict import (LINK_IDLE_S, _away_intervals, _pack, _records, _spans,  # noqa: F401
+                                      earlier_swap_ins, link_idle_since, merged_swap_ins, predicted_drops)
+from tflms.tune.prune_waits import (_compute_order, _copy_spans, _with_split_waits, _with_waits_for,  # noqa: F401
+                                    later_waits, round_trips, split_waits)
 
 if TYPE_CHECKING:
     from tflms.ir.graph import Graph
@@ -104,8 +110,6 @@ LATER_MAX_SIMULATIONS = 24
 RETIME_MAX_SIMULATIONS = 12
 #: Simulations the pass may run after those to trigger swap-ins where the host-to-device link idles.
 GAP_MAX_SIMULATIONS = 12
-#: A link idle for less than this between two copies is not a gap to fill.
-LINK_IDLE_S = 1e-4
 #: The parameters the pruned candidate adds to its source's: how many swaps were dropped, how many got one
 #: swap-in for all their readers, how many no longer make compute wait for their swap-out, how many had a wait
 #: split (:func:`split_waits`), how many wait later, how many swap in earlier (each only when not 0).
@@ -113,321 +117,6 @@ PRUNED_PARAM, MERGED_PARAM, UNSYNCED_PARAM, SPLIT_PARAM, LATER_PARAM, EARLIER_PA
     "pruned", "merged", "unsynced", "waits_split", "waits_later", "earlier")
 #: The parameter for how many swaps that went out and straight back became waits (only when not 0).
 ROUND_TRIP_PARAM = "round_trips"
-
-
-def _records(sim: SimResult) -> dict[str, list]:
-    by_name: dict[str, list] = {}
-    for r in sim.ops:
-        by_name.setdefault(r.name, []).append(r)
-    return by_name
-
-
-def _away_intervals(swap: SwapDecision, records: dict[str, list]) -> list[tuple[float, float]] | None:
-    """When ``swap``'s tensor is off the device in the simulation (``None``: its ops did not run)."""
-    out = records.get(swap.swap_out)
-    if not out:
-        return None
-    start = max(r.end_s for r in out)
-    lives = []
-    for group in swap.swap_ins:
-        copies = records.get(group.name + "/_recv") or records.get(group.name)
-        readers = [r.end_s for c in group.consumers for r in records.get(c, ())]
-        if not copies or not readers:
-            return None
-        lives.append((min(r.start_s for r in copies), max(readers)))
-    away = []
-    for begin, end in sorted(lives):
-        if begin > start:
-            away.append((start, begin))
-        start = max(start, end)
-    return away
-
-
-def _spans(times: np.ndarray, intervals: list[tuple[float, float]]) -> list[tuple[int, int]]:
-    """Timeline event ranges ``[lo, hi)`` covering each ``(begin, end)``: the state in force at ``begin`` and
-    every change strictly before ``end``."""
-    spans = []
-    for begin, end in intervals:
-        lo = max(0, int(np.searchsorted(times, begin, side="right")) - 1)
-        hi = int(np.searchsorted(times, end, side="left"))
-        if hi > lo:
-            spans.append((lo, hi))
-    return spans
-
-
-def _pack(sim: SimResult, limit_bytes: int, proposals: list[tuple[SwapDecision, list]]) -> list[SwapDecision]:
-    """The proposals (``(swap, [(begin, end), ...])``: when the change adds the swap's bytes to the device),
-    in the given order, whose additions all fit together under ``limit_bytes`` on ``sim``'s timeline."""
-    times = np.array([t for t, _, _ in sim.timeline], dtype=float)
-    headroom = limit_bytes - np.array([a for _, a, _ in sim.timeline], dtype=np.int64)
-    chosen = []
-    for swap, intervals in proposals:
-        spans = _spans(times, intervals)
-        if any(headroom[lo:hi].min() < swap.num_bytes for lo, hi in spans):
-            continue
-        for lo, hi in spans:
-            headroom[lo:hi] -= swap.num_bytes
-        chosen.append(swap)
-    return chosen
-
-
-def predicted_drops(plan_swaps: tuple[SwapDecision, ...], sim: SimResult, limit_bytes: int,
-                    exclude: frozenset = frozenset()) -> list[SwapDecision]:
-    """Swaps of ``plan_swaps`` that can be dropped together with live bytes staying within ``limit_bytes``
-    on ``sim``'s timeline (see the module doc), smallest first; ``exclude``: tensors not to try.
-
-    Smallest first: a small tensor's bytes fit more gaps, so the first half of a refused set (the half the
-    bisection tries first) is the likelier to be kept (DenseNet-121 at batch 1108 on v100-16gb-pcie3, 24
-    simulations: 727 swaps dropped, 23.43 s; largest first 17 swaps, 23.57 s).
-    """
-    records = _records(sim)
-    proposals = []
-    for swap in sorted((s for s in plan_swaps if s.tensor not in exclude),
-                       key=lambda s: (s.num_bytes, s.tensor.name, s.tensor.index)):
-        away = _away_intervals(swap, records)
-        if away is not None:
-            proposals.append((swap, away))
-    return _pack(sim, limit_bytes, proposals)
-
-
-def earlier_swap_ins(analysis, plan_swaps: tuple[SwapDecision, ...], sim: SimResult, limit_bytes: int,
-                     exclude: frozenset = frozenset(), *, into_gaps: bool = False) -> list[SwapDecision]:
-    """Swaps of ``plan_swaps`` with each asynchronous swap-in triggered twice as many levels before its first
-    reader (:func:`~tflms.policies.swapplan.find_trigger`), those whose earlier copies fit together under
-    ``limit_bytes`` on ``sim``'s timeline (a copy then starts when its new trigger ended, holding its bytes
-    until it started before), in the order the copies started; ``exclude``: tensors not to try.
-
-    ``into_gaps``: instead, only the swap-ins whose copy started when the host-to-device link had been idle,
-    each triggered by the first reader's ancestor that ended last by the time the link went idle in ``sim``
-    (:func:`~tflms.policies.swapplan.trigger_ended_by`; the link then copies while it would have idled: on a
-    step whose compute waits for swap-ins, each such gap is time lost)."""
-    from tflms.policies.swapplan import find_trigger, trigger_ended_by
-    records = _records(sim)
-    levels = analysis.levels
-    if into_gaps:
-        idle_since = link_idle_since(sim, "h2d")
-        ends = {r.name: r.end_s for r in sim.ops if r.stream == "compute" and r.name in levels}
-    proposals = []
-    for swap in plan_swaps:
-        if swap.tensor in exclude:
-            continue
-        groups, added, first_copy = [], [], None
-        for group in swap.swap_ins:
-            copies = records.get(group.name + "/_recv") or records.get(group.name)
-            new = None
-            if not group.sync and group.trigger is not None and group.trigger_level is not None and copies:
-                first = group.consumers[0]
-                start = min(r.start_s for r in copies)
-                if not into_gaps:
-                    distance = max(1, levels[first] - group.trigger_level)
-                    new = find_trigger(analysis, first, swap.producer_level, levels[first] - 2 * distance)
-                elif start in idle_since:
-                    new = trigger_ended_by(analysis, first, swap.producer_level, ends, idle_since[start])
-            if new is None or new == group.trigger or new not in records:
-                groups.append(group)
-                continue
-            ready = max(r.end_s for r in records[new])
-            first_copy = start if first_copy is None else min(first_copy, start)
-            if ready < start:
-                added.append((ready, start))
-            groups.append(dataclasses.replace(group, trigger=new, trigger_level=levels.get(new)))
-        if first_copy is not None:
-            proposals.append((first_copy, swap.tensor.name, swap.tensor.index,
-                              dataclasses.replace(swap, swap_ins=tuple(groups)), added))
-    proposals.sort(key=lambda p: p[:3])
-    return _pack(sim, limit_bytes, [(p[3], p[4]) for p in proposals])
-
-
-def link_idle_since(sim: SimResult, stream: str) -> dict[float, float]:
-    """``{start: idle_since}`` for each copy on ``stream`` that started after the link had been idle (more
-    than :data:`LINK_IDLE_S`; from the step's start for the first copy): when it went idle."""
-    since, busy_until = {}, 0.0
-    for r in sorted((r for r in sim.ops if r.stream == stream), key=lambda r: (r.start_s, r.name)):
-        if r.start_s > busy_until + LINK_IDLE_S:
-            since[r.start_s] = busy_until
-        busy_until = max(busy_until, r.end_s)
-    return since
-
-
-def merged_swap_ins(plan_swaps: tuple[SwapDecision, ...], sim: SimResult, limit_bytes: int,
-                    exclude: frozenset = frozenset()) -> list[SwapDecision]:
-    """Swaps of ``plan_swaps`` with several swap-ins, each with one swap-in (the first group's trigger) for all
-    its readers instead, those whose merged copies fit together under ``limit_bytes`` on ``sim``'s timeline
-    (the tensor then stays on the device between its groups), most copies saved first; ``exclude``: tensors
-    not to try."""
-    records = _records(sim)
-    proposals = []
-    for swap in plan_swaps:
-        if swap.tensor in exclude or len(swap.swap_ins) < 2 or any(g.sync for g in swap.swap_ins):
-            continue
-        lives = []
-        for group in swap.swap_ins:
-            copies = records.get(group.name + "/_recv") or records.get(group.name)
-            readers = [r.end_s for c in group.consumers for r in records.get(c, ())]
-            if not copies or not readers:
-                break
-            lives.append((min(r.start_s for r in copies), max(readers)))
-        else:
-            lives.sort()
-            gaps = [(lives[k][1], lives[k + 1][0]) for k in range(len(lives) - 1) if lives[k][1] < lives[k + 1][0]]
-            first = swap.swap_ins[0]
-            members = sorted(((c, level) for g in swap.swap_ins for c, level in zip(g.consumers, g.consumer_levels)),
-                             key=lambda m: (m[1], m[0]))
-            group = dataclasses.replace(first, consumers=tuple(c for c, _ in members),
-                                        consumer_levels=tuple(level for _, level in members))
-            proposals.append((-(len(swap.swap_ins) - 1) * swap.num_bytes, swap.tensor.name, swap.tensor.index,
-                              dataclasses.replace(swap, swap_ins=(group,)), gaps))
-    proposals.sort(key=lambda p: p[:3])
-    return _pack(sim, limit_bytes, [(p[3], p[4]) for p in proposals])
-
-
-def later_waits(graph, plan_swaps: tuple[SwapDecision, ...], sim: SimResult, ordered: set[str],
-                exclude: frozenset = frozenset()) -> list[SwapDecision]:
-    """Swaps of ``plan_swaps`` that make compute wait for their swap-out, each waiting instead at the op the
-    order pins (``ordered``) twice as many ops after the producer in ``sim``'s compute order as its first
-    wait now is: compute runs on while the copy goes, and still waits for it before going much further.
-    In the order the producers ran; ``exclude``: tensors not to try. ``graph``: what ``sim`` simulated."""
-    names = _compute_order(graph, sim)
-    pos = {name: i for i, name in enumerate(names)}
-    proposals = []
-    for swap in plan_swaps:
-        if swap.tensor in exclude or not swap.sync_out_consumers or swap.tensor.op not in pos:
-            continue
-        waits = [pos[c] for c in swap.sync_out_consumers if c in pos]
-        if not waits:
-            continue
-        produced = pos[swap.tensor.op]
-        target = produced + 2 * max(1, min(waits) - produced)
-        later = next((n for n in names[target:] if n in ordered and not is_inserted(n)), None)
-        if later is None or (later,) == swap.sync_out_consumers:
-            continue
-        proposals.append((produced, swap.tensor.name, swap.tensor.index,
-                          dataclasses.replace(swap, sync_out_consumers=(later,))))
-    proposals.sort(key=lambda p: p[:3])
-    return [p[3] for p in proposals]
-
-
-def _copy_spans(plan_swaps: tuple[SwapDecision, ...], records: dict[str, list]) -> dict:
-    """``{tensor: (start, end)}`` of each swap-out copy that ran in the simulation ``records`` come from."""
-    spans = {}
-    for swap in plan_swaps:
-        copies = records.get(swap.swap_out)
-        if copies:
-            spans[swap.tensor] = (min(r.start_s for r in copies), max(r.end_s for r in copies))
-    return spans
-
-
-def _compute_order(graph, sim: SimResult) -> list[str]:
-    """The ops of ``graph`` in the order ``sim``'s compute stream ran them."""
-    return [r.name for r in sorted((r for r in sim.ops if r.stream == "compute"), key=lambda r: (r.start_s, r.name))
-            if r.name in graph]
-
-
-def split_waits(graph, plan_swaps: tuple[SwapDecision, ...], sim: SimResult, ordered: set[str],
-                exclude: frozenset = frozenset(), *, reach: float = 1.0
-                ) -> list[tuple[SwapDecision, tuple[tuple[object, str], ...]]]:
-    """Waits that stand for several copies, split: ``(swap with its wait moved later, ((tensor, op), ...))``.
-
-    A swap-out copy queues behind the copies started before it, so a wait for it also waits for theirs. When
-    compute waits at ``w`` for swap ``s``'s copy (ending at ``E_s``) and another swap ``q``'s copy, queued
-    before it and still going when ``s``'s producer ended, ends at ``E_q < E_s``, the fit may need only
-    ``q``'s bytes gone by ``w`` (VGG-16 at batch 432 on v100-16gb-pcie3: ``block1_pool`` waited 650 ms for
-    ``block1_conv2``'s 5.2 GiB copy, queued behind ``block1_conv1``'s; block 2 needs only one of them gone).
-    The proposal: ``q`` waits at ``w`` and ``s`` at the op the order pins that would start about ``E_s`` if
-    compute ran on from ``E_q`` (the ops from ``w`` on, by their durations in ``sim``): compute runs beside
-    ``s``'s copy; ``reach`` < 1 moves ``s``'s wait only that fraction of the way (the fit may need its bytes
-    gone sooner). ``graph``: what ``sim`` simulated; ``ordered``: the ops the order pins (the only ones that
-    may be given waits); ``exclude``: swaps not to change. In the order the producers ran.
-    """
-    records = _records(sim)
-    names = _compute_order(graph, sim)
-    pos = {name: i for i, name in enumerate(names)}
-    took = np.array([sum(r.end_s - r.start_s for r in records[n] if r.stream == "compute") for n in names])
-    copies = _copy_spans(plan_swaps, records)
-    proposals = []
-    for swap in plan_swaps:
-        if (swap.tensor in exclude or swap.tensor not in copies or not swap.sync_out_consumers
-                or swap.tensor.op not in pos):
-            continue
-        waits = [pos[c] for c in swap.sync_out_consumers if c in pos]
-        produced = max(r.end_s for r in records[swap.tensor.op])
-        started, ended = copies[swap.tensor]
-        queued = sorted((end, q.tensor.name, q.tensor.index, q.tensor) for q in plan_swaps
-                        if q.tensor != swap.tensor and q.tensor in copies and not q.sync_out_consumers
-                        and q.tensor not in exclude and copies[q.tensor][0] <= started
-                        and produced < (end := copies[q.tensor][1]) < ended)
-        if not waits or not queued:
-            continue
-        first = min(waits)
-        ran_on = np.cumsum(took[first:]) - took[first:]  # compute before each op from the wait on
-        target = first + int(np.searchsorted(ran_on, reach * (ended - queued[-1][0]), side="right")) - 1
-        later = next((n for n in names[max(target, first + 1):] if n in ordered and not is_inserted(n)), None)
-        if later is None:
-            continue
-        pairs = tuple((queued[-1][3], c) for c in swap.sync_out_consumers)  # the copies before it end first
-        proposals.append((pos[swap.tensor.op], swap.tensor.name, swap.tensor.index,
-                          dataclasses.replace(swap, sync_out_consumers=(later,)), pairs))
-    proposals.sort(key=lambda p: p[:3])
-    return [(p[3], p[4]) for p in proposals]
-
-
-def round_trips(plan_swaps: tuple[SwapDecision, ...], sim: SimResult, ordered: set[str],
-                exclude: frozenset = frozenset()) -> list[tuple[SwapDecision, tuple[tuple[object, str], ...]]]:
-    """Swaps of ``plan_swaps`` that never leave the device in ``sim`` (every swap-in's copy starts by the time
-    the swap-out's copy ended: :func:`_away_intervals` is empty), each with the waits that would replace it:
-    ``(swap, ((tensor, reader), ...))``, the reader being the swap's first reader in ``sim`` and each tensor a
-    swap whose swap-out copy was queued before this one's and ended after this one's producer ran.
-
-    Such a swap saves no memory of its own; it only delays its readers until the copies queued before it are
-    done, so that their tensors' bytes leave first (BERT-base at batch 477 on v100-16gb-nvlink2: every
-    attention-dropout ``Mul`` goes out and straight back, 2 x 100 ms, so that its ``SelectV2`` allocates only
-    after the 5.6 GiB ``Softmax`` copy ended). Waiting for those copies instead keeps the delay without the
-    two copies. Readers the order does not pin (``ordered``) cannot be given waits: such swaps are left
-    out. In the order the swap-outs started; ``exclude``: tensors not to try.
-    """
-    records = _records(sim)
-    outs = _copy_spans(plan_swaps, records)
-    proposals = []
-    for swap in plan_swaps:
-        if swap.tensor in exclude or swap.tensor not in outs or _away_intervals(swap, records) != []:
-            continue
-        produced = records.get(swap.tensor.op)
-        readers = sorted((r.start_s, c) for g in swap.swap_ins for c in g.consumers for r in records.get(c, ()))
-        if not produced or not readers or readers[0][1] not in ordered:
-            continue
-        ready, reader, started = max(r.end_s for r in produced), readers[0][1], outs[swap.tensor][0]
-        waits = tuple((t, reader) for t, (begin, end) in sorted(outs.items(), key=lambda kv: (kv[1], kv[0].name,
-                                                                                               kv[0].index))
-                      if t != swap.tensor and begin <= started and end > ready)
-        proposals.append((started, swap.tensor.name, swap.tensor.index, swap, waits))
-    proposals.sort(key=lambda p: p[:3])
-    return [(p[3], p[4]) for p in proposals]
-
-
-def _with_waits_for(kept: list[SwapDecision], trial: list[tuple[SwapDecision, tuple]], *,
-                    replace: bool = False) -> tuple[tuple, set]:
-    """``kept`` without the round trips of ``trial`` and with their waits (see :func:`round_trips`); a wait
-    for a swap dropped by the same trial goes with it. Returns the swaps and the dropped tensors.
-    ``replace``: ``trial``'s swaps replace those of their tensors instead (:func:`split_waits`), and the
-    tensors returned are the replaced ones."""
-    changed = {swap.tensor: swap for swap, _ in trial}
-    waits: dict = {}
-    for _, pairs in trial:
-        for tensor, reader in pairs:
-            waits.setdefault(tensor, []).append(reader)
-    swaps = []
-    for s in kept:
-        if s.tensor in changed:
-            if not replace:
-                continue
-            s = changed[s.tensor]
-        extra = tuple(r for r in dict.fromkeys(waits.get(s.tensor, ())) if r not in s.sync_out_consumers)
-        swaps.append(dataclasses.replace(s, sync_out_consumers=s.sync_out_consumers + extra) if extra else s)
-    return tuple(swaps), set(changed)
-
-
-def _with_split_waits(kept: list[SwapDecision], trial: list[tuple[SwapDecision, tuple]]) -> tuple[tuple, set]:
-    return _with_waits_for(kept, trial, replace=True)
 
 
 class _Judge:
