@@ -104,7 +104,7 @@ def test_recompute_only_reaches_a_budget_that_only_balanced_checkpoints_fit(monk
     """``recompute="only"`` judges the balanced segment plans beside the others: on the MHA block at 65% of its
     peak only a balanced plan fits (without them the tune raises the BudgetError)."""
     from tflms.errors import BudgetError
-    from tflms.tune import hybrid
+    from tflms.tune import recompute_sets
     from tflms.tune.tuner import tune
     graph = _graph("mha_block")
     budget = int(0.65 * simulate(graph, PROFILE).peak_bytes)
@@ -114,7 +114,7 @@ def test_recompute_only_reaches_a_budget_that_only_balanced_checkpoints_fit(monk
                     config=LMSConfig(recompute="only"))
 
     best = tuned().best
-    assert best.fits and best.params.get("balanced") in hybrid.BALANCED_SLACKS and not best.plan.swaps
-    monkeypatch.setattr(hybrid, "BALANCED_SLACKS", ())
+    assert best.fits and best.params.get("balanced") in recompute_sets.BALANCED_SLACKS and not best.plan.swaps
+    monkeypatch.setattr(recompute_sets, "BALANCED_SLACKS", ())
     with pytest.raises(BudgetError):
         tuned()

@@ -14,7 +14,7 @@ from tflms.passes.order import apply_tuned_order
 from tflms.passes.swaps import apply_swaps
 from tflms.sim.simulator import simulate
 from tflms.testing import assert_bitwise_equal
-from tflms.tune import hybrid
+from tflms.tune import hybrid, recompute_sets
 from tflms.tune.tuner import tune
 
 from test_recompute import PROFILE, _plain, _residual_bn_32, _search_every_miss, _train_rewritten
@@ -32,7 +32,7 @@ def _tune(graph, monkeypatch, *, stage: bool, stall_fraction: float = -1.0):
     """The tune with every miss searched and every recompute plan simulated, fits counted as stalling past
     ``stall_fraction`` of their step; with ``stage`` False the enforced-order hybrids do not run."""
     monkeypatch.setattr(hybrid, "_while_faster", _search_every_miss)
-    monkeypatch.setattr(hybrid, "compute_floor_s", lambda *args: 0.0)
+    monkeypatch.setattr(recompute_sets, "compute_floor_s", lambda *args: 0.0)
     monkeypatch.setattr(hybrid, "ORDERED_STALL_FRACTION", stall_fraction)
     monkeypatch.setattr(hybrid, "ENFORCED_SEGMENT_PRICE", SEGMENT_PRICE)
     if not stage:

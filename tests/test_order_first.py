@@ -72,8 +72,8 @@ def test_a_plan_the_order_pinned_first_fits_at_no_cost_spares_the_recompute_sear
     assert not [c for c in result.candidates if c.strategy in ("recompute", "hybrid")]
     monkeypatch.setattr(tuner, "search_order_first", lambda ev, baseline, search: [])
     # (every recompute plan simulated: here a swap plan fits faster than any of them computes, which skips them)
-    from tflms.tune import hybrid
-    monkeypatch.setattr(hybrid, "compute_floor_s", lambda *args: 0.0)
+    from tflms.tune import recompute_sets
+    monkeypatch.setattr(recompute_sets, "compute_floor_s", lambda *args: 0.0)
     without = tuner.tune(graph, budget=budget, profile=SLOW, enforce_order=True)
     assert [c for c in without.candidates if c.strategy == "recompute"], "the control searched no recompute plan"
 

@@ -2,8 +2,8 @@
 
 - the swap floor (:meth:`TuneEvaluator.swap_floor_above`, the any-order bound): where it is slower than the unswapped
   step, the recompute search runs first, and the swap searches only where the floor does not rule out beating its fit;
-- a recompute plan's compute floor (:func:`tflms.tune.hybrid.compute_floor_s`): not simulated where it is slower than
-  the fastest fit so far;
+- a recompute plan's compute floor (:func:`tflms.tune.recompute_sets.compute_floor_s`): not simulated where it is
+  slower than the fastest fit so far;
 - pruning: a plan whose step lasts its compute time gets no trial that could only make it faster.
 """
 
@@ -15,7 +15,7 @@ import pytest
 
 from test_recompute import PROFILE, _residual_bn_32
 from tflms.sim.simulator import SimResult, simulate
-from tflms.tune import hybrid, prune, search
+from tflms.tune import prune, recompute_sets, search
 from tflms.tune.tuner import tune
 
 #: A link fast enough that every copy hides (1 TB/s).
@@ -39,7 +39,7 @@ def _whole(monkeypatch, graph, budget, profile=SLOW_LINK):
     """The tune with none of the three floors (the search they shorten)."""
     with monkeypatch.context() as m:
         m.setattr(search.TuneEvaluator, "swap_floor_above", lambda self, limit: False)
-        m.setattr(hybrid, "compute_floor_s", lambda *args: 0.0)
+        m.setattr(recompute_sets, "compute_floor_s", lambda *args: 0.0)
         m.setattr(SimResult, "compute_bound", property(lambda self: False))
         return tune(graph, budget=budget, profile=profile, enforce_order=True)
 
@@ -88,7 +88,7 @@ def test_a_recompute_plan_never_computes_less_than_its_compute_floor(residual_st
     graph, base = residual_step
     budget = base.resident_bytes + int(0.8 * base.transient_peak_bytes)
     floors = {}
-    real = hybrid.compute_floor_s
+    real = recompute_sets.compute_floor_s
 
     def spy(baseline, times, decisions):
         decisions = tuple(decisions)
@@ -98,7 +98,7 @@ def test_a_recompute_plan_never_computes_less_than_its_compute_floor(residual_st
     with monkeypatch.context() as m:  # (the other two floors as in the whole search)
         m.setattr(search.TuneEvaluator, "swap_floor_above", lambda self, limit: False)
         m.setattr(SimResult, "compute_bound", property(lambda self: False))
-        m.setattr(hybrid, "compute_floor_s", spy)
+        m.setattr(recompute_sets, "compute_floor_s", spy)
         spied = tune(graph, budget=budget, profile=SLOW_LINK, enforce_order=True)
     assert (spied.best.params, _plan_key(spied.best)) == (whole.best.params, _plan_key(whole.best))
     recomputes = [c for c in whole.candidates if c.strategy == "recompute"]

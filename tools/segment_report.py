@@ -4,7 +4,7 @@ For a bench model at a size (tools/benchlib: the traced training step, the bench
 recomputable op of each segment is re-run (no swaps), with the kept articulations chosen two ways:
 evenly spaced (:func:`tflms.policies.checkpoints.segment_ops`: one segment, sqrt(n), every articulation) and
 by bytes (:func:`tflms.policies.checkpoints.balanced_segment_ops` at each of
-:data:`tflms.tune.hybrid.BALANCED_SLACKS`). Each plan's peak (with headroom) in level order and with the
+:data:`tflms.tune.recompute_sets.BALANCED_SLACKS`). Each plan's peak (with headroom) in level order and with the
 memory-aware order pinned (:func:`tflms.passes.order.enforce_order`, as the pipeline runs it), and its step
 time. Figures are simulated (tflms.sim), not measured on a GPU.
 

@@ -21,7 +21,7 @@ and simulate it a few times.
     python tools/time_floor.py --point resnet50:1347:v100-16gb-pcie3 --recompute 0.05,0.25
 
 ``--recompute`` adds, for each price, the floor of the step with the tuner's recompute set of that price in it
-(``tflms.tune.hybrid.priced``): a bound on the swaps such a hybrid still needs, the clones' compute included.
+(``tflms.tune.recompute_sets.priced``): a bound on the swaps such a hybrid still needs, the clones' compute included.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def points_from_bench(path: str) -> list[tuple[str, int, str, dict]]:
 def recomputed(graph: Any, profile: Any, price: float) -> tuple[Any, int]:
     """``(graph with the tuner's recompute set of that price in it, how many tensors it recomputes)``: the forward
     tensors whose chain rebuilds them for at most ``price`` times the two copies a swap of them takes
-    (:func:`tflms.tune.hybrid.priced`, the tuner's recompute plans without swaps)."""
+    (:func:`tflms.tune.recompute_sets.priced`, the tuner's recompute plans without swaps)."""
     from tflms.analysis.cto import analyze_graph
     from tflms.config import LMSConfig
     from tflms.passes.swaps import apply_swaps

@@ -3,7 +3,7 @@
 :func:`rank_candidates` ranks every forward op whose outputs the backward pass reads by bytes freed per second
 of recompute (its chain from :func:`~tflms.policies.recompute_chains.chain_for`); :func:`select` takes ranked
 candidates greedily while their chains stay local (no chain re-running what another reads as kept, at most
-:data:`MAX_JOINED_OPS` ops joined). The tuner decides how many to take (:mod:`tflms.tune.hybrid`).
+:data:`MAX_JOINED_OPS` ops joined). The tuner decides how many to take (:mod:`tflms.tune.recompute_sets`).
 """
 
 from __future__ import annotations

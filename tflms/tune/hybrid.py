@@ -28,6 +28,9 @@ With ``recompute="only"`` there are no swaps: the sets alone (among them the spl
 whose checkpoints are chosen by bytes, :func:`~tflms.policies.checkpoints.balanced_segment_ops`), and between the
 largest price that does not fit and the smallest that does, a bisection on the ranking for the cheapest set that
 fits.
+
+The recompute plans judged alone, and how one is judged, are :mod:`tflms.tune.recompute_sets`' (their names stay
+importable from here); this module decides which of them get swaps, how, and when each later stage runs.
 """
 
 from __future__ import annotations
@@ -42,35 +45,20 @@ from tflms.analysis.cto import Analysis, analyze_graph
 from tflms.ir.graph import Graph, TensorRef
 from tflms.passes.swaps import apply_swaps
 from tflms.policies.eligibility import is_clone, swapping_clones
-from tflms.policies.recompute import (articulations, backward_readers, balanced_segment_ops, chain_for, is_resident,
-                                      output_bytes, rank_candidates, recompute_plan, segment_ops, select)
+from tflms.policies.recompute import (articulations, backward_readers, chain_for, is_resident, rank_candidates,
+                                      segment_ops, select)
 from tflms.policies.swapplan import SwapPlan
 from tflms.sim.cost import op_time_s
-from tflms.sim.records import COMPUTE_ROUND_OFF
 from tflms.sim.simulator import RECV_SUFFIX, SimResult, simulate
 from tflms.tune.result import Candidate
+# the recompute plans judged alone: the names stay importable from here
+from tflms.tune.recompute_sets import (BALANCED_SLACKS, ONLY_BISECTIONS, PRICES, RELAX_BISECTIONS,  # noqa: F401
+                                       SEGMENT_PRICES, SEGMENT_SPLITS, _bisect, _judge_ops, _priced_ops, _relax,
+                                       _round_trip_s, _segment_candidates, compute_floor_s, priced)
 
 if TYPE_CHECKING:
     from tflms.tune.search import TuneEvaluator
 
-#: Recompute a tensor when its chain costs at most this times the two copies a swap of it takes.
-PRICES = (0.05, 0.25, 1.0, 4.0)
-#: Prices within checkpointed segments (``None``: every op of a segment is re-run, as Chen et al.).
-SEGMENT_PRICES = (None, 1.0, 0.25)
-#: ``split_levels`` of :func:`~tflms.policies.recompute.plan_recomputes` tried on each segment plan where the
-#: hybrids found no fast fit (:func:`_split_hybrids`): a segment's first layers re-run again for their own backward
-#: pass when their clones would wait more than this many levels. BERT-base at batch 324 on v100-16gb-pcie3, 8
-#: segments: the enforced order's peak 24.71 GiB at 12.74 s without, 19.35 GiB at 14.20 s with 10 (docs/design.md,
-#: "Swap or recompute", item 6).
-SEGMENT_SPLITS = (10,)
-#: ``slack`` of :func:`~tflms.policies.checkpoints.balanced_segment_ops` for the segment plans of ``recompute="only"``:
-#: 1 keeps the checkpoints that bound every segment's bytes least, 1.5 fewer of them. On v100-16gb-pcie3, in the
-#: enforced order, ResNet-50 at batch 1347 peaks at 35.0 / 40.3 GiB with them against 47.6 for the best evenly
-#: spaced plan, DenseNet-121 at 1143 at 35.7 / 29.0 against 41.2, BERT-base at 324 at 29.2 / 31.0 against 41.2,
-#: each at about the same step time (tools/segment_report.py). Not in the hybrid search: there, at BERT-base 324,
-#: they took the swap search from the split plan that wins (13.02 s) and fitted at 26.57 s (docs/design.md, "Swap or
-#: recompute", item 7).
-BALANCED_SLACKS = (1.0, 1.5)
 #: A split plan that clones more than this many times the ops of the same segment plan unsplit is not given swaps:
 #: the re-runs of a chain whose every op reads every earlier one (a dense block's concatenations) re-run all of it.
 SPLIT_MAX_CLONES = 2.0
@@ -79,8 +67,6 @@ SPLIT_MAX_CLONES = 2.0
 #: in 255.6 s instead of 225.2 s. (Three were first ruled out for memory: DenseNet-121's tune at batch 1143 reached
 #: 24.2 GB, which came from reference cycles since broken; docs/design.md, "Tuning memory".)
 SPLIT_HYBRIDS = 1
-#: Simulations :func:`_relax` may take.
-RELAX_BISECTIONS = 10
 #: Recompute plans that miss the budget which get swaps for the excess (the closest to fitting).
 HYBRIDS = 3
 #: The hybrids ordered first are also searched when the fastest hybrid that fits in level order stalls on its
@@ -95,8 +81,6 @@ ENFORCED_SEGMENT_PRICE = 0.05
 #: Recompute plans that miss the budget given the whole swap tuner in the enforced order (the least compute first):
 #: each is a full tune of its recomputed step (about a minute at ResNet-50's batch 1347 on the 2-core machine).
 ENFORCED_HYBRIDS = 2
-#: Simulations the bisection of ``recompute="only"`` may take.
-ONLY_BISECTIONS = 8
 #: The most candidates one search records: a recompute plan per price and per (segments, price), the
 #: relaxation's trials, the hybrids, the bisection of ``"only"`` and its balanced segment plans, and the split
 #: stage's plans and hybrids (:func:`_split_hybrids`).
@@ -369,83 +353,6 @@ def _split_hybrids(ev: TuneEvaluator, times: Mapping[str, float], skipped: tuple
     return added
 
 
-def _relax(ev: TuneEvaluator, times: Mapping[str, float], cand: Candidate, skipped: tuple) -> list[Candidate]:
-    """The fastest fitting recompute plan with its dearest ops (re-run time per byte freed) kept instead, as many
-    as still fit: a bisection on how many (at most :data:`RELAX_BISECTIONS` simulations). The memory the budget
-    leaves is spent on not re-running matrix products."""
-    graph = ev.analysis.graph
-    ops = sorted({op for r in cand.plan.recomputes for op in r.ops},
-                 key=lambda op: (-times[op] / max(1, output_bytes(graph, op)), op))
-    added, low, high = [], 0, len(ops)  # keeping ``low`` fits; keeping ``high`` is not known to
-    for _ in range(RELAX_BISECTIONS):
-        if high - low <= max(1, len(ops) // 64):
-            break
-        middle = (low + high + 1) // 2
-        trial = _judge_ops(ev, times, ops[middle:], skipped, {**cand.params, "kept": middle})
-        if trial is None:
-            high = middle - 1
-            continue
-        added.append(trial)
-        if trial.fits:
-            low = middle
-        else:
-            high = middle - 1
-    return added
-
-
-def priced(ranked: list, profile, price: float) -> int:
-    """How many of ``ranked`` (:func:`~tflms.policies.recompute_rank.rank_candidates`: best first) rebuild their tensor
-    for at most ``price`` times the two copies a swap of its bytes would take over ``profile``'s host link: the
-    recompute set of that price is the first that many."""
-    return sum(1 for c in ranked if c.cost_s <= price * _round_trip_s(profile, c.freed_bytes))
-
-
-def _priced_ops(ev: TuneEvaluator, times: Mapping[str, float], ops: Iterable[str], price: float | None) -> frozenset:
-    """Those of ``ops`` whose re-run costs at most ``price`` times the two copies of their outputs (all of them for
-    ``None``): within a segment, the rest are kept (:func:`_segment_candidates`, :func:`_enforced_hybrids`)."""
-    graph = ev.analysis.graph
-    return frozenset(op for op in ops
-                     if price is None or times[op] <= price * _round_trip_s(ev.profile, output_bytes(graph, op)))
-
-
-def _round_trip_s(profile, num_bytes: int) -> float:
-    """The two copies a swap of ``num_bytes`` takes over ``profile``'s host link."""
-    return 2 * profile.copy_time_s(num_bytes)
-
-
-def _judge_ops(ev: TuneEvaluator, times: Mapping[str, float], ops, skipped: tuple, params: dict, *,
-              split_only: bool = False, bound: Callable[[], float] | None = None,
-              per_reader: frozenset[str] = frozenset()) -> Candidate | None:
-    """Recompute ``ops`` (:func:`~tflms.policies.recompute.recompute_plan`, with ``params["split"]`` as its
-    ``split_levels``), simulate and record the plan (``params`` plus what it recomputes); ``None`` when no op can be
-    recomputed, or, with ``split_only``, when the split re-runs nothing again (the plan without it), or when the
-    plan computes longer than ``bound()`` seconds (the fastest fit so far).
-
-    That plan cannot win, nor can a hybrid of it: the compute stream runs every op of the step and every clone,
-    one after another, and a step lasts at least that long (:func:`compute_floor_s`). It is not simulated. On
-    ResNet-50 at batch 32 (tools/bench_rewrite.py's budget) that leaves out 7 of the 16 recompute plans."""
-    plan = recompute_plan(ev.analysis, ops, ev.base_config, accelerator_device=ev.accelerator,
-                          split_levels=params.get("split"), per_reader=per_reader, skipped=skipped)
-    decisions = plan.recomputes
-    if not decisions or (split_only and not any(r.copy for r in decisions)):
-        return None
-    if bound is not None and compute_floor_s(ev.context.baseline, times, decisions) > bound():
-        return None
-    # (incrementally, without the rewritten graph: that is built where it is read, ``ev.graph_of``)
-    sim = ev.plans.evaluate(plan)
-    params = {**params, "recomputed": sum(len(r.tensors) for r in decisions),
-              "cloned": sum(len(r.ops) for r in decisions)}
-    return ev.record("recompute", params, plan, sim, None, None)
-
-
-def compute_floor_s(baseline: SimResult, times: Mapping[str, float], decisions: Iterable) -> float:
-    """The least step time of any plan with these recompute ``decisions``: the unswapped step's compute time plus
-    the clones' (``times`` by original op; a clone takes its original's), less a round-off allowance. The gates
-    and swaps add no compute; the order cannot remove any."""
-    cloned = sum(times[op] for r in decisions for op in r.ops)
-    return (baseline.compute_time_s + cloned) * (1 - COMPUTE_ROUND_OFF)
-
-
 def _hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
              nested: Callable[[Analysis], list[Candidate]], extra: Mapping[str, int] | None = None) -> list[Candidate]:
     """Swaps chosen by the whole swap tuner on the recomputed graph, each recorded with the recomputes (and ``extra``
@@ -513,59 +420,4 @@ def _ordered_hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
         added.append(ev.record("hybrid", {**recompute.params, "swaps": c.strategy, **c.params, **_clones_swapped(plan),
                                           "order_first": edges}, plan, c.sim, graph, c.policy, order=order,
                                what=f"with the order pinned before the swaps ({edges} edges)"))
-    return added
-
-
-def _bisect(ev: TuneEvaluator, judge: Callable[[int, float | None], Candidate | None], counts: list[int]) -> None:
-    """Between the largest count that does not fit and the smallest that does, the fewest recomputes that fit."""
-    for _ in range(ONLY_BISECTIONS):
-        fit = sorted(n for n in counts if (c := judge(n, None)) is not None and c.fits)
-        if not fit:
-            return
-        below = [n for n in counts if n < fit[0]]
-        low, high = (max(below) if below else 0), fit[0]
-        if high - low <= 1:
-            return
-        middle = (low + high) // 2
-        counts.append(middle)
-        judge(middle, None)
-
-
-def _segment_candidates(ev: TuneEvaluator, times: Mapping[str, float], skipped: tuple,
-                        splits: tuple[int, ...] = (), balanced: bool = False,
-                        bound: Callable[[], float] | None = None) -> list[Candidate]:
-    """Graph-level checkpointing (Chen et al.): segments between kept articulations re-run before their backward
-    pass; within them, an op whose re-run costs more than ``price`` times the two copies of its outputs is kept
-    instead (a matrix product whose output copies hide), for the swap tuner to swap or keep. With ``splits``: the
-    same plans re-run again past each of those levels instead (where that re-runs something). With ``balanced``:
-    the articulations kept are chosen by bytes (:func:`~tflms.policies.checkpoints.balanced_segment_ops`, at each
-    of :data:`BALANCED_SLACKS`; ``params["balanced"]``), and ``splits`` adds to the plans instead of replacing
-    them. ``bound``: as :func:`_judge_ops`'s."""
-    import math
-    cuts = articulations(ev.analysis)
-    if not cuts:
-        return []
-    if balanced:
-        bases = []
-        for slack in BALANCED_SLACKS:
-            ops, kept = balanced_segment_ops(ev.analysis, slack)
-            bases.append((ops, {"segments": kept + 1, "balanced": slack}))
-        splits = (None, *splits)
-    else:
-        bases = [(segment_ops(ev.analysis, segments), {"segments": segments})
-                 for segments in sorted({len(cuts), max(1, round(math.sqrt(len(cuts))))}, reverse=True)]
-    added, seen = [], set()
-    for base, how in bases:
-        for price in SEGMENT_PRICES:
-            ops = _priced_ops(ev, times, base, price)
-            if not ops or ops in seen:
-                continue
-            seen.add(ops)
-            params = {**how, "price": "any" if price is None else price}
-            for split in splits or (None,):
-                cand = _judge_ops(ev, times, ops, skipped, params if split is None else {**params, "split": split},
-                                  split_only=split is not None,  # (a split that re-runs nothing again: no plan)
-                                  bound=bound)
-                if cand is not None:
-                    added.append(cand)
     return added
