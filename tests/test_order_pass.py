@@ -255,8 +255,8 @@ def _finalist_world(monkeypatch, ordered_need: dict[str, float]):
     import types
 
     import tflms.passes.order
+    import tflms.tune.finalists as finalists
     import tflms.tune.peakswap
-    import tflms.tune.search as search
     from tflms.tune.result import Candidate
 
     budget = 16.0
@@ -280,7 +280,7 @@ def _finalist_world(monkeypatch, ordered_need: dict[str, float]):
     started = []
     monkeypatch.setattr(tflms.passes.order, "enforce_order", lambda graph, *a, **k: types.SimpleNamespace(
         changed=False, report=types.SimpleNamespace(num_edges=0)))
-    monkeypatch.setattr(search, "record_ordered", record)
+    monkeypatch.setattr(finalists, "record_ordered", record)
     monkeypatch.setattr(tflms.tune.peakswap, "swap_across_peak", lambda ev_, c: started.append(c.params["name"]) or [])
     # level order: family (distance, 0) has the two lowest peaks; four more families one plan each
     level("tflms-distance", 0, "a0", 30)
