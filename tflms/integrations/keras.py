@@ -89,222 +89,41 @@ by :mod:`tflms.integrations.tf_keras` (tf_keras's trainer has no step
 the end of the data: there tf_keras's own train function runs, as without LMS
 (see :class:`_LMSTrainFunction`). tf_keras has no ``jit_compile="auto"``: its
 default is no XLA, and ``jit_compile=True`` is refused.
+
+This module is the callback: its hooks, the XLA switch around its fits, and its reports. The step it runs and the
+train function that calls it are :mod:`tflms.integrations.keras_step`; which models it takes and where it finds
+their step, :mod:`tflms.integrations.keras_support`. Their names stay importable from here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import warnings
 from typing import Any, Sequence
 
 import keras
-import tensorflow as tf
 
 from tflms._compat.flavour import TF_KERAS, keras_flavour
 from tflms.config import LMSConfig, option_names
 from tflms.passes.place import Placement
 from tflms.errors import UnsupportedModelError
 from tflms.integrations import tf_keras as tf_keras_integration
-from tflms.integrations.function import check_devices_exist, rewrite_concrete
-from tflms.integrations.progress import SILENT, SUMMARY, check_verbose, summary_line, tuner_progress
+from tflms.integrations.function import check_devices_exist
+from tflms.integrations.progress import SILENT, SUMMARY, check_verbose, summary_line
 from tflms.integrations.progress import default_print as _print
 from tflms.report import RewriteReport
+# the step the callback runs, and what it supports: the names stay importable from here
+from tflms.integrations.keras_step import (_describe_inputs, _input_specs, _leading_dim,  # noqa: F401
+                                           _LMSTrainFunction, _needs_resizing, _none_for_optionals,
+                                           _RewrittenStep, _steps_per_execution, _Trace)
+from tflms.integrations.keras_support import (_KERAS_STEP_NAME, _KERAS_TRAIN_FUNCTION_QUALNAME,  # noqa: F401
+                                              _KERAS_TRAINER_MODULE, _auto_chooses_xla, _is_default_strategy,
+                                              _keras_step, _supported_strategy)
 
 _OPTION_NAMES = frozenset(option_names())
 logger = logging.getLogger(__name__)
 
 __all__ = ["LMS", "UnsupportedModelError"]
-
-#: Where ``TensorFlowTrainer._make_function`` defines the train function it returns (Keras 3.0 - 3.15).
-_KERAS_TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
-_KERAS_TRAIN_FUNCTION_QUALNAME = "TensorFlowTrainer._make_function.<locals>.function"
-#: The name of the step ``tf.function`` in that function's closure.
-_KERAS_STEP_NAME = "one_step_on_data"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Trace:
-    original: Any  # the ConcreteFunction Keras's one_step_on_data traced
-    rewritten: Any  # the ConcreteFunction that runs instead
-    report: RewriteReport
-    placement: Placement  # where each replica's swap ops run
-    sized_batch: int | None = None  # the batch size an unknown batch dimension was sized for (None: not needed)
-
-
-def _none_for_optionals(data: Any) -> Any:
-    """What Keras's ``_autoconvert_optionals`` does before calling the step: ``tf.experimental.Optional`` -> None.
-
-    Applied to a batch and to its ``element_spec`` (where an Optional is an ``OptionalSpec``).
-    """
-    optional = (tf.experimental.Optional, tf.OptionalSpec)
-    return keras.tree.map_structure(lambda t: None if isinstance(t, optional) else t, data)
-
-
-def _leading_dim(data: Any) -> int:
-    """The largest leading dimension of the batch's tensors (0 if none has one; per replica when distributed)."""
-    dims = [t.shape[0] for t in tf.nest.flatten(data, expand_composites=True) if hasattr(t, "shape") and t.shape.rank]
-    return max([int(d) for d in dims if d is not None], default=0)
-
-
-def _input_specs(concrete) -> list[tf.TensorSpec]:
-    """The tensor specs of the step's inputs (a distributed step's per-replica specs give one per replica)."""
-    return [s for s in tf.nest.flatten(concrete.structured_input_signature, expand_composites=True)
-            if isinstance(s, tf.TensorSpec)]
-
-
-def _describe_inputs(concrete) -> str:
-    return ", ".join(f"{tuple(s.shape.as_list())} {s.dtype.name}" for s in _input_specs(concrete))
-
-
-class _RewrittenStep:
-    """Keras's ``one_step_on_data`` tf.function, run as tflms rewrites of its traces.
-
-    A step is traced as Keras traces it: for the iterator's ``element_spec``
-    (Keras calls the step inside ``multi_step_on_iterator`` on the symbolic
-    output of ``get_next``), so the graph that runs is the graph Keras would have
-    run, and a short last batch needs no new trace. A trace with an unknown batch
-    dimension is sized (for swap planning and the tuner) by the batches it runs
-    on: it is rewritten again, once, when a larger batch than it was sized for
-    arrives (a later ``fit`` with a larger ``batch_size``).
-    """
-
-    def __init__(self, tf_function, config: LMSConfig, on_trace, verbose: int = SILENT):
-        self.tf_function = tf_function
-        self.config = config
-        self.on_trace = on_trace
-        self.verbose = verbose
-        self.traces: dict[int, _Trace] = {}  # by id of the original ConcreteFunction (kept alive in the _Trace)
-        self.last: _Trace | None = None
-
-    def __call__(self, data: Any, element_spec: Any = None) -> Any:
-        data = _none_for_optionals(data)
-        signature = data if element_spec is None else _none_for_optionals(element_spec)
-        concrete = self.tf_function.get_concrete_function(signature)
-        trace = self.traces.get(id(concrete))
-        if trace is None or trace.original is not concrete or _needs_resizing(trace, data):
-            trace = self._rewrite(concrete, data)
-            self.traces[id(concrete)] = trace
-            self.on_trace(trace, self)
-        self.last = trace
-        return trace.rewritten(data)
-
-    def _rewrite(self, concrete, data: Any) -> _Trace:
-        config = self.config
-        unknown = any(s.shape.rank and s.shape[0] is None for s in _input_specs(concrete))
-        sized = None
-        if unknown and config.batch_size is None:
-            sized = _leading_dim(data) or None
-            config = config.replace(batch_size=sized)
-        with tuner_progress(self.verbose if config.auto_tune else SILENT, "tflms.keras.LMS") as progress:
-            rewritten, report, placement = rewrite_concrete(concrete, config, example_inputs=[data],
-                                                            progress=progress)
-        return _Trace(concrete, rewritten, report, placement, sized)
-
-
-def _needs_resizing(trace: _Trace, data: Any) -> bool:
-    return trace.sized_batch is not None and _leading_dim(data) > trace.sized_batch
-
-
-class _LMSTrainFunction:
-    """Stands in ``model.train_function``: Keras's loop over ``steps_per_execution`` batches, in Python.
-
-    Mirrors ``function`` in ``TensorFlowTrainer._make_function``: at most
-    ``steps_per_execution`` batches are taken from the iterator (no extra
-    ``get_next``), the outputs of the last step are returned, and
-    ``StopIteration`` is raised when the iterator had nothing left.
-
-    ``tf_keras=True``: where the data ends (a dataset of unknown length ends its
-    first epoch so; ``steps_per_epoch`` may ask for more than there is), tf_keras's
-    own ``train_function`` is called on the exhausted iterator, as tf_keras's
-    ``fit`` would have called it. Its ``next(iterator)`` in the graph raises
-    ``OutOfRangeError``, also after some steps of an execution ran (fit reports no
-    batch end for them), and the ops of the step that do not wait for the data run
-    before it fails: the optimizer's ``iterations.assign_add`` does, so tf_keras's
-    own fit counts one step more than it trained, and Adam's bias correction sees
-    it in every later step. Calling tf_keras's function there makes the fit with
-    LMS do what the fit without it does (tf_keras's step is then traced once more,
-    with no swaps; it trains nothing).
-    """
-
-    def __init__(self, owner: "LMS", model, keras_function, step: _RewrittenStep, *, tf_keras: bool = False):
-        self.owner, self.model, self.keras_function, self.step = owner, model, keras_function, step
-        self.tf_keras = tf_keras
-
-    def __call__(self, iterator):
-        steps = _steps_per_execution(self.model)
-        outputs = None
-        if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
-            for _ in range(steps):
-                optional = iterator.get_next_as_optional()
-                if not optional.has_value():
-                    if self.tf_keras:
-                        return self.keras_function(iterator)  # raises OutOfRangeError, as without LMS
-                    break
-                outputs = self.step(optional.get_value(), iterator.element_spec)
-            if outputs is None:
-                raise StopIteration
-            return outputs
-        for _, data in zip(range(steps), iterator):
-            outputs = self.step(data)
-        return outputs
-
-
-def _steps_per_execution(model) -> int:
-    """``model.steps_per_execution`` now: an int in Keras 3, a variable in tf_keras (mirrored under a strategy; its
-    data handler lowers it for the last, shorter execution of an epoch)."""
-    value = model.steps_per_execution
-    return int(value.numpy() if hasattr(value, "numpy") else value)
-
-
-def _supported_strategy(strategy) -> bool:
-    """The default strategy, ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` (see the module doc)."""
-    supported = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
-    return _is_default_strategy(strategy) or isinstance(strategy, supported)
-
-
-def _is_default_strategy(strategy) -> bool:
-    from tflms._compat.tf import default_strategy
-    return strategy is default_strategy()
-
-
-def _auto_chooses_xla(model) -> bool:
-    """Whether Keras's ``jit_compile="auto"`` resolves to XLA for ``model`` on this machine (a GPU is present)."""
-    resolve = getattr(model, "_resolve_auto_jit_compile", None)  # Keras 3's own resolution (private)
-    try:
-        return bool(resolve()) if resolve is not None else False
-    except Exception:  # noqa: BLE001 - a Keras that resolves differently: treat True as explicit
-        return False
-
-
-def _keras_step(model, keras_function):
-    """Keras's ``one_step_on_data`` tf.function, found in the closure of ``keras_function``.
-
-    Raises :class:`UnsupportedModelError` naming what was not found.
-    """
-    name = getattr(model, "name", type(model).__name__)
-    if keras_function is None:
-        raise UnsupportedModelError(
-            f"tflms.keras.LMS: model {name!r} has no train_function yet; LMS replaces it in on_train_begin, which "
-            "Keras's fit calls right after make_train_function (call model.make_train_function() first when "
-            "driving the callback by hand)")
-    module, qualname = getattr(keras_function, "__module__", None), getattr(keras_function, "__qualname__", None)
-    if module != _KERAS_TRAINER_MODULE or qualname != _KERAS_TRAIN_FUNCTION_QUALNAME:
-        raise UnsupportedModelError(
-            f"tflms.keras.LMS: model {name!r} has a train_function {module}.{qualname}, not the one Keras's "
-            f"TensorFlow trainer builds ({_KERAS_TRAINER_MODULE}.{_KERAS_TRAIN_FUNCTION_QUALNAME}), so the training "
-            "step cannot be found. Do not override make_train_function or set model.train_function when using "
-            "LMS (overriding train_step is fine); for a custom training loop use tflms.function")
-    from tflms._compat.tf import closure_value
-    wrapper = closure_value(keras_function, _KERAS_STEP_NAME)
-    step = getattr(wrapper, "__wrapped__", wrapper)  # under keras's _autoconvert_optionals (functools.wraps)
-    if step is None or not hasattr(step, "get_concrete_function"):
-        raise UnsupportedModelError(
-            f"tflms.keras.LMS: no tf.function {_KERAS_STEP_NAME!r} in the closure of model {name!r}'s "
-            f"train_function (found {type(step).__name__}; closure names {list(code.co_freevars)}). This Keras "
-            f"({keras.__version__}) builds its train function differently from the Keras 3 versions tflms knows; "
-            "use tflms.function in a custom training loop instead")
-    return step
 
 
 class LMS(keras.callbacks.Callback, tf_keras_integration.TfKerasCallbackHooks):
