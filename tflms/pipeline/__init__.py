@@ -24,6 +24,10 @@ made here reaches every user. Its stages, in order:
    (:func:`tflms.ir.preoptimize.run_preoptimized`): grappler already ran in step 1.
 
 The result is one typed record, :class:`StepRewrite`.
+
+The decisions the stages take are in modules of their own: LOAD and BUILD (:mod:`tflms.pipeline.load_build`),
+which hardware a rewrite plans for and at which price (:mod:`tflms.pipeline.hardware`), which compression pass it
+runs (:mod:`tflms.pipeline.compression`). Their names stay importable from ``tflms.pipeline``.
 """
 
 from __future__ import annotations
@@ -36,18 +40,23 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tflms.analysis.cto import Analysis, Category, analyze_graph, no_training_step_error
+from tflms.analysis.cto import Analysis, analyze_graph, no_training_step_error
 from tflms.config import COMPRESS_AUTO, LMSConfig
 from tflms.devices import local_gpu, resolve_accelerator, runs_onednn_cpu_kernels
-from tflms.errors import ConfigError
 from tflms.ir import tf_io
-from tflms.ir.graph import Graph, TensorRef
+from tflms.ir.graph import Graph
 from tflms.passes import DEFAULT_COPY_OP, Placement, apply_swaps, place_swaps
 from tflms.passes.workspace import keep_workspace_edges
-from tflms.policies.swapplan import SwapPlan, check_filters, skip_reason
+from tflms.policies.swapplan import SwapPlan, check_filters
 from tflms.policies.tflms_rules import plan_swaps
-from tflms.profiles import HardwareProfile, ProfileChoice, select_profile
+from tflms.profiles import HardwareProfile, select_profile
 from tflms.report import RewriteReport
+# the stages' decisions: the names stay importable from here
+from tflms.pipeline.compression import _compression_summary, _compressor, _supports  # noqa: F401
+from tflms.pipeline.hardware import (PROFILE_DEVICE, default_budget, hardware_record,  # noqa: F401
+                                     no_gpu_warning, priced_profile, tf32_setting)
+from tflms.pipeline.load_build import (_accumulator_pins, _build, _grappler_done_before, _observer,  # noqa: F401
+                                       _preoptimized, _ran_check, _traced_and_preoptimized)
 
 logger = logging.getLogger(__name__)
 
@@ -85,46 +94,6 @@ def analyze(source: Any, *args: Any, batch_size: int | None = None, **kwargs: An
     tensor's producer, consumers, level distances and bytes.
     """
     return analyze_graph(tf_io.load_graph(_preoptimized(source, args, kwargs), batch_size=batch_size))
-
-
-def _preoptimized(source: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> Any:
-    """LOAD: a ConcreteFunction after grappler (as TensorFlow would run it), else ``source`` as it is."""
-    return _traced_and_preoptimized(source, args, kwargs)[1]
-
-
-def _traced_and_preoptimized(source: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None,
-                             example_inputs: Sequence[Any] | None = None):
-    """``(the ConcreteFunction of source or None, what LOAD reads)``.
-
-    With ``example_inputs`` (a call's positional arguments) the order in which this
-    machine's executor sums each grappler accumulator on a CPU is observed in one
-    call of the step (:mod:`tflms.measure.accumulations`), only when there is one.
-    """
-    concrete = tf_io.concrete_function_of(source, *args, **(kwargs or {}))
-    if concrete is None:
-        return None, source
-    from tflms.ir import preoptimize
-    return concrete, preoptimize.preoptimize(concrete, _observer(concrete, example_inputs),
-                                             _ran_check(concrete, example_inputs))
-
-
-def _observer(concrete: Any, example_inputs: Sequence[Any] | None) -> Callable[[Any, Any], Any] | None:
-    """How LOAD observes the summation orders of ``concrete``'s accumulators: one call with ``example_inputs``."""
-    if example_inputs is None:
-        return None
-    from tflms.measure.accumulations import observe_accumulation_orders
-    return lambda function, adds: observe_accumulation_orders(function, list(example_inputs), adds,
-                                                              variables=concrete.graph.variables)
-
-
-def _ran_check(concrete: Any, example_inputs: Sequence[Any] | None) -> Callable[[Any], Any] | None:
-    """How LOAD learns which accumulators TensorFlow's own run of ``concrete`` makes: one call with
-    ``example_inputs``."""
-    if example_inputs is None:
-        return None
-    from tflms.measure.accumulations import instantiated_accumulators
-    return lambda function: instantiated_accumulators(function, list(example_inputs),
-                                                      variables=concrete.graph.variables)
 
 
 def rewrite(source: Any, config: LMSConfig | None = None, *args: Any, copy_op: str = DEFAULT_COPY_OP,
@@ -264,66 +233,6 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
                            function=function)
 
 
-def _grappler_done_before(step: Any, original: Any) -> bool:
-    """Whether grappler ran before the rewrite (LOAD's pre-pass), so that none runs after it; ``True`` for a
-    graph that is no ``ConcreteFunction`` (nothing of it is instantiated here)."""
-    if original is None or not tf_io.is_concrete_function(step):
-        return True
-    from tflms._compat import grappler as compat
-    return compat.is_grappler_done(step)
-
-
-def _accumulator_pins(step: Any) -> tuple[dict[str, Any], ...]:
-    """How LOAD pinned the summation order of each grappler accumulator in ``step`` (the report's record)."""
-    if not tf_io.is_concrete_function(step):
-        return ()
-    from tflms.ir import preoptimize
-    return tuple(p.to_dict() for p in preoptimize.accumulator_pins(step))
-
-
-def default_budget(choice: ProfileChoice, gpu: tuple[str, int | None] | None) -> tuple[int | None, str]:
-    """The budget of the default (no rule parameter, budget or profile), and one sentence saying where it is from.
-
-    This machine's GPU memory when TensorFlow reports it; else the chosen
-    profile's memory (``None``: the tuner's default), said as such.
-    """
-    from tflms.profiles import get_profile
-    from tflms.units import format_bytes
-    if gpu is not None and gpu[1]:
-        return gpu[1], (f"the default: {format_bytes(gpu[1])}, the memory of this machine's GPU {gpu[0]!r} "
-                        "(give budget= (--budget) or TFLMS rule parameters to choose otherwise)")
-    memory = get_profile(choice.name).memory_bytes
-    where = "this machine has no GPU" if gpu is None else f"the memory of this machine's GPU {gpu[0]!r} is unknown"
-    return None, (f"the default: {format_bytes(memory)}, the memory of profile {choice.name} ({where}; give "
-                  "budget= (--budget) or TFLMS rule parameters to choose otherwise)")
-
-
-#: The device the tuner plans swap-ins for when this machine has no GPU (the profile's GPU).
-PROFILE_DEVICE = "/device:GPU:0"
-
-
-def no_gpu_warning(profile: str, runs_on: str) -> str:
-    """The warning of a budgeted rewrite on a machine without a GPU."""
-    return (f"no GPU found: planned for the GPU of profile {profile} ({PROFILE_DEVICE}), but this machine runs the "
-            f"step on {runs_on}, where swapping saves no memory; the predicted peaks and overheads are that "
-            "profile's, not this machine's (the rewrite still runs, which is useful for testing)")
-
-
-def hardware_record(choice: ProfileChoice | None, *, planned_for: str, runs_on: str,
-                    simulated: bool, profile: HardwareProfile | None = None) -> dict[str, Any]:
-    """What hardware a report's plan and predictions are for (``RewriteReport.hardware``); with the priced
-    ``profile``, ``math``: which math mode each dtype's contractions were priced at."""
-    if choice is None:
-        return {"profile": None, "source": None, "why": "TFLMS rule parameters given, no budget or profile: the "
-                "swap parameters are the configuration's and nothing is simulated", "planned_for": planned_for,
-                "runs_on": runs_on}
-    record = {**choice.to_dict(), "profile": choice.name, "planned_for": planned_for, "runs_on": runs_on,
-              "simulated": simulated}
-    if profile is not None:
-        record["math"] = profile.math_summary()
-    return record
-
-
 def check_pinned_host(plan: SwapPlan, graph: Graph, *, host_peak_bytes: int | None,
                       profile: HardwareProfile | None, tf32: bool | None, host_device: str) -> str | None:
     """Refuse a plan for a GPU whose swapped tensors need more pinned host memory than TensorFlow will pin.
@@ -353,21 +262,6 @@ def check_pinned_host(plan: SwapPlan, graph: Graph, *, host_peak_bytes: int | No
     check_pinned_host_bytes(needed, limit, what=f"this rewrite ({how})")
     return (f"swapped tensors in pinned host memory: {format_bytes(needed)} ({how}) of "
             f"{format_bytes(limit.limit_bytes)} ({limit.source})")
-
-
-def tf32_setting(given: bool | None) -> bool:
-    """Whether float32 contractions run as TF32: ``given`` (``LMSConfig.tf32``), else TensorFlow's setting
-    (``tf.config.experimental.tensor_float_32_execution_enabled()``, on by default)."""
-    if given is not None:
-        return given
-    import tensorflow as tf
-    return bool(tf.config.experimental.tensor_float_32_execution_enabled())
-
-
-def priced_profile(name: str, tf32: bool | None = None) -> HardwareProfile:
-    """The registered profile ``name`` with float32 contractions priced as :func:`tf32_setting` says."""
-    from tflms.profiles import get_profile
-    return get_profile(name).with_tf32(tf32_setting(tf32))
 
 
 def batch_size_of_inputs(step: Any, example_inputs: Sequence[Any]) -> int | None:
@@ -444,65 +338,6 @@ class _Clock:
 
 def _empty_plan(config: LMSConfig, accelerator: str) -> SwapPlan:
     return SwapPlan(config=config, accelerator_device=accelerator, swaps=(), skipped=())
-
-
-def _compression_summary(graph: Graph) -> dict[str, str]:
-    """``{swapped tensor: codec}`` read from the codec calls in ``graph``."""
-    from tflms.sim.cost import ENCODE, codec_call
-    out = {}
-    for op in graph:
-        call = codec_call(op)
-        if call is not None and call[1] == ENCODE:
-            out[op.inputs[0].name] = call[0]
-    return dict(sorted(out.items()))
-
-
-def _build(graph: Graph, step: Any, inserted: Sequence[str]):
-    """BUILD: the rewritten function, on ``step``'s variables, run with grappler off when ``step`` went through it."""
-    from tflms.compress.rewrite import register_functions
-    from tflms.ir import preoptimize
-    register_functions(graph)
-    rewritten = tf_io.to_concrete_function(graph, step, extra_control_outputs=inserted)
-    return preoptimize.run_preoptimized(rewritten, step)
-
-
-# ------------------------------------------------------------------------------------------------ compression
-def _compressor(config: LMSConfig, analysis: Analysis, step: Any,
-                example_inputs: Sequence[Any] | None,
-                profile: HardwareProfile | None) -> Callable[[Graph, SwapPlan], Graph] | None:
-    """The compression pass the config asks for, as ``(swapped graph, plan) -> compressed graph``."""
-    if config.compress is None:
-        return None
-    from tflms.compress.rewrite import apply_compression
-    if config.compress != COMPRESS_AUTO:
-        from tflms.compress.codecs import get_codec
-        codec = get_codec(config.compress)
-
-        def fixed(graph: Graph, plan: SwapPlan) -> Graph:
-            choices = {s.tensor: codec for s in plan.swaps if _supports(codec, s.dtype)}
-            return apply_compression(graph, plan, choices, allow_lossy=not codec.lossless).graph
-
-        return fixed
-    if example_inputs is None or not tf_io.is_concrete_function(step):
-        raise ConfigError(
-            "compress='auto' measures each candidate tensor's sparsity on real inputs, and this entry point has "
-            "none: name a codec instead (compress='zvc' is lossless), or use tflms.function / the Keras callback, "
-            "which measure on the first batch")
-    from tflms.compress.policy import make_compressor
-    from tflms.compress.profiling import profile_tensors
-    candidates = [TensorRef(name, i) for name in analysis.order if analysis.categories[name] is Category.FORWARD
-                  for i in range(len(analysis.graph.op(name).outputs))
-                  if skip_reason(analysis, TensorRef(name, i), config) is None]
-    stats = profile_tensors(step, list(example_inputs), candidates, graph=analysis.graph)
-    return make_compressor(stats, profile)
-
-
-def _supports(codec: Any, dtype: str) -> bool:
-    try:
-        codec.check_dtype(dtype)
-    except ConfigError:  # CodecDtypeError: this tensor keeps its plain swap
-        return False
-    return True
 
 
 @contextlib.contextmanager

@@ -1,0 +1,71 @@
+"""Which hardware a rewrite plans for, at which price, and what its report says of it.
+
+The profile priced as TensorFlow runs float32 contractions (:func:`priced_profile`, :func:`tf32_setting`), the
+default budget and where it comes from (:func:`default_budget`), the warning of a budgeted rewrite on a machine
+without a GPU (:func:`no_gpu_warning`, :data:`PROFILE_DEVICE`), and the report's hardware record
+(:func:`hardware_record`). Which profile is chosen is :func:`tflms.profiles.select_profile`'s decision.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tflms.profiles import HardwareProfile, ProfileChoice
+
+def default_budget(choice: ProfileChoice, gpu: tuple[str, int | None] | None) -> tuple[int | None, str]:
+    """The budget of the default (no rule parameter, budget or profile), and one sentence saying where it is from.
+
+    This machine's GPU memory when TensorFlow reports it; else the chosen
+    profile's memory (``None``: the tuner's default), said as such.
+    """
+    from tflms.profiles import get_profile
+    from tflms.units import format_bytes
+    if gpu is not None and gpu[1]:
+        return gpu[1], (f"the default: {format_bytes(gpu[1])}, the memory of this machine's GPU {gpu[0]!r} "
+                        "(give budget= (--budget) or TFLMS rule parameters to choose otherwise)")
+    memory = get_profile(choice.name).memory_bytes
+    where = "this machine has no GPU" if gpu is None else f"the memory of this machine's GPU {gpu[0]!r} is unknown"
+    return None, (f"the default: {format_bytes(memory)}, the memory of profile {choice.name} ({where}; give "
+                  "budget= (--budget) or TFLMS rule parameters to choose otherwise)")
+
+
+#: The device the tuner plans swap-ins for when this machine has no GPU (the profile's GPU).
+PROFILE_DEVICE = "/device:GPU:0"
+
+
+def no_gpu_warning(profile: str, runs_on: str) -> str:
+    """The warning of a budgeted rewrite on a machine without a GPU."""
+    return (f"no GPU found: planned for the GPU of profile {profile} ({PROFILE_DEVICE}), but this machine runs the "
+            f"step on {runs_on}, where swapping saves no memory; the predicted peaks and overheads are that "
+            "profile's, not this machine's (the rewrite still runs, which is useful for testing)")
+
+
+def hardware_record(choice: ProfileChoice | None, *, planned_for: str, runs_on: str,
+                    simulated: bool, profile: HardwareProfile | None = None) -> dict[str, Any]:
+    """What hardware a report's plan and predictions are for (``RewriteReport.hardware``); with the priced
+    ``profile``, ``math``: which math mode each dtype's contractions were priced at."""
+    if choice is None:
+        return {"profile": None, "source": None, "why": "TFLMS rule parameters given, no budget or profile: the "
+                "swap parameters are the configuration's and nothing is simulated", "planned_for": planned_for,
+                "runs_on": runs_on}
+    record = {**choice.to_dict(), "profile": choice.name, "planned_for": planned_for, "runs_on": runs_on,
+              "simulated": simulated}
+    if profile is not None:
+        record["math"] = profile.math_summary()
+    return record
+
+
+def tf32_setting(given: bool | None) -> bool:
+    """Whether float32 contractions run as TF32: ``given`` (``LMSConfig.tf32``), else TensorFlow's setting
+    (``tf.config.experimental.tensor_float_32_execution_enabled()``, on by default)."""
+    if given is not None:
+        return given
+    import tensorflow as tf
+    return bool(tf.config.experimental.tensor_float_32_execution_enabled())
+
+
+def priced_profile(name: str, tf32: bool | None = None) -> HardwareProfile:
+    """The registered profile ``name`` with float32 contractions priced as :func:`tf32_setting` says."""
+    from tflms.profiles import get_profile
+    return get_profile(name).with_tf32(tf32_setting(tf32))
+
