@@ -30,7 +30,9 @@ from tflms.testing import GraphBuilder, mlp_training_graph
 from tflms.policies.idle_time import NO_OVERHEAD, STICK_TO_LIMIT, idle_candidates, plan_idle
 from tflms.tune.vdnn import VDNN_POLICIES, plan_vdnn
 
-PROFILE = get_profile("v100-16gb-pcie3")
+#: The reference simulator is the serial clock (one kernel after another, launches in their time): the V100
+#: profile, timed that way (``host_kernels``: the ``auto`` clock is then ``serial``, tflms.sim.clock).
+PROFILE = dataclasses.replace(get_profile("v100-16gb-pcie3"), host_kernels=True)
 ACCEL = "/device:GPU:0"
 FIELDS = [f.name for f in dataclasses.fields(ref.SimResult)]
 
@@ -61,6 +63,7 @@ def reference(graph, plan, *, copy_op="Identity", options=None, order=None):
     if options is not None:
         fields = dataclasses.asdict(options)
         assert fields.pop("transfer_order") == "release"  # the reference's only copy queue model
+        assert fields.pop("clock") in ("auto", "serial")  # the reference's only clock (PROFILE's auto)
         ref_options = ref.SimOptions(**fields)
     return ref.simulate(rewritten, PROFILE, options=ref_options, order=order), rewritten
 

@@ -152,10 +152,11 @@ def test_a_winner_judged_without_edges_gets_no_order_pass_only_the_budget_guaran
     loose = rewrite_step(cf, LMSConfig(batch_size=BATCH, budget_bytes="40MiB"), build=False)
     assert loose.report.order["guarantee"] == "any-order" and not loose.report.order.get("applied")
     assert len(loose.graph.ops) == len(loose.analysis.graph.ops)
-    tight = rewrite_step(cf, LMSConfig(batch_size=BATCH, budget_bytes="4.3MiB"), build=False)
+    # (on the graph clock idle-time swaps fit 4.3 MiB in level order: the GPU waits for launches, and copies hide)
+    tight = rewrite_step(cf, LMSConfig(batch_size=BATCH, budget_bytes="3.8MiB"), build=False)
     assert tight.report.order is not None and tight.report.order["edges"] > 0  # the control: same step, tighter
     assert tight.report.order["heuristic"] != "level"  # the order pass's schedule, which the tuner judged
-    off = rewrite_step(cf, LMSConfig(batch_size=BATCH, budget_bytes="4.3MiB", enforce_order=False), build=False)
+    off = rewrite_step(cf, LMSConfig(batch_size=BATCH, budget_bytes="3.8MiB", enforce_order=False), build=False)
     assert off.report.order["guarantee"] == "not-guaranteed" and not off.report.order.get("applied")
 
 

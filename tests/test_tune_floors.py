@@ -90,9 +90,9 @@ def test_a_recompute_plan_never_computes_less_than_its_compute_floor(residual_st
     floors = {}
     real = recompute_sets.compute_floor_s
 
-    def spy(baseline, times, decisions):
+    def spy(baseline, times, decisions, launch_s=0.0):
         decisions = tuple(decisions)
-        floors[tuple(r.ops for r in decisions)] = value = real(baseline, times, decisions)
+        floors[tuple(r.ops for r in decisions)] = value = real(baseline, times, decisions, launch_s)
         return value
     whole = _whole(monkeypatch, graph, budget)
     with monkeypatch.context() as m:  # (the other two floors as in the whole search)

@@ -70,6 +70,24 @@ CONTRACTION_OPS = frozenset({
     "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2",
     "_FusedConv2D", "_FusedConv3D", "_FusedMatMul", "_FusedBatchMatMulV2"})
 
+# ---------------------------------------- Fusion (the simulator's graph and xla clocks, tflms.sim.fusion)
+#: Ops XLA fuses into their consumers (element-wise, broadcasts, converts, data movement).
+XLA_FUSIBLE = FORWARDING_OPS | frozenset({
+    "Cast", "Select", "SelectV2", "BroadcastTo", "ZerosLike", "OnesLike", "Fill", "Transpose", "Tile", "Pad",
+    "PadV2", "MirrorPad", "Slice", "StridedSlice", "ConcatV2", "Pack", "ReverseV2", "OneHot", "GatherV2",
+    "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual", "LogicalAnd", "LogicalOr", "LogicalNot",
+    "IsFinite", "IsNan", "Sin", "Cos", "Tan", "Atan2", "Gelu", "Range"})
+#: Ops that take element-wise producers into their own kernel and whose output reaches memory.
+XLA_REDUCTIONS = IDENTITY_REDUCTION_OPS | frozenset({
+    "Mean", "BiasAddGrad", "ArgMax", "ArgMin", "Softmax", "LogSoftmax", "SparseSoftmaxCrossEntropyWithLogits",
+    "SoftmaxCrossEntropyWithLogits", "L2Loss", "EuclideanNorm", "MaxPool", "AvgPool", "MaxPool3D", "AvgPool3D",
+    "FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3", "FusedBatchNormGrad", "FusedBatchNormGradV2",
+    "FusedBatchNormGradV3"})
+#: Variable updates: the new value's fusion writes it into the variable's buffer.
+XLA_ASSIGNS = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
+#: Reductions XLA runs as kernels of their own (windows, batch-norm library expansions), never as siblings.
+XLA_OWN_KERNEL_REDUCTIONS = frozenset({"MaxPool", "AvgPool", "MaxPool3D", "AvgPool3D", "Softmax", "LogSoftmax"})
+
 # ---------------------------------------- Swap rules (every policy)
 #: Identity-like ops grappler removes (it reconnects their consumers to their input):
 #: never swap their outputs (swap the input instead) and never use them as triggers.

@@ -42,6 +42,7 @@ INTER_OP_THREADS = 2
 EMULATION_PROFILE = HardwareProfile(
     "emulated-cpu", memory_bytes=64 * GIB, peak_flops=100e9, memory_gbps=12, link_gbps=5, link_latency_s=20e-6,
     launch_overhead_s=20e-6, compute_efficiency=0.65, link_efficiency=0.8, host_memory_bytes=64 * GIB,
+    host_kernels=True,
     description="two logical CPU devices of tflms.measure.executor (CPU:1 = accelerator)")
 #: Simulator options matching the emulation: the host device, and the workspaces of the
 #: oneDNN kernels the emulated accelerator runs (:data:`EMULATION_ENV`).

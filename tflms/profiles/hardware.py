@@ -75,6 +75,9 @@ class HardwareProfile:
         from ``LMSConfig.tf32`` or TensorFlow's setting (:meth:`with_tf32`).
       sources: where each figure comes from, ``((field, citation), ...)`` (a mapping is accepted
         and stored sorted); :meth:`source_of` reads one.
+      host_kernels: whether the device runs each kernel in the thread that dispatched it (a CPU device, as
+        the emulated accelerator is), so launches do not overlap compute: the simulator's ``auto`` clock is
+        then ``serial``, else ``graph`` (:mod:`tflms.sim.clock`).
     """
 
     name: str
@@ -98,6 +101,7 @@ class HardwareProfile:
     conv_efficiency: float | None = None
     contraction_latency_s: float = 0.0
     sources: tuple[tuple[str, str], ...] = ()
+    host_kernels: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "memory_bytes", parse_bytes(self.memory_bytes, what=f"{self.name}.memory_bytes"))

@@ -134,7 +134,12 @@ def across_peak_s(sim, budget_bytes: int, profile: str | HardwareProfile) -> flo
         return 0.0
     starts = np.array([s for s, _ in spans])
     ends = np.array([e for _, e in spans])
-    done = np.concatenate([[0.0], np.cumsum(ends - starts)])  # compute time of the first k ops
+    work = ends - starts
+    if getattr(sim, "clock", "serial") == "graph":
+        # a kernel waiting for its launch: the host issues the same kernels in the same order in any rewrite, so
+        # the wait belongs to the compute stream's time before and after each instant (tflms.sim.clock)
+        work = work + np.maximum(0.0, starts - np.concatenate([[0.0], ends[:-1]]))
+    done = np.concatenate([[0.0], np.cumsum(work)])  # compute time of the first k ops
     total = float(done[-1])
     best = 0.0
     for t, live, _host in sim.timeline:
@@ -202,7 +207,8 @@ def any_order_time_bound(graph: Graph, profile: str | HardwareProfile, budget_by
     (the unrelated work hides at most ``N`` of the two copies' excess; docs/design.md, "Bounds"). The
     largest over the ops whose level-order live bytes exceed the budget (below it no cut does); ``op`` is
     ``""`` when every copy can hide behind compute. Op times are the simulator's, which do not depend on
-    the order. Unlike :func:`across_peak_s` (one order's instants, with the op that starts at an instant
+    the order; where the host launches kernels ahead of the GPU (``sim.clock == "graph"``), the floor is also at
+    least the step's launches back to back. Unlike :func:`across_peak_s` (one order's instants, with the op that starts at an instant
     counted after it) the order is free, and ``x``'s own time hides neither copy. ``sim``: the simulation of
     ``graph`` on ``profile`` with ``options``, where the caller has it (it gives the op times). ``above``: stop at
     the first op whose floor exceeds it (the ops come largest level-order live bytes first); the bound is then that
@@ -224,9 +230,12 @@ def any_order_time_bound(graph: Graph, profile: str | HardwareProfile, budget_by
     m = cuts.model
     times = np.asarray([took.get(name, 0.0) for name in m.names])
     total = float(times.sum())
+    # Where the host launches kernels ahead of the GPU (the graph clock), no order launches the step's kernels in
+    # less than their launches back to back, and copies may hide in the GPU's waits for them: a floor of its own.
+    launched = sim.kernels * profile.launch_overhead_s if getattr(sim, "clock", "serial") == "graph" else 0.0
     rate = profile.effective_link_bytes_per_s
     room = budget_bytes - m.resident_bytes  # transient bytes that may stay on the device
-    best = AnyOrderTimeBound(budget_bytes, total, total, "", 0, 0.0, 0.0, 0.0, 0)
+    best = AnyOrderTimeBound(budget_bytes, max(total, launched), max(total, launched), "", 0, 0.0, 0.0, 0.0, 0)
     examined = 0
     for i in cuts.candidates:
         if cuts.level_live[i] <= room:
@@ -240,9 +249,10 @@ def any_order_time_bound(graph: Graph, profile: str | HardwareProfile, budget_by
         before = float(times[anc].sum()) - float(times[i])
         after = float(times[desc].sum())
         free = total - before - after - float(times[i])
-        floor = total + max(0.0, max(0.0, link - before) + max(0.0, link - after) - free)
+        floor = max(launched, total + max(0.0, max(0.0, link - before) + max(0.0, link - after) - free))
         if floor > best.floor_s or (floor == best.floor_s and best.op and m.names[i] < best.op):
-            best = AnyOrderTimeBound(budget_bytes, total, floor, m.names[i], away, before, after, free, 0)
+            best = AnyOrderTimeBound(budget_bytes, max(total, launched), floor, m.names[i], away, before, after, free,
+                                     0)
             if above is not None and floor > above:
                 break
     return dataclasses.replace(best, ops_examined=examined)

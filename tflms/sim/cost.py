@@ -272,6 +272,21 @@ def op_work_s(graph: Graph, op: Op, profile: HardwareProfile) -> float:
     return max(op_compute_s(graph, op, profile), op_memory_s(graph, op, profile))
 
 
+def op_launches(op: Op, profile: HardwareProfile) -> int:
+    """Kernel launches :func:`op_time_s` counts in ``op``'s time: none for a free op, a codec call's kernels
+    (:data:`CODEC_TRAFFIC`; one where the profile measured the codec's throughput), else one."""
+    if op.type in FREE_OPS:
+        return 0
+    codec = codec_call(op)
+    if codec is None:
+        return 1
+    key, role = codec
+    throughputs = getattr(profile, "codec_throughputs", None)
+    rate = throughputs is not None and (throughputs.encode_bytes_per_s(key) if role == ENCODE
+                                        else throughputs.decode_bytes_per_s(key))
+    return 1 if rate or key not in CODEC_TRAFFIC else CODEC_TRAFFIC[key].kernels(role)
+
+
 def op_time_s(graph: Graph, op: Op, profile: HardwareProfile) -> float:
     """Roofline estimate: launch overhead (+ ``contraction_latency_s`` for a contraction) + the profile's factor
     for the op type (1 unless calibrated, ``HardwareProfile.op_time_factors``) x max(compute time, memory time);

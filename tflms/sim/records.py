@@ -40,8 +40,13 @@ class SimOptions:
     #: see the module doc). ``release`` serves a copy released later in the order after an earlier-released one
     #: even when it was ready sooner (a host swap-in whose trigger ran earlier on a parallel branch).
     transfer_order: str = TRANSFER_ORDER_RELEASE
+    #: How long each op keeps the accelerator busy and what launching it costs (:mod:`tflms.sim.clock`):
+    #: ``"auto"`` (``serial`` on a CPU profile, ``graph`` on a GPU one), ``"serial"``, ``"graph"`` or ``"xla"``.
+    clock: str = "auto"
 
     def __post_init__(self) -> None:
+        from tflms.sim.clock import check_clock  # noqa: PLC0415 - clock imports the simulator's parts
+        check_clock(self.clock)
         object.__setattr__(self, "host_device", normalize_device(self.host_device, field="host_device"))
         workspaces = dict(self.workspace_bytes_per_element)
         for op_type, per_element in workspaces.items():
@@ -210,6 +215,12 @@ class SimResult:
     #: inclusive (event indices in time order), the input of the memory planner (``tflms.plan``).
     buffer_lifetimes: Sequence[tuple[str, int, int, int]] = dataclasses.field(default=(), repr=False)
     details: SimDetails | None = dataclasses.field(default=None, repr=False, compare=False)
+    #: The clock that timed the step (:mod:`tflms.sim.clock`: ``serial``, ``graph`` or ``xla``) and how many
+    #: kernels it launched.
+    clock: str = "serial"
+    kernels: int = 0
+    #: The compute stream's kernels back to back (``compute_time_s`` less the time kernels waited for their launch).
+    kernel_time_s: float = 0.0
 
     def release_views(self) -> None:
         """Free the memory of ``ops``, ``timeline``, ``buffer_owner`` and ``buffer_lifetimes`` once built: they are
@@ -239,4 +250,4 @@ class SimResult:
                 "transient_peak_bytes": self.transient_peak_bytes,
                 "peak_with_margin_bytes": self.peak_with_margin_bytes, "host_peak_bytes": self.host_peak_bytes,
                 "step_time_s": self.step_time_s, "stall_time_s": self.stall_time_s,
-                "transfer_time_s": self.transfer_time_s}
+                "transfer_time_s": self.transfer_time_s, "clock": self.clock}

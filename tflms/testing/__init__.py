@@ -1,7 +1,7 @@
 """The shared kit for tests, tools, examples and the demo.
 
 - :mod:`tflms.testing.graphs`: hand-built IR graphs (:class:`GraphBuilder`,
-  :func:`mlp_training_graph`), no TensorFlow needed;
+  :func:`mlp_training_graph`), no TensorFlow needed, and :func:`serial_clock` to time them as before issue 46;
 - :mod:`tflms.testing.steps`: :func:`make_train_step`, the one GradientTape
   training step;
 - :mod:`tflms.testing.bitwise`: :func:`snapshot`, :func:`bitwise_diff`,
@@ -17,13 +17,13 @@ TensorFlow and Keras are imported only when a function needs them.
 """
 
 from tflms.testing.bitwise import Difference, Snapshot, assert_bitwise_equal, bitwise_diff, differences, snapshot
-from tflms.testing.graphs import (GraphBuilder, forward_backward_chain, mlp_training_graph, tensor_info,
-                                  two_branch_graph)
+from tflms.testing.graphs import (GraphBuilder, forward_backward_chain, mlp_training_graph, serial_clock,
+                                  tensor_info, two_branch_graph)
 from tflms.testing.models import MODEL_BUILDERS, build_model, make_batches
 from tflms.testing.ran import RanGraphs, op_type_counts, record_run_metadata
 from tflms.testing.steps import make_train_step
 
 __all__ = ["Difference", "GraphBuilder", "MODEL_BUILDERS", "RanGraphs", "Snapshot", "assert_bitwise_equal",
            "bitwise_diff", "build_model", "differences", "forward_backward_chain", "make_batches", "make_train_step",
-           "mlp_training_graph", "op_type_counts", "record_run_metadata", "snapshot", "tensor_info",
+           "mlp_training_graph", "op_type_counts", "record_run_metadata", "serial_clock", "snapshot", "tensor_info",
            "two_branch_graph"]

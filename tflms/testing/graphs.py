@@ -108,3 +108,14 @@ def mlp_training_graph(num_layers: int, *, batch: int = 32, width: int = 64) -> 
         step = b.op(f"opt/Mul_{i}", "Mul", [gw, lr], shape=w_shape)
         b.op(f"opt/AssignSubVariableOp_{i}", "AssignSubVariableOp", [handle, step], shape=None, num_outputs=0)
     return b.graph
+
+
+def serial_clock(profile):
+    """``profile`` (a name or a :class:`~tflms.profiles.HardwareProfile`) timed by the serial clock: every kernel after
+    the last, its launch in its time, as every simulation was before issue 46 (:mod:`tflms.sim.clock`). The tuner's
+    hand-built scenarios (a swap just needed, a floor that just rules a search out) were worked out on it; on the
+    graph clock the tiny graphs they use are launch-bound, and the scenarios they build do not arise."""
+    import dataclasses
+
+    from tflms.profiles import get_profile
+    return dataclasses.replace(get_profile(profile), host_kernels=True)

@@ -108,7 +108,7 @@ def _judge_ops(ev: TuneEvaluator, times: Mapping[str, float], ops, skipped: tupl
     decisions = plan.recomputes
     if not decisions or (split_only and not any(r.copy for r in decisions)):
         return None
-    if bound is not None and compute_floor_s(ev.context.baseline, times, decisions) > bound():
+    if bound is not None and compute_floor_s(ev.context.baseline, times, decisions, clone_launch_s(ev)) > bound():
         return None
     # (incrementally, without the rewritten graph: that is built where it is read, ``ev.graph_of``)
     sim = ev.plans.evaluate(plan)
@@ -117,12 +117,27 @@ def _judge_ops(ev: TuneEvaluator, times: Mapping[str, float], ops, skipped: tupl
     return ev.record("recompute", params, plan, sim, None, None)
 
 
-def compute_floor_s(baseline: SimResult, times: Mapping[str, float], decisions: Iterable) -> float:
+def compute_floor_s(baseline: SimResult, times: Mapping[str, float], decisions: Iterable,
+                    launch_s: float = 0.0) -> float:
     """The least step time of any plan with these recompute ``decisions``: the unswapped step's compute time plus
-    the clones' (``times`` by original op; a clone takes its original's), less a round-off allowance. The gates
-    and swaps add no compute; the order cannot remove any."""
-    cloned = sum(times[op] for r in decisions for op in r.ops)
-    return (baseline.compute_time_s + cloned) * (1 - COMPUTE_ROUND_OFF)
+    the clones' (``times`` by original op, launch included; a clone takes its original's), less a round-off
+    allowance. The gates and swaps add no compute; the order cannot remove any.
+
+    ``launch_s``: the launch each price includes, where the host launches kernels ahead of the GPU (the ``graph``
+    clock, :mod:`tflms.sim.clock`; 0 for the ``serial`` one). A clone then adds its kernel time (its price less
+    the launch) to the kernels back to back (``kernel_time_s``), and at least the shorter of its kernel and its
+    launch to the compute stream's time, which counts the waits for launches."""
+    kernels = [max(0.0, times[op] - launch_s) for r in decisions for op in r.ops]
+    if not launch_s:
+        return (baseline.compute_time_s + sum(kernels)) * (1 - COMPUTE_ROUND_OFF)
+    floor = max(baseline.kernel_time_s + sum(kernels), baseline.compute_time_s + sum(min(k, launch_s) for k in kernels))
+    return floor * (1 - COMPUTE_ROUND_OFF)
+
+
+def clone_launch_s(ev: TuneEvaluator) -> float:
+    """The launch :func:`compute_floor_s` takes off each price in ``ev``'s tune (0 unless its baseline was timed by
+    the ``graph`` clock)."""
+    return ev.profile.launch_overhead_s if ev.context.baseline.clock == "graph" else 0.0
 
 
 def _bisect(ev: TuneEvaluator, judge: Callable[[int, float | None], Candidate | None], counts: list[int]) -> None:

@@ -184,6 +184,7 @@ def _mixed_precision(base_build, policy: str):
 
 #: Mixed-precision rows (issue 28): name -> (the float32 model it is built from, Keras dtype policy).
 MIXED_PRECISION = {"resnet50-amp-fp16": ("resnet50", "mixed_float16"),
+                   "resnet50-amp-bf16": ("resnet50", "mixed_bfloat16"),
                    "bert-base-amp-bf16": ("bert-base", "mixed_bfloat16")}
 
 MODELS = {

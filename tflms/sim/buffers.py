@@ -1,0 +1,202 @@
+"""Where a simulated step's tensors live: which buffer each tensor is (views, forwarding), who reads each buffer, and
+the step's memory events (an allocation when a buffer's producer starts, a free when its last reader ends).
+
+The model is in the module doc of :mod:`tflms.sim.simulator`; :mod:`tflms.sim.engine` times the ops these events are
+placed by. The loops are tuned for speed: keep function calls out of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from tflms.ir.graph import DTYPE_BYTES
+from tflms.ir.op_types import (ALIAS_OPS, COPY_OPS, FORWARDING_OPS, IDENTITY_REDUCTION_OPS, SOURCE_OPS,
+                               VARIABLE_READ_OPS, trivial_reduction)
+from tflms.sim.indexed import _NO_BUFFER_DTYPES, ACCEL, IndexedGraph, _resident_variable_bytes
+from tflms.sim.records import SimOptions
+
+
+class _Buffers:
+    """Which buffer each tensor lives in before forwarding, and the facts the later stages read by tensor or op."""
+
+    __slots__ = ("buffer_of", "in_order", "resident", "variable_reads", "unknown", "is_transfer")
+
+    def __init__(self, net: IndexedGraph, order: Sequence[int], options: SimOptions):
+        types, dev, inputs, t_op, t_info = net.types, net.dev, net.inputs, net.t_op, net.t_info
+        out_start, n_out = net.out_start, net.n_out
+        num_tensors = len(t_op)
+        # buffer_of[t] is the tensor owning t's buffer; until forwarding it is always resolved (an owner),
+        # because an alias takes its input's (resolved) owner and inputs come earlier in the order.
+        buffer_of = self.buffer_of = list(range(num_tensors))
+        in_order = self.in_order = [False] * num_tensors  # outputs of ops in the order
+        resident = self.resident = [False] * num_tensors
+        variable_reads = self.variable_reads = [False] * num_tensors
+        unknown: list[str] = []
+        is_transfer = self.is_transfer = [False] * len(net.names)
+        resident_inputs = options.resident_inputs
+        for i in order:
+            s, k = out_start[i], n_out[i]
+            for t in range(s, s + k):
+                in_order[t] = True
+                info = t_info[t]
+                if info.num_bytes is None and info.dtype not in _NO_BUFFER_DTYPES:
+                    unknown.append(net.tensor_name(t))
+            op_type = types[i]
+            ins = inputs[i]
+            if op_type in COPY_OPS and ins and dev[t_op[ins[0]]] != dev[i]:
+                is_transfer[i] = True
+            if op_type in VARIABLE_READ_OPS:
+                if k:
+                    variable_reads[s] = True
+            elif (op_type in SOURCE_OPS and resident_inputs) or op_type in ("Const", "HostConst"):
+                for t in range(s, s + k):
+                    resident[t] = True
+            elif op_type in ALIAS_OPS and ins:
+                if dev[t_op[ins[0]]] == dev[i] or op_type not in COPY_OPS:
+                    last = len(ins) - 1
+                    for j in range(k):
+                        buffer_of[s + j] = buffer_of[ins[min(j, last)]]
+            elif (op_type in IDENTITY_REDUCTION_OPS and ins and k == 1
+                  and trivial_reduction(t_info[ins[0]], t_info[s])):
+                buffer_of[s] = buffer_of[ins[0]]
+        self.unknown = unknown
+
+    def owner_of(self, t: int) -> int:
+        buffer_of = self.buffer_of
+        owner = buffer_of[t]
+        while buffer_of[owner] != owner:
+            owner = buffer_of[owner]
+        buffer_of[t] = owner
+        return owner
+
+
+def _readers(order: Sequence[int], reads: Sequence[Sequence[int]], buffer_of: Sequence[int],
+             outputs: Iterable[int], in_order: Sequence[bool], position: Sequence[int],
+             n_order: int) -> tuple[dict[int, list[int]], dict[int, int]]:
+    """The ops reading each buffer, in order, and the position of its last reader (the end of the order for a
+    function output, which the caller reads after the last op)."""
+    readers: dict[int, list[int]] = {}
+    for i in order:
+        for t in reads[i]:
+            o = buffer_of[t]
+            r = readers.get(o)
+            if r is None:
+                readers[o] = [i]
+            else:
+                r.append(i)
+    last_reader: dict[int, int] = {buf: position[rs[-1]] for buf, rs in readers.items()}
+    for t in outputs:
+        if in_order[t]:
+            last_reader[buffer_of[t]] = n_order
+    return readers, last_reader
+
+
+def _forward(net: IndexedGraph, order: Sequence[int], position: Sequence[int], bufs: _Buffers, timing,
+             reads: Sequence[Sequence[int]], virtual: bytearray | None, readers: dict[int, list[int]],
+             last_reader: dict[int, int]) -> None:
+    """An element-wise op reuses an input buffer when nothing else holds a reference to it: it is the buffer's last
+    reader in the order and every other reader has ended by the time it starts (a concurrent reader, e.g. a copy
+    still running, keeps its reference). Function outputs are read by the caller after the last op (never
+    forwarded)."""
+    types, n_out, out_start, t_info, t_op, dev = net.types, net.n_out, net.out_start, net.t_info, net.t_op, net.dev
+    is_transfer, resident, variable_reads = bufs.is_transfer, bufs.resident, bufs.variable_reads
+    buffer_of, owner_of, start, end = bufs.buffer_of, bufs.owner_of, timing.start, timing.end
+    for i in order:
+        if types[i] not in FORWARDING_OPS or n_out[i] != 1 or is_transfer[i]:
+            continue
+        own = out_start[i]
+        out = t_info[own]
+        if not out.num_bytes or (virtual is not None and virtual[own]):
+            continue
+        pos_i, start_i, dev_i = position[i], start[i], dev[i]
+        for t in reads[i]:
+            buf = owner_of(t)
+            info = t_info[buf]
+            if (not resident[buf] and not variable_reads[buf] and dev[t_op[buf]] == dev_i
+                    and last_reader.get(buf) == pos_i and info.num_bytes == out.num_bytes
+                    and info.dtype == out.dtype
+                    and all(end[r] <= start_i for r in readers[buf] if r != i)):
+                buffer_of[own] = buf
+                # The forwarded output's readers now read ``buf``: it lives as long as they do.
+                last_reader[buf] = max(last_reader[buf], last_reader.get(own, -1))
+                readers[buf].extend(readers.pop(own, ()))
+                break
+    # Resolve the chains forwarding made; ``readers`` is keyed by final owners already.
+    for t in range(len(buffer_of)):
+        o = buffer_of[t]
+        if o != t and buffer_of[o] != o:
+            owner_of(t)
+
+
+class _Events:
+    """The memory events of a step, sorted: ``events`` of (time, seq, phase, tensor id, delta, device), the buffer of
+    each tensor id (``tid_buf``), and the bytes resident on each device for the whole step."""
+
+    __slots__ = ("events", "tid_buf", "resident_bytes", "host_resident")
+
+
+def _memory_events(net: IndexedGraph, order: Sequence[int], bufs: _Buffers, timing,
+                   readers: dict[int, list[int]], outputs: Iterable[int], virtual: bytearray | None,
+                   alive: Sequence[bool], options: SimOptions, step_time: float) -> _Events:
+    """An allocation when a buffer's producer starts, a free when its last reader ends (module doc)."""
+    types, dev, out_start, n_out, t_info = net.types, net.dev, net.out_start, net.n_out, net.t_info
+    buffer_of, resident, variable_reads, is_transfer = bufs.buffer_of, bufs.resident, bufs.variable_reads, \
+        bufs.is_transfer
+    start, end, event_seq = timing.start, timing.end, timing.event_seq
+    ev = _Events()
+    events: list[tuple[float, float, int, int, int, str]] = []
+    tid_buf: list[int] = []
+    resident_bytes = _resident_variable_bytes(net, alive)
+    host_resident = 0
+    output_owners = {buffer_of[t] for t in outputs if bufs.in_order[t]}
+    workspaces = options.workspace_bytes_per_element
+    inf = float("inf")
+    for op in order:  # owners in order of (position, output index)
+        s = out_start[op]
+        for buf in range(s, s + n_out[op]):
+            if buffer_of[buf] != buf or (virtual is not None and virtual[buf]):
+                continue
+            info = t_info[buf]
+            size = info.num_bytes or 0
+            if size == 0 or variable_reads[buf]:
+                continue
+            if workspaces:
+                per_element = workspaces.get(types[op], 0)
+                if per_element and buf == s and info.dtype in DTYPE_BYTES:
+                    size += int(per_element * size // DTYPE_BYTES[info.dtype])
+            d = dev[op]
+            if resident[buf]:
+                if d == ACCEL:
+                    resident_bytes += size
+                else:
+                    host_resident += size
+                continue
+            tid = len(tid_buf)
+            tid_buf.append(buf)
+            users = readers.get(buf)
+            if buf in output_owners:
+                t_free, seq_free = step_time, inf
+            elif users:
+                last = users[0]
+                t_free, seq_free = end[last], event_seq[last]
+                for u in users:
+                    e = end[u]
+                    if e > t_free or (e == t_free and event_seq[u] > seq_free):
+                        t_free, seq_free = e, event_seq[u]
+            else:
+                t_free, seq_free = end[op], event_seq[op]
+            events.append((start[op], event_seq[op] - (0.25 if is_transfer[op] else 0.0), 0, tid, size, d))
+            events.append((t_free, seq_free, 1, tid, -size, d))
+    # Ties of (time, seq, phase) keep tensor order (the order events were made in).
+    events.sort()
+    ev.events, ev.tid_buf, ev.resident_bytes, ev.host_resident = events, tid_buf, resident_bytes, host_resident
+    return ev
+
+
+def _forward_resolve(bufs: _Buffers) -> None:
+    """Resolve alias chains (what :func:`_forward` does at its end) where forwarding is not modelled."""
+    buffer_of = bufs.buffer_of
+    for t in range(len(buffer_of)):
+        o = buffer_of[t]
+        if o != t and buffer_of[o] != o:
+            bufs.owner_of(t)

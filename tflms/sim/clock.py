@@ -1,0 +1,128 @@
+"""The simulator's clocks: how long each op keeps the accelerator busy, and what launching it costs the host.
+
+A clock turns the per-op prices of :mod:`tflms.sim.cost` into the kernels a device runs (issue 46). Three modes
+(``SimOptions.clock``):
+
+- ``serial`` (:data:`CLOCK_SERIAL`): every op is one kernel, its launch added to its time, one after another.
+  What TensorFlow's executor does on CPU devices, where a kernel runs in the thread that dispatched it: the clock
+  of the emulated accelerator (``tflms.measure``), and of every simulation before issue 46.
+- ``graph`` (:data:`CLOCK_GRAPH`): TensorFlow's executor on a GPU, after grappler, without XLA.
+  - *Launches overlap.* The executor enqueues GPU kernels on a stream and moves on without waiting for them
+    (``GPUDevice`` kernels are asynchronous; ``BaseGPUDevice::Compute`` only enqueues). So the host issues op
+    ``k`` at ``launch x k`` (one ``launch_overhead_s`` per kernel, in the order), and a kernel starts at the latest
+    of: its inputs done, the stream free, its launch issued. A launch costs step time only where the GPU would
+    otherwise wait for it: a run of tiny kernels.
+  - *Grappler's GPU fusions* (:func:`tflms.sim.fusion.remapper_kernels`): the remapper's GPU patterns, as
+    ``tensorflow/core/grappler/optimizers/remapper.cc`` matches them. Keras 3 graphs match almost none; what
+    remains is priced op by op.
+- ``xla`` (:data:`CLOCK_XLA`): the step compiled by XLA:GPU (:func:`tflms.sim.fusion.xla_kernels`). Element-wise,
+  broadcast, cast and data-movement ops fuse into their consumers, reductions take their producers in, and each
+  fusion is priced by the bytes that cross its boundary; convolutions and products are library calls priced as
+  before. Tensors inside a fusion never get a buffer. XLA's runtime issues kernels from command buffers (CUDA
+  graphs), so launches cost the host nothing; each kernel lasts at least :data:`XLA_MIN_KERNEL_S`.
+- ``auto`` (:data:`CLOCK_AUTO`, the default): ``serial`` on a CPU profile (``HardwareProfile.host_kernels``: the
+  emulation), ``graph`` on a GPU profile: the step tflms's own rewrites run (without XLA, issue 47).
+
+A clock's answer is a :class:`Kernels`: per op of the simulated graph its time on the compute stream (0 for an op
+fused into another), its host launch cost, and, where ops fused, which buffers each kernel reads and which tensors
+never reach memory. The engine (:mod:`tflms.sim.engine`) runs them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from tflms.errors import ConfigError
+from tflms.ir.op_types import FREE_OPS
+from tflms.sim.cost import op_launches, op_time_s
+from tflms.sim.indexed import ACCEL, IndexedGraph, OpCosts, _synthetic_op
+from tflms.profiles import HardwareProfile
+
+CLOCK_AUTO, CLOCK_SERIAL, CLOCK_GRAPH, CLOCK_XLA = "auto", "serial", "graph", "xla"
+CLOCKS = (CLOCK_AUTO, CLOCK_SERIAL, CLOCK_GRAPH, CLOCK_XLA)
+#: The shortest an XLA kernel takes on a GPU, launched from a command buffer: the grid's start and drain. An
+#: assumption (a few microseconds is what CUDA graph launches of tiny kernels take on recent GPUs), named here
+#: so that every figure it touches can be traced to it.
+XLA_MIN_KERNEL_S = 2e-6
+
+
+def check_clock(clock: str) -> str:
+    if clock not in CLOCKS:
+        raise ConfigError(f"clock must be one of {', '.join(map(repr, CLOCKS))}, got {clock!r}")
+    return clock
+
+
+def resolve_clock(clock: str, profile: HardwareProfile) -> str:
+    """The clock ``clock`` means on ``profile`` (``auto``: ``serial`` on a CPU profile, else ``graph``)."""
+    if clock != CLOCK_AUTO:
+        return clock
+    return CLOCK_SERIAL if profile.host_kernels else CLOCK_GRAPH
+
+
+@dataclasses.dataclass
+class Kernels:
+    """What a clock makes of a graph: by op id, ``duration`` on its stream and the host's ``launch`` cost.
+
+    ``reads``: by op id, the tensors whose buffers the op's kernel reads (``None``: its inputs); a fused member
+    reads nothing (its kernel does). ``virtual``: by tensor id, 1 for a tensor that never reaches memory (it
+    lives inside a fusion). ``kernels``: how many kernels the step launches; ``mode``: the clock used.
+    """
+
+    mode: str
+    duration: list[float]
+    launch: list[float]
+    kernels: int
+    reads: list[list[int]] | None = None
+    virtual: bytearray | None = None
+
+
+def op_durations(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
+                 profile: HardwareProfile) -> list[float]:
+    """Each compute op's price (:func:`~tflms.sim.cost.op_time_s`, launch included), by op id; 0 elsewhere."""
+    duration = [0.0] * len(net.names)
+    times, src_ops, dev = costs._times, net.src_ops, net.dev
+    for i in order:
+        if is_transfer[i] or dev[i] != ACCEL:
+            continue
+        src = src_ops[i]
+        t = times.get(i) if src is not None else None
+        if t is None:
+            t = costs.time_s(i, src) if src is not None else op_time_s(net.graph, _synthetic_op(net, i), profile)
+        duration[i] = t
+    return duration
+
+
+def serial_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
+                   profile: HardwareProfile) -> Kernels:
+    """One kernel per op, its launch in its time (see module doc)."""
+    duration = op_durations(net, order, is_transfer, costs, profile)
+    return Kernels(CLOCK_SERIAL, duration, [0.0] * len(duration), sum(1 for d in duration if d > 0))
+
+
+def asynchronous(kernels: Kernels, net: IndexedGraph, profile: HardwareProfile) -> Kernels:
+    """``kernels`` with each priced op's launches (:func:`~tflms.sim.cost.op_launches`) moved from its time to the
+    host (``graph`` clock)."""
+    duration, launch, types, src_ops = kernels.duration, kernels.launch, net.types, net.src_ops
+    launch_s = profile.launch_overhead_s
+    for i, d in enumerate(duration):
+        if d > 0 and types[i] not in FREE_OPS:
+            src = src_ops[i]
+            host = launch_s * (op_launches(src, profile) if src is not None else 1)
+            duration[i] = d - min(host, d)
+            launch[i] = host
+    return kernels
+
+
+def kernels_for(mode: str, net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
+                profile: HardwareProfile, outputs: Sequence[int]) -> Kernels:
+    """The :class:`Kernels` of ``net`` under clock ``mode`` (resolved, see :func:`resolve_clock`)."""
+    if mode == CLOCK_SERIAL:
+        return serial_kernels(net, order, is_transfer, costs, profile)
+    from tflms.sim import fusion  # noqa: PLC0415 - fusion imports this module
+    if mode == CLOCK_GRAPH:
+        kernels = fusion.remapper_kernels(net, order, is_transfer, costs, profile, outputs)
+        return asynchronous(kernels, net, profile)
+    if mode == CLOCK_XLA:
+        return fusion.xla_kernels(net, order, is_transfer, costs, profile, outputs)
+    raise ConfigError(f"no clock {mode!r}")
