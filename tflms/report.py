@@ -82,8 +82,9 @@ class RewriteReport:
         """The simulator's verdict on this rewrite, or ``None`` when nothing was simulated (no budget/profile).
 
         Keys: ``profile``, ``budget_bytes``, ``peak_before_bytes`` / ``peak_after_bytes``
-        (predicted accelerator peak without and with the swaps), ``step_time_before_s`` /
-        ``step_time_after_s``, ``overhead`` (relative step-time increase).
+        (predicted accelerator peak without and with the swaps, each with the margin), ``step_time_before_s`` /
+        ``step_time_after_s``, ``overhead`` (relative step-time increase), ``margin_fraction`` (the margin the
+        peaks carry: :data:`tflms.budget.DEFAULT_MARGIN_FRACTION` for a budget tflms chose, 0 for one given).
         """
         t = self.tuning
         if not t:
@@ -91,15 +92,16 @@ class RewriteReport:
         return {"profile": t["profile"], "budget_bytes": t["budget_bytes"],
                 "peak_before_bytes": t["baseline_peak_bytes"], "peak_after_bytes": t["predicted_peak_bytes"],
                 "step_time_before_s": t["baseline_step_time_s"], "step_time_after_s": t["predicted_step_time_s"],
-                "overhead": t["overhead"]}
+                "overhead": t["overhead"], "margin_fraction": t.get("margin_fraction", 0.0)}
 
     def prediction_text(self) -> str:
         """One line: predicted peak before -> after, overhead and the profile (or why there is no prediction)."""
         p = self.prediction()
         if p is None:
             return "no prediction (no budget or profile given: nothing was simulated)"
+        margin = f", {p['margin_fraction']:.0%} margin included" if p["margin_fraction"] else ""
         return (f"predicted peak {format_bytes(p['peak_before_bytes'])} -> {format_bytes(p['peak_after_bytes'])} "
-                f"(budget {format_bytes(p['budget_bytes'])}), step time {100 * p['overhead']:+.1f}% "
+                f"(budget {format_bytes(p['budget_bytes'])}{margin}), step time {100 * p['overhead']:+.1f}% "
                 f"on {p['profile']}")
 
     def hardware_text(self) -> str:
