@@ -50,7 +50,7 @@ from tflms.passes.workspace import keep_workspace_edges
 from tflms.policies.swapplan import SwapPlan, check_filters
 from tflms.policies.tflms_rules import plan_swaps
 from tflms.profiles import HardwareProfile, select_profile
-from tflms.report import RewriteReport
+from tflms.report import RewriteReport, memory_picture  # issue 48: memory_picture
 from tflms.budget import budget_sim_options  # issue 48: one margin for the library and the bench
 # the stages' decisions: the names stay importable from here
 from tflms.pipeline.compression import _compression_summary, _compressor, _supports  # noqa: F401
@@ -221,7 +221,8 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             hardware["batch_size"] = f"{sized_from_inputs}, from the inputs of the first call"
         report = RewriteReport(plan=plan, graph_summary=analysis.summary(), inserted_ops=inserted,
                                timings_s=timings, tuning=tuning, compression=_compression_summary(placed.graph),
-                               hardware=hardware, order=order, accumulations=_accumulator_pins(step))
+                               hardware=hardware, order=order, accumulations=_accumulator_pins(step),
+                               memory=memory_picture(result, tuning["margin_fraction"]) if config.auto_tune else None)  # issue 48
         for w in plan.warnings:
             logger.warning("tflms: %s", w)
         function = None
