@@ -172,3 +172,24 @@ def test_on_a_gpu_the_first_step_measures_the_peak_beside_the_prediction(monkeyp
     assert _lines(fig)["measured peak"].get_ydata()[0] == pytest.approx(123_456_789 / _unit(fig))
     step(*step.batch)  # a later step: not measured again
     assert calls == ["reset", ("GPU:0",)]
+
+
+def test_the_keras_callback_measures_its_first_step_too(monkeypatch):
+    import keras
+    import numpy as np
+
+    import tflms.keras
+    from tflms import devices
+    calls = []
+    monkeypatch.setattr(devices, "reset_gpu_peaks", lambda: calls.append("reset") or ("GPU:0", "GPU:1"))
+    monkeypatch.setattr(devices, "gpu_peaks", lambda names: {"GPU:0": 3 << 20, "GPU:1": 1 << 20})
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    lms = tflms.keras.LMS(verbose=0)
+    model.fit(np.ones((32, 8), np.float32), np.zeros(32, np.int32), batch_size=8, epochs=2, verbose=0,
+              callbacks=[lms])
+    assert calls == ["reset"]  # one trace, measured over its first step only
+    measured = lms.report.measured
+    assert measured.peak_bytes == 4 << 20 and measured.per_device == {"GPU:0": 3 << 20, "GPU:1": 1 << 20}
+    assert "measured peak: 4.00 MiB (GPU:0 3.00 MiB, GPU:1 1.00 MiB; TensorFlow's allocator" in lms.report.table()
