@@ -24,6 +24,38 @@ def test_help_lists_the_commands(capsys):
     assert "h100-80gb-sxm5" in capsys.readouterr().out  # the profile names are listed
 
 
+def test_help_lists_the_profiles_and_every_exit_status(capsys):
+    """Issue 48, item 6: the profile names and the exit statuses are in ``tflms --help``, not only in cli.py."""
+    from tflms.profiles import profile_names
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    epilog = out.split("hardware profiles", 1)[1]
+    assert all(name in epilog for name in profile_names()) and "tools/gpu_probe.py" in epilog
+    statuses = epilog.split("exit status:", 1)[1]
+    for code, words in (("0", "done"), ("1", "demo only"), ("2", "an error tflms names"),
+                        ("130 or 143", "interrupted by SIGINT or SIGTERM")):
+        assert re.search(rf"^  {code} +{words}", statuses, re.M), (code, statuses)
+
+
+def _flag_help(command: str, flag: str) -> str:
+    from tflms.cli import build_parser
+    sub = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001 - argparse has no accessor
+    action = next(a for a in sub[command]._actions if flag in a.option_strings)  # noqa: SLF001
+    return action.help
+
+
+@pytest.mark.parametrize("command", ["rewrite", "analyze", "plan"])
+def test_profile_and_batch_size_help_say_what_the_code_does(command):
+    from tflms.profiles import profile_names
+    profile = _flag_help(command, "--profile")
+    assert all(name in profile for name in profile_names()) and "turns on the tuner" not in profile
+    # unsized tensors: a memory verdict is refused (UnknownSizeError), the rules leave them unswapped
+    batch = _flag_help(command, "--batch-size")
+    assert "refused rather than counting those tensors as 0 bytes" in batch and "unswapped" in batch
+    assert "5%" in _flag_help(command, "--budget").replace("%%", "%")
+
+
 def test_no_command_prints_help_and_fails(capsys):
     assert main([]) == 2
     assert "usage: tflms" in capsys.readouterr().out

@@ -8,7 +8,8 @@ data); the reader does not see it. Shell blocks run line by line: ``tflms`` comm
 written, in a fresh directory, after the file's shell setup (python blocks marked
 ``<!-- docs-test: shell-setup -->``, visible or hidden, which make the directories they name;
 they also run with the file's python blocks); ``pip install`` lines are what CI runs itself
-(``.ci/run``) and are not repeated here. A block can opt out only with
+(``.ci/run``) and are not repeated here. A fresh environment's ``python -m venv DIR`` runs, and
+``source DIR/bin/activate`` (a shell builtin) checks that the activation script is there. A block can opt out only with
 ``<!-- docs-test: skip REASON -->`` right before it, and the reason is printed.
 """
 
@@ -81,6 +82,20 @@ def test_every_block_is_python_or_shell_and_every_skip_says_why():
             assert b.role != "skip" or b.reason, f"{path.name}:{b.line}: a skip needs a reason"
 
 
+def test_the_readme_gpu_quickstart_runs_here():
+    """Issue 48: the README's GPU quickstart (a fresh environment, the gpu extra, LMS() with no budget) is run by the
+    tests below, part by part, not skipped: only its pip install is CI's own step."""
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    start = text[:text.index("## On a GPU")].count("\n") + 1
+    end = start + text.split("## On a GPU", 1)[1].split("\n## ", 1)[0].count("\n")
+    shown = [b for b in blocks(readme) if start < b.line <= end and b.role in ("", "setup")]
+    assert [(b.lang, b.role) for b in shown] == [("bash", ""), ("python", "setup"), ("python", "")], shown
+    assert 'pip install -e ".[gpu]"' in shown[0].code and "tflms.keras.LMS()" in shown[2].code
+    assert [c for line, c in _shell_commands(readme) if start < line <= end] == [
+        "python -m venv .venv", "source .venv/bin/activate"]
+
+
 def _skipped(path: pathlib.Path) -> None:
     for b in blocks(path):
         if b.role == "skip":
@@ -107,9 +122,8 @@ def _shell_commands(path: pathlib.Path) -> list[tuple[int, str]]:
             if not text or text.startswith("#"):
                 continue
             parts = [p.strip() for p in text.split("&&")]
-            parts = [p for p in parts if not p.startswith("pip install")]  # CI's own first step (.ci/run)
-            if parts:
-                commands.append((b.line + offset, " && ".join(parts)))
+            # each part of `a && b` runs on its own, in order; pip install is CI's own first step (.ci/run)
+            commands.extend((b.line + offset, p) for p in parts if not p.startswith("pip install"))
     return commands
 
 
@@ -152,6 +166,9 @@ def test_shell_blocks_run(path, tmp_path):
         assert done.returncode == 0, f"{path.name}: the shell setup failed\n{done.stderr[-3000:]}"
     for line, command in commands:
         argv = shlex.split(command, comments=True)  # a trailing "# ..." is a comment, as in a shell
+        if argv[0] in ("source", "."):  # activating the environment the line before made: it must be there
+            assert (tmp_path / argv[1]).is_file(), f"{path.name}:{line}: `{command}`: no {argv[1]}"
+            continue
         if argv[0] == "tflms":
             argv = [sys.executable, "-m", "tflms.cli", *argv[1:]]
         elif argv[0] == "python":

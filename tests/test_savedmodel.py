@@ -391,13 +391,42 @@ def test_a_function_without_training_step(plain_dir, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_keras_export_directory_is_refused_with_what_to_save(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def keras_export_dir(tmp_path_factory):
+    """A compiled Keras model's ``model.export()`` directory: a ``serve`` endpoint and no training step."""
     import keras
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
-    model.export(str(tmp_path / "exported"), verbose=False)
-    code, _, err = _run(capsys, "rewrite", tmp_path / "exported", tmp_path / "out", "--batch-size", BATCH)
-    assert code == 2 and "model.export()" in err and "input_signature" in err and "tf.Module" in err
+    model.compile("sgd", "mse")
+    path = tmp_path_factory.mktemp("keras") / "exported"
+    model.export(str(path), verbose=False)
+    return path
+
+
+#: What every refusal of a model.export() directory says: why, and the three ways on.
+KERAS_EXPORT_WORDS = ("was written by Keras's model.export()", "inference endpoints (serve)", "no training step",
+                      "callbacks=[tflms.keras.LMS()]", "tflms estimate model.keras --batch N", "tf.Module",
+                      "input_signature")
+
+
+@pytest.mark.parametrize("argv", [("rewrite", "{out}"), ("rewrite", "{out}", "--batch-size", BATCH),
+                                  ("rewrite", "{out}", "--function", "serve"), ("analyze",), ("plan",),
+                                  ("analyze", "--batch-size", BATCH)],
+                         ids=["rewrite", "rewrite-sized", "rewrite-serve", "analyze", "plan", "analyze-sized"])
+def test_a_keras_export_directory_is_refused_with_what_to_do_instead(keras_export_dir, argv, tmp_path, capsys):
+    """Keras's model.export() saves the forward pass in inference mode: no loss, optimizer or gradient, so there is no
+    step to rewrite and none can be made. Every command says so first, also without --batch-size (not "give the
+    batch size", which would lead nowhere)."""
+    command, *rest = argv
+    rest = [str(a).format(out=tmp_path / "out") for a in rest]
+    code, _, err = _run(capsys, command, keras_export_dir, *rest)
+    assert code == 2 and all(w in err for w in KERAS_EXPORT_WORDS), err
+    assert "--batch-size N" not in err
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_a_keras_export_is_recognised_from_its_object_graph(keras_export_dir, plain_dir):
+    from tflms.integrations.savedmodel.read import read_saved_model
+    assert read_saved_model(keras_export_dir).keras_export and not read_saved_model(plain_dir).keras_export
 
 
 def test_a_budget_without_unit_is_refused_before_loading(plain_dir, tmp_path, capsys):

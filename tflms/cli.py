@@ -16,12 +16,13 @@ Sub-commands:
   estimate MODEL.keras --batch N: the predicted peak, fit and largest batch with
            and without tflms (simulated; nothing is trained).
 
-Errors tflms raises on purpose (bad paths, unknown functions, functions without
-a training step, ...) exit with status 2 and a message naming the fix; with
+Exit statuses (``tflms --help`` lists them, from :data:`EXIT_STATUSES`): errors
+tflms raises on purpose (bad paths, unknown functions, functions without a
+training step, ...) exit with status 2 and a message naming the fix; with
 --json, a {"error": ..., "type": ...} document is printed on stdout as well.
-SIGINT (Ctrl-C) and SIGTERM stop the command cleanly: temporary files are
-removed, one line says nothing was written, and the status is 128 + the
-signal number (130, 143).
+The demo exits with 1 when the weights differ. SIGINT (Ctrl-C) and SIGTERM stop
+the command cleanly: temporary files are removed, one line says nothing was
+written, and the status is 128 + the signal number (130, 143).
 
 Only ``rewrite --verify`` executes the model's graph (with whatever side
 effects its ops have); analyze, plan and rewrite without --verify only read it.
@@ -144,17 +145,26 @@ def add_wide_flag(parser: argparse.ArgumentParser, help: str | None = None) -> N
 
 def add_budget_flags(parser: argparse.ArgumentParser) -> None:
     """Flags for the tuner and for sizing: ``--budget``, ``--profile``, ``--batch-size``."""
+    from tflms.budget import DEFAULT_MARGIN_FRACTION
     group = parser.add_argument_group("tuning and sizing")
     group.add_argument("--budget", default=None,
-                       help="accelerator memory budget, e.g. '12GiB', that the tuner fits the step in (it searches "
-                            "the swap parameters); default: the accelerator's memory, unless a rule flag is given")
+                       help="accelerator memory budget, e.g. '12GiB', that the tuner fits the step's predicted "
+                            "peak in (it searches the swap parameters). Default, unless a rule flag is given: the "
+                            f"accelerator's memory (with --profile, the profile's), with the predicted peak plus a {100 * DEFAULT_MARGIN_FRACTION:.0f}%% "
+                            "margin within it; a budget "
+                            "given gets no margin (docs/guide.md, 'The budget')")
+    from tflms.profiles import DEFAULT_PROFILE, profile_names
     group.add_argument("--profile", "--profile-file", dest="profile", default=None,
-                       help="hardware profile to simulate: a name, e.g. 'v100-16gb-pcie3', or a JSON file ending in "
-                            ".json (tools/gpu_probe.py's output) (default: the closest to this machine's GPU, else "
-                            "v100-16gb-pcie3); turns on the tuner")
+                       help="hardware profile whose costs the tuner simulates, and whose memory is the budget when "
+                            "--budget is not given: " + ", ".join(profile_names()) + ", or a JSON file ending in "
+                            ".json (tools/gpu_probe.py's output). Default: the closest to this machine's GPU (its "
+                            f"own memory is the budget), else {DEFAULT_PROFILE}. Tuning is the default already; "
+                            "with a rule flag, --profile (like --budget) makes tflms tune instead of applying the rules")
     group.add_argument("--batch-size", type=int, default=None,
-                       help="size of unknown (batch) dimensions when sizing tensors; without it such tensors are "
-                            "not swapped")
+                       help="the size of the saved step's unknown batch (leading) dimension. Without it, whatever "
+                            "predicts memory is refused rather than counting those tensors as 0 bytes: tuning (the "
+                            "default, --budget, --profile) and the simulated memory of analyze and plan. With only "
+                            "rule flags, rewrite leaves such tensors unswapped (reason unknown-shape)")
     group.add_argument("--fit-by", choices=("live", "bfc"), default="live",
                        help="judge fit by the live-bytes peak or by the BFC allocator model (default %(default)s)")
 
@@ -248,14 +258,39 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return _json_error(args, run)
 
 
+#: The exit statuses of every command, for ``tflms --help`` (the module doc says the same).
+EXIT_STATUSES = (
+    ("0", "done (demo: the weights were bitwise identical with and without the rewrite)"),
+    ("1", "demo only: some weights differed with and without the rewrite"),
+    ("2", "an error tflms names (bad path, unknown function or profile, a budget nothing fits, a Keras model.export() "
+          "directory, ...) or a bad command line; with --json the error is also printed as {\"error\": ..., "
+          "\"type\": ...} on stdout"),
+    ("130 or 143", "interrupted by SIGINT or SIGTERM: nothing half-written is left"),
+)
+
+
+def top_epilog(width: int = 79) -> str:
+    """``tflms --help``'s closing text: the hardware profiles and the exit statuses (imports no TensorFlow)."""
+    import textwrap
+
+    from tflms.profiles import DEFAULT_PROFILE, profile_names
+    names = ", ".join(profile_names()) + ", or a JSON file from tools/gpu_probe.py"
+    lines = textwrap.wrap(f"hardware profiles (--profile; default: the closest to this machine's GPU, else "
+                          f"{DEFAULT_PROFILE}):", width)
+    lines += textwrap.wrap(names, width, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False)
+    lines += ["", "exit status:"]
+    for code, meaning in EXIT_STATUSES:
+        lines += textwrap.wrap(meaning, width, initial_indent=f"  {code:<11}", subsequent_indent=" " * 13,
+                               break_on_hyphens=False)
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="tflms",
+        prog="tflms", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Large model support for TensorFlow 2: rewrite training graphs so that activations wait "
                     "in host memory between the forward and the backward pass.",
-        epilog="exit status: 0 done; 2 an error tflms names (bad path, unknown function or profile, a budget nothing "
-               "fits, ...), with --json also printed as {\"error\": ..., \"type\": ...} on stdout; 130 or 143 "
-               "interrupted by SIGINT or SIGTERM (nothing half-written is left).")
+        epilog=top_epilog())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser("demo", help="train a built-in model with and without tflms and compare the weights",
                           description="Trace a built-in model's training step (no download, no GPU needed), "

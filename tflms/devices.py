@@ -82,6 +82,30 @@ def local_gpu() -> tuple[str, int | None] | None:
     return name, memory
 
 
+def reset_gpu_peaks() -> tuple[str, ...]:
+    """Reset TensorFlow's peak-memory statistic of every local GPU; returns their names (``GPU:0``, ...; empty: no
+    GPU, or none whose statistics TensorFlow keeps). :func:`gpu_peaks` reads them after a step."""
+    try:
+        import tensorflow as tf
+    except ImportError:  # pragma: no cover
+        return ()
+    names = []
+    for index, _ in enumerate(tf.config.list_logical_devices("GPU")):
+        try:
+            tf.config.experimental.reset_memory_stats(f"GPU:{index}")
+        except (ValueError, RuntimeError):  # a GPU whose allocator keeps no statistics: not measured
+            continue
+        names.append(f"GPU:{index}")
+    return tuple(names)
+
+
+def gpu_peaks(devices: tuple[str, ...]) -> dict[str, int]:
+    """The most bytes TensorFlow's allocator held on each of ``devices`` since :func:`reset_gpu_peaks`
+    (``tf.config.experimental.get_memory_info(device)["peak"]``)."""
+    import tensorflow as tf
+    return {device: int(tf.config.experimental.get_memory_info(device)["peak"]) for device in devices}
+
+
 #: What :func:`onednn_kernels` declared, innermost last (empty: this process's TensorFlow decides).
 _DECLARED_ONEDNN: list[bool] = []
 

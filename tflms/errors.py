@@ -74,3 +74,7 @@ class HostMemoryError(BudgetError):
 class KerasFlavourError(UnsupportedModelError):
     """A Keras 3 object where a tf_keras (Keras 2) one is needed, or the reverse (the message names the flavour
     found and what to use instead)."""
+
+
+class MissingExtraError(TflmsError, ImportError):
+    """An optional feature needs a package tflms does not require (the message names the extra that installs it)."""

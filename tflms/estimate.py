@@ -43,6 +43,8 @@ class Estimate:
     max_batch_with: int | None
     assumed: tuple[str, ...] = ()  # what the model did not say (optimizer, loss)
     seconds: float = 0.0
+    #: the margin every peak above carries (tflms/budget.py: 5% on the profile's memory, none on a budget given)
+    margin_fraction: float = 0.0
 
     @property
     def fits_without(self) -> bool:
@@ -69,8 +71,9 @@ class Estimate:
         rows = [("without tflms", *cell(self.peak_bytes_without, self.step_time_s_without, self.fits_without),
                  self.max_batch_without),
                 ("with tflms", *cell(self.peak_bytes_with, self.step_time_s_with, self.fits_with), self.max_batch_with)]
+        margin = f", peaks with a {self.margin_fraction:.0%} margin" if self.margin_fraction else ""
         lines = [f"{self.model} at batch {self.batch_size} on {self.profile}, budget {format_bytes(self.budget_bytes)} "
-                 f"(simulated, no training; {self.seconds:.1f} s)",
+                 f"(simulated, no training{margin}; {self.seconds:.1f} s)",
                  f"{'':<15}{'predicted peak':<32}{'step':>10}{'samples/s':>11}{'largest batch':>15}"]
         for name, peak, step, rate, largest in rows:
             lines.append(f"{name:<15}{peak:<32}{step:>10}{rate:>11}{'-' if largest is None else largest:>15}")
@@ -140,6 +143,7 @@ def estimate(model: Any, *, batch_size: int, profile: str | None = None, budget:
     --help`` lists them; default: the local GPU's, else the default profile). ``budget``: bytes or a string such as
     ``"12GiB"`` (default: the profile's memory). ``search_max_batch``: also find the largest batch each way.
     """
+    from tflms.budget import margin_fraction
     from tflms.config import LMSConfig
     from tflms.devices import local_gpu
     from tflms.errors import BudgetError
@@ -159,7 +163,7 @@ def estimate(model: Any, *, batch_size: int, profile: str | None = None, budget:
     priced = priced_profile(choice.name)
     budget_bytes = priced.memory_bytes if budget is None else parse_bytes(budget, what="budget")
     config = LMSConfig()
-    options = SimOptions(host_device=config.host_device)
+    options = SimOptions(host_device=config.host_device, margin_fraction=margin_fraction(budget))  # tflms/budget.py
     graph = load_graph(_preoptimized(step, ()))
     at = graph.with_batch_size(batch_size)
     say = progress or (lambda _m: None)
@@ -172,7 +176,7 @@ def estimate(model: Any, *, batch_size: int, profile: str | None = None, budget:
         say("tuning a rewrite for the budget")
         try:
             tuned = tune(at, budget=budget_bytes, profile=priced, config=config.replace(batch_size=batch_size),
-                         enforce_order=True)
+                         sim_options=options, enforce_order=True)
             peak_with, time_with = tuned.best.sim.peak_with_margin_bytes, tuned.best.sim.step_time_s
             strategy = tuned.reason()
         except BudgetError:
@@ -187,4 +191,4 @@ def estimate(model: Any, *, batch_size: int, profile: str | None = None, budget:
                     peak_bytes_without=plain.peak_with_margin_bytes, peak_bytes_with=peak_with,
                     step_time_s_without=plain.step_time_s, step_time_s_with=time_with, strategy=strategy,
                     max_batch_without=largest.get(False), max_batch_with=largest.get(True), assumed=assumed,
-                    seconds=time.perf_counter() - start)
+                    seconds=time.perf_counter() - start, margin_fraction=options.margin_fraction)

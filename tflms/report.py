@@ -1,14 +1,158 @@
-"""The rewrite report: what was swapped, what was skipped, and why."""
+"""The rewrite report: what was swapped, what was skipped, and why; the step's memory over time, predicted, and
+its peak as measured on a GPU.
+
+:class:`MemoryPicture` keeps a compact copy of the simulator's timelines before and after the rewrite, with the
+swaps and recomputes marked (:meth:`RewriteReport.plot` draws it, with matplotlib, the ``plot`` extra).
+:class:`MeasuredPeak` is filled after the first step the rewritten function runs: on a GPU, the peak TensorFlow's
+allocator saw (``tf.config.experimental.get_memory_info``), set beside the predicted one.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
+from tflms import devices
+from tflms.errors import ConfigError, MissingExtraError
 from tflms.policies.swapplan import SwapPlan
 from tflms.units import format_bytes
+
+#: At most this many points of each simulated timeline are kept in a report; where a step has more, each kept point
+#: stands for a run of consecutive ones, with their highest memory, so the peak is kept exactly.
+MEMORY_POINTS = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeline:
+    """Accelerator memory over one simulated step: ``accelerator_bytes[i]`` from ``times_s[i]`` to the next time."""
+
+    times_s: tuple[float, ...]
+    accelerator_bytes: tuple[int, ...]
+    peak_bytes: int  # the simulator's peak (live bytes, no margin)
+    step_time_s: float
+
+    @classmethod
+    def of(cls, sim: Any, points: int = MEMORY_POINTS) -> "Timeline":
+        """The timeline of a :class:`~tflms.sim.simulator.SimResult`, at most ``points`` points (see
+        :data:`MEMORY_POINTS`)."""
+        rows = list(sim.timeline) or [(0.0, sim.peak_bytes, 0)]
+        if len(rows) > points:
+            size = -(-len(rows) // points)  # ceil: runs of this many points become one
+            rows = [(rows[i][0], max(r[1] for r in rows[i:i + size])) for i in range(0, len(rows), size)]
+        return cls(tuple(float(r[0]) for r in rows), tuple(int(r[1]) for r in rows), int(sim.peak_bytes),
+                   float(sim.step_time_s))
+
+    def bytes_at(self, time_s: float) -> int:
+        """The accelerator bytes the timeline holds at ``time_s``."""
+        import bisect
+        i = bisect.bisect_right(self.times_s, time_s) - 1
+        return self.accelerator_bytes[max(i, 0)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"times_s": list(self.times_s), "accelerator_bytes": list(self.accelerator_bytes),
+                "peak_bytes": self.peak_bytes, "step_time_s": self.step_time_s}
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPicture:
+    """The step's memory over time before and after the rewrite, as the tuner simulated them, with when each copy
+    to the host (swap-out), copy back (swap-in) and recompute chain starts in the rewritten step."""
+
+    profile: str
+    budget_bytes: int
+    margin_fraction: float
+    before: Timeline
+    after: Timeline
+    swap_outs_s: tuple[float, ...] = ()
+    swap_ins_s: tuple[float, ...] = ()
+    recomputes_s: tuple[float, ...] = ()
+
+    def to_dict(self, *, timelines: bool = True) -> dict[str, Any]:
+        """Everything, JSON-ready; ``timelines=False`` leaves the two timelines' points out (the report's
+        ``to_dict`` does: they are large)."""
+        out = {"profile": self.profile, "budget_bytes": self.budget_bytes, "margin_fraction": self.margin_fraction,
+               "peak_before_bytes": self.before.peak_bytes, "peak_after_bytes": self.after.peak_bytes,
+               "swap_outs": len(self.swap_outs_s), "swap_ins": len(self.swap_ins_s),
+               "recomputes": len(self.recomputes_s)}
+        if timelines:
+            out.update(before=self.before.to_dict(), after=self.after.to_dict(), swap_outs_s=list(self.swap_outs_s),
+                       swap_ins_s=list(self.swap_ins_s), recomputes_s=list(self.recomputes_s))
+        return out
+
+
+def memory_picture(tuned: Any, margin_fraction: float = 0.0) -> MemoryPicture:
+    """The :class:`MemoryPicture` of a tune (:class:`tflms.tune.result.TuneResult`): its baseline and its winner.
+
+    Copies come from the winner's simulated ops by stream (``d2h``: swap-outs, ``h2d``: swap-ins); a recompute chain
+    starts when the first of its clones does.
+    """
+    after = tuned.best.sim
+    ops = list(after.ops)
+    plan = tuned.best.plan
+    starts = {o.name: o.start_s for o in ops}
+    chains = [] if plan is None else [min((starts[c] for c in r.clones if c in starts), default=None)
+                                      for r in plan.recomputes]
+    return MemoryPicture(
+        profile=tuned.profile, budget_bytes=int(tuned.budget_bytes), margin_fraction=float(margin_fraction),
+        before=Timeline.of(tuned.baseline), after=Timeline.of(after),
+        swap_outs_s=tuple(sorted(o.start_s for o in ops if o.stream == "d2h")),
+        swap_ins_s=tuple(sorted(o.start_s for o in ops if o.stream == "h2d")),
+        recomputes_s=tuple(sorted(t for t in chains if t is not None)))
+
+
+#: What :class:`MeasuredPeak` says before any step has run through the report's function.
+NOT_MEASURED = ("not measured: no step has run through tflms (the SavedModel commands and tflms.rewrite do not run "
+                "it; tflms.function and the Keras callback measure their first step)")
+
+
+@dataclasses.dataclass
+class MeasuredPeak:
+    """The accelerator memory TensorFlow's allocator measured over the first step the rewritten function ran.
+
+    Filled once, by :meth:`around` (``tflms.function`` and the Keras callback call it for the first step of each
+    trace). On a GPU: the peak of ``tf.config.experimental.get_memory_info`` over that step, summed over this
+    machine's GPUs (the prediction sums the local replicas too), each GPU's in ``per_device``. Without a GPU, or
+    before the first step, ``peak_bytes`` is ``None`` and ``why`` says why: no figure is made up.
+    """
+
+    peak_bytes: int | None = None
+    per_device: dict[str, int] = dataclasses.field(default_factory=dict)
+    why: str = NOT_MEASURED
+    done: bool = False
+
+    def around(self, step: Callable[[], Any]) -> Any:
+        """Run ``step()`` and, the first time, measure its peak (:func:`tflms.devices.reset_gpu_peaks` before it,
+        :func:`tflms.devices.gpu_peaks` after it); returns what ``step()`` returns."""
+        if self.done:
+            return step()
+        names = devices.reset_gpu_peaks()
+        out = step()
+        if not names:
+            self.why = ("unavailable: this machine has no GPU (TensorFlow measures a GPU's peak only, "
+                        "tf.config.experimental.get_memory_info)")
+        else:
+            try:
+                self.per_device = dict(devices.gpu_peaks(names))
+                self.peak_bytes = sum(self.per_device.values())
+                self.why = "TensorFlow's allocator over the first step"
+            except (ValueError, RuntimeError) as err:
+                self.why = f"unavailable: TensorFlow gave no memory statistics for {', '.join(names)} ({err})"
+        self.done = True
+        return out
+
+    def text(self, predicted_bytes: int | None = None) -> str:
+        """One line: the measured peak beside ``predicted_bytes``, or why there is none."""
+        if self.peak_bytes is None:
+            return f"measured peak: {self.why}"
+        where = ", ".join(f"{d} {format_bytes(b)}" for d, b in sorted(self.per_device.items()))
+        beside = "" if predicted_bytes is None else f"; predicted {format_bytes(predicted_bytes)}"
+        return f"measured peak: {format_bytes(self.peak_bytes)} ({where}; {self.why}){beside}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"peak_bytes": self.peak_bytes, "per_device": dict(self.per_device), "why": self.why}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +178,11 @@ class RewriteReport:
     #: each grappler accumulator's pinned summation order (:meth:`tflms.ir.preoptimize.AccumulatorPin.to_dict`:
     #: ``result``, ``order`` (its AssignAdds, first to last), ``source`` (observed / cpu-pool / gpu-inline), ``why``)
     accumulations: tuple[dict[str, Any], ...] = ()
+    #: the step's memory over time before and after, as the tuner simulated it (``None``: nothing was simulated,
+    #: the TFLMS rules without a budget or profile); :meth:`plot` draws it
+    memory: MemoryPicture | None = None
+    #: the peak measured over the first step that ran (on a GPU), filled after it; not part of equality
+    measured: MeasuredPeak = dataclasses.field(default_factory=MeasuredPeak, compare=False)
 
     @property
     def swaps(self):
@@ -82,8 +231,9 @@ class RewriteReport:
         """The simulator's verdict on this rewrite, or ``None`` when nothing was simulated (no budget/profile).
 
         Keys: ``profile``, ``budget_bytes``, ``peak_before_bytes`` / ``peak_after_bytes``
-        (predicted accelerator peak without and with the swaps), ``step_time_before_s`` /
-        ``step_time_after_s``, ``overhead`` (relative step-time increase).
+        (predicted accelerator peak without and with the swaps, each with the margin), ``step_time_before_s`` /
+        ``step_time_after_s``, ``overhead`` (relative step-time increase), ``margin_fraction`` (the margin the
+        peaks carry: :data:`tflms.budget.DEFAULT_MARGIN_FRACTION` for a budget tflms chose, 0 for one given).
         """
         t = self.tuning
         if not t:
@@ -91,15 +241,16 @@ class RewriteReport:
         return {"profile": t["profile"], "budget_bytes": t["budget_bytes"],
                 "peak_before_bytes": t["baseline_peak_bytes"], "peak_after_bytes": t["predicted_peak_bytes"],
                 "step_time_before_s": t["baseline_step_time_s"], "step_time_after_s": t["predicted_step_time_s"],
-                "overhead": t["overhead"]}
+                "overhead": t["overhead"], "margin_fraction": t.get("margin_fraction", 0.0)}
 
     def prediction_text(self) -> str:
         """One line: predicted peak before -> after, overhead and the profile (or why there is no prediction)."""
         p = self.prediction()
         if p is None:
             return "no prediction (no budget or profile given: nothing was simulated)"
+        margin = f", {p['margin_fraction']:.0%} margin included" if p["margin_fraction"] else ""
         return (f"predicted peak {format_bytes(p['peak_before_bytes'])} -> {format_bytes(p['peak_after_bytes'])} "
-                f"(budget {format_bytes(p['budget_bytes'])}), step time {100 * p['overhead']:+.1f}% "
+                f"(budget {format_bytes(p['budget_bytes'])}{margin}), step time {100 * p['overhead']:+.1f}% "
                 f"on {p['profile']}")
 
     def hardware_text(self) -> str:
@@ -163,10 +314,63 @@ class RewriteReport:
             "order": self.order,
             "accumulations": [dict(a) for a in self.accumulations],
             "prediction": self.prediction(),
+            "memory": None if self.memory is None else self.memory.to_dict(timelines=False),
+            "measured": self.measured.to_dict(),
         }
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
+
+    def plot(self, path: str | os.PathLike | None = None, *, title: str | None = None) -> Any:
+        """Draw the step's accelerator memory over one simulated step, without and with the rewrite, and return the
+        matplotlib ``Figure``; with ``path``, also save it there (PNG, or as its suffix says).
+
+        The rewritten step's line carries a marker where each copy to the host (swap-out, ``v``) and each copy back
+        (swap-in, ``^``) starts, and where each recompute chain starts (``x``); the budget is a dashed line, the
+        measured peak (after the first step on a GPU) a dotted one. Needs matplotlib (the ``plot`` extra); raises
+        :class:`~tflms.errors.MissingExtraError` without it, and :class:`~tflms.errors.ConfigError` for a rewrite
+        nothing was simulated for (the TFLMS rules without a budget or profile).
+        """
+        picture = self.memory
+        if picture is None:
+            raise ConfigError("report.plot(): nothing was simulated for this rewrite (TFLMS rule parameters without "
+                              "budget= or profile= place the swaps without the simulator). Give budget= or profile=, "
+                              "or leave the rule parameters out (the default tunes), to get the memory picture")
+        try:
+            from matplotlib.figure import Figure
+        except ImportError as err:
+            raise MissingExtraError(
+                "report.plot() needs matplotlib, which tflms does not require: install the plot extra "
+                "(pip install -e \".[plot]\" in your clone of tflms) or pip install matplotlib") from err
+        unit, gib = next((u, b) for u, b in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
+                         if max(picture.before.peak_bytes, picture.budget_bytes) >= b or b == 1)
+        fig = Figure(figsize=(9, 4.2))
+        ax = fig.subplots()
+        for name, line, color, width in (("without tflms", picture.before, "black", 1.6),
+                                          ("with tflms", picture.after, "tab:blue", 1.2)):
+            ax.step([1e3 * t for t in line.times_s], [b / gib for b in line.accelerator_bytes], where="post",
+                    color=color, linewidth=width,
+                    label=f"{name} (peak {format_bytes(line.peak_bytes)}, step {1e3 * line.step_time_s:.1f} ms)")
+        for label, times, marker, color in (("swap-out", picture.swap_outs_s, "v", "tab:orange"),
+                                            ("swap-in", picture.swap_ins_s, "^", "tab:green"),
+                                            ("recompute", picture.recomputes_s, "x", "tab:purple")):
+            if times:
+                ax.plot([1e3 * t for t in times], [picture.after.bytes_at(t) / gib for t in times], linestyle="none",
+                        marker=marker, markersize=6, color=color, label=f"{label} ({len(times)})")
+        margin = f" (peak + {picture.margin_fraction:.0%} must fit)" if picture.margin_fraction else ""
+        ax.axhline(picture.budget_bytes / gib, color="red", linestyle="--", linewidth=1,
+                   label=f"budget {format_bytes(picture.budget_bytes)}{margin}")
+        if self.measured.peak_bytes is not None:
+            ax.axhline(self.measured.peak_bytes / gib, color="tab:gray", linestyle=":", linewidth=1.2,
+                       label=f"measured peak {format_bytes(self.measured.peak_bytes)} (first step)")
+        ax.set_xlabel("simulated time in the step (ms)")
+        ax.set_ylabel(f"accelerator memory ({unit})")
+        ax.set_title(title or f"memory over one training step on {picture.profile} (simulated)")
+        ax.legend(fontsize=7, loc="upper right")
+        fig.tight_layout()
+        if path is not None:
+            fig.savefig(os.fspath(path), dpi=110)
+        return fig
 
     def table(self, max_rows: int | None = 40, *, wide: bool = False, legend: bool = True) -> str:
         """A readable summary with one row per swapped tensor, skip counts and a legend of the columns.
@@ -184,6 +388,8 @@ class RewriteReport:
         if self.tuning:
             lines.append(f"tuning: {self.tuning['reason']}")
             lines.append(self.prediction_text())
+        if self.measured.done:
+            lines.append(self.measured.text(None if self.memory is None else self.memory.after.peak_bytes))
         if self.order is not None:
             when = ", pinned before the swaps, which were chosen in it" if self.order.get("before_swaps") else ""
             if "why" in self.order:

@@ -23,9 +23,9 @@ Keras 3.15 and the TensorFlow backend for mode "full": it wraps the Functional m
 tf.recompute_grad, whose custom gradient takes no keyword arguments in graph mode, and Keras passes the
 call's ``training`` and ``mask`` by keyword.
 
-Headroom (``--headroom``, default ``benchlib.common.HEADROOM`` = 5%): every method's simulated peak
-counts ``1 + headroom`` times (``SimOptions.margin_fraction``) against the budget, ``none``
-included, for what the simulator cannot see (workspaces, allocator fragmentation). The
+Headroom (``--headroom``, default ``benchlib.common.HEADROOM`` = 5%, the library's own margin from
+tflms/budget.py): every method's simulated peak counts ``1 + headroom`` times (``SimOptions.margin_fraction``)
+against the budget, ``none`` included, for what the simulator cannot see (workspaces, allocator fragmentation). The
 swap-only bound (``tflms.sim.bounds.swap_only_bound``: resident bytes plus the largest op's
 working set; and ``tflms.sim.footprint.footprint_bound``, what the step holds at once in every
 order, within the accelerator plus the profile's host memory) is judged the same way and

@@ -54,8 +54,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
+    from tflms.budget import margin_fraction
     from tflms.ir import tf_io
-    from tflms.sim import get_profile
+    from tflms.sim import SimOptions, get_profile
     from tflms.tune.maxbatch import max_batch
     from tflms.units import format_bytes
 
@@ -68,8 +69,11 @@ def main(argv=None) -> int:
     records = []
     for with_tflms in (False, True):
         t0 = time.perf_counter()
-        result = max_batch(graph, budget=args.budget, profile=profile, with_tflms=with_tflms, progress=_say)
+        margin = margin_fraction(args.budget)  # 5% on the profile's memory, as the library and tools/bench.py
+        result = max_batch(graph, budget=args.budget, profile=profile, with_tflms=with_tflms, progress=_say,
+                           sim_options=SimOptions(margin_fraction=margin))
         record = {"model": args.model, "profile": profile.name, "budget_bytes": args.budget or profile.memory_bytes,
+                  "margin_fraction": margin,
                   "method": "tflms" if with_tflms else "none", "search_s": time.perf_counter() - t0,
                   **result.to_dict()}
         records.append(record)
@@ -77,7 +81,8 @@ def main(argv=None) -> int:
         print(json.dumps(records, indent=2))
         return 0
     base, lms = records
-    print(f"{args.model} on {profile.name} (budget {format_bytes(base['budget_bytes'])}), simulated")
+    margin = f", peaks with a {base['margin_fraction']:.0%} margin" if base["margin_fraction"] else ""
+    print(f"{args.model} on {profile.name} (budget {format_bytes(base['budget_bytes'])}{margin}), simulated")
     print(f"{'method':<8}{'max batch':>10}{'peak':>14}{'step ms':>10}{'overhead':>10}  strategy")
     for r in records:
         overhead = f"{100 * r['overhead']:+.1f}%" if "overhead" in r else "-"

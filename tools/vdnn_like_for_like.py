@@ -37,7 +37,9 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", default="v100-16gb-pcie3")
     parser.add_argument("--oversubscription", type=float, default=None,
                         help="no-swap peak over the GPU's memory (vDNN's VGG-16: 28/12 = 2.33)")
-    parser.add_argument("--headroom", type=float, default=0.05, help="as tools/bench.py: peak x (1 + headroom)")
+    from benchlib.common import HEADROOM
+    parser.add_argument("--headroom", type=float, default=HEADROOM,
+                        help=f"as tools/bench.py: peak x (1 + headroom) (default {HEADROOM})")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 

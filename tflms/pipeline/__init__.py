@@ -50,7 +50,8 @@ from tflms.passes.workspace import keep_workspace_edges
 from tflms.policies.swapplan import SwapPlan, check_filters
 from tflms.policies.tflms_rules import plan_swaps
 from tflms.profiles import HardwareProfile, select_profile
-from tflms.report import RewriteReport
+from tflms.report import RewriteReport, memory_picture  # issue 48: memory_picture
+from tflms.budget import budget_sim_options  # issue 48: one margin for the library and the bench
 # the stages' decisions: the names stay importable from here
 from tflms.pipeline.compression import _compression_summary, _compressor, _supports  # noqa: F401
 from tflms.pipeline.hardware import (PROFILE_DEVICE, default_budget, hardware_record,  # noqa: F401
@@ -152,12 +153,14 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             filter_warnings = tuple(check_filters(analysis, config))
             budget, budget_why = default_budget(choice, gpu) if config.default_tuning else (config.budget_bytes, None)
             result = clock("tune", lambda: tune(analysis, budget=budget, profile=profile,
+                                                sim_options=budget_sim_options(config),  # issue 48: the margin
                                                 config=config, copy_op=copy_op, fit_by=config.fit_by,
                                                 compress=compressor, progress=progress,
                                                 enforce_order=config.orders, require_backward=require_backward))
             planned = accelerator if accelerator != config.host_device else PROFILE_DEVICE
             plan = result.best.plan or _empty_plan(config, planned)
             swapped, tuning = result.graph, result.to_dict()
+            tuning["margin_fraction"] = budget_sim_options(config).margin_fraction  # issue 48
             if filter_warnings:
                 plan = dataclasses.replace(plan, warnings=tuple(w for w in filter_warnings if w not in plan.warnings)
                                            + plan.warnings)
@@ -175,8 +178,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         final, order, pinned_by_guarantee = placed.graph, None, False
         if config.auto_tune or config.orders:
             from tflms.passes.order import GUARANTEE_NONE, apply_tuned_order, enforce_order, hold_to_budget
-            from tflms.sim.simulator import SimOptions
-            options = SimOptions(host_device=config.host_device)
+            options = budget_sim_options(config)  # issue 48: judged with the tuner's margin (tflms/budget.py)
         if config.auto_tune:
             final, order = clock("order", lambda: apply_tuned_order(final, result.best.order, profile,
                                                                     options=options))
@@ -219,7 +221,8 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             hardware["batch_size"] = f"{sized_from_inputs}, from the inputs of the first call"
         report = RewriteReport(plan=plan, graph_summary=analysis.summary(), inserted_ops=inserted,
                                timings_s=timings, tuning=tuning, compression=_compression_summary(placed.graph),
-                               hardware=hardware, order=order, accumulations=_accumulator_pins(step))
+                               hardware=hardware, order=order, accumulations=_accumulator_pins(step),
+                               memory=memory_picture(result, tuning["margin_fraction"]) if config.auto_tune else None)  # issue 48
         for w in plan.warnings:
             logger.warning("tflms: %s", w)
         function = None
@@ -309,7 +312,7 @@ def predict(result: StepRewrite, profile: str | None = None) -> dict[str, Any]:
     return {"profile": choice.name, "profile_why": choice.why, "budget_bytes": None,
             "peak_before_bytes": before.peak_with_margin_bytes, "peak_after_bytes": after.peak_with_margin_bytes,
             "step_time_before_s": before.step_time_s, "step_time_after_s": after.step_time_s,
-            "overhead": after.overhead_vs(before)}
+            "overhead": after.overhead_vs(before), "margin_fraction": options.margin_fraction}  # issue 48
 
 
 def inserted_ops(original: Graph, rewritten: Graph) -> tuple[str, ...]:

@@ -6,6 +6,8 @@ import json
 import sys
 import time
 
+from tflms.budget import DEFAULT_MARGIN_FRACTION
+
 METHODS = ("none", "tflms-distance", "tflms-best", "grappler", "checkpoint-segments", "keras-remat",
            "keras-remat-activations")
 #: Methods judged as a step of their own, traced from a differently built model (``benchlib.models.Steps``
@@ -41,8 +43,9 @@ QUICK_DISTANCE_PROBES = ({"swapout_threshold": 1, "swapin_ahead": 1, "swapin_gro
 IDLE_STRATEGIES = ("idle-time", "idle-time-no-overhead")
 #: Headroom: every method's peak is judged as ``peak * (1 + HEADROOM)`` against the budget
 #: (``SimOptions.margin_fraction``), the swap-only bound the same way: room for what the simulator
-#: cannot see (kernel workspaces, allocator fragmentation). ``--headroom`` overrides it.
-HEADROOM = 0.05
+#: cannot see (kernel workspaces, allocator fragmentation). ``--headroom`` overrides it. The library's own
+#: margin on a GPU's or profile's memory, one figure for both (tflms/budget.py; docs/guide.md, "The budget").
+HEADROOM = DEFAULT_MARGIN_FRACTION
 #: The row of the swap-only memory bound (tflms.sim.bounds.swap_only_bound) beside the methods.
 BOUND = "swap-only-bound"
 #: Figures from the papers, quoted from their abstracts; not measured here.

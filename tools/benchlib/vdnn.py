@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import say
+from .common import HEADROOM, say
 
 #: vDNN's VGG-16 step: 28 GB on a 12 GB card.
 PAPER_OVERSUBSCRIPTION = 28 / 12
@@ -30,7 +30,7 @@ def batch_at(steps, profile, ratio: float, options) -> tuple[int, int]:
 
 
 def like_for_like(steps, profile_name: str, oversubscription: float = PAPER_OVERSUBSCRIPTION,
-                  headroom: float = 0.05) -> dict:
+                  headroom: float = HEADROOM) -> dict:
     """VGG-16 at ``oversubscription`` x the profile's memory: each method's fit, step and loss (simulated)."""
     from tflms.errors import BudgetError
     from tflms.profiles import get_profile

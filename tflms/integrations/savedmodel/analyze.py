@@ -10,7 +10,7 @@ from typing import Any
 from tflms.config import LMSConfig
 from tflms.errors import TflmsError
 from tflms.integrations.savedmodel.read import (_load, _resolve, _traces, check_input_dir, describe_trace,
-                                                read_saved_model, select_functions)
+                                                keras_export_message, read_saved_model, select_functions)
 from tflms.report import RewriteReport
 from tflms.units import format_bytes
 
@@ -80,7 +80,7 @@ def analyze_saved_model(in_dir: str | os.PathLike, config: LMSConfig | None = No
     dimension would count as 0 bytes in a verdict (give ``batch_size``).
     """
     from tflms.analysis.cto import analyze_graph
-    from tflms.errors import BudgetError
+    from tflms.errors import BudgetError, NoTrainingStepError
     from tflms.ir import preoptimize
     from tflms.ir.tf_io import load_graph
     from tflms.sim.simulator import SimOptions, simulate
@@ -107,6 +107,8 @@ def analyze_saved_model(in_dir: str | os.PathLike, config: LMSConfig | None = No
                 analysis = analyze_graph(graph)
             except TflmsError as err:
                 raise type(err)(f"function {finfo.path!r} ({signature}) of {info.path}: {err}") from err
+            if info.keras_export and not analysis.has_backward:
+                continue  # an inference endpoint of model.export(): said below when nothing else is there
             original = simulate(graph, profile, options=sim_options)
             try:
                 check_known_sizes(graph, original, config.batch_size)
@@ -123,4 +125,6 @@ def analyze_saved_model(in_dir: str | os.PathLike, config: LMSConfig | None = No
                 except BudgetError as err:
                     note = str(err)
             out.append(TraceAnalysis(finfo.path, i, signature, analysis.summary(), report, original, rewritten, note))
+    if info.keras_export and not out:
+        raise NoTrainingStepError(keras_export_message(info))
     return out

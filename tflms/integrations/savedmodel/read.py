@@ -64,6 +64,8 @@ class SavedModelInfo:
     functions: tuple[FunctionInfo, ...]
     signatures: Mapping[str, tuple[str, ...]]
     _proto: Any = dataclasses.field(repr=False, compare=False, default=None)
+    #: written by Keras's ``model.export()`` (its ExportArchive): inference endpoints, no training step
+    keras_export: bool = False
 
     def function(self, path: str) -> FunctionInfo:
         for f in self.functions:
@@ -150,7 +152,8 @@ def read_saved_model(in_dir: str | os.PathLike, role: str = "IN_DIR") -> SavedMo
         if key in INTERNAL_SIGNATURE_KEYS:
             continue
         signatures[key] = _called_functions(_signature_function_name(nodes, key), library)
-    return SavedModelInfo(str(path), tuple(functions), signatures, proto)
+    return SavedModelInfo(str(path), tuple(functions), signatures, proto,
+                          keras_export=any(c.local_name == KERAS_EXPORT_MARK for c in nodes[0].children))
 
 
 def _object_paths(nodes) -> dict[int, list[str]]:
@@ -209,6 +212,24 @@ HOW_TO_SAVE = ("Save the training step itself: a tf.Module holding the model and
                "training method that has an input_signature, written with tf.saved_model.save (a Keras "
                "model.export() directory holds only inference functions); docs/guide.md, 'A SavedModel that tflms "
                "rewrite accepts', shows one")
+
+
+#: The attribute Keras's ExportArchive sets on the object ``model.export()`` saves (Keras 3 and tf_keras alike:
+#: ``_tf_trackable._misc_assets``, its lookup tables); a ``tf.Module`` a user saves has no reason to carry it.
+KERAS_EXPORT_MARK = "_misc_assets"
+
+
+def keras_export_message(info: SavedModelInfo) -> str:
+    """Why a Keras ``model.export()`` directory has nothing to rewrite, and what to do instead."""
+    names = ", ".join(f.path for f in info.functions) or "none"
+    return (f"{info.path} was written by Keras's model.export(): it holds the model's inference endpoints ({names}), "
+            "the forward pass in inference mode, without the loss, the optimizer or any gradient. So it has no "
+            "training step to rewrite, and none can be rebuilt from it. Instead: train the Keras model with the "
+            "callback, model.fit(..., callbacks=[tflms.keras.LMS()]); to ask whether it fits, save it with "
+            "model.save('model.keras') and run tflms estimate model.keras --batch N. To rewrite offline, save the "
+            "training step itself: a tf.Module holding the model and optimizer, with a tf.function training method "
+            "that has an input_signature, written with tf.saved_model.save (docs/guide.md, 'A SavedModel that tflms "
+            "rewrite accepts', shows one)")
 
 
 def select_functions(info: SavedModelInfo, names: Sequence[str] | None) -> tuple[list[FunctionInfo], bool]:

@@ -15,8 +15,8 @@ from tflms.errors import GraphError, NoTrainingStepError, TflmsError
 from tflms.faults import fault_point
 from tflms.integrations.savedmodel import verify as _verify
 from tflms.integrations.savedmodel.read import (HOW_TO_SAVE, FunctionInfo, SavedModelInfo, _load, _resolve, _set_child,
-                                                _traces, check_input_dir, describe_trace, read_saved_model,
-                                                select_functions)
+                                                _traces, check_input_dir, describe_trace, keras_export_message,
+                                                read_saved_model, select_functions)
 from tflms.integrations.savedmodel.write import (TEMP_INFIX, _check_written, _commit, _make_sibling, _save,
                                                  check_output_dir, remove_stale_siblings)
 from tflms.ir.op_types import CALL_OP_TYPES
@@ -170,6 +170,8 @@ def _rewrite_functions(loaded, info: SavedModelInfo, selected: list[FunctionInfo
             new_traces.append(new)
             any_rewritten = True
         if not any_rewritten:
+            if explicit and info.keras_export:
+                raise NoTrainingStepError(keras_export_message(info))
             if explicit:
                 raise NoTrainingStepError(
                     f"function {finfo.path!r} of {info.path} has no training step in any of its "
@@ -178,6 +180,8 @@ def _rewrite_functions(loaded, info: SavedModelInfo, selected: list[FunctionInfo
                     "training steps (forward + tape.gradient + optimizer update)")
             continue
         replacements[finfo.path] = new_traces[0] if finfo.kind == "concrete" else _rewritten_function(fn, new_traces)
+    if not rewritten and info.keras_export:
+        raise NoTrainingStepError(keras_export_message(info))
     if not rewritten:
         tried = "; ".join(f"{k.function} ({k.signature}): {k.reason}" for k in skipped)
         raise NoTrainingStepError(
