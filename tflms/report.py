@@ -93,6 +93,31 @@ class RewriteReport:
                 "step_time_before_s": t["baseline_step_time_s"], "step_time_after_s": t["predicted_step_time_s"],
                 "overhead": t["overhead"]}
 
+    @property
+    def plan_cache(self) -> dict[str, Any] | None:
+        """What the plan cache did (:mod:`tflms.tune.plancache`): ``status`` (``hit``: the plan was reused;
+        ``stored``: tuned and stored; ``off``; ``not-used``; ``not-stored``), ``path``, ``why``, and on a hit
+        ``tune_s`` (what the tune took when it ran) and ``load_s``; ``None`` when nothing was tuned."""
+        return (self.tuning or {}).get("plan_cache")
+
+    def plan_cache_text(self) -> str:
+        """One line: whether the plan was tuned or reused from the plan cache, and where (``""``: not tuned)."""
+        c = self.plan_cache
+        if not c:
+            return ""
+        status = c.get("status")
+        if status == "hit":
+            tuned = f"tuned in {c['tune_s']:.1f} s when stored; " if c.get("tune_s") is not None else ""
+            return (f"plan cache: plan reused from {c['path']} ({tuned}read and rebuilt in "
+                    f"{1e3 * c.get('load_s', 0.0):.0f} ms)")
+        if status == "stored":
+            return f"plan cache: tuned; plan stored at {c['path']}"
+        if status == "off":
+            return f"plan cache: {c.get('why', 'off')}"
+        if status == "not-used":
+            return f"plan cache: not used ({c.get('why', '')})"
+        return f"plan cache: plan not stored ({c.get('why', '')})"
+
     def prediction_text(self) -> str:
         """One line: predicted peak before -> after, overhead and the profile (or why there is no prediction)."""
         p = self.prediction()
@@ -184,6 +209,8 @@ class RewriteReport:
         if self.tuning:
             lines.append(f"tuning: {self.tuning['reason']}")
             lines.append(self.prediction_text())
+            if self.plan_cache:
+                lines.append(self.plan_cache_text())
         if self.order is not None:
             when = ", pinned before the swaps, which were chosen in it" if self.order.get("before_swaps") else ""
             if "why" in self.order:
