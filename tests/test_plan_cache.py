@@ -481,3 +481,28 @@ def test_concurrent_writers_never_leave_a_partial_entry(tmp_path):
     entry, _ = cache.read(key)
     assert entry["i"] == 299 and reads > 0 and seen == set(writers), (reads, seen)
     assert [p.name for p in cache.plans.iterdir()] == [cache.path(plancache.key_digest(key)).name]
+
+
+def test_a_second_fit_reuses_the_plan_and_says_so(tmp_path, capsys):
+    """Keras: a second ``fit`` with a new callback (as after a restart) reuses the first fit's plan."""
+    import keras
+
+    import tflms.keras
+    from tflms.testing import build_model, make_batches
+    model = build_model("residual", size=32)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), jit_compile=False,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = make_batches(model, batch_size=32, steps=1)[0]
+
+    def fit(**options):
+        callback = tflms.keras.LMS(profile=PROFILE, **options)
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0, shuffle=False, callbacks=[callback])
+        return callback.report
+
+    budget = int(fit(budget=1 << 40, plan_cache=False, verbose=0).tuning["baseline_peak_bytes"] * 0.7)
+    first = fit(budget=budget, plan_cache=str(tmp_path), verbose=0)
+    capsys.readouterr()
+    second = fit(budget=budget, plan_cache=str(tmp_path), verbose=1)
+    assert first.plan_cache["status"] == STORED and second.plan_cache["status"] == HIT
+    assert first.num_swapped > 0 and second.plan == first.plan and second.inserted_ops == first.inserted_ops
+    assert "plan reused from the plan cache" in capsys.readouterr().out
