@@ -128,8 +128,13 @@ def source_digest() -> str:
 
 
 def _tflms_version() -> str:
-    import tflms
-    return getattr(tflms, "__version__", "unknown")
+    """The installed distribution's version (the package itself sits in a layer above this one); the source digest
+    keys the code that runs, installed or not."""
+    import importlib.metadata
+    try:
+        return importlib.metadata.version("tflms")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def _tensorflow_version() -> str:
