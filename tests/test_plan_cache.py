@@ -241,7 +241,7 @@ def _stored(mlp, tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not-json", "list", "foreign-version", "other-format", "bad-plan",
-                                    "wrong-graph"])
+                                    "wrong-graph", "key-not-a-mapping", "no-tuning"])
 def test_a_bad_entry_is_tuned_again_and_overwritten(mlp, tmp_path, damage, caplog):
     analysis, peak = mlp
     fresh, path = _stored(mlp, tmp_path)
@@ -261,6 +261,12 @@ def test_a_bad_entry_is_tuned_again_and_overwritten(mlp, tmp_path, damage, caplo
         path.write_text(json.dumps(entry))
     elif damage == "bad-plan":
         entry["plan"]["swaps"][0]["tensor"] = "nonsense"
+        path.write_text(json.dumps(entry))
+    elif damage == "key-not-a-mapping":
+        entry["key"] = ["not", "a", "key"]
+        path.write_text(json.dumps(entry))
+    elif damage == "no-tuning":
+        del entry["tuning"]["budget_bytes"]
         path.write_text(json.dumps(entry))
     else:  # a plan that does not rebuild the graph it names
         entry["graph_digest"] = "0" * 64

@@ -420,8 +420,10 @@ class PlanCache:
             return None, f"{path} holds no entry"
         if entry.get("format") != FORMAT:
             return None, f"{path} has format {entry.get('format')!r}, not {FORMAT}"
-        if _canonical(entry.get("key")) != _canonical(key):
-            return None, f"{path} was written for another key (tflms {entry.get('key', {}).get('tflms')!r})"
+        stored = entry.get("key")
+        if _canonical(stored) != _canonical(key):
+            version = stored.get("tflms") if isinstance(stored, dict) else None
+            return None, f"{path} was written for another key (tflms {version!r})"
         return entry, ""
 
     def write(self, key: dict[str, Any], entry: dict[str, Any]) -> Path:
@@ -454,12 +456,13 @@ def _load(cache: PlanCache, key: dict[str, Any], analysis: Analysis, *, config: 
         tuning = dict(entry["tuning"])
         best = CachedCandidate(strategy=tuning["strategy"], params=dict(tuning["params"]), plan=plan, sim=sim,
                                order=entry["order"])
+        record = {"status": HIT, "path": str(path), "key": key_digest(key), "created": entry.get("created"),
+                  "tune_s": entry.get("tune_s"), "load_s": time.perf_counter() - start}
+        result = CachedTuneResult(budget_bytes=int(tuning["budget_bytes"]), profile=str(tuning["profile"]),
+                                  best=best, graph=graph, analysis=analysis, tuning=tuning, plan_cache=record)
     except Exception as err:  # noqa: BLE001 - a bad entry is a miss, never a failed fit
         return None, f"{path} is not a valid entry ({type(err).__name__}: {err})", True
-    record = {"status": HIT, "path": str(path), "key": key_digest(key), "created": entry.get("created"),
-              "tune_s": entry.get("tune_s"), "load_s": time.perf_counter() - start}
-    return CachedTuneResult(budget_bytes=int(tuning["budget_bytes"]), profile=tuning["profile"], best=best,
-                            graph=graph, analysis=analysis, tuning=tuning, plan_cache=record), "", False
+    return result, "", False
 
 
 def _entry(result: Any, *, copy_op: str, compress: Callable[[Graph, SwapPlan], Graph] | None,
@@ -519,7 +522,10 @@ def cached_tune(source: Any, *args: Any, config: LMSConfig | None = None, **kwar
         return _with_record(tune(source, *args, config=config, **kwargs),
                             {"status": NOT_USED, "why": f"cannot key this tune: {err}"})
     copy_op, compress = kwargs.get("copy_op", _default("copy_op")), kwargs.get("compress")
-    hit, why, bad = _load(cache, key, source, config=config, copy_op=copy_op, compress=compress)
+    try:
+        hit, why, bad = _load(cache, key, source, config=config, copy_op=copy_op, compress=compress)
+    except Exception as err:  # noqa: BLE001 - the cache must never fail a fit
+        hit, why, bad = None, f"cannot read the cache ({type(err).__name__}: {err})", True
     if hit is not None:
         logger.info("tflms: plan reused from the cache (%s; tuned in %.1f s when stored)", hit.plan_cache["path"],
                     hit.plan_cache["tune_s"] or 0.0)
