@@ -82,3 +82,39 @@ def tf_keras_path(request, tmp_path_factory) -> pathlib.Path | None:
     cache = getattr(request.config, "cache", None)
     root = pathlib.Path(cache.mkdir("tflms-tf-keras")) if cache is not None else tmp_path_factory.mktemp("tf-keras")
     return tf_keras_dir(root)
+
+
+# ------------------------------------------------------------------------------------------------ the plan cache
+#: What the suite sets for its whole run (and every process it starts inherits): the plan cache off, and its
+#: directory a fresh temporary one.
+_PLAN_CACHE_ENV: dict[str, str | None] = {}
+
+
+def pytest_configure(config):
+    """Turn tflms's plan cache (``tflms.tune.plancache``) off for the whole run, before anything is collected.
+
+    Tests tune the same small steps again and again, in one process and in the ones they start: a cache shared
+    between them would hand a test the plan another test tuned (a test that counts candidates, or monkeypatches
+    the tuner, would then see none), and would write into the user's ``~/.cache/tflms``. So ``TFLMS_PLAN_CACHE=0``
+    (the cache is off where ``LMSConfig.plan_cache`` is left at ``None``, as every other test leaves it), and
+    ``TFLMS_CACHE_DIR`` a temporary directory removed at the end, for a test that turns it on with
+    ``plan_cache=True``. The cache's own tests (``test_plan_cache.py``) give each test its own directory.
+    Set here rather than in a fixture so that module-scoped fixtures and collection see it too.
+    """
+    import tempfile
+    for name in ("TFLMS_PLAN_CACHE", "TFLMS_CACHE_DIR"):
+        _PLAN_CACHE_ENV[name] = os.environ.get(name)
+    os.environ["TFLMS_PLAN_CACHE"] = "0"
+    os.environ["TFLMS_CACHE_DIR"] = tempfile.mkdtemp(prefix="tflms-test-plan-cache-")
+
+
+def pytest_unconfigure(config):
+    directory = os.environ.get("TFLMS_CACHE_DIR")
+    if _PLAN_CACHE_ENV and directory and pathlib.Path(directory).name.startswith("tflms-test-plan-cache-"):
+        shutil.rmtree(directory, ignore_errors=True)
+    for name, value in _PLAN_CACHE_ENV.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _PLAN_CACHE_ENV.clear()

@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("simulation", ("tflms.sim", "tflms.memplan", "tflms.schedule")),
     ("policies", ("tflms.policies",)),
     ("passes", ("tflms.passes", "tflms.compress.codecs", "tflms.compress.rewrite", "tflms.compress.profiling")),
-    ("decisions", ("tflms.compress", "tflms.tune")),
+    ("decisions", ("tflms.compress", "tflms.tune", "tflms.budget")),
     ("measurement", ("tflms.measure", "tflms.baselines")),
     ("pipeline", ("tflms.pipeline", "tflms.report")),
     ("integrations", ("tflms.integrations", "tflms.keras")),

@@ -8,6 +8,7 @@ checked when the config is built; a bad or contradictory value raises
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from tflms.devices import normalize_device
@@ -91,6 +92,12 @@ class LMSConfig:
         (default) re-runs forward ops in the backward pass where that beats a copy, alone or beside swaps;
         ``"off"`` swaps only; ``"only"`` recomputes only, with no host copies (for hosts whose link or pinned
         memory is taken). Recompute re-runs ops exactly (stateless ones only), so training stays bitwise.
+      plan_cache: where the tuner keeps the plans it chose (:mod:`tflms.tune.plancache`), so that a restart
+        or another fit of the same step, budget and profile reuses its plan instead of tuning again:
+        ``None`` (default) the cache directory ``$TFLMS_CACHE_DIR``, else ``$XDG_CACHE_HOME/tflms``
+        (``~/.cache/tflms``), unless the environment variable ``TFLMS_PLAN_CACHE=0`` turns it off;
+        ``False`` never read or write it; ``True`` on, at that directory, whatever ``TFLMS_PLAN_CACHE``
+        says; a path: on, at that directory. Only tuned rewrites use it.
     """
 
     swapout_threshold: int | None = None
@@ -112,6 +119,7 @@ class LMSConfig:
     enforce_order: bool | None = None
     tf32: bool | None = None
     recompute: str = "auto"
+    plan_cache: bool | str | None = None
     #: ``LMSConfig(budget="12GiB")``: the alias of ``budget_bytes`` (as in tflms.function and the Keras callback).
     budget: dataclasses.InitVar[int | str | None] = None
 
@@ -181,6 +189,12 @@ class LMSConfig:
                               f"recompute per tensor; off: swap only; only: recompute only), got {self.recompute!r}")
         if self.fit_by not in ("live", "bfc"):
             raise ConfigError(f"fit_by must be 'live' or 'bfc', got {self.fit_by!r}")
+        if self.plan_cache is not None and not isinstance(self.plan_cache, bool):
+            where = os.fspath(self.plan_cache) if isinstance(self.plan_cache, (str, os.PathLike)) else None
+            if not isinstance(where, str) or not where:
+                raise ConfigError(f"plan_cache must be None (the default cache directory), False (off), True (on) "
+                                  f"or a directory, got {self.plan_cache!r}")
+            set_("plan_cache", where)
 
     @property
     def rules_given(self) -> bool:

@@ -83,13 +83,16 @@ class MemoryPicture:
         return out
 
 
-def memory_picture(tuned: Any, margin_fraction: float = 0.0) -> MemoryPicture:
-    """The :class:`MemoryPicture` of a tune (:class:`tflms.tune.result.TuneResult`): its baseline and its winner.
+def memory_picture(tuned: Any, margin_fraction: float = 0.0) -> MemoryPicture | None:
+    """The :class:`MemoryPicture` of a tune (:class:`tflms.tune.result.TuneResult`): its baseline and its winner
+    (``None`` for a plan reused from the plan cache, which keeps no timelines).
 
     Copies come from the winner's simulated ops by stream (``d2h``: swap-outs, ``h2d``: swap-ins); a recompute chain
     starts when the first of its clones does.
     """
     after = tuned.best.sim
+    if not hasattr(after, "ops"):  # a plan reused from the plan cache keeps no timelines (report.plot says so)
+        return None
     ops = list(after.ops)
     plan = tuned.best.plan
     starts = {o.name: o.start_s for o in ops}
@@ -243,6 +246,31 @@ class RewriteReport:
                 "step_time_before_s": t["baseline_step_time_s"], "step_time_after_s": t["predicted_step_time_s"],
                 "overhead": t["overhead"], "margin_fraction": t.get("margin_fraction", 0.0)}
 
+    @property
+    def plan_cache(self) -> dict[str, Any] | None:
+        """What the plan cache did (:mod:`tflms.tune.plancache`): ``status`` (``hit``: the plan was reused;
+        ``stored``: tuned and stored; ``off``; ``not-used``; ``not-stored``), ``path``, ``why``, and on a hit
+        ``tune_s`` (what the tune took when it ran) and ``load_s``; ``None`` when nothing was tuned."""
+        return (self.tuning or {}).get("plan_cache")
+
+    def plan_cache_text(self) -> str:
+        """One line: whether the plan was tuned or reused from the plan cache, and where (``""``: not tuned)."""
+        c = self.plan_cache
+        if not c:
+            return ""
+        status = c.get("status")
+        if status == "hit":
+            tuned = f"tuned in {c['tune_s']:.1f} s when stored; " if c.get("tune_s") is not None else ""
+            return (f"plan cache: plan reused from {c['path']} ({tuned}read and rebuilt in "
+                    f"{1e3 * c.get('load_s', 0.0):.0f} ms)")
+        if status == "stored":
+            return f"plan cache: tuned; plan stored at {c['path']}"
+        if status == "off":
+            return f"plan cache: {c.get('why', 'off')}"
+        if status == "not-used":
+            return f"plan cache: not used ({c.get('why', '')})"
+        return f"plan cache: plan not stored ({c.get('why', '')})"
+
     def prediction_text(self) -> str:
         """One line: predicted peak before -> after, overhead and the profile (or why there is no prediction)."""
         p = self.prediction()
@@ -332,6 +360,10 @@ class RewriteReport:
         nothing was simulated for (the TFLMS rules without a budget or profile).
         """
         picture = self.memory
+        if picture is None and (self.plan_cache or {}).get("status") == "hit":
+            raise ConfigError("report.plot(): this plan was reused from the plan cache "
+                              f"({self.plan_cache.get('path')}), which keeps the plan, not the simulated timelines. "
+                              "Rewrite with plan_cache=False (or TFLMS_PLAN_CACHE=0) to tune again and draw it")
         if picture is None:
             raise ConfigError("report.plot(): nothing was simulated for this rewrite (TFLMS rule parameters without "
                               "budget= or profile= place the swaps without the simulator). Give budget= or profile=, "
@@ -388,6 +420,8 @@ class RewriteReport:
         if self.tuning:
             lines.append(f"tuning: {self.tuning['reason']}")
             lines.append(self.prediction_text())
+            if self.plan_cache:
+                lines.append(self.plan_cache_text())
         if self.measured.done:
             lines.append(self.measured.text(None if self.memory is None else self.memory.after.peak_bytes))
         if self.order is not None:

@@ -224,7 +224,8 @@ def function(fn: Callable | None = None, *, config: LMSConfig | None = None, ver
              min_swap_bytes: int | str | None = None, host_device: str | None = None,
              accelerator_device: str | None = None, batch_size: int | None = None, profile: str | None = None,
              fit_by: str | None = None, compress: str | None = None, enforce_order: bool | None = None,
-             recompute: str | None = None, tf32: bool | None = None, input_signature: Sequence[Any] | None = None, autograph: bool = True, jit_compile: bool | None = None,
+             recompute: str | None = None, tf32: bool | None = None, plan_cache: bool | str | None = None,
+             input_signature: Sequence[Any] | None = None, autograph: bool = True, jit_compile: bool | None = None,
              reduce_retracing: bool = False, **tf_function_options: Any):
     """``tf.function`` with tflms swapping.
 
@@ -242,7 +243,7 @@ def function(fn: Callable | None = None, *, config: LMSConfig | None = None, ver
         was swapped, the predicted peak before -> after and overhead (when tuned),
         and the hardware profile; ``2`` one line per tuner candidate, the summary
         and the report's table.
-      budget ... tf32: :class:`~tflms.LMSConfig`'s fields, as ``tflms.keras.LMS``
+      budget ... plan_cache: :class:`~tflms.LMSConfig`'s fields, as ``tflms.keras.LMS``
         takes them (docs/guide.md, "Parameter reference"); ``None``, their default here,
         means "not given": ``config``'s value or LMSConfig's default. With none of the TFLMS
         rule parameters (the default), the tuner fits the step in the accelerator's memory,

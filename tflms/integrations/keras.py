@@ -162,6 +162,7 @@ class LMS(keras.callbacks.Callback, tf_keras_integration.TfKerasCallbackHooks):
       enforce_order: pin a memory-aware order (default: when tuning).
       recompute: ``"auto"`` (default: swap or recompute per tensor), ``"off"`` (swap only) or ``"only"``.
       tf32: price float32 contractions at TF32 (``True``) or FP32 (``False``); default: as TensorFlow runs them.
+      plan_cache: reuse tuned plans from disk (issue 48): ``False`` off, a directory, or the default cache dir.
 
     Attributes:
       config: the :class:`~tflms.LMSConfig` in use.
@@ -191,7 +192,9 @@ class LMS(keras.callbacks.Callback, tf_keras_integration.TfKerasCallbackHooks):
                  min_swap_bytes: int | str | None = None, host_device: str | None = None,
                  accelerator_device: str | None = None, batch_size: int | None = None, profile: str | None = None,
                  fit_by: str | None = None, compress: str | None = None, enforce_order: bool | None = None,
-                 recompute: str | None = None, tf32: bool | None = None, **misspelt: Any):
+                 recompute: str | None = None, tf32: bool | None = None,
+                 plan_cache: bool | str | None = None,  # plan cache option (issue 48): an LMSConfig field
+                 **misspelt: Any):
         super().__init__()
         options = {name: value for name, value in locals().items() if name in _OPTION_NAMES}
         self.config = LMSConfig.from_options(config, options, misspelt)

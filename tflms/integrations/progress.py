@@ -88,6 +88,8 @@ def summary_line(prefix: str, report: RewriteReport, what: str) -> str:
     config = report.plan.config
     if report.tuning:
         how = f"tuner: {report.tuning['strategy']} for budget {format_bytes(report.tuning['budget_bytes'])}"
+        if (report.plan_cache or {}).get("status") == "hit":
+            how += ", plan reused from the plan cache"
     else:
         how = f"swapout_threshold={config.swapout_threshold}, swapin_ahead={config.swapin_ahead}"
     predicted = f"; {report.prediction_text()}" if report.prediction() else ""

@@ -147,7 +147,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         tuning = None
         budget_why = None
         if config.auto_tune:
-            from tflms.tune.tuner import tune
+            from tflms.tune.plancache import cached_tune as tune  # plan cache hook (issue 48): tune, or reuse a plan
             # The filters are checked before any search: a step that fits is never planned, yet a misspelt
             # op type or scope is still an error.
             filter_warnings = tuple(check_filters(analysis, config))

@@ -54,6 +54,9 @@ class TuneResult:
     swap_floor_s: float | None = None
     #: whether the swap searches were left out because that floor is slower than a plan already found
     swap_searches_skipped: bool = False
+    #: what the plan cache did with this tune (:func:`tflms.tune.plancache.cached_tune`: ``status``, ``path``,
+    #: ``why``, ...); ``None`` when the tune did not go through it
+    plan_cache: dict[str, Any] | None = None
 
     @property
     def strategy(self) -> str:
@@ -102,7 +105,8 @@ class TuneResult:
                 "candidates": [{"strategy": c.strategy, "params": c.params, "peak_bytes": c.sim.peak_with_margin_bytes,
                                 "step_time_s": c.sim.step_time_s, "fits": c.fits, "why_not": c.why_not,
                                 "order_edges": None if c.order is None else c.order["edges"]}
-                               for c in self.candidates]}
+                               for c in self.candidates],
+                **({} if self.plan_cache is None else {"plan_cache": dict(self.plan_cache)})}
 
     def table(self, *, wide: bool = False) -> str:
         """The verdict and one row per simulated candidate (``wide=True``: parameters never cut short)."""
