@@ -382,7 +382,7 @@ class Runner:
         """``--memory-limit-bytes`` on the searched model's Keras cells (matrix ones too: the search reuses them)."""
         limit, s = self.settings.memory_limit_bytes, self.settings
         searched = (row["model"], row["framework"], row["dtype"]) == (s.search_model, "keras", s.search_dtype)
-        if limit is not None and searched and row["status"] == "ok" and row.get("peak_bytes", 0) > limit:
+        if limit is not None and searched and row["status"] == "ok" and (row.get("peak_bytes") or 0) > limit:
             row.update(status="oom", message=f"peak {row['peak_bytes']} B over --memory-limit-bytes {limit} "
                                              "(a fake limit: measured, then counted out of memory)")
 
@@ -487,10 +487,14 @@ def failure_from_stderr(stderr: str, returncode: int) -> dict[str, Any]:
     return {"status": "error", "message": f"exit status {returncode}: {last[:MESSAGE_CHARS]}"}
 
 
+def gib(peak: int | None) -> str:
+    return "no peak" if peak is None else f"{peak / 2**30:.3g} GiB"
+
+
 def describe(row: dict[str, Any]) -> str:
     if row["status"] != "ok":
         return f"{row['status']}: {row.get('message', '')}"
-    return (f"ok: {row['step_ms']:.1f} ms (median of {row['steps_timed']}), peak {row['peak_bytes'] / 2**30:.3g} GiB"
+    return (f"ok: {row['step_ms']:.1f} ms (median of {row['steps_timed']}), peak {gib(row.get('peak_bytes'))}"
             + (f", {row['wall_s']:.0f} s" if "wall_s" in row else ""))
 
 
@@ -510,14 +514,13 @@ def run(settings: Settings, tool: str, say: Callable[[str], None]) -> dict[str, 
 
 
 def table(result: dict[str, Any]) -> str:
-    gib = 2**30
     lines = [f"{result['device']['name']}, driver {result['device']['driver']}, {result['date']}"
              + (" (dry run: tiny sizes on the CPU)" if result.get("dry_run") else ""),
              "| model | framework | dtype | batch | part | status | step ms (median) | chained ms | peak GiB | "
              "first step s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["cells"]:
         head = f"| {r['model']} | {r['framework']} ({r['backend']}) | {r['dtype']} | {r['batch']} | {r['part']} |"
-        peak = f"{r['peak_bytes'] / gib:.3g}" if r.get("peak_bytes") else ""
+        peak = f"{r['peak_bytes'] / 2**30:.3g}" if r.get("peak_bytes") else ""
         if r["status"] != "ok":  # a fake limit's oom keeps its measured peak
             lines.append(f"{head} {r['status']} | {r.get('message', '')[:80]} | | {peak} | |")
             continue
@@ -528,7 +531,7 @@ def table(result: dict[str, Any]) -> str:
         lines.append("")
         if search.get("status") == "done":
             beyond = "; ".join(f"{b['factor']}x = {b['batch']}: {b['status']}"
-                               + (f" {b['step_ms']:.1f} ms, {b['peak_bytes'] / gib:.3g} GiB" if b["status"] == "ok"
+                               + (f" {b['step_ms']:.1f} ms, {gib(b['peak_bytes'])}" if b["status"] == "ok"
                                   else "") for b in search["beyond"])
             flags = search.get("search_extra_xla_flags")
             lines.append(f"Largest {search['model']} {search['dtype']} batch that fits, Keras/{search['backend']}"
@@ -626,13 +629,17 @@ def keras_cell(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _allocator_stats(backend: str) -> dict[str, Any]:
-    """The allocator's bytes in use, peak and limit where it reports them; else the process's peak RSS."""
+    """The allocator's bytes in use, peak and limit where it reports them; on a CPU without them, the process's
+    peak resident memory; on a GPU without them, no peak (``None``) rather than the host's."""
     if backend == "jax":
         import jax
-        stats = jax.devices()[0].memory_stats()
+        device = jax.devices()[0]
+        stats = device.memory_stats()
         if stats and stats.get("peak_bytes_in_use"):
             return {"bytes_in_use": stats.get("bytes_in_use"), "peak_bytes": stats["peak_bytes_in_use"],
                     "bytes_limit": stats.get("bytes_limit"), "source": "jax memory_stats peak_bytes_in_use"}
+        if device.platform != "cpu":
+            return {"peak_bytes": None, "source": f"none: memory_stats() gave {sorted(stats or {})}"}
     elif backend == "tensorflow":
         import tensorflow as tf
         device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
