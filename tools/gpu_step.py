@@ -70,8 +70,8 @@ tool's ``run`` with ``carry: [".whl"]``, ``timeout_s: 600`` and the command::
 Copy the JSON into docs/profiles/. Time (estimated, not yet measured: compilation dominates): a Keras/XLA cell
 30-60 s (imports and the weights' initialisers about 10 s, XLA's compilation with autotuning 20-40 s, the steps a
 few seconds), a PyTorch cell 10-20 s, a search try 40-70 s; the 8 Keras and 8 PyTorch cells 6-10 minutes, the
-search 5-8 tries more. ``--deadline-s 540`` starts no cell after 9 minutes (those left are ``skipped``), so the
-command ends inside its 600 s; what did not run is measured by a second command, the first's JSON carried in the
+search 5-8 tries more. ``--deadline-s 540`` starts no cell with less than a minute to go and cuts the last at
+9 minutes (those left are ``skipped``), so the command ends inside its 600 s; what did not run is measured by a second command, the first's JSON carried in the
 working tree (e.g. docs/profiles/h200-141gb-whole-step.json), with ``--resume FILE`` (its ok and oom cells are
 taken as they are), ``--frameworks keras --batch resnet50= --batch bert-base=`` for the search alone, or
 ``--no-search``.

@@ -65,8 +65,9 @@ NO_REMAT_FLAGS = "--xla_gpu_memory_limit_slop_factor=10000"
 RECORDED_ENV = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR",
                 "XLA_FLAGS", "KERAS_BACKEND", "TF_CPU_ALLOCATOR_USE_BFC", "PYTORCH_CUDA_ALLOC_CONF",
                 "JAX_COMPILATION_CACHE_DIR")
-#: A cell starts only with this many seconds left before ``--deadline-s`` (a process needs that much to import).
-DEADLINE_MARGIN_S = 30.0
+#: A cell starts only with this many seconds left before ``--deadline-s`` (a Keras/XLA cell's imports and
+#: compilation alone take about that; one cut short by the deadline is an error and stops the search).
+DEADLINE_MARGIN_S = 60.0
 #: The search's predicted start puts the peak at this fraction of the memory limit (below it: it should fit).
 PREDICTED_FILL = 0.9
 #: Messages are cut to this many characters.
