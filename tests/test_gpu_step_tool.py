@@ -221,6 +221,20 @@ def test_resume_takes_measured_cells_and_a_deadline_skips_the_rest(monkeypatch, 
     assert not spawned and cells[2]["reused"] and cells[4]["reused"] and cells[8]["status"] == "skipped"
 
 
+def test_a_search_run_alone_starts_from_the_peaks_of_the_run_it_resumes(monkeypatch, tmp_path):
+    first = tmp_path / "first.json"
+    settings = Settings(models=("resnet50",), frameworks=("keras",), dtypes=("float32",), dry_run=True,
+                        keras_backend="tensorflow", batches={("resnet50", ""): (2, 4)}, output=str(first),
+                        search_step=1, memory_limit_bytes=150 * 2**20)
+    runner, _ = _fake_runner(monkeypatch, tmp_path, settings)
+    runner.matrix("keras")
+    alone = Settings(**{**settings.__dict__, "output": None, "resume": str(first),
+                        "batches": {("resnet50", ""): ()}})
+    runner, spawned = _fake_runner(monkeypatch, tmp_path, alone)
+    runner.search()
+    assert runner.result["search"]["start"] == 35 and spawned[0][2] == 35
+
+
 def test_the_table_shows_each_cell_and_the_search():
     result = {"device": {"name": "NVIDIA H200", "driver": "580"}, "date": "2026-11-28", "dry_run": False,
               "cells": [{"model": "resnet50", "framework": "keras", "backend": "jax", "dtype": "float32",

@@ -71,10 +71,10 @@ Copy the JSON into docs/profiles/. Time (estimated, not yet measured: compilatio
 30-60 s (imports and the weights' initialisers about 10 s, XLA's compilation with autotuning 20-40 s, the steps a
 few seconds), a PyTorch cell 10-20 s, a search try 40-70 s; the 8 Keras and 8 PyTorch cells 6-10 minutes, the
 search 5-8 tries more. ``--deadline-s 540`` starts no cell with less than a minute to go and cuts the last at
-9 minutes (those left are ``skipped``), so the command ends inside its 600 s; what did not run is measured by a second command, the first's JSON carried in the
-working tree (e.g. docs/profiles/h200-141gb-whole-step.json), with ``--resume FILE`` (its ok and oom cells are
-taken as they are), ``--frameworks keras --batch resnet50= --batch bert-base=`` for the search alone, or
-``--no-search``.
+9 minutes (those left are ``skipped``), so the command ends inside its 600 s. What did not run is measured by a
+second command with the first's JSON in the working tree (copied to docs/profiles/h200-141gb-whole-step.json, say)
+and ``--resume docs/profiles/h200-141gb-whole-step.json``: its ok and oom cells are taken as they are, and the
+search starts from their peaks (``--frameworks keras`` leaves PyTorch out, ``--no-search`` the search).
 
 Here, without a GPU (``--dry-run``): the same orchestration at tiny sizes (ResNet-50 at 32x32, BERT with one layer
 of 64, sequence 16; batches 2 and 4) on whatever imports: Keras on JAX (XLA on the CPU) when JAX imports, else on

@@ -419,8 +419,8 @@ class Runner:
         """The largest batch Keras/XLA trains (doubling, then bisection), then ``beyond`` times it."""
         s = self.settings
         model, dtype = s.search_model, s.search_dtype
-        known = [r for r in self.result["cells"] if (r["model"], r["framework"], r["dtype"]) == (model, "keras",
-                                                                                                dtype)]
+        known = [r for r in [*self.result["cells"], *self._reused.values()]  # this run's and --resume's rows
+                 if (r["model"], r["framework"], r["dtype"]) == (model, "keras", dtype)]
         record: dict[str, Any] = {"model": model, "framework": "keras", "backend": self.backend, "dtype": dtype,
                                   "factor": s.search_factor, "step": s.search_step, "tolerance": s.search_tolerance,
                                   "max_batch": s.search_max_batch, "memory_limit_bytes": s.memory_limit_bytes,
