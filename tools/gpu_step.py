@@ -1,4 +1,5 @@
-"""Time whole BERT-base training steps on a GPU, plain and checkpointed, and compare them with tflms's simulation.
+"""Time whole training steps on a GPU: BERT-base plain and checkpointed (PyTorch), and ResNet-50 and BERT-base
+compiled by XLA through Keras 3 beside PyTorch (``--whole-step``); compare the first with tflms's simulation.
 
 Issue 27 weighs recompute against host copies by the simulator's step times. ``tools/gpu_probe.py`` checks the
 cost model op by op; this tool checks it on whole steps, where the question is the tuner's: how much does
@@ -25,6 +26,64 @@ simulates it on the profile the device is matched to: the plain step, and graph-
 number of segments as encoder layers (``tflms.policies.checkpoints.segment_ops``). It prints measured against
 simulated step times and the recompute overhead each way. The frameworks differ (PyTorch's kernels, its autograd's
 saved tensors), so memory is shown for scale, not as a check.
+
+Whole steps, XLA and PyTorch (``--whole-step``; issue 46 item 2; the machinery is tools/whole_step.py)
+------------------------------------------------------------------------------------------------------
+The step a Keras 3 user runs on a GPU, compiled by XLA (the compiler TensorFlow's jit uses), with the bench's own
+models (tools/benchlib/models.py, built by its ``ModelSpec.sized``, under Keras's JAX backend: no TensorFlow):
+
+- ``keras`` cells: ``model.compile(optimizer, loss, jit_compile=True)`` and ``train_on_batch`` on inputs already on
+  the GPU; ResNet-50 is keras.applications ResNet50 (weights=None, 224x224x3, 1000 classes, softmax, SGD 0.01
+  momentum 0.9, sparse cross-entropy on probabilities), BERT-base is ``build_bert`` (12 x 768, sequence 512, Adam
+  1e-4). ``step_ms`` is the median wall time of ``--repeats`` calls after ``--warmup`` (the first compiles; each
+  call waits for its step: Keras returns the loss as numpy); ``chained_step_ms`` is Keras's compiled train function
+  called back to back and waited for once (the step without that wait). ``peak_bytes`` is JAX's
+  ``memory_stats()['peak_bytes_in_use']`` at the end of the process (weights, optimizer slots, compilation's
+  scratch and the steps), ``bytes_limit`` the allocator's limit;
+- ``torch`` cells, the second reference: torchvision's ResNet-50 (v1.5; a faithful copy built here when torchvision
+  does not import; channels_last, cuDNN autotuned, SGD momentum) and ``build_torch_bert`` (Adam), timed with CUDA
+  events; ``peak_bytes`` is ``torch.cuda.max_memory_allocated()`` over the timed steps;
+- ``float32`` runs products as TF32 (JAX ``jax_default_matmul_precision=tensorfloat32``; PyTorch
+  ``set_float32_matmul_precision("high")``, cuDNN TF32), as TensorFlow does by default; ``bfloat16`` is Keras's
+  ``mixed_bfloat16`` policy (as the bench's ``bert-base-amp-bf16``) and PyTorch's bf16 autocast;
+- batches 128 and 256 (ResNet-50), 32 and 64 (BERT-base); each cell in its own process (a peak is a process's);
+  an out-of-memory failure is a result (``status: oom``), any other failure too (``error``, with its message);
+- the search: the largest ResNet-50 float32 batch that fits as written (doubling from a batch predicted from the two
+  matrix peaks, then bisection to 1/8; multiples of 32; XLA_FLAGS += ``--xla_gpu_memory_limit_slop_factor=10000`` so
+  that XLA never rematerializes), then 1.5x and 2x that batch with XLA as it is (``XLA:GPU`` rematerializes a
+  module above (0.8 x device memory - inputs and outputs) x 0.95): whether XLA alone trains past memory.
+
+The JSON (written after every cell, so a run cut short keeps what it measured): ``device`` (nvidia-smi's name,
+memory and driver), ``versions`` (jax, jaxlib, its CUDA plugin, keras, torch, torchvision, ...), each cell's
+``runtime`` (CUDA, cuDNN, JAX's platform version), ``environment`` (XLA_FLAGS, the allocator's settings),
+``settings``, ``date``, ``cells`` (model, framework, backend, dtype, batch, part, status, message, step_ms,
+step_ms_spread, steps_timed, chained_step_ms, peak_bytes, peak_source, bytes_limit, resident_bytes, first_step_s,
+wall_s) and ``search`` (start, tries, largest_fit, smallest_failure, beyond). Progress goes to stderr, a table to
+stdout at the end.
+
+On the lent H200 (Python 3.12 with JAX 0.11 and PyTorch there, no Keras, no network): here, once,
+``bash tools/fetch_gpu_wheels.sh`` (Keras 3.15.1, namex, optree into the ignored .whl/, 2.8 MB); then the device
+tool's ``run`` with ``carry: [".whl"]``, ``timeout_s: 600`` and the command::
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; export PYTHONUNBUFFERED=1; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 tools/gpu_step.py --whole-step --deadline-s 540 -o $OUT/h200-141gb-whole-step.json 2>&1 | tee $OUT/whole-step.log
+
+Copy the JSON into docs/profiles/. Time (estimated, not yet measured: compilation dominates): a Keras/XLA cell
+30-60 s (imports and the weights' initialisers about 10 s, XLA's compilation with autotuning 20-40 s, the steps a
+few seconds), a PyTorch cell 10-20 s, a search try 40-70 s; the 8 Keras and 8 PyTorch cells 6-10 minutes, the
+search 5-8 tries more. ``--deadline-s 540`` starts no cell with less than a minute to go and cuts the last at
+9 minutes (those left are ``skipped``), so the command ends inside its 600 s. What did not run is measured by a
+second command with the first's JSON in the working tree (copied to docs/profiles/h200-141gb-whole-step.json, say)
+and ``--resume docs/profiles/h200-141gb-whole-step.json``: its ok and oom cells are taken as they are, and the
+search starts from their peaks (``--frameworks keras`` leaves PyTorch out, ``--no-search`` the search).
+
+Here, without a GPU (``--dry-run``): the same orchestration at tiny sizes (ResNet-50 at 32x32, BERT with one layer
+of 64, sequence 16; batches 2 and 4) on whatever imports: Keras on JAX (XLA on the CPU) when JAX imports, else on
+TensorFlow without XLA (``jit_compile=False``: the dry run checks the tool, not XLA), peaks from TensorFlow's CPU
+allocator (``TF_CPU_ALLOCATOR_USE_BFC=1``) or the process's resident memory; PyTorch cells are ``unavailable``
+when torch does not import. ``--memory-limit-bytes N`` counts the searched model's cells whose measured peak
+exceeds N as out of memory, so the search runs its doubling and bisection on a CPU (tests/test_gpu_step_tool.py)::
+
+    python tools/gpu_step.py --dry-run --batch bert-base=2 --search bert-base:float32 --memory-limit-bytes 2500000
 """
 
 from __future__ import annotations
@@ -32,9 +91,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 import sys
 from typing import Any
+
+import whole_step
 
 #: tools/benchlib/models.py build_bert's defaults.
 BERT = {"layers": 12, "hidden": 768, "heads": 12, "ffn": 3072, "vocab": 30522, "seq_len": 512, "dropout": 0.1,
@@ -235,17 +297,105 @@ def measured_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _whole_step_options(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("whole steps (--whole-step, --dry-run; tools/whole_step.py)")
+    g.add_argument("--whole-step", action="store_true", help="measure whole steps: Keras/XLA on JAX and PyTorch, "
+                   "ResNet-50 and BERT-base, and the largest ResNet-50 batch XLA trains")
+    g.add_argument("--dry-run", action="store_true", help="--whole-step at tiny sizes on whatever runs here (the "
+                   "CPU: Keras on TensorFlow without XLA when JAX is missing; torch cells 'unavailable' without it)")
+    g.add_argument("--models", default=",".join(whole_step.MODELS), help="default resnet50,bert-base")
+    g.add_argument("--frameworks", default=",".join(whole_step.FRAMEWORKS),
+                   help="keras, torch or both (default both): the matrix's parts")
+    g.add_argument("--batch", action="append", default=[], metavar="MODEL[:DTYPE]=B1,B2",
+                   help="a model's batches, or one dtype's (empty: none); default resnet50=128,256 and "
+                        "bert-base=32,64 (dry run: 2,4)")
+    g.add_argument("--no-search", action="store_true", help="skip the largest-batch search")
+    g.add_argument("--warmup", type=int, default=2, help="steps before the timed ones, the first compiling (2)")
+    g.add_argument("--search", default="resnet50:float32", metavar="MODEL:DTYPE",
+                   help="what the search runs (Keras), default resnet50:float32")
+    g.add_argument("--search-start", type=int, help="its first batch (default: predicted from the matrix's two "
+                   "largest peaks, at 0.9 of the allocator's limit, else the matrix's largest batch)")
+    g.add_argument("--search-step", type=int, help="batches are multiples of this (default 32; dry run 1)")
+    g.add_argument("--search-factor", type=float, default=2.0, help="the search's growth while it fits (2)")
+    g.add_argument("--search-tolerance", type=float, default=0.125,
+                   help="bisection stops at a gap of this fraction of the largest fit (default 0.125)")
+    g.add_argument("--search-max-batch", type=int, help="no try above this (default 16384; dry run 64)")
+    g.add_argument("--search-xla-flags", default=whole_step.NO_REMAT_FLAGS, metavar="FLAGS",
+                   help="added to XLA_FLAGS for the search's tries, not for the batches beyond it (default "
+                        f"{whole_step.NO_REMAT_FLAGS}: XLA never rematerializes; '' searches with XLA as it is)")
+    g.add_argument("--beyond", default="1.5,2", metavar="F1,F2",
+                   help="after the search, the largest fit times each of these (default 1.5,2)")
+    g.add_argument("--memory-limit-bytes", type=int, help="a fake memory limit: a cell of the searched model "
+                   "whose measured peak is above it counts as out of memory (tests the search without a GPU)")
+    g.add_argument("--cell-timeout-s", type=float, default=420.0, help="one cell's process at most (420)")
+    g.add_argument("--deadline-s", type=float, help="start no cell after this many seconds (the JSON keeps what "
+                   "ran; cells not run are 'skipped')")
+    g.add_argument("--resume", metavar="FILE", help="take the ok and oom cells of an earlier run's JSON instead "
+                   "of measuring them again (its sizes must match)")
+    g.add_argument("--keras-backend", choices=("auto", "jax", "tensorflow"), default="auto")
+    g.add_argument("--cell", help=argparse.SUPPRESS)
+    g.add_argument("--cell-out", help=argparse.SUPPRESS)
+
+
+def _whole_step_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> whole_step.Settings:
+    def names(text: str, allowed: tuple[str, ...], flag: str) -> tuple[str, ...]:
+        chosen = tuple(n.strip() for n in text.split(",") if n.strip())
+        if not chosen or not set(chosen) <= set(allowed):
+            parser.error(f"{flag} takes {', '.join(allowed)}; got {text!r}")
+        return chosen
+
+    search_model, _, search_dtype = args.search.partition(":")
+    if search_model not in whole_step.MODELS or search_dtype not in whole_step.DTYPES:
+        parser.error(f"--search takes MODEL:DTYPE of {whole_step.MODELS} and {whole_step.DTYPES}")
+    if args.repeats <= 0 or args.warmup <= 0:
+        parser.error("--repeats and --warmup must be positive (the first warm-up step compiles)")
+    try:
+        batches = whole_step.parse_batches(args.batch)
+    except ValueError as err:
+        parser.error(str(err))
+    frameworks = names(args.frameworks, whole_step.FRAMEWORKS, "--frameworks")
+    try:
+        beyond = tuple(float(f) for f in args.beyond.split(",") if f.strip())
+    except ValueError:
+        parser.error(f"--beyond takes factors separated by commas, got {args.beyond!r}")
+    output = args.output
+    if output and os.path.isdir(output):
+        output = os.path.join(output, whole_step.default_output_name(whole_step.device_info(args.dry_run)["name"]))
+    return whole_step.Settings(
+        models=names(args.models, whole_step.MODELS, "--models"), frameworks=frameworks,
+        dtypes=names(args.dtypes, whole_step.DTYPES, "--dtypes"), batches=batches,
+        parts=frameworks + (() if args.no_search else ("search",)), warmup=args.warmup, steps=args.repeats,
+        dry_run=args.dry_run, keras_backend=args.keras_backend, memory_limit_bytes=args.memory_limit_bytes,
+        search_model=search_model, search_dtype=search_dtype, search_start=args.search_start,
+        search_factor=args.search_factor,
+        search_step=args.search_step or (1 if args.dry_run else 32), search_tolerance=args.search_tolerance,
+        search_max_batch=args.search_max_batch or (64 if args.dry_run else 16384),
+        search_xla_flags=args.search_xla_flags, beyond=beyond, cell_timeout_s=args.cell_timeout_s,
+        deadline_s=args.deadline_s, output=output, resume=args.resume)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--compare", metavar="FILE", help="simulate what FILE measured, with tflms (no GPU needed)")
     parser.add_argument("--profile", help="with --compare: the profile (default: matched to the measured device)")
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="float32, bfloat16 or both (default both)")
-    parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="default 8,32")
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)),
+                        help="BERT plain/checkpointed: default 8,32 (--whole-step: see --batch)")
     parser.add_argument("--repeats", type=int, default=10, help="timed steps per figure, median (default 10)")
     parser.add_argument("--json", action="store_true", help="print the JSON instead of the table")
-    parser.add_argument("-o", "--output", help="also write the JSON to this file")
+    parser.add_argument("-o", "--output", help="also write the JSON to this file (--whole-step: written after "
+                        "each cell; a folder: named by the device, e.g. h100-80gb-hbm3-whole-step.json)")
+    _whole_step_options(parser)
     args = parser.parse_args(argv)
     say = lambda what: print(f"{what} ...", file=sys.stderr, flush=True)  # noqa: E731
+    if args.cell:
+        return whole_step.run_cell(json.loads(args.cell), args.cell_out)
+    if args.whole_step or args.dry_run:
+        settings = _whole_step_settings(parser, args)
+        result = whole_step.run(settings, os.path.abspath(__file__),
+                                lambda what: print(what, file=sys.stderr, flush=True))
+        print(json.dumps(result, indent=2) if args.json else whole_step.table(result))
+        return 0
     if args.compare:
         try:
             with open(args.compare) as f:

@@ -1,4 +1,9 @@
-"""The benchmark models (Keras applications, a 3D U-Net, a BERT-like encoder, a tiny MLP) and their traced steps."""
+"""The benchmark models (Keras applications, a 3D U-Net, a BERT-like encoder, a tiny MLP) and their traced steps.
+
+The builders (:class:`ModelSpec` ``build`` and ``sized``, :func:`build_bert`, :func:`dtype_policy_scope`) import
+Keras alone, never TensorFlow: tools/gpu_step.py runs them under Keras 3's JAX backend on a GPU machine that has no
+TensorFlow. The input specs and :class:`Steps` (the traced steps) are TensorFlow's.
+"""
 
 from __future__ import annotations
 
@@ -92,6 +97,10 @@ class ModelSpec:
     #: Keras dtype policy the model is built and its step traced under (``keras.config.set_dtype_policy``, restored
     #: afterwards: :func:`dtype_policy_scope`); ``None``: the global policy as it is (float32).
     dtype_policy: str | None = None
+    #: ``sized(**sizes)`` -> a ``build`` of the same model, optimizer and loss at other sizes (``side=`` for the
+    #: image classifiers, :func:`build_bert`'s keywords for BERT); ``sized()`` builds what ``build`` does. ``None``:
+    #: the model has one size. tools/gpu_step.py's dry run builds the bench's models small with it.
+    sized: Callable[..., Callable[[], tuple[Any, Any, Any]]] | None = None
 
 
 @contextlib.contextmanager
@@ -112,8 +121,10 @@ def dtype_policy_scope(policy: str | None):
 
 
 def _image_specs(side: int, channels: int = 3):
-    import tensorflow as tf
-    return lambda _: (tf.TensorSpec((None, side, side, channels), tf.float32), tf.TensorSpec((None,), tf.int32))
+    def specs(_):
+        import tensorflow as tf  # here, not when MODELS is defined: the builders run without TensorFlow
+        return tf.TensorSpec((None, side, side, channels), tf.float32), tf.TensorSpec((None,), tf.int32)
+    return specs
 
 
 def _classifier(app: str, side: int):
@@ -123,6 +134,11 @@ def _classifier(app: str, side: int):
         return (model, keras.optimizers.SGD(0.01, momentum=0.9),
                 keras.losses.SparseCategoricalCrossentropy(from_logits=False))
     return build
+
+
+def _sized_classifier(app: str, side: int):
+    """``sized`` of a Keras application: ``side=`` other than the bench's ``side``."""
+    return lambda *, side=side: _classifier(app, side)
 
 
 def _unet():
@@ -138,10 +154,16 @@ def _unet_specs(shape):
     return unet3d_input_specs(shape, channels=4, depth=UNET_DEPTH)
 
 
-def _bert():
-    import keras
-    return (build_bert(), keras.optimizers.Adam(1e-4),
-            keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+def _sized_bert(**sizes):
+    """``sized`` of bert-base: :func:`build_bert`'s keywords (the bench's defaults where none is given)."""
+    def build():
+        import keras
+        return (build_bert(**sizes), keras.optimizers.Adam(1e-4),
+                keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return build
+
+
+_bert = _sized_bert()
 
 
 def _bert_specs(_):
@@ -189,17 +211,22 @@ MIXED_PRECISION = {"resnet50-amp-fp16": ("resnet50", "mixed_float16"),
 
 MODELS = {
     "resnet50": ModelSpec("resnet50", "batch", "Keras ResNet-50, 224x224x3, 1000 classes, SGD momentum",
-                          _classifier("ResNet50", 224), _image_specs(224)),
+                          _classifier("ResNet50", 224), _image_specs(224),
+                          sized=_sized_classifier("ResNet50", 224)),
     "vgg16": ModelSpec("vgg16", "batch", "Keras VGG-16, 224x224x3, 1000 classes, SGD momentum",
-                       _classifier("VGG16", 224), _image_specs(224)),
+                       _classifier("VGG16", 224), _image_specs(224),
+                       sized=_sized_classifier("VGG16", 224)),
     "densenet121": ModelSpec("densenet121", "batch", "Keras DenseNet-121, 224x224x3, 1000 classes, SGD momentum",
-                             _classifier("DenseNet121", 224), _image_specs(224)),
+                             _classifier("DenseNet121", 224), _image_specs(224),
+                             sized=_sized_classifier("DenseNet121", 224)),
     "inception_v3": ModelSpec("inception_v3", "batch", "Keras Inception-v3, 299x299x3, 1000 classes, SGD momentum",
-                              _classifier("InceptionV3", 299), _image_specs(299)),
+                              _classifier("InceptionV3", 299), _image_specs(299),
+                              sized=_sized_classifier("InceptionV3", 299)),
     "unet3d": ModelSpec("unet3d", "resolution", "3D U-Net (tflms.models.build_unet3d), 4 levels, 32 base filters, "
                         "4 channels, 4 classes, batch 1, Adam", _unet, _unet_specs),
     "bert-base": ModelSpec("bert-base", "batch", "BERT-base-like encoder (12 x 768, 12 heads, FFN 3072, "
-                           "sequence 512, vocab 30522), [CLS] classifier, Adam", _bert, _bert_specs),
+                           "sequence 512, vocab 30522), [CLS] classifier, Adam", _bert, _bert_specs,
+                           sized=_sized_bert),
     "mlp-tiny": ModelSpec("mlp-tiny", "batch", "4 x Dense(512) MLP for tests (budget 64 MiB), SGD momentum",
                           _mlp_tiny, _mlp_specs, budget_bytes=64 * 2**20),
 }
@@ -207,7 +234,9 @@ MODELS = {
 
 def mixed_precision_spec(base: ModelSpec, name: str, policy: str) -> ModelSpec:
     """``base`` built and traced under the Keras dtype policy ``policy`` (e.g. ``mixed_float16``), named ``name``."""
+    sized = base.sized and (lambda **sizes: _mixed_precision(base.sized(**sizes), policy))
     return dataclasses.replace(base, name=name, build=_mixed_precision(base.build, policy), dtype_policy=policy,
+                               sized=sized,
                                description=f"{base.description}; Keras mixed precision {policy}"
                                            + (" (loss scaling)" if policy == "mixed_float16" else ""))
 
