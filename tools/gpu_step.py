@@ -20,6 +20,8 @@ over the step (weights, gradients and Adam's slots included).
 
     python tools/gpu_step.py -o docs/profiles/h100-80gb-hbm3-bert-step.json      # on the GPU machine
     python tools/gpu_step.py --compare docs/profiles/h100-80gb-hbm3-bert-step.json   # here: tflms's simulation
+    python tools/gpu_step.py --predict --model resnet50 --dtype float32 --batch 128 --profile h200-141gb \
+        --mode xla --json                                   # here: one step predicted, {"step_ms": ..., ...}
 
 ``--compare`` traces the bench's BERT-base at each measured batch (``tools/benchlib``, TensorFlow on the CPU) and
 simulates it on the profile the device is matched to: the plain step, and graph-level checkpointing of the same
@@ -96,7 +98,11 @@ import statistics
 import sys
 from typing import Any
 
-import whole_step
+# The bench's model code (tools/benchlib) reads tflms's margin (tflms/budget.py: pure Python, numpy only): the
+# repository's root on the path, for the GPU machine where tflms is not installed.
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import whole_step  # noqa: E402 - after the path
 
 #: tools/benchlib/models.py build_bert's defaults.
 BERT = {"layers": 12, "hidden": 768, "heads": 12, "ffn": 3072, "vocab": 30522, "seq_len": 512, "dropout": 0.1,
@@ -374,6 +380,30 @@ def _whole_step_settings(parser: argparse.ArgumentParser, args: argparse.Namespa
         deadline_s=args.deadline_s, output=output, resume=args.resume)
 
 
+def _predict(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``--predict``: one step simulated (tools/benchlib/predict.py), as one JSON object or a line."""
+    missing = [flag for flag, value in (("--model", args.model), ("--dtype", args.dtype), ("--batch", args.batch),
+                                        ("--profile", args.profile), ("--mode", args.mode)) if not value]
+    if missing:
+        parser.error(f"--predict needs {', '.join(missing)} (e.g. --model resnet50 --dtype float32 --batch 128 "
+                     "--profile h200-141gb --mode xla)")
+    try:
+        batch = int(args.batch[-1])
+    except ValueError:
+        parser.error(f"--predict: --batch takes one whole number, got {args.batch[-1]!r}")
+    if batch <= 0:
+        parser.error(f"--predict: --batch must be positive, got {batch}")
+    from benchlib.models import Steps
+    from benchlib.predict import predict
+    record = predict(Steps(), args.model, args.dtype, batch, args.profile, args.mode)
+    print(json.dumps(record) if args.json else
+          f"{record['model']} {record['dtype']} batch {batch} on {record['profile']}, {record['mode']} clock "
+          f"(simulated): step {record['step_ms']:.1f} ms (contractions alone {record['contractions_ms']:.1f} ms), "
+          f"peak {record['peak_bytes'] / 2**30:.2f} GiB (resident {record['resident_bytes'] / 2**30:.2f} GiB), "
+          f"{record['kernels']} kernels")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--compare", metavar="FILE", help="simulate what FILE measured, with tflms (no GPU needed)")
@@ -386,7 +416,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--output", help="also write the JSON to this file (--whole-step: written after "
                         "each cell; a folder: named by the device, e.g. h100-80gb-hbm3-whole-step.json)")
     _whole_step_options(parser)
+    g = parser.add_argument_group("prediction (--predict; tools/benchlib/predict.py): tflms's simulation of one step")
+    g.add_argument("--predict", action="store_true", help="print tflms's predicted step time and peak (simulated, no "
+                   "GPU) for --model, --dtype, --batch, --profile and --mode; one JSON object with --json")
+    g.add_argument("--model", choices=("resnet50", "bert-base"), help="with --predict")
+    g.add_argument("--dtype", choices=("float32", "bfloat16"), help="with --predict (bfloat16: Keras mixed_bfloat16)")
+    g.add_argument("--mode", choices=("xla", "graph"), help="with --predict: the simulator's clock, the step XLA "
+                   "compiles or TensorFlow's executor without XLA (tflms.sim.clock)")
     args = parser.parse_args(argv)
+    if args.predict:
+        return _predict(parser, args)
     say = lambda what: print(f"{what} ...", file=sys.stderr, flush=True)  # noqa: E731
     if args.cell:
         return whole_step.run_cell(json.loads(args.cell), args.cell_out)
