@@ -446,6 +446,21 @@ def test_jit_compile_auto_on_a_gpu_machine_trains_without_xla_and_puts_xla_back(
     assert len(callback.reports) == 1 and _uses_xla(model)
 
 
+def test_where_the_callback_turns_xla_off_it_says_what_that_costs_this_step(keras_sees_a_gpu):
+    """Issue 46: the second warning gives the unchanged step's predicted time without XLA against XLA's, from the
+    report (the graph and xla clocks of tflms.sim.clock, on the profile the fit was tuned for)."""
+    model = compiled_mlp("sequential")  # jit_compile="auto": XLA on a GPU machine
+    callback = LMS(profile="h200-141gb", verbose=0)
+    with pytest.warns(UserWarning) as said:
+        model.fit(MLP_X, MLP_Y, batch_size=16, shuffle=False, verbose=0, callbacks=[callback])
+    cost = callback.report.xla_cost
+    assert cost["profile"] == "h200-141gb" and cost["simulated"]
+    assert cost["slowdown"] == pytest.approx(cost["graph_step_s"] / cost["xla_step_s"]) and cost["slowdown"] > 1
+    texts = [str(w.message) for w in said if "without XLA: the unchanged step is predicted" in str(w.message)]
+    assert len(texts) == 1 and f"{cost['slowdown']:.2f}x XLA's time on h200-141gb" in texts[0]
+    assert callback.report.xla_text() in callback.report.table()
+
+
 def test_explicit_jit_compile_on_a_gpu_machine_without_lms_keeps_xla(keras_sees_a_gpu):
     model = compiled_mlp("sequential", jit_compile=True)
     model.fit(MLP_X[:16], MLP_Y[:16], batch_size=16, verbose=0)

@@ -253,6 +253,22 @@ class RewriteReport:
         ``tune_s`` (what the tune took when it ran) and ``load_s``; ``None`` when nothing was tuned."""
         return (self.tuning or {}).get("plan_cache")
 
+    @property
+    def xla_cost(self) -> dict[str, Any] | None:
+        """What running this step without XLA costs on the profile (:func:`tflms.pipeline.hardware.xla_cost`):
+        ``graph_step_s`` (TensorFlow's executor, as tflms's rewrite runs), ``xla_step_s`` (XLA:GPU), ``slowdown``, all
+        simulated for the unchanged step; ``None`` when nothing was tuned or the profile is a CPU's."""
+        return (self.tuning or {}).get("xla")
+
+    def xla_text(self) -> str:
+        """One line: the unchanged step's predicted time without XLA against XLA's (``""`` without :attr:`xla_cost`)."""
+        x = self.xla_cost
+        if not x or not x.get("slowdown"):
+            return ""
+        return (f"without XLA: the unchanged step is predicted {x['slowdown']:.2f}x XLA's time on {x['profile']} "
+                f"({1e3 * x['graph_step_s']:.1f} ms in TensorFlow's executor against {1e3 * x['xla_step_s']:.1f} ms "
+                "compiled by XLA; simulated, before any swap)")
+
     def plan_cache_text(self) -> str:
         """One line: whether the plan was tuned or reused from the plan cache, and where (``""``: not tuned)."""
         c = self.plan_cache
@@ -422,6 +438,8 @@ class RewriteReport:
             lines.append(self.prediction_text())
             if self.plan_cache:
                 lines.append(self.plan_cache_text())
+            if self.xla_text():
+                lines.append(self.xla_text())
         if self.measured.done:
             lines.append(self.measured.text(None if self.memory is None else self.memory.after.peak_bytes))
         if self.order is not None:

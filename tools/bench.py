@@ -77,6 +77,13 @@ Usage (from the repo root)::
     python tools/bench.py --models mlp-tiny --json   # seconds (tiny MLP, 64 MiB budget); records on stdout
     python tools/bench.py --at vgg16=256,densenet121=540 --profiles v100-16gb-pcie3   # no search: those sizes
     python tools/bench.py --models resnet50 --profiles v100-16gb-pcie3 --curve --curve-points 4   # + throughput curve
+    python tools/bench.py --models resnet50,resnet50-amp-bf16 --profiles h200-141gb --clock xla   # today's GPUs
+
+``--clock xla`` (issue 46) prices ``none`` and the traced checkpointing steps as XLA:GPU compiles them
+(``tflms.sim.clock``): the step a Keras 3 user runs on a GPU by default, against which every method's overhead and
+samples/s are then measured. tflms's rewrites (and grappler's) run without XLA (the callback turns it off until issue
+47 keeps it), so they are priced on the graph clock (TensorFlow's executor, launches overlapping compute) whatever
+``--clock`` says: their overhead includes what leaving XLA costs. ``--clock graph`` prices every method without XLA.
 
 ``--at MODEL=SIZE,...`` skips the maximum search and runs every method at the given sizes only (batches;
 ``unet3d=160^3`` or ``208x192x192``) exactly as at a search's common size (``search.run_methods_at``):
@@ -184,7 +191,7 @@ def run_at(args, sizes: dict[str, int], profiles: list[str], budget: int | None,
     records = []
     for model, size in sizes.items():
         for profile in profiles:
-            results = run_at_size(steps, model, profile, budget, size, args.headroom)
+            results = run_at_size(steps, model, profile, budget, size, args.headroom, clock=args.clock)
             records += at_records(model, profile, results, budget_bytes=budget_for(model, get_profile(profile), budget),
                                   headroom=args.headroom)
             if plots_dir:
@@ -214,6 +221,11 @@ def main(argv=None) -> int:
     parser.add_argument("--headroom", type=float, default=HEADROOM,
                         help=f"fraction of each peak (and of the swap-only bound) kept free, the same for every method "
                              f"(default {HEADROOM})")
+    parser.add_argument("--clock", choices=("auto", "graph", "xla"), default="auto",
+                        help="the simulator's clock for the unchanged and the checkpointed steps (tflms.sim.clock): xla "
+                             "prices the step a Keras 3 user runs on a GPU by default; tflms's and grappler's rewrites "
+                             "run without XLA and are priced on the graph clock either way (auto: graph on a GPU "
+                             "profile)")
     parser.add_argument("--json", action="store_true", help="print JSON records instead of the Markdown report")
     parser.add_argument("--results", help="write the Markdown report here (default docs/results.md without --json)")
     parser.add_argument("--plots", help="directory for timeline PNGs (default docs/plots without --json)")
@@ -276,7 +288,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, argv) -> int
     for model in models:
         for profile in profiles:
             say(f"=== {model} on {profile}")
-            results = run_model_profile(steps, model, profile, budget, bisect_steps, args.headroom)
+            results = run_model_profile(steps, model, profile, budget, bisect_steps, args.headroom, clock=args.clock)
             if args.curve and MODELS[model].kind != "batch":
                 say(f"{model}: no throughput curve (its size is a volume at batch 1)")
             elif args.curve:

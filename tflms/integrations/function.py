@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 from tflms.config import LMSConfig, option_names
 from tflms.passes.place import Placement
-from tflms.errors import DeviceError, DistributeError, VariableCreationError
+from tflms.errors import ConfigError, DeviceError, DistributeError, VariableCreationError
 from tflms.integrations.progress import SILENT, SUMMARY, check_verbose, summary_line, tuner_progress
 from tflms.report import RewriteReport
 
@@ -258,6 +258,14 @@ def function(fn: Callable | None = None, *, config: LMSConfig | None = None, ver
     ``None``) is sized by the arguments of its first call when ``batch_size`` is
     not given.
     """
+    if jit_compile:
+        raise ConfigError(
+            "tflms.function(jit_compile=True): XLA compiles the whole step for the accelerator and ignores where ops "
+            "are placed (tensorflow issue 124880), so the swaps tflms inserts would compile to pass-throughs: nothing "
+            "would leave the GPU, and the report would list swaps that do not happen. Leave jit_compile out (tflms's "
+            "step runs without XLA; with a budget or profile the report's 'without XLA' line predicts what that "
+            "costs), or keep jit_compile=True without tflms.function if the step fits. Swaps between XLA clusters "
+            "are issue 47")
     options = {name: value for name, value in locals().items() if name in _OPTION_NAMES}
     misspelt = {k: v for k, v in tf_function_options.items() if k not in TF_FUNCTION_OPTIONS}
     lms_config = LMSConfig.from_options(config, options, misspelt)

@@ -313,8 +313,9 @@ class LMS(keras.callbacks.Callback, tf_keras_integration.TfKerasCallbackHooks):
                 "turns XLA on when a GPU is present (Keras records no difference from an explicit True). XLA compiles "
                 "the step as one cluster and would ignore the swap ops, so the fits LMS manages train without XLA; "
                 "it is back on after them (evaluate, predict and fits without LMS keep it). The cost is XLA's "
-                "kernel fusion, a speed-up that depends on the model. Compile with jit_compile=False to train "
-                "without XLA and silence this warning", stacklevel=3)
+                "kernel fusion: once the step is traced, a second warning gives its predicted slowdown on the profile "
+                "(the report's 'without XLA' line). Compile with jit_compile=False to train without XLA and silence "
+                "these warnings", stacklevel=3)
         return entry[1]
 
     # ----------------------------------------------------------------- checks
@@ -348,6 +349,10 @@ class LMS(keras.callbacks.Callback, tf_keras_integration.TfKerasCallbackHooks):
         self._order.append(trace)
         self._last_step = step
         report = trace.report
+        if self._xla_restore is not None and report.xla_text():  # this fit runs without the XLA Keras chose
+            warnings.warn(f"tflms.keras.LMS: {report.xla_text()}. Issue 47 (swaps between XLA clusters) keeps XLA; "
+                          "until then, a step that fits without tflms trains faster with XLA and without LMS",
+                          stacklevel=2)
         logger.info("tflms.keras: rewrote %s for %s: %d tensors swapped (%d bytes)", trace.original.name,
                     _describe_inputs(trace.original), report.num_swapped, report.swapped_bytes)
         if self.verbose == SILENT:

@@ -55,7 +55,7 @@ from tflms.budget import budget_sim_options  # issue 48: one margin for the libr
 # the stages' decisions: the names stay importable from here
 from tflms.pipeline.compression import _compression_summary, _compressor, _supports  # noqa: F401
 from tflms.pipeline.hardware import (PROFILE_DEVICE, default_budget, hardware_record,  # noqa: F401
-                                     no_gpu_warning, priced_profile, tf32_setting)
+                                     no_gpu_warning, priced_profile, tf32_setting, xla_cost)
 from tflms.pipeline.load_build import (_accumulator_pins, _build, _grappler_done_before, _observer,  # noqa: F401
                                        _preoptimized, _ran_check, _traced_and_preoptimized)
 
@@ -161,6 +161,9 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             plan = result.best.plan or _empty_plan(config, planned)
             swapped, tuning = result.graph, result.to_dict()
             tuning["margin_fraction"] = budget_sim_options(config).margin_fraction  # issue 48
+            baseline = result.baseline  # what leaving XLA costs this step (issue 46): the callback says so
+            tuning["xla"] = xla_cost(analysis.graph, profile,
+                                     baseline.step_time_s if getattr(baseline, "clock", None) == "graph" else None)
             if filter_warnings:
                 plan = dataclasses.replace(plan, warnings=tuple(w for w in filter_warnings if w not in plan.warnings)
                                            + plan.warnings)

@@ -39,6 +39,7 @@ def records_for(model: str, profile: str, results: dict[str, MethodResult]) -> l
             "search_s": round(r.search_s, 2),
             "peak_bytes_at_common": None if r.sim is None else r.sim.peak_with_margin_bytes,
             "step_ms_at_common": None if r.sim is None else round(1e3 * r.sim.step_time_s, 3),
+            "clock": None if r.sim is None else getattr(r.sim, "clock", None),
             "probes": [[size(s), f] for s, f in sorted(r.probes)],
             "detail": r.detail,
             "bound_batch": None if bound is None else size(bound.max_size),
@@ -146,6 +147,23 @@ def _ratio(record: dict, base: dict) -> str:
     return f"{record['max_batch'] / base['max_batch']:.2f}x"
 
 
+def _clock_lines(records: list[dict]) -> list[str]:
+    """A sentence on the simulator's clocks the records were priced with (tflms.sim.clock), and a blank line."""
+    clocks = {r["method"]: r.get("clock") for r in records if r.get("clock")}
+    if not clocks:
+        return []
+    none = clocks.get("none")
+    tflms = clocks.get("tflms-best") or clocks.get("tflms-distance")
+    if none == "xla":
+        return [f"Clocks (`tflms.sim.clock`): `none` and the traced checkpointing steps as **XLA** compiles them (what "
+                f"a Keras 3 user runs on a GPU by default); tflms's and grappler's rewrites on the **{tflms or 'graph'}** "
+                "clock (TensorFlow's executor, no XLA: the callback turns XLA off until issue 47 keeps it), so their "
+                "overhead includes what leaving XLA costs.", ""]
+    return [f"Clock (`tflms.sim.clock`): **{none or tflms}** for every method"
+            + (" (TensorFlow's executor on a GPU: launches overlap compute, no XLA)." if (none or tflms) == "graph"
+               else "."), ""]
+
+
 def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, plots: dict[str, str],
              extras: dict[str, list[str]] | None = None, bisect_steps: int = QUICK_BISECT_STEPS) -> str:
     """The report; ``extras``: more sections (title -> Markdown lines) placed before "How the numbers were produced";
@@ -167,6 +185,7 @@ def markdown(records: list[dict], *, command: str, mode: str, elapsed_s: float, 
         "training step and the hardware profile; nothing ran on a GPU. The papers' figures at the end are "
         "**reported** by their authors, not measured here.",
         "",
+        *_clock_lines(records),
         "## Methods",
         "",
         "| method | what runs |",

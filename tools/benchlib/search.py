@@ -70,6 +70,7 @@ class Evaluator:
         from tflms.sim import SimOptions
         self.steps, self.model, self.profile, self.budget = steps, model, profile, budget_bytes
         self.options = options or SimOptions()  # margin_fraction: the headroom, the same for every method
+        self.rewrite_options = rewrite_options(self.options)  # tflms's and grappler's rewrites: no XLA
         self.exact = exact  # tflms-distance probes: the tuner's whole search (True) or QUICK_DISTANCE_PROBES
         self.cache: dict[tuple[str, int], Probe] = {}
         self.errors: dict[str, str] = {}  # traced methods whose step failed -> the error's first line
@@ -130,7 +131,7 @@ class Evaluator:
         graph, _ = self.steps.graph(self.model, "plain", size)
         try:
             result = tune(graph, budget=self.budget, profile=self.profile, strategies=strategies, first_fit=True,
-                          sim_options=self.options, enforce_order=enforce_order)
+                          sim_options=self.rewrite_options, enforce_order=enforce_order)
         except BudgetError:
             return Probe(False)
         return Probe(True, result.best.sim, len(result.graph))
@@ -151,7 +152,7 @@ class Evaluator:
         for params in QUICK_DISTANCE_PROBES:
             plan = plan_swaps(analysis, LMSConfig(**params), accelerator_device="/device:GPU:0")
             rewritten = apply_swaps(graph, plan).graph
-            sim = simulate(rewritten, self.profile, options=self.options)
+            sim = simulate(rewritten, self.profile, options=self.rewrite_options)
             if best is None or (self._fits(sim), -sim.peak_with_margin_bytes) > (
                     best.fits, -best.sim.peak_with_margin_bytes):
                 best = Probe(self._fits(sim), sim, len(rewritten))
@@ -172,7 +173,7 @@ class Evaluator:
         from tflms.sim import simulate
         graph, _ = self.steps.graph(self.model, "plain", size)
         result = grappler_swap(graph, self.profile, budget=self.budget)
-        sim = simulate(result.graph, self.profile, options=self.options)
+        sim = simulate(result.graph, self.profile, options=self.rewrite_options)
         return Probe(self._fits(sim), sim, len(result.graph))
 
     def _traced(self, method, size):
@@ -231,13 +232,25 @@ def search_max(fits: Callable[[int], bool], start: int, bisect_steps: int | None
     return low, high
 
 
+def rewrite_options(options):
+    """The simulator options tflms's and grappler's rewrites are priced with: their steps run without XLA (tflms turns
+    it off for the steps it manages until issue 47 keeps it; grappler's swapping is off under XLA), so on the graph
+    clock where the bench's clock is ``xla``. The unchanged step and the traced checkpointing steps keep the bench's
+    clock: under ``--clock xla`` they are what a Keras 3 user runs on a GPU by default."""
+    import dataclasses
+
+    from tflms.sim.clock import CLOCK_GRAPH, CLOCK_XLA
+    return dataclasses.replace(options, clock=CLOCK_GRAPH) if options.clock == CLOCK_XLA else options
+
+
 def run_model_profile(steps: Steps, model: str, profile_name: str, budget: int | None,
-                      bisect_steps: int | None, headroom: float = HEADROOM) -> dict[str, MethodResult]:
+                      bisect_steps: int | None, headroom: float = HEADROOM, clock: str = "auto"
+                      ) -> dict[str, MethodResult]:
     from tflms.sim import SimOptions, get_profile
 
     profile = get_profile(profile_name)
     budget_bytes = budget_for(model, profile, budget)
-    options = SimOptions(margin_fraction=headroom)
+    options = SimOptions(margin_fraction=headroom, clock=clock)
     ev = Evaluator(steps, model, profile, budget_bytes, exact=bisect_steps is None, options=options)
     results: dict[str, MethodResult] = {}
     # Where each search starts, and the first larger size it tries (the previous method's first miss).
@@ -327,6 +340,7 @@ def run_methods_at(steps: Steps, model: str, profile, budget_bytes: int, options
 
     plain, _ = steps.graph(model, "plain", size)
     baseline = simulate(plain, profile, options=options)
+    rewritten = rewrite_options(options)  # tflms's and grappler's steps run without XLA
 
     def fits_overhead(sim):
         if sim is None or sim.peak_with_margin_bytes > budget_bytes:
@@ -352,7 +366,7 @@ def run_methods_at(steps: Steps, model: str, profile, budget_bytes: int, options
             tune_log.write(f"{model} {profile.name} {size} {stamps[-1][0]:8.1f} s  {msg}\n")
             tune_log.flush()
     try:
-        tuned = tune(plain, budget=budget_bytes, profile=profile, sim_options=options, enforce_order=True,
+        tuned = tune(plain, budget=budget_bytes, profile=profile, sim_options=rewritten, enforce_order=True,
                      progress=progress)
     except BudgetError as err:
         tuned, error = None, str(err)
@@ -373,7 +387,7 @@ def run_methods_at(steps: Steps, model: str, profile, budget_bytes: int, options
             # on their own
             t1 = time.perf_counter()
             try:
-                alone = tune(plain, budget=budget_bytes, profile=profile, sim_options=options, enforce_order=True,
+                alone = tune(plain, budget=budget_bytes, profile=profile, sim_options=rewritten, enforce_order=True,
                              strategies=["tflms-distance"])
                 choices = [c for c in alone.candidates if c.fits and c.strategy in ("none", "tflms-distance")]
             except BudgetError:
@@ -392,7 +406,7 @@ def run_methods_at(steps: Steps, model: str, profile, budget_bytes: int, options
 
     r = results["grappler"]
     swapped = grappler_swap(plain, profile, budget=budget_bytes)
-    r.sim = simulate(swapped.graph, profile, options=options)
+    r.sim = simulate(swapped.graph, profile, options=rewritten)
     r.rewrite_s, r.ops, r.overhead = swapped.total_s, len(swapped.graph), fits_overhead(r.sim)
     r.detail += f"; {len(swapped.swaps)} swaps of {swapped.swapped_bytes / 2**30:.2f} GiB"
     for method in TRACED_METHODS:
@@ -410,7 +424,7 @@ def run_methods_at(steps: Steps, model: str, profile, budget_bytes: int, options
 
 
 def run_at_size(steps: Steps, model: str, profile_name: str, budget: int | None, size: int,
-                headroom: float = HEADROOM) -> dict[str, MethodResult]:
+                headroom: float = HEADROOM, clock: str = "auto") -> dict[str, MethodResult]:
     """Every method at ``size`` only, without searching any maximum (``bench.py --at``).
 
     The same runs as at a search's common size (:func:`run_methods_at`), so that figures taken at a
@@ -422,7 +436,8 @@ def run_at_size(steps: Steps, model: str, profile_name: str, budget: int | None,
     budget_bytes = budget_for(model, profile, budget)
     results = {method: MethodResult(method) for method in METHODS}
     say(f"=== {model} on {profile_name} at {size_label_long(model, size)} (headroom {headroom:g})")
-    run_methods_at(steps, model, profile, budget_bytes, SimOptions(margin_fraction=headroom), size, results)
+    run_methods_at(steps, model, profile, budget_bytes, SimOptions(margin_fraction=headroom, clock=clock), size,
+                   results)
     return results
 
 
@@ -451,7 +466,7 @@ def _full_tune(ev: Evaluator, method: str, size: int):
     best = method == "tflms-best"
     t0 = time.perf_counter()
     try:
-        result = tune(graph, budget=ev.budget, profile=ev.profile, sim_options=ev.options, enforce_order=best,
+        result = tune(graph, budget=ev.budget, profile=ev.profile, sim_options=ev.rewrite_options, enforce_order=best,
                       strategies=list(DEFAULT_STRATEGIES) if best else ["tflms-distance"])
     except BudgetError:
         say(f"{ev.model} {ev.profile.name} {method}: the full tune at {ev.label(size)} finds no fit")
@@ -504,7 +519,7 @@ def _at_max(ev: Evaluator, results: dict[str, MethodResult], implied: dict) -> N
     enforced order may lower the unswapped peak, and with it the bytes that must cross the link).
     """
     from tflms.sim.bounds import time_bound_ratio
-    opts = ev.options
+    opts = ev.rewrite_options  # the bounds of swap rewrites, which run without XLA
     bounds: dict[int, StepBounds] = {}
     for r in results.values():
         if not r.max_size:
