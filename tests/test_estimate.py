@@ -66,3 +66,56 @@ def test_bad_input_names_the_file_and_the_value(tmp_path, capsys):
     assert "nope.keras: no such file" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="batch_size must be a positive int, got 0"):
         estimate(_model(), batch_size=0)
+
+
+def _step(model):
+    """The model's training step as a tf.function with an unknown batch dimension (what estimate() traces itself)."""
+    import keras
+    import tensorflow as tf
+
+    from tflms.testing.steps import make_train_step
+    optimizer, loss = keras.optimizers.SGD(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer.build(model.trainable_variables)
+    signature = [tf.TensorSpec((None, 64, 64, 3), tf.float32), tf.TensorSpec((None,), tf.int32)]
+    return tf.function(make_train_step(model, optimizer, loss), input_signature=signature), optimizer
+
+
+def test_a_tf_function_step_and_a_saved_model_estimate_as_the_keras_model_does(tmp_path, capsys):
+    import tensorflow as tf
+
+    from tflms.cli import main
+    from tflms.estimate import estimate
+    keras_estimate = estimate(_model(), batch_size=BATCH, profile=PROFILE, search_max_batch=False)
+    model = _model(compiled=False)
+    step, optimizer = _step(model)
+    for given in (step, step.get_concrete_function()):
+        e = estimate(given, batch_size=BATCH, profile=PROFILE, search_max_batch=False)
+        assert (e.peak_bytes_without, e.peak_bytes_with) == (keras_estimate.peak_bytes_without,
+                                                             keras_estimate.peak_bytes_with)
+        assert not e.fits_without and e.fits_with
+    module = tf.Module()
+    module.model, module.optimizer, module.train_step = model, optimizer, step
+    module.forward = tf.function(lambda x: model(x), input_signature=[tf.TensorSpec((None, 64, 64, 3), tf.float32)])
+    tf.saved_model.save(module, str(tmp_path / "saved"))
+    saved = estimate(str(tmp_path / "saved"), batch_size=BATCH, profile=PROFILE, search_max_batch=False)
+    assert saved.model.endswith(":train_step")  # the function that computes gradients, not the forward pass
+    assert (saved.peak_bytes_without, saved.fits_with) == (keras_estimate.peak_bytes_without, True)
+    assert main(["estimate", str(tmp_path / "saved"), "--function", "forward", "--batch", "8", "--profile", PROFILE,
+                 "--no-max-batch"]) == 2
+    assert "no function of the SavedModel" in capsys.readouterr().err
+
+
+def test_a_step_traced_for_one_batch_or_without_a_signature_is_refused():
+    import tensorflow as tf
+
+    from tflms.estimate import EstimateError, estimate
+    model = _model(compiled=False)
+    step, _optimizer = _step(model)
+    fixed = step.get_concrete_function()
+    with pytest.raises(EstimateError, match="has no input_signature"):
+        estimate(tf.function(lambda x: x), batch_size=8, profile=PROFILE)
+    traced_at_8 = tf.function(step.python_function).get_concrete_function(
+        tf.TensorSpec((8, 64, 64, 3), tf.float32), tf.TensorSpec((8,), tf.int32))
+    with pytest.raises(EstimateError, match="traced for batch 8, not 16"):
+        estimate(traced_at_8, batch_size=16, profile=PROFILE, search_max_batch=False)
+    assert fixed is not None

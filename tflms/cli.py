@@ -13,7 +13,7 @@ Sub-commands:
   plan     IN_DIR: memory planning of each training step before and after the
            rewrite: lower bound, planned pool (offsets in --json), BFC and
            caching allocator models; writes nothing.
-  estimate MODEL.keras --batch N: the predicted peak, fit and largest batch with
+  estimate MODEL --batch N: the predicted peak, fit and largest batch with
            and without tflms (simulated; nothing is trained).
 
 Exit statuses (``tflms --help`` lists them, from :data:`EXIT_STATUSES`): errors
@@ -221,7 +221,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
     def run() -> int:
         result = estimate(args.model, batch_size=args.batch, profile=args.profile, budget=args.budget,
-                          search_max_batch=not args.no_max_batch, progress=None if args.json else _progress)
+                          search_max_batch=not args.no_max_batch, progress=None if args.json else _progress,
+                          function=args.function)
         print(json.dumps(result.to_dict(), indent=2) if args.json else result.table())
         return 0
 
@@ -368,13 +369,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     from tflms.profiles import DEFAULT_PROFILE, profile_names
     estimate = sub.add_parser(
-        "estimate", help="will it fit? a Keras model's predicted peak and largest batch, with and without tflms",
-        description="Trace the training step of the Keras model in MODEL (a .keras file; a compiled model brings its "
-                    "optimizer and loss, else Adam and sparse categorical cross-entropy are assumed and said) once, "
-                    "and predict with the simulator, at --batch: the peak, step time and samples/s without tflms and "
-                    "with the rewrite the tuner picks, whether each fits the budget, and the largest batch each way. "
-                    "Nothing is trained and no GPU is needed; every figure is simulated on the profile.")
-    estimate.add_argument("model", metavar="MODEL", help="a .keras file (model.save('model.keras'))")
+        "estimate", help="will it fit? a model's predicted peak and largest batch, with and without tflms",
+        description="Take the training step of MODEL: a Keras model's (a .keras file; a compiled model brings its "
+                    "optimizer and loss, else Adam and sparse categorical cross-entropy are assumed and said), or the "
+                    "first function of a SavedModel directory that computes gradients (--function names one; traced "
+                    "with the batch dimension None). Predict with the simulator, at --batch: the peak, step time and "
+                    "samples/s without tflms and with the rewrite the tuner picks, whether each fits the budget, and "
+                    "the largest batch each way. Nothing is trained and no GPU is needed; every figure is simulated "
+                    "on the profile. In Python, tflms.estimate.estimate also takes a tf.function or ConcreteFunction.")
+    estimate.add_argument("model", metavar="MODEL", help="a .keras file (model.save('model.keras')) or a SavedModel "
+                                                         "directory holding a training step")
+    estimate.add_argument("--function", default=None, help="with a SavedModel: the training function's attribute "
+                                                           "path (default: the first that computes gradients)")
     estimate.add_argument("--batch", type=int, required=True, help="the batch size to predict")
     estimate.add_argument("--profile", default=None,
                           help="hardware profile: " + ", ".join(profile_names()) + f" (default: the closest to this "

@@ -135,13 +135,69 @@ def training_step(model: Any) -> tuple[Any, tuple[str, ...], Any]:
     return step.get_concrete_function(x, labels), tuple(assumed), optimizer
 
 
+def _is_training_trace(concrete: Any) -> bool:
+    """Whether a traced function computes gradients (a training step), by its ops."""
+    from tflms.ir.op_types import GRADIENT_OP_TYPES
+    graph = concrete.graph.as_graph_def()
+    nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+    return any(n.op in GRADIENT_OP_TYPES for n in nodes)
+
+
+def saved_model_step(path: str, function: str | None = None) -> tuple[Any, str, Any]:
+    """``(the training trace, its name, the loaded SavedModel to keep alive)`` of a SavedModel directory: the first
+    trace that computes gradients, of ``function`` (an attribute path such as ``train_step``) or of any function."""
+    from tflms.integrations.savedmodel.read import (_load, _resolve, _traces, check_input_dir, describe_trace,
+                                                    keras_export_message, read_saved_model, select_functions)
+    in_path = check_input_dir(path, role="MODEL")
+    info = read_saved_model(in_path)
+    selected, _ = select_functions(info, [function] if function else None)
+    loaded = _load(in_path)
+    seen = []
+    for finfo in selected:
+        for concrete in _traces(_resolve(loaded, finfo.path), finfo):
+            seen.append(f"{finfo.path}({describe_trace(concrete)})")
+            if _is_training_trace(concrete):
+                return concrete, f"{in_path.name}:{finfo.path}", loaded
+    if info.keras_export:
+        raise EstimateError(keras_export_message(info))
+    raise EstimateError(f"no function of the SavedModel {in_path} computes gradients (looked at {', '.join(seen)}): "
+                        "the estimate needs the training step. Save the tf.Module with its tf.function train step "
+                        "(docs/guide.md, \"The SavedModel command\"), or estimate the Keras model (.keras file)")
+
+
+def _step_of(model: Any, function: str | None) -> tuple[Any, str, tuple[str, ...], Any]:
+    """``(ConcreteFunction, name, assumed, what to keep alive)`` of what :func:`estimate` was given."""
+    import os
+
+    import tensorflow as tf
+    if isinstance(model, (str, os.PathLike)) and os.path.isdir(model):
+        concrete, name, keep = saved_model_step(os.fspath(model), function)
+        return concrete, name, (), keep
+    if isinstance(model, (str, os.PathLike)):
+        model = load_keras_model(os.fspath(model))
+    if isinstance(model, tf.types.experimental.ConcreteFunction):
+        return model, getattr(model, "name", "step"), (), None
+    if isinstance(model, tf.types.experimental.PolymorphicFunction):
+        if model.input_signature is None:
+            raise EstimateError(f"tf.function {model.__name__!r} has no input_signature: give it one with the batch "
+                                "dimension None (tf.TensorSpec((None, ...))), or pass its ConcreteFunction "
+                                "(step.get_concrete_function(...))")
+        return model.get_concrete_function(), model.__name__, (), None
+    step, assumed, optimizer = training_step(model)
+    return step, model.name, assumed, optimizer
+
+
 def estimate(model: Any, *, batch_size: int, profile: str | None = None, budget: int | str | None = None,
-             search_max_batch: bool = True, progress: Callable[[str], None] | None = None) -> Estimate:
+             search_max_batch: bool = True, progress: Callable[[str], None] | None = None,
+             function: str | None = None) -> Estimate:
     """Predict the model's training step at ``batch_size`` without and with tflms (see the module doc).
 
-    ``model``: a Keras model or the path of a ``.keras`` file. ``profile``: a profile name (``tflms estimate
-    --help`` lists them; default: the local GPU's, else the default profile). ``budget``: bytes or a string such as
-    ``"12GiB"`` (default: the profile's memory). ``search_max_batch``: also find the largest batch each way.
+    ``model``: a Keras model, the path of a ``.keras`` file, a training step (a ``tf.function`` with an
+    ``input_signature`` whose batch dimension is ``None``, or a ``ConcreteFunction`` traced so), or the directory of a
+    SavedModel holding one (``function``: its attribute path, default the first that computes gradients).
+    ``profile``: a profile name (``tflms estimate --help`` lists them; default: the local GPU's, else the default
+    profile). ``budget``: bytes or a string such as ``"12GiB"`` (default: the profile's memory).
+    ``search_max_batch``: also find the largest batch each way.
     """
     from tflms.budget import margin_fraction
     from tflms.config import LMSConfig
@@ -156,9 +212,11 @@ def estimate(model: Any, *, batch_size: int, profile: str | None = None, budget:
     start = time.perf_counter()
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
-    if isinstance(model, str):
-        model = load_keras_model(model)
-    step, assumed, _optimizer = training_step(model)  # (_optimizer: alive while the step is read)
+    step, name, assumed, _keep = _step_of(model, function)  # (_keep: alive while the step is read)
+    fixed = sorted({t.shape[0] for t in step.inputs if t.dtype != "resource" and t.shape.rank and t.shape[0] is not None})
+    if fixed and fixed != [batch_size]:
+        raise EstimateError(f"{name} was traced for batch {fixed[0]}, not {batch_size}: trace it with the batch "
+                            "dimension None (tf.TensorSpec((None, ...))) to estimate other batches")
     choice = select_profile(profile, local_gpu())
     priced = priced_profile(choice.name)
     budget_bytes = priced.memory_bytes if budget is None else parse_bytes(budget, what="budget")
@@ -167,7 +225,7 @@ def estimate(model: Any, *, batch_size: int, profile: str | None = None, budget:
     graph = load_graph(_preoptimized(step, ()))
     at = graph.with_batch_size(batch_size)
     say = progress or (lambda _m: None)
-    say(f"simulating {model.name} at batch {batch_size} on {choice.name}")
+    say(f"simulating {name} at batch {batch_size} on {choice.name}")
     plain = simulate(at, priced, options=options)
     peak_with = time_with = strategy = None
     if plain.peak_with_margin_bytes <= budget_bytes:
@@ -187,7 +245,7 @@ def estimate(model: Any, *, batch_size: int, profile: str | None = None, budget:
             say(f"searching the largest batch {'with' if with_tflms else 'without'} tflms")
             largest[with_tflms] = max_batch(graph, budget=budget_bytes, profile=priced, with_tflms=with_tflms,
                                             config=config, sim_options=options, progress=say).batch_size
-    return Estimate(model=model.name, batch_size=batch_size, profile=choice.name, budget_bytes=budget_bytes,
+    return Estimate(model=name, batch_size=batch_size, profile=choice.name, budget_bytes=budget_bytes,
                     peak_bytes_without=plain.peak_with_margin_bytes, peak_bytes_with=peak_with,
                     step_time_s_without=plain.step_time_s, step_time_s_with=time_with, strategy=strategy,
                     max_batch_without=largest.get(False), max_batch_with=largest.get(True), assumed=assumed,
