@@ -161,7 +161,8 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             plan = result.best.plan or _empty_plan(config, planned)
             swapped, tuning = result.graph, result.to_dict()
             tuning["margin_fraction"] = budget_sim_options(config).margin_fraction  # issue 48
-            baseline = result.baseline  # what leaving XLA costs this step (issue 46): the callback says so
+            baseline = getattr(result, "baseline", None)  # what leaving XLA costs this step (issue 46): the
+            # callback says so (a plan from the plan cache keeps no baseline: simulated again)
             tuning["xla"] = xla_cost(analysis.graph, profile,
                                      baseline.step_time_s if getattr(baseline, "clock", None) == "graph" else None)
             if filter_warnings:
