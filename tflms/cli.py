@@ -167,11 +167,16 @@ def add_budget_flags(parser: argparse.ArgumentParser) -> None:
                             "rule flags, rewrite leaves such tensors unswapped (reason unknown-shape)")
     group.add_argument("--fit-by", choices=("live", "bfc"), default="live",
                        help="judge fit by the live-bytes peak or by the BFC allocator model (default %(default)s)")
+    group.add_argument("--plan-cache", default=None, metavar="DIR|on|off",
+                       help="reuse tuned plans from disk (docs/guide.md, 'The plan cache'): a directory, 'on' or "
+                            "'off' (default: on, in $TFLMS_CACHE_DIR, else ~/.cache/tflms; TFLMS_PLAN_CACHE=0 turns "
+                            "it off)")
 
 
 def _savedmodel_config(args: argparse.Namespace) -> LMSConfig:
+    cache = {"on": True, "off": False}.get(args.plan_cache, args.plan_cache)
     return config_from_args(args).replace(budget_bytes=args.budget, profile=args.profile, batch_size=args.batch_size,
-                                          fit_by=args.fit_by)
+                                          fit_by=args.fit_by, plan_cache=cache)
 
 
 def _json_error(args: argparse.Namespace, run) -> int:

@@ -240,7 +240,7 @@ def rewrite_options(options):
     import dataclasses
 
     from tflms.sim.clock import CLOCK_GRAPH, CLOCK_XLA
-    return dataclasses.replace(options, clock=CLOCK_GRAPH) if options.clock == CLOCK_XLA else options
+    return dataclasses.replace(options, clock=CLOCK_GRAPH) if getattr(options, "clock", None) == CLOCK_XLA else options
 
 
 def run_model_profile(steps: Steps, model: str, profile_name: str, budget: int | None,
@@ -466,7 +466,8 @@ def _full_tune(ev: Evaluator, method: str, size: int):
     best = method == "tflms-best"
     t0 = time.perf_counter()
     try:
-        result = tune(graph, budget=ev.budget, profile=ev.profile, sim_options=ev.rewrite_options, enforce_order=best,
+        result = tune(graph, budget=ev.budget, profile=ev.profile, sim_options=rewrite_options(ev.options),
+                      enforce_order=best,
                       strategies=list(DEFAULT_STRATEGIES) if best else ["tflms-distance"])
     except BudgetError:
         say(f"{ev.model} {ev.profile.name} {method}: the full tune at {ev.label(size)} finds no fit")
@@ -519,7 +520,7 @@ def _at_max(ev: Evaluator, results: dict[str, MethodResult], implied: dict) -> N
     enforced order may lower the unswapped peak, and with it the bytes that must cross the link).
     """
     from tflms.sim.bounds import time_bound_ratio
-    opts = ev.rewrite_options  # the bounds of swap rewrites, which run without XLA
+    opts = rewrite_options(ev.options)  # the bounds of swap rewrites, which run without XLA
     bounds: dict[int, StepBounds] = {}
     for r in results.values():
         if not r.max_size:
