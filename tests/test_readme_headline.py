@@ -72,3 +72,41 @@ def test_headline_is_labelled_simulated_and_points_at_how_it_was_made():
     assert plot and (ROOT / plot.group(1)).is_file()
     assert readme.index("<!-- demo-command -->") < readme.index("<!-- test-command -->") < readme.index(
         "## What it buys")  # the two commands come first
+
+
+#: The GPU headline (issue 46): today's GPUs, the unchanged step as XLA compiles it (what a Keras 3 user runs on a GPU
+#: by default), tflms's rewrite without XLA; tools/bench.py --clock xla.
+GPU_MODELS = {"ResNet-50 (float32)": "resnet50", "ResNet-50 (mixed_bfloat16)": "resnet50-amp-bf16",
+              "BERT-base (float32)": "bert-base", "BERT-base (mixed_bfloat16)": "bert-base-amp-bf16"}
+GPU_PROFILES = ("h100-80gb-pcie5", "h200-141gb")
+
+
+def gpu_expected_rows() -> dict[str, list[str]]:
+    readme = (ROOT / "README.md").read_text()
+    marker = re.search(r"<!-- headline-gpus: ([^>]+?) -->", readme)
+    assert marker, "README.md has no <!-- headline-gpus: ... --> marker"
+    run = json.loads((ROOT / marker.group(1).strip()).read_text())
+    records = {(r["model"], r["profile"], r["method"]): r for r in run}
+    rows = {}
+    for title, model in GPU_MODELS.items():
+        cells = []
+        for profile in GPU_PROFILES:
+            best, none = records[(model, profile, "tflms-best")], records[(model, profile, "none")]
+            assert none["clock"] == "xla" and best["clock"] == "graph", "the run must price none by XLA, tflms without"
+            throughput = (_size(best) / best["step_ms_at_max"]) / (_size(none) / none["step_ms_at_max"])
+            cells += [_label(none), f"{_label(best)} ({_size(best) / _size(none):.2f}x)", f"{throughput:.2f}x"]
+        rows[title] = cells
+    return rows
+
+
+def test_the_gpu_headline_table_is_the_xla_benchmarks_json():
+    text = re.split(r"<!-- headline-gpus: [^>]+ -->", (ROOT / "README.md").read_text(), maxsplit=1)[1]
+    rows = {}
+    for line in text.strip().splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    assert rows == gpu_expected_rows()
+    readme = (ROOT / "README.md").read_text()
+    assert readme.index("<!-- headline-gpus:") < readme.index("<!-- headline:")  # today's GPUs lead, V100 below
