@@ -168,9 +168,19 @@ def step_time_bound(graph: Graph, profile: str | HardwareProfile, budget_bytes: 
     profile = get_profile(profile)
     sim = simulate(graph, profile, order=order, options=options)
     bound = swap_only_bound(graph, options)
-    return time_bound(compute_s=sim.compute_time_s, transient_peak_bytes=sim.transient_peak_bytes,
+    return time_bound(compute_s=compute_floor_s(sim, profile), transient_peak_bytes=sim.transient_peak_bytes,
                       resident_bytes=sim.resident_bytes, budget_bytes=budget_bytes, profile=profile,
                       swap_only_bytes=bound.bound_bytes, across_s=across_peak_s(sim, budget_bytes, profile))
+
+
+def compute_floor_s(sim, profile: HardwareProfile) -> float:
+    """The least compute time of ``sim``'s ops in any order a rewrite may run them in: the compute stream's time where
+    the clock adds every launch to its kernel (``serial``); where the host launches ahead of the GPU (``graph``), the
+    kernels back to back or their launches back to back, whichever is longer (this order's waits for launches are not
+    every order's)."""
+    if getattr(sim, "clock", "serial") != "graph":
+        return sim.compute_time_s
+    return max(sim.kernel_time_s, sim.kernels * profile.launch_overhead_s)
 
 
 @dataclasses.dataclass(frozen=True)
