@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("passes", ("tflms.passes", "tflms.compress.codecs", "tflms.compress.rewrite", "tflms.compress.profiling")),
     ("decisions", ("tflms.compress", "tflms.tune", "tflms.budget")),
     ("measurement", ("tflms.measure", "tflms.baselines")),
-    ("pipeline", ("tflms.pipeline", "tflms.report")),
+    ("pipeline", ("tflms.pipeline", "tflms.report", "tflms.reportplot")),
     ("integrations", ("tflms.integrations", "tflms.keras")),
     ("front", ("tflms.cli", "tflms.demo", "tflms.testing", "tflms.models", "tflms.__main__", "tflms")),
 )

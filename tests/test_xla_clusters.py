@@ -1,13 +1,22 @@
 """Keeping XLA (issue 47): the step's compute ops run as XLA clusters between tflms's copies.
 
-Hand-built graphs check the segment rule exactly (tflms/passes/xla_clusters.py).
+Hand-built graphs check the segment rule exactly (tflms/passes/xla_clusters.py); small Keras models check, in the
+graphs TensorFlow ran, that the clusters exist (``_XlaRun``), that the swap copies are alive between them, that the
+step trains within rtol 1e-4 of the plain ``jit_compile=True`` step, and bitwise like the same clusters without the
+copies (docs/design.md, "Keeping XLA: clusters between swap points (issue 47)").
 """
 
 from __future__ import annotations
 
-import networkx as nx
-import pytest
+import collections
 
+import networkx as nx
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tflms
+import tflms.keras
 from tflms.config import LMSConfig
 from tflms.ir.graph import Graph, TensorRef
 from tflms.ir.tf_io import to_graph_def
@@ -18,6 +27,8 @@ from tflms.testing import GraphBuilder, mlp_training_graph
 
 CPU = "/device:CPU:0"
 RULES = dict(swapout_threshold=1, swapin_ahead=1)
+#: The tolerance of issue 47's target: weights after 3 steps against the plain jit_compile=True step's.
+RTOL = 1e-4
 
 
 def _anything_compiles(op_type: str) -> bool:
@@ -177,3 +188,176 @@ def test_the_clustered_graph_is_deterministic():
     assert to_graph_def(first.graph).SerializeToString(deterministic=True) == \
         to_graph_def(second.graph).SerializeToString(deterministic=True)
     assert first.report == second.report
+
+
+# ------------------------------------------------------------------ what TensorFlow ran
+STEPS = 3
+
+
+def _data(model):
+    from tflms.testing.models import make_batches
+    return [tuple(tf.constant(t) for t in batch) for batch in make_batches(model, batch_size=8, steps=STEPS)]
+
+
+def _train(wrap, model_name: str = "cnn"):
+    """Three steps of ``wrap(step)`` on a fresh zoo model; returns (wrapped step, snapshot, what ran)."""
+    import keras
+
+    from tflms.testing import make_train_step, record_run_metadata, snapshot
+    from tflms.testing.models import build_model
+    model = build_model(model_name)
+    optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+    optimizer.build(model.trainable_variables)
+    fn = wrap(make_train_step(model, optimizer))
+    with record_run_metadata() as ran:
+        losses = [fn(x, y) for x, y in _data(model)]
+    return fn, snapshot(model, optimizer, losses=losses), ran
+
+
+def _ran_ops(ran, inserted) -> collections.Counter:
+    step = ran.step_graph(inserted)
+    assert step is not None, "no function that ran holds the rewrite's ops"
+    return collections.Counter(n.op for n in step.post_optimization_graph.node)
+
+
+def _max_relative_difference(reference, candidate) -> float:
+    """The largest |a - b| / |a| over the floating-point entries, where |a| is above float32 noise."""
+    worst = 0.0
+    for (name, a), (_, b) in zip(reference, candidate):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        if a.dtype.kind == "f" and a.size:
+            big = np.abs(a) > 1e-6
+            worst = max(worst, float(np.max(np.abs(a - b)[big] / np.abs(a)[big], initial=0.0)))
+    return worst
+
+
+def _assert_close(reference, candidate, what: str) -> float:
+    for (name, a), (_, b) in zip(reference, candidate):
+        np.testing.assert_allclose(b, a, rtol=RTOL, atol=1e-6, err_msg=f"{what}: {name}")
+    return _max_relative_difference(reference, candidate)
+
+
+@pytest.fixture(scope="module")
+def plain_xla():
+    """The plain jit_compile=True step: the reference, and a control that it is reproducible bit for bit."""
+    from tflms.testing import assert_bitwise_equal
+    _, state, ran = _train(lambda step: tf.function(step, jit_compile=True))
+    _, again, _ = _train(lambda step: tf.function(step, jit_compile=True))
+    assert_bitwise_equal(state, again, "plain XLA vs plain XLA (the control)")
+    return state
+
+
+def test_tflms_function_jit_compile_runs_clusters_with_live_swaps_close_to_plain_xla(plain_xla):
+    fn, state, ran = _train(lambda step: tflms.function(step, jit_compile=True, **RULES))
+    report = fn.report
+    assert report.num_swapped > 0 and report.xla_clusters["kept"]
+    ops = _ran_ops(ran, report.inserted_ops)
+    # TensorFlow may split a segment further (resource-variable ordering), never merge two scopes
+    assert ops["_XlaRun"] >= max(2, report.xla_clusters["clusters"]), (ops, report.xla_clusters)
+    assert not ran.missing_after_optimization(report.inserted_ops), "swap copies were compiled or optimized away"
+    assert "XLA kept:" in report.table()
+    worst = _assert_close(plain_xla, state, "tflms.function(jit_compile=True) vs plain jit_compile=True")
+    print(f"tflms.function: {ops['_XlaRun']} clusters, {len(report.inserted_ops)} copies alive, "
+          f"max relative difference to plain XLA {worst:.2e}")
+
+
+def test_keras_fit_with_jit_compile_keeps_xla_with_live_swaps_close_to_plain_xla():
+    import keras
+
+    from tflms.testing import record_run_metadata, snapshot
+    from tflms.testing.models import build_model, make_batches
+
+    def fit(callbacks):
+        model = build_model("cnn")
+        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), jit_compile=True,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        (x, y), = make_batches(model, batch_size=8 * STEPS, steps=1)
+        with record_run_metadata() as ran:
+            model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+        return model, snapshot(model), ran
+
+    plain_model, plain, _ = fit([])
+    assert plain_model.jit_compile is True
+    callback = tflms.keras.LMS(verbose=0, **RULES)
+    model, state, ran = fit([callback])
+    report = callback.report
+    assert report.num_swapped > 0 and report.xla_clusters["kept"]
+    ops = _ran_ops(ran, report.inserted_ops)
+    # TensorFlow may split a segment further (resource-variable ordering), never merge two scopes
+    assert ops["_XlaRun"] >= max(2, report.xla_clusters["clusters"]), (ops, report.xla_clusters)
+    assert not ran.missing_after_optimization(report.inserted_ops)
+    worst = _assert_close(plain, state, "fit(jit_compile=True) with LMS vs without")
+    assert model.jit_compile is True and model.train_function is not None  # Keras's XLA function is back
+    print(f"Keras fit: {ops['_XlaRun']} clusters, {len(report.inserted_ops)} copies alive, "
+          f"max relative difference to plain XLA {worst:.2e}")
+
+
+def _without_copies(graph: Graph) -> Graph:
+    """``graph`` with its swap copies taken out (each reader reads the swapped tensor itself) and every other op,
+    XLA attributes included, as it was: the same clusters, no copies."""
+    new = graph.copy()
+    copies = [op.name for op in new if op.name.startswith("lms/swap_")]
+    for name in copies:
+        if name.startswith("lms/swap_in_"):
+            source = new.op(new.op(name).inputs[0].op).inputs[0]  # swap-in <- swap-out <- the tensor
+            for reader, index in new.consumers(TensorRef(name, 0)):
+                new.set_input(reader, index, source)
+    for name in sorted(copies, key=lambda n: not n.startswith("lms/swap_in_")):  # swap-ins first
+        for reader in new.control_consumers(name):
+            new.op(reader).control_inputs.remove(name)
+            new._control_consumers[name].remove(reader)  # noqa: SLF001 - a test-only edit
+        new.remove_op(name)
+    new.lint()
+    return new
+
+
+def test_it_trains_bitwise_like_the_same_clusters_without_the_copies(plain_xla):
+    """Plain XLA is no bitwise reference: the copies bound the clusters, and XLA fuses (and rounds) differently
+    within other boundaries. The same clusters without the copies are: what stays is the copies' effect alone."""
+    from tflms._compat import grappler as compat
+    from tflms.ir import tf_io
+    from tflms.pipeline import rewrite_step
+    from tflms.testing import assert_bitwise_equal
+
+    results = {}
+
+    def clustered(drop: bool):
+        def wrap(step):
+            traced = tf.function(step).get_concrete_function(*data)
+            result = results[drop] = rewrite_step(traced, LMSConfig(**RULES), xla=True)
+            if not drop:
+                return result.function
+            function = tf_io.to_concrete_function(_without_copies(result.graph), traced, keep_must_compile=False)
+            return compat.mark_grappler_done(function)
+        return wrap
+
+    from tflms.testing.models import build_model
+    data = _data(build_model("cnn"))[0]
+    _, with_copies, ran = _train(clustered(drop=False))
+    _, without, ran_control = _train(clustered(drop=True))
+    inserted = results[False].report.inserted_ops
+    assert results[True].report.xla_clusters == results[False].report.xla_clusters
+    ops, ops_control = _ran_ops(ran, inserted), _ran_ops(ran_control, ())
+    assert not ran.missing_after_optimization(inserted) and ops["_XlaRun"] >= 2
+    assert ops["_XlaRun"] == ops_control["_XlaRun"], "the control must run the same clusters"
+    assert not any(n.name.startswith("lms/swap_")
+                   for n in ran_control.step_graph().post_optimization_graph.node)
+    assert_bitwise_equal(without, with_copies, "the same XLA clusters with and without the swap copies")
+    # why this control: against the plain XLA step the clusters differ, and so do the bits (within RTOL)
+    from tflms.testing import bitwise_diff
+    assert bitwise_diff(plain_xla, without), "the boundaries were expected to change XLA's rounding on this model"
+
+
+def test_the_pipelines_clustered_step_is_deterministic():
+    from tflms.pipeline import rewrite_step
+    from tflms.testing import make_train_step
+    from tflms.testing.models import build_model
+    import keras
+    model = build_model("cnn")
+    optimizer = keras.optimizers.SGD(0.05)
+    optimizer.build(model.trainable_variables)
+    traced = tf.function(make_train_step(model, optimizer)).get_concrete_function(*_data(model)[0])
+    first, second = (rewrite_step(traced, LMSConfig(**RULES), xla=True, build=False) for _ in range(2))
+    assert to_graph_def(first.graph).SerializeToString(deterministic=True) == \
+        to_graph_def(second.graph).SerializeToString(deterministic=True)
+    assert first.report.xla_clusters == second.report.xla_clusters
