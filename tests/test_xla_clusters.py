@@ -194,13 +194,13 @@ def test_the_clustered_graph_is_deterministic():
 STEPS = 3
 
 
-def _data(model):
+def _data(model, steps: int = STEPS):
     from tflms.testing.models import make_batches
-    return [tuple(tf.constant(t) for t in batch) for batch in make_batches(model, batch_size=8, steps=STEPS)]
+    return [tuple(tf.constant(t) for t in batch) for batch in make_batches(model, batch_size=8, steps=steps)]
 
 
-def _train(wrap, model_name: str = "cnn"):
-    """Three steps of ``wrap(step)`` on a fresh zoo model; returns (wrapped step, snapshot, what ran)."""
+def _train(wrap, model_name: str = "cnn", steps: int = STEPS):
+    """``steps`` steps of ``wrap(step)`` on a fresh zoo model; returns (wrapped step, snapshot, what ran)."""
     import keras
 
     from tflms.testing import make_train_step, record_run_metadata, snapshot
@@ -210,7 +210,7 @@ def _train(wrap, model_name: str = "cnn"):
     optimizer.build(model.trainable_variables)
     fn = wrap(make_train_step(model, optimizer))
     with record_run_metadata() as ran:
-        losses = [fn(x, y) for x, y in _data(model)]
+        losses = [fn(x, y) for x, y in _data(model, steps)]
     return fn, snapshot(model, optimizer, losses=losses), ran
 
 
@@ -259,6 +259,19 @@ def test_tflms_function_jit_compile_runs_clusters_with_live_swaps_close_to_plain
     worst = _assert_close(plain_xla, state, "tflms.function(jit_compile=True) vs plain jit_compile=True")
     print(f"tflms.function: {ops['_XlaRun']} clusters, {len(report.inserted_ops)} copies alive, "
           f"max relative difference to plain XLA {worst:.2e}")
+
+
+def test_the_clusters_run_compiled_from_the_first_step():
+    """Lazy compilation keeps TensorFlow's kernels beside each cluster as a fallback; TensorFlow compiles a cluster at
+    its first execution, so one step already runs XLA: on the zoo MLP (whose swap points split no fusion) it equals
+    plain XLA bit for bit, and plain TensorFlow differs."""
+    from tflms.testing import assert_bitwise_equal, bitwise_diff
+    fn, clustered, _ = _train(lambda step: tflms.function(step, jit_compile=True, **RULES), "mlp", steps=1)
+    _, xla, _ = _train(lambda step: tf.function(step, jit_compile=True), "mlp", steps=1)
+    _, plain, _ = _train(tf.function, "mlp", steps=1)
+    assert fn.report.num_swapped > 0 and fn.report.xla_clusters["clusters"] >= 2
+    assert_bitwise_equal(xla, clustered, "one clustered step vs one plain XLA step (zoo MLP)")
+    assert bitwise_diff(plain, clustered), "plain TensorFlow must differ, or this test tells nothing"
 
 
 def test_keras_fit_with_jit_compile_keeps_xla_with_live_swaps_close_to_plain_xla():
