@@ -20,3 +20,4 @@ def test_jit_compile_keeps_xla_by_clustering_not_by_compiling_the_step_whole():
     for off in (False, None):
         assert not tflms.function(lambda x: x, jit_compile=off).xla
     assert not tflms.function(lambda x: x).xla
+    assert tflms.function(lambda x: x, experimental_compile=True).xla  # jit_compile's old name

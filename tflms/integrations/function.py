@@ -269,8 +269,9 @@ def function(fn: Callable | None = None, *, config: LMSConfig | None = None, ver
     misspelt = {k: v for k, v in tf_function_options.items() if k not in TF_FUNCTION_OPTIONS}
     lms_config = LMSConfig.from_options(config, options, misspelt)
     tf_options = {k: v for k, v in tf_function_options.items() if k in TF_FUNCTION_OPTIONS}
-    # jit_compile=True is kept as XLA clusters between the copies, not by compiling the traced step whole
-    xla = bool(jit_compile)
+    # jit_compile=True (or its old name experimental_compile) is kept as XLA clusters between the copies, not by
+    # compiling the traced step whole
+    xla = bool(jit_compile or tf_options.pop("experimental_compile", None))
     tf_options.update(autograph=autograph, jit_compile=None if xla else jit_compile, reduce_retracing=reduce_retracing)
     if input_signature is not None:
         tf_options["input_signature"] = input_signature
