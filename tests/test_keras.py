@@ -403,9 +403,13 @@ def _weights_after_refused_fit(model: keras.Model, callbacks: list, match: str):
     assert_bitwise_equal(before, weights(), "a refused fit must not train")
 
 
-def test_jit_compile_is_refused_before_any_step():
-    model = compiled_mlp("sequential", jit_compile=True)
-    _weights_after_refused_fit(model, [LMS(verbose=0)], "jit_compile=True.*jit_compile=False")
+def test_jit_compile_under_a_strategy_is_refused_before_any_step():
+    """Issue 47 keeps an explicit jit_compile=True under the default strategy (tests/test_xla_clusters.py); under
+    another one, where Keras's "auto" never chooses XLA, the callback does not keep it and refuses it."""
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        model = compiled_mlp("sequential", jit_compile=True)
+    _weights_after_refused_fit(model, [LMS(verbose=0)], "jit_compile=True and trains under MirroredStrategy.*"
+                                                        "jit_compile=False")
 
 
 @pytest.fixture
@@ -426,7 +430,38 @@ def _uses_xla(model) -> bool:
 
 
 @pytest.mark.slow
-def test_jit_compile_auto_on_a_gpu_machine_trains_without_xla_and_puts_xla_back(keras_sees_a_gpu):
+def test_jit_compile_auto_on_a_gpu_machine_keeps_xla_in_clusters_and_puts_keras_function_back(keras_sees_a_gpu):
+    """Issue 47: where Keras's "auto" chooses XLA the fit keeps it, as clusters between the copies: no warning, the
+    report says how many clusters, and it trains within rtol 1e-4 of the plain XLA fit (tests/test_xla_clusters.py
+    checks the clusters and copies in what TensorFlow ran)."""
+    reference = compiled_mlp("sequential", jit_compile=True)
+    reference.fit(MLP_X, MLP_Y, batch_size=16, shuffle=False, verbose=0)
+    model = compiled_mlp("sequential")  # Keras's default jit_compile="auto"
+    assert model.jit_compile is True, "the patched device list must make Keras choose XLA, as on a GPU machine"
+    callback = LMS(swapout_threshold=THRESHOLD, verbose=0)
+    import warnings as _warnings
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("error")  # nothing to say: XLA is kept
+        model.fit(MLP_X, MLP_Y, batch_size=16, shuffle=False, verbose=0, callbacks=[callback])
+        assert_swapped(callback, traces=1)
+        assert callback.report.xla_clusters["kept"] and callback.report.xla_clusters["clusters"] >= 2
+        for (name, a), (_, b) in zip(snapshot(reference), snapshot(model)):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6, err_msg=name)
+        assert model.jit_compile is True and _uses_xla(model), "Keras's XLA train function must be back after the fit"
+        # a second fit reuses the rewrite
+        model.fit(MLP_X, MLP_Y, batch_size=16, shuffle=False, verbose=0, callbacks=[callback])
+    assert len(callback.reports) == 1 and _uses_xla(model)
+
+
+@pytest.fixture
+def xla_not_kept(monkeypatch):
+    """Where the callback cannot keep XLA in clusters (a Keras whose "auto" chooses XLA under a strategy: Keras 3.15's
+    never does), it trains without XLA, says so and what it costs, and puts XLA back: that path, forced here."""
+    monkeypatch.setattr(LMS, "_keeps_xla", staticmethod(lambda model: False))
+
+
+@pytest.mark.slow
+def test_where_xla_is_not_kept_the_fit_trains_without_it_and_puts_it_back(keras_sees_a_gpu, xla_not_kept):
     reference = compiled_mlp("sequential", jit_compile=False)
     reference.fit(MLP_X, MLP_Y, batch_size=16, shuffle=False, verbose=0)
     model = compiled_mlp("sequential")  # Keras's default jit_compile="auto"
@@ -436,6 +471,7 @@ def test_jit_compile_auto_on_a_gpu_machine_trains_without_xla_and_puts_xla_back(
         model.fit(MLP_X, MLP_Y, batch_size=16, shuffle=False, verbose=0, callbacks=[callback])
     assert len([w for w in said if "jit_compile='auto'" in str(w.message)]) == 1
     assert_swapped(callback, traces=1)
+    assert callback.report.xla_clusters is None
     assert_bitwise_equal(snapshot(reference), snapshot(model), "LMS fit without XLA vs plain fit without XLA")
     assert model.jit_compile is True and _uses_xla(model), "XLA must be back after the fit"
     # a second fit reuses the XLA-free train function and its rewrite, and says nothing again
@@ -446,7 +482,7 @@ def test_jit_compile_auto_on_a_gpu_machine_trains_without_xla_and_puts_xla_back(
     assert len(callback.reports) == 1 and _uses_xla(model)
 
 
-def test_where_the_callback_turns_xla_off_it_says_what_that_costs_this_step(keras_sees_a_gpu):
+def test_where_the_callback_turns_xla_off_it_says_what_that_costs_this_step(keras_sees_a_gpu, xla_not_kept):
     """Issue 46: the second warning gives the unchanged step's predicted time without XLA against XLA's, from the
     report (the graph and xla clocks of tflms.sim.clock, on the profile the fit was tuned for)."""
     model = compiled_mlp("sequential")  # jit_compile="auto": XLA on a GPU machine

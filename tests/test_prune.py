@@ -9,7 +9,6 @@ from tflms.config import LMSConfig
 from tflms.ir.graph import TensorRef
 from tflms.passes.swaps import DEFAULT_COPY_OP, apply_swaps
 from tflms.policies.swapplan import SwapDecision, SwapInGroup, SwapPlan, swap_op_names
-from tflms.profiles import get_profile
 from tflms.sim.simulator import SimOptions, simulate
 from tflms.testing.graphs import GraphBuilder, mlp_training_graph, serial_clock
 from tflms.tune.prune import PRUNED_PARAM, ROUND_TRIP_PARAM, earlier_swap_ins, merged_swap_ins, predicted_drops, prune_swaps

@@ -26,7 +26,6 @@ from tflms.pipeline import _build
 from tflms.policies.eligibility import is_clone, recompute_skip_reason, swapping_clones
 from tflms.policies.recompute import chain_for, clone_name, plan_recomputes, rank_candidates
 from tflms.policies.swapplan import SwapPlan
-from tflms.profiles import get_profile
 from tflms.sim.cost import op_time_s
 from tflms.testing import (assert_bitwise_equal, serial_clock, build_model, make_batches, make_train_step, op_type_counts,
                            record_run_metadata, snapshot)

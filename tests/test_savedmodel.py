@@ -455,3 +455,30 @@ def test_plan_command_reports_bound_pool_allocators_and_offsets(keras_dir, capsy
         assert fig["offsets"] and all(off % 256 == 0 for off in fig["offsets"].values())
     assert cli.main(["plan", str(keras_dir), "--function", "train", "--batch-size", "16"]) == 0
     assert "BFC allocator model" in capsys.readouterr().out
+
+
+def test_xla_marks_the_written_function_for_clusters_between_the_copies(plain_dir, tmp_path, capsys):
+    """``rewrite --xla`` (issue 47): the written train function carries its XLA clusters, and the loaded model runs
+    them with the copies alive between them. ``--verify`` (bit for bit) is refused with it."""
+    import collections
+
+    from tflms.testing import record_run_metadata
+    out_dir = tmp_path / "out"
+    code, out, err = _run(capsys, "rewrite", *RULES, plain_dir, out_dir, "--batch-size", BATCH, "--xla", "--json")
+    assert code == 0, err
+    report = json.loads(out)["functions"]["train"][0]["report"]
+    clusters, inserted = report["xla_clusters"], report["inserted_ops"]
+    assert clusters["kept"] and clusters["clusters"] >= 2 and inserted
+    (cf,) = tf.saved_model.load(str(out_dir)).train.concrete_functions
+    attrs = {op.name: op.node_def.attr for op in cf.graph.get_operations()}
+    assert all(not attrs[n]["_XlaCompile"].b for n in inserted)
+    assert sum(1 for a in attrs.values() if "_XlaScope" in a and a["_XlaCompile"].b) >= clusters["clusters"]
+    rewritten = tf.saved_model.load(str(out_dir))
+    with record_run_metadata() as ran:
+        rewritten.train(*_inputs("plain"))
+    step = ran.step_graph()  # the loaded signature's function, with the rewritten one inlined (names prefixed)
+    ops = collections.Counter(n.op for n in step.post_optimization_graph.node)
+    alive = {name for name in inserted for n in step.post_optimization_graph.node if n.name.endswith(name)}
+    assert ops["_XlaRun"] >= 2 and alive == set(inserted), (ops, sorted(set(inserted) - alive))
+    code, out, err = _run(capsys, "rewrite", *RULES, plain_dir, tmp_path / "v", "--xla", "--verify")
+    assert code == 2 and "--verify checks" in err and not (tmp_path / "v").exists()

@@ -194,7 +194,7 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
 
     def run() -> int:
         result = rewrite_saved_model(args.input, args.output, _savedmodel_config(args), functions=args.functions,
-                                     replace=args.replace, verify=args.verify,
+                                     replace=args.replace, verify=args.verify, xla=args.xla,
                                      progress=None if args.json else _progress)
         if args.json:
             print(json.dumps(result.to_dict(), indent=2))
@@ -336,6 +336,11 @@ def build_parser() -> argparse.ArgumentParser:
                               "and check outputs and variables bit for bit (loads the model twice). This EXECUTES "
                               "the model's graph, side effects included (e.g. a tf.io.write_file in the step "
                               "writes its file, twice); without --verify nothing of the model is run")
+    rewrite.add_argument("--xla", action="store_true",
+                         help="keep XLA (issue 47): mark the rewritten functions' compute ops for XLA in clusters "
+                              "between the swap copies, which stay outside them (TensorFlow clusters them when the "
+                              "function runs); not with --verify, which checks bit for bit, and XLA's fusion rounds "
+                              "differently from TensorFlow's kernels")
     add_wide_flag(rewrite)
     rewrite.add_argument("--json", action="store_true", help="print the result as one JSON document")
     add_budget_flags(rewrite)

@@ -119,11 +119,6 @@ def concrete_function_from_func_graph(func_graph: Any, function_type: Any, attrs
     return cls.from_func_graph(func_graph, function_type, attrs=attrs)
 
 
-def op_def(op_type: str) -> Any:
-    """The registered ``OpDef`` of ``op_type`` (its attributes' allowed values), or ``None``."""
-    return private("tensorflow.python.framework.op_def_registry", "get")(op_type)
-
-
 def replace_function_def(concrete: Any, function_def: Any) -> None:
     """Make ``concrete`` run ``function_def`` (same name and signature) instead of the one it was built with.
 
@@ -182,3 +177,29 @@ def closure_value(function: Any, name: str) -> Any:
         return dict(zip(code.co_freevars, closure))[name].cell_contents
     except (KeyError, ValueError):  # not in the closure, or an empty cell
         return None
+
+
+_XLA_KERNELS: dict[str, frozenset[str]] = {}
+
+
+def xla_kernel_types(jit_device: str) -> frozenset[str]:
+    """The op types XLA can compile for ``jit_device`` (``"XLA_CPU_JIT"``, ``"XLA_GPU_JIT"``): those with a kernel
+    registered for it (empty when this TensorFlow has no such device).
+
+    TensorFlow registers XLA's kernels lazily, at the first compilation (``XlaOpRegistry::RegisterCompilationKernels``
+    has no Python binding), so where none is registered yet one tiny function is compiled on the CPU first.
+    """
+    if jit_device not in _XLA_KERNELS:
+        kernels = private("tensorflow.python.framework.kernels", "get_all_registered_kernels")
+
+        def registered() -> frozenset[str]:
+            return frozenset(k.op for k in kernels().kernel if k.device_type == jit_device)
+
+        found = registered()
+        if not found:
+            import tensorflow as tf
+            with tf.device("/CPU:0"):
+                tf.function(lambda x: x + 1, jit_compile=True)(tf.constant(0))
+            found = registered()
+        _XLA_KERNELS[jit_device] = found
+    return _XLA_KERNELS[jit_device]

@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 from tflms.config import LMSConfig, option_names
 from tflms.passes.place import Placement
-from tflms.errors import ConfigError, DeviceError, DistributeError, VariableCreationError
+from tflms.errors import DeviceError, DistributeError, VariableCreationError
 from tflms.integrations.progress import SILENT, SUMMARY, check_verbose, summary_line, tuner_progress
 from tflms.report import RewriteReport
 
@@ -56,13 +56,14 @@ class _Traced:
     placement: Placement  # where each replica's swap ops run
 
 
-def rewrite_concrete(concrete, config: LMSConfig, example_inputs=None, progress=None):
+def rewrite_concrete(concrete, config: LMSConfig, example_inputs=None, progress=None, xla: bool = False):
     """Rewrite one traced step with :func:`tflms.pipeline.rewrite_step`; returns ``(rewritten, report, placement)``.
 
-    Shared by :class:`LMSFunction` and the Keras callback.
+    Shared by :class:`LMSFunction` and the Keras callback. ``xla``: keep XLA, in clusters between the copies
+    (issue 47; ``concrete`` was traced without ``jit_compile``).
     """
     from tflms.pipeline import rewrite_step
-    result = rewrite_step(concrete, config, example_inputs=example_inputs, progress=progress)
+    result = rewrite_step(concrete, config, example_inputs=example_inputs, progress=progress, xla=xla)
     return result.function, result.report, result.placement
 
 
@@ -111,10 +112,12 @@ def check_devices_exist(config: LMSConfig) -> None:
 class LMSFunction:
     """A ``tf.function`` whose traced graphs are rewritten by tflms (see module doc)."""
 
-    def __init__(self, fn: Callable, config: LMSConfig, tf_function_options: dict[str, Any], verbose: int = SILENT):
+    def __init__(self, fn: Callable, config: LMSConfig, tf_function_options: dict[str, Any], verbose: int = SILENT,
+                 xla: bool = False):
         import tensorflow as tf
         self.config = config
         self.verbose = check_verbose(verbose)
+        self.xla = xla  # jit_compile=True: traced without it, rewritten with XLA clusters between the copies
         self.original_function = tf.function(fn, **tf_function_options)
         self._traced: dict[int, _Traced] = {}
         self._last: _Traced | None = None
@@ -144,7 +147,7 @@ class LMSFunction:
             tuning = self.verbose if self.config.auto_tune else SILENT
             with tuner_progress(tuning, f"tflms.function {name!r}", say=print) as progress:
                 rewritten, report, placement = rewrite_concrete(concrete, self.config, example_inputs=args,
-                                                                progress=progress)
+                                                                progress=progress, xla=self.xla)
             traced = _Traced(concrete, rewritten, report, placement)
             self._traced[id(concrete)] = traced
             logger.info("tflms: rewrote %s: %d tensors swapped (%d bytes)", concrete.graph.name,
@@ -189,6 +192,7 @@ class LMSFunction:
             bound = LMSFunction.__new__(LMSFunction)
             bound.config = self.config
             bound.verbose = self.verbose
+            bound.xla = self.xla
             bound.original_function = self.original_function.__get__(instance, owner)
             bound._traced, bound._last, bound._bound = {}, None, weakref.WeakKeyDictionary()
             bound._failed = None
@@ -248,8 +252,11 @@ def function(fn: Callable | None = None, *, config: LMSConfig | None = None, ver
         means "not given": ``config``'s value or LMSConfig's default. With none of the TFLMS
         rule parameters (the default), the tuner fits the step in the accelerator's memory,
         or in ``budget="12GiB"``; any rule parameter selects the TFLMS rules.
-      input_signature, autograph, jit_compile, reduce_retracing: ``tf.function``'s own,
-        with its defaults.
+      input_signature, autograph, reduce_retracing: ``tf.function``'s own, with its defaults.
+      jit_compile: ``True`` keeps XLA (issue 47): the step is traced without it (a function compiled whole would
+        compile the swaps to pass-throughs, tensorflow issue 124880), rewritten, and its compute ops are marked
+        for XLA in clusters between tflms's copies (:mod:`tflms.passes.xla_clusters`); the report's
+        ``xla_clusters`` says how many. ``False``/``None``: as ``tf.function``.
       **tf_function_options: ``tf.function``'s experimental options
         (``experimental_attributes``, ...). Any other name is refused with the closest
         parameter's name.
@@ -258,25 +265,20 @@ def function(fn: Callable | None = None, *, config: LMSConfig | None = None, ver
     ``None``) is sized by the arguments of its first call when ``batch_size`` is
     not given.
     """
-    if jit_compile:
-        raise ConfigError(
-            "tflms.function(jit_compile=True): XLA compiles the whole step for the accelerator and ignores where ops "
-            "are placed (tensorflow issue 124880), so the swaps tflms inserts would compile to pass-throughs: nothing "
-            "would leave the GPU, and the report would list swaps that do not happen. Leave jit_compile out (tflms's "
-            "step runs without XLA; with a budget or profile the report's 'without XLA' line predicts what that "
-            "costs), or keep jit_compile=True without tflms.function if the step fits. Swaps between XLA clusters "
-            "are issue 47")
     options = {name: value for name, value in locals().items() if name in _OPTION_NAMES}
     misspelt = {k: v for k, v in tf_function_options.items() if k not in TF_FUNCTION_OPTIONS}
     lms_config = LMSConfig.from_options(config, options, misspelt)
     tf_options = {k: v for k, v in tf_function_options.items() if k in TF_FUNCTION_OPTIONS}
-    tf_options.update(autograph=autograph, jit_compile=jit_compile, reduce_retracing=reduce_retracing)
+    # jit_compile=True (or its old name experimental_compile) is kept as XLA clusters between the copies, not by
+    # compiling the traced step whole
+    xla = bool(jit_compile or tf_options.pop("experimental_compile", None))
+    tf_options.update(autograph=autograph, jit_compile=None if xla else jit_compile, reduce_retracing=reduce_retracing)
     if input_signature is not None:
         tf_options["input_signature"] = input_signature
 
     check_verbose(verbose)
 
     def wrap(f: Callable) -> LMSFunction:
-        return LMSFunction(f, lms_config, tf_options, verbose)
+        return LMSFunction(f, lms_config, tf_options, verbose, xla=xla)
 
     return wrap if fn is None else wrap(fn)

@@ -63,16 +63,17 @@ Two Keras 3.15 limits are Keras's, not the callback's: under
 ``MirroredStrategy`` its multi-step loop (``steps_per_execution`` > 1) fails on
 its first call, where LMS, which runs one step per Python call, trains.
 
-XLA: Keras 3's default ``compile(jit_compile="auto")`` turns XLA on when a GPU is
-present, and XLA compiles the step as one cluster and ignores swap ops. Where
-``"auto"`` chooses XLA, the fits this callback manages run a train function Keras
-builds with ``jit_compile=False`` (a warning says so once, and what it costs), and
-the XLA one is put back after them. Keras records no difference between ``"auto"``
-and an explicit ``True``, so ``jit_compile=True`` is refused only where ``"auto"``
-would not choose XLA (a machine without a GPU, or under a strategy).
+XLA (issue 47): a Keras 3 model compiled with XLA (``jit_compile=True``, or Keras's default ``"auto"``, which
+chooses XLA where a GPU is present and no strategy is set) keeps it. XLA compiles a ``jit_compile`` step as one
+cluster and would compile the swap ops away, so the fits this callback manages run a train function Keras builds
+with ``jit_compile=False``, and the rewrite marks the step's compute ops for XLA in clusters between the copies
+(:mod:`tflms.passes.xla_clusters`; ``report.xla_clusters`` says how many); Keras's XLA train function is put back
+after them. Under another strategy (where Keras's ``"auto"`` never chooses XLA) LMS does not keep XLA: an explicit
+``jit_compile=True`` there is refused, and a Keras that chose XLA there would train without it, with a warning
+that says what it costs.
 
-Not handled, and said so: an explicit ``jit_compile=True`` (see above) and distribution strategies other than the default,
-``MirroredStrategy`` and ``MultiWorkerMirroredStrategy`` (not tested with tflms:
+Not handled, and said so: ``jit_compile=True`` under a strategy (see above) and distribution strategies other than
+the default, ``MirroredStrategy`` and ``MultiWorkerMirroredStrategy`` (not tested with tflms:
 ``OneDeviceStrategy``, ``CentralStorageStrategy``, ``TPUStrategy``, whose steps
 XLA compiles, and ``ParameterServerStrategy``, whose steps a coordinator
 schedules on remote workers) raise :class:`UnsupportedModelError` before the
@@ -172,13 +173,13 @@ class LMS(keras.callbacks.Callback, tf_keras_integration.TfKerasCallbackHooks):
         ops (which replica device swaps to which host).
       reports: every report, one per traced signature, in trace order.
 
-    XLA: a model compiled with Keras's default ``jit_compile="auto"`` gets XLA on
-    a machine with a GPU; the fits this callback manages then train without XLA
-    (said once, with its cost) and it is turned back on after them.
+    XLA: a Keras 3 model compiled with XLA (``jit_compile=True``, or ``"auto"`` on a
+    machine with a GPU) keeps it under the default strategy: its step runs as XLA
+    clusters between the copies (issue 47; ``report.xla_clusters``).
 
     Raises:
       UnsupportedModelError: in ``on_train_begin``, for a model compiled with an
-        explicit ``jit_compile=True`` (where ``"auto"`` would not choose XLA),
+        explicit ``jit_compile=True`` under a distribution strategy,
         trained under a distribution strategy other than
         ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy``, or whose train
         function is not the one Keras builds.
@@ -246,16 +247,17 @@ class LMS(keras.callbacks.Callback, tf_keras_integration.TfKerasCallbackHooks):
                           "graph to rewrite, so LMS stands aside and this fit runs without swapping", stacklevel=2)
             self._installed = None
             return
+        keep_xla = self._keeps_xla(model)
         if keras_flavour(model) == TF_KERAS:
             keras_step = self._tf_keras_step(model, current)
         else:
-            current = self._xla_off(model, current)
+            current = self._xla_off(model, current, warn=not keep_xla)
             keras_step = _keras_step(model, current)
         if getattr(keras_step, "_jit_compile", False):
             raise self._jit_error(model)
         step = self._steps.get(id(keras_step))
-        if step is None or step.tf_function is not keras_step:
-            step = _RewrittenStep(keras_step, self.config, self._on_trace, self.verbose)
+        if step is None or step.tf_function is not keras_step or step.xla != keep_xla:
+            step = _RewrittenStep(keras_step, self.config, self._on_trace, self.verbose, xla=keep_xla)
             self._steps[id(keras_step)] = step
         self._installed = _LMSTrainFunction(self, model, current, step, tf_keras=keras_flavour(model) == TF_KERAS)
         model.train_function = self._installed
@@ -278,17 +280,26 @@ class LMS(keras.callbacks.Callback, tf_keras_integration.TfKerasCallbackHooks):
             self._tf_keras_steps[id(current)] = entry
         return entry[1]
 
-    def _xla_off(self, model, current):
-        """Keras's train function without XLA when ``jit_compile`` was left to Keras's ``"auto"``.
+    @staticmethod
+    def _keeps_xla(model) -> bool:
+        """Whether this fit keeps the model's XLA as clusters between the copies (issue 47): a Keras 3 model
+        compiled with XLA (``jit_compile=True``, or ``"auto"`` on a GPU) under the default strategy. Under
+        another strategy the step runs without XLA (a replica's step holds collectives, and clusters across
+        replicas are untested)."""
+        return (keras_flavour(model) != TF_KERAS and bool(getattr(model, "jit_compile", False))
+                and not model.run_eagerly and _is_default_strategy(model.distribute_strategy))
 
-        ``compile(jit_compile="auto")`` (the default) turns XLA on when a GPU is
-        present; XLA compiles the step as one cluster and would ignore the swap
-        ops. The fits this callback manages then run a train function Keras builds
-        with ``jit_compile=False`` (built once per XLA train function);
+    def _xla_off(self, model, current, *, warn: bool = True):
+        """Keras's train function built without XLA, for a model compiled with it.
+
+        XLA compiles a ``jit_compile`` step as one cluster and would compile the
+        swap ops away. The fits this callback manages run a train function Keras
+        builds with ``jit_compile=False`` (built once per XLA train function);
         ``on_train_end`` puts the XLA one back, and ``model.jit_compile`` is left
-        as it was. Said once per callback, with what it costs. An explicit
-        ``jit_compile=True`` on a machine where ``"auto"`` would not choose XLA is
-        refused in :meth:`_check_supported`.
+        as it was. Under the default strategy the rewrite then keeps XLA in
+        clusters between the copies (:meth:`_keeps_xla`, ``warn=False``); otherwise
+        the fit trains without XLA, said once per callback with what it costs
+        (``warn=True``).
         """
         if model.run_eagerly or not getattr(model, "jit_compile", False):
             return current
@@ -306,12 +317,14 @@ class LMS(keras.callbacks.Callback, tf_keras_integration.TfKerasCallbackHooks):
                 model.train_function = current
             self._without_xla[id(current)] = entry
         self._xla_restore = (model, current)
-        if not self._xla_said:
+        if warn and not self._xla_said:
             self._xla_said = True
             warnings.warn(
                 f"tflms.keras.LMS: model {model.name!r} is compiled with jit_compile='auto' (Keras's default), which "
-                "turns XLA on when a GPU is present (Keras records no difference from an explicit True). XLA compiles "
-                "the step as one cluster and would ignore the swap ops, so the fits LMS manages train without XLA; "
+                "turns XLA on when a GPU is present (Keras records no difference from an explicit True). LMS keeps "
+                "XLA, in clusters between its copies, for a Keras 3 model under the default strategy; this one trains "
+                f"under {type(model.distribute_strategy).__name__}. XLA compiles the step as one cluster and would "
+                "ignore the swap ops, so the fits LMS manages train without XLA; "
                 "it is back on after them (evaluate, predict and fits without LMS keep it). The cost is XLA's "
                 "kernel fusion: once the step is traced, a second warning gives its predicted slowdown on the profile "
                 "(the report's 'without XLA' line). Compile with jit_compile=False to train without XLA and silence "
@@ -322,10 +335,12 @@ class LMS(keras.callbacks.Callback, tf_keras_integration.TfKerasCallbackHooks):
     @staticmethod
     def _jit_error(model) -> UnsupportedModelError:
         return UnsupportedModelError(
-            f"tflms.keras.LMS: model {model.name!r} is compiled with jit_compile=True, and on this machine Keras's "
-            "default 'auto' would not choose XLA, so it was asked for explicitly: XLA compiles the whole step as one "
-            "cluster and does its own memory planning, so swap ops would be ignored. Compile with "
-            "model.compile(..., jit_compile=False) (or leave the default, which LMS turns off for its fits)")
+            f"tflms.keras.LMS: model {model.name!r} is compiled with jit_compile=True and trains under "
+            f"{type(model.distribute_strategy).__name__}, where LMS does not keep XLA in clusters between its copies "
+            "(it does under the default strategy); on this machine Keras's default 'auto' would not choose XLA, so "
+            "it was asked for explicitly: XLA compiles the whole step as one cluster, so swap ops would be ignored. "
+            "Compile with model.compile(..., jit_compile=False) (or leave the default, which LMS turns off for its "
+            "fits)")
 
     def _check_supported(self, model) -> None:
         if keras_flavour(model) == TF_KERAS:
@@ -333,7 +348,8 @@ class LMS(keras.callbacks.Callback, tf_keras_integration.TfKerasCallbackHooks):
         elif keras.backend.backend() != "tensorflow":
             raise UnsupportedModelError(f"tflms.keras.LMS rewrites TensorFlow graphs; the Keras backend is "
                                         f"{keras.backend.backend()!r}. Set KERAS_BACKEND=tensorflow")
-        if getattr(model, "jit_compile", False) and not model.run_eagerly and not _auto_chooses_xla(model):
+        if (getattr(model, "jit_compile", False) and not model.run_eagerly and not _auto_chooses_xla(model)
+                and not self._keeps_xla(model)):
             raise self._jit_error(model)
         strategy = model.distribute_strategy
         if not _supported_strategy(strategy):
@@ -349,10 +365,10 @@ class LMS(keras.callbacks.Callback, tf_keras_integration.TfKerasCallbackHooks):
         self._order.append(trace)
         self._last_step = step
         report = trace.report
-        if self._xla_restore is not None and report.xla_text():  # this fit runs without the XLA Keras chose
-            warnings.warn(f"tflms.keras.LMS: {report.xla_text()}. Issue 47 (swaps between XLA clusters) keeps XLA; "
-                          "until then, a step that fits without tflms trains faster with XLA and without LMS",
-                          stacklevel=2)
+        if self._xla_restore is not None and report.xla_text() and not report.xla_clusters:  # runs without XLA
+            warnings.warn(f"tflms.keras.LMS: {report.xla_text()}. LMS keeps XLA (clusters between its copies) under "
+                          "the default strategy only; here, a step that fits without tflms trains faster with XLA and "
+                          "without LMS", stacklevel=2)
         logger.info("tflms.keras: rewrote %s for %s: %d tensors swapped (%d bytes)", trace.original.name,
                     _describe_inputs(trace.original), report.num_swapped, report.swapped_bytes)
         if self.verbose == SILENT:

@@ -70,9 +70,10 @@ class _RewrittenStep:
     arrives (a later ``fit`` with a larger ``batch_size``).
     """
 
-    def __init__(self, tf_function, config: LMSConfig, on_trace, verbose: int = SILENT):
+    def __init__(self, tf_function, config: LMSConfig, on_trace, verbose: int = SILENT, xla: bool = False):
         self.tf_function = tf_function
         self.config = config
+        self.xla = xla  # keep XLA: clusters between the copies (the step was built without jit_compile)
         self.on_trace = on_trace
         self.verbose = verbose
         self.traces: dict[int, _Trace] = {}  # by id of the original ConcreteFunction (kept alive in the _Trace)
@@ -99,7 +100,7 @@ class _RewrittenStep:
             config = config.replace(batch_size=sized)
         with tuner_progress(self.verbose if config.auto_tune else SILENT, "tflms.keras.LMS") as progress:
             rewritten, report, placement = rewrite_concrete(concrete, config, example_inputs=[data],
-                                                            progress=progress)
+                                                            progress=progress, xla=self.xla)
         return _Trace(concrete, rewritten, report, placement, sized)
 
 

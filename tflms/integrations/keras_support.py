@@ -65,7 +65,7 @@ def _keras_step(model, keras_function):
     if step is None or not hasattr(step, "get_concrete_function"):
         raise UnsupportedModelError(
             f"tflms.keras.LMS: no tf.function {_KERAS_STEP_NAME!r} in the closure of model {name!r}'s "
-            f"train_function (found {type(step).__name__}; closure names {list(code.co_freevars)}). This Keras "
+            f"train_function (found {type(step).__name__}; closure names {list(getattr(getattr(keras_function, '__code__', None), 'co_freevars', ()))}). This Keras "
             f"({keras.__version__}) builds its train function differently from the Keras 3 versions tflms knows; "
             "use tflms.function in a custom training loop instead")
     return step

@@ -130,7 +130,7 @@ def train_step_function(model, keras_function) -> Any:
     if not callable(step_function):
         raise UnsupportedModelError(
             f"tflms.keras.LMS: no {STEP_NAME!r} in the closure of tf_keras model {name!r}'s train_function (closure "
-            f"names {list(code.co_freevars)}). This tf_keras ({tf_keras_version()}) builds its train function "
+            f"names {list(getattr(getattr(python_function, '__code__', None), 'co_freevars', ()))}). This tf_keras ({tf_keras_version()}) builds its train function "
             "differently from the versions tflms knows (2.16 - 2.21); use tflms.function in a custom training loop")
 
     def one_step_on_data(data):

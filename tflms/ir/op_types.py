@@ -154,6 +154,18 @@ CONSTANT_OPS = frozenset({"Const", "HostConst"})
 #: Ops that call back into Python: their code is not part of a SavedModel, so a loaded model cannot run them.
 PYTHON_CALLBACK_OPS = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless"})
 
+# ---------------------------------------- XLA clusters (tflms.passes.xla_clusters, issue 47)
+#: Ops the clustering pass never marks for XLA whatever the kernel registry says: the function's arguments and
+#: results, Python callbacks, and ops that create resources (a variable or a table is made once, by TensorFlow's
+#: executor, not by a compiled cluster).
+XLA_NEVER_TYPES = PYTHON_CALLBACK_OPS | frozenset({
+    "Placeholder", "PlaceholderWithDefault", "_Arg", "_Retval", "_DeviceArg", "_DeviceRetval", "VarHandleOp",
+    "VariableV2", "Variable", "TemporaryVariable", "DestroyTemporaryVariable", "HashTableV2",
+    "MutableHashTableV2", "MutableDenseHashTableV2", "AnonymousIteratorV3", "IteratorGetNext",
+    "IteratorGetNextAsOptional"})
+#: dtypes XLA does not compute with: a tensor of one of them keeps its producer and consumers out of clusters.
+XLA_NEVER_DTYPES = frozenset({"string", "variant"})
+
 # ---------------------------------------- What TensorFlow ran (tflms.testing.ran)
 #: Op types that are plumbing, not the user's computation (arguments, results, constants, no-ops, iterator and
 #: optional handling Keras's loop adds around the step, function calls).

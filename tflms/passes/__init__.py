@@ -6,7 +6,9 @@ The pipeline (:func:`tflms.pipeline.rewrite_step`) runs them in this order:
 2. :func:`tflms.compress.rewrite.apply_compression` wraps chosen swaps in codecs (report: the choices);
 3. :func:`place_swaps` puts each replica's swap ops on that replica's host (report: the placement);
 4. :func:`tflms.passes.order.enforce_order` pins a lower-peak execution order with control edges, when
-   ``LMSConfig.orders`` (report: :class:`~tflms.passes.order.OrderReport`).
+   ``LMSConfig.orders`` (report: :class:`~tflms.passes.order.OrderReport`);
+5. :func:`tflms.passes.xla_clusters.cluster_for_xla` marks the compute ops for XLA in clusters between the copies,
+   for a step that keeps XLA (report: :class:`~tflms.passes.xla_clusters.ClusterReport`).
 
 No pass modifies its input graph; each output is linted by the pipeline.
 """

@@ -23,6 +23,10 @@ made here reaches every user. Its stages, in order:
    original's variables, when the step is one, with grappler off for it
    (:func:`tflms.ir.preoptimize.run_preoptimized`): grappler already ran in step 1.
 
+A step that keeps XLA (``xla=True``, issue 47) skips grappler in step 1, gets one more pass after step 4, the XLA
+clusters between tflms's copies (:func:`tflms.passes.xla_clusters.cluster_for_xla`), and is built never compiled
+whole, with grappler off (:func:`tflms.pipeline.load_build._build_xla`).
+
 The result is one typed record, :class:`StepRewrite`.
 
 The decisions the stages take are in modules of their own: LOAD and BUILD (:mod:`tflms.pipeline.load_build`),
@@ -56,8 +60,8 @@ from tflms.budget import budget_sim_options  # issue 48: one margin for the libr
 from tflms.pipeline.compression import _compression_summary, _compressor, _supports  # noqa: F401
 from tflms.pipeline.hardware import (PROFILE_DEVICE, default_budget, hardware_record,  # noqa: F401
                                      no_gpu_warning, priced_profile, tf32_setting, xla_cost)
-from tflms.pipeline.load_build import (_accumulator_pins, _build, _grappler_done_before, _observer,  # noqa: F401
-                                       _preoptimized, _ran_check, _traced_and_preoptimized)
+from tflms.pipeline.load_build import (_accumulator_pins, _build, _build_xla, _grappler_done_before,  # noqa: F401
+                                       _observer, _preoptimized, _ran_check, _traced_and_preoptimized)
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +116,7 @@ def rewrite(source: Any, config: LMSConfig | None = None, *args: Any, copy_op: s
 
 def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequence[Any] = (),
                  example_inputs: Sequence[Any] | None = None, build: bool = True, copy_op: str = DEFAULT_COPY_OP,
-                 require_backward: bool = True, progress: Progress | None = None) -> StepRewrite:
+                 require_backward: bool = True, progress: Progress | None = None, xla: bool = False) -> StepRewrite:
     """Run the pipeline (see the module doc) on one training step.
 
     ``step``: a ``ConcreteFunction``, a ``tf.function`` (traced with
@@ -122,6 +126,10 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
     activations' sparsity on them). ``build``: also build the
     ``ConcreteFunction`` (only for a ``ConcreteFunction`` step).
     ``progress``: called with one line per tuner candidate.
+    ``xla``: keep XLA (issue 47): LOAD reads the traced step without grappler, the rewritten step's compute ops
+    are marked for XLA in clusters between tflms's copies (:func:`tflms.passes.xla_clusters.cluster_for_xla`;
+    ``report.xla_clusters`` says how many), and BUILD runs it with grappler off, never compiled whole
+    (:func:`tflms.pipeline.load_build._build_xla`).
     """
     config = config or LMSConfig()
     sized_from_inputs = None
@@ -132,8 +140,8 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
     with _gc_paused():
         timings: dict[str, float] = {}
         clock = _Clock(timings)
-        original, step = clock("preoptimize", lambda: _traced_and_preoptimized(step, trace_args,
-                                                                                example_inputs=example_inputs))
+        original, step = clock("preoptimize", lambda: _traced_and_preoptimized(
+            step, trace_args, example_inputs=example_inputs, grappler=not xla))
         graph = clock("load", lambda: tf_io.load_graph(step, batch_size=config.batch_size))
         analysis = clock("analyze", lambda: analyze_graph(graph))
         if require_backward and not analysis.has_backward:
@@ -193,7 +201,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
                                                                      options=options, pin=config.orders))
             pinned_by_guarantee = bool(order.get("applied")) and not edges_before
             final.lint()
-            grappler_after = not _grappler_done_before(step, original)
+            grappler_after = not xla and not _grappler_done_before(step, original)  # (XLA: grappler stays off)
             if grappler_after:
                 order["guarantee_why"] += ("; and grappler runs on this step after the rewrite (it was rewritten "
                                            "before grappler), so ops it fuses or removes change the peak")
@@ -203,7 +211,8 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             ordered = clock("order", lambda: enforce_order(placed.graph, profile, options=options))
             ordered.graph.lint()
             final, order = ordered.graph, ordered.report.to_dict()
-        kept = keep_workspace_edges(final, runs_onednn_cpu_kernels(accelerator))  # (tflms.passes.workspace)
+        # (tflms.passes.workspace; under XLA the gradients run in clusters, not on oneDNN's kernels)
+        kept = keep_workspace_edges(final, runs_onednn_cpu_kernels(accelerator) and not xla)
         if kept.changed:
             final = kept.graph
             final.lint()
@@ -211,6 +220,14 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
                 f"{len(kept.report)} gradient(s) read their forward op's output directly, not its swap-in, because this "
                 f"machine runs the step on oneDNN's CPU kernels, which hand them a workspace only so "
                 f"({', '.join(name for name, _ in kept.report[:3])}); the copies still run",))
+        xla_clusters = None
+        if xla:  # issue 47: XLA clusters between the copies
+            from tflms.passes.xla_clusters import cluster_for_xla
+            clustered = clock("xla", lambda: cluster_for_xla(final, accelerator_device=accelerator,
+                                                             host_device=config.host_device))
+            final = clustered.graph
+            final.lint()
+            xla_clusters = clustered.report.to_dict()
         pinned = check_pinned_host(  # before anything runs: TensorFlow's pinned-memory cap (issue 28)
             plan, final, host_peak_bytes=result.best.sim.host_peak_bytes if config.auto_tune else None,
             profile=profile, tf32=config.tf32, host_device=config.host_device)
@@ -226,7 +243,8 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         report = RewriteReport(plan=plan, graph_summary=analysis.summary(), inserted_ops=inserted,
                                timings_s=timings, tuning=tuning, compression=_compression_summary(placed.graph),
                                hardware=hardware, order=order, accumulations=_accumulator_pins(step),
-                               memory=memory_picture(result, tuning["margin_fraction"]) if config.auto_tune else None)  # issue 48
+                               memory=memory_picture(result, tuning["margin_fraction"]) if config.auto_tune else None,  # issue 48
+                               xla_clusters=xla_clusters)
         for w in plan.warnings:
             logger.warning("tflms: %s", w)
         function = None
@@ -234,8 +252,12 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             # Nothing inserted (the step fits, or nothing qualifies): the user's own function, as TensorFlow runs
             # it; a rebuilt one would run the pre-optimized graph, identical only where the pre-pass mimics
             # TensorFlow exactly (docs/design.md, "Exceptions to bitwise").
-            function = original if not inserted and not pinned_by_guarantee and original is not None else clock(
-                "build", lambda: _build(final, step, inserted))
+            # A step that keeps XLA is always rebuilt: its clusters are marked on the rewritten graph.
+            if xla:
+                function = clock("build", lambda: _build_xla(final, step, inserted))
+            else:
+                function = original if not inserted and not pinned_by_guarantee and original is not None else clock(
+                    "build", lambda: _build(final, step, inserted))
         return StepRewrite(graph=final, analysis=analysis, report=report, placement=placed.report,
                            function=function)
 

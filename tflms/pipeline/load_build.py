@@ -21,16 +21,19 @@ def _preoptimized(source: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
 
 
 def _traced_and_preoptimized(source: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None,
-                             example_inputs: Sequence[Any] | None = None):
+                             example_inputs: Sequence[Any] | None = None, *, grappler: bool = True):
     """``(the ConcreteFunction of source or None, what LOAD reads)``.
 
     With ``example_inputs`` (a call's positional arguments) the order in which this
     machine's executor sums each grappler accumulator on a CPU is observed in one
     call of the step (:mod:`tflms.measure.accumulations`), only when there is one.
+    ``grappler=False``: the traced step as it is, for a step that keeps XLA (:func:`_build_xla` says why).
     """
     concrete = tf_io.concrete_function_of(source, *args, **(kwargs or {}))
     if concrete is None:
         return None, source
+    if not grappler:
+        return concrete, concrete
     from tflms.ir import preoptimize
     return concrete, preoptimize.preoptimize(concrete, _observer(concrete, example_inputs),
                                              _ran_check(concrete, example_inputs))
@@ -79,3 +82,19 @@ def _build(graph: Graph, step: Any, inserted: Sequence[str]):
     register_functions(graph)
     rewritten = tf_io.to_concrete_function(graph, step, extra_control_outputs=inserted)
     return preoptimize.run_preoptimized(rewritten, step)
+
+
+def _build_xla(graph: Graph, step: Any, inserted: Sequence[str]):
+    """BUILD for a step that keeps XLA (issue 47): the rewritten function, never compiled whole, run with grappler off.
+
+    Its ops carry their XLA clusters (:mod:`tflms.passes.xla_clusters`), and TensorFlow's clustering runs when
+    the function is instantiated, after grappler. Grappler stays off, as it is for a ``jit_compile=True`` step:
+    XLA optimizes inside the clusters, and grappler's remapper would fuse ops into kernels XLA has none for
+    (``_FusedMatMul`` on a CPU), which would then fall out of their clusters. LOAD read the traced step, not
+    grappler's optimization of it, for the same reason.
+    """
+    from tflms._compat import grappler as compat
+    from tflms.compress.rewrite import register_functions
+    register_functions(graph)
+    rewritten = tf_io.to_concrete_function(graph, step, extra_control_outputs=inserted, keep_must_compile=False)
+    return compat.mark_grappler_done(rewritten)

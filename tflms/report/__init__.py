@@ -15,7 +15,6 @@ import os
 from collections import Counter
 from typing import Any
 
-from tflms.errors import ConfigError, MissingExtraError
 from tflms.policies.swapplan import SwapPlan
 from tflms.units import format_bytes
 
@@ -49,6 +48,10 @@ class RewriteReport:
     #: the step's memory over time before and after, as the tuner simulated it (``None``: nothing was simulated,
     #: the TFLMS rules without a budget or profile); :meth:`plot` draws it
     memory: MemoryPicture | None = None
+    #: the XLA clusters a step that keeps XLA runs between tflms's copies (issue 47,
+    #: :meth:`tflms.passes.xla_clusters.ClusterReport.to_dict`: ``kept``, ``clusters``, ``segments``, ``why``, ...);
+    #: ``None`` when the step runs without XLA. (``xla_cost`` is another thing: what leaving XLA would cost.)
+    xla_clusters: dict[str, Any] | None = None
     #: the peak measured over the first step that ran (on a GPU), filled after it; not part of equality
     measured: MeasuredPeak = dataclasses.field(default_factory=MeasuredPeak, compare=False)
 
@@ -133,6 +136,11 @@ class RewriteReport:
         return (f"without XLA: the unchanged step is predicted {x['slowdown']:.2f}x XLA's time on {x['profile']} "
                 f"({1e3 * x['graph_step_s']:.1f} ms in TensorFlow's executor against {1e3 * x['xla_step_s']:.1f} ms "
                 "compiled by XLA; simulated, before any swap)")
+
+    def xla_clusters_text(self) -> str:
+        """One line: the XLA clusters the step runs between the copies (``""`` when it runs without XLA)."""
+        x = self.xla_clusters
+        return "" if not x else f"XLA kept: {x['why']}"
 
     def plan_cache_text(self) -> str:
         """One line: whether the plan was tuned or reused from the plan cache, and where (``""``: not tuned)."""
@@ -224,6 +232,7 @@ class RewriteReport:
             "accumulations": [dict(a) for a in self.accumulations],
             "prediction": self.prediction(),
             "memory": None if self.memory is None else self.memory.to_dict(timelines=False),
+            "xla_clusters": self.xla_clusters,
             "measured": self.measured.to_dict(),
         }
 
@@ -240,50 +249,8 @@ class RewriteReport:
         :class:`~tflms.errors.MissingExtraError` without it, and :class:`~tflms.errors.ConfigError` for a rewrite
         nothing was simulated for (the TFLMS rules without a budget or profile).
         """
-        picture = self.memory
-        if picture is None and (self.plan_cache or {}).get("status") == "hit":
-            raise ConfigError("report.plot(): this plan was reused from the plan cache "
-                              f"({self.plan_cache.get('path')}), which keeps the plan, not the simulated timelines. "
-                              "Rewrite with plan_cache=False (or TFLMS_PLAN_CACHE=0) to tune again and draw it")
-        if picture is None:
-            raise ConfigError("report.plot(): nothing was simulated for this rewrite (TFLMS rule parameters without "
-                              "budget= or profile= place the swaps without the simulator). Give budget= or profile=, "
-                              "or leave the rule parameters out (the default tunes), to get the memory picture")
-        try:
-            from matplotlib.figure import Figure
-        except ImportError as err:
-            raise MissingExtraError(
-                "report.plot() needs matplotlib, which tflms does not require: install the plot extra "
-                "(pip install -e \".[plot]\" in your clone of tflms) or pip install matplotlib") from err
-        unit, gib = next((u, b) for u, b in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
-                         if max(picture.before.peak_bytes, picture.budget_bytes) >= b or b == 1)
-        fig = Figure(figsize=(9, 4.2))
-        ax = fig.subplots()
-        for name, line, color, width in (("without tflms", picture.before, "black", 1.6),
-                                          ("with tflms", picture.after, "tab:blue", 1.2)):
-            ax.step([1e3 * t for t in line.times_s], [b / gib for b in line.accelerator_bytes], where="post",
-                    color=color, linewidth=width,
-                    label=f"{name} (peak {format_bytes(line.peak_bytes)}, step {1e3 * line.step_time_s:.1f} ms)")
-        for label, times, marker, color in (("swap-out", picture.swap_outs_s, "v", "tab:orange"),
-                                            ("swap-in", picture.swap_ins_s, "^", "tab:green"),
-                                            ("recompute", picture.recomputes_s, "x", "tab:purple")):
-            if times:
-                ax.plot([1e3 * t for t in times], [picture.after.bytes_at(t) / gib for t in times], linestyle="none",
-                        marker=marker, markersize=6, color=color, label=f"{label} ({len(times)})")
-        margin = f" (peak + {picture.margin_fraction:.0%} must fit)" if picture.margin_fraction else ""
-        ax.axhline(picture.budget_bytes / gib, color="red", linestyle="--", linewidth=1,
-                   label=f"budget {format_bytes(picture.budget_bytes)}{margin}")
-        if self.measured.peak_bytes is not None:
-            ax.axhline(self.measured.peak_bytes / gib, color="tab:gray", linestyle=":", linewidth=1.2,
-                       label=f"measured peak {format_bytes(self.measured.peak_bytes)} (first step)")
-        ax.set_xlabel("simulated time in the step (ms)")
-        ax.set_ylabel(f"accelerator memory ({unit})")
-        ax.set_title(title or f"memory over one training step on {picture.profile} (simulated)")
-        ax.legend(fontsize=7, loc="upper right")
-        fig.tight_layout()
-        if path is not None:
-            fig.savefig(os.fspath(path), dpi=110)
-        return fig
+        from tflms.report.plot import plot_report
+        return plot_report(self, path, title=title)
 
     def table(self, max_rows: int | None = 40, *, wide: bool = False, legend: bool = True) -> str:
         """A readable summary with one row per swapped tensor, skip counts and a legend of the columns.
@@ -303,8 +270,10 @@ class RewriteReport:
             lines.append(self.prediction_text())
             if self.plan_cache:
                 lines.append(self.plan_cache_text())
-            if self.xla_text():
+            if self.xla_text() and not self.xla_clusters:
                 lines.append(self.xla_text())
+        if self.xla_clusters:
+            lines.append(self.xla_clusters_text())
         if self.measured.done:
             lines.append(self.measured.text(None if self.memory is None else self.memory.after.peak_bytes))
         if self.order is not None:

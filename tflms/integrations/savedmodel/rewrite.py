@@ -11,7 +11,7 @@ from typing import Any
 
 from tflms import interrupts
 from tflms.config import LMSConfig
-from tflms.errors import GraphError, NoTrainingStepError, TflmsError
+from tflms.errors import ConfigError, GraphError, NoTrainingStepError, TflmsError
 from tflms.faults import fault_point
 from tflms.integrations.savedmodel import verify as _verify
 from tflms.integrations.savedmodel.read import (HOW_TO_SAVE, FunctionInfo, SavedModelInfo, _load, _resolve, _set_child,
@@ -132,14 +132,14 @@ def _rewritten_function(original, concrete_functions: list):
                                list(concrete_functions))
 
 
-def _rewrite_trace(cf, config: LMSConfig, progress: Callable[[str], None] | None):
+def _rewrite_trace(cf, config: LMSConfig, progress: Callable[[str], None] | None, xla: bool = False):
     from tflms.pipeline import rewrite_step
-    result = rewrite_step(cf, config, progress=progress)
+    result = rewrite_step(cf, config, progress=progress, xla=xla)
     return result.function, result.report
 
 
 def _rewrite_functions(loaded, info: SavedModelInfo, selected: list[FunctionInfo], explicit: bool,
-                       config: LMSConfig, progress: Callable[[str], None] | None):
+                       config: LMSConfig, progress: Callable[[str], None] | None, xla: bool = False):
     """Rewrite the selected functions' traces; returns rewrites, skips and {old trace name: new trace}."""
     rewritten, skipped, replaced_traces, replacements = [], [], {}, {}
     done: dict[int, tuple[Any, RewriteReport]] = {}  # id(trace) -> rewrite: a trace shared by two functions
@@ -152,7 +152,7 @@ def _rewrite_functions(loaded, info: SavedModelInfo, selected: list[FunctionInfo
                 progress(f"rewriting {finfo.path} ({signature})")
             try:
                 if id(cf) not in done:
-                    done[id(cf)] = _rewrite_trace(cf, config, progress)
+                    done[id(cf)] = _rewrite_trace(cf, config, progress, xla)
                 new, report = done[id(cf)]
             except GraphError as err:
                 # No training step: kept. Unreadable or unsupported: an error when named, else kept.
@@ -226,16 +226,24 @@ def _signatures(loaded, replaced_traces: Mapping[str, tuple[str, Any]]) -> tuple
 
 def rewrite_saved_model(in_dir: str | os.PathLike, out_dir: str | os.PathLike, config: LMSConfig | None = None, *,
                         functions: Sequence[str] | None = None, replace: bool = False, verify: bool = False,
-                        progress: Callable[[str], None] | None = None, **options: Any) -> SavedModelRewrite:
+                        xla: bool = False, progress: Callable[[str], None] | None = None,
+                        **options: Any) -> SavedModelRewrite:
     """Rewrite the training functions of the SavedModel in ``in_dir`` into ``out_dir`` (see module doc).
 
     ``functions``: attribute paths to rewrite (default: every function with a
-    training step). ``options`` override fields of ``config`` (e.g.
+    training step). ``xla``: keep XLA, in clusters between the copies (issue 47,
+    :func:`tflms.pipeline.rewrite_step`); refused with ``verify``, a bitwise check that XLA's fusion does not
+    pass. ``options`` override fields of ``config`` (e.g.
     ``budget="12GiB"``, ``batch_size=32``). Raises :class:`SavedModelError`
     for path, selection, write and verification problems, and
     :class:`~tflms.errors.NoTrainingStepError` when there is nothing to rewrite.
     """
     config = LMSConfig.from_kwargs(config, **options)
+    if xla and verify:
+        raise ConfigError("rewrite --xla --verify: --verify checks that the rewritten functions give the input "
+                          "model's outputs and variables bit for bit, and XLA's clusters fuse and round differently "
+                          "from TensorFlow's kernels, so no XLA step passes it. Verify without --xla, or rewrite "
+                          "with --xla without --verify")
     functions = [functions] if isinstance(functions, str) else functions
     in_path = check_input_dir(in_dir)
     out_path = check_output_dir(out_dir, in_path, replace=replace)
@@ -249,7 +257,7 @@ def rewrite_saved_model(in_dir: str | os.PathLike, out_dir: str | os.PathLike, c
         loaded = _load(in_path)
         fault_point("after-load")
         rewritten, skipped, replaced_traces, replacements = _rewrite_functions(loaded, info, selected, explicit,
-                                                                                config, progress)
+                                                                                config, progress, xla)
         if verify:
             for t in rewritten:
                 cf = _traces(_resolve(loaded, t.function), info.function(t.function))[t.trace]

@@ -1,0 +1,376 @@
+"""Keeping XLA (issue 47): the step's compute ops run as XLA clusters between tflms's copies.
+
+Hand-built graphs check the segment rule exactly (tflms/passes/xla_clusters.py); small Keras models check, in the
+graphs TensorFlow ran, that the clusters exist (``_XlaRun``), that the swap copies are alive between them, that the
+step trains within rtol 1e-4 of the plain ``jit_compile=True`` step, and bitwise like the same clusters without the
+copies (docs/design.md, "Keeping XLA: clusters between swap points (issue 47)").
+"""
+
+from __future__ import annotations
+
+import collections
+
+import networkx as nx
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tflms
+import tflms.keras
+from tflms.config import LMSConfig
+from tflms.ir.graph import Graph, TensorRef
+from tflms.ir.tf_io import to_graph_def
+from tflms.passes.xla_clusters import (HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL, SCOPE_PREFIX, TFLMS_COPY,
+                                       XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR, XLA_SCOPE_ATTR, cluster_for_xla)
+from tflms.pipeline import rewrite
+from tflms.testing import GraphBuilder, mlp_training_graph
+
+CPU = "/device:CPU:0"
+RULES = dict(swapout_threshold=1, swapin_ahead=1)
+#: The tolerance of issue 47's target: weights after 3 steps against the plain jit_compile=True step's.
+RTOL = 1e-4
+
+
+def _anything_compiles(op_type: str) -> bool:
+    return True
+
+
+def _attr(graph: Graph, name: str, key: str):
+    node = next(n for n in to_graph_def(graph).node if n.name == name)
+    if key not in node.attr:
+        return None
+    value = node.attr[key]
+    return value.b if value.WhichOneof("value") == "b" else value.s.decode()
+
+
+def _scopes(graph: Graph) -> dict[str, str | None]:
+    return {op.name: _attr(graph, op.name, XLA_SCOPE_ATTR) for op in graph}
+
+
+def _swapped_mlp() -> Graph:
+    """The two-layer MLP step with the TFLMS rules at threshold 1 (tests/test_core.py has its swaps exactly)."""
+    return rewrite(mlp_training_graph(2), LMSConfig(swapout_threshold=1, swapin_ahead=1, swapin_groupby=0)).graph
+
+
+# ------------------------------------------------------------------ the rule, on hand-built graphs
+def test_segments_end_at_each_copy_and_the_copies_stay_out():
+    """Kahn's order with each copy as soon as it can run: a swap-out right after its producer, a swap-in right after
+    its trigger; every copy ends a segment, and a segment's unconnected parts are clusters of their own."""
+    graph = _swapped_mlp()
+    result = cluster_for_xla(graph, accelerator_device=CPU, host_device=CPU, has_xla_kernel=_anything_compiles)
+    report = result.report
+    assert [(k, list(members)) for k, members in report.clusters] == [
+        (0, ["fw/ReadVariableOp_0", "fw/MatMul_0", "fw/Relu_0"]),
+        (1, ["fw/ReadVariableOp_1", "fw/MatMul_1", "fw/Relu_1"]),  # after lms/swap_out_fw/Relu_0_0
+        (2, ["loss/Sub"]),  # after lms/swap_out_fw/Relu_1_0
+        (3, ["loss/Mean"]),  # after lms/swap_in_fw/Relu_1_0_0 (trigger loss/Sub)
+        (3, ["gradient_tape/ReluGrad_1"]),
+        (4, ["gradient_tape/MatMul_1_1"]),  # after lms/swap_in_fw/Relu_0_0_0 (trigger ReluGrad_1)
+        (4, ["gradient_tape/MatMul_1"]),
+        # after lms/swap_in_fw/Relu_0_0_1 (trigger MatMul_1); the learning rate (a constant) joins its readers
+        (5, ["lr", "opt/Mul_1", "opt/AssignSubVariableOp_1", "gradient_tape/ReluGrad_0", "gradient_tape/MatMul_1_0",
+             "gradient_tape/MatMul_0", "opt/Mul_0", "opt/AssignSubVariableOp_0"]),
+    ]
+    assert report.boundaries == ("lms/swap_out_fw/Relu_0_0", "lms/swap_out_fw/Relu_1_0", "lms/swap_in_fw/Relu_1_0_0",
+                                 "lms/swap_in_fw/Relu_0_0_0", "lms/swap_in_fw/Relu_0_0_1")
+    assert dict(report.outside) == {**{n: NEVER_COMPILED for n in ("x", "y", "var_0", "var_1")},
+                                    **{n: TFLMS_COPY for n in report.boundaries}}
+    new = result.graph
+    for k, members in report.clusters:
+        for name in members:
+            assert _attr(new, name, XLA_COMPILE_ATTR) is True, name
+            assert _attr(new, name, XLA_SCOPE_ATTR) == _attr(new, name, XLA_INTERNAL_SCOPE_ATTR) == f"{SCOPE_PREFIX}{k}"
+    for name in report.boundaries:  # vetoed even under global jit
+        assert _attr(new, name, XLA_COMPILE_ATTR) is False and _attr(new, name, XLA_SCOPE_ATTR) is None, name
+    assert _attr(new, "x", XLA_COMPILE_ATTR) is None  # arguments are no candidates anyway
+    assert report.to_dict()["clusters"] == 8 and report.to_dict()["segments"] == 6
+    # the input graph is untouched
+    assert all(_attr(graph, op.name, XLA_COMPILE_ATTR) is None for op in graph)
+
+
+def _contracted_is_acyclic(graph: Graph, clusters) -> bool:
+    """Whether contracting each cluster to one node leaves the graph acyclic (mark_for_compilation's condition)."""
+    where = {name: f"cluster {i}" for i, (_, members) in enumerate(clusters) for name in members}
+    contracted = nx.DiGraph()
+    contracted.add_nodes_from(where.get(op.name, op.name) for op in graph)
+    for op in graph:
+        for pred in graph.predecessors(op.name):
+            a, b = where.get(pred, pred), where.get(op.name, op.name)
+            if a != b:
+                contracted.add_edge(a, b)
+    return nx.is_directed_acyclic_graph(contracted)
+
+
+@pytest.mark.parametrize("layers", [1, 3, 5])
+def test_no_cluster_reaches_itself_through_a_copy(layers):
+    graph = rewrite(mlp_training_graph(layers), LMSConfig(**RULES)).graph
+    report = cluster_for_xla(graph, accelerator_device=CPU, host_device=CPU, has_xla_kernel=_anything_compiles).report
+    assert report.num_clusters >= 2
+    assert _contracted_is_acyclic(graph, report.clusters)
+    # and the same clusters are what a control without the segment rule would merge into a cycle: one scope for all
+    everything = [(0, tuple(n for _, members in report.clusters for n in members))]
+    assert not _contracted_is_acyclic(graph, everything)
+
+
+def test_an_op_without_an_xla_kernel_splits_its_segment_and_is_vetoed():
+    """A member-to-member path through an op XLA cannot compile would be a cycle: the op is a boundary too."""
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder")
+    a = b.op("a", "Relu", [x])
+    p = b.op("p", "NoKernelOp", [a])
+    c = b.op("c", "Relu", [p])
+    b.op("d", "AddV2", [a, c])
+    result = cluster_for_xla(b.graph, accelerator_device=CPU, host_device=CPU,
+                             has_xla_kernel=lambda t: t != "NoKernelOp")
+    assert [(k, list(m)) for k, m in result.report.clusters] == [(0, ["a"]), (1, ["c", "d"])]
+    assert dict(result.report.outside)["p"] == NO_XLA_KERNEL and result.report.blocked() == ("p",)
+    assert _attr(result.graph, "p", XLA_COMPILE_ATTR) is False
+    assert "XLA cannot compile also split segments (e.g. p)" in result.report.to_dict()["why"]
+
+
+def test_host_ops_stay_out_where_the_accelerator_is_a_gpu_and_strings_never_compile():
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder")
+    a = b.op("a", "Relu", [x])
+    b.graph.add_op("h", "Relu", inputs=[a], device="/job:localhost/replica:0/task:0/device:CPU:0",
+                   outputs=b.graph.op("a").outputs)
+    b.op("c", "Relu", [TensorRef("h")])
+    b.op("s", "AsString", [TensorRef("c")], dtype="string")
+    gpu = cluster_for_xla(b.graph, accelerator_device="/device:GPU:0", host_device=CPU,
+                          has_xla_kernel=_anything_compiles).report
+    assert dict(gpu.outside) == {"x": NEVER_COMPILED, "h": HOST_OP, "s": NEVER_COMPILED}
+    assert [list(m) for _, m in gpu.clusters] == [["a"], ["c"]] and gpu.jit_device == "XLA_GPU_JIT"
+    cpu = cluster_for_xla(b.graph, accelerator_device=CPU, host_device=CPU, has_xla_kernel=_anything_compiles).report
+    assert [list(m) for _, m in cpu.clusters] == [["a", "h", "c"]]  # host and accelerator are one device here
+
+
+def test_recompute_clones_join_their_readers_cluster_and_gates_stay_out():
+    """Every forward op the backward pass reads recomputed: each gate (an Identity after its trigger) is a boundary,
+    and each clone sits in the cluster of the ops that read it, never with the forward op it re-runs (XLA's CSE
+    would merge the two and undo the recompute)."""
+    from tflms.analysis.cto import analyze_graph
+    from tflms.passes.swaps import apply_swaps
+    from tflms.policies.recompute import plan_recomputes, rank_candidates
+    from tflms.policies.swapplan import SwapPlan
+    from tflms.sim.cost import op_time_s
+    from tflms.testing import serial_clock
+    graph = mlp_training_graph(3)
+    analysis = analyze_graph(graph)
+    profile = serial_clock("v100-16gb-pcie3")
+    ranked, _ = rank_candidates(analysis, lambda n: op_time_s(graph, graph.op(n), profile))
+    decisions, _ = plan_recomputes(analysis, {op for c in ranked for op in c.chain})
+    assert decisions, "the MLP step must have recompute candidates"
+    plan = SwapPlan(LMSConfig(), CPU, (), (), recomputes=decisions)
+    recomputed = apply_swaps(graph, plan).graph
+    report = cluster_for_xla(recomputed, accelerator_device=CPU, host_device=CPU,
+                             has_xla_kernel=_anything_compiles).report
+    segment = {n: k for k, members in report.clusters for n in members}
+    gates = {g for d in decisions for g, _, _ in d.gates}
+    clones = {c for d in decisions for c in d.clones}
+    assert gates and clones
+    assert {g: dict(report.outside)[g] for g in gates} == {g: TFLMS_COPY for g in gates}
+    joined = 0
+    for clone in sorted(clones):
+        readers = recomputed.successors(clone)
+        if all(r in segment for r in readers):  # (a clone read through a gate ends its segment like any copy)
+            assert segment[clone] == min(segment[r] for r in readers), (clone, readers)
+            joined += 1
+        original = clone.removeprefix("lms/recompute_")
+        assert segment[clone] > segment[original], f"{clone} would share a cluster with {original}"
+    assert joined >= 2, "the chains' last clones must be read by backward ops directly"
+    assert _contracted_is_acyclic(recomputed, report.clusters)
+
+
+def test_the_clustered_graph_is_deterministic():
+    graph = _swapped_mlp()
+    first, second = (cluster_for_xla(graph, accelerator_device=CPU, host_device=CPU,
+                                     has_xla_kernel=_anything_compiles) for _ in range(2))
+    assert to_graph_def(first.graph).SerializeToString(deterministic=True) == \
+        to_graph_def(second.graph).SerializeToString(deterministic=True)
+    assert first.report == second.report
+
+
+# ------------------------------------------------------------------ what TensorFlow ran
+STEPS = 3
+
+
+def _data(model, steps: int = STEPS):
+    from tflms.testing.models import make_batches
+    return [tuple(tf.constant(t) for t in batch) for batch in make_batches(model, batch_size=8, steps=steps)]
+
+
+def _train(wrap, model_name: str = "cnn", steps: int = STEPS):
+    """``steps`` steps of ``wrap(step)`` on a fresh zoo model; returns (wrapped step, snapshot, what ran)."""
+    import keras
+
+    from tflms.testing import make_train_step, record_run_metadata, snapshot
+    from tflms.testing.models import build_model
+    model = build_model(model_name)
+    optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+    optimizer.build(model.trainable_variables)
+    fn = wrap(make_train_step(model, optimizer))
+    with record_run_metadata() as ran:
+        losses = [fn(x, y) for x, y in _data(model, steps)]
+    return fn, snapshot(model, optimizer, losses=losses), ran
+
+
+def _ran_ops(ran, inserted) -> collections.Counter:
+    step = ran.step_graph(inserted)
+    assert step is not None, "no function that ran holds the rewrite's ops"
+    return collections.Counter(n.op for n in step.post_optimization_graph.node)
+
+
+def _max_relative_difference(reference, candidate) -> float:
+    """The largest |a - b| / |a| over the floating-point entries, where |a| is above float32 noise."""
+    worst = 0.0
+    for (name, a), (_, b) in zip(reference, candidate):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        if a.dtype.kind == "f" and a.size:
+            big = np.abs(a) > 1e-6
+            worst = max(worst, float(np.max(np.abs(a - b)[big] / np.abs(a)[big], initial=0.0)))
+    return worst
+
+
+def _assert_close(reference, candidate, what: str) -> float:
+    for (name, a), (_, b) in zip(reference, candidate):
+        np.testing.assert_allclose(b, a, rtol=RTOL, atol=1e-6, err_msg=f"{what}: {name}")
+    return _max_relative_difference(reference, candidate)
+
+
+@pytest.fixture(scope="module")
+def plain_xla():
+    """The plain jit_compile=True step: the reference, and a control that it is reproducible bit for bit."""
+    from tflms.testing import assert_bitwise_equal
+    _, state, ran = _train(lambda step: tf.function(step, jit_compile=True))
+    _, again, _ = _train(lambda step: tf.function(step, jit_compile=True))
+    assert_bitwise_equal(state, again, "plain XLA vs plain XLA (the control)")
+    return state
+
+
+def test_tflms_function_jit_compile_runs_clusters_with_live_swaps_close_to_plain_xla(plain_xla):
+    fn, state, ran = _train(lambda step: tflms.function(step, jit_compile=True, **RULES))
+    report = fn.report
+    assert report.num_swapped > 0 and report.xla_clusters["kept"]
+    ops = _ran_ops(ran, report.inserted_ops)
+    # TensorFlow may split a segment further (resource-variable ordering), never merge two scopes
+    assert ops["_XlaRun"] >= max(2, report.xla_clusters["clusters"]), (ops, report.xla_clusters)
+    assert not ran.missing_after_optimization(report.inserted_ops), "swap copies were compiled or optimized away"
+    assert "XLA kept:" in report.table()
+    worst = _assert_close(plain_xla, state, "tflms.function(jit_compile=True) vs plain jit_compile=True")
+    print(f"tflms.function: {ops['_XlaRun']} clusters, {len(report.inserted_ops)} copies alive, "
+          f"max relative difference to plain XLA {worst:.2e}")
+
+
+def test_the_clusters_run_compiled_from_the_first_step():
+    """Lazy compilation keeps TensorFlow's kernels beside each cluster as a fallback; TensorFlow compiles a cluster at
+    its first execution, so one step already runs XLA: on the zoo MLP (whose swap points split no fusion) it equals
+    plain XLA bit for bit, and plain TensorFlow differs."""
+    from tflms.testing import assert_bitwise_equal, bitwise_diff
+    fn, clustered, _ = _train(lambda step: tflms.function(step, jit_compile=True, **RULES), "mlp", steps=1)
+    _, xla, _ = _train(lambda step: tf.function(step, jit_compile=True), "mlp", steps=1)
+    _, plain, _ = _train(tf.function, "mlp", steps=1)
+    assert fn.report.num_swapped > 0 and fn.report.xla_clusters["clusters"] >= 2
+    assert_bitwise_equal(xla, clustered, "one clustered step vs one plain XLA step (zoo MLP)")
+    assert bitwise_diff(plain, clustered), "plain TensorFlow must differ, or this test tells nothing"
+
+
+def test_keras_fit_with_jit_compile_keeps_xla_with_live_swaps_close_to_plain_xla():
+    import keras
+
+    from tflms.testing import record_run_metadata, snapshot
+    from tflms.testing.models import build_model, make_batches
+
+    def fit(callbacks):
+        model = build_model("cnn")
+        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), jit_compile=True,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        (x, y), = make_batches(model, batch_size=8 * STEPS, steps=1)
+        with record_run_metadata() as ran:
+            model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+        return model, snapshot(model), ran
+
+    plain_model, plain, _ = fit([])
+    assert plain_model.jit_compile is True
+    callback = tflms.keras.LMS(verbose=0, **RULES)
+    model, state, ran = fit([callback])
+    report = callback.report
+    assert report.num_swapped > 0 and report.xla_clusters["kept"]
+    ops = _ran_ops(ran, report.inserted_ops)
+    # TensorFlow may split a segment further (resource-variable ordering), never merge two scopes
+    assert ops["_XlaRun"] >= max(2, report.xla_clusters["clusters"]), (ops, report.xla_clusters)
+    assert not ran.missing_after_optimization(report.inserted_ops)
+    worst = _assert_close(plain, state, "fit(jit_compile=True) with LMS vs without")
+    assert model.jit_compile is True and model.train_function is not None  # Keras's XLA function is back
+    print(f"Keras fit: {ops['_XlaRun']} clusters, {len(report.inserted_ops)} copies alive, "
+          f"max relative difference to plain XLA {worst:.2e}")
+
+
+def _without_copies(graph: Graph) -> Graph:
+    """``graph`` with its swap copies taken out (each reader reads the swapped tensor itself) and every other op,
+    XLA attributes included, as it was: the same clusters, no copies."""
+    new = graph.copy()
+    copies = [op.name for op in new if op.name.startswith("lms/swap_")]
+    for name in copies:
+        if name.startswith("lms/swap_in_"):
+            source = new.op(new.op(name).inputs[0].op).inputs[0]  # swap-in <- swap-out <- the tensor
+            for reader, index in new.consumers(TensorRef(name, 0)):
+                new.set_input(reader, index, source)
+    for name in sorted(copies, key=lambda n: not n.startswith("lms/swap_in_")):  # swap-ins first
+        for reader in new.control_consumers(name):
+            new.op(reader).control_inputs.remove(name)
+            new._control_consumers[name].remove(reader)  # noqa: SLF001 - a test-only edit
+        new.remove_op(name)
+    new.lint()
+    return new
+
+
+def test_it_trains_bitwise_like_the_same_clusters_without_the_copies(plain_xla):
+    """Plain XLA is no bitwise reference: the copies bound the clusters, and XLA fuses (and rounds) differently
+    within other boundaries. The same clusters without the copies are: what stays is the copies' effect alone."""
+    from tflms._compat import grappler as compat
+    from tflms.ir import tf_io
+    from tflms.pipeline import rewrite_step
+    from tflms.testing import assert_bitwise_equal
+
+    results = {}
+
+    def clustered(drop: bool):
+        def wrap(step):
+            traced = tf.function(step).get_concrete_function(*data)
+            result = results[drop] = rewrite_step(traced, LMSConfig(**RULES), xla=True)
+            if not drop:
+                return result.function
+            function = tf_io.to_concrete_function(_without_copies(result.graph), traced, keep_must_compile=False)
+            return compat.mark_grappler_done(function)
+        return wrap
+
+    from tflms.testing.models import build_model
+    data = _data(build_model("cnn"))[0]
+    _, with_copies, ran = _train(clustered(drop=False))
+    _, without, ran_control = _train(clustered(drop=True))
+    inserted = results[False].report.inserted_ops
+    assert results[True].report.xla_clusters == results[False].report.xla_clusters
+    ops, ops_control = _ran_ops(ran, inserted), _ran_ops(ran_control, ())
+    assert not ran.missing_after_optimization(inserted) and ops["_XlaRun"] >= 2
+    assert ops["_XlaRun"] == ops_control["_XlaRun"], "the control must run the same clusters"
+    assert not any(n.name.startswith("lms/swap_")
+                   for n in ran_control.step_graph().post_optimization_graph.node)
+    assert_bitwise_equal(without, with_copies, "the same XLA clusters with and without the swap copies")
+    # why this control: against the plain XLA step the clusters differ, and so do the bits (within RTOL)
+    from tflms.testing import bitwise_diff
+    assert bitwise_diff(plain_xla, without), "the boundaries were expected to change XLA's rounding on this model"
+
+
+def test_the_pipelines_clustered_step_is_deterministic():
+    from tflms.pipeline import rewrite_step
+    from tflms.testing import make_train_step
+    from tflms.testing.models import build_model
+    import keras
+    model = build_model("cnn")
+    optimizer = keras.optimizers.SGD(0.05)
+    optimizer.build(model.trainable_variables)
+    traced = tf.function(make_train_step(model, optimizer)).get_concrete_function(*_data(model)[0])
+    first, second = (rewrite_step(traced, LMSConfig(**RULES), xla=True, build=False) for _ in range(2))
+    assert to_graph_def(first.graph).SerializeToString(deterministic=True) == \
+        to_graph_def(second.graph).SerializeToString(deterministic=True)
+    assert first.report.xla_clusters == second.report.xla_clusters

@@ -1,0 +1,309 @@
+"""The XLA clustering pass (issue 47): the rewritten step's compute ops run as XLA clusters between tflms's copies.
+
+``jit_compile=True`` compiles a whole function for the accelerator and ignores where its ops are placed, so a swap
+copy compiles to a pass-through (docs/tf-facts.md, "XLA and tflms"). This pass keeps XLA another way: it marks the
+ops of the rewritten step, a function built *without* ``jit_compile``, for TensorFlow's own clustering
+(``mark_for_compilation_pass``, which runs when the function is instantiated, with no auto-jit flag):
+
+- a *member* gets ``_XlaCompile=true`` and its segment's scope in ``_XlaScope`` (honoured with global jit off) and
+  ``_XlaInternalScope`` (honoured with it on); ops of different scopes never share a cluster;
+- tflms's copies (swap-outs, swap-ins, recompute gates, codec calls), ops placed on the host while the accelerator
+  is another device, and ops without an XLA kernel get ``_XlaCompile=false``, which vetoes them even under global
+  jit; so they run in TensorFlow's executor, between clusters, and the copies stay copies (the arguments and the
+  other ops XLA never compiles, below, are no candidates anyway and keep their attributes).
+
+**Which ops XLA cannot compile:** :data:`~tflms.ir.op_types.XLA_NEVER_TYPES` (arguments, Python callbacks, ops
+that create resources), ops reading or producing a ``string`` or ``variant`` tensor, and ops with no kernel
+registered for the accelerator's XLA device (``has_xla_kernel``; ``XLA_CPU_JIT`` or ``XLA_GPU_JIT``).
+
+**The segment rule.** An op left out is a *boundary* when it lies between members: some member reaches it and it
+reaches some member (a source such as an argument, or a sink, bounds nothing). The ops are taken in one topological
+order, Kahn's over data and control edges where a ready boundary goes first and ties go by graph order: each copy
+runs as soon as it can, a swap-out right after the op that produces its tensor, a swap-in right after its trigger.
+A member's segment is the number of boundaries met before it in that order (consecutive boundaries count once).
+Then, in reverse order, a recompute clone or an op without inputs (a constant) whose successors are all members
+moves to the earliest segment among them: a clone joins the cluster of the backward ops that read it, and XLA cannot
+merge it with the forward op it re-runs, which lies in an earlier cluster (XLA's CSE would otherwise undo the
+recompute).
+
+**Clusters.** ``mark_for_compilation_pass`` merges along edges, so the members of one segment that no edge between
+them joins are clusters of their own (the report counts them so). A cluster of nothing but
+:data:`~tflms.ir.op_types.FREE_OPS` (a lone constant, identity or variable read) would launch a compiled kernel to
+do nothing: it is left unmarked, to TensorFlow's executor; no path joins it to another member of its segment, or
+the two would share a cluster. The segments that keep a cluster are numbered from 0 in order, and the scope of
+segment ``k`` is ``lms_xla_segment_k``.
+
+Why no cycle: along every edge the segment never decreases (an op comes after its predecessors in the order, and
+the clones and constants move only up to their successors' segments), and it increases across every boundary; so
+a path that leaves a segment never comes back, and each segment can be contracted into one cluster, as
+``mark_for_compilation_pass``'s cycle check requires. TensorFlow may still split a cluster (e.g. over the order
+of resource-variable updates: a Keras optimizer's step counter), never merge two.
+
+What a boundary costs: a cluster starts when all its inputs exist and publishes its outputs when it ends. So a
+swap-out copies its tensor after the producer's whole cluster, and a swap-in lands before the consumer's cluster
+starts: the points where tensors leave and return are where the step's kernels stop fusing.
+
+Deterministic: the same graph gives the same segments, attributes and GraphDef bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from tflms.ir.graph import Graph, Op
+from tflms.ir.op_types import FREE_OPS, XLA_NEVER_DTYPES, XLA_NEVER_TYPES
+from tflms.passes.result import PassResult
+from tflms.policies.eligibility import CLONE_PREFIX, is_clone, is_inserted
+
+XLA_COMPILE_ATTR = "_XlaCompile"
+XLA_SCOPE_ATTR = "_XlaScope"
+XLA_INTERNAL_SCOPE_ATTR = "_XlaInternalScope"
+#: The scope of segment ``k`` is this prefix and ``k``.
+SCOPE_PREFIX = "lms_xla_segment_"
+
+#: Why an op stays out of every cluster (:attr:`ClusterReport.outside`).
+TFLMS_COPY = "tflms copy"         # swap-out, swap-in, recompute gate, codec call: it must stay a copy
+HOST_OP = "host op"               # placed on the host while the accelerator is another device
+NEVER_COMPILED = "never compiled"  # XLA_NEVER_TYPES or a string/variant tensor
+NO_XLA_KERNEL = "no XLA kernel"   # no kernel registered for the accelerator's XLA device
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterReport:
+    """What :func:`cluster_for_xla` did.
+
+    ``clusters``: ``(segment, members)`` for each cluster marked, in the pass's order; ``unmarked``: members of
+    clusters left to TensorFlow's executor because they would compute nothing (only
+    :data:`~tflms.ir.op_types.FREE_OPS`: constants, identities, variable reads); ``boundaries``: the ops left out
+    that lie between members; ``outside``: every op left out of the clusters, with why (``TFLMS_COPY``,
+    ``HOST_OP``, ``NEVER_COMPILED``, ``NO_XLA_KERNEL``); ``jit_device``: the XLA device the kernels were checked
+    for.
+    """
+
+    clusters: tuple[tuple[int, tuple[str, ...]], ...]
+    unmarked: tuple[str, ...]
+    boundaries: tuple[str, ...]
+    outside: tuple[tuple[str, str], ...]
+    jit_device: str
+
+    @property
+    def num_clusters(self) -> int:
+        return len(self.clusters)
+
+    @property
+    def num_segments(self) -> int:
+        return len({k for k, _ in self.clusters})
+
+    def blocked(self) -> tuple[str, ...]:
+        """The boundaries that are not tflms's copies: ops that split the step's clusters because XLA cannot
+        compile them (or they run on the host)."""
+        why = dict(self.outside)
+        return tuple(b for b in self.boundaries if why.get(b) != TFLMS_COPY)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report's record (``RewriteReport.xla_clusters``): ``kept`` (whether any cluster was marked),
+        ``clusters``, ``segments``, ``cluster_ops`` (members per cluster), ``boundaries`` (how many),
+        ``blocked_by`` (a few boundaries that are no copy of tflms), ``unmarked`` (ops of clusters left unmarked),
+        ``outside`` (ops left out, counted by why), ``jit_device``, ``why``."""
+        blocked = self.blocked()
+        if self.clusters:
+            why = (f"{self.num_clusters} XLA cluster(s) in {self.num_segments} segment(s) between tflms's copies: "
+                   "each segment between swap points has its own _XlaScope, and the copies _XlaCompile=false")
+        else:
+            why = f"no op of this step can be compiled by {self.jit_device}: it runs without XLA"
+        if blocked:
+            why += f"; {len(blocked)} op(s) XLA cannot compile also split segments (e.g. {blocked[0]})"
+        return {"kept": bool(self.clusters), "clusters": self.num_clusters, "segments": self.num_segments,
+                "cluster_ops": [len(c) for _, c in self.clusters], "boundaries": len(self.boundaries),
+                "blocked_by": list(blocked[:5]), "unmarked": len(self.unmarked),
+                "outside": dict(sorted(Counter(w for _, w in self.outside).items())),
+                "jit_device": self.jit_device, "why": why}
+
+
+def jit_device_for(accelerator_device: str) -> str:
+    """The XLA compilation device of ``accelerator_device``: ``XLA_GPU_JIT`` for a GPU, else ``XLA_CPU_JIT``."""
+    return "XLA_GPU_JIT" if "GPU" in accelerator_device.upper() else "XLA_CPU_JIT"
+
+
+def registered_xla_kernels(jit_device: str) -> Callable[[str], bool]:
+    """Whether an op type has an XLA kernel for ``jit_device``, from TensorFlow's kernel registry."""
+    from tflms._compat.tf import xla_kernel_types
+    types = xla_kernel_types(jit_device)
+    return types.__contains__
+
+
+def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
+                    has_xla_kernel: Callable[[str], bool] | None = None) -> PassResult:
+    """A copy of ``graph`` whose ops are marked for XLA in segments between tflms's copies (see the module doc).
+
+    ``has_xla_kernel(op type)``: whether XLA can compile the type (default: TensorFlow's registry for the
+    accelerator's XLA device). The report is a :class:`ClusterReport`.
+    """
+    jit_device = jit_device_for(accelerator_device)
+    if has_xla_kernel is None:
+        has_xla_kernel = registered_xla_kernels(jit_device)
+    on_host = _host_check(accelerator_device, host_device)
+    outside = {op.name: why for op in graph if (why := _why_outside(graph, op, on_host, has_xla_kernel))}
+    preds, succs = graph.adjacency()
+    boundary = _boundaries(graph.topological_order((preds, succs)), preds, succs, outside)
+    order = _boundaries_first(graph, preds, succs, boundary)  # the order the segments follow
+    segment = _segments(order, outside, boundary)
+    _move_up(order, preds, succs, segment)
+    position = {name: i for i, name in enumerate(order)}
+    clusters = sorted(_clusters(order, preds, segment), key=lambda c: (segment[c[0]], position[c[0]]))
+    kept = [c for c in clusters if not all(graph.op(n).type in FREE_OPS for n in c)]
+    numbers = {s: k for k, s in enumerate(sorted({segment[c[0]] for c in kept}))}
+    new = graph.copy()
+    for cluster in kept:
+        scope = f"{SCOPE_PREFIX}{numbers[segment[cluster[0]]]}".encode()
+        for name in cluster:
+            _set_attrs(new.op(name), {XLA_COMPILE_ATTR: True, XLA_SCOPE_ATTR: scope, XLA_INTERNAL_SCOPE_ATTR: scope})
+    for name, why in outside.items():
+        if why != NEVER_COMPILED:
+            _set_attrs(new.op(name), {XLA_COMPILE_ATTR: False})
+    marked = set(kept)
+    report = ClusterReport(
+        clusters=tuple((numbers[segment[c[0]]], c) for c in kept),
+        unmarked=tuple(n for c in clusters if c not in marked for n in c),
+        boundaries=tuple(n for n in order if n in boundary),
+        outside=tuple((n, outside[n]) for n in order if n in outside), jit_device=jit_device)
+    return PassResult(new, changed=bool(kept) or any(w != NEVER_COMPILED for w in outside.values()), report=report)
+
+
+def _host_check(accelerator_device: str, host_device: str) -> Callable[[str], bool]:
+    """Whether an op's device is the host, where the host is another device than the accelerator."""
+    def kind(device: str) -> str:
+        tail = device.rpartition("/device:")[2] or device.rpartition("/")[2]
+        return tail.upper()
+
+    host, accelerator = kind(host_device), kind(accelerator_device)
+    if host == accelerator:
+        return lambda device: False
+    return lambda device: bool(device) and kind(device) == host
+
+
+def _why_outside(graph: Graph, op: Op, on_host: Callable[[str], bool],
+                 has_xla_kernel: Callable[[str], bool]) -> str | None:
+    """Why ``op`` stays out of every cluster, or ``None`` for a member."""
+    if is_inserted(op.name) and (not is_clone(op.name) or _is_gate(op)):
+        return TFLMS_COPY
+    if on_host(op.device):
+        return HOST_OP
+    dtypes = [t.dtype for t in op.outputs] + [graph.tensor(r).dtype for r in op.inputs]
+    if op.type in XLA_NEVER_TYPES or any(d in XLA_NEVER_DTYPES for d in dtypes):
+        return NEVER_COMPILED
+    if not has_xla_kernel(op.type):
+        return NO_XLA_KERNEL
+    return None
+
+
+def _is_gate(op: Op) -> bool:
+    """Whether ``op`` is a recompute gate (an ``Identity`` with its trigger as control input,
+    :func:`tflms.policies.recompute.gate_name`): it stays out, so that the clones wait for the trigger's cluster and
+    XLA cannot merge them with the forward ops they re-run."""
+    return op.type == "Identity" and op.name.startswith(CLONE_PREFIX + "gate_")
+
+
+def _boundaries(order: list[str], preds: dict[str, list[str]], succs: dict[str, list[str]],
+                outside: dict[str, str]) -> set[str]:
+    """The ops left out that some member reaches and that reach some member."""
+    after_member: set[str] = set()  # ops some member reaches
+    for name in order:
+        if any(p not in outside or p in after_member for p in preds[name]):
+            after_member.add(name)
+    before_member: set[str] = set()  # ops that reach some member
+    for name in reversed(order):
+        if any(s not in outside or s in before_member for s in succs[name]):
+            before_member.add(name)
+    return {n for n in outside if n in after_member and n in before_member}
+
+
+def _boundaries_first(graph: Graph, preds: dict[str, list[str]], succs: dict[str, list[str]],
+                      boundary: set[str]) -> list[str]:
+    """Kahn's order over data and control edges where a ready boundary goes first, then graph order."""
+    index = {op.name: i for i, op in enumerate(graph)}
+    waiting = {n: len(p) for n, p in preds.items()}
+    ready = [(n not in boundary, index[n], n) for n, w in waiting.items() if w == 0]
+    heapq.heapify(ready)
+    order: list[str] = []
+    while ready:
+        _, _, name = heapq.heappop(ready)
+        order.append(name)
+        for succ in succs[name]:
+            waiting[succ] -= 1
+            if waiting[succ] == 0:
+                heapq.heappush(ready, (succ not in boundary, index[succ], succ))
+    return order
+
+
+def _segments(order: list[str], outside: dict[str, str], boundary: set[str]) -> dict[str, int]:
+    """Each member's segment: the boundaries met before it in ``order``, consecutive ones counted once."""
+    segment: dict[str, int] = {}
+    current, open_ = 0, False
+    for name in order:
+        if name in boundary:
+            if open_:
+                current, open_ = current + 1, False
+        elif name not in outside:
+            segment[name] = current
+            open_ = True
+    return segment
+
+
+def _clusters(order: list[str], preds: dict[str, list[str]], segment: dict[str, int]) -> list[tuple[str, ...]]:
+    """The clusters TensorFlow can make of the segments: the members of one segment joined by edges between them
+    (``mark_for_compilation_pass`` merges along edges, so a segment's unconnected parts are clusters of their own),
+    each in ``order``."""
+    parent = {name: name for name in segment}
+
+    def root(name: str) -> str:
+        while parent[name] != name:
+            parent[name] = parent[parent[name]]
+            name = parent[name]
+        return name
+
+    position = {name: i for i, name in enumerate(order)}
+    for name in order:
+        if name not in segment:
+            continue
+        for p in preds[name]:
+            if p in segment and segment[p] == segment[name]:
+                a, b = root(p), root(name)
+                if a != b:  # the root is the earliest member: deterministic
+                    parent[max(a, b, key=position.__getitem__)] = min(a, b, key=position.__getitem__)
+    groups: dict[str, list[str]] = {}
+    for name in order:
+        if name in segment:
+            groups.setdefault(root(name), []).append(name)
+    return [tuple(g) for g in groups.values()]
+
+
+def _move_up(order: list[str], preds: dict[str, list[str]], succs: dict[str, list[str]],
+             segment: dict[str, int]) -> None:
+    """Move each recompute clone and each member without inputs whose successors are all members to the earliest
+    of their segments (in reverse order, so that a chain of clones moves together)."""
+    for name in reversed(order):
+        if name not in segment or not succs[name] or not (is_clone(name) or not preds[name]):
+            continue
+        if all(s in segment for s in succs[name]):
+            segment[name] = max(segment[name], min(segment[s] for s in succs[name]))
+
+
+def _set_attrs(op: Op, values: dict[str, Any]) -> None:
+    """Give ``op`` (of the pass's copy) these attributes: a new ``NodeDef`` or attribute map, never the input's."""
+    from tensorflow.core.framework import attr_value_pb2
+    attrs = {k: attr_value_pb2.AttrValue(b=v) if isinstance(v, bool) else attr_value_pb2.AttrValue(s=v)
+             for k, v in values.items()}
+    if op.node_def is not None:
+        from tensorflow.core.framework import node_def_pb2
+        node = node_def_pb2.NodeDef()
+        node.CopyFrom(op.node_def)
+        for key, value in attrs.items():
+            node.attr[key].CopyFrom(value)
+        op.node_def, op.attrs = node, node.attr
+    else:
+        op.attrs = {**dict(op.attrs), **attrs}
