@@ -119,3 +119,17 @@ def test_a_step_traced_for_one_batch_or_without_a_signature_is_refused():
     with pytest.raises(EstimateError, match="traced for batch 8, not 16"):
         estimate(traced_at_8, batch_size=16, profile=PROFILE, search_max_batch=False)
     assert fixed is not None
+
+
+def test_a_range_of_batches_is_traced_once_and_printed_as_a_json_list(tmp_path, capsys):
+    from tflms.cli import main
+    path = str(tmp_path / "model.keras")
+    _model().save(path)
+    assert main(["estimate", path, "--batch", f"8,{BATCH}", "--profile", PROFILE, "--json"]) == 0
+    small, large = json.loads(capsys.readouterr().out)
+    assert (small["batch_size"], large["batch_size"]) == (8, BATCH)
+    assert small["fits_without"] and not large["fits_without"] and large["fits_with"]
+    assert small["max_batch_with"] == large["max_batch_with"] and small["max_batch_without"] < BATCH
+    assert small["peak_bytes_without"] < large["peak_bytes_without"]
+    assert main(["estimate", path, "--batch", "8,x", "--profile", PROFILE]) == 2
+    assert "--batch takes whole numbers separated by commas, got '8,x'" in capsys.readouterr().err

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from tflms import interrupts
 from tflms.cli_words import speak_flags
 from tflms.config import RECOMPUTE_MODES, RULE_DEFAULTS, LMSConfig
-from tflms.errors import TflmsError
+from tflms.errors import ConfigError, TflmsError
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -167,10 +167,8 @@ def add_budget_flags(parser: argparse.ArgumentParser) -> None:
                             "rule flags, rewrite leaves such tensors unswapped (reason unknown-shape)")
     group.add_argument("--fit-by", choices=("live", "bfc"), default="live",
                        help="judge fit by the live-bytes peak or by the BFC allocator model (default %(default)s)")
-    group.add_argument("--plan-cache", default=None, metavar="DIR|on|off",
-                       help="reuse tuned plans from disk (docs/guide.md, 'The plan cache'): a directory, 'on' or "
-                            "'off' (default: on, in $TFLMS_CACHE_DIR, else ~/.cache/tflms; TFLMS_PLAN_CACHE=0 turns "
-                            "it off)")
+    group.add_argument("--plan-cache", default=None, metavar="DIR|on|off", help="reuse tuned plans from disk: a "
+                       "directory, on or off (default on; docs/guide.md, 'The plan cache')")
 
 
 def _savedmodel_config(args: argparse.Namespace) -> LMSConfig:
@@ -222,13 +220,21 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from tflms.estimate import estimate
+    from tflms.estimate import estimate_batches
 
     def run() -> int:
-        result = estimate(args.model, batch_size=args.batch, profile=args.profile, budget=args.budget,
-                          search_max_batch=not args.no_max_batch, progress=None if args.json else _progress,
-                          function=args.function)
-        print(json.dumps(result.to_dict(), indent=2) if args.json else result.table())
+        try:
+            batches = [int(b) for b in str(args.batch).split(",")]
+        except ValueError:
+            raise ConfigError(f"--batch takes whole numbers separated by commas, got {args.batch!r}") from None
+        results = estimate_batches(args.model, batch_sizes=batches, profile=args.profile, budget=args.budget,
+                                   search_max_batch=not args.no_max_batch, progress=None if args.json else _progress,
+                                   function=args.function)
+        if args.json:
+            records = [r.to_dict() for r in results]
+            print(json.dumps(records[0] if len(records) == 1 else records, indent=2))
+        else:
+            print("\n\n".join(r.table() for r in results))
         return 0
 
     return _json_error(args, run)
@@ -391,7 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "directory holding a training step")
     estimate.add_argument("--function", default=None, help="with a SavedModel: the training function's attribute "
                                                            "path (default: the first that computes gradients)")
-    estimate.add_argument("--batch", type=int, required=True, help="the batch size to predict")
+    estimate.add_argument("--batch", required=True, metavar="N[,N...]", help="the batch size to predict, or several "
+                          "(a range: a table each, or a JSON list; traced and searched once)")
     estimate.add_argument("--profile", default=None,
                           help="hardware profile: " + ", ".join(profile_names()) + f" (default: the closest to this "
                                f"machine's GPU, else {DEFAULT_PROFILE}), or a JSON file from tools/gpu_probe.py")

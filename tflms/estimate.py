@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tflms.errors import ConfigError, TflmsError
@@ -199,23 +199,33 @@ def estimate(model: Any, *, batch_size: int, profile: str | None = None, budget:
     profile). ``budget``: bytes or a string such as ``"12GiB"`` (default: the profile's memory).
     ``search_max_batch``: also find the largest batch each way.
     """
+    return estimate_batches(model, batch_sizes=[batch_size], profile=profile, budget=budget,
+                            search_max_batch=search_max_batch, progress=progress, function=function)[0]
+
+
+def estimate_batches(model: Any, *, batch_sizes: Sequence[int], profile: str | None = None,
+                     budget: int | str | None = None, search_max_batch: bool = True,
+                     progress: Callable[[str], None] | None = None, function: str | None = None) -> list[Estimate]:
+    """:func:`estimate` at each of ``batch_sizes`` (a range of batches), the step traced once and the largest batches
+    searched once (every estimate carries them)."""
     from tflms.budget import margin_fraction
     from tflms.config import LMSConfig
     from tflms.devices import local_gpu
-    from tflms.errors import BudgetError
     from tflms.ir.tf_io import load_graph
     from tflms.pipeline import _preoptimized, priced_profile
     from tflms.profiles import select_profile
-    from tflms.sim.simulator import SimOptions, simulate
+    from tflms.sim.simulator import SimOptions
     from tflms.tune.maxbatch import max_batch
-    from tflms.tune.tuner import tune
     start = time.perf_counter()
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
+    batch_sizes = list(batch_sizes)
+    bad = [b for b in batch_sizes if not isinstance(b, int) or isinstance(b, bool) or b < 1]
+    if not batch_sizes or bad:
+        raise ConfigError(f"batch_size must be a positive int, got {bad[0] if bad else batch_sizes!r}")
     step, name, assumed, _keep = _step_of(model, function)  # (_keep: alive while the step is read)
     fixed = sorted({t.shape[0] for t in step.inputs if t.dtype != "resource" and t.shape.rank and t.shape[0] is not None})
-    if fixed and fixed != [batch_size]:
-        raise EstimateError(f"{name} was traced for batch {fixed[0]}, not {batch_size}: trace it with the batch "
+    if fixed and any(b != fixed[0] for b in batch_sizes):
+        other = next(b for b in batch_sizes if b != fixed[0])
+        raise EstimateError(f"{name} was traced for batch {fixed[0]}, not {other}: trace it with the batch "
                             "dimension None (tf.TensorSpec((None, ...))) to estimate other batches")
     choice = select_profile(profile, local_gpu())
     priced = priced_profile(choice.name)
@@ -223,30 +233,42 @@ def estimate(model: Any, *, batch_size: int, profile: str | None = None, budget:
     config = LMSConfig()
     options = SimOptions(host_device=config.host_device, margin_fraction=margin_fraction(budget))  # tflms/budget.py
     graph = load_graph(_preoptimized(step, ()))
-    at = graph.with_batch_size(batch_size)
     say = progress or (lambda _m: None)
-    say(f"simulating {name} at batch {batch_size} on {choice.name}")
-    plain = simulate(at, priced, options=options)
-    peak_with = time_with = strategy = None
-    if plain.peak_with_margin_bytes <= budget_bytes:
-        peak_with, time_with = plain.peak_with_margin_bytes, plain.step_time_s
-    else:
-        say("tuning a rewrite for the budget")
-        try:
-            tuned = tune(at, budget=budget_bytes, profile=priced, config=config.replace(batch_size=batch_size),
-                         sim_options=options, enforce_order=True)
-            peak_with, time_with = tuned.best.sim.peak_with_margin_bytes, tuned.best.sim.step_time_s
-            strategy = tuned.reason()
-        except BudgetError:
-            pass
     largest = {}
     if search_max_batch:
         for with_tflms in (False, True):
             say(f"searching the largest batch {'with' if with_tflms else 'without'} tflms")
             largest[with_tflms] = max_batch(graph, budget=budget_bytes, profile=priced, with_tflms=with_tflms,
                                             config=config, sim_options=options, progress=say).batch_size
-    return Estimate(model=name, batch_size=batch_size, profile=choice.name, budget_bytes=budget_bytes,
-                    peak_bytes_without=plain.peak_with_margin_bytes, peak_bytes_with=peak_with,
-                    step_time_s_without=plain.step_time_s, step_time_s_with=time_with, strategy=strategy,
-                    max_batch_without=largest.get(False), max_batch_with=largest.get(True), assumed=assumed,
-                    seconds=time.perf_counter() - start, margin_fraction=options.margin_fraction)
+    out = []
+    for batch_size in batch_sizes:
+        t0 = time.perf_counter()
+        plain, peak_with, time_with, strategy = _at(graph, batch_size, priced, budget_bytes, config, options, say,
+                                                    f"simulating {name} at batch {batch_size} on {choice.name}")
+        seconds = time.perf_counter() - (start if not out else t0)
+        out.append(Estimate(model=name, batch_size=batch_size, profile=choice.name, budget_bytes=budget_bytes,
+                            peak_bytes_without=plain.peak_with_margin_bytes, peak_bytes_with=peak_with,
+                            step_time_s_without=plain.step_time_s, step_time_s_with=time_with, strategy=strategy,
+                            max_batch_without=largest.get(False), max_batch_with=largest.get(True), assumed=assumed,
+                            seconds=seconds, margin_fraction=options.margin_fraction))
+    return out
+
+
+def _at(graph: Any, batch_size: int, priced: Any, budget_bytes: int, config: Any, options: Any,
+        say: Callable[[str], None], what: str) -> tuple[Any, int | None, float | None, str | None]:
+    """``(the unchanged step's simulation, peak and step time with tflms, the tuner's pick)`` at one batch."""
+    from tflms.errors import BudgetError
+    from tflms.sim.simulator import simulate
+    from tflms.tune.tuner import tune
+    at = graph.with_batch_size(batch_size)
+    say(what)
+    plain = simulate(at, priced, options=options)
+    if plain.peak_with_margin_bytes <= budget_bytes:
+        return plain, plain.peak_with_margin_bytes, plain.step_time_s, None
+    say("tuning a rewrite for the budget")
+    try:
+        tuned = tune(at, budget=budget_bytes, profile=priced, config=config.replace(batch_size=batch_size),
+                     sim_options=options, enforce_order=True)
+    except BudgetError:
+        return plain, None, None, None
+    return plain, tuned.best.sim.peak_with_margin_bytes, tuned.best.sim.step_time_s, tuned.reason()
