@@ -49,8 +49,9 @@ def expected_rows() -> dict[str, list[str]]:
     return rows
 
 
-def readme_rows() -> dict[str, list[str]]:
-    text = re.split(r"<!-- headline: [^>]+ -->", (ROOT / "README.md").read_text(), maxsplit=1)[1]
+def readme_rows(marker: str = "headline") -> dict[str, list[str]]:
+    """The rows of the README's table after ``<!-- MARKER: ... -->``, by their first cell."""
+    text = re.split(rf"<!-- {marker}: [^>]+ -->", (ROOT / "README.md").read_text(), maxsplit=1)[1]
     rows = {}
     for line in text.strip().splitlines()[2:]:
         if not line.startswith("|"):
@@ -100,13 +101,6 @@ def gpu_expected_rows() -> dict[str, list[str]]:
 
 
 def test_the_gpu_headline_table_is_the_xla_benchmarks_json():
-    text = re.split(r"<!-- headline-gpus: [^>]+ -->", (ROOT / "README.md").read_text(), maxsplit=1)[1]
-    rows = {}
-    for line in text.strip().splitlines()[2:]:
-        if not line.startswith("|"):
-            break
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        rows[cells[0]] = cells[1:]
-    assert rows == gpu_expected_rows()
+    assert readme_rows("headline-gpus") == gpu_expected_rows()
     readme = (ROOT / "README.md").read_text()
     assert readme.index("<!-- headline-gpus:") < readme.index("<!-- headline:")  # today's GPUs lead, V100 below

@@ -184,7 +184,7 @@ def _step_of(model: Any, function: str | None) -> tuple[Any, str, tuple[str, ...
                                 "(step.get_concrete_function(...))")
         return model.get_concrete_function(), model.__name__, (), None
     step, assumed, optimizer = training_step(model)
-    return step, model.name, assumed, optimizer
+    return step, model.name, assumed, (model, optimizer)  # both own variables the step captures
 
 
 def estimate(model: Any, *, batch_size: int, profile: str | None = None, budget: int | str | None = None,

@@ -157,8 +157,8 @@ def _clock_lines(records: list[dict]) -> list[str]:
     if none == "xla":
         return [f"Clocks (`tflms.sim.clock`): `none` and the traced checkpointing steps as **XLA** compiles them (what "
                 f"a Keras 3 user runs on a GPU by default); tflms's and grappler's rewrites on the **{tflms or 'graph'}** "
-                "clock (TensorFlow's executor, no XLA: the callback turns XLA off until issue 47 keeps it), so their "
-                "overhead includes what leaving XLA costs.", ""]
+                "clock (TensorFlow's executor without XLA: tflms's XLA clusters between swap points, issue 47, are not "
+                "priced yet), so their overhead includes what leaving XLA costs.", ""]
     return [f"Clock (`tflms.sim.clock`): **{none or tflms}** for every method"
             + (" (TensorFlow's executor on a GPU: launches overlap compute, no XLA)." if (none or tflms) == "graph"
                else "."), ""]

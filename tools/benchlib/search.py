@@ -520,8 +520,7 @@ def _at_max(ev: Evaluator, results: dict[str, MethodResult], implied: dict) -> N
     enforced order may lower the unswapped peak, and with it the bytes that must cross the link).
     """
     from tflms.sim.bounds import time_bound_ratio
-    opts = rewrite_options(ev.options)  # the bounds of swap rewrites, which run without XLA
-    bounds: dict[int, StepBounds] = {}
+    bounds: dict[tuple[int, str], StepBounds] = {}
     for r in results.values():
         if not r.max_size:
             continue
@@ -535,10 +534,14 @@ def _at_max(ev: Evaluator, results: dict[str, MethodResult], implied: dict) -> N
                 sim, unpruned = tuned
         samples = r.max_size if MODELS[ev.model].kind == "batch" else 1
         r.step_s_at_max, r.samples_per_s_at_max = sim.step_time_s, samples / sim.step_time_s
-        if r.max_size not in bounds:
+        # the bound on the clock the method's step was priced on (under --clock xla: the swap rewrites on the graph
+        # clock, the unchanged and the checkpointed steps on the xla one)
+        opts = rewrite_options(ev.options) if getattr(sim, "clock", None) == "graph" else ev.options
+        key = (r.max_size, getattr(opts, "clock", ""))
+        if key not in bounds:
             graph, _ = ev.steps.graph(ev.model, "plain", r.max_size)
-            bounds[r.max_size] = time_bounds(graph, ev.profile, ev.budget, opts)
-        at = bounds[r.max_size]
+            bounds[key] = time_bounds(graph, ev.profile, ev.budget, opts)
+        at = bounds[key]
         if 0 < at.bound_s < float("inf"):
             r.time_bound_ratio_at_max = time_bound_ratio(sim.step_time_s, at.bound_s)
             r.time_across_ratio_at_max = time_bound_ratio(sim.step_time_s, at.across_s)
