@@ -287,25 +287,49 @@ def xla_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[b
     return Kernels(CLOCK_XLA, duration, [0.0] * n, len(members), reads=reads, virtual=virtual_t)
 
 
-def _remapper_conv(g: _Net, conv: int) -> tuple[int, int] | None:
-    """``(bias_add, relu)`` where grappler's GPU remapper fuses ``conv`` with them into ``_FusedConv2D``."""
-    net = g.net
+def _spatial_float32_conv(net: IndexedGraph, conv: int) -> bool:
+    """A ``Conv2D`` the GPU remapper may fuse: float32, a spatial (not 1x1) filter, no control inputs."""
     if net.types[conv] != "Conv2D" or net.ctrl[conv] or len(net.inputs[conv]) < 2:
-        return None
-    out = net.t_info[net.out_start[conv]]
+        return False
     shape = net.t_info[net.inputs[conv][1]].resolved_shape
-    if out.dtype != "float32" or not shape or len(shape) != 4 or (shape[0] or 1) * (shape[1] or 1) <= 1:
-        return None
-    chain = [conv]
-    for want in ("BiasAdd", "Relu"):
-        t = net.out_start[chain[-1]]
-        readers = g.readers[t]
-        if g.is_output[t] or len(readers) != 1 or net.types[readers[0]] != want or not g.compute[readers[0]]:
-            return None
-        chain.append(readers[0])
-    if net.ctrl[chain[1]] or chain[1] in g.control_sources or conv in g.control_sources:
-        return None
-    return chain[1], chain[2]
+    return (net.t_info[net.out_start[conv]].dtype == "float32" and bool(shape) and len(shape) == 4
+            and (shape[0] or 1) * (shape[1] or 1) > 1)
+
+
+def _remapper_chains(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool],
+                     outputs: Sequence[int]) -> list[tuple[int, int, int]]:
+    """``(conv, bias_add, relu)`` chains grappler's GPU remapper fuses into ``_FusedConv2D`` (module doc). One pass
+    over the order's edges, reading only the readers of the candidate convolutions and bias adds: the tuner runs
+    this for every simulation."""
+    types, out_start, dev = net.types, net.out_start, net.dev
+    convs = [i for i in order if types[i] == "Conv2D" and _spatial_float32_conv(net, i)]
+    if not convs:
+        return []
+    watched = {out_start[c]: c for c in convs}
+    readers: dict[int, list[int]] = {}
+    control_sources: set[int] = set()
+    for i in order:  # a bias add comes before its readers: its output is watched from then on
+        control_sources.update(net.ctrl[i])
+        for t in net.inputs[i]:
+            if t in watched:
+                readers.setdefault(t, []).append(i)
+                if types[i] == "BiasAdd" and types[net.t_op[t]] == "Conv2D":
+                    watched[out_start[i]] = i
+    exported = set(outputs)
+
+    def only_reader(t: int, want: str) -> int | None:
+        rs = list(dict.fromkeys(readers.get(t, ())))
+        ok = (t not in exported and len(rs) == 1 and types[rs[0]] == want and dev[rs[0]] == ACCEL
+              and not is_transfer[rs[0]])
+        return rs[0] if ok else None
+
+    chains = []
+    for conv in convs:
+        bias_add = only_reader(out_start[conv], "BiasAdd")
+        relu = None if bias_add is None else only_reader(out_start[bias_add], "Relu")
+        if relu is not None and not net.ctrl[bias_add] and not {conv, bias_add} & control_sources:
+            chains.append((conv, bias_add, relu))
+    return chains
 
 
 def remapper_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
@@ -314,18 +338,11 @@ def remapper_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Seque
     fusions (module doc), whose time goes to the fused op's last member."""
     duration = op_durations(net, order, is_transfer, costs, profile)
     kernels = Kernels(CLOCK_GRAPH, duration, [0.0] * len(duration), sum(1 for d in duration if d > 0))
-    convs = [i for i in order if net.types[i] == "Conv2D"]
-    if not convs:
+    chains = _remapper_chains(net, order, is_transfer, outputs)
+    if not chains:
         return kernels
-    g = _Net(net, order, is_transfer, outputs)
-    reads, virtual = None, None
-    for conv in convs:
-        fused = _remapper_conv(g, conv)
-        if fused is None:
-            continue
-        bias_add, relu = fused
-        if reads is None:
-            reads, virtual = [list(ins) for ins in net.inputs], bytearray(len(net.t_op))
+    reads, virtual = [list(ins) for ins in net.inputs], bytearray(len(net.t_op))
+    for conv, bias_add, relu in chains:
         duration[relu], duration[conv], duration[bias_add] = duration[conv], 0.0, 0.0
         reads[relu] = list(net.inputs[conv]) + [net.inputs[bias_add][1]]
         reads[conv], reads[bias_add] = [], []
