@@ -22,6 +22,12 @@ from tflms.errors import ConfigError, TflmsError
 from tflms.units import format_bytes, parse_bytes
 
 
+#: How close the largest batch with tflms is searched: the smallest batch found not to fit is within this fraction
+#: above it (the bench's quick mode bisects to the same step, tools/benchlib/common.py QUICK_BISECT_STEPS). Each probe
+#: is a tune; an exact search took ResNet-50 minutes.
+MAX_BATCH_TOLERANCE = 0.125
+
+
 class EstimateError(TflmsError, ValueError):
     """The model cannot be estimated (unreadable file, no input shape, a loss whose labels cannot be inferred)."""
 
@@ -236,10 +242,15 @@ def estimate_batches(model: Any, *, batch_sizes: Sequence[int], profile: str | N
     say = progress or (lambda _m: None)
     largest = {}
     if search_max_batch:
-        for with_tflms in (False, True):
-            say(f"searching the largest batch {'with' if with_tflms else 'without'} tflms")
-            largest[with_tflms] = max_batch(graph, budget=budget_bytes, profile=priced, with_tflms=with_tflms,
-                                            config=config, sim_options=options, progress=say).batch_size
+        say("searching the largest batch without tflms")
+        largest[False] = max_batch(graph, budget=budget_bytes, profile=priced, with_tflms=False, config=config,
+                                   sim_options=options, progress=say).batch_size
+        say("searching the largest batch with tflms")
+        # from the unchanged step's largest (it fits with tflms too), each probe a tune, to within the bench's quick
+        # bisection step (MAX_BATCH_TOLERANCE), without tuning the batch found again for its fastest rewrite
+        largest[True] = max_batch(graph, budget=budget_bytes, profile=priced, with_tflms=True, config=config,
+                                  sim_options=options, progress=say, start=max(1, largest[False]),
+                                  tolerance=MAX_BATCH_TOLERANCE, fastest=False).batch_size
     out = []
     for batch_size in batch_sizes:
         t0 = time.perf_counter()

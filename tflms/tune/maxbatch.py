@@ -61,13 +61,19 @@ def _graph_with_free_batch(source: Any, args: tuple) -> Graph:
 def max_batch(source: Any, *args: Any, budget: int | str | None = None,
               profile: str | HardwareProfile = DEFAULT_PROFILE, with_tflms: bool = True,
               config: LMSConfig | None = None, strategies=DEFAULT_STRATEGIES, sim_options: SimOptions | None = None,
-              start: int = 1, progress: Callable[[str], None] | None = None) -> MaxBatchResult:
+              start: int = 1, progress: Callable[[str], None] | None = None, tolerance: float = 0.0,
+              fastest: bool = True) -> MaxBatchResult:
     """The largest batch size whose step fits ``budget`` (default: the profile's memory).
 
     ``source`` is traced once (a ConcreteFunction or tf.function with ``args``
     given as ``tf.TensorSpec``s whose first dimension is ``None``, or an IR
-    graph with unknown batch dimensions).
+    graph with unknown batch dimensions). ``start``: a batch known to fit, where the doubling starts.
+    ``tolerance``: stop bisecting once the smallest batch found not to fit is within this fraction above the
+    largest that fits (0: adjacent). ``fastest``: with tflms, tune the batch found for its fastest rewrite
+    (``False``: the first fit found is kept, and ``sim``/``tuned`` are the first fit's).
     """
+    if tolerance < 0:
+        raise ConfigError(f"tolerance must be >= 0, got {tolerance}")
     profile = get_profile(profile)
     budget_bytes = profile.memory_bytes if budget is None else parse_bytes(budget, what="budget")
     if start < 1:
@@ -107,14 +113,14 @@ def max_batch(source: Any, *args: Any, budget: int | str | None = None,
         if high > MAX_BATCH_LIMIT:
             raise GraphError(f"batch {low} still fits {budget_bytes} bytes: the step's memory does not seem to "
                              "grow with the batch dimension")
-    while high - low > 1:
+    while high - low > 1 and high > low * (1 + tolerance):
         mid = (low + high) // 2
         if fits(mid):
             low = mid
         else:
             high = mid
     ok, sim, tuned = cache[low]
-    if with_tflms:  # the search only asked "does anything fit?": now find the fastest fit
+    if with_tflms and fastest:  # the search only asked "does anything fit?": now find the fastest fit
         tuned = tune(base.with_batch_size(low), budget=budget_bytes, profile=profile, config=config,
                      strategies=strategies, sim_options=sim_options, enforce_order=config.enforce_order is not False)
         sim = tuned.best.sim
