@@ -169,6 +169,14 @@ def test_max_batch_with_and_without_tflms():
     lms = max_batch(cf, profile=profile, with_tflms=True)
     assert lms.batch_size > plain.batch_size
     assert lms.tuned.best.sim.peak_with_margin_bytes <= profile.memory_bytes
+    # the estimate's search: from a known fit, to within 1/8, the first fit kept (no fastest-rewrite tune)
+    quick = max_batch(cf, profile=profile, with_tflms=True, start=plain.batch_size, tolerance=0.125, fastest=False)
+    assert lms.batch_size / 1.125 <= quick.batch_size <= lms.batch_size
+    assert len(quick.evaluated) < len(lms.evaluated) and quick.evaluated[0] == (plain.batch_size, True)
+    failed = [b for b, ok in quick.evaluated if not ok and b > quick.batch_size]
+    assert failed and min(failed) <= quick.batch_size * 1.125
+    with pytest.raises(tflms.ConfigError, match="tolerance must be >= 0"):
+        max_batch(cf, profile=profile, tolerance=-1)
     with pytest.raises(tflms.GraphError, match="unknown leading"):
         fixed = tf.function(step.python_function).get_concrete_function(tf.ones((4, 256)))
         max_batch(tf_io.from_concrete_function(fixed), profile=profile)
