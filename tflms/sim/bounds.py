@@ -173,14 +173,20 @@ def step_time_bound(graph: Graph, profile: str | HardwareProfile, budget_bytes: 
                       swap_only_bytes=bound.bound_bytes, across_s=across_peak_s(sim, budget_bytes, profile))
 
 
+def launches_s(sim, profile: HardwareProfile) -> float:
+    """``sim``'s launches back to back where the host launches kernels ahead of the GPU (the ``graph`` clock): no order
+    runs the step faster. 0 on the other clocks (``serial`` counts each launch in its kernel)."""
+    return sim.kernels * profile.launch_overhead_s if getattr(sim, "clock", "serial") == "graph" else 0.0
+
+
 def compute_floor_s(sim, profile: HardwareProfile) -> float:
     """The least compute time of ``sim``'s ops in any order a rewrite may run them in: the compute stream's time where
     the clock adds every launch to its kernel (``serial``); where the host launches ahead of the GPU (``graph``), the
-    kernels back to back or their launches back to back, whichever is longer (this order's waits for launches are not
-    every order's)."""
+    kernels back to back or their launches back to back (:func:`launches_s`), whichever is longer (this order's waits
+    for launches are not every order's)."""
     if getattr(sim, "clock", "serial") != "graph":
         return sim.compute_time_s
-    return max(sim.kernel_time_s, sim.kernels * profile.launch_overhead_s)
+    return max(sim.kernel_time_s, launches_s(sim, profile))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,7 +248,7 @@ def any_order_time_bound(graph: Graph, profile: str | HardwareProfile, budget_by
     total = float(times.sum())
     # Where the host launches kernels ahead of the GPU (the graph clock), no order launches the step's kernels in
     # less than their launches back to back, and copies may hide in the GPU's waits for them: a floor of its own.
-    launched = sim.kernels * profile.launch_overhead_s if getattr(sim, "clock", "serial") == "graph" else 0.0
+    launched = launches_s(sim, profile)
     rate = profile.effective_link_bytes_per_s
     room = budget_bytes - m.resident_bytes  # transient bytes that may stay on the device
     best = AnyOrderTimeBound(budget_bytes, max(total, launched), max(total, launched), "", 0, 0.0, 0.0, 0.0, 0)

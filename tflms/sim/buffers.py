@@ -121,11 +121,7 @@ def _forward(net: IndexedGraph, order: Sequence[int], position: Sequence[int], b
                 last_reader[buf] = max(last_reader[buf], last_reader.get(own, -1))
                 readers[buf].extend(readers.pop(own, ()))
                 break
-    # Resolve the chains forwarding made; ``readers`` is keyed by final owners already.
-    for t in range(len(buffer_of)):
-        o = buffer_of[t]
-        if o != t and buffer_of[o] != o:
-            owner_of(t)
+    _forward_resolve(bufs)  # the chains forwarding made; ``readers`` is keyed by final owners already
 
 
 class _Events:
@@ -194,7 +190,8 @@ def _memory_events(net: IndexedGraph, order: Sequence[int], bufs: _Buffers, timi
 
 
 def _forward_resolve(bufs: _Buffers) -> None:
-    """Resolve alias chains (what :func:`_forward` does at its end) where forwarding is not modelled."""
+    """Point every tensor at its buffer's final owner, through alias and forwarding chains (:func:`_forward` ends
+    with it; without forwarding it runs alone)."""
     buffer_of = bufs.buffer_of
     for t in range(len(buffer_of)):
         o = buffer_of[t]

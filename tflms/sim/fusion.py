@@ -68,7 +68,6 @@ class _Net:
         for t in outputs:
             self.is_output[t] = 1
         self.order = order
-        self.control_sources = {c for i in order for c in net.ctrl[i]}
 
     def is_view(self, i: int) -> bool:
         """An op whose output is a view of its input on the accelerator (``Reshape``, ``Identity``...)."""
@@ -117,7 +116,7 @@ def _worth_duplicating(in_bytes: int, out_bytes: int, copies: int) -> bool:
     return copies <= 1 or (copies <= MAX_DUPLICATES and copies * in_bytes <= in_bytes + (copies + 1) * out_bytes)
 
 
-def _xla_virtual(g: _Net, keep: Mapping[int, int]) -> tuple[bytearray, list[frozenset[int] | None]]:
+def _xla_virtual(g: _Net, keep: Mapping[int, int]) -> bytearray:
     """Which ops XLA fuses into their consumers (by op id, 1 = fused away), deciding consumers before producers;
     ops in ``keep`` stay kernels."""
     net = g.net
@@ -138,7 +137,7 @@ def _xla_virtual(g: _Net, keep: Mapping[int, int]) -> tuple[bytearray, list[froz
         if _worth_duplicating(in_bytes, g.nbytes(net.out_start[i]), len(into)):
             virtual[i] = 1
             roots[i] = into
-    return virtual, roots
+    return virtual
 
 
 def _fusion(g: _Net, root: int, virtual: bytearray) -> tuple[list[int], list[int]]:
@@ -247,7 +246,7 @@ def xla_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[b
     g = _Net(net, order, is_transfer, outputs)
     priced = op_durations(net, order, is_transfer, costs, profile)
     epilogues = _conv_epilogues(g)
-    virtual, _ = _xla_virtual(g, keep=epilogues)
+    virtual = _xla_virtual(g, keep=epilogues)
     n = len(net.names)
     duration, reads = [0.0] * n, [list(ins) for ins in net.inputs]
     virtual_t = bytearray(len(net.t_op))
