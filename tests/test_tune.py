@@ -173,8 +173,14 @@ def test_max_batch_with_and_without_tflms():
     quick = max_batch(cf, profile=profile, with_tflms=True, start=plain.batch_size, tolerance=0.125, fastest=False)
     assert lms.batch_size / 1.125 <= quick.batch_size <= lms.batch_size
     assert len(quick.evaluated) < len(lms.evaluated) and quick.evaluated[0] == (plain.batch_size, True)
-    failed = [b for b, ok in quick.evaluated if not ok and b > quick.batch_size]
-    assert failed and min(failed) <= quick.batch_size * 1.125
+    # the smallest batch found not to fit, by a tune or by the swap-only bound, is within 1/8 above it
+    assert quick.upper is not None and quick.batch_size < quick.upper <= quick.batch_size * 1.125
+    failed = [b for b, ok in quick.evaluated if not ok] + list(quick.bound_rejected)
+    assert quick.upper == min(failed)
+    # a batch the swap-only bound rejects is never tuned, and nothing the bound allows is rejected by it
+    assert not set(quick.bound_rejected) & {b for b, _ in quick.evaluated}
+    for rejected in lms.bound_rejected:
+        assert rejected > lms.batch_size
     with pytest.raises(tflms.ConfigError, match="tolerance must be >= 0"):
         max_batch(cf, profile=profile, tolerance=-1)
     with pytest.raises(tflms.GraphError, match="unknown leading"):

@@ -24,7 +24,7 @@ from tflms.units import format_bytes, parse_bytes
 
 #: How close the largest batch with tflms is searched: the smallest batch found not to fit is within this fraction
 #: above it (the bench's quick mode bisects to the same step, tools/benchlib/common.py QUICK_BISECT_STEPS). Each probe
-#: is a tune; an exact search took ResNet-50 minutes.
+#: is a tune (seconds to half a minute on ResNet-50); an exact search took minutes.
 MAX_BATCH_TOLERANCE = 0.125
 
 

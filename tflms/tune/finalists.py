@@ -82,8 +82,8 @@ def judge_ordered(ev: TuneEvaluator, first_fit: bool = False) -> list[Candidate]
         """Judge up to ``limit`` distinct plans of ``cands`` in the enforced order."""
         judged = []
         for c in cands:
-            if len(judged) >= limit:
-                break
+            if len(judged) >= limit or (first_fit and any(j.fits for j in judged)):
+                break  # (with ``first_fit``, once one fits: the tune's question is answered)
             # the whole decisions: sync edges and triggers differ between sync modes and look-aheads (a plan that
             # changes nothing, a distance threshold past every distance, is the unswapped step)
             key = None if c.plan is None or not (c.plan.swaps or c.plan.recomputes) else (c.plan.swaps,
@@ -111,6 +111,8 @@ def judge_ordered(ev: TuneEvaluator, first_fit: bool = False) -> list[Candidate]
     # faster, and of two as fast the tuner keeps the first; on ResNet-50 at batch 32 a third of the tune)
     first = [best] if best is not None and not best.sim.compute_bound else []
     added = judge(first + twins, len(first) + len(twins))
+    if first_fit and any(c.fits for c in added):
+        return added
     firsts = judge([group[0] for group in families.values()], ORDER_FAMILIES)
     added += firsts
     if firsts and not any(c.fits for c in firsts):
