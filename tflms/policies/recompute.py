@@ -126,17 +126,20 @@ class RecomputeDecision:
 
 def recompute_plan(analysis: Analysis, ops: Iterable[str], config: LMSConfig | None = None, *,
                    accelerator_device: str = "/device:GPU:0", split_levels: int | None = None,
-                   per_reader: Iterable[str] = (), skipped: Sequence[Skip] = ()) -> SwapPlan:
+                   per_reader: Iterable[str] = (), skipped: Sequence[Skip] = (),
+                   split_readers: bool = False) -> SwapPlan:
     """A plan that recomputes ``ops`` (:func:`plan_recomputes`) and swaps nothing, on ``config`` (default
     ``LMSConfig()``) for ``accelerator_device``; its skips are ``skipped`` and the ops :func:`plan_recomputes`
     refused. ``apply_swaps`` applies it; an empty ``recomputes`` means nothing could be recomputed."""
-    decisions, skips = plan_recomputes(analysis, ops, split_levels=split_levels, per_reader=per_reader)
+    decisions, skips = plan_recomputes(analysis, ops, split_levels=split_levels, per_reader=per_reader,
+                                       split_readers=split_readers)
     return SwapPlan(config=config or LMSConfig(), accelerator_device=accelerator_device, swaps=(),
                     skipped=tuple(skipped) + skips, recomputes=decisions)
 
 
 def plan_recomputes(analysis: Analysis, ops: Iterable[str], *, ahead: int = 1, split_levels: int | None = None,
-                    per_reader: Iterable[str] = ()) -> tuple[tuple[RecomputeDecision, ...], tuple[Skip, ...]]:
+                    per_reader: Iterable[str] = (), split_readers: bool = False
+                    ) -> tuple[tuple[RecomputeDecision, ...], tuple[Skip, ...]]:
     """Decisions that re-run ``ops`` (forward ops, e.g. the union of :func:`chain_for` chains), one per connected
     chain, with their triggers; ops whose clone would serve no reader or find no trigger are skipped.
 
@@ -148,6 +151,13 @@ def plan_recomputes(analysis: Analysis, ops: Iterable[str], *, ahead: int = 1, s
     :data:`MAX_COPIES` clones of one op): time for memory, as a chain split in two would be, but from the same
     kept tensors. The ops of ``per_reader`` are re-run again wherever their own readers come later than those of
     the clones they feed (a split at 0 levels, for them alone): each clone lives only until its readers ran.
+    With ``split_readers``, a clone per reader: a tensor read by backward ops at several levels gets a clone for
+    the readers at the first of them and is re-run again (a later copy, from the same kept tensors) for the rest,
+    and every op is split at 0 levels, as ``per_reader`` does for its ops: without it one clone serves every reader
+    and waits on the device between them. Issue 45's CNN: the second convolution's output is
+    read by the third's filter gradient and by its own ReLU gradient, and the third's input gradient, made between
+    them, is the step's peak; one clone per reader fits 90 MiB at +20.2%, where the tuner had swapped that tensor
+    (+109%; docs/design.md, "The pick against a broader search").
 
     Deterministic: the same analysis and ops give the same decisions, in level order.
     """
@@ -162,7 +172,8 @@ def plan_recomputes(analysis: Analysis, ops: Iterable[str], *, ahead: int = 1, s
     while True:  # an op whose clone finds no trigger leaves the set, and the chains are formed again
         decisions, dropped, unread = [], [], []
         for members in _chains(analysis, chosen):
-            decided, missing = _decided(analysis, tuple(members), ahead, split_levels, eager.intersection(members))
+            decided, missing = _decided(analysis, tuple(members), ahead, split_levels, eager.intersection(members),
+                                        split_readers)
             if decided is None and missing:
                 dropped.extend(missing)
             elif decided is None:
@@ -184,16 +195,17 @@ DECISION_MEMO_SIZE = 1 << 14
 
 
 def _decided(analysis: Analysis, members: tuple[str, ...], ahead: int, split_levels: int | None,
-             per_reader: frozenset[str] = frozenset()
+             per_reader: frozenset[str] = frozenset(), split_readers: bool = False
              ) -> tuple[tuple[RecomputeDecision, ...] | None, tuple[str, ...]]:
     """:func:`_decide` of a whole chain, memoized with the analysis (stored in its ``__dict__`` as
     :func:`functools.cached_property` stores its values: the analysis is frozen, and a chain's decisions depend on it
     and the arguments alone)."""
     memo = analysis.__dict__.setdefault("_recompute_decisions", {})
-    key = (members, ahead, split_levels, per_reader)
+    key = (members, ahead, split_levels, per_reader, split_readers)
     hit = memo.get(key)
     if hit is None:
-        decided, missing = _decide(analysis, members, ahead, split_levels=split_levels, per_reader=per_reader)
+        decided, missing = _decide(analysis, members, ahead, split_levels=split_levels, per_reader=per_reader,
+                                   split_readers=split_readers)
         if len(memo) >= DECISION_MEMO_SIZE:
             memo.clear()
         hit = memo[key] = (None if decided is None else tuple(decided), tuple(missing))
@@ -223,20 +235,34 @@ def _chains(analysis: Analysis, chosen: set[str]) -> list[list[str]]:
 
 
 def _decide(analysis: Analysis, members: Sequence[str], ahead: int, *, split_levels: int | None = None,
-            per_reader: frozenset[str] = frozenset(), copy: int = 0, serves: frozenset[str] | None = None,
-            top: int | None = None) -> tuple[list[RecomputeDecision] | None, list[str]]:
+            per_reader: frozenset[str] = frozenset(), copy: int = 0,
+            serves: Mapping[str, Mapping[TensorRef, tuple[str, ...]] | None] | None = None,
+            top: int | None = None, split_readers: bool = False) -> tuple[list[RecomputeDecision] | None, list[str]]:
     """The decisions for one chain (its re-runs after the first, see :func:`plan_recomputes`), or ``(None, the ops
     whose clone finds no trigger)`` (``[]``: no reader). ``serves``: the ops whose backward readers this re-run
-    serves (default: all; the others only feed them); ``top``: the whole chain's highest level (a trigger comes
-    after it); ``per_reader``: the ops split at 0 levels."""
+    serves (default: all; the others only feed them), each with the readers it serves by tensor (``None``: all of
+    them); ``top``: the whole chain's highest level (a trigger comes after it); ``per_reader``: the ops split at 0
+    levels; ``split_readers``: a tensor's readers after the first level are left to the next re-run, and every op
+    is split at 0 levels (each clone serves one level of readers, or feeds)."""
     graph, levels = analysis.graph, analysis.levels
     chain = frozenset(members)
     own: dict[str, list[tuple[TensorRef, tuple[str, ...]]]] = {}
+    later: dict[str, dict[TensorRef, tuple[str, ...]]] = {}  # readers left to the next re-run (``split_readers``)
+    considered: dict[str, dict[TensorRef, tuple[str, ...]]] = {}  # every reader this re-run was to serve, by op
     for name in members:
         if serves is None or name in serves:
+            only = None if serves is None else serves[name]
             for index, _ in enumerate(graph.op(name).outputs):
                 ref = TensorRef(name, index)
                 rs = backward_readers(analysis, ref, chain)
+                if only is not None:
+                    rs = tuple(r for r in rs if r in only.get(ref, ()))
+                if rs:
+                    considered.setdefault(name, {})[ref] = rs
+                if rs and split_readers and copy + 1 < MAX_COPIES and levels[rs[-1]] > levels[rs[0]]:
+                    first = tuple(r for r in rs if levels[r] == levels[rs[0]])
+                    later.setdefault(name, {})[ref] = rs[len(first):]
+                    rs = first
                 if rs:
                     own.setdefault(name, []).append((ref, rs))
     if not own:
@@ -261,7 +287,7 @@ def _decide(analysis: Analysis, members: Sequence[str], ahead: int, *, split_lev
         fed = [trigger[c] for index, _ in enumerate(graph.op(name).outputs)
                for c, _ in graph.consumers(TensorRef(name, index)) if c in chain and trigger[c] is not None]
         feeder = earliest(fed) if fed else None
-        split = 0 if name in per_reader else split_levels
+        split = 0 if name in per_reader or split_readers else split_levels
         if (split is not None and own_trigger is not None and feeder is not None and copy + 1 < MAX_COPIES
                 and levels[own_trigger] - levels[feeder] > split):
             again.append(name)  # it feeds now and is re-run for its own readers, rather than wait for them
@@ -274,19 +300,23 @@ def _decide(analysis: Analysis, members: Sequence[str], ahead: int, *, split_lev
     if missing:
         return None, missing
     decisions = [_decision(analysis, members, own, trigger, copy)]
-    if again:
+    if again or later:
         # the ops to re-run again: those waiting and what they read inside the chain, back to its sources
-        rerun, stack = set(again), list(again)
+        # (an op re-run again for its own readers is served all it was to serve here; a split one the rest)
+        served: dict[str, Mapping[TensorRef, tuple[str, ...]] | None] = {
+            **later, **{n: None if serves is None else considered[n] for n in again}}
+        rerun, stack = set(served), list(served)
         while stack:
             for ref in graph.op(stack.pop()).inputs:
                 if ref.op in chain and ref.op not in rerun:
                     rerun.add(ref.op)
                     stack.append(ref.op)
-        later, missing = _decide(analysis, [n for n in members if n in rerun], ahead, split_levels=split_levels,
-                                 per_reader=per_reader, copy=copy + 1, serves=frozenset(again), top=top)
-        if later is None:
+        again_decided, missing = _decide(analysis, [n for n in members if n in rerun], ahead,
+                                         split_levels=split_levels, per_reader=per_reader, copy=copy + 1,
+                                         serves=served, top=top, split_readers=split_readers)
+        if again_decided is None:
             return None, missing
-        decisions += later
+        decisions += again_decided
     return decisions, []
 
 

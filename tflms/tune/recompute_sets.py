@@ -94,17 +94,18 @@ def _round_trip_s(profile, num_bytes: int) -> float:
 
 def _judge_ops(ev: TuneEvaluator, times: Mapping[str, float], ops, skipped: tuple, params: dict, *,
               split_only: bool = False, bound: Callable[[], float] | None = None,
-              per_reader: frozenset[str] = frozenset()) -> Candidate | None:
+              per_reader: frozenset[str] = frozenset(), split_readers: bool = False) -> Candidate | None:
     """Recompute ``ops`` (:func:`~tflms.policies.recompute.recompute_plan`, with ``params["split"]`` as its
-    ``split_levels``), simulate and record the plan (``params`` plus what it recomputes); ``None`` when no op can be
-    recomputed, or, with ``split_only``, when the split re-runs nothing again (the plan without it), or when the
-    plan computes longer than ``bound()`` seconds (the fastest fit so far).
+    ``split_levels``, and ``split_readers``: a clone per reader), simulate and record the plan (``params`` plus what
+    it recomputes); ``None`` when no op can be recomputed, or, with ``split_only``, when the split re-runs nothing
+    again (the plan without it), or when the plan computes longer than ``bound()`` seconds (the fastest fit so far).
 
     That plan cannot win, nor can a hybrid of it: the compute stream runs every op of the step and every clone,
     one after another, and a step lasts at least that long (:func:`compute_floor_s`). It is not simulated. On
     ResNet-50 at batch 32 (tools/bench_rewrite.py's budget) that leaves out 7 of the 16 recompute plans."""
     plan = recompute_plan(ev.analysis, ops, ev.base_config, accelerator_device=ev.accelerator,
-                          split_levels=params.get("split"), per_reader=per_reader, skipped=skipped)
+                          split_levels=params.get("split"), per_reader=per_reader, skipped=skipped,
+                          split_readers=split_readers)
     decisions = plan.recomputes
     if not decisions or (split_only and not any(r.copy for r in decisions)):
         return None
