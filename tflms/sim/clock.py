@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 from tflms.errors import ConfigError
 from tflms.ir.op_types import FREE_OPS
-from tflms.sim.cost import op_launches, op_time_s
+from tflms.sim.cost import op_time_s
 from tflms.sim.indexed import ACCEL, IndexedGraph, OpCosts, _synthetic_op
 from tflms.profiles import HardwareProfile
 
@@ -100,15 +100,15 @@ def serial_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequenc
     return Kernels(CLOCK_SERIAL, duration, [0.0] * len(duration), sum(1 for d in duration if d > 0))
 
 
-def asynchronous(kernels: Kernels, net: IndexedGraph, profile: HardwareProfile) -> Kernels:
-    """``kernels`` with each priced op's launches (:func:`~tflms.sim.cost.op_launches`) moved from its time to the
-    host (``graph`` clock)."""
+def asynchronous(kernels: Kernels, net: IndexedGraph, profile: HardwareProfile, costs: OpCosts) -> Kernels:
+    """``kernels`` with each priced op's launches (:func:`~tflms.sim.cost.op_launches`, once per op in ``costs``)
+    moved from its time to the host (``graph`` clock)."""
     duration, launch, types, src_ops = kernels.duration, kernels.launch, net.types, net.src_ops
     launch_s = profile.launch_overhead_s
     for i, d in enumerate(duration):
         if d > 0 and types[i] not in FREE_OPS:
             src = src_ops[i]
-            host = launch_s * (op_launches(src, profile) if src is not None else 1)
+            host = costs.launches_s(i, src, launch_s) if src is not None else launch_s
             duration[i] = d - min(host, d)
             launch[i] = host
     return kernels
@@ -122,7 +122,7 @@ def kernels_for(mode: str, net: IndexedGraph, order: Sequence[int], is_transfer:
     from tflms.sim import fusion  # noqa: PLC0415 - fusion imports this module
     if mode == CLOCK_GRAPH:
         kernels = fusion.remapper_kernels(net, order, is_transfer, costs, profile, outputs)
-        return asynchronous(kernels, net, profile)
+        return asynchronous(kernels, net, profile, costs)
     if mode == CLOCK_XLA:
         return fusion.xla_kernels(net, order, is_transfer, costs, profile, outputs)
     raise ConfigError(f"no clock {mode!r}")

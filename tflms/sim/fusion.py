@@ -300,7 +300,12 @@ def _remapper_chains(net: IndexedGraph, order: Sequence[int], is_transfer: Seque
     """``(conv, bias_add, relu)`` chains grappler's GPU remapper fuses into ``_FusedConv2D`` (module doc). One pass
     over the order's edges, reading only the readers of the candidate convolutions and bias adds: the tuner runs
     this for every simulation."""
-    types, out_start, dev = net.types, net.out_start, net.dev
+    types, out_start, dev, t_op, inputs = net.types, net.out_start, net.dev, net.t_op, net.inputs
+    # (first the shape of a chain alone, a Relu reading a BiasAdd reading a Conv2D, by types: Keras 3 graphs have
+    # none, and then the readers need not be walked)
+    if not any(types[i] == "Relu" and inputs[i] and types[b := t_op[inputs[i][0]]] == "BiasAdd" and inputs[b]
+               and types[t_op[inputs[b][0]]] == "Conv2D" for i in order):
+        return []
     convs = [i for i in order if types[i] == "Conv2D" and _spatial_float32_conv(net, i)]
     if not convs:
         return []

@@ -13,7 +13,7 @@ from tflms.devices import normalize_device
 from tflms.errors import ConfigError
 from tflms.ir.graph import Graph, Op, TensorInfo, TensorRef
 from tflms.ir.op_types import VARIABLE_READ_OPS
-from tflms.sim.cost import op_time_s
+from tflms.sim.cost import op_launches, op_time_s
 from tflms.profiles import HardwareProfile
 
 
@@ -224,6 +224,15 @@ class OpCosts:
         # by op id where ``names`` (the ids' op names) are given: the simulator's loop reads ``_times`` first
         self._times: dict[int, float] = {} if names is None or not self._known else {
             i: t for i, t in enumerate(map(self._known.get, names)) if t is not None}
+
+    def launches_s(self, op_id: int, op, launch_s: float) -> float:
+        """The host's launch time of op ``op_id`` (``op``): ``launch_s`` per kernel it launches
+        (:func:`~tflms.sim.cost.op_launches`), computed once per op, as :meth:`time_s` is."""
+        memo = self.__dict__.setdefault("_launches", {})
+        hit = memo.get(op_id)
+        if hit is None or hit[0] is not op:  # (an id a plan appended may be another op in the next plan)
+            hit = memo[op_id] = (op, launch_s * op_launches(op, self.profile))
+        return hit[1]
 
     def time_s(self, op_id: int, op) -> float:
         t = self._times.get(op_id)

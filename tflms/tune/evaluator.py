@@ -316,6 +316,7 @@ class PlanEvaluator:
         op_id, graph = self._op_id, self.graph
         costs = OpCosts(graph, self.profile)
         costs._times = {i: t for i, t in self._costs._times.items() if i < len(self._net.names)}
+        costs._launches = self._costs.__dict__.setdefault("_launches", {})  # (checked by op: shared safely)
         new_ids: dict[str, int] = {}
 
         def tensor(ref: TensorRef) -> int:
