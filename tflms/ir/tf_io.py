@@ -209,7 +209,7 @@ def to_graph_def(graph: Graph):
 
 
 def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Sequence[str] = (),
-                         name: str | None = None, keep_must_compile: bool = True):
+                         name: str | None = None, keep_must_compile: bool = True, must_compile: bool = False):
     """Build a ``ConcreteFunction`` that runs ``graph`` in place of ``original``.
 
     ``graph`` must come from :func:`from_concrete_function` of ``original`` (or a
@@ -217,7 +217,8 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
     updates the caller's model. ``extra_control_outputs`` (e.g. swap nodes) are
     made control outputs so that grappler keeps them. ``keep_must_compile=False``
     leaves ``original``'s ``_XlaMustCompile`` out (a step whose ops carry their own
-    XLA clusters, :mod:`tflms.passes.xla_clusters`, must not be compiled whole).
+    XLA clusters, :mod:`tflms.passes.xla_clusters`, must not be compiled whole); ``must_compile=True`` sets it (the
+    function compiled whole by XLA, as ``jit_compile=True`` compiles it).
     """
     tf = _tf()
     from tensorflow.core.framework import attr_value_pb2
@@ -295,6 +296,8 @@ def to_concrete_function(graph: Graph, original, *, extra_control_outputs: Seque
     new_graph.structured_outputs = tf.nest.map_structure(_swap, old_graph.structured_outputs, expand_composites=True)
     new_graph.variables = old_graph.variables
     attrs = {k: v for k, v in _function_attrs(original).items() if keep_must_compile or k != "_XlaMustCompile"}
+    if must_compile:
+        attrs["_XlaMustCompile"] = attr_value_pb2.AttrValue(b=True)
     new = compat.concrete_function_from_func_graph(new_graph, original.function_type, attrs)
     if surrogates:  # the real nodes back in the FunctionDef the runtime instantiates at the first call
         compat.replace_function_def(new, restore_function_def(new.function_def, surrogates))

@@ -60,6 +60,7 @@ from tflms.budget import budget_sim_options  # issue 48: one margin for the libr
 from tflms.pipeline.compression import _compression_summary, _compressor, _supports  # noqa: F401
 from tflms.pipeline.hardware import (PROFILE_DEVICE, default_budget, hardware_record,  # noqa: F401
                                      no_gpu_warning, priced_profile, tf32_setting, xla_cost)
+from tflms.tune.xla_alone import price_xla_alone, xla_alone_tuning
 from tflms.pipeline.load_build import (_accumulator_pins, _build, _build_xla, _grappler_done_before,  # noqa: F401
                                        _observer, _preoptimized, _ran_check, _traced_and_preoptimized)
 
@@ -154,25 +155,39 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         compressor = _compressor(config, analysis, step, example_inputs, profile)
         tuning = None
         budget_why = None
+        left_to_xla = False  # (issue 47: XLA alone fits, and the step is compiled whole)
         if config.auto_tune:
             from tflms.tune.plancache import cached_tune as tune  # plan cache hook (issue 48): tune, or reuse a plan
             # The filters are checked before any search: a step that fits is never planned, yet a misspelt
             # op type or scope is still an error.
             filter_warnings = tuple(check_filters(analysis, config))
             budget, budget_why = default_budget(choice, gpu) if config.default_tuning else (config.budget_bytes, None)
-            result = clock("tune", lambda: tune(analysis, budget=budget, profile=profile,
-                                                sim_options=budget_sim_options(config),  # issue 48: the margin
-                                                config=config, copy_op=copy_op, fit_by=config.fit_by,
-                                                compress=compressor, progress=progress,
-                                                enforce_order=config.orders, require_backward=require_backward))
+            # issue 47, item 3: XLA alone first. A step that keeps XLA and fits with XLA alone (its fusion, and its
+            # own rematerialization where that is faster than tflms's plan) is left to XLA, compiled whole.
+            alone = clock("xla-alone", lambda: price_xla_alone(analysis, profile, budget, budget_sim_options(config),
+                                                               config)) if xla else None
+            result = None if alone is not None and alone.fits and not alone.remat else clock(
+                "tune", lambda: tune(analysis, budget=budget, profile=profile,
+                                     sim_options=budget_sim_options(config),  # issue 48: the margin
+                                     config=config, copy_op=copy_op, fit_by=config.fit_by,
+                                     compress=compressor, progress=progress,
+                                     enforce_order=config.orders, require_backward=require_backward))
             planned = accelerator if accelerator != config.host_device else PROFILE_DEVICE
-            plan = result.best.plan or _empty_plan(config, planned)
-            swapped, tuning = result.graph, result.to_dict()
+            left_to_xla = alone is not None and alone.fits and (result is None
+                                                                  or result.best.sim.step_time_s >= alone.step_s)
+            if left_to_xla:
+                plan, swapped, tuning = _empty_plan(config, planned), graph, xla_alone_tuning(alone, result)
+            else:
+                plan = result.best.plan or _empty_plan(config, planned)
+                swapped, tuning = result.graph, result.to_dict()
+                if alone is not None:
+                    tuning["xla_alone"] = alone.to_dict()
             tuning["margin_fraction"] = budget_sim_options(config).margin_fraction  # issue 48
             baseline = getattr(result, "baseline", None)  # what leaving XLA costs this step (issue 46): the
             # callback says so (a plan from the plan cache keeps no baseline: simulated again)
-            tuning["xla"] = xla_cost(analysis.graph, profile,
-                                     baseline.step_time_s if getattr(baseline, "clock", None) == "graph" else None)
+            if not left_to_xla:
+                tuning["xla"] = xla_cost(analysis.graph, profile,
+                                         baseline.step_time_s if getattr(baseline, "clock", None) == "graph" else None)
             if filter_warnings:
                 plan = dataclasses.replace(plan, warnings=tuple(w for w in filter_warnings if w not in plan.warnings)
                                            + plan.warnings)
@@ -188,10 +203,11 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         placed = clock("place", lambda: place_swaps(swapped, plan))
         placed.graph.lint()
         final, order, pinned_by_guarantee = placed.graph, None, False
-        if config.auto_tune or config.orders:
+        tuned = config.auto_tune and not left_to_xla
+        if tuned or config.orders:
             from tflms.passes.order import GUARANTEE_NONE, apply_tuned_order, enforce_order, hold_to_budget
             options = budget_sim_options(config)  # issue 48: judged with the tuner's margin (tflms/budget.py)
-        if config.auto_tune:
+        if tuned:
             final, order = clock("order", lambda: apply_tuned_order(final, result.best.order, profile,
                                                                     options=options))
             # The verdict was simulated in one order; TensorFlow's executor runs any order the edges allow
@@ -207,7 +223,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
                                            "before grappler), so ops it fuses or removes change the peak")
             if order["guarantee"] == GUARANTEE_NONE or grappler_after:
                 plan = dataclasses.replace(plan, warnings=plan.warnings + (order["guarantee_why"],))
-        elif config.orders:
+        elif config.orders and not left_to_xla:
             ordered = clock("order", lambda: enforce_order(placed.graph, profile, options=options))
             ordered.graph.lint()
             final, order = ordered.graph, ordered.report.to_dict()
@@ -221,7 +237,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
                 f"machine runs the step on oneDNN's CPU kernels, which hand them a workspace only so "
                 f"({', '.join(name for name, _ in kept.report[:3])}); the copies still run",))
         xla_clusters = None
-        if xla:  # issue 47: XLA clusters between the copies
+        if xla and not left_to_xla:  # issue 47: XLA clusters between the copies
             from tflms.passes.xla_clusters import cluster_for_xla
             clustered = clock("xla", lambda: cluster_for_xla(final, accelerator_device=accelerator,
                                                              host_device=config.host_device))
@@ -229,7 +245,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             final.lint()
             xla_clusters = clustered.report.to_dict()
         pinned = check_pinned_host(  # before anything runs: TensorFlow's pinned-memory cap (issue 28)
-            plan, final, host_peak_bytes=result.best.sim.host_peak_bytes if config.auto_tune else None,
+            plan, final, host_peak_bytes=result.best.sim.host_peak_bytes if tuned else None,
             profile=profile, tf32=config.tf32, host_device=config.host_device)
         inserted = inserted_ops(graph, final)
         hardware = hardware_record(choice, planned_for=plan.accelerator_device, runs_on=accelerator,
@@ -243,7 +259,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         report = RewriteReport(plan=plan, graph_summary=analysis.summary(), inserted_ops=inserted,
                                timings_s=timings, tuning=tuning, compression=_compression_summary(placed.graph),
                                hardware=hardware, order=order, accumulations=_accumulator_pins(step),
-                               memory=memory_picture(result, tuning["margin_fraction"]) if config.auto_tune else None,  # issue 48
+                               memory=memory_picture(result, tuning["margin_fraction"]) if tuned else None,  # issue 48
                                xla_clusters=xla_clusters)
         for w in plan.warnings:
             logger.warning("tflms: %s", w)
@@ -253,7 +269,9 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             # it; a rebuilt one would run the pre-optimized graph, identical only where the pre-pass mimics
             # TensorFlow exactly (docs/design.md, "Exceptions to bitwise").
             # A step that keeps XLA is always rebuilt: its clusters are marked on the rewritten graph.
-            if xla:
+            if left_to_xla:  # issue 47: the step as it was traced, compiled whole by XLA
+                function = clock("build", lambda: _build_xla(final, step, inserted, whole=True))
+            elif xla:
                 function = clock("build", lambda: _build_xla(final, step, inserted))
             else:
                 function = original if not inserted and not pinned_by_guarantee and original is not None else clock(

@@ -84,7 +84,7 @@ def _build(graph: Graph, step: Any, inserted: Sequence[str]):
     return preoptimize.run_preoptimized(rewritten, step)
 
 
-def _build_xla(graph: Graph, step: Any, inserted: Sequence[str]):
+def _build_xla(graph: Graph, step: Any, inserted: Sequence[str], whole: bool = False):
     """BUILD for a step that keeps XLA (issue 47): the rewritten function, never compiled whole, run with grappler off.
 
     Its ops carry their XLA clusters (:mod:`tflms.passes.xla_clusters`), and TensorFlow's clustering runs when
@@ -92,9 +92,13 @@ def _build_xla(graph: Graph, step: Any, inserted: Sequence[str]):
     XLA optimizes inside the clusters, and grappler's remapper would fuse ops into kernels XLA has none for
     (``_FusedMatMul`` on a CPU), which would then fall out of their clusters. LOAD read the traced step, not
     grappler's optimization of it, for the same reason.
+
+    ``whole``: the step is left to XLA (it fits with XLA alone, :mod:`tflms.tune.xla_alone`): compiled whole, as
+    ``jit_compile=True`` compiles it (``_XlaMustCompile``), with nothing inserted.
     """
     from tflms._compat import grappler as compat
     from tflms.compress.rewrite import register_functions
     register_functions(graph)
-    rewritten = tf_io.to_concrete_function(graph, step, extra_control_outputs=inserted, keep_must_compile=False)
+    rewritten = tf_io.to_concrete_function(graph, step, extra_control_outputs=inserted, keep_must_compile=False,
+                                           must_compile=whole)
     return compat.mark_grappler_done(rewritten)
