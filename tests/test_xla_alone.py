@@ -27,17 +27,11 @@ def test_xla_limit_is_its_share_of_device_memory_less_the_parameters():
 
 @pytest.fixture(scope="module")
 def cnn_analysis():
-    import keras
-
     from tflms.analysis.cto import analyze_graph
     from tflms.estimate import training_step
     from tflms.ir.tf_io import load_graph
-    keras.utils.set_random_seed(0)
-    inputs = keras.Input((64, 64, 3))
-    h = inputs
-    for filters in (32, 64, 64):
-        h = keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(h)
-    model = keras.Model(inputs, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(h)))
+    from tflms.testing.sweep import issue45_model
+    model = issue45_model()  # issue 45's CNN, at batch 32
     step, _, optimizer = training_step(model)
     analysis = analyze_graph(load_graph(step, batch_size=32))
     return analysis, (model, optimizer)

@@ -90,21 +90,28 @@ def _build(keras, kind: str, size: int):
     return keras.Model(inputs, outputs), shape
 
 
-def issue45_fit(callbacks=(), *, record: bool = False):
-    """Issue 45's reproducer: a Keras CNN (three 3x3 convolutions of 32, 64 and 64 filters with ReLU, 64x64x3
-    inputs) compiled with Adam, fitted one epoch at batch 32 on fixed data with ``callbacks``. Returns ``(model,
-    what ran)`` (``None`` unless ``record``: run metadata, :func:`tflms.testing.record_run_metadata`)."""
-    import contextlib
-
+def issue45_model():
+    """Issue 45's Keras CNN, seeded and not compiled: three 3x3 convolutions of 32, 64 and 64 filters with ReLU on
+    64x64x3 inputs, global average pooling and 10 logits."""
     import keras
-
-    from tflms.testing import record_run_metadata
     keras.utils.set_random_seed(0)
     i = keras.Input((64, 64, 3))
     h = i
     for f in (32, 64, 64):
         h = keras.layers.Conv2D(f, 3, padding="same", activation="relu")(h)
-    model = keras.Model(i, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(h)))
+    return keras.Model(i, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(h)))
+
+
+def issue45_fit(callbacks=(), *, record: bool = False):
+    """Issue 45's reproducer: :func:`issue45_model` compiled with Adam, fitted one epoch at batch 32 on fixed data with
+    ``callbacks``. Returns ``(model, what ran)`` (``None`` unless ``record``: run metadata,
+    :func:`tflms.testing.record_run_metadata`)."""
+    import contextlib
+
+    import keras
+
+    from tflms.testing import record_run_metadata
+    model = issue45_model()
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     x = np.random.RandomState(0).randn(32, 64, 64, 3).astype("float32")
     with (record_run_metadata() if record else contextlib.nullcontext()) as ran:
