@@ -164,6 +164,13 @@ class PlanEvaluator:
             self._rank[i] = k
 
     # ------------------------------------------------------------------ public
+    def op_times(self) -> dict[str, float]:
+        """Every base op's price by name (:func:`~tflms.sim.cost.op_time_s`), from the costs the simulations share:
+        each op is priced once per tune, not once more per search."""
+        costs, net = self._costs, self._net
+        return {name: costs.time_s(i, src) for i, (name, src) in enumerate(zip(net.names, net.src_ops))
+                if src is not None}
+
     def evaluate(self, plan: SwapPlan | None) -> SimResult:
         """The simulation of ``plan`` applied to the base graph (``None``: the base graph itself)."""
         if plan is not None and not plan.changed:

@@ -48,7 +48,6 @@ from tflms.policies.eligibility import is_clone, swapping_clones
 from tflms.policies.recompute import (articulations, backward_readers, chain_for, is_resident, rank_candidates,
                                       segment_ops, select)
 from tflms.policies.swapplan import SwapPlan
-from tflms.sim.cost import op_time_s
 from tflms.sim.simulator import RECV_SUFFIX, SimResult, simulate
 from tflms.tune.result import Candidate
 # the recompute plans judged alone: the names stay importable from here
@@ -101,8 +100,7 @@ def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
     ``ordered`` with the memory-aware order pinned first, and, when still none fits or the fastest stalls, through
     ``enforced``, the whole swap tuner in the enforced order, :func:`_enforced_hybrids`); returns the candidates
     recorded."""
-    graph = ev.analysis.graph
-    times = {op.name: op_time_s(graph, op, ev.profile) for op in graph}  # every op, priced once per search
+    times = ev.plans.op_times()  # every op, priced once per tune
     ranked, skipped = rank_candidates(ev.analysis, times.__getitem__, min_bytes=ev.base_config.min_swap_bytes)
     if not ranked:
         return []
