@@ -56,10 +56,12 @@ from tflms.policies.tflms_rules import plan_swaps
 from tflms.profiles import HardwareProfile, select_profile
 from tflms.report import RewriteReport, memory_picture  # issue 48: memory_picture
 from tflms.budget import budget_sim_options  # issue 48: one margin for the library and the bench
+from tflms.sim.clock import resolve_clock
 # the stages' decisions: the names stay importable from here
 from tflms.pipeline.compression import _compression_summary, _compressor, _supports  # noqa: F401
 from tflms.pipeline.hardware import (PROFILE_DEVICE, default_budget, hardware_record,  # noqa: F401
-                                     no_gpu_warning, priced_profile, tf32_setting, xla_cost)
+                                     no_gpu_warning, priced_profile, tf32_setting, xla_cost,
+                                     xla_sim_options)
 from tflms.pipeline.load_build import (_accumulator_pins, _build, _build_xla, _grappler_done_before,  # noqa: F401
                                        _observer, _preoptimized, _ran_check, _traced_and_preoptimized)
 
@@ -152,6 +154,11 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         choice = select_profile(config.profile, gpu) if simulates else None
         profile = priced_profile(choice.name, config.tf32) if simulates else None
         compressor = _compressor(config, analysis, step, example_inputs, profile)
+        # what fits is judged with the library's margin (issue 48), and a step that keeps XLA is priced as its
+        # clusters will run (issue 47: the xla-clusters clock)
+        sim_options = budget_sim_options(config)
+        if xla and simulates:
+            sim_options = xla_sim_options(sim_options, graph, accelerator)
         tuning = None
         budget_why = None
         if config.auto_tune:
@@ -161,14 +168,16 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             filter_warnings = tuple(check_filters(analysis, config))
             budget, budget_why = default_budget(choice, gpu) if config.default_tuning else (config.budget_bytes, None)
             result = clock("tune", lambda: tune(analysis, budget=budget, profile=profile,
-                                                sim_options=budget_sim_options(config),  # issue 48: the margin
+                                                sim_options=sim_options,
                                                 config=config, copy_op=copy_op, fit_by=config.fit_by,
                                                 compress=compressor, progress=progress,
                                                 enforce_order=config.orders, require_backward=require_backward))
             planned = accelerator if accelerator != config.host_device else PROFILE_DEVICE
             plan = result.best.plan or _empty_plan(config, planned)
             swapped, tuning = result.graph, result.to_dict()
-            tuning["margin_fraction"] = budget_sim_options(config).margin_fraction  # issue 48
+            tuning["margin_fraction"] = sim_options.margin_fraction  # issue 48
+            if xla:  # the clock the plan was priced on: its XLA clusters (issue 47)
+                tuning["clock"] = resolve_clock(sim_options.clock, profile)
             baseline = getattr(result, "baseline", None)  # what leaving XLA costs this step (issue 46): the
             # callback says so (a plan from the plan cache keeps no baseline: simulated again)
             tuning["xla"] = xla_cost(analysis.graph, profile,
@@ -190,7 +199,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         final, order, pinned_by_guarantee = placed.graph, None, False
         if config.auto_tune or config.orders:
             from tflms.passes.order import GUARANTEE_NONE, apply_tuned_order, enforce_order, hold_to_budget
-            options = budget_sim_options(config)  # issue 48: judged with the tuner's margin (tflms/budget.py)
+            options = sim_options  # issue 48: judged with the tuner's margin (tflms/budget.py) and clock
         if config.auto_tune:
             final, order = clock("order", lambda: apply_tuned_order(final, result.best.order, profile,
                                                                     options=options))
