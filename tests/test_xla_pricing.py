@@ -227,3 +227,26 @@ def test_the_clustered_price_is_deterministic():
     # each copy splits the step: more kernels than the whole step compiled at once, and a slower step
     whole = run(g, "xla", "h200-141gb")
     assert a.kernels > whole.kernels and a.step_time_s > whole.step_time_s
+
+
+# ---------------------------------------------------------------- the bench's tflms-xla (tools/bench.py --xla-targets)
+
+
+def test_the_bench_prices_tflms_xla_on_the_clustered_clock_against_plain_xla_and_checkpointing():
+    import pathlib
+    import sys
+    tools = str(pathlib.Path(__file__).resolve().parent.parent / "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    from benchlib.models import Steps
+    from benchlib.xla import METHOD, run_xla_targets, targets
+    record = run_xla_targets(Steps(), "mlp-tiny", "h100-80gb-pcie5", None, 3)
+    maxima = record["maxima"]
+    assert maxima[METHOD] >= maxima["checkpoint-segments"] > maxima["none"]
+    for at in (record["tflms_xla_at_checkpoint_max"], record["tflms_xla_at_its_max"]):
+        assert at["clock"] == "xla-clusters" and at["peak_with_margin_bytes"] <= record["budget_bytes"]
+    assert record["tflms_xla_at_checkpoint_max"]["batch"] == maxima["checkpoint-segments"]
+    assert record["tflms_xla_at_its_max"]["batch"] == maxima[METHOD]
+    assert record["simulated"] and record["targets"] == targets(record)
+    first = record["targets"]["overhead_half_of_checkpointing"]
+    assert first["met"] == (first["tflms_xla"] <= first["checkpoint"] / 2)
