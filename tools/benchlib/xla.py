@@ -39,13 +39,16 @@ def xla_options(options: Any) -> Any:
 
 def tune_xla(graph, ev: Evaluator, *, first_fit: bool, progress=None):
     """tflms-xla's tune of ``graph`` (``None`` where nothing fits)."""
-    from tflms.errors import BudgetError
+    from tflms.errors import BudgetError, GraphError
     from tflms.tune.tuner import DEFAULT_STRATEGIES, tune
     try:
         return tune(graph, budget=ev.budget, profile=ev.profile, strategies=list(DEFAULT_STRATEGIES),
                     first_fit=first_fit, sim_options=xla_options(ev.options), enforce_order=not first_fit,
                     progress=progress)
     except BudgetError:
+        return None
+    except GraphError as err:  # a candidate the tuner built could not be run: said, and counted as no fit
+        say(f"{ev.model} {ev.profile.name} {METHOD}: the tune failed: {str(err)[:200]}")
         return None
 
 
