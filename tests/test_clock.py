@@ -59,7 +59,7 @@ def test_auto_is_serial_on_a_cpu_profile_and_graph_on_a_gpu_profile():
 
 
 def test_an_unknown_clock_is_refused_with_the_choices():
-    with pytest.raises(ConfigError, match="clock must be one of 'auto', 'serial', 'graph', 'xla', got 'fast'"):
+    with pytest.raises(ConfigError, match="clock must be one of 'auto', 'serial', 'graph', 'xla', 'xla-clusters', got 'fast'"):
         SimOptions(clock="fast")
 
 

@@ -78,12 +78,19 @@ Usage (from the repo root)::
     python tools/bench.py --at vgg16=256,densenet121=540 --profiles v100-16gb-pcie3   # no search: those sizes
     python tools/bench.py --models resnet50 --profiles v100-16gb-pcie3 --curve --curve-points 4   # + throughput curve
     python tools/bench.py --models resnet50,resnet50-amp-bf16 --profiles h200-141gb --clock xla   # today's GPUs
+    python tools/bench.py --models resnet50 --profiles h200-141gb --xla-targets --json   # tflms-xla (issue 47)
 
 ``--clock xla`` (issue 46) prices ``none`` and the traced checkpointing steps as XLA:GPU compiles them
 (``tflms.sim.clock``): the step a Keras 3 user runs on a GPU by default, against which every method's overhead and
 samples/s are then measured. tflms's rewrites (and grappler's) run without XLA (the callback turns it off until issue
 47 keeps it), so they are priced on the graph clock (TensorFlow's executor, launches overlapping compute) whatever
 ``--clock`` says: their overhead includes what leaving XLA costs. ``--clock graph`` prices every method without XLA.
+
+``--xla-targets`` (issue 47) runs the method ``tflms-xla`` instead: tflms keeping XLA, its clusters between the copies,
+every candidate priced on the ``xla-clusters`` clock (``tflms.sim.clusters``), as ``rewrite_step(xla=True)`` tunes;
+beside it the plain XLA step (``none`` on the ``xla`` clock) and segment checkpointing under XLA. Per model and profile:
+the three maxima, tflms-xla's full tune at checkpointing's maximum and at its own, and the issue's two simulated
+targets (``benchlib.xla``). With ``--json`` one record per line on stdout as each finishes.
 
 ``--at MODEL=SIZE,...`` skips the maximum search and runs every method at the given sizes only (batches;
 ``unet3d=160^3`` or ``208x192x192``) exactly as at a search's common size (``search.run_methods_at``):
@@ -207,6 +214,31 @@ def run_at(args, sizes: dict[str, int], profiles: list[str], budget: int | None,
     return 0
 
 
+def run_xla(args, models: list[str], profiles: list[str], budget: int | None, bisect_steps: int | None,
+            results_path: str | None, argv) -> int:
+    """``--xla-targets``: tflms-xla, the plain XLA step and checkpointing under XLA on each model and profile
+    (:mod:`benchlib.xla`); JSON records on stdout with ``--json``, else the Markdown tables."""
+    from benchlib.xla import markdown as xla_markdown
+    from benchlib.xla import run_xla_targets
+    t_start = time.perf_counter()
+    steps = Steps()
+    records = []
+    for model in models:
+        for profile in profiles:
+            say(f"=== {model} on {profile} (tflms-xla and issue 47's targets)")
+            records.append(run_xla_targets(steps, model, profile, budget, bisect_steps, args.headroom))
+            if args.json:  # each record as it is done: a long run keeps what it finished
+                print(json.dumps(records[-1]), flush=True)
+    say(f"done in {time.perf_counter() - t_start:.0f} s ({steps.trace_s:.0f} s tracing)")
+    report = "\n".join(xla_markdown(records, _command(argv)))
+    if not args.json:
+        print(report)
+    if results_path:
+        pathlib.Path(results_path).write_text(report + "\n")
+        say(f"wrote {results_path}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--full", action="store_true", help="every model on every profile, exact bisection")
@@ -226,6 +258,10 @@ def main(argv=None) -> int:
                              "prices the step a Keras 3 user runs on a GPU by default; tflms's and grappler's rewrites "
                              "run without XLA and are priced on the graph clock either way (auto: graph on a GPU "
                              "profile)")
+    parser.add_argument("--xla-targets", action="store_true",
+                        help="issue 47: tflms-xla (XLA clusters kept, priced on the xla-clusters clock) against the plain "
+                             "XLA step and segment checkpointing under XLA, and the issue's two simulated targets "
+                             "(benchlib.xla); only those three methods run")
     parser.add_argument("--json", action="store_true", help="print JSON records instead of the Markdown report")
     parser.add_argument("--results", help="write the Markdown report here (default docs/results.md without --json)")
     parser.add_argument("--plots", help="directory for timeline PNGs (default docs/plots without --json)")
@@ -281,6 +317,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, argv) -> int
     plots_dir = args.plots or (None if args.json or at_sizes else str(REPO / "docs" / "plots"))
     if at_sizes:
         return run_at(args, at_sizes, profiles, budget, results_path, plots_dir, argv)
+    if args.xla_targets:
+        return run_xla(args, models, profiles, budget, bisect_steps, None if args.json else args.results, argv)
 
     t_start = time.perf_counter()
     steps = Steps()

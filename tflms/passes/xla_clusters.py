@@ -51,13 +51,16 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from collections import Counter
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from tflms.ir.graph import Graph, Op
 from tflms.ir.op_types import FREE_OPS, XLA_NEVER_DTYPES, XLA_NEVER_TYPES
 from tflms.passes.result import PassResult
 from tflms.policies.eligibility import CLONE_PREFIX, is_clone, is_inserted
+
+#: A node of :func:`segment_rule`: an op name here, an op id in the simulator.
+Node = TypeVar("Node", bound=Hashable)
 
 XLA_COMPILE_ATTR = "_XlaCompile"
 XLA_SCOPE_ATTR = "_XlaScope"
@@ -149,12 +152,9 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
     on_host = _host_check(accelerator_device, host_device)
     outside = {op.name: why for op in graph if (why := _why_outside(graph, op, on_host, has_xla_kernel))}
     preds, succs = graph.adjacency()
-    boundary = _boundaries(graph.topological_order((preds, succs)), preds, succs, outside)
-    order = _boundaries_first(graph, preds, succs, boundary)  # the order the segments follow
-    segment = _segments(order, outside, boundary)
-    _move_up(order, preds, succs, segment)
-    position = {name: i for i, name in enumerate(order)}
-    clusters = sorted(_clusters(order, preds, segment), key=lambda c: (segment[c[0]], position[c[0]]))
+    index = {op.name: i for i, op in enumerate(graph)}
+    order, boundary, segment, clusters = segment_rule(graph.topological_order((preds, succs)), index, preds, succs,
+                                                      outside, is_clone)
     kept = [c for c in clusters if not all(graph.op(n).type in FREE_OPS for n in c)]
     numbers = {s: k for k, s in enumerate(sorted({segment[c[0]] for c in kept}))}
     new = graph.copy()
@@ -174,6 +174,27 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
     return PassResult(new, changed=bool(kept) or any(w != NEVER_COMPILED for w in outside.values()), report=report)
 
 
+def segment_rule(topological: Sequence[Node], index: Mapping[Node, int], preds: Mapping[Node, Sequence[Node]],
+                 succs: Mapping[Node, Sequence[Node]], outside: Mapping[Node, str],
+                 clone: Callable[[Node], bool]) -> tuple[list[Node], set[Node], dict[Node, int], list[tuple]]:
+    """The segment rule of the module doc over any graph whose nodes are names (this pass) or op ids (the simulator's
+    ``xla-clusters`` clock, :mod:`tflms.sim.clusters`, which prices what this pass will mark).
+
+    ``topological``: the nodes in some topological order; ``index``: each node's graph position (ties);
+    ``preds`` / ``succs``: data and control neighbours of every node; ``outside``: the nodes left out (with why);
+    ``clone(node)``: a recompute clone. Returns ``(order, boundaries, segment of each member, clusters)``: the
+    order the segments follow, the left-out nodes between members, and the clusters (members joined by edges in
+    one segment, each in ``order``), sorted by segment then first member; the free-only ones included.
+    """
+    boundary = _boundaries(topological, preds, succs, outside)
+    order = _boundaries_first(index, preds, succs, boundary)  # the order the segments follow
+    segment = _segments(order, outside, boundary)
+    _move_up(order, preds, succs, segment, clone)
+    position = {name: i for i, name in enumerate(order)}
+    clusters = sorted(_clusters(order, preds, segment), key=lambda c: (segment[c[0]], position[c[0]]))
+    return order, boundary, segment, clusters
+
+
 def _host_check(accelerator_device: str, host_device: str) -> Callable[[str], bool]:
     """Whether an op's device is the host, where the host is another device than the accelerator."""
     def kind(device: str) -> str:
@@ -189,7 +210,7 @@ def _host_check(accelerator_device: str, host_device: str) -> Callable[[str], bo
 def _why_outside(graph: Graph, op: Op, on_host: Callable[[str], bool],
                  has_xla_kernel: Callable[[str], bool]) -> str | None:
     """Why ``op`` stays out of every cluster, or ``None`` for a member."""
-    if is_inserted(op.name) and (not is_clone(op.name) or _is_gate(op)):
+    if is_tflms_copy(op.type, op.name):
         return TFLMS_COPY
     if on_host(op.device):
         return HOST_OP
@@ -202,10 +223,19 @@ def _why_outside(graph: Graph, op: Op, on_host: Callable[[str], bool],
 
 
 def _is_gate(op: Op) -> bool:
-    """Whether ``op`` is a recompute gate (an ``Identity`` with its trigger as control input,
+    return is_gate(op.type, op.name)
+
+
+def is_gate(op_type: str, name: str) -> bool:
+    """Whether an op is a recompute gate (an ``Identity`` with its trigger as control input,
     :func:`tflms.policies.recompute.gate_name`): it stays out, so that the clones wait for the trigger's cluster and
     XLA cannot merge them with the forward ops they re-run."""
-    return op.type == "Identity" and op.name.startswith(CLONE_PREFIX + "gate_")
+    return op_type == "Identity" and name.startswith(CLONE_PREFIX + "gate_")
+
+
+def is_tflms_copy(op_type: str, name: str) -> bool:
+    """Whether an op is one of tflms's copies (a swap, a recompute gate, a codec call): never in a cluster."""
+    return is_inserted(name) and (not is_clone(name) or is_gate(op_type, name))
 
 
 def _boundaries(order: list[str], preds: dict[str, list[str]], succs: dict[str, list[str]],
@@ -222,10 +252,9 @@ def _boundaries(order: list[str], preds: dict[str, list[str]], succs: dict[str, 
     return {n for n in outside if n in after_member and n in before_member}
 
 
-def _boundaries_first(graph: Graph, preds: dict[str, list[str]], succs: dict[str, list[str]],
-                      boundary: set[str]) -> list[str]:
-    """Kahn's order over data and control edges where a ready boundary goes first, then graph order."""
-    index = {op.name: i for i, op in enumerate(graph)}
+def _boundaries_first(index: Mapping[Node, int], preds: Mapping[Node, Sequence[Node]],
+                      succs: Mapping[Node, Sequence[Node]], boundary: set[Node]) -> list[Node]:
+    """Kahn's order over data and control edges where a ready boundary goes first, then graph order (``index``)."""
     waiting = {n: len(p) for n, p in preds.items()}
     ready = [(n not in boundary, index[n], n) for n, w in waiting.items() if w == 0]
     heapq.heapify(ready)
@@ -282,12 +311,19 @@ def _clusters(order: list[str], preds: dict[str, list[str]], segment: dict[str, 
     return [tuple(g) for g in groups.values()]
 
 
-def _move_up(order: list[str], preds: dict[str, list[str]], succs: dict[str, list[str]],
-             segment: dict[str, int]) -> None:
+def connected_clusters(order: Sequence[Node], preds: Mapping[Node, Sequence[Node]],
+                       segment: Mapping[Node, Hashable]) -> list[tuple]:
+    """The clusters ``mark_for_compilation_pass`` makes of ops marked with ``segment`` (a segment number, or an
+    ``_XlaScope``): those of one segment joined by edges between them, each in ``order``."""
+    return _clusters(order, preds, segment)
+
+
+def _move_up(order: list[Node], preds: Mapping[Node, Sequence[Node]], succs: Mapping[Node, Sequence[Node]],
+             segment: dict[Node, int], clone: Callable[[Node], bool]) -> None:
     """Move each recompute clone and each member without inputs whose successors are all members to the earliest
     of their segments (in reverse order, so that a chain of clones moves together)."""
     for name in reversed(order):
-        if name not in segment or not succs[name] or not (is_clone(name) or not preds[name]):
+        if name not in segment or not succs[name] or not (clone(name) or not preds[name]):
             continue
         if all(s in segment for s in succs[name]):
             segment[name] = max(segment[name], min(segment[s] for s in succs[name]))

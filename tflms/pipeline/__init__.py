@@ -56,10 +56,12 @@ from tflms.policies.tflms_rules import plan_swaps
 from tflms.profiles import HardwareProfile, select_profile
 from tflms.report import RewriteReport, memory_picture  # issue 48: memory_picture
 from tflms.budget import budget_sim_options  # issue 48: one margin for the library and the bench
+from tflms.sim.clock import resolve_clock
 # the stages' decisions: the names stay importable from here
 from tflms.pipeline.compression import _compression_summary, _compressor, _supports  # noqa: F401
 from tflms.pipeline.hardware import (PROFILE_DEVICE, default_budget, hardware_record,  # noqa: F401
-                                     no_gpu_warning, priced_profile, tf32_setting, xla_cost)
+                                     no_gpu_warning, priced_profile, tf32_setting, xla_cost,
+                                     xla_sim_options)
 from tflms.tune.xla_alone import price_xla_alone, xla_alone_tuning
 from tflms.pipeline.load_build import (_accumulator_pins, _build, _build_xla, _grappler_done_before,  # noqa: F401
                                        _observer, _preoptimized, _ran_check, _traced_and_preoptimized)
@@ -153,6 +155,11 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         choice = select_profile(config.profile, gpu) if simulates else None
         profile = priced_profile(choice.name, config.tf32) if simulates else None
         compressor = _compressor(config, analysis, step, example_inputs, profile)
+        # what fits is judged with the library's margin (issue 48), and a step that keeps XLA is priced as its
+        # clusters will run (issue 47: the xla-clusters clock)
+        sim_options = budget_sim_options(config)
+        if xla and simulates:
+            sim_options = xla_sim_options(sim_options, graph, accelerator)
         tuning = None
         budget_why = None
         left_to_xla = False  # (issue 47: XLA alone fits, and the step is compiled whole)
@@ -168,7 +175,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
                                                                config)) if xla else None
             result = None if alone is not None and alone.fits and not alone.remat else clock(
                 "tune", lambda: tune(analysis, budget=budget, profile=profile,
-                                     sim_options=budget_sim_options(config),  # issue 48: the margin
+                                     sim_options=sim_options,  # issue 48: the margin; issue 47: the clusters' clock
                                      config=config, copy_op=copy_op, fit_by=config.fit_by,
                                      compress=compressor, progress=progress,
                                      enforce_order=config.orders, require_backward=require_backward))
@@ -182,7 +189,9 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
                 swapped, tuning = result.graph, result.to_dict()
                 if alone is not None:
                     tuning["xla_alone"] = alone.to_dict()
-            tuning["margin_fraction"] = budget_sim_options(config).margin_fraction  # issue 48
+                if xla:  # the clock the plan was priced on: its XLA clusters (issue 47)
+                    tuning["clock"] = resolve_clock(sim_options.clock, profile)
+            tuning["margin_fraction"] = sim_options.margin_fraction  # issue 48
             baseline = getattr(result, "baseline", None)  # what leaving XLA costs this step (issue 46): the
             # callback says so (a plan from the plan cache keeps no baseline: simulated again)
             if not left_to_xla:
@@ -206,7 +215,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         tuned = config.auto_tune and not left_to_xla
         if tuned or config.orders:
             from tflms.passes.order import GUARANTEE_NONE, apply_tuned_order, enforce_order, hold_to_budget
-            options = budget_sim_options(config)  # issue 48: judged with the tuner's margin (tflms/budget.py)
+            options = sim_options  # issue 48: judged with the tuner's margin (tflms/budget.py) and clock
         if tuned:
             final, order = clock("order", lambda: apply_tuned_order(final, result.best.order, profile,
                                                                     options=options))

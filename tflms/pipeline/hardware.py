@@ -71,6 +71,20 @@ def priced_profile(name: str, tf32: bool | None = None) -> HardwareProfile:
 
 
 
+def xla_sim_options(options: Any, graph: Any, accelerator: str) -> Any:
+    """``options`` for a step that keeps XLA in clusters (issue 47): the ``xla-clusters`` clock
+    (:mod:`tflms.sim.clusters`), which prices each candidate as :func:`tflms.passes.xla_clusters.cluster_for_xla` will
+    cluster it, with the step's op types that have no XLA kernel for ``accelerator`` left out of the clusters (read
+    from TensorFlow's registry, as the pass reads it)."""
+    import dataclasses
+
+    from tflms.passes.xla_clusters import jit_device_for, registered_xla_kernels
+    from tflms.sim.clock import CLOCK_XLA_CLUSTERS
+    has_kernel = registered_xla_kernels(jit_device_for(accelerator))
+    unsupported = sorted({op.type for op in graph if not has_kernel(op.type)})
+    return dataclasses.replace(options, clock=CLOCK_XLA_CLUSTERS, xla_unsupported=tuple(unsupported))
+
+
 def xla_cost(graph: Any, profile: HardwareProfile, graph_step_s: float | None = None) -> dict[str, Any] | None:
     """What running ``graph`` (the unchanged step) without XLA costs on ``profile``: its step on the ``graph`` clock
     (TensorFlow's executor, the step tflms's rewrites run) against the ``xla`` clock (XLA:GPU's fusions), both

@@ -258,12 +258,16 @@ def _swap_in_choices(analysis: Analysis, producer: str, far: Sequence[str], span
     shares the previous group's swap-in instead (the tensor stays on the device
     between them; a second copy would only make that consumer wait).
     """
-    groups = sorted(group_consumers(far, analysis.levels, groupby),
-                    key=lambda members: min((spans[n][0], n) for n in members))
+    # (ties of start times broken by level, then name: an op fused away on an XLA clock takes no time, so a consumer
+    # may start when its ancestor does; the first consumer must be no descendant of another, or its trigger could
+    # read the swap-in it triggers)
+    levels = analysis.levels
+    groups = sorted(group_consumers(far, levels, groupby),
+                    key=lambda members: min((spans[n][0], levels[n], n) for n in members))
     choices: list[SwapInChoice] = []
     arrival = None  # when the previous group's copy arrives
     for members in groups:
-        first = min(members, key=lambda n: (spans[n][0], n))
+        first = min(members, key=lambda n: (spans[n][0], levels[n], n))
         start = spans[first][0]
         if choices and arrival is not None and arrival + copy_s > start:
             prev = choices[-1]

@@ -133,8 +133,12 @@ class _Events:
 
 def _memory_events(net: IndexedGraph, order: Sequence[int], bufs: _Buffers, timing,
                    readers: dict[int, list[int]], outputs: Iterable[int], virtual: bytearray | None,
-                   alive: Sequence[bool], options: SimOptions, step_time: float) -> _Events:
-    """An allocation when a buffer's producer starts, a free when its last reader ends (module doc)."""
+                   alive: Sequence[bool], options: SimOptions, step_time: float,
+                   cluster: Sequence[int] | None = None, first: Sequence[int] | None = None) -> _Events:
+    """An allocation when a buffer's producer starts, a free when its last reader ends (module doc). ``cluster`` /
+    ``first`` (the ``xla-clusters`` clock): by op id its XLA cluster (-1: none) and that cluster's first op; a
+    cluster's outputs (buffers read outside it, or returned) are allocated when it starts, as XLA allocates its
+    result buffers before it runs."""
     types, dev, out_start, n_out, t_info = net.types, net.dev, net.out_start, net.n_out, net.t_info
     buffer_of, resident, variable_reads, is_transfer = bufs.buffer_of, bufs.resident, bufs.variable_reads, \
         bufs.is_transfer
@@ -181,7 +185,11 @@ def _memory_events(net: IndexedGraph, order: Sequence[int], bufs: _Buffers, timi
                         t_free, seq_free = e, event_seq[u]
             else:
                 t_free, seq_free = end[op], event_seq[op]
-            events.append((start[op], event_seq[op] - (0.25 if is_transfer[op] else 0.0), 0, tid, size, d))
+            at = op
+            if cluster is not None and cluster[op] >= 0 and (buf in output_owners or any(
+                    cluster[u] != cluster[op] for u in users or ())):
+                at = first[op]
+            events.append((start[at], event_seq[at] - (0.25 if is_transfer[at] else 0.0), 0, tid, size, d))
             events.append((t_free, seq_free, 1, tid, -size, d))
     # Ties of (time, seq, phase) keep tensor order (the order events were made in).
     events.sort()

@@ -20,6 +20,9 @@ A clock turns the per-op prices of :mod:`tflms.sim.cost` into the kernels a devi
   fusion is priced by the bytes that cross its boundary; convolutions and products are library calls priced as
   before. Tensors inside a fusion never get a buffer. XLA's runtime issues kernels from command buffers (CUDA
   graphs), so launches cost the host nothing; each kernel lasts at least :data:`XLA_MIN_KERNEL_S`.
+- ``xla-clusters`` (:data:`CLOCK_XLA_CLUSTERS`): a step that keeps XLA in clusters between tflms's copies (issue 47,
+  :mod:`tflms.sim.clusters`): the ``xla`` clock's fusions within each cluster and never across one; a cluster starts
+  when all its inputs exist, publishes its outputs at its end, and holds its inputs until then.
 - ``auto`` (:data:`CLOCK_AUTO`, the default): ``serial`` on a CPU profile (``HardwareProfile.host_kernels``: the
   emulation), ``graph`` on a GPU profile: the step tflms's own rewrites run (without XLA, issue 47).
 
@@ -40,7 +43,10 @@ from tflms.sim.indexed import ACCEL, IndexedGraph, OpCosts, _synthetic_op
 from tflms.profiles import HardwareProfile
 
 CLOCK_AUTO, CLOCK_SERIAL, CLOCK_GRAPH, CLOCK_XLA = "auto", "serial", "graph", "xla"
-CLOCKS = (CLOCK_AUTO, CLOCK_SERIAL, CLOCK_GRAPH, CLOCK_XLA)
+CLOCK_XLA_CLUSTERS = "xla-clusters"
+CLOCKS = (CLOCK_AUTO, CLOCK_SERIAL, CLOCK_GRAPH, CLOCK_XLA, CLOCK_XLA_CLUSTERS)
+#: The clocks that price XLA's fusions (the whole step, or its clusters).
+XLA_CLOCKS = (CLOCK_XLA, CLOCK_XLA_CLUSTERS)
 #: The shortest an XLA kernel takes on a GPU, launched from a command buffer: the grid's start and drain. An
 #: assumption (a few microseconds is what CUDA graph launches of tiny kernels take on recent GPUs), named here
 #: so that every figure it touches can be traced to it.
@@ -75,6 +81,13 @@ class Kernels:
     kernels: int
     reads: list[list[int]] | None = None
     virtual: bytearray | None = None
+    #: ``xla-clusters`` only (:mod:`tflms.sim.clusters`): the order the compute stream runs (each cluster's kernels
+    #: back to back), the predecessors timing waits for (an edge into or out of a cluster is one into its first or
+    #: out of its last member), and by op id its cluster (-1: none) and the cluster's first member.
+    order: list[int] | None = None
+    preds: list[list[int]] | None = None
+    cluster: list[int] | None = None
+    first: list[int] | None = None
 
 
 def op_durations(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
@@ -115,8 +128,9 @@ def asynchronous(kernels: Kernels, net: IndexedGraph, profile: HardwareProfile, 
 
 
 def kernels_for(mode: str, net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
-                profile: HardwareProfile, outputs: Sequence[int]) -> Kernels:
-    """The :class:`Kernels` of ``net`` under clock ``mode`` (resolved, see :func:`resolve_clock`)."""
+                profile: HardwareProfile, outputs: Sequence[int], unsupported: Sequence[str] = ()) -> Kernels:
+    """The :class:`Kernels` of ``net`` under clock ``mode`` (resolved, see :func:`resolve_clock`). ``unsupported``:
+    op types XLA cannot compile (``SimOptions.xla_unsupported``; the ``xla-clusters`` clock leaves them out)."""
     if mode == CLOCK_SERIAL:
         return serial_kernels(net, order, is_transfer, costs, profile)
     from tflms.sim import fusion  # noqa: PLC0415 - fusion imports this module
@@ -125,4 +139,7 @@ def kernels_for(mode: str, net: IndexedGraph, order: Sequence[int], is_transfer:
         return asynchronous(kernels, net, profile, costs)
     if mode == CLOCK_XLA:
         return fusion.xla_kernels(net, order, is_transfer, costs, profile, outputs)
+    if mode == CLOCK_XLA_CLUSTERS:
+        from tflms.sim.clusters import cluster_kernels  # noqa: PLC0415 - clusters imports fusion
+        return cluster_kernels(net, order, is_transfer, costs, profile, outputs, unsupported)
     raise ConfigError(f"no clock {mode!r}")

@@ -58,7 +58,8 @@ def _time_release(net: IndexedGraph, order: Sequence[int], position: Sequence[in
     n = len(net.names)
     timing = _Timing(n)
     start, end, event_seq = timing.start, timing.end, timing.event_seq
-    names, dev, inputs, preds, t_info = net.names, net.dev, net.inputs, net.preds, net.t_info
+    names, dev, inputs, t_info = net.names, net.dev, net.inputs, net.t_info
+    preds = kernels.preds if kernels.preds is not None else net.preds
     duration, launch = kernels.duration, kernels.launch
     stream_free = {"d2h": 0.0, "h2d": 0.0}
     pending_transfers = [i for i in order if is_transfer[i]]
@@ -142,11 +143,11 @@ def _compute_time(busy: float, compute_free: float, stall: float, launch: Sequen
     return max(busy, compute_free - stall)
 
 
-def _fifo_successors(net: IndexedGraph, order: Sequence[int]) -> tuple[list[int], dict[int, list[int]]]:
+def _fifo_successors(net: IndexedGraph, order: Sequence[int],
+                     preds: Sequence[Sequence[int]]) -> tuple[list[int], dict[int, list[int]]]:
     """How many predecessors each op of the order waits for, and each op's successors."""
     remaining = [0] * len(net.names)
     succs: dict[int, list[int]] = {}
-    preds = net.preds
     for i in order:
         p = preds[i]
         remaining[i] = len(p)
@@ -168,9 +169,10 @@ def _time_fifo(net: IndexedGraph, order: Sequence[int], position: Sequence[int],
     n = len(net.names)
     timing = _Timing(n)
     start, end, event_seq = timing.start, timing.end, timing.event_seq
-    dev, inputs, preds, t_info = net.dev, net.inputs, net.preds, net.t_info
+    dev, inputs, t_info = net.dev, net.inputs, net.t_info
+    preds = kernels.preds if kernels.preds is not None else net.preds
     duration, launch = kernels.duration, kernels.launch
-    remaining, succs = _fifo_successors(net, order)
+    remaining, succs = _fifo_successors(net, order, preds)
     ready_at, release_seq = [0.0] * n, [-1.0] * n
     compute_ops = [i for i in order if not is_transfer[i] and dev[i] != HOST]
     next_compute = 0
@@ -325,7 +327,12 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
     outputs = list(dict.fromkeys(outputs))
     bufs = _Buffers(net, order, options)
     kernels = kernels_for(resolve_clock(options.clock, profile), net, order, bufs.is_transfer, costs, profile,
-                          outputs)
+                          outputs, options.xla_unsupported)
+    if kernels.order is not None:  # XLA clusters: each cluster's kernels back to back (tflms.sim.clusters)
+        order = kernels.order
+        position = [-1] * len(net.names)
+        for k, i in enumerate(order):
+            position[i] = k
     if observed is not None:
         timing = _time_observed(net, order, bufs.is_transfer, observed)
     elif options.transfer_order == TRANSFER_ORDER_RELEASE:
@@ -339,5 +346,6 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
         _forward(net, order, position, bufs, timing, reads, kernels.virtual, readers, last_reader)
     else:
         _forward_resolve(bufs)
-    ev = _memory_events(net, order, bufs, timing, readers, outputs, kernels.virtual, alive, options, step_time)
+    ev = _memory_events(net, order, bufs, timing, readers, outputs, kernels.virtual, alive, options, step_time,
+                        kernels.cluster, kernels.first)
     return _result(net, order, bufs, timing, ev, profile, options, step_time, kernels)

@@ -54,12 +54,14 @@ class _Net:
     """What the fusion rules read of an :class:`IndexedGraph` for one simulation: who reads each tensor, which ops
     run on the accelerator as compute, which tensors are views of which."""
 
-    def __init__(self, net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], outputs: Sequence[int]):
+    def __init__(self, net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], outputs: Sequence[int],
+                 cluster: Sequence[int] | None = None):
         self.net = net
         n = len(net.names)
-        self.compute = [False] * n  # accelerator ops of the order that are not copies
+        self.compute = [False] * n  # accelerator ops of the order that are not copies (and XLA compiles)
         for i in order:
-            self.compute[i] = net.dev[i] == ACCEL and not is_transfer[i]
+            self.compute[i] = net.dev[i] == ACCEL and not is_transfer[i] and (cluster is None or cluster[i] >= 0)
+        self.cluster = cluster  # by op id, its XLA cluster (None: the whole step is one)
         self.readers: list[list[int]] = [[] for _ in net.t_op]
         for i in order:
             for t in dict.fromkeys(net.inputs[i]):
@@ -108,6 +110,11 @@ class _Net:
     def nbytes(self, t: int) -> int:
         return self.net.t_info[t].num_bytes or 0
 
+    def together(self, i: int, ops: Sequence[int]) -> bool:
+        """Whether ``ops`` are in op ``i``'s cluster: XLA fuses nothing across a cluster's boundary."""
+        cluster = self.cluster
+        return cluster is None or all(cluster[c] == cluster[i] for c in ops)
+
 
 def _worth_duplicating(in_bytes: int, out_bytes: int, copies: int) -> bool:
     """Whether fusing a producer into ``copies`` consumer fusions moves no more bytes than giving it its own kernel:
@@ -131,6 +138,8 @@ def _xla_virtual(g: _Net, keep: Mapping[int, int]) -> bytearray:
         consumers = g.consumers(net.out_start[i])
         if not consumers or not all(g.compute[c] and (net.types[c] in XLA_FUSIBLE or net.types[c] in XLA_REDUCTIONS
                                                        or net.types[c] in XLA_ASSIGNS) for c in consumers):
+            continue
+        if not g.together(i, consumers):
             continue
         into = frozenset().union(*(roots[c] or frozenset((c,)) for c in consumers))
         in_bytes = sum(g.nbytes(g.source(t)) for t in dict.fromkeys(net.inputs[i]))
@@ -172,6 +181,8 @@ def _conv_epilogues(g: _Net) -> dict[int, int]:
         if not readers or len(readers) != 1 or len(net.inputs[readers[0]]) != 2:
             continue
         add = readers[0]
+        if not g.together(conv, readers):
+            continue
         if net.types[add] == "BiasAdd" or (net.types[add] in ("Add", "AddV2") and _is_channel_vector(g, add, t)):
             out[add] = conv
     return out
@@ -214,7 +225,8 @@ def _siblings(g: _Net, roots: Sequence[int], reads: Sequence[list[int]]) -> dict
         if net.types[r] not in XLA_REDUCTIONS or net.types[r] in XLA_OWN_KERNEL_REDUCTIONS or not reads[r]:
             continue
         big = max((g.source(t) for t in reads[r]), key=g.nbytes)
-        key = (big, net.t_info[net.out_start[r]].resolved_shape if net.n_out[r] else None)
+        key = (big, net.t_info[net.out_start[r]].resolved_shape if net.n_out[r] else None,
+               g.cluster[r] if g.cluster is not None else 0)
         prev = open_.get(key)
         if prev is not None and not _reaches(g, prev, r, position):
             merged[prev] = r
@@ -241,9 +253,11 @@ def _written(g: _Net, i: int) -> int:
 
 
 def xla_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
-                profile: HardwareProfile, outputs: Sequence[int]) -> Kernels:
-    """The ``xla`` clock's kernels (module doc)."""
-    g = _Net(net, order, is_transfer, outputs)
+                profile: HardwareProfile, outputs: Sequence[int], cluster: Sequence[int] | None = None) -> Kernels:
+    """The ``xla`` clock's kernels (module doc). ``cluster``: by op id, the XLA cluster each op runs in (-1: none, it
+    is no kernel here; :mod:`tflms.sim.clusters` prices it): nothing fuses across clusters. ``None``: the whole step
+    is one cluster."""
+    g = _Net(net, order, is_transfer, outputs, cluster)
     priced = op_durations(net, order, is_transfer, costs, profile)
     epilogues = _conv_epilogues(g)
     virtual = _xla_virtual(g, keep=epilogues)

@@ -41,8 +41,13 @@ class SimOptions:
     #: even when it was ready sooner (a host swap-in whose trigger ran earlier on a parallel branch).
     transfer_order: str = TRANSFER_ORDER_RELEASE
     #: How long each op keeps the accelerator busy and what launching it costs (:mod:`tflms.sim.clock`):
-    #: ``"auto"`` (``serial`` on a CPU profile, ``graph`` on a GPU one), ``"serial"``, ``"graph"`` or ``"xla"``.
+    #: ``"auto"`` (``serial`` on a CPU profile, ``graph`` on a GPU one), ``"serial"``, ``"graph"``, ``"xla"`` or
+    #: ``"xla-clusters"`` (the step's XLA clusters between tflms's copies, issue 47).
     clock: str = "auto"
+    #: Op types XLA cannot compile for the accelerator (no kernel registered for its XLA device): the
+    #: ``xla-clusters`` clock keeps them out of every cluster, as :func:`tflms.passes.xla_clusters.cluster_for_xla`
+    #: does (the pipeline fills it from TensorFlow's registry for the step's types).
+    xla_unsupported: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         from tflms.sim.clock import check_clock  # noqa: PLC0415 - clock imports the simulator's parts
@@ -54,6 +59,7 @@ class SimOptions:
                 raise ConfigError(f"workspace_bytes_per_element[{op_type!r}] must be a number >= 0, "
                                   f"got {per_element!r}")
         object.__setattr__(self, "workspace_bytes_per_element", workspaces)
+        object.__setattr__(self, "xla_unsupported", tuple(sorted(set(self.xla_unsupported))))
         if not 0 <= self.margin_fraction < 10:
             raise ConfigError(f"margin_fraction must be in [0, 10), got {self.margin_fraction}")
         if self.margin_bytes < 0:

@@ -85,7 +85,7 @@ class TuneEvaluator:
         need the bound does not know. A plan fits when its peak with the margin is within the budget, so its live
         bytes are within the budget less ``margin_bytes``. On ResNet-50 at batch 32 (8,489 ops) 0.07 s where the
         first op answers, 0.19 s for the whole scan."""
-        if self.fit_by != FIT_BY_LIVE:
+        if not self.floors_hold():
             return False
         floor = self._swap_floor
         if floor is None or (floor.floor_s <= limit and not self._swap_floor_whole):
@@ -97,8 +97,16 @@ class TuneEvaluator:
         """Whether no swap-only rewrite of ``graph`` (a recomputed step, simulated as ``sim``) that fits takes less
         than ``limit`` seconds, in any order (:meth:`floor_of`; ``False`` for an infinite limit, or where fit is judged
         by the BFC model)."""
-        return (self.fit_by == FIT_BY_LIVE and limit < float("inf")
+        return (self.floors_hold() and limit < float("inf")
                 and self.floor_of(graph, sim, limit).floor_s > limit)
+
+    def floors_hold(self) -> bool:
+        """Whether the any-order floor bounds this tune's plans: not where fit is judged by the BFC model (the bound
+        does not know its need), nor on a clock that prices XLA's fusions (``xla``, ``xla-clusters``): the floor's cuts
+        give every tensor a buffer, where XLA gives a fused one none, and a cluster boundary changes what fuses, so
+        the floor could stand above a plan that fits."""
+        from tflms.sim.clock import XLA_CLOCKS
+        return self.fit_by == FIT_BY_LIVE and self.sim_options.clock not in XLA_CLOCKS
 
     def floor_of(self, graph: Graph, sim: SimResult, above: float | None = None) -> AnyOrderTimeBound:
         """:func:`~tflms.sim.bounds.any_order_time_bound` of ``graph`` (simulated as ``sim``) at this tune's budget:

@@ -1,0 +1,252 @@
+"""The xla-clusters clock (tflms.sim.clusters, issue 47): a rewritten step that keeps XLA, priced cluster by cluster,
+worked out by hand on tiny graphs; and the tuner's XLA path prices its candidates with it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tflms.config import LMSConfig
+from tflms.ir.graph import TensorRef
+from tflms.passes.xla_clusters import cluster_for_xla
+from tflms.pipeline import rewrite, rewrite_step
+from tflms.sim import HardwareProfile, SimOptions, simulate
+from tflms.sim.clusters import step_clusters
+from tflms.testing import GraphBuilder, mlp_training_graph
+from tflms.tune.tuner import tune
+
+T = (4, 4)  # 64-byte float32 tensors
+HOST = "/device:CPU:0"
+GPU = "/device:GPU:0"
+
+
+def bytes_profile() -> HardwareProfile:
+    """Free FLOPs, 64 bytes per second of memory traffic and of link: an element-wise op on 64-byte tensors takes
+    2 s, a 64-byte copy 1 s; no launches."""
+    return HardwareProfile("bytes", memory_bytes=1 << 20, peak_flops=1e12, memory_gbps=64e-9, link_gbps=64e-9,
+                           link_latency_s=0, launch_overhead_s=0, compute_efficiency=1, link_efficiency=1)
+
+
+def run(graph, clock: str, profile=None):
+    return simulate(graph, profile or bytes_profile(), options=SimOptions(clock=clock))
+
+
+def spans(result) -> dict[str, tuple[float, float]]:
+    return {r.name: (r.start_s, r.end_s) for r in result.ops}
+
+
+def buffers(result) -> set[str]:
+    return {name for name, *_ in result.buffer_lifetimes}
+
+
+def swapped_chain():
+    """x -> r0 -> r1 -> r2 -> d = r2 + r0, with r0 swapped out after r0 and back in after r1 (its trigger): the
+    copies split the step into the clusters {r0}, {r1} and {r2, d}; r1 is read only by r2, which the whole-step xla
+    clock fuses into d."""
+    b = GraphBuilder()
+    b.op("x", "Placeholder", shape=T)
+    b.op("r0", "Relu", ["x"], shape=T)
+    g = b.graph
+    g.add_op("lms/swap_out_r0", "Identity", inputs=[TensorRef("r0", 0)], device=HOST, outputs=g.op("r0").outputs)
+    b.op("r1", "Relu", ["r0"], shape=T)
+    g.add_op("lms/swap_in_r0", "Identity", inputs=[TensorRef("lms/swap_out_r0", 0)], control_inputs=["r1"],
+             outputs=g.op("r0").outputs)
+    b.op("r2", "Relu", ["r1"], shape=T)
+    b.op("d", "AddV2", ["r2", "lms/swap_in_r0"], shape=T)
+    return g
+
+
+def swapped_branch():
+    """c = relu(x) feeds a chain p1 -> p2 and a branch a; a is swapped out and back in (trigger p2) for d = p2 + a.
+    One cluster {c, p1, a, p2}, then {d}; in level order a runs before p2, so on the whole-step clock the swap-out
+    copies while p2 runs."""
+    b = GraphBuilder()
+    b.op("x", "Placeholder", shape=T)
+    b.op("c", "Relu", ["x"], shape=T)
+    b.op("p1", "Relu", ["c"], shape=T)
+    b.op("p2", "Relu", ["p1"], shape=T)
+    b.op("a", "Relu", ["c"], shape=T)
+    g = b.graph
+    g.add_op("lms/swap_out_a", "Identity", inputs=[TensorRef("a", 0)], device=HOST, outputs=g.op("a").outputs)
+    g.add_op("lms/swap_in_a", "Identity", inputs=[TensorRef("lms/swap_out_a", 0)], control_inputs=["p2"],
+             outputs=g.op("a").outputs)
+    b.op("d", "AddV2", ["p2", "lms/swap_in_a"], shape=T)
+    return g
+
+
+def clusters_of(g) -> dict[str, int]:
+    from tflms.sim.indexed import IndexedGraph
+    from tflms.sim.order import _level_sorted
+    net = IndexedGraph.from_graph(g, HOST)
+    order = _level_sorted(net, [True] * len(net.names))
+    position = [0] * len(order)
+    for k, i in enumerate(order):
+        position[i] = k
+    cluster = step_clusters(net, order, position, [net.names[i].startswith("lms/") for i in range(len(order))])
+    return {net.names[i]: cluster[i] for i in order}
+
+
+# ---------------------------------------------------------------- which clusters
+
+
+def test_the_clock_finds_the_clusters_the_pass_marks():
+    for g, expected in ((swapped_chain(), [{"r0"}, {"r1"}, {"r2", "d"}]), (swapped_branch(), [{"c", "p1", "a", "p2"},
+                                                                                               {"d"}])):
+        found = clusters_of(g)
+        groups = [{n for n, k in found.items() if k == c} for c in range(max(found.values()) + 1)]
+        assert groups == expected
+        assert all(found[n] == -1 for n in found if n == "x" or n.startswith("lms/"))
+        marked = cluster_for_xla(g, accelerator_device=GPU, host_device=HOST, has_xla_kernel=lambda t: True)
+        assert [set(m) for _, m in marked.report.clusters] == expected
+        # the marked graph is priced from its marks, as TensorFlow clusters it: the same step
+        assert run(marked.graph, "xla-clusters").step_time_s == run(g, "xla-clusters").step_time_s
+
+
+# ---------------------------------------------------------------- fusion within a cluster, never across
+
+
+def test_fusion_stays_within_a_cluster():
+    g = swapped_chain()
+    whole, clustered = run(g, "xla"), run(g, "xla-clusters")
+    # the whole step: r1 and r2 fuse into d (r0 is written for its copy); the clusters: r1 cannot fuse into r2
+    assert (whole.kernels, clustered.kernels) == (2, 3)
+    assert "r1:0" not in buffers(whole) and "r1:0" in buffers(clustered)
+    assert "r2:0" not in buffers(clustered)  # r2 still fuses into d: both in the last cluster
+    assert clustered.clock == "xla-clusters"
+
+
+def test_no_boundary_prices_the_step_as_the_xla_clock():
+    b = GraphBuilder()
+    b.op("x", "Placeholder", shape=T)
+    for k in range(3):
+        b.op(f"r{k}", "Relu", [f"r{k - 1}" if k else "x"], shape=T)
+    b.op("d", "AddV2", ["r0", "r2"], shape=T)
+    whole, clustered = run(b.graph, "xla"), run(b.graph, "xla-clusters")
+    assert (clustered.step_time_s, clustered.kernels, clustered.peak_bytes) == (
+        whole.step_time_s, whole.kernels, whole.peak_bytes) == (2.0, 1, 128)
+
+
+# ---------------------------------------------------------------- timing: inputs before, outputs at the end
+
+
+def test_a_swap_out_starts_when_its_producers_cluster_ends():
+    g = swapped_branch()
+    t = spans(run(g, "xla-clusters"))
+    # c fuses into both readers (a, p2's fusion with p1): a's kernel 0-2 (reads x, writes a), p2's 2-4; the
+    # swap-out of a waits for the cluster's end, 4, then copies 64 bytes in 1 s
+    assert t["a"] == (0.0, 2.0) and t["p2"] == (2.0, 4.0)
+    assert t["lms/swap_out_a"] == (4.0, 5.0)
+    # on the whole-step clock it copies as soon as a is written
+    assert spans(run(g, "xla"))["lms/swap_out_a"] == (2.0, 3.0)
+
+
+def test_a_cluster_starts_only_when_all_its_inputs_exist():
+    slow_link = dataclasses.replace(bytes_profile(), link_gbps=32e-9)  # a 64-byte copy takes 2 s
+    t = spans(run(swapped_chain(), "xla-clusters", slow_link))
+    # {r0} 0-2, its swap-out 2-4 and TensorFlow's _Recv back 4-6; {r1} 2-4. The cluster {r2, d} starts at 6,
+    # although r2 reads only r1 (written at 4); its one kernel reads r1 and the swap-in and writes d: 3 s
+    assert t["r1"] == (2.0, 4.0) and t["lms/swap_out_r0/_recv"] == (4.0, 6.0)
+    assert t["r2"][0] == 6.0 and t["d"] == (6.0, 9.0)
+    # an op by op clock would start r2 at 4 (graph clock: one kernel per op, no fusion)
+    assert spans(run(swapped_chain(), "graph", slow_link))["r2"][0] == 4.0
+
+
+def lifetimes(result) -> dict[str, tuple[float, float]]:
+    """Each device buffer's allocation and free, in seconds."""
+    times = [when for when, *_ in result.timeline]
+    return {name: (times[first + 1], times[last + 2] if last + 2 < len(times) else times[-1])
+            for name, _, first, last in result.buffer_lifetimes}
+
+
+def test_a_clusters_outputs_are_allocated_when_it_starts():
+    g = swapped_branch()
+    # p2 leaves its cluster (d reads it): allocated when the cluster starts (0), not when its kernel does (2); the whole
+    # step fuses it into d
+    assert lifetimes(run(g, "xla-clusters"))["p2:0"][0] == 0.0
+    assert "p2:0" not in buffers(run(g, "xla"))
+
+
+def test_a_cluster_holds_its_inputs_until_it_ends():
+    # r0 swapped out and back in; then the cluster {m = r0' x r0', n = m x m}: two library calls, the second not
+    # reading r0'
+    b = GraphBuilder()
+    b.op("x", "Placeholder", shape=T)
+    b.op("r0", "Relu", ["x"], shape=T)
+    g = b.graph
+    g.add_op("lms/swap_out_r0", "Identity", inputs=[TensorRef("r0", 0)], device=HOST, outputs=g.op("r0").outputs)
+    g.add_op("lms/swap_in_r0", "Identity", inputs=[TensorRef("lms/swap_out_r0", 0)], outputs=g.op("r0").outputs)
+    b.op("m", "MatMul", ["lms/swap_in_r0", "lms/swap_in_r0"], shape=T)
+    b.op("n", "MatMul", ["m", "m"], shape=T)
+    clustered, whole = run(g, "xla-clusters"), run(g, "xla")
+    recv = "lms/swap_out_r0/_recv:0"  # the swap-in's buffer: TensorFlow's copy back (the Identity is a view of it)
+    assert lifetimes(clustered)[recv][1] == spans(clustered)["n"][1]  # held until the cluster's last kernel ends
+    assert lifetimes(whole)[recv][1] == spans(whole)["m"][1]  # freed after its last reader on the whole-step clock
+    assert clustered.peak_bytes > whole.peak_bytes
+
+
+# ---------------------------------------------------------------- the tuner's XLA path
+
+
+def test_the_tuner_prices_every_candidate_on_the_clustered_clock():
+    graph = mlp_training_graph(4)
+    profile = "h100-80gb-pcie5"
+    options = SimOptions(clock="xla-clusters")
+    base = simulate(graph, profile, options=options)
+    budget = int(base.peak_bytes * 0.96)
+    result = tune(graph, budget=budget, profile=profile, sim_options=options, strategies=["tflms-distance"])
+    assert result.baseline.clock == "xla-clusters"
+    assert {c.sim.clock for c in result.candidates} == {"xla-clusters"}
+    assert result.best.sim.peak_with_margin_bytes <= budget
+    # the incremental evaluator's figure is the full simulation's of the rewritten graph
+    again = simulate(result.graph, profile, options=options)
+    assert again.step_time_s == pytest.approx(result.best.sim.step_time_s, rel=1e-12)
+    assert again.peak_bytes == result.best.sim.peak_bytes
+    # and the winner is the fastest fitting candidate at that price
+    fitting = [c for c in result.candidates if c.fits]
+    assert result.best.sim.step_time_s == min(c.sim.step_time_s for c in fitting)
+
+
+def test_the_pipeline_keeps_xla_priced_by_its_clusters():
+    graph = mlp_training_graph(4)
+    profile = "h100-80gb-pcie5"
+    peak = simulate(graph, profile, options=SimOptions(clock="xla-clusters")).peak_bytes
+    config = LMSConfig(budget_bytes=int(peak * 0.96), profile=profile, enforce_order=False)
+    out = rewrite_step(graph, config, build=False, xla=True)
+    assert out.report.tuning["clock"] == "xla-clusters"
+    assert out.report.xla_clusters["kept"]
+    plain = rewrite_step(graph, config, build=False)
+    assert "clock" not in plain.report.tuning  # the path without XLA is unchanged
+
+
+def test_the_clustered_price_is_deterministic():
+    g = rewrite(mlp_training_graph(3), LMSConfig(swapout_threshold=1, swapin_ahead=1)).graph
+    a, b = run(g, "xla-clusters", "h200-141gb"), run(g, "xla-clusters", "h200-141gb")
+    assert (a.step_time_s, a.peak_bytes, a.kernels, tuple(a.ops)) == (b.step_time_s, b.peak_bytes, b.kernels,
+                                                                        tuple(b.ops))
+    # each copy splits the step: more kernels than the whole step compiled at once, and a slower step
+    whole = run(g, "xla", "h200-141gb")
+    assert a.kernels > whole.kernels and a.step_time_s > whole.step_time_s
+
+
+# ---------------------------------------------------------------- the bench's tflms-xla (tools/bench.py --xla-targets)
+
+
+def test_the_bench_prices_tflms_xla_on_the_clustered_clock_against_plain_xla_and_checkpointing():
+    import pathlib
+    import sys
+    tools = str(pathlib.Path(__file__).resolve().parent.parent / "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    from benchlib.models import Steps
+    from benchlib.xla import METHOD, run_xla_targets, targets
+    record = run_xla_targets(Steps(), "mlp-tiny", "h100-80gb-pcie5", None, 3)
+    maxima = record["maxima"]
+    assert maxima[METHOD] >= maxima["checkpoint-segments"] > maxima["none"]
+    for at in (record["tflms_xla_at_checkpoint_max"], record["tflms_xla_at_its_max"]):
+        assert at["clock"] == "xla-clusters" and at["peak_with_margin_bytes"] <= record["budget_bytes"]
+    assert record["tflms_xla_at_checkpoint_max"]["batch"] == maxima["checkpoint-segments"]
+    assert record["tflms_xla_at_its_max"]["batch"] == maxima[METHOD]
+    assert record["simulated"] and record["targets"] == targets(record)
+    first = record["targets"]["overhead_half_of_checkpointing"]
+    assert first["met"] == (first["tflms_xla"] <= first["checkpoint"] / 2)

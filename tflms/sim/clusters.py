@@ -1,0 +1,237 @@
+"""The ``xla-clusters`` clock (issue 47): a rewritten step that keeps XLA, priced cluster by cluster.
+
+:func:`tflms.passes.xla_clusters.cluster_for_xla` marks the ops of a rewritten step for XLA in segments between
+tflms's copies; TensorFlow compiles each cluster on its own and runs it as one ``_XlaRun`` op of its executor. This
+clock prices that step (:func:`cluster_kernels`):
+
+- **Which clusters.** Where the graph carries the pass's marks (``_XlaCompile`` / ``_XlaScope``), its clusters are
+  the marked ops of one scope that edges join, as ``mark_for_compilation_pass`` makes them. Otherwise (a tuner's
+  candidate, swaps applied and not yet marked) the pass's own rule (:func:`~tflms.passes.xla_clusters.segment_rule`)
+  runs on the simulated graph, with what it leaves out read off the indexed ops: tflms's copies and TensorFlow's
+  implicit ones, host ops, :data:`~tflms.ir.op_types.XLA_NEVER_TYPES`, ``string``/``variant`` tensors, and the types
+  in ``SimOptions.xla_unsupported``. So the tuner prices each candidate as the pass will cluster it.
+- **Fusion within a cluster.** The ``xla`` clock's fusion model (:func:`tflms.sim.fusion.xla_kernels`) on each
+  cluster, never across one: a producer fuses into its consumers only where they all share its cluster, and so for
+  the convolution epilogues and the sibling reductions. Ops outside every cluster run in TensorFlow's executor, priced
+  as the ``graph`` clock prices them (their launches on the host, overlapping compute).
+- **Timing.** A cluster is one op of the executor: it starts when all its inputs exist and publishes its outputs when
+  it ends. The compute stream runs each cluster's kernels back to back (:func:`contracted_order`: the clusters and
+  the other ops in a topological order of the contracted graph, each unit where its earliest op was), and timing
+  waits along contracted edges: an edge into a cluster waits before its first kernel, an edge out of one leaves after
+  its last (:func:`contracted_preds`). So a swap-out copies after its producer's whole cluster and a swap-in must land
+  before its reader's cluster starts. Each cluster's launch costs the host :data:`XLA_CLUSTER_LAUNCHES` launches
+  (``_XlaCompile``, a cache lookup after the first step, and ``_XlaRun``); XLA issues the kernels inside.
+- **Memory.** A cluster's inputs are held until it ends (the executor keeps an op's inputs until it completes); its
+  outputs (buffers read outside it, or returned) are allocated when it starts (XLA allocates its result buffers before
+  it runs); its fused tensors get no buffer; its other intermediates live from their kernel's start to their last
+  reader's end inside it, as the ``xla`` clock has them (XLA's buffer assignment reuses a buffer once its last reader
+  has run; its temporary allocation is their peak).
+
+Deterministic: the same graph, order and options give the same clusters, order and result.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from tflms.errors import GraphError
+from tflms.ir.op_types import FREE_OPS, XLA_NEVER_DTYPES, XLA_NEVER_TYPES
+from tflms.passes.xla_clusters import (HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL, TFLMS_COPY, XLA_COMPILE_ATTR,
+                                       XLA_SCOPE_ATTR, connected_clusters, is_tflms_copy, segment_rule)
+from tflms.policies.eligibility import is_clone
+from tflms.profiles import HardwareProfile
+from tflms.sim.clock import CLOCK_XLA_CLUSTERS, Kernels, op_durations
+from tflms.sim.cost import op_launches
+from tflms.sim.indexed import HOST, IndexedGraph, OpCosts
+
+#: Executor launches per cluster and step: ``_XlaCompile`` (after the first step, a lookup in the compilation cache)
+#: and ``_XlaRun``, each dispatched like a kernel (an assumption: TensorFlow runs the pair for every cluster).
+XLA_CLUSTER_LAUNCHES = 2
+
+
+def step_clusters(net: IndexedGraph, order: Sequence[int], position: Sequence[int], is_transfer: Sequence[bool],
+                  unsupported: Sequence[str] = ()) -> list[int]:
+    """By op id, the XLA cluster each op of ``order`` runs in, numbered from 0 in order of their first op (-1: none;
+    module doc, "Which clusters")."""
+    preds = {i: [p for p in net.preds[i] if position[p] >= 0] for i in order}
+    succs: dict[int, list[int]] = {i: [] for i in order}
+    for i in order:
+        for p in preds[i]:
+            succs[p].append(i)
+    marked = _marked_segments(net, order)
+    if marked is not None:
+        clusters = connected_clusters(order, preds, marked)
+    else:
+        unsupported = frozenset(unsupported)
+        outside = {i: why for i in order if (why := _why_outside(net, i, is_transfer, unsupported))}
+        names = net.names
+        _, _, _, clusters = segment_rule(order, range(len(names)), preds, succs, outside,
+                                         lambda i: is_clone(names[i]))
+        clusters = [c for c in clusters if not all(net.types[i] in FREE_OPS for i in c)]
+    cluster = [-1] * len(net.names)
+    for k, members in enumerate(sorted(clusters, key=lambda c: position[c[0]])):
+        for i in members:
+            cluster[i] = k
+    return cluster
+
+
+def _why_outside(net: IndexedGraph, i: int, is_transfer: Sequence[bool], unsupported: frozenset[str]) -> str | None:
+    """Why op ``i`` stays out of every cluster, as :func:`tflms.passes.xla_clusters.cluster_for_xla` decides it for
+    the op's IR form, or ``None`` for a member."""
+    op_type, name = net.types[i], net.names[i]
+    if is_transfer[i] or net.src_ops[i] is None or is_tflms_copy(op_type, name):
+        return TFLMS_COPY  # (an op the simulator added is one of TensorFlow's implicit copies)
+    if net.dev[i] == HOST:
+        return HOST_OP
+    t_info = net.t_info
+    if op_type in XLA_NEVER_TYPES or any(t_info[t].dtype in XLA_NEVER_DTYPES for t in net.inputs[i]) or any(
+            t_info[t].dtype in XLA_NEVER_DTYPES for t in range(net.out_start[i], net.out_start[i] + net.n_out[i])):
+        return NEVER_COMPILED
+    if op_type in unsupported:
+        return NO_XLA_KERNEL
+    return None
+
+
+def _marked_segments(net: IndexedGraph, order: Sequence[int]) -> dict[int, bytes] | None:
+    """``{op: its _XlaScope}`` for the ops of ``order`` marked ``_XlaCompile=true``, where the graph carries the
+    pass's marks (any op with an ``_XlaScope``); ``None`` where it carries none."""
+    scopes: dict[int, bytes] = {}
+    marked = False
+    for i in order:
+        op = net.src_ops[i]
+        attrs = getattr(op, "attrs", None)
+        if not attrs or XLA_SCOPE_ATTR not in attrs:
+            continue
+        marked = True
+        compile_ = attrs.get(XLA_COMPILE_ATTR)
+        if compile_ is not None and getattr(compile_, "b", False):
+            scopes[i] = attrs[XLA_SCOPE_ATTR].s
+    return scopes if marked else None
+
+
+def contracted_order(order: Sequence[int], preds: Sequence[Sequence[int]], position: Sequence[int],
+                     cluster: Sequence[int]) -> list[int]:
+    """``order`` with each cluster's ops back to back: a topological order of the graph with every cluster contracted
+    to one unit, the ready unit whose earliest op comes first in ``order`` first, and each cluster's ops in their
+    order within it. Raises :class:`~tflms.errors.GraphError` where the contraction has a cycle (clusters the pass
+    never makes)."""
+    base = max(cluster, default=-1) + 1
+
+    def unit(i: int) -> int:
+        return cluster[i] if cluster[i] >= 0 else base + position[i]
+
+    members: dict[int, list[int]] = {}
+    for i in order:
+        members.setdefault(unit(i), []).append(i)
+    after: dict[int, set[int]] = {u: set() for u in members}
+    waiting = dict.fromkeys(members, 0)
+    for i in order:
+        u = unit(i)
+        for p in preds[i]:
+            v = unit(p)
+            if v != u and u not in after[v]:
+                after[v].add(u)
+                waiting[u] += 1
+    ready = [(position[ops[0]], u) for u, ops in members.items() if not waiting[u]]
+    heapq.heapify(ready)
+    out: list[int] = []
+    while ready:
+        _, u = heapq.heappop(ready)
+        out.extend(members[u])
+        for v in sorted(after[u]):
+            waiting[v] -= 1
+            if not waiting[v]:
+                heapq.heappush(ready, (position[members[v][0]], v))
+    if len(out) != len(order):
+        stuck = sorted(u for u, w in waiting.items() if w)
+        raise GraphError(f"the XLA clusters of this step depend on each other in a cycle (e.g. the cluster of op id "
+                         f"{members[stuck[0]][0]}): TensorFlow's clustering never makes one; mark the graph with "
+                         "tflms.passes.xla_clusters.cluster_for_xla")
+    return out
+
+
+def contracted_preds(net: IndexedGraph, order: Sequence[int], cluster: Sequence[int]) -> tuple[list[list[int]],
+                                                                                                 list[int]]:
+    """``(preds, first)``: the predecessors timing waits for, and by op id its cluster's first op in ``order``.
+
+    An edge from cluster A (or an op outside) into cluster B becomes one from A's last op to B's first: a cluster
+    starts when all its inputs exist and publishes its outputs when it ends (module doc)."""
+    n = len(net.names)
+    first, last = [-1] * n, {}
+    heads: dict[int, int] = {}
+    for i in order:
+        k = cluster[i]
+        if k >= 0:
+            first[i] = heads.setdefault(k, i)
+            last[k] = i
+    preds: list[list[int]] = [list(p) for p in net.preds]
+    gathered: dict[int, list[int]] = {}
+    for i in order:
+        k = cluster[i]
+        mapped = [p if cluster[p] < 0 or cluster[p] == k else last[cluster[p]] for p in net.preds[i]]
+        if k < 0:
+            preds[i] = list(dict.fromkeys(mapped))
+            continue
+        inside = [p for p in mapped if cluster[p] == k]
+        gathered.setdefault(k, []).extend(p for p in mapped if cluster[p] != k)
+        preds[i] = inside
+    for k, outer in gathered.items():
+        head = heads[k]
+        preds[head] = list(dict.fromkeys(outer + preds[head]))
+    return preds, first
+
+
+def cluster_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
+                    profile: HardwareProfile, outputs: Sequence[int], unsupported: Sequence[str] = ()) -> Kernels:
+    """The ``xla-clusters`` clock's kernels (module doc)."""
+    from tflms.sim.fusion import xla_kernels  # (fusion imports the clock)
+    position = [-1] * len(net.names)
+    for k, i in enumerate(order):
+        position[i] = k
+    cluster = step_clusters(net, order, position, is_transfer, unsupported)
+    kernels = xla_kernels(net, order, is_transfer, costs, profile, outputs, cluster)
+    kernels.mode = CLOCK_XLA_CLUSTERS
+    _executor_ops(kernels, net, order, is_transfer, costs, profile, cluster)
+    kernels.order = contracted_order(order, net.preds, position, cluster)
+    kernels.preds, kernels.first = contracted_preds(net, kernels.order, cluster)
+    kernels.cluster = cluster
+    reads = kernels.reads
+    last: dict[int, int] = {}
+    for i in kernels.order:
+        if cluster[i] >= 0:
+            last[cluster[i]] = i
+    held: dict[int, list[int]] = {}  # cluster -> the tensors from outside it that its kernels read
+    t_op = net.t_op
+    for i in kernels.order:
+        k = cluster[i]
+        if k >= 0:
+            held.setdefault(k, []).extend(t for t in reads[i] if cluster[t_op[t]] != k)
+    for k, ins in held.items():  # held until the cluster ends: its last op reads them too
+        reads[last[k]] = list(dict.fromkeys(reads[last[k]] + ins))
+    launch_s = XLA_CLUSTER_LAUNCHES * profile.launch_overhead_s
+    for k, i in last.items():
+        kernels.launch[kernels.first[i]] += launch_s
+    return kernels
+
+
+def _executor_ops(kernels: Kernels, net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool],
+                  costs: OpCosts, profile: HardwareProfile, cluster: Sequence[int]) -> None:
+    """Price the accelerator ops outside every cluster as TensorFlow's executor runs them (the ``graph`` clock without
+    grappler's fusions: one kernel each, its launches on the host)."""
+    outside = [i for i in order if cluster[i] < 0]
+    if not outside:
+        return
+    priced = op_durations(net, outside, is_transfer, costs, profile)
+    launch_s = profile.launch_overhead_s
+    for i in outside:
+        d = priced[i]
+        if d <= 0:
+            continue
+        host = 0.0
+        if net.types[i] not in FREE_OPS:
+            src = net.src_ops[i]
+            host = launch_s * (op_launches(src, profile) if src is not None else 1)
+        kernels.duration[i] = d - min(host, d)
+        kernels.launch[i] = host
+        kernels.kernels += 1

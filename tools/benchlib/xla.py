@@ -1,0 +1,199 @@
+"""The ``tflms-xla`` method and issue 47's simulated targets (``bench.py --xla-targets``).
+
+``tflms-xla`` is tflms keeping XLA: the step's clusters between tflms's copies, every candidate priced on the
+``xla-clusters`` clock (:mod:`tflms.sim.clusters`), as ``rewrite_step(xla=True)`` tunes. It is measured against the
+plain XLA step (``none`` on the ``xla`` clock) and against segment checkpointing priced under XLA
+(``checkpoint-segments`` on the ``xla`` clock), per model and profile:
+
+- the largest batch of each (quick search: doubling, then ``bisect_steps`` bisections; tflms-xla's probes are
+  first-fit tunes in level order, starting from checkpointing's maximum);
+- **target 1**: at checkpointing's maximum, tflms-xla's overhead against the plain XLA step (on a GPU with unlimited
+  memory) is at most half of checkpointing's;
+- **target 2**: at tflms-xla's maximum, its samples/s is at least 0.5x the plain XLA step's at its own maximum.
+
+tflms-xla's step at both sizes is the full tune's choice (every strategy, the finalists in the enforced order, as the
+pipeline tunes). Every figure is simulated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from .common import HEADROOM, say
+from .search import Evaluator, budget_for, search_max
+
+METHOD = "tflms-xla"
+#: The issue's targets: tflms-xla's overhead at most this fraction of checkpointing's; its samples/s at its maximum at
+#: least this fraction of the plain XLA step's at its own.
+OVERHEAD_FRACTION = 0.5
+THROUGHPUT_FRACTION = 0.5
+
+
+def xla_options(options: Any) -> Any:
+    """``options`` on the ``xla-clusters`` clock (the margin kept)."""
+    from tflms.sim.clock import CLOCK_XLA_CLUSTERS
+    return dataclasses.replace(options, clock=CLOCK_XLA_CLUSTERS)
+
+
+def tune_xla(graph, ev: Evaluator, *, first_fit: bool, progress=None):
+    """tflms-xla's tune of ``graph`` (``None`` where nothing fits)."""
+    from tflms.errors import BudgetError, GraphError
+    from tflms.tune.tuner import DEFAULT_STRATEGIES, tune
+    try:
+        return tune(graph, budget=ev.budget, profile=ev.profile, strategies=list(DEFAULT_STRATEGIES),
+                    first_fit=first_fit, sim_options=xla_options(ev.options), enforce_order=not first_fit,
+                    progress=progress)
+    except BudgetError:
+        return None
+    except GraphError as err:  # a candidate the tuner built could not be run: said, and counted as no fit
+        say(f"{ev.model} {ev.profile.name} {METHOD}: the tune failed: {str(err)[:200]}")
+        return None
+
+
+def probe_xla(ev: Evaluator, size: int):
+    """Does ``size`` fit with tflms-xla? A size the plain XLA step fits is left alone (XLA alone first)."""
+    from .search import Probe
+    if ev.fits("none", size):
+        return Probe(True, ev.cache[("none", size)].sim)
+    graph, _ = ev.steps.graph(ev.model, "plain", size)
+    result = tune_xla(graph, ev, first_fit=True)
+    if result is None:
+        return Probe(False)
+    return Probe(True, result.best.sim, len(result.graph))
+
+
+def _full(ev: Evaluator, size: int) -> dict[str, Any] | None:
+    """tflms-xla's full tune at ``size``: its choice's step and peak, and the plain XLA step there on a GPU with
+    unlimited memory."""
+    from tflms.sim import simulate
+    graph, _ = ev.steps.graph(ev.model, "plain", size)
+    plain = simulate(graph, ev.profile, options=ev.options)
+    t0 = time.perf_counter()
+    result = tune_xla(graph, ev, first_fit=False)
+    took = time.perf_counter() - t0
+    if result is None:
+        say(f"{ev.model} {ev.profile.name} {METHOD}: the full tune at batch {size} finds no fit [{took:.0f} s]")
+        return None
+    sim = result.best.sim
+    say(f"{ev.model} {ev.profile.name} {METHOD}: full tune at batch {size} in {took:.0f} s: {result.best.strategy} "
+        f"{result.best.params}, step {1e3 * sim.step_time_s:.1f} ms against plain XLA {1e3 * plain.step_time_s:.1f} ms")
+    return {"batch": size, "step_s": sim.step_time_s, "plain_xla_step_s": plain.step_time_s,
+            "overhead": sim.step_time_s / plain.step_time_s - 1.0, "samples_per_s": size / sim.step_time_s,
+            "peak_with_margin_bytes": sim.peak_with_margin_bytes, "kernels": sim.kernels, "clock": sim.clock,
+            "strategy": result.best.strategy, "params": {k: str(v) for k, v in result.best.params.items()},
+            "tune_s": took}
+
+
+def run_xla_targets(steps, model: str, profile_name: str, budget: int | None, bisect_steps: int | None,
+                    headroom: float = HEADROOM) -> dict[str, Any]:
+    """One model on one profile: the three maxima, tflms-xla's full tunes, and the targets (module doc)."""
+    from tflms.sim import SimOptions, get_profile
+    from tflms.sim.clock import CLOCK_XLA
+
+    profile = get_profile(profile_name)
+    budget_bytes = budget_for(model, profile, budget)
+    ev = Evaluator(steps, model, profile, budget_bytes, exact=bisect_steps is None,
+                   options=SimOptions(margin_fraction=headroom, clock=CLOCK_XLA))
+    t0 = time.perf_counter()
+    maxima = {}
+    none_max, none_up = search_max(lambda s: ev.fits("none", s), 1, bisect_steps)
+    maxima["none"] = none_max
+    ckpt_max, ckpt_up = search_max(lambda s: ev.fits("checkpoint-segments", s), none_max, bisect_steps, none_up)
+    maxima["checkpoint-segments"] = ckpt_max
+    ev.cache.update({(METHOD, s): p for (m, s), p in ev.cache.items() if m == "none" and p.fits})
+    xla_max, xla_up = search_max(lambda s: _fits_xla(ev, s), max(ckpt_max, none_max), bisect_steps, ckpt_up)
+    maxima[METHOD] = xla_max
+    say(f"{model} {profile_name}: maxima none {none_max}, checkpoint-segments {ckpt_max}, {METHOD} {xla_max}")
+    record: dict[str, Any] = {"model": model, "profile": profile_name, "budget_bytes": budget_bytes,
+                              "headroom": headroom, "maxima": maxima,
+                              "upper": {"none": none_up, "checkpoint-segments": ckpt_up, METHOD: xla_up},
+                              "simulated": True}
+    none_sim = ev.cache[("none", none_max)].sim
+    record["none_at_max"] = {"step_s": none_sim.step_time_s, "samples_per_s": none_max / none_sim.step_time_s}
+    # target 1, at checkpointing's maximum
+    graph, _ = steps.graph(model, "checkpoint-segments", ckpt_max)
+    from tflms.sim import simulate
+    ckpt = simulate(graph, profile, options=ev.options)
+    plain, _ = steps.graph(model, "plain", ckpt_max)
+    plain_s = simulate(plain, profile, options=ev.options).step_time_s
+    record["checkpoint_at_its_max"] = {"batch": ckpt_max, "step_s": ckpt.step_time_s,
+                                       "overhead": ckpt.step_time_s / plain_s - 1.0,
+                                       "samples_per_s": ckpt_max / ckpt.step_time_s}
+    at_ckpt = _full(ev, ckpt_max) if ckpt_max > none_max else {
+        "batch": ckpt_max, "overhead": 0.0, "step_s": plain_s, "plain_xla_step_s": plain_s,
+        "samples_per_s": ckpt_max / plain_s, "strategy": "none"}
+    record["tflms_xla_at_checkpoint_max"] = at_ckpt
+    # target 2, at tflms-xla's maximum
+    record["tflms_xla_at_its_max"] = _full(ev, xla_max) if xla_max > none_max else (
+        at_ckpt if xla_max == ckpt_max else None)
+    record["targets"] = targets(record)
+    record["wall_s"] = time.perf_counter() - t0
+    return record
+
+
+def _fits_xla(ev: Evaluator, size: int) -> bool:
+    key = (METHOD, size)
+    if key not in ev.cache:
+        t0 = time.perf_counter()
+        probe = probe_xla(ev, size)
+        probe.seconds = time.perf_counter() - t0
+        ev.cache[key] = probe
+        say(f"{ev.model} {ev.profile.name} {METHOD}: batch {size} {'fits' if probe.fits else 'does not fit'} "
+            f"[{probe.seconds:.1f} s]")
+    return ev.cache[key].fits
+
+
+def targets(record: dict[str, Any]) -> dict[str, Any]:
+    """Issue 47's two simulated targets for one record (``met``: ``None`` where a figure is missing)."""
+    ckpt, at_ckpt = record["checkpoint_at_its_max"], record["tflms_xla_at_checkpoint_max"]
+    first = None
+    if at_ckpt is not None and ckpt["overhead"] > 0:
+        first = at_ckpt["overhead"] <= OVERHEAD_FRACTION * ckpt["overhead"]
+    at_max, none = record["tflms_xla_at_its_max"], record["none_at_max"]
+    second = None if at_max is None else at_max["samples_per_s"] >= THROUGHPUT_FRACTION * none["samples_per_s"]
+    return {"overhead_half_of_checkpointing": {
+                "met": first, "tflms_xla": None if at_ckpt is None else at_ckpt["overhead"],
+                "checkpoint": ckpt["overhead"], "limit": OVERHEAD_FRACTION * ckpt["overhead"]},
+            "throughput_half_of_plain_xla": {
+                "met": second, "tflms_xla": None if at_max is None else at_max["samples_per_s"],
+                "plain_xla": none["samples_per_s"], "limit": THROUGHPUT_FRACTION * none["samples_per_s"]}}
+
+
+def markdown(records: list[dict[str, Any]], command: str) -> list[str]:
+    """The report's tables: the maxima, and each target per model and profile."""
+    def pct(x):
+        return "-" if x is None else f"{100 * x:+.1f}%"
+
+    def verdict(t):
+        return {True: "met", False: "**not met**", None: "-"}[t["met"]]
+    lines = ["Produced by", "", f"    {command}", "",
+             "Every figure is **simulated** by tflms's simulator (nothing ran on a GPU). `none` and "
+             "`checkpoint-segments` on the `xla` clock (the step XLA compiles whole); `tflms-xla` on the `xla-clusters` "
+             "clock (its XLA clusters between tflms's copies, issue 47).", "",
+             "| model | profile | none max | checkpoint-segments max | tflms-xla max (x none) |", "|---|---|---|---|---|"]
+    for r in records:
+        m = r["maxima"]
+        lines.append(f"| {r['model']} | {r['profile']} | {m['none']} | {m['checkpoint-segments']} | "
+                     f"{m[METHOD]} ({m[METHOD] / max(1, m['none']):.2f}x) |")
+    lines += ["", "Target 1: at checkpointing's maximum, tflms-xla's overhead against the plain XLA step at most half of "
+              "checkpointing's.", "",
+              "| model | profile | batch | checkpoint-segments | tflms-xla | limit | tflms-xla's choice | target |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        t, a = r["targets"]["overhead_half_of_checkpointing"], r["tflms_xla_at_checkpoint_max"] or {}
+        lines.append(f"| {r['model']} | {r['profile']} | {r['checkpoint_at_its_max']['batch']} | "
+                     f"{pct(t['checkpoint'])} | {pct(t['tflms_xla'])} | {pct(t['limit'])} | "
+                     f"{a.get('strategy', '-')} {a.get('params', '')} | {verdict(t)} |")
+    lines += ["", "Target 2: at tflms-xla's maximum, samples/s at least 0.5x the plain XLA step's at its own maximum.",
+              "", "| model | profile | plain XLA max | its samples/s | tflms-xla max | its samples/s | ratio | target |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        t = r["targets"]["throughput_half_of_plain_xla"]
+        ratio = None if t["tflms_xla"] is None else t["tflms_xla"] / t["plain_xla"]
+        got = "-" if t["tflms_xla"] is None else f"{t['tflms_xla']:.1f}"
+        lines.append(f"| {r['model']} | {r['profile']} | {r['maxima']['none']} | {t['plain_xla']:.1f} | "
+                     f"{r['maxima'][METHOD]} | {got} | "
+                     f"{'-' if ratio is None else f'{ratio:.2f}'} | {verdict(t)} |")
+    return lines
