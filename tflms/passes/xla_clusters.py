@@ -49,30 +49,19 @@ Deterministic: the same graph gives the same segments, attributes and GraphDef b
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from collections import Counter
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 from tflms.ir.graph import Graph, Op
 from tflms.ir.op_types import FREE_OPS, XLA_NEVER_DTYPES, XLA_NEVER_TYPES
 from tflms.passes.result import PassResult
-from tflms.policies.eligibility import CLONE_PREFIX, is_clone, is_inserted
+from tflms.ir.names import is_clone
 
-#: A node of :func:`segment_rule`: an op name here, an op id in the simulator.
-Node = TypeVar("Node", bound=Hashable)
-
-XLA_COMPILE_ATTR = "_XlaCompile"
-XLA_SCOPE_ATTR = "_XlaScope"
-XLA_INTERNAL_SCOPE_ATTR = "_XlaInternalScope"
-#: The scope of segment ``k`` is this prefix and ``k``.
-SCOPE_PREFIX = "lms_xla_segment_"
-
-#: Why an op stays out of every cluster (:attr:`ClusterReport.outside`).
-TFLMS_COPY = "tflms copy"         # swap-out, swap-in, recompute gate, codec call: it must stay a copy
-HOST_OP = "host op"               # placed on the host while the accelerator is another device
-NEVER_COMPILED = "never compiled"  # XLA_NEVER_TYPES or a string/variant tensor
-NO_XLA_KERNEL = "no XLA kernel"   # no kernel registered for the accelerator's XLA device
+# (the rule and its names live below the passes, where the simulator's xla-clusters clock reads them too)
+from tflms.ir.xla_segments import (HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL, SCOPE_PREFIX, TFLMS_COPY,  # noqa: F401
+                                   XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR, XLA_SCOPE_ATTR, connected_clusters,
+                                   is_gate, is_tflms_copy, segment_rule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,27 +163,6 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
     return PassResult(new, changed=bool(kept) or any(w != NEVER_COMPILED for w in outside.values()), report=report)
 
 
-def segment_rule(topological: Sequence[Node], index: Mapping[Node, int], preds: Mapping[Node, Sequence[Node]],
-                 succs: Mapping[Node, Sequence[Node]], outside: Mapping[Node, str],
-                 clone: Callable[[Node], bool]) -> tuple[list[Node], set[Node], dict[Node, int], list[tuple]]:
-    """The segment rule of the module doc over any graph whose nodes are names (this pass) or op ids (the simulator's
-    ``xla-clusters`` clock, :mod:`tflms.sim.clusters`, which prices what this pass will mark).
-
-    ``topological``: the nodes in some topological order; ``index``: each node's graph position (ties);
-    ``preds`` / ``succs``: data and control neighbours of every node; ``outside``: the nodes left out (with why);
-    ``clone(node)``: a recompute clone. Returns ``(order, boundaries, segment of each member, clusters)``: the
-    order the segments follow, the left-out nodes between members, and the clusters (members joined by edges in
-    one segment, each in ``order``), sorted by segment then first member; the free-only ones included.
-    """
-    boundary = _boundaries(topological, preds, succs, outside)
-    order = _boundaries_first(index, preds, succs, boundary)  # the order the segments follow
-    segment = _segments(order, outside, boundary)
-    _move_up(order, preds, succs, segment, clone)
-    position = {name: i for i, name in enumerate(order)}
-    clusters = sorted(_clusters(order, preds, segment), key=lambda c: (segment[c[0]], position[c[0]]))
-    return order, boundary, segment, clusters
-
-
 def _host_check(accelerator_device: str, host_device: str) -> Callable[[str], bool]:
     """Whether an op's device is the host, where the host is another device than the accelerator."""
     def kind(device: str) -> str:
@@ -224,109 +192,6 @@ def _why_outside(graph: Graph, op: Op, on_host: Callable[[str], bool],
 
 def _is_gate(op: Op) -> bool:
     return is_gate(op.type, op.name)
-
-
-def is_gate(op_type: str, name: str) -> bool:
-    """Whether an op is a recompute gate (an ``Identity`` with its trigger as control input,
-    :func:`tflms.policies.recompute.gate_name`): it stays out, so that the clones wait for the trigger's cluster and
-    XLA cannot merge them with the forward ops they re-run."""
-    return op_type == "Identity" and name.startswith(CLONE_PREFIX + "gate_")
-
-
-def is_tflms_copy(op_type: str, name: str) -> bool:
-    """Whether an op is one of tflms's copies (a swap, a recompute gate, a codec call): never in a cluster."""
-    return is_inserted(name) and (not is_clone(name) or is_gate(op_type, name))
-
-
-def _boundaries(order: list[str], preds: dict[str, list[str]], succs: dict[str, list[str]],
-                outside: dict[str, str]) -> set[str]:
-    """The ops left out that some member reaches and that reach some member."""
-    after_member: set[str] = set()  # ops some member reaches
-    for name in order:
-        if any(p not in outside or p in after_member for p in preds[name]):
-            after_member.add(name)
-    before_member: set[str] = set()  # ops that reach some member
-    for name in reversed(order):
-        if any(s not in outside or s in before_member for s in succs[name]):
-            before_member.add(name)
-    return {n for n in outside if n in after_member and n in before_member}
-
-
-def _boundaries_first(index: Mapping[Node, int], preds: Mapping[Node, Sequence[Node]],
-                      succs: Mapping[Node, Sequence[Node]], boundary: set[Node]) -> list[Node]:
-    """Kahn's order over data and control edges where a ready boundary goes first, then graph order (``index``)."""
-    waiting = {n: len(p) for n, p in preds.items()}
-    ready = [(n not in boundary, index[n], n) for n, w in waiting.items() if w == 0]
-    heapq.heapify(ready)
-    order: list[str] = []
-    while ready:
-        _, _, name = heapq.heappop(ready)
-        order.append(name)
-        for succ in succs[name]:
-            waiting[succ] -= 1
-            if waiting[succ] == 0:
-                heapq.heappush(ready, (succ not in boundary, index[succ], succ))
-    return order
-
-
-def _segments(order: list[str], outside: dict[str, str], boundary: set[str]) -> dict[str, int]:
-    """Each member's segment: the boundaries met before it in ``order``, consecutive ones counted once."""
-    segment: dict[str, int] = {}
-    current, open_ = 0, False
-    for name in order:
-        if name in boundary:
-            if open_:
-                current, open_ = current + 1, False
-        elif name not in outside:
-            segment[name] = current
-            open_ = True
-    return segment
-
-
-def _clusters(order: list[str], preds: dict[str, list[str]], segment: dict[str, int]) -> list[tuple[str, ...]]:
-    """The clusters TensorFlow can make of the segments: the members of one segment joined by edges between them
-    (``mark_for_compilation_pass`` merges along edges, so a segment's unconnected parts are clusters of their own),
-    each in ``order``."""
-    parent = {name: name for name in segment}
-
-    def root(name: str) -> str:
-        while parent[name] != name:
-            parent[name] = parent[parent[name]]
-            name = parent[name]
-        return name
-
-    position = {name: i for i, name in enumerate(order)}
-    for name in order:
-        if name not in segment:
-            continue
-        for p in preds[name]:
-            if p in segment and segment[p] == segment[name]:
-                a, b = root(p), root(name)
-                if a != b:  # the root is the earliest member: deterministic
-                    parent[max(a, b, key=position.__getitem__)] = min(a, b, key=position.__getitem__)
-    groups: dict[str, list[str]] = {}
-    for name in order:
-        if name in segment:
-            groups.setdefault(root(name), []).append(name)
-    return [tuple(g) for g in groups.values()]
-
-
-def connected_clusters(order: Sequence[Node], preds: Mapping[Node, Sequence[Node]],
-                       segment: Mapping[Node, Hashable]) -> list[tuple]:
-    """The clusters ``mark_for_compilation_pass`` makes of ops marked with ``segment`` (a segment number, or an
-    ``_XlaScope``): those of one segment joined by edges between them, each in ``order``."""
-    return _clusters(order, preds, segment)
-
-
-def _move_up(order: list[Node], preds: Mapping[Node, Sequence[Node]], succs: Mapping[Node, Sequence[Node]],
-             segment: dict[Node, int], clone: Callable[[Node], bool]) -> None:
-    """Move each recompute clone and each member without inputs whose successors are all members to the earliest
-    of their segments (in reverse order, so that a chain of clones moves together)."""
-    for name in reversed(order):
-        if name not in segment or not succs[name] or not (clone(name) or not preds[name]):
-            continue
-        if all(s in segment for s in succs[name]):
-            segment[name] = max(segment[name], min(segment[s] for s in succs[name]))
 
 
 def _set_attrs(op: Op, values: dict[str, Any]) -> None:

@@ -12,27 +12,12 @@ import contextvars
 from collections.abc import Iterator
 
 from tflms.analysis.cto import Analysis, Category
+from tflms.ir.names import CLONE_PREFIX, INSERTED_PREFIX, is_clone, is_inserted  # noqa: F401 (re-exported)
 from tflms.ir.op_types import (CALL_OP_TYPES, CONDITIONAL_TYPES, HOST_PRODUCERS, IDENTITY_OPS, LOOP_TYPES,
                                ONEDNN_WORKSPACE_EDGES, PYTHON_CALLBACK_OPS, VARIABLE_READ_OPS)
 
-#: The name prefix of every op a tflms pass inserts (swap copies, codec calls, recompute clones).
-INSERTED_PREFIX = "lms/"
 #: dtypes a recomputed op may not produce: handles and host-only data.
 NEVER_RECOMPUTE_DTYPES = frozenset({"resource", "variant", "string"})
-
-
-#: The name prefix of recompute clones (:func:`tflms.policies.recompute.clone_name`).
-CLONE_PREFIX = INSERTED_PREFIX + "recompute_"
-
-
-def is_inserted(name: str) -> bool:
-    """Whether ``name`` is an op a tflms pass inserted (so a graph holding one was rewritten already)."""
-    return name.startswith(INSERTED_PREFIX)
-
-
-def is_clone(name: str) -> bool:
-    """Whether ``name`` is a recompute clone (a graph with clones may still get swaps: the hybrid search's)."""
-    return name.startswith(CLONE_PREFIX)
 
 
 _SWAP_CLONES: contextvars.ContextVar[bool] = contextvars.ContextVar("tflms_swap_clones", default=False)

@@ -37,9 +37,9 @@ from collections.abc import Sequence
 
 from tflms.errors import GraphError
 from tflms.ir.op_types import FREE_OPS, XLA_NEVER_DTYPES, XLA_NEVER_TYPES
-from tflms.passes.xla_clusters import (HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL, TFLMS_COPY, XLA_COMPILE_ATTR,
-                                       XLA_SCOPE_ATTR, connected_clusters, is_tflms_copy, segment_rule)
-from tflms.policies.eligibility import is_clone
+from tflms.ir.names import is_clone
+from tflms.ir.xla_segments import (HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL, TFLMS_COPY, XLA_COMPILE_ATTR,
+                                   XLA_SCOPE_ATTR, connected_clusters, is_tflms_copy, segment_rule)
 from tflms.profiles import HardwareProfile
 from tflms.sim.clock import CLOCK_XLA_CLUSTERS, Kernels, op_durations
 from tflms.sim.cost import op_launches
