@@ -191,9 +191,16 @@ def _measure_one(tf: Any, request_dir: Path, index: int, entry: dict[str, Any]) 
                 session.run(session_graph.init_ops, feed_dict=session_graph.init_feeds)
             if run < entry["warmup_runs"]:
                 session.run([fetch_tensors, run_ops], feed_dict=feeds)
-        options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+        options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
+                                          output_partition_graphs=bool(entry.get("allocator_trace")))
         metadata = tf.compat.v1.RunMetadata()
         fetched, _ = session.run([fetch_tensors, run_ops], feed_dict=feeds, options=options, run_metadata=metadata)
+        allocator = None
+        if entry.get("allocator_trace"):  # the same step again, under the profiler (module doc)
+            if session_graph.init_ops:
+                session.run(session_graph.init_ops, feed_dict=session_graph.init_feeds)
+            allocator = _allocator_trace(tf, session, [fetch_tensors, run_ops], feeds, metadata.partition_graphs,
+                                         request_dir / f"profile_{index}")
         variables_after = session.run(session_graph.reads) if session_graph.reads else []
 
     devices, start, nodes = _collect_records(metadata.step_stats)
@@ -207,7 +214,31 @@ def _measure_one(tf: Any, request_dir: Path, index: int, entry: dict[str, Any]) 
              **{f"fetch_{i}": np.asarray(value) for i, value in enumerate(fetched)},
              **{f"var_{i}": np.asarray(value) for i, value in enumerate(variables_after)})
     return {"devices": devices, "persistent_bytes": persistent, "step_start_micros": start,
-            "fetch_names": fetch_names, "variable_names": list(entry["variables"]), "nodes": nodes}
+            "fetch_names": fetch_names, "variable_names": list(entry["variables"]), "nodes": nodes,
+            "allocator": allocator}
+
+
+def _allocator_trace(tf: Any, session: Any, fetches: Any, feeds: Any, partition_graphs: Any,
+                     log_dir: Path) -> dict[str, Any]:
+    """Run one step under TensorFlow's profiler and read each device's allocations from the allocator's own events
+    (:mod:`tflms.measure.allocator_events`: they include XLA's buffers, which the allocation records miss)."""
+    from tflms.measure.allocator_events import device_records, read_xspace
+
+    device_of = {node.name: node.device for graph in partition_graphs for node in graph.node}
+    tf.profiler.experimental.start(str(log_dir))
+    try:
+        session.run(fetches, feed_dict=feeds)
+    finally:
+        tf.profiler.experimental.stop()
+    paths = sorted(log_dir.glob("plugins/profile/*/*.xplane.pb"))
+    if not paths:
+        raise RuntimeError(f"the profiler wrote no .xplane.pb under {log_dir}")
+    ops, memory = read_xspace(str(paths[-1]))
+    trace = device_records(ops, memory, device_of)
+    return {"devices": {device: {"records": trace.records[device], "allocators": trace.allocators.get(device, [])}
+                        for device in trace.records},
+            "unattributed_bytes": trace.unattributed_bytes, "unattributed": trace.unattributed,
+            "allocator_peak_bytes": trace.allocator_peak_bytes, "memory_events": len(memory)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
