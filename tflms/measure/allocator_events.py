@@ -23,8 +23,9 @@ Importing this does not import TensorFlow; :func:`read_xspace` does.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 ALLOCATION = "MemoryAllocation"
 DEALLOCATION = "MemoryDeallocation"
@@ -54,7 +55,7 @@ def read_xspace(path: str) -> tuple[list[tuple[int, int, str, int]], list[tuple[
     """``(ops, memory)`` of an ``.xplane.pb``'s host plane: ``ops`` as ``(start_ps, end_ps, name, thread)`` for every
     event whose name is ``node:Type`` (other events too: :func:`device_records` keeps the nodes it knows), ``memory``
     as ``(time_ps, kind, thread, stats)``; times are absolute picoseconds."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: PLC0415 - TensorFlow only where a profile is read
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # TensorFlow only where a profile is read
 
     with open(path, "rb") as handle:
         space = xplane_pb2.XSpace.FromString(handle.read())
@@ -131,7 +132,7 @@ def _enclosing(spans: Any, starts: Any, time: int) -> str | None:
     that has not ended (ops on one thread nest only when one runs another inline)."""
     k = bisect.bisect_right(starts, time) - 1
     for j in range(k, max(k - NEST_LOOKBACK, -1), -1):
-        start, end, node = spans[j]
+        _, end, node = spans[j]
         if end >= time:
             return node
     return None

@@ -22,6 +22,13 @@ from tflms.sim.simulator import ONEDNN_CPU_WORKSPACES, SimOptions
 
 #: Device that plays the accelerator (gets every node without a device).
 ACCELERATOR_DEVICE = "/device:CPU:1"
+#: The accelerator of a step whose ops run as XLA clusters (``ExecutorRequest(accelerator_cpu=0)``), the host then
+#: being CPU:1. In a session with two logical CPUs, a cluster placed on CPU:1 whose compile-time constant inputs
+#: are computed (a ``Slice`` whose ``begin`` comes from a ``Shape``), or that has no input at all (``Prod`` of two
+#: constants), fails with "Multiple CPU devices [CPU:1, CPU:0]" (checked on TensorFlow 2.21: XLA's device choice
+#: sees CPU:0 beside the cluster's CPU:1); on CPU:0 the same cluster runs. The two logical CPUs are otherwise alike
+#: (one allocator, one thread pool), so the roles can swap.
+XLA_ACCELERATOR_DEVICE, XLA_HOST_DEVICE = "/device:CPU:0", "/device:CPU:1"
 #: Device that plays the host (swap-out copies live here).
 HOST_DEVICE = "/device:CPU:0"
 #: Keys of :attr:`ExecutorMeasurement.devices` by logical CPU index.
@@ -153,10 +160,16 @@ class ExecutorMeasurement:
         return device.peak_bytes + (device.persistent_bytes if include_persistent else 0)
 
 
-def role_of_device(device: str) -> str | None:
-    """"accelerator" or "host" for a device string ending in CPU:1 or CPU:0; None for any other."""
+def roles_by_cpu_index(accelerator_cpu: int = 1) -> dict[int, str]:
+    """``{logical CPU: role}`` with the accelerator on ``accelerator_cpu`` (1, :data:`ROLE_BY_CPU_INDEX`, or 0)."""
+    return ROLE_BY_CPU_INDEX if accelerator_cpu == 1 else {0: "accelerator", 1: "host"}
+
+
+def role_of_device(device: str, accelerator_cpu: int = 1) -> str | None:
+    """"accelerator" or "host" for a device string ending in CPU:1 or CPU:0 (the accelerator on
+    ``accelerator_cpu``); None for any other."""
     match = re.search(r"/device:CPU:(\d+)$", device, re.IGNORECASE)
-    return ROLE_BY_CPU_INDEX.get(int(match.group(1))) if match else None
+    return roles_by_cpu_index(accelerator_cpu).get(int(match.group(1))) if match else None
 
 
 def device_memory_from_records(device: str, records: Sequence[Sequence[Any]], *, origin_micros: int = 0,
