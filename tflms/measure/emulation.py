@@ -22,6 +22,13 @@ from tflms.sim.simulator import ONEDNN_CPU_WORKSPACES, SimOptions
 
 #: Device that plays the accelerator (gets every node without a device).
 ACCELERATOR_DEVICE = "/device:CPU:1"
+#: The accelerator of a step whose ops run as XLA clusters (``ExecutorRequest(accelerator_cpu=0)``), the host then
+#: being CPU:1. In a session with two logical CPUs, a cluster placed on CPU:1 whose compile-time constant inputs
+#: are computed (a ``Slice`` whose ``begin`` comes from a ``Shape``), or that has no input at all (``Prod`` of two
+#: constants), fails with "Multiple CPU devices [CPU:1, CPU:0]" (checked on TensorFlow 2.21: XLA's device choice
+#: sees CPU:0 beside the cluster's CPU:1); on CPU:0 the same cluster runs. The two logical CPUs are otherwise alike
+#: (one allocator, one thread pool), so the roles can swap.
+XLA_ACCELERATOR_DEVICE, XLA_HOST_DEVICE = "/device:CPU:0", "/device:CPU:1"
 #: Device that plays the host (swap-out copies live here).
 HOST_DEVICE = "/device:CPU:0"
 #: Keys of :attr:`ExecutorMeasurement.devices` by logical CPU index.
@@ -53,6 +60,11 @@ EMULATION_SIM_OPTIONS = SimOptions(host_device=HOST_DEVICE, workspace_bytes_per_
 #: (25-28 MiB each for the 32x32 CNN of tests/test_validation.py, a 58 MB measured peak against a 7.7 MB
 #: simulated one) that no accelerator's kernels have and the simulator does not model.
 EMULATION_ENV = {"TF_ENABLE_ONEDNN_OPTS": "1"}
+#: Added to :data:`EMULATION_ENV` where a request reads the allocator's own events (``allocator_trace``): the CPU's
+#: BFC allocator, which reports every allocation to the profiler. oneDNN's ``mklcpu`` allocator (the default with
+#: oneDNN on) reports only those its BFC part serves and leaves out the small ones (on the 32x32 CNN of
+#: tools/validate_memory.py, 96 of 348 records; the peak 0.6% low). The kernels are the same.
+ALLOCATOR_TRACE_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
 def planning_for_emulation():
     """A context to plan (tune, rewrite) a step for the emulated accelerator in: its CPU ops run oneDNN's kernels
     (:data:`EMULATION_ENV`) whatever this process's TensorFlow runs, so the swap rules that depend on them (oneDNN's
@@ -114,6 +126,13 @@ class ExecutorMeasurement:
     fetch_values: Mapping[str, np.ndarray] = field(default_factory=dict)
     variables_after: Mapping[str, np.ndarray] = field(default_factory=dict)
     node_times: Mapping[str, NodeTime] = field(default_factory=dict)
+    #: With ``ExecutorRequest(allocator_trace=True)``: the same step run again under TensorFlow's profiler, each
+    #: device's memory from the allocator's own events (:mod:`tflms.measure.allocator_events`; XLA's buffers
+    #: included); ``unattributed_bytes``: allocated there outside every op of the step (the client's feeds);
+    #: ``allocator_peak_bytes``: the allocator's own peak in use (every device, variables and feeds together).
+    allocator_devices: Mapping[str, DeviceMemory] | None = None
+    unattributed_bytes: int = 0
+    allocator_peak_bytes: int = 0
 
     def start_order(self) -> list[str]:
         """Names of the nodes that ran, by start time (ties by end time, then name)."""
@@ -133,11 +152,24 @@ class ExecutorMeasurement:
         device = self.devices[which]
         return device.peak_bytes + (device.persistent_bytes if include_persistent else 0)
 
+    def allocator_peak(self, which: str = "accelerator", *, include_persistent: bool = False) -> int:
+        """:meth:`peak` from the allocator's own events (``allocator_devices``): what XLA's buffers need too."""
+        if self.allocator_devices is None:
+            raise ValueError("no allocator trace in this measurement: measure with ExecutorRequest(allocator_trace=True)")
+        device = self.allocator_devices[which]
+        return device.peak_bytes + (device.persistent_bytes if include_persistent else 0)
 
-def role_of_device(device: str) -> str | None:
-    """"accelerator" or "host" for a device string ending in CPU:1 or CPU:0; None for any other."""
+
+def roles_by_cpu_index(accelerator_cpu: int = 1) -> dict[int, str]:
+    """``{logical CPU: role}`` with the accelerator on ``accelerator_cpu`` (1, :data:`ROLE_BY_CPU_INDEX`, or 0)."""
+    return ROLE_BY_CPU_INDEX if accelerator_cpu == 1 else {0: "accelerator", 1: "host"}
+
+
+def role_of_device(device: str, accelerator_cpu: int = 1) -> str | None:
+    """"accelerator" or "host" for a device string ending in CPU:1 or CPU:0 (the accelerator on
+    ``accelerator_cpu``); None for any other."""
     match = re.search(r"/device:CPU:(\d+)$", device, re.IGNORECASE)
-    return ROLE_BY_CPU_INDEX.get(int(match.group(1))) if match else None
+    return roles_by_cpu_index(accelerator_cpu).get(int(match.group(1))) if match else None
 
 
 def device_memory_from_records(device: str, records: Sequence[Sequence[Any]], *, origin_micros: int = 0,

@@ -86,13 +86,13 @@ import numpy as np
 from tflms.errors import ConfigError, GraphError
 from tflms.measure.emulation import (
     ACCELERATOR_DEVICE,
+    ALLOCATOR_TRACE_ENV,
     DEVICE_RE,
     EMULATION_ENV,
     EMULATION_PROFILE,
     EMULATION_SIM_OPTIONS,
     HOST_DEVICE,
     INTER_OP_THREADS,
-    ROLE_BY_CPU_INDEX,
     STDERR_TAIL_CHARS,
     DeviceMemory,
     ExecutorMeasurement,
@@ -100,6 +100,7 @@ from tflms.measure.emulation import (
     NodeTime,
     device_memory_from_records,
     role_of_device,
+    roles_by_cpu_index,
 )
 from tflms.measure.worker import main
 
@@ -126,8 +127,12 @@ class ExecutorRequest:
     fetches: Sequence[str] = ()
     targets: Sequence[str] = ()
     warmup_runs: int = 1
+    allocator_trace: bool = False
+    accelerator_cpu: int = 1
 
     def __post_init__(self) -> None:
+        if self.accelerator_cpu not in (0, 1):
+            raise ConfigError(f"accelerator_cpu must be 0 or 1 (a logical CPU), got {self.accelerator_cpu!r}")
         if not hasattr(self.graph_def, "node") or not hasattr(self.graph_def, "SerializeToString"):
             raise ConfigError(f"graph_def must be a tf GraphDef proto, got {type(self.graph_def).__name__}")
         if isinstance(self.warmup_runs, bool) or not isinstance(self.warmup_runs, int) or self.warmup_runs < 0:
@@ -185,12 +190,14 @@ def measure_executor_peaks(requests: Sequence[ExecutorRequest], *, timeout_s: fl
         request_dir = Path(tmp)
         manifest = [_write_request(request_dir, index, request) for index, request in enumerate(requests)]
         (request_dir / "requests.json").write_text(json.dumps({"requests": manifest}))
-        raw_results, stderr_tail = _run_subprocess(request_dir, timeout_s)
-        return [_to_measurement(request_dir, index, raw, stderr_tail) for index, raw in enumerate(raw_results)]
+        raw_results, stderr_tail = _run_subprocess(request_dir, timeout_s,
+                                                    allocator_trace=any(r.allocator_trace for r in requests))
+        return [_to_measurement(request_dir, index, raw, stderr_tail, requests[index].accelerator_cpu)
+                for index, raw in enumerate(raw_results)]
 
 
 def step_request(concrete_function: Any, args: Sequence[Any], *, graph_def: GraphDef | None = None,
-                 warmup_runs: int = 1) -> ExecutorRequest:
+                 warmup_runs: int = 1, allocator_trace: bool = False, accelerator_cpu: int = 1) -> ExecutorRequest:
     """A request that runs one step of a traced ``tf.function`` as the function would.
 
     ``args`` are the values of the function's argument tensors, in ``FuncGraph.inputs``
@@ -223,7 +230,8 @@ def step_request(concrete_function: Any, args: Sequence[Any], *, graph_def: Grap
             feeds[internal.op.name] = np.asarray(external.numpy())
     return ExecutorRequest(graph_def=func_graph.as_graph_def() if graph_def is None else graph_def, feeds=feeds,
                            variables=variables, fetches=tuple(t.name for t in func_graph.outputs),
-                           targets=tuple(op.name for op in func_graph.control_outputs), warmup_runs=warmup_runs)
+                           targets=tuple(op.name for op in func_graph.control_outputs), warmup_runs=warmup_runs,
+                           allocator_trace=allocator_trace, accelerator_cpu=accelerator_cpu)
 
 
 # --------------------------------------------------------------------------------------------- parent side
@@ -280,7 +288,7 @@ def _write_request(request_dir: Path, index: int, request: ExecutorRequest) -> d
     graph_def.CopyFrom(request.graph_def)
     for node in graph_def.node:
         if not node.device:
-            node.device = ACCELERATOR_DEVICE
+            node.device = f"/device:CPU:{request.accelerator_cpu}"
     (request_dir / f"graph_{index}.pb").write_bytes(graph_def.SerializeToString())
     arrays: dict[str, np.ndarray] = {}
     feeds = []
@@ -296,15 +304,19 @@ def _write_request(request_dir: Path, index: int, request: ExecutorRequest) -> d
     except ValueError as exc:
         raise GraphError(f"request {index}: feeds/variables must be numeric numpy arrays ({exc})") from exc
     return {"feeds": feeds, "variables": variables, "fetches": list(request.fetches),
-            "targets": list(request.targets), "warmup_runs": request.warmup_runs}
+            "targets": list(request.targets), "warmup_runs": request.warmup_runs,
+            "allocator_trace": request.allocator_trace, "accelerator_cpu": request.accelerator_cpu}
 
 
-def _run_subprocess(request_dir: Path, timeout_s: float) -> tuple[list[dict[str, Any]], str]:
+def _run_subprocess(request_dir: Path, timeout_s: float, *, allocator_trace: bool = False
+                    ) -> tuple[list[dict[str, Any]], str]:
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     env.update(EMULATION_ENV)
+    if allocator_trace:
+        env.update(ALLOCATOR_TRACE_ENV)
     stderr_path = request_dir / "stderr.txt"
     # ``-c`` rather than ``-m``: tflms.measure already imports this module (runpy would warn).
     command = [sys.executable, "-c", "import sys; from tflms.measure.executor import main; sys.exit(main())",
@@ -332,7 +344,8 @@ def _tail(path: Path) -> str:
     return f"\n--- subprocess stderr (tail) ---\n{text[-STDERR_TAIL_CHARS:]}"
 
 
-def _to_measurement(request_dir: Path, index: int, raw: dict[str, Any], stderr_tail: str) -> ExecutorMeasurement:
+def _to_measurement(request_dir: Path, index: int, raw: dict[str, Any], stderr_tail: str,
+                    accelerator_cpu: int = 1) -> ExecutorMeasurement:
     if "error" in raw:
         error = raw["error"]
         node = f" at node {error['node']!r}" if error.get("node") else ""
@@ -342,13 +355,13 @@ def _to_measurement(request_dir: Path, index: int, raw: dict[str, Any], stderr_t
         raise MeasurementError(message + stderr_tail)
     devices = {}
     for raw_name, data in raw["devices"].items():
-        role = role_of_device(raw_name)
+        role = role_of_device(raw_name, accelerator_cpu)
         if role is None:
             raise MeasurementError(f"request {index}: allocation records on unexpected device {raw_name!r}")
         devices[role] = device_memory_from_records(
             raw_name, data["records"], origin_micros=raw["step_start_micros"],
             persistent_bytes=raw["persistent_bytes"].get(role, 0), allocators=data["allocators"])
-    for cpu_index, role in ROLE_BY_CPU_INDEX.items():
+    for cpu_index, role in roles_by_cpu_index(accelerator_cpu).items():
         devices.setdefault(role, DeviceMemory(device=f"/job:localhost/replica:0/task:0/device:CPU:{cpu_index}",
                                               peak_bytes=0, timeline=(),
                                               persistent_bytes=raw["persistent_bytes"].get(role, 0)))
@@ -361,9 +374,26 @@ def _to_measurement(request_dir: Path, index: int, raw: dict[str, Any], stderr_t
         if name in node_times and node_times[name].start_us <= (start_ns - origin_ns) / 1000:
             continue  # a name on two devices (runtime nodes): keep the first run
         node_times[name] = NodeTime(start_us=(start_ns - origin_ns) / 1000, end_us=(end_ns - origin_ns) / 1000,
-                                    role=role_of_device(raw_device) or "")
+                                    role=role_of_device(raw_device, accelerator_cpu) or "")
+    allocator = raw.get("allocator")
+    allocator_devices = None
+    if allocator is not None:
+        allocator_devices = {}
+        for raw_name, data in allocator["devices"].items():
+            role = role_of_device(raw_name, accelerator_cpu)
+            if role is None:
+                raise MeasurementError(f"request {index}: allocator events on unexpected device {raw_name!r}")
+            allocator_devices[role] = device_memory_from_records(
+                raw_name, data["records"], persistent_bytes=raw["persistent_bytes"].get(role, 0),
+                allocators=data["allocators"])
+        for cpu_index, role in roles_by_cpu_index(accelerator_cpu).items():
+            allocator_devices.setdefault(role, DeviceMemory(
+                device=f"/job:localhost/replica:0/task:0/device:CPU:{cpu_index}", peak_bytes=0, timeline=(),
+                persistent_bytes=raw["persistent_bytes"].get(role, 0)))
     return ExecutorMeasurement(devices=devices, fetch_values=fetch_values, variables_after=variables_after,
-                               node_times=node_times)
+                               node_times=node_times, allocator_devices=allocator_devices,
+                               unattributed_bytes=allocator["unattributed_bytes"] if allocator else 0,
+                               allocator_peak_bytes=allocator["allocator_peak_bytes"] if allocator else 0)
 
 
 if __name__ == "__main__":

@@ -25,9 +25,9 @@ from tflms.measure.emulation import (
     ACCELERATOR_DEVICE,
     DEVICE_RE,
     INTER_OP_THREADS,
-    ROLE_BY_CPU_INDEX,
     STDERR_TAIL_CHARS,
     role_of_device,
+    roles_by_cpu_index,
 )
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def _unused_prefix(graph_def: Any) -> str:
     return prefix
 
 
-def _const_bytes_by_device(tf: Any, graph_def: Any) -> dict[str, int]:
+def _const_bytes_by_device(tf: Any, graph_def: Any, accelerator_cpu: int = 1) -> dict[str, int]:
     totals: dict[str, int] = {}
     for node in graph_def.node:
         if node.op != "Const":
@@ -87,7 +87,8 @@ def _const_bytes_by_device(tf: Any, graph_def: Any) -> dict[str, int]:
             continue
         elements = int(np.prod([dim.size for dim in node.attr["value"].tensor.tensor_shape.dim], dtype=np.int64))
         cpu_index = int(DEVICE_RE.match(node.device).group("index"))
-        totals[ROLE_BY_CPU_INDEX[cpu_index]] = totals.get(ROLE_BY_CPU_INDEX[cpu_index], 0) + elements * dtype.size
+        role = roles_by_cpu_index(accelerator_cpu)[cpu_index]
+        totals[role] = totals.get(role, 0) + elements * dtype.size
     return totals
 
 
@@ -114,7 +115,8 @@ class _SessionGraph:
     reads: list[Any]
 
 
-def _import_with_variables(tf: Any, graph_def: Any, variables: Sequence[tuple[str, np.ndarray]]) -> _SessionGraph:
+def _import_with_variables(tf: Any, graph_def: Any, variables: Sequence[tuple[str, np.ndarray]],
+                           accelerator: str = ACCELERATOR_DEVICE) -> _SessionGraph:
     """Import ``graph_def``, mapping each resource placeholder to a fresh ``VarHandleOp`` on the accelerator.
 
     Each variable gets an assign op fed from a placeholder (no large constants in the
@@ -127,7 +129,7 @@ def _import_with_variables(tf: Any, graph_def: Any, variables: Sequence[tuple[st
     with graph.as_default():
         for position, (name, value) in enumerate(variables):
             dtype = tf.as_dtype(value.dtype)
-            with tf.device(ACCELERATOR_DEVICE):
+            with tf.device(accelerator):
                 handle = tf.raw_ops.VarHandleOp(dtype=dtype, shape=value.shape, shared_name=f"{prefix}_{position}",
                                                 name=f"{prefix}/var_{position}")
                 initial = tf.compat.v1.placeholder(dtype, value.shape, name=f"{prefix}/initial_{position}")
@@ -177,7 +179,9 @@ def _measure_one(tf: Any, request_dir: Path, index: int, entry: dict[str, Any]) 
     with np.load(request_dir / f"arrays_{index}.npz", allow_pickle=False) as arrays:
         feed_values = [arrays[f"feed_{i}"] for i in range(len(entry["feeds"]))]
         var_values = [arrays[f"var_{i}"] for i in range(len(entry["variables"]))]
-    session_graph = _import_with_variables(tf, graph_def, list(zip(entry["variables"], var_values)))
+    accelerator_cpu = entry.get("accelerator_cpu", 1)
+    session_graph = _import_with_variables(tf, graph_def, list(zip(entry["variables"], var_values)),
+                                           accelerator=f"/device:CPU:{accelerator_cpu}")
     graph = session_graph.graph
     feeds = {graph.get_tensor_by_name(name): value for name, value in zip(entry["feeds"], feed_values)}
     fetch_names = [name for name in entry["fetches"] if ":" in name]
@@ -191,13 +195,20 @@ def _measure_one(tf: Any, request_dir: Path, index: int, entry: dict[str, Any]) 
                 session.run(session_graph.init_ops, feed_dict=session_graph.init_feeds)
             if run < entry["warmup_runs"]:
                 session.run([fetch_tensors, run_ops], feed_dict=feeds)
-        options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+        options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
+                                          output_partition_graphs=bool(entry.get("allocator_trace")))
         metadata = tf.compat.v1.RunMetadata()
         fetched, _ = session.run([fetch_tensors, run_ops], feed_dict=feeds, options=options, run_metadata=metadata)
+        allocator = None
+        if entry.get("allocator_trace"):  # the same step again, under the profiler (module doc)
+            if session_graph.init_ops:
+                session.run(session_graph.init_ops, feed_dict=session_graph.init_feeds)
+            allocator = _allocator_trace(tf, session, [fetch_tensors, run_ops], feeds, metadata.partition_graphs,
+                                         request_dir / f"profile_{index}")
         variables_after = session.run(session_graph.reads) if session_graph.reads else []
 
     devices, start, nodes = _collect_records(metadata.step_stats)
-    persistent = _const_bytes_by_device(tf, graph_def)
+    persistent = _const_bytes_by_device(tf, graph_def, accelerator_cpu)
     persistent["accelerator"] = persistent.get("accelerator", 0) + sum(int(value.nbytes) for value in var_values)
     for name, value in zip(fetch_names, fetched):
         if np.asarray(value).dtype.kind == "O":
@@ -207,7 +218,31 @@ def _measure_one(tf: Any, request_dir: Path, index: int, entry: dict[str, Any]) 
              **{f"fetch_{i}": np.asarray(value) for i, value in enumerate(fetched)},
              **{f"var_{i}": np.asarray(value) for i, value in enumerate(variables_after)})
     return {"devices": devices, "persistent_bytes": persistent, "step_start_micros": start,
-            "fetch_names": fetch_names, "variable_names": list(entry["variables"]), "nodes": nodes}
+            "fetch_names": fetch_names, "variable_names": list(entry["variables"]), "nodes": nodes,
+            "allocator": allocator}
+
+
+def _allocator_trace(tf: Any, session: Any, fetches: Any, feeds: Any, partition_graphs: Any,
+                     log_dir: Path) -> dict[str, Any]:
+    """Run one step under TensorFlow's profiler and read each device's allocations from the allocator's own events
+    (:mod:`tflms.measure.allocator_events`: they include XLA's buffers, which the allocation records miss)."""
+    from tflms.measure.allocator_events import device_records, read_xspace
+
+    device_of = {node.name: node.device for graph in partition_graphs for node in graph.node}
+    tf.profiler.experimental.start(str(log_dir))
+    try:
+        session.run(fetches, feed_dict=feeds)
+    finally:
+        tf.profiler.experimental.stop()
+    paths = sorted(log_dir.glob("plugins/profile/*/*.xplane.pb"))
+    if not paths:
+        raise RuntimeError(f"the profiler wrote no .xplane.pb under {log_dir}")
+    ops, memory = read_xspace(str(paths[-1]))
+    trace = device_records(ops, memory, device_of)
+    return {"devices": {device: {"records": trace.records[device], "allocators": trace.allocators.get(device, [])}
+                        for device in trace.records},
+            "unattributed_bytes": trace.unattributed_bytes, "unattributed": trace.unattributed,
+            "allocator_peak_bytes": trace.allocator_peak_bytes, "memory_events": len(memory)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
