@@ -250,3 +250,40 @@ def test_the_bench_prices_tflms_xla_on_the_clustered_clock_against_plain_xla_and
     assert record["simulated"] and record["targets"] == targets(record)
     first = record["targets"]["overhead_half_of_checkpointing"]
     assert first["met"] == (first["tflms_xla"] <= first["checkpoint"] / 2)
+
+
+def test_the_budget_guarantee_never_pins_an_order_that_cuts_the_clusters_over_the_budget(monkeypatch):
+    """On the xla-clusters clock the guarantee's pinning edges are cluster boundaries (issue 47, item 5's finding:
+    ResNet-50 at 64x64, batch 16, 324.1 MB as tuned, 418.4 MB once pinned). A pinned step that no longer fits is not
+    pinned, and the record says why; on other clocks, and where it still fits, level order is pinned as before."""
+    import dataclasses
+
+    from tflms.passes import order as order_pass
+    from tflms.passes.result import PassResult
+    from tflms.profiles import get_profile
+    from tflms.sim.clock import CLOCK_SERIAL, CLOCK_XLA_CLUSTERS
+    from tflms.sim.simulator import SimOptions, simulate
+    from tflms.testing import mlp_training_graph
+
+    profile = get_profile("v100-16gb-pcie3")
+    graph = mlp_training_graph(4, batch=32, width=256)
+    heavier = mlp_training_graph(4, batch=64, width=256)  # stands in for a pinned step whose clusters need more
+    options = SimOptions(clock=CLOCK_XLA_CLUSTERS)
+    fits = simulate(graph, profile, options=options).peak_with_margin_bytes
+    over = simulate(heavier, profile, options=options).peak_with_margin_bytes
+    assert over > fits
+    report = order_pass.pin_level_order(graph, options=options).report
+    monkeypatch.setattr(order_pass, "pin_level_order",
+                        lambda g, options=None: PassResult(heavier, changed=True, report=report))
+    budget = fits  # the unpinned step fits exactly; the any-order bound is above it, so the guarantee would pin
+
+    kept, record = order_pass.hold_to_budget(graph, None, budget_bytes=budget, options=options, profile=profile)
+    assert kept is graph and record["guarantee"] == order_pass.GUARANTEE_NONE
+    assert record["pinned_peak_bytes"] == over and "cut the step's XLA clusters" in record["guarantee_why"]
+    # the serial clock has no clusters to cut: pinned as before
+    serial = dataclasses.replace(options, clock=CLOCK_SERIAL)
+    pinned, record = order_pass.hold_to_budget(graph, None, budget_bytes=budget, options=serial, profile=profile)
+    assert pinned is heavier and record["guarantee"] == order_pass.GUARANTEE_PINNED
+    # without a profile to simulate on, nothing is checked (the old behaviour)
+    pinned, _ = order_pass.hold_to_budget(graph, None, budget_bytes=budget, options=options)
+    assert pinned is heavier

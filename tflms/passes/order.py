@@ -152,7 +152,8 @@ def pin_level_order(graph: Graph, *, options: SimOptions | None = None,
 
 
 def hold_to_budget(graph: Graph, order: dict[str, Any] | None, *, budget_bytes: int,
-                   options: SimOptions | None = None, pin: bool = True) -> tuple[Graph, dict[str, Any]]:
+                   options: SimOptions | None = None, pin: bool = True,
+                   profile: Any = None) -> tuple[Graph, dict[str, Any]]:
     """Make TensorFlow's executor keep a budgeted rewrite under ``budget_bytes`` (issue 31), and say how.
 
     ``graph``: the rewrite as it will run; ``order``: the order record it already has
@@ -163,6 +164,10 @@ def hold_to_budget(graph: Graph, order: dict[str, Any] | None, *, budget_bytes: 
     ``pin``, else the record says the peak is not guaranteed and by how much it could rise. Returns the
     graph to run and the order record with ``guarantee`` (:data:`GUARANTEE_PINNED`,
     :data:`GUARANTEE_ANY_ORDER` or :data:`GUARANTEE_NONE`), ``any_order_bound_bytes`` and ``guarantee_why``.
+
+    On the ``xla-clusters`` clock (a step that keeps XLA, issue 47) the pinning edges are cluster boundaries: they
+    cut the clusters the tuner priced. So the pinned step is simulated again on ``profile``; where it no longer fits,
+    nothing is pinned, and the record says why (``pinned_peak_bytes``).
     """
     from tflms.sim.footprint import any_order_peak_bound
     from tflms.units import format_bytes
@@ -180,6 +185,15 @@ def hold_to_budget(graph: Graph, order: dict[str, Any] | None, *, budget_bytes: 
         return graph, record
     if pin:
         pinned = pin_level_order(graph, options=options)
+        cut = _pinned_over_budget(pinned.graph, options, profile, budget_bytes)
+        if cut is not None:
+            record.update(guarantee=GUARANTEE_NONE, pinned_peak_bytes=cut, guarantee_why=(
+                f"the peak is not guaranteed: pinning level order ({pinned.report.num_edges} edges) would cut the "
+                f"step's XLA clusters, and the step would then need {format_bytes(cut)} (simulated), over the budget "
+                f"{format_bytes(budget_bytes)}; so nothing is pinned, and TensorFlow's executor may run another order "
+                f"than the one simulated, peaking up to {format_bytes(bound.bound_bytes)} (an upper bound over "
+                f"every order, at {bound.op})"))
+            return graph, record
         record.update(pinned.report.to_dict())
         record.update(guarantee=GUARANTEE_PINNED, guarantee_why=(
             f"level order pinned ({pinned.report.num_edges} edges): unpinned, another order could peak up to "
@@ -190,3 +204,12 @@ def hold_to_budget(graph: Graph, order: dict[str, Any] | None, *, budget_bytes: 
         f"another order than the one simulated, peaking up to {format_bytes(bound.bound_bytes)} (an upper bound "
         f"over every order, at {bound.op}) against the budget {format_bytes(budget_bytes)}"))
     return graph, record
+
+
+def _pinned_over_budget(pinned: Graph, options: SimOptions | None, profile: Any, budget_bytes: int) -> int | None:
+    """The pinned step's need where its pinning edges cut XLA clusters and it no longer fits, else ``None``."""
+    from tflms.sim.clock import CLOCK_XLA_CLUSTERS
+    if profile is None or options is None or options.clock != CLOCK_XLA_CLUSTERS:
+        return None
+    need = simulate(pinned, profile, options=options).peak_with_margin_bytes
+    return need if need > budget_bytes else None

@@ -223,7 +223,8 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             # (issue 31). Hold it to the budget: pinned already, proved for every order, pinned now, or said.
             edges_before = bool(order and order.get("applied"))  # the order pass may run and add nothing
             final, order = clock("guarantee", lambda: hold_to_budget(final, order, budget_bytes=result.budget_bytes,
-                                                                     options=options, pin=config.orders))
+                                                                     options=options, pin=config.orders,
+                                                                     profile=profile))
             pinned_by_guarantee = bool(order.get("applied")) and not edges_before
             final.lint()
             grappler_after = not xla and not _grappler_done_before(step, original)  # (XLA: grappler stays off)
