@@ -17,8 +17,8 @@ once, at the batch found. Two things spare tunes (issue 48):
   what it needs at batch 0 (where the unchanged step's needs put it), so the next probe
   goes where that line meets the budget, raised to where a fit ends the search. Bisection
   takes over where the line leaves the bracket, or after an interpolated probe fitted
-  without ending the search. ResNet-50 at 224x224 on v100-16gb-pcie3: the cap is 1578, the
-  first probe (1403) fails, the line through its need puts the second at 1363, which fits:
+  without ending the search. ResNet-50 at 224x224 on v100-16gb-pcie3: the cap is 1579, the
+  first probe (1404) fails, the line through its need puts the second at 1364, which fits:
   two tunes (the bench's largest is 1347).
 """
 
