@@ -77,6 +77,10 @@ def judge_ordered(ev: TuneEvaluator, first_fit: bool = False) -> list[Candidate]
                     and ev.need(twin.sim) <= ev.budget * (1 + ORDER_MAX_OVERSHOOT)):
                 twins.append(twin)
     seen: set = set()
+    # (a plan's judgment in the order, and its swaps across the ordered peak, once per tune: with first_fit the
+    # tuner judges the order before the recompute search and again after it)
+    memo: dict = ev.__dict__.setdefault("_ordered_memo", {})
+    peak_memo: dict = ev.__dict__.setdefault("_peak_swaps_memo", {})
 
     def judge(cands: list[Candidate], limit: int) -> list[Candidate]:
         """Judge up to ``limit`` distinct plans of ``cands`` in the enforced order."""
@@ -91,6 +95,9 @@ def judge_ordered(ev: TuneEvaluator, first_fit: bool = False) -> list[Candidate]
             if key in seen:
                 continue
             seen.add(key)
+            if key is not None and key in memo:  # judged by an earlier call of this tune (first_fit's early one)
+                judged.append(memo[key])
+                continue
             graph = ev.graph_of(c)
             # c.sim is the simulation of ``graph`` in level order (the incremental evaluator's answer is simulate's)
             result = ev.ordered_base() if key is None else enforce_order(graph, ev.profile, options=ev.sim_options,
@@ -98,6 +105,8 @@ def judge_ordered(ev: TuneEvaluator, first_fit: bool = False) -> list[Candidate]
             sim = result.report.ordered_sim if result.changed else c.sim
             judged.append(record_ordered(ev, c.strategy, c.params, c.plan, sim, result.report, graph, c.policy,
                                          f"in the enforced order ({result.report.num_edges} edges)"))
+            if key is not None:
+                memo[key] = judged[-1]
         return judged
 
     # The level-order peak does not see what the order removes: at ResNet-50's largest batches every
@@ -131,7 +140,10 @@ def judge_ordered(ev: TuneEvaluator, first_fit: bool = False) -> list[Candidate]
         # always the fastest once it fits), until one fits with ``first_fit``
         from tflms.tune.peakswap import swap_across_peak
         for c in _closest_families(ev, walked)[:ORDER_WALKS]:
-            added += swap_across_peak(ev, c)
+            key = (c.plan.swaps, c.plan.recomputes) if c.plan is not None else None
+            if key not in peak_memo:
+                peak_memo[key] = swap_across_peak(ev, c)
+            added += peak_memo[key]
             if first_fit and any(a.fits for a in added):
                 break
     return added

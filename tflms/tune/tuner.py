@@ -271,6 +271,10 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
     def recompute_pays() -> bool:  # (a swap plan that fits at no cost leaves recompute nothing to gain)
         return recomputes and not base.fits and not free(c for c in ev.candidates if c.fits) and not found()
 
+    if first_fit and enforce_order and not base.fits and not found() and recomputes:
+        # "does anything fit?" at a large batch is mostly answered in the enforced order: judged before the recompute
+        # search, which a fit there spares (judge_ordered keeps its judgments for the call after it)
+        judge_ordered(ev, first_fit=True)
     order_first_ran = order_first and not recompute_first and recompute_pays()
     if order_first_ran:
         # before the recompute search, which its fits (recorded in ev.candidates) can spare: on keras.applications
