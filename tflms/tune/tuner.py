@@ -127,7 +127,9 @@ def tune(source: Any, *args: Any, budget: int | str | None = None, profile: str 
     ``config`` supplies the fixed options (filters, devices, ``min_swap_bytes``,
     ``batch_size``); the swap parameters are searched. Raises
     :class:`~tflms.errors.BudgetError` when nothing fits. ``first_fit`` stops at
-    the first configuration that fits (answers "does anything fit?" quickly).
+    the first configuration that fits (answers "does anything fit?" quickly); with
+    ``enforce_order`` it also judges the finalists in the order before the recompute
+    search, which a fit there spares (each plan judged once a tune: issue 48's estimate).
     ``fit_by="bfc"`` judges fit by the BFC allocator model (resident bytes plus
     what the allocator reserves for the step's allocation sequence) instead of
     the live-bytes peak: a budget the live bytes meet but the allocator does not
