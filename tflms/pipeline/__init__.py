@@ -196,7 +196,8 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             # callback says so (a plan from the plan cache keeps no baseline: simulated again)
             if not left_to_xla:
                 tuning["xla"] = xla_cost(analysis.graph, profile,
-                                         baseline.step_time_s if getattr(baseline, "clock", None) == "graph" else None)
+                                         baseline.step_time_s if getattr(baseline, "clock", None) == "graph" else None,
+                                         alone.plain_step_s if alone is not None else None)  # (simulated once)
             if filter_warnings:
                 plan = dataclasses.replace(plan, warnings=tuple(w for w in filter_warnings if w not in plan.warnings)
                                            + plan.warnings)

@@ -85,10 +85,12 @@ def xla_sim_options(options: Any, graph: Any, accelerator: str) -> Any:
     return dataclasses.replace(options, clock=CLOCK_XLA_CLUSTERS, xla_unsupported=tuple(unsupported))
 
 
-def xla_cost(graph: Any, profile: HardwareProfile, graph_step_s: float | None = None) -> dict[str, Any] | None:
+def xla_cost(graph: Any, profile: HardwareProfile, graph_step_s: float | None = None,
+             xla_step_s: float | None = None) -> dict[str, Any] | None:
     """What running ``graph`` (the unchanged step) without XLA costs on ``profile``: its step on the ``graph`` clock
     (TensorFlow's executor, the step tflms's rewrites run) against the ``xla`` clock (XLA:GPU's fusions), both
-    simulated (:mod:`tflms.sim.clock`); ``None`` on a CPU profile. ``graph_step_s``: the first, where the tune has it.
+    simulated (:mod:`tflms.sim.clock`); ``None`` on a CPU profile. ``graph_step_s``: the first, where the tune has it;
+    ``xla_step_s``: the second, where XLA alone was priced (:mod:`tflms.tune.xla_alone`).
 
     Keras 3 compiles ``fit`` with XLA on a GPU by default; the callback turns XLA off for the fits it manages (XLA
     would compile the swaps away, issue 47), and says what that costs from this record (issue 46).
@@ -99,6 +101,7 @@ def xla_cost(graph: Any, profile: HardwareProfile, graph_step_s: float | None = 
     from tflms.sim.simulator import SimOptions, simulate
     if graph_step_s is None:
         graph_step_s = simulate(graph, profile, options=SimOptions(clock=CLOCK_GRAPH)).step_time_s
-    xla_step_s = simulate(graph, profile, options=SimOptions(clock=CLOCK_XLA)).step_time_s
+    if xla_step_s is None:
+        xla_step_s = simulate(graph, profile, options=SimOptions(clock=CLOCK_XLA)).step_time_s
     return {"profile": profile.name, "graph_step_s": graph_step_s, "xla_step_s": xla_step_s,
             "slowdown": graph_step_s / xla_step_s if xla_step_s else None, "simulated": True}
