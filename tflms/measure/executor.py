@@ -353,18 +353,8 @@ def _to_measurement(request_dir: Path, index: int, raw: dict[str, Any], stderr_t
         if error["type"] == "GraphError":
             raise GraphError(message)
         raise MeasurementError(message + stderr_tail)
-    devices = {}
-    for raw_name, data in raw["devices"].items():
-        role = role_of_device(raw_name, accelerator_cpu)
-        if role is None:
-            raise MeasurementError(f"request {index}: allocation records on unexpected device {raw_name!r}")
-        devices[role] = device_memory_from_records(
-            raw_name, data["records"], origin_micros=raw["step_start_micros"],
-            persistent_bytes=raw["persistent_bytes"].get(role, 0), allocators=data["allocators"])
-    for cpu_index, role in roles_by_cpu_index(accelerator_cpu).items():
-        devices.setdefault(role, DeviceMemory(device=f"/job:localhost/replica:0/task:0/device:CPU:{cpu_index}",
-                                              peak_bytes=0, timeline=(),
-                                              persistent_bytes=raw["persistent_bytes"].get(role, 0)))
+    devices = _device_memories(raw["devices"], raw["persistent_bytes"], accelerator_cpu,
+                               f"request {index}: allocation records", origin_micros=raw["step_start_micros"])
     with np.load(request_dir / f"outputs_{index}.npz", allow_pickle=False) as outputs:
         fetch_values = {name: outputs[f"fetch_{i}"] for i, name in enumerate(raw["fetch_names"])}
         variables_after = {name: outputs[f"var_{i}"] for i, name in enumerate(raw["variable_names"])}
@@ -376,24 +366,31 @@ def _to_measurement(request_dir: Path, index: int, raw: dict[str, Any], stderr_t
         node_times[name] = NodeTime(start_us=(start_ns - origin_ns) / 1000, end_us=(end_ns - origin_ns) / 1000,
                                     role=role_of_device(raw_device, accelerator_cpu) or "")
     allocator = raw.get("allocator")
-    allocator_devices = None
-    if allocator is not None:
-        allocator_devices = {}
-        for raw_name, data in allocator["devices"].items():
-            role = role_of_device(raw_name, accelerator_cpu)
-            if role is None:
-                raise MeasurementError(f"request {index}: allocator events on unexpected device {raw_name!r}")
-            allocator_devices[role] = device_memory_from_records(
-                raw_name, data["records"], persistent_bytes=raw["persistent_bytes"].get(role, 0),
-                allocators=data["allocators"])
-        for cpu_index, role in roles_by_cpu_index(accelerator_cpu).items():
-            allocator_devices.setdefault(role, DeviceMemory(
-                device=f"/job:localhost/replica:0/task:0/device:CPU:{cpu_index}", peak_bytes=0, timeline=(),
-                persistent_bytes=raw["persistent_bytes"].get(role, 0)))
+    allocator_devices = None if allocator is None else _device_memories(
+        allocator["devices"], raw["persistent_bytes"], accelerator_cpu, f"request {index}: allocator events")
     return ExecutorMeasurement(devices=devices, fetch_values=fetch_values, variables_after=variables_after,
                                node_times=node_times, allocator_devices=allocator_devices,
                                unattributed_bytes=allocator["unattributed_bytes"] if allocator else 0,
                                allocator_peak_bytes=allocator["allocator_peak_bytes"] if allocator else 0)
+
+
+def _device_memories(raw_devices: dict, persistent: dict, accelerator_cpu: int, what: str, *,
+                     origin_micros: int = 0) -> dict[str, DeviceMemory]:
+    """Each role's :class:`DeviceMemory` from a worker's per-device records (allocation records, or the allocator's
+    events), a device without any given an empty timeline; ``what`` names the records in the error for a device
+    that is neither role."""
+    devices = {}
+    for raw_name, data in raw_devices.items():
+        role = role_of_device(raw_name, accelerator_cpu)
+        if role is None:
+            raise MeasurementError(f"{what} on unexpected device {raw_name!r}")
+        devices[role] = device_memory_from_records(raw_name, data["records"], origin_micros=origin_micros,
+                                                   persistent_bytes=persistent.get(role, 0),
+                                                   allocators=data["allocators"])
+    for cpu_index, role in roles_by_cpu_index(accelerator_cpu).items():
+        devices.setdefault(role, DeviceMemory(device=f"/job:localhost/replica:0/task:0/device:CPU:{cpu_index}",
+                                              peak_bytes=0, timeline=(), persistent_bytes=persistent.get(role, 0)))
+    return devices
 
 
 if __name__ == "__main__":
