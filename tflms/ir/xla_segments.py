@@ -7,11 +7,11 @@ why it closes no cycle are in :mod:`tflms.passes.xla_clusters`'s doc.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TypeVar
 
 from tflms.ir.names import CLONE_PREFIX, is_clone, is_inserted
+from tflms.ir.topo import priority_order
 
 #: A node of :func:`segment_rule`: an op name in the pass, an op id in the simulator.
 Node = TypeVar("Node", bound=Hashable)
@@ -79,18 +79,7 @@ def _boundaries(order: list[str], preds: dict[str, list[str]], succs: dict[str, 
 def _boundaries_first(index: Mapping[Node, int], preds: Mapping[Node, Sequence[Node]],
                       succs: Mapping[Node, Sequence[Node]], boundary: set[Node]) -> list[Node]:
     """Kahn's order over data and control edges where a ready boundary goes first, then graph order (``index``)."""
-    waiting = {n: len(p) for n, p in preds.items()}
-    ready = [(n not in boundary, index[n], n) for n, w in waiting.items() if w == 0]
-    heapq.heapify(ready)
-    order: list[str] = []
-    while ready:
-        _, _, name = heapq.heappop(ready)
-        order.append(name)
-        for succ in succs[name]:
-            waiting[succ] -= 1
-            if waiting[succ] == 0:
-                heapq.heappush(ready, (succ not in boundary, index[succ], succ))
-    return order
+    return priority_order({n: len(p) for n, p in preds.items()}, succs, lambda n: (n not in boundary, index[n]))
 
 
 def _segments(order: list[str], outside: dict[str, str], boundary: set[str]) -> dict[str, int]:

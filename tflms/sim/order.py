@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from tflms.analysis.cto import compute_levels
 from tflms.errors import GraphError
 from tflms.ir.graph import Graph
+from tflms.ir.topo import priority_order
 from tflms.sim.indexed import IndexedGraph
 
 
@@ -38,21 +39,12 @@ def order_from_start_times(graph: Graph, start_times: Mapping[str, float]) -> li
         for pred in graph.predecessors(name):
             successors[pred].append(name)
     key: dict[str, float] = {}
-    ready = []
-    for name, n in indegree.items():
-        if n == 0:
-            key[name] = start_times.get(name, float("-inf"))
-            heapq.heappush(ready, (key[name], position[name], name))
-    order: list[str] = []
-    while ready:
-        _, _, name = heapq.heappop(ready)
-        order.append(name)
-        for succ in successors[name]:
-            indegree[succ] -= 1
-            if indegree[succ] == 0:
-                inherited = max(key[p] for p in graph.predecessors(succ))
-                key[succ] = start_times.get(succ, inherited)
-                heapq.heappush(ready, (key[succ], position[succ], succ))
+
+    def priority(name: str) -> tuple[float, int]:
+        # an op that was not observed runs as soon as its inputs are ready: it inherits its latest predecessor's key
+        key[name] = start_times.get(name, max((key[p] for p in graph.predecessors(name)), default=float("-inf")))
+        return key[name], position[name]
+    order = priority_order(indegree, successors, priority)
     if len(order) != len(graph):
         raise GraphError("the graph has a cycle; no execution order exists")
     return order

@@ -1,0 +1,31 @@
+"""Kahn's topological order with a priority among the ready nodes, for any graph given as in-degrees and successors.
+
+The simulator's order from observed start times (:func:`tflms.sim.order.order_from_start_times`) and the XLA segment
+rule's order (:mod:`tflms.ir.xla_segments`) are this one loop with different priorities.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, TypeVar
+
+Node = TypeVar("Node", bound=Hashable)
+
+
+def priority_order(indegree: dict[Node, int], successors: Mapping[Node, Sequence[Node]],
+                   priority: Callable[[Node], Any]) -> list[Node]:
+    """Kahn's order: among the ready nodes, the one with the smallest ``priority`` runs first. ``priority(node)`` is
+    asked once per node, when it becomes ready (all its predecessors ordered), and must be unique per node (end it
+    with a position). ``indegree`` is consumed. Nodes on a cycle never become ready and are left out."""
+    ready = [(priority(n), n) for n, d in indegree.items() if d == 0]
+    heapq.heapify(ready)
+    order: list[Node] = []
+    while ready:
+        _, node = heapq.heappop(ready)
+        order.append(node)
+        for succ in successors[node]:
+            indegree[succ] -= 1
+            if indegree[succ] == 0:
+                heapq.heappush(ready, (priority(succ), succ))
+    return order
