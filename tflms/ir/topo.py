@@ -1,13 +1,16 @@
-"""Kahn's topological order with a priority among the ready nodes, for any graph given as in-degrees and successors.
+"""Two graph walks the layers above share, for any graph of hashable nodes.
 
-The simulator's order from observed start times (:func:`tflms.sim.order.order_from_start_times`) and the XLA segment
-rule's order (:mod:`tflms.ir.xla_segments`) are this one loop with different priorities.
+- :func:`priority_order`: Kahn's topological order with a priority among the ready nodes. The simulator's order from
+  observed start times (:func:`tflms.sim.order.order_from_start_times`) and the XLA segment rule's order
+  (:mod:`tflms.ir.xla_segments`) are this one loop with different priorities.
+- :func:`connected_groups`: nodes in the groups some edges join (union-find): the XLA clusters of a segment and the
+  recompute chains (:mod:`tflms.policies.recompute`).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 Node = TypeVar("Node", bound=Hashable)
@@ -29,3 +32,24 @@ def priority_order(indegree: dict[Node, int], successors: Mapping[Node, Sequence
             if indegree[succ] == 0:
                 heapq.heappush(ready, (priority(succ), succ))
     return order
+
+
+def connected_groups(nodes: Sequence[Node], edges: Iterable[tuple[Node, Node]]) -> list[list[Node]]:
+    """``nodes`` in the groups ``edges`` join (each edge's ends among ``nodes``), each group in ``nodes``' order, the
+    groups in the order of their first node."""
+    parent = {n: n for n in nodes}
+
+    def root(n: Node) -> Node:
+        while parent[n] != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for a, b in edges:
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            parent[rb] = ra
+    groups: dict[Node, list[Node]] = {}
+    for n in nodes:
+        groups.setdefault(root(n), []).append(n)
+    return list(groups.values())

@@ -11,7 +11,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TypeVar
 
 from tflms.ir.names import CLONE_PREFIX, is_clone, is_inserted
-from tflms.ir.topo import priority_order
+from tflms.ir.topo import connected_groups, priority_order
 
 #: A node of :func:`segment_rule`: an op name in the pass, an op id in the simulator.
 Node = TypeVar("Node", bound=Hashable)
@@ -100,28 +100,9 @@ def _clusters(order: list[str], preds: dict[str, list[str]], segment: dict[str, 
     """The clusters TensorFlow can make of the segments: the members of one segment joined by edges between them
     (``mark_for_compilation_pass`` merges along edges, so a segment's unconnected parts are clusters of their own),
     each in ``order``."""
-    parent = {name: name for name in segment}
-
-    def root(name: str) -> str:
-        while parent[name] != name:
-            parent[name] = parent[parent[name]]
-            name = parent[name]
-        return name
-
-    position = {name: i for i, name in enumerate(order)}
-    for name in order:
-        if name not in segment:
-            continue
-        for p in preds[name]:
-            if p in segment and segment[p] == segment[name]:
-                a, b = root(p), root(name)
-                if a != b:  # the root is the earliest member: deterministic
-                    parent[max(a, b, key=position.__getitem__)] = min(a, b, key=position.__getitem__)
-    groups: dict[str, list[str]] = {}
-    for name in order:
-        if name in segment:
-            groups.setdefault(root(name), []).append(name)
-    return [tuple(g) for g in groups.values()]
+    members = [name for name in order if name in segment]
+    joined = ((p, name) for name in members for p in preds[name] if p in segment and segment[p] == segment[name])
+    return [tuple(g) for g in connected_groups(members, joined)]
 
 
 def connected_clusters(order: Sequence[Node], preds: Mapping[Node, Sequence[Node]],

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from tflms.analysis.cto import Analysis
 from tflms.ir.graph import TensorRef
+from tflms.ir.topo import connected_groups
 from tflms.policies.eligibility import CLONE_PREFIX, recompute_skip_reason
 from tflms.config import LMSConfig
 from tflms.policies.swapplan import Skip, SwapPlan, find_trigger
@@ -215,22 +216,9 @@ def _decided(analysis: Analysis, members: tuple[str, ...], ahead: int, split_lev
 def _chains(analysis: Analysis, chosen: set[str]) -> list[list[str]]:
     """The ops of ``chosen`` in connected chains (joined by data edges), each in level order, chains in level order."""
     levels, graph = analysis.levels, analysis.graph
-    parent = {name: name for name in chosen}
-
-    def find(x: str) -> str:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for name in sorted(chosen):
-        for ref in graph.op(name).inputs:
-            if ref.op in chosen:
-                parent[find(ref.op)] = find(name)
-    groups: dict[str, list[str]] = {}
-    for name in chosen:
-        groups.setdefault(find(name), []).append(name)
-    return sorted((sorted(g, key=lambda n: (levels[n], n)) for g in groups.values()),
+    groups = connected_groups(sorted(chosen), ((ref.op, name) for name in sorted(chosen)
+                                               for ref in graph.op(name).inputs if ref.op in chosen))
+    return sorted((sorted(g, key=lambda n: (levels[n], n)) for g in groups),
                   key=lambda g: (levels[g[0]], g[0]))
 
 
