@@ -20,7 +20,7 @@ import tflms.keras
 from tflms.config import LMSConfig
 from tflms.ir.graph import Graph, TensorRef
 from tflms.ir.tf_io import to_graph_def
-from tflms.passes.xla_clusters import (HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL, SCOPE_PREFIX, TFLMS_COPY,
+from tflms.passes.xla_clusters import (BARRIER, HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL, SCOPE_PREFIX, TFLMS_COPY,
                                        XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR, XLA_SCOPE_ATTR, cluster_for_xla)
 from tflms.pipeline import rewrite
 from tflms.testing import GraphBuilder, mlp_training_graph
@@ -144,10 +144,8 @@ def test_host_ops_stay_out_where_the_accelerator_is_a_gpu_and_strings_never_comp
     assert [list(m) for _, m in cpu.clusters] == [["a", "h", "c"]]  # host and accelerator are one device here
 
 
-def test_recompute_clones_join_their_readers_cluster_and_gates_stay_out():
-    """Every forward op the backward pass reads recomputed: each gate (an Identity after its trigger) is a boundary,
-    and each clone sits in the cluster of the ops that read it, never with the forward op it re-runs (XLA's CSE
-    would merge the two and undo the recompute)."""
+def _recomputed_mlp() -> tuple[Graph, list]:
+    """The hand-built 3-layer MLP step with every forward op the backward pass reads recomputed."""
     from tflms.analysis.cto import analyze_graph
     from tflms.passes.swaps import apply_swaps
     from tflms.policies.recompute import plan_recomputes, rank_candidates
@@ -161,13 +159,44 @@ def test_recompute_clones_join_their_readers_cluster_and_gates_stay_out():
     decisions, _ = plan_recomputes(analysis, {op for c in ranked for op in c.chain})
     assert decisions, "the MLP step must have recompute candidates"
     plan = SwapPlan(LMSConfig(), CPU, (), (), recomputes=decisions)
-    recomputed = apply_swaps(graph, plan).graph
+    return apply_swaps(graph, plan).graph, decisions
+
+
+def test_recompute_gates_become_barriers_inside_the_clusters():
+    """Where XLA has ``XlaOptimizationBarrier``, a gate is no boundary: it joins the cluster and becomes a barrier of
+    the tensor it gates and its trigger's output (the control edge becomes that data edge), and each clone sits in
+    the cluster of the ops that read it. The MLP step is then one cluster: recomputation splits nothing."""
+    recomputed, decisions = _recomputed_mlp()
+    result = cluster_for_xla(recomputed, accelerator_device=CPU, host_device=CPU, has_xla_kernel=_anything_compiles)
+    report, new = result.report, result.graph
+    segment = {n: k for k, members in report.clusters for n in members}
+    gates = {g: (ref, trigger) for d in decisions for g, ref, trigger in d.gates}
+    clones = {c for d in decisions for c in d.clones}
+    assert gates and clones and not report.boundaries
+    assert report.num_clusters == 1
+    for gate, (ref, trigger) in gates.items():
+        op = new.op(gate)
+        assert gate in segment and op.type == BARRIER and not op.control_inputs, gate
+        assert op.inputs == [ref, TensorRef(trigger, 0)], (gate, op.inputs)
+        assert [t.dtype for t in op.outputs] == [recomputed.tensor(ref).dtype, recomputed.tensor(TensorRef(trigger, 0)).dtype]
+        assert _attr(new, gate, XLA_COMPILE_ATTR) is True
+        assert recomputed.op(gate).type == "Identity", "the pass must not change its input graph"
+    for clone in clones:
+        readers = new.successors(clone)
+        assert segment[clone] == min(segment[r] for r in readers), (clone, readers)
+    assert _contracted_is_acyclic(new, report.clusters)
+    new.lint()
+
+
+def test_without_barriers_the_gates_stay_out_and_the_clones_stay_apart():
+    """Where XLA has no barrier (``has_xla_kernel`` says so), every gate is a boundary, as a copy is, and each clone
+    lies in a later cluster than the forward op it re-runs (XLA's CSE would merge the two and undo the recompute)."""
+    recomputed, decisions = _recomputed_mlp()
     report = cluster_for_xla(recomputed, accelerator_device=CPU, host_device=CPU,
-                             has_xla_kernel=_anything_compiles).report
+                             has_xla_kernel=lambda t: t != BARRIER).report
     segment = {n: k for k, members in report.clusters for n in members}
     gates = {g for d in decisions for g, _, _ in d.gates}
     clones = {c for d in decisions for c in d.clones}
-    assert gates and clones
     assert {g: dict(report.outside)[g] for g in gates} == {g: TFLMS_COPY for g in gates}
     joined = 0
     for clone in sorted(clones):
@@ -178,6 +207,7 @@ def test_recompute_clones_join_their_readers_cluster_and_gates_stay_out():
         original = clone.removeprefix("lms/recompute_")
         assert segment[clone] > segment[original], f"{clone} would share a cluster with {original}"
     assert joined >= 2, "the chains' last clones must be read by backward ops directly"
+    assert report.num_clusters > 1
     assert _contracted_is_acyclic(recomputed, report.clusters)
 
 

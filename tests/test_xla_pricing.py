@@ -75,7 +75,7 @@ def swapped_branch():
     return g
 
 
-def clusters_of(g) -> dict[str, int]:
+def clusters_of(g, unsupported=()) -> dict[str, int]:
     from tflms.sim.indexed import IndexedGraph
     from tflms.sim.order import _level_sorted
     net = IndexedGraph.from_graph(g, HOST)
@@ -83,7 +83,8 @@ def clusters_of(g) -> dict[str, int]:
     position = [0] * len(order)
     for k, i in enumerate(order):
         position[i] = k
-    cluster = step_clusters(net, order, position, [net.names[i].startswith("lms/") for i in range(len(order))])
+    cluster = step_clusters(net, order, position, [net.names[i].startswith("lms/swap_") for i in range(len(order))],
+                            unsupported)
     return {net.names[i]: cluster[i] for i in order}
 
 
@@ -287,3 +288,72 @@ def test_the_budget_guarantee_never_pins_an_order_that_cuts_the_clusters_over_th
     # without a profile to simulate on, nothing is checked (the old behaviour)
     pinned, _ = order_pass.hold_to_budget(graph, None, budget_bytes=budget, options=options)
     assert pinned is heavier
+
+
+# ---------------------------------------------------------------- recompute gates: barriers inside the clusters
+
+
+def recomputed_chain():
+    """x -> a -> b -> t (the trigger) and d = t + b, with b recomputed for d: its clone reads a through a gate (an
+    Identity of a with t as control input)."""
+    b = GraphBuilder()
+    b.op("x", "Placeholder", shape=T)
+    b.op("a", "Relu", ["x"], shape=T)
+    b.op("b", "Relu", ["a"], shape=T)
+    b.op("t", "Relu", ["b"], shape=T)
+    g = b.graph
+    gate = "lms/recompute_gate_a_0_after_t"
+    g.add_op(gate, "Identity", inputs=[TensorRef("a", 0)], control_inputs=["t"], outputs=g.op("a").outputs)
+    b.op("lms/recompute_b", "Relu", [gate], shape=T)
+    b.op("d", "AddV2", ["t", "lms/recompute_b"], shape=T)
+    return g
+
+
+def test_a_recompute_gate_is_a_barrier_inside_the_cluster_and_the_clone_fuses_into_its_reader():
+    """By hand (64 B/s of memory traffic, 64-byte tensors): one cluster. The barrier reads a and t, so both are
+    written to memory: a's kernel (read x, write a: 2 s), t's with b fused in (read a, write t: 2 s), and d's with the
+    clone fused in (read t and a, write d: 3 s). b and the clone get no buffer."""
+    g = recomputed_chain()
+    found = clusters_of(g)
+    assert {n for n, k in found.items() if k == 0} == {"a", "b", "t", "lms/recompute_gate_a_0_after_t",
+                                                     "lms/recompute_b", "d"}
+    result = run(g, "xla-clusters")
+    assert (result.kernels, result.step_time_s) == (3, 7.0)
+    assert {"a:0", "t:0"} <= buffers(result) and not {"b:0", "lms/recompute_b:0"} & buffers(result)
+    marked = cluster_for_xla(g, accelerator_device=GPU, host_device=HOST, has_xla_kernel=lambda t: True)
+    assert marked.report.num_clusters == 1 and marked.graph.op("lms/recompute_gate_a_0_after_t").type == \
+        "XlaOptimizationBarrier"
+    # the marked graph (a barrier of a and t:0, no control edge) is priced as the candidate was
+    again = run(marked.graph, "xla-clusters")
+    assert (again.kernels, again.step_time_s, again.peak_bytes) == (3, 7.0, result.peak_bytes)
+
+
+def test_without_barriers_a_recompute_gate_splits_the_clusters():
+    g = recomputed_chain()
+    options = SimOptions(clock="xla-clusters", xla_unsupported=("XlaOptimizationBarrier",))
+    result = simulate(g, bytes_profile(), options=options)
+    split = cluster_for_xla(g, accelerator_device=GPU, host_device=HOST,
+                            has_xla_kernel=lambda t: t != "XlaOptimizationBarrier").report
+    assert [set(m) for _, m in split.clusters] == [{"a", "b", "t"}, {"lms/recompute_b", "d"}]
+    found = clusters_of(g, unsupported=("XlaOptimizationBarrier",))  # the clock agrees
+    assert [{n for n, k in found.items() if k == c} for c in (0, 1)] == [{"a", "b", "t"}, {"lms/recompute_b", "d"}]
+    assert found["lms/recompute_gate_a_0_after_t"] == -1
+    assert result.kernels == 3 and result.clock == "xla-clusters"
+
+
+def test_a_shape_argument_keeps_an_identity_gate_inside_the_cluster():
+    """A gated tensor XLA may need at compile time (an int32 shape) would stop being a constant behind a barrier: its
+    gate stays an Identity, inside the cluster, since the clone reads a float input through a barrier too."""
+    g = recomputed_chain()
+    g.add_op("shape", "Const", outputs=[dataclasses.replace(g.op("a").outputs[0], dtype="int32", shape=(2,),
+                                                            num_bytes=8)])
+    gate = "lms/recompute_gate_shape_0_after_t"
+    g.add_op(gate, "Identity", inputs=[TensorRef("shape", 0)], control_inputs=["t"], outputs=g.op("shape").outputs)
+    g.add_op("lms/recompute_r", "Reshape", inputs=[TensorRef("lms/recompute_gate_a_0_after_t", 0), TensorRef(gate, 0)],
+             outputs=g.op("a").outputs)
+    g.add_op("e", "AddV2", inputs=[TensorRef("d", 0), TensorRef("lms/recompute_r", 0)], outputs=g.op("a").outputs)
+    marked = cluster_for_xla(g, accelerator_device=GPU, host_device=HOST, has_xla_kernel=lambda t: True)
+    assert marked.report.num_clusters == 1
+    assert marked.graph.op(gate).type == "Identity" and marked.graph.op(gate).control_inputs == ["t"]
+    assert marked.graph.op("lms/recompute_gate_a_0_after_t").type == "XlaOptimizationBarrier"
+    assert set(clusters_of(g).values()) == {0, -1}  # the clock agrees: one cluster (the placeholder is out)

@@ -226,6 +226,15 @@ class Graph:
             op.control_inputs.append(src)
             self._control_consumers.setdefault(src, []).append(op_name)
 
+    def remove_control_input(self, op_name: str, src: str) -> None:
+        """Remove the control edge ``src -> op_name`` (no-op if absent)."""
+        op = self.op(op_name)
+        if src in op.control_inputs:
+            op.control_inputs.remove(src)
+            self._control_consumers[src].remove(op_name)
+            if not self._control_consumers[src]:
+                del self._control_consumers[src]
+
     def remove_op(self, name: str) -> None:
         """Remove an op that nothing consumes."""
         op = self.op(name)
@@ -261,7 +270,7 @@ class Graph:
         ``Sum`` over axes computed at run time, reshaped back to the operand's shape: without this the
         upstream gradient it forwards counted 0 bytes). Sizes only; the shapes stay as traced.
         """
-        from tflms.ir.op_types import ALIAS_OPS
+        from tflms.ir.op_types import ALIAS_OPS, MULTI_ALIAS_OPS
         filled, progress = 0, True
         while progress:  # passes in graph order until nothing more is known (no topological order: loops)
             progress = False
@@ -272,7 +281,7 @@ class Graph:
                 for k, info in enumerate(outputs):
                     if info.num_bytes is not None:
                         continue
-                    source = op.inputs[k] if op.type == "IdentityN" and k < len(op.inputs) else op.inputs[0]
+                    source = op.inputs[k] if op.type in MULTI_ALIAS_OPS and k < len(op.inputs) else op.inputs[0]
                     known = self.tensor(source)
                     if known.num_bytes is not None and known.dtype == info.dtype:
                         outputs[k] = dataclasses.replace(info, num_bytes=known.num_bytes)
@@ -282,7 +291,7 @@ class Graph:
                 # and backwards: an input of unknown size holds the elements of the output it is reshaped into
                 # (a gradient's ``Sum`` over axes known only at run time, then ``Reshape`` d to the input's shape)
                 for k, info in enumerate(op.outputs):
-                    source = op.inputs[k] if op.type == "IdentityN" and k < len(op.inputs) else op.inputs[0]
+                    source = op.inputs[k] if op.type in MULTI_ALIAS_OPS and k < len(op.inputs) else op.inputs[0]
                     producer = self._ops.get(source.op)
                     if info.num_bytes is None or producer is None or source.index >= len(producer.outputs):
                         continue

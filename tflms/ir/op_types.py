@@ -31,9 +31,9 @@ TF1_CONTROL_FLOW_TYPES = frozenset({"Switch", "Merge", "Enter", "Exit", "NextIte
                                     "RefMerge", "RefEnter", "RefExit", "RefNextIteration", "LoopCond"})
 
 # ---------------------------------------- Memory behaviour (the simulator)
-#: Ops whose output is a view of input 0 on the same device.
+#: Ops whose output is a view of input 0 on the same device (of :data:`MULTI_ALIAS_OPS`: output k of input k).
 ALIAS_OPS = frozenset({"Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "Snapshot",
-                       "PreventGradient", "EnsureShape", "CheckNumerics", "IdentityN"})
+                       "PreventGradient", "EnsureShape", "CheckNumerics", "IdentityN", "XlaOptimizationBarrier"})
 #: Reductions that hand back their input's buffer when they reduce nothing (TensorFlow's ``ReductionOp``: a
 #: trivial reduction, over no axis or only axes of size 1, is ``out.CopyFrom(data, shape)``, a shared buffer, for
 #: reducers whose scalar identity holds). A broadcasting ``Add``'s gradient is such a ``Sum`` over axes that
@@ -53,6 +53,7 @@ FORWARDING_OPS = frozenset({
     "Pow", "Div", "FloorDiv", "FloorMod", "Erf", "MulNoNan", "Xlogy", "Xdivy", "ClipByValue",
 })
 #: Ops whose outputs are resident (variables) rather than step activations.
+MULTI_ALIAS_OPS = frozenset({"IdentityN", "XlaOptimizationBarrier"})
 VARIABLE_READ_OPS = frozenset({"ReadVariableOp", "VarHandleOp", "ResourceGather"})
 SOURCE_OPS = frozenset({"Placeholder", "_Arg"})
 
@@ -60,7 +61,8 @@ SOURCE_OPS = frozenset({"Placeholder", "_Arg"})
 #: Ops that cost nothing on the accelerator (metadata or aliasing).
 FREE_OPS = frozenset({"Const", "Placeholder", "_Arg", "_Retval", "NoOp", "Shape", "ShapeN", "Size", "Rank",
                       "ReadVariableOp", "VarHandleOp", "Identity", "Reshape", "Squeeze", "ExpandDims",
-                      "StopGradient", "Snapshot", "PreventGradient", "BroadcastGradientArgs"})
+                      "StopGradient", "Snapshot", "PreventGradient", "BroadcastGradientArgs",
+                      "XlaOptimizationBarrier"})
 #: Contractions the cost model prices at the math mode of their dtype (``HardwareProfile.math_mode``): the
 #: ops cuBLAS and cuDNN run on tensor cores, TF32 included (``tf.config.experimental.enable_tensor_float_32_execution``
 #: covers matrix products and convolutions), and grappler's fusions of them. Depthwise convolutions are

@@ -11,6 +11,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TypeVar
 
 from tflms.ir.names import CLONE_PREFIX, is_clone, is_inserted
+from tflms.ir.op_types import XLA_NEVER_DTYPES
 from tflms.ir.topo import connected_groups, priority_order
 
 #: A node of :func:`segment_rule`: an op name in the pass, an op id in the simulator.
@@ -58,8 +59,58 @@ def is_gate(op_type: str, name: str) -> bool:
 
 
 def is_tflms_copy(op_type: str, name: str) -> bool:
-    """Whether an op is one of tflms's copies (a swap, a recompute gate, a codec call): never in a cluster."""
+    """Whether an op is one of tflms's copies (a swap, a recompute gate, a codec call): never in a cluster, but for
+    the gates :func:`gate_role` lets in."""
     return is_inserted(name) and (not is_clone(name) or is_gate(op_type, name))
+
+
+#: The op an in-cluster recompute gate becomes (``tf2xla``'s ``XlaOptimizationBarrier``: its outputs are its inputs,
+#: and XLA neither merges what it separates nor, on a GPU, schedules a reader before it).
+BARRIER = "XlaOptimizationBarrier"
+#: :func:`gate_role`: the gate becomes a barrier inside its cluster, or stays an ``Identity`` inside it.
+GATE_BARRIER, GATE_IDENTITY = "barrier", "identity"
+
+
+def may_be_compile_time_constant(dtype: str) -> bool:
+    """Whether a tensor of ``dtype`` may be an argument XLA needs at compile time (a shape, an axis, a permutation,
+    a size: integers and booleans). Through a barrier it no longer is one, and the cluster fails to compile
+    ("XLA compilation requires that operator arguments that represent shapes ... be evaluated to concrete values")."""
+    return dtype == "bool" or dtype.startswith(("int", "uint"))
+
+
+def barrier_operand(trigger_dtypes: Sequence[str], trigger_on_accelerator: bool) -> int | None:
+    """Which output of a recompute gate's trigger an in-cluster barrier reads: the first on the accelerator of a type
+    XLA compiles, or ``None`` (module doc of :mod:`tflms.passes.xla_clusters`, "Recompute gates")."""
+    if not trigger_on_accelerator:
+        return None
+    for k, dtype in enumerate(trigger_dtypes):
+        if dtype not in XLA_NEVER_DTYPES and dtype != "resource":
+            return k
+    return None
+
+
+def gate_role(gated_dtype: str, trigger_dtypes: Sequence[str], trigger_on_accelerator: bool,
+              readers_inputs: Sequence[Sequence[str]]) -> str | None:
+    """Where a recompute gate sits when its step keeps XLA: :data:`GATE_BARRIER` or :data:`GATE_IDENTITY` inside a
+    cluster, or ``None``: outside them all, a boundary (module doc of :mod:`tflms.passes.xla_clusters`, "Recompute
+    gates").
+
+    ``gated_dtype``: the tensor it passes; ``trigger_dtypes`` / ``trigger_on_accelerator``: its trigger's outputs and
+    where they live; ``readers_inputs``: for each clone reading it, the dtypes of that clone's inputs.
+
+    - A tensor that may be a compile-time argument (:func:`may_be_compile_time_constant`) keeps an ``Identity`` gate,
+      which XLA sees through to a constant. It may sit inside a cluster only where each of its clones has another
+      input that is no such tensor (another clone's output, or a barrier's): that input keeps the clone apart from
+      the op it re-runs.
+    - Any other tensor's gate becomes a barrier where the trigger has an output to read (:func:`barrier_operand`).
+    """
+    if barrier_operand(trigger_dtypes, trigger_on_accelerator) is None:
+        return None
+    if not may_be_compile_time_constant(gated_dtype):
+        return GATE_BARRIER
+    if all(any(not may_be_compile_time_constant(d) for d in inputs) for inputs in readers_inputs):
+        return GATE_IDENTITY
+    return None
 
 
 def _boundaries(order: list[str], preds: dict[str, list[str]], succs: dict[str, list[str]],

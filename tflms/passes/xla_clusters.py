@@ -7,10 +7,29 @@ ops of the rewritten step, a function built *without* ``jit_compile``, for Tenso
 
 - a *member* gets ``_XlaCompile=true`` and its segment's scope in ``_XlaScope`` (honoured with global jit off) and
   ``_XlaInternalScope`` (honoured with it on); ops of different scopes never share a cluster;
-- tflms's copies (swap-outs, swap-ins, recompute gates, codec calls), ops placed on the host while the accelerator
-  is another device, and ops without an XLA kernel get ``_XlaCompile=false``, which vetoes them even under global
-  jit; so they run in TensorFlow's executor, between clusters, and the copies stay copies (the arguments and the
-  other ops XLA never compiles, below, are no candidates anyway and keep their attributes).
+- tflms's copies (swap-outs, swap-ins, codec calls, and the recompute gates that cannot be barriers, below), ops
+  placed on the host while the accelerator is another device, and ops without an XLA kernel get
+  ``_XlaCompile=false``, which vetoes them even under global jit; so they run in TensorFlow's executor, between
+  clusters, and the copies stay copies (the arguments and the other ops XLA never compiles, below, are no candidates
+  anyway and keep their attributes).
+
+**Recompute gates.** Outside XLA a gate is an ``Identity`` of a tensor a clone reads, with the trigger as its control
+input (:mod:`tflms.passes.recompute`). Left out of the clusters, every gate would be a boundary and split the backward
+pass where its clones start (BERT-base: 3405 kernels against 2337). So a gate whose trigger has an output on the
+accelerator of a type XLA compiles (:func:`~tflms.ir.xla_segments.barrier_operand`) is a member. Where its cluster
+is kept, the pass turns it into ``XlaOptimizationBarrier(gated tensor, that output of the trigger)``; its readers
+still read its output 0, and its control edge from the trigger becomes that data edge. The barrier is what JAX's
+``checkpoint`` uses to keep its recomputation:
+
+- XLA cannot see through it, so its CSE (``HloCSE``) never merges a clone with the forward op it re-runs, even in
+  one cluster;
+- the clone depends on the trigger by data, so XLA cannot run it before the trigger;
+- XLA:GPU removes the barriers only after scheduling (``OptimizationBarrierExpander`` in gpu_compiler.cc's
+  post-scheduling and rematerialization pipelines), so the order holds on a GPU. XLA:CPU removes them after its
+  first CSE (cpu_compiler.cc), so there only the merge is prevented;
+- a clone fuses into the kernels of the backward ops that read it, as XLA's fusion decides; it reads the gated
+  tensor from memory (a barrier's operands are buffers);
+- the trigger's output it reads is written to memory too, where XLA would otherwise have fused it away.
 
 **Which ops XLA cannot compile:** :data:`~tflms.ir.op_types.XLA_NEVER_TYPES` (arguments, Python callbacks, ops
 that create resources), ops reading or producing a ``string`` or ``variant`` tensor, and ops with no kernel
@@ -21,10 +40,10 @@ reaches some member (a source such as an argument, or a sink, bounds nothing). T
 order, Kahn's over data and control edges where a ready boundary goes first and ties go by graph order: each copy
 runs as soon as it can, a swap-out right after the op that produces its tensor, a swap-in right after its trigger.
 A member's segment is the number of boundaries met before it in that order (consecutive boundaries count once).
-Then, in reverse order, a recompute clone or an op without inputs (a constant) whose successors are all members
-moves to the earliest segment among them: a clone joins the cluster of the backward ops that read it, and XLA cannot
-merge it with the forward op it re-runs, which lies in an earlier cluster (XLA's CSE would otherwise undo the
-recompute).
+Then, in reverse order, a recompute clone (or in-cluster gate) or an op without inputs (a constant) whose successors
+are all members moves to the earliest segment among them: a clone joins the cluster of the backward ops that read
+it. Where its gate stays out, XLA cannot merge it with the forward op it re-runs, which lies in an earlier cluster
+(XLA's CSE would otherwise undo the recompute); where its gate is a barrier, the barrier prevents the merge.
 
 **Clusters.** ``mark_for_compilation_pass`` merges along edges, so the members of one segment that no edge between
 them joins are clusters of their own (the report counts them so). A cluster of nothing but
@@ -53,15 +72,16 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from tflms.ir.graph import Graph, Op
+from tflms.ir.graph import Graph, Op, TensorRef
 from tflms.ir.op_types import FREE_OPS, XLA_NEVER_DTYPES, XLA_NEVER_TYPES
 from tflms.passes.result import PassResult
 from tflms.ir.names import is_clone
 
 # (the rule and its names live below the passes, where the simulator's xla-clusters clock reads them too)
-from tflms.ir.xla_segments import (HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL, SCOPE_PREFIX, TFLMS_COPY,  # noqa: F401
-                                   XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR, XLA_SCOPE_ATTR, connected_clusters,
-                                   is_gate, is_tflms_copy, segment_rule)
+from tflms.ir.xla_segments import (BARRIER, GATE_BARRIER, HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL,  # noqa: F401
+                                   SCOPE_PREFIX, TFLMS_COPY, XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR,
+                                   XLA_SCOPE_ATTR, barrier_operand, connected_clusters, gate_role, is_gate,
+                                   is_tflms_copy, segment_rule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +170,8 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
     for cluster in kept:
         scope = f"{SCOPE_PREFIX}{numbers[segment[cluster[0]]]}".encode()
         for name in cluster:
+            if _is_gate(graph.op(name)) and _gate_role(graph, graph.op(name), on_host, has_xla_kernel) == GATE_BARRIER:
+                _to_barrier(new, name, on_host)
             _set_attrs(new.op(name), {XLA_COMPILE_ATTR: True, XLA_SCOPE_ATTR: scope, XLA_INTERNAL_SCOPE_ATTR: scope})
     for name, why in outside.items():
         if why != NEVER_COMPILED:
@@ -178,7 +200,8 @@ def _host_check(accelerator_device: str, host_device: str) -> Callable[[str], bo
 def _why_outside(graph: Graph, op: Op, on_host: Callable[[str], bool],
                  has_xla_kernel: Callable[[str], bool]) -> str | None:
     """Why ``op`` stays out of every cluster, or ``None`` for a member."""
-    if is_tflms_copy(op.type, op.name):
+    if is_tflms_copy(op.type, op.name) and (not _is_gate(op) or
+                                            _gate_role(graph, op, on_host, has_xla_kernel) is None):
         return TFLMS_COPY
     if on_host(op.device):
         return HOST_OP
@@ -194,10 +217,43 @@ def _is_gate(op: Op) -> bool:
     return is_gate(op.type, op.name)
 
 
+def _gate_role(graph: Graph, gate: Op, on_host: Callable[[str], bool],
+               has_xla_kernel: Callable[[str], bool]) -> str | None:
+    """Where ``gate`` sits in a step that keeps XLA (:func:`~tflms.ir.xla_segments.gate_role`): ``None`` keeps it out
+    of the clusters (so do a trigger that is not its only control input, and an XLA without barriers)."""
+    if len(gate.control_inputs) != 1 or not gate.inputs or not has_xla_kernel(BARRIER):
+        return None
+    trigger = graph.op(gate.control_inputs[0])
+    readers = [[graph.tensor(r).dtype for r in graph.op(reader).inputs]
+               for reader in dict.fromkeys(c for c, _ in graph.consumers(TensorRef(gate.name, 0)))]
+    return gate_role(graph.tensor(gate.inputs[0]).dtype, [t.dtype for t in trigger.outputs],
+                     not on_host(trigger.device), readers)
+
+
+def _to_barrier(graph: Graph, name: str, on_host: Callable[[str], bool]) -> None:
+    """Turn the gate ``name`` (of the pass's copy) into an ``XlaOptimizationBarrier`` of the tensor it gates and an
+    output of its trigger (:func:`~tflms.ir.xla_segments.barrier_operand`), in place of its control edge from the
+    trigger: its readers keep reading its output 0, the gated tensor (module doc, "Recompute gates")."""
+    from tensorflow.core.framework import attr_value_pb2
+
+    import tensorflow as tf
+    gate = graph.op(name)
+    trigger_op = graph.op(gate.control_inputs[0])
+    k = barrier_operand([t.dtype for t in trigger_op.outputs], not on_host(trigger_op.device))
+    trigger = TensorRef(trigger_op.name, k)
+    graph.remove_control_input(name, trigger.op)
+    graph.append_input(name, trigger)
+    gate.outputs = (gate.outputs[0], graph.tensor(trigger))
+    types = [tf.as_dtype(t.dtype).as_datatype_enum for t in gate.outputs]
+    gate.type = BARRIER
+    _set_attrs(gate, {"T": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(type=types))})
+
+
 def _set_attrs(op: Op, values: dict[str, Any]) -> None:
     """Give ``op`` (of the pass's copy) these attributes: a new ``NodeDef`` or attribute map, never the input's."""
     from tensorflow.core.framework import attr_value_pb2
-    attrs = {k: attr_value_pb2.AttrValue(b=v) if isinstance(v, bool) else attr_value_pb2.AttrValue(s=v)
+    attrs = {k: v if isinstance(v, attr_value_pb2.AttrValue) else
+             attr_value_pb2.AttrValue(b=v) if isinstance(v, bool) else attr_value_pb2.AttrValue(s=v)
              for k, v in values.items()}
     if op.node_def is not None:
         from tensorflow.core.framework import node_def_pb2

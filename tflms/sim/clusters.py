@@ -38,12 +38,14 @@ from collections.abc import Sequence
 from tflms.errors import GraphError
 from tflms.ir.op_types import FREE_OPS, XLA_NEVER_DTYPES, XLA_NEVER_TYPES
 from tflms.ir.names import is_clone
-from tflms.ir.xla_segments import (HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL, TFLMS_COPY, XLA_COMPILE_ATTR,
-                                   XLA_SCOPE_ATTR, connected_clusters, is_tflms_copy, segment_rule)
+from tflms.ir.xla_segments import (BARRIER, HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL, TFLMS_COPY, XLA_COMPILE_ATTR,
+                                   XLA_SCOPE_ATTR, connected_clusters, gate_role, is_gate, is_tflms_copy,
+                                   segment_rule)
 from tflms.profiles import HardwareProfile
 from tflms.sim.clock import CLOCK_XLA_CLUSTERS, Kernels, op_durations
 from tflms.sim.cost import op_launches
-from tflms.sim.indexed import HOST, IndexedGraph, OpCosts
+from tflms.sim.fusion import xla_kernels
+from tflms.sim.indexed import ACCEL, HOST, IndexedGraph, OpCosts
 
 #: Executor launches per cluster and step: ``_XlaCompile`` (after the first step, a lookup in the compilation cache)
 #: and ``_XlaRun``, each dispatched like a kernel (an assumption: TensorFlow runs the pair for every cluster).
@@ -64,7 +66,7 @@ def step_clusters(net: IndexedGraph, order: Sequence[int], position: Sequence[in
         clusters = connected_clusters(order, preds, marked)
     else:
         unsupported = frozenset(unsupported)
-        outside = {i: why for i in order if (why := _why_outside(net, i, is_transfer, unsupported))}
+        outside = {i: why for i in order if (why := _why_outside(net, i, is_transfer, unsupported, succs))}
         names = net.names
         _, _, _, clusters = segment_rule(order, range(len(names)), preds, succs, outside,
                                          lambda i: is_clone(names[i]))
@@ -76,12 +78,15 @@ def step_clusters(net: IndexedGraph, order: Sequence[int], position: Sequence[in
     return cluster
 
 
-def _why_outside(net: IndexedGraph, i: int, is_transfer: Sequence[bool], unsupported: frozenset[str]) -> str | None:
+def _why_outside(net: IndexedGraph, i: int, is_transfer: Sequence[bool], unsupported: frozenset[str],
+                 succs: dict[int, list[int]]) -> str | None:
     """Why op ``i`` stays out of every cluster, as :func:`tflms.passes.xla_clusters.cluster_for_xla` decides it for
     the op's IR form, or ``None`` for a member."""
     op_type, name = net.types[i], net.names[i]
-    if is_transfer[i] or net.src_ops[i] is None or is_tflms_copy(op_type, name):
+    if is_transfer[i] or net.src_ops[i] is None:
         return TFLMS_COPY  # (an op the simulator added is one of TensorFlow's implicit copies)
+    if is_tflms_copy(op_type, name) and (not is_gate(op_type, name) or _gate_role(net, i, unsupported, succs) is None):
+        return TFLMS_COPY  # (a recompute gate that gate_role lets in is a member)
     if net.dev[i] == HOST:
         return HOST_OP
     t_info = net.t_info
@@ -91,6 +96,17 @@ def _why_outside(net: IndexedGraph, i: int, is_transfer: Sequence[bool], unsuppo
     if op_type in unsupported:
         return NO_XLA_KERNEL
     return None
+
+
+def _gate_role(net: IndexedGraph, gate: int, unsupported: frozenset[str], succs: dict[int, list[int]]) -> str | None:
+    """Where a recompute gate sits (:func:`~tflms.ir.xla_segments.gate_role`), as the pass decides it."""
+    if BARRIER in unsupported or len(net.ctrl[gate]) != 1 or not net.inputs[gate]:
+        return None
+    trigger, t_info, out = net.ctrl[gate][0], net.t_info, net.out_start[gate]
+    start = net.out_start[trigger]
+    readers = [[t_info[t].dtype for t in net.inputs[r]] for r in dict.fromkeys(succs[gate]) if out in net.inputs[r]]
+    return gate_role(t_info[net.inputs[gate][0]].dtype, [t_info[t].dtype for t in range(start, start + net.n_out[trigger])],
+                     net.dev[trigger] == ACCEL, readers)
 
 
 def _marked_segments(net: IndexedGraph, order: Sequence[int]) -> dict[int, bytes] | None:
@@ -185,7 +201,6 @@ def contracted_preds(net: IndexedGraph, order: Sequence[int], cluster: Sequence[
 def cluster_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
                     profile: HardwareProfile, outputs: Sequence[int], unsupported: Sequence[str] = ()) -> Kernels:
     """The ``xla-clusters`` clock's kernels (module doc)."""
-    from tflms.sim.fusion import xla_kernels  # (fusion imports the clock)
     position = [-1] * len(net.names)
     for k, i in enumerate(order):
         position[i] = k

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from tflms.ir.xla_segments import BARRIER, barrier_operand, is_gate, may_be_compile_time_constant
 from tflms.ir.op_types import (ALIAS_OPS, CONTRACTION_OPS, FREE_OPS, METADATA_OPS, VARIABLE_READ_OPS, XLA_ASSIGNS,
                                XLA_FUSIBLE, XLA_OWN_KERNEL_REDUCTIONS, XLA_REDUCTIONS)
 from tflms.sim.clock import CLOCK_GRAPH, CLOCK_XLA, XLA_MIN_KERNEL_S, Kernels, op_durations
@@ -66,6 +67,19 @@ class _Net:
         for i in order:
             for t in dict.fromkeys(net.inputs[i]):
                 self.readers[t].append(i)
+        # recompute gates inside a cluster: barriers, which fuse with nothing and read their trigger's output
+        self.barrier = bytearray(n)
+        self.trigger_read: dict[int, int] = {}  # an unmarked gate -> the trigger output its barrier will read
+        if cluster is not None:
+            for i in order:
+                if self.compute[i] and (net.types[i] == BARRIER or (
+                        is_gate(net.types[i], net.names[i]) and net.inputs[i]
+                        and not may_be_compile_time_constant(net.t_info[net.inputs[i][0]].dtype))):
+                    self.barrier[i] = 1
+                    t = gate_trigger_tensor(net, i)
+                    if t is not None:
+                        self.trigger_read[i] = t
+                        self.readers[t].append(i)
         self.is_output = bytearray(len(net.t_op))
         for t in outputs:
             self.is_output[t] = 1
@@ -74,7 +88,7 @@ class _Net:
     def is_view(self, i: int) -> bool:
         """An op whose output is a view of its input on the accelerator (``Reshape``, ``Identity``...)."""
         net = self.net
-        return self.compute[i] and net.types[i] in ALIAS_OPS and bool(net.inputs[i])
+        return self.compute[i] and net.types[i] in ALIAS_OPS and bool(net.inputs[i]) and not self.barrier[i]
 
     def consumers(self, t: int) -> list[int] | None:
         """The ops reading tensor ``t``'s data, through views (metadata ops such as ``Shape`` read none: XLA knows
@@ -114,6 +128,18 @@ class _Net:
         """Whether ``ops`` are in op ``i``'s cluster: XLA fuses nothing across a cluster's boundary."""
         cluster = self.cluster
         return cluster is None or all(cluster[c] == cluster[i] for c in ops)
+
+
+def gate_trigger_tensor(net: IndexedGraph, gate: int) -> int | None:
+    """The tensor a recompute gate not yet made a barrier (an ``Identity`` with its trigger as control input) will
+    read of its trigger inside a cluster (:func:`~tflms.ir.xla_segments.barrier_operand`), or ``None``."""
+    if net.types[gate] == BARRIER or len(net.ctrl[gate]) != 1:
+        return None
+    trigger = net.ctrl[gate][0]
+    start = net.out_start[trigger]
+    k = barrier_operand([net.t_info[t].dtype for t in range(start, start + net.n_out[trigger])],
+                        net.dev[trigger] == ACCEL)
+    return None if k is None else start + k
 
 
 def _worth_duplicating(in_bytes: int, out_bytes: int, copies: int) -> bool:
@@ -263,6 +289,8 @@ def xla_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[b
     virtual = _xla_virtual(g, keep=epilogues)
     n = len(net.names)
     duration, reads = [0.0] * n, [list(ins) for ins in net.inputs]
+    for i, t in g.trigger_read.items():
+        reads[i].append(t)
     virtual_t = bytearray(len(net.t_op))
     members: dict[int, list[int]] = {}
     for i in order:

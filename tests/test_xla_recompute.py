@@ -1,0 +1,146 @@
+"""Recomputation inside XLA clusters (issue 47): recompute gates become ``XlaOptimizationBarrier`` s, in what
+TensorFlow and XLA ran.
+
+Every forward op the backward pass reads is recomputed on the zoo models, and the step keeps XLA
+(tflms/passes/xla_clusters.py, "Recompute gates"). Checked:
+
+- the step runs as few clusters as it would without any recompute, where ``Identity`` gates left out split it;
+- it trains bit for bit like the plain ``jit_compile=True`` step (the clones re-run the same kernels), where the
+  ``Identity`` gates' boundaries changed XLA's rounding;
+- in XLA's optimized HLO (``--xla_dump_to``, a fresh process each) the clones are still there, and a control
+  without the barriers (the gates left as ``Identity`` s inside the cluster) shows that XLA's CSE merges them away.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import tensorflow as tf
+
+from tflms.config import LMSConfig
+
+CPU = "/device:CPU:0"
+STEPS = 3
+
+
+def _data(model, steps: int = STEPS):
+    from tflms.testing.models import make_batches
+    return [tuple(tf.constant(t) for t in batch) for batch in make_batches(model, batch_size=8, steps=steps)]
+
+
+def recompute_everything(step, example, *, barriers: bool = True, keep_barrier_gates: bool = True):
+    """``step`` rewritten as the pipeline builds a step that keeps XLA, with every recompute candidate taken:
+    ``(function, the pass's report)``. ``barriers=False``: XLA is told it has no barrier (the gates stay out);
+    ``keep_barrier_gates=False``: the gates join the clusters but stay ``Identity`` s (the CSE control)."""
+    from tflms._compat import grappler as compat
+    from tflms.analysis.cto import analyze_graph
+    from tflms.ir import tf_io
+    from tflms.passes import xla_clusters
+    from tflms.passes.swaps import apply_swaps
+    from tflms.policies.recompute import plan_recomputes, rank_candidates
+    from tflms.policies.swapplan import SwapPlan
+    from tflms.sim.cost import op_time_s
+    from tflms.testing import serial_clock
+
+    traced = tf.function(step).get_concrete_function(*example)
+    graph = tf_io.load_graph(traced)  # the traced step, as LOAD reads a step that keeps XLA
+    analysis = analyze_graph(graph)
+    profile = serial_clock("v100-16gb-pcie3")
+    ranked, _ = rank_candidates(analysis, lambda n: op_time_s(graph, graph.op(n), profile))
+    decisions, _ = plan_recomputes(analysis, {op for c in ranked for op in c.chain})
+    assert decisions, "the step must have recompute candidates"
+    rewritten = apply_swaps(graph, SwapPlan(LMSConfig(), CPU, (), (), recomputes=decisions)).graph
+    kernels = xla_clusters.registered_xla_kernels("XLA_CPU_JIT")
+    has = kernels if barriers else (lambda t: t != xla_clusters.BARRIER and kernels(t))
+    to_barrier = xla_clusters._to_barrier
+    if not keep_barrier_gates:
+        xla_clusters._to_barrier = lambda graph, name, on_host: None
+    try:
+        result = xla_clusters.cluster_for_xla(rewritten, accelerator_device=CPU, host_device=CPU, has_xla_kernel=has)
+    finally:
+        xla_clusters._to_barrier = to_barrier
+    function = tf_io.to_concrete_function(result.graph, traced, keep_must_compile=False)
+    return compat.mark_grappler_done(function), result.report
+
+
+def _train(model_name: str, wrap):
+    import keras
+
+    from tflms.testing import make_train_step, record_run_metadata, snapshot
+    from tflms.testing.models import build_model
+    model = build_model(model_name)
+    optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+    optimizer.build(model.trainable_variables)
+    data = _data(model)
+    fn, report = wrap(make_train_step(model, optimizer), data[0])
+    with record_run_metadata() as ran:
+        losses = [fn(x, y) for x, y in data]
+    return snapshot(model, optimizer, losses=losses), report, ran
+
+
+def _xla_runs(ran) -> int:
+    """How many clusters the step ran (``_XlaRun`` ops in its graph as TensorFlow ran it)."""
+    return sum(1 for n in ran.step_graph().post_optimization_graph.node if n.op == "_XlaRun")
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "cnn"])
+def test_recomputed_step_keeps_its_clusters_and_trains_bitwise_like_plain_xla(model_name):
+    from tflms.testing import assert_bitwise_equal, bitwise_diff
+    plain, _, plain_ran = _train(model_name, lambda step, ex: (tf.function(step, jit_compile=True), None))
+    again, _, _ = _train(model_name, lambda step, ex: (tf.function(step, jit_compile=True), None))
+    assert_bitwise_equal(plain, again, "plain XLA vs plain XLA (the control)")
+    barriers, report, ran = _train(model_name, recompute_everything)
+    gated, gated_report, gated_ran = _train(model_name, lambda s, ex: recompute_everything(s, ex, barriers=False))
+    assert report.num_clusters <= 2 < gated_report.num_clusters, (report.to_dict(), gated_report.to_dict())
+    assert not report.boundaries and len(gated_report.boundaries) > 2
+    ran_clusters, gated_clusters = _xla_runs(ran), _xla_runs(gated_ran)
+    assert 1 <= ran_clusters <= report.num_clusters + 1 < gated_clusters, (ran_clusters, gated_clusters)
+    assert_bitwise_equal(plain, barriers, f"{model_name}: every recompute, barrier gates, vs plain jit_compile=True")
+    # why the barrier matters for the bits: the Identity gates' boundaries change how XLA fuses and rounds
+    assert bitwise_diff(plain, gated), f"{model_name}: Identity gates were expected to change XLA's rounding"
+
+
+_HLO_SCRIPT = textwrap.dedent('''
+    import json, sys
+    import keras, tensorflow as tf
+    sys.path.insert(0, {tests!r})
+    from test_xla_recompute import _train, recompute_everything
+    keep = {keep!r}
+    _, report, _ = _train({model!r}, lambda s, ex: recompute_everything(s, ex, keep_barrier_gates=keep))
+    print(json.dumps(report.to_dict()))
+''')
+
+
+def _optimized_clone_ops(tmp_path, model: str, keep: bool) -> tuple[collections.Counter, dict]:
+    """The clone op names in XLA's optimized HLO of the recomputed step, from a fresh process (XLA reads its flags
+    once), and the pass's report."""
+    dump = tmp_path / f"dump_{keep}"
+    env = dict(os.environ, XLA_FLAGS=f"--xla_dump_to={dump} --xla_dump_hlo_as_text", TF_CPP_MIN_LOG_LEVEL="2")
+    script = _HLO_SCRIPT.format(tests=os.path.dirname(__file__), keep=keep, model=model)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    names: collections.Counter = collections.Counter()
+    for path in dump.glob("*after_optimizations.txt"):
+        for name in re.findall(r'op_name="(lms/recompute_[^"]*)"', path.read_text()):
+            if "recompute_gate_" not in name:
+                names[name] += 1
+    return names, report
+
+
+@pytest.mark.slow
+def test_xla_keeps_the_clones_behind_barriers_and_merges_them_without(tmp_path):
+    """The zoo MLP, recomputed, is one cluster either way. With barrier gates XLA's optimized HLO still computes the
+    clones; with the gates left ``Identity`` s in the cluster, its CSE merges every clone with its original."""
+    kept, report = _optimized_clone_ops(tmp_path, "mlp", keep=True)
+    merged, control = _optimized_clone_ops(tmp_path, "mlp", keep=False)
+    assert report["clusters"] == control["clusters"] == 1
+    assert len(kept) >= 2, kept
+    assert not merged, f"without barriers XLA was expected to merge the clones away: {merged}"
