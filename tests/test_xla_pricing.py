@@ -357,3 +357,22 @@ def test_a_shape_argument_keeps_an_identity_gate_inside_the_cluster():
     assert marked.graph.op(gate).type == "Identity" and marked.graph.op(gate).control_inputs == ["t"]
     assert marked.graph.op("lms/recompute_gate_a_0_after_t").type == "XlaOptimizationBarrier"
     assert set(clusters_of(g).values()) == {0, -1}  # the clock agrees: one cluster (the placeholder is out)
+
+
+def test_the_recompute_floor_counts_no_clone_on_the_xla_clocks():
+    """A clone fused into its reader's kernel costs no kernel of its own, so the floor that spares a recompute plan's
+    simulation (tflms.tune.recompute_sets.compute_floor_s) counts none there: the plain step's compute time."""
+    import types
+
+    from tflms.tune.recompute_sets import compute_floor_s
+    g = recomputed_chain()
+    plain = g.copy()
+    plain.set_input("d", 1, TensorRef("b", 0))
+    for name in ("lms/recompute_b", "lms/recompute_gate_a_0_after_t"):
+        plain.remove_op(name)
+    base, recomputed = run(plain, "xla-clusters"), run(g, "xla-clusters")
+    clone = types.SimpleNamespace(ops=("b",))
+    floor = compute_floor_s(base, {"b": 2.0}, [clone])
+    assert floor == pytest.approx(base.compute_time_s, rel=1e-6) and floor <= recomputed.compute_time_s
+    serial = run(plain, "serial")
+    assert compute_floor_s(serial, {"b": 2.0}, [clone]) == pytest.approx(serial.compute_time_s + 2.0, rel=1e-6)

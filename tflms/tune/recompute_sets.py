@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from tflms.policies.checkpoints import articulations, balanced_segment_ops, output_bytes, segment_ops
 from tflms.policies.recompute import recompute_plan
+from tflms.sim.clock import XLA_CLOCKS
 from tflms.sim.records import COMPUTE_ROUND_OFF
 from tflms.sim.simulator import SimResult
 from tflms.tune.result import Candidate
@@ -124,10 +125,16 @@ def compute_floor_s(baseline: SimResult, times: Mapping[str, float], decisions: 
     the clones' (``times`` by original op, launch included; a clone takes its original's), less a round-off
     allowance. The gates and swaps add no compute; the order cannot remove any.
 
+    On the XLA clocks (:data:`~tflms.sim.clock.XLA_CLOCKS`) a clone may cost nothing: XLA fuses it into the kernel of
+    the backward op that reads it (its gate is a barrier inside the cluster, :mod:`tflms.passes.xla_clusters`),
+    which reads the clone's inputs in place of its output. So there the floor counts no clone.
+
     ``launch_s``: the launch each price includes, where the host launches kernels ahead of the GPU (the ``graph``
     clock, :mod:`tflms.sim.clock`; 0 for the ``serial`` one). A clone then adds its kernel time (its price less
     the launch) to the kernels back to back (``kernel_time_s``), and at least the shorter of its kernel and its
     launch to the compute stream's time, which counts the waits for launches."""
+    if baseline.clock in XLA_CLOCKS:
+        return baseline.compute_time_s * (1 - COMPUTE_ROUND_OFF)
     kernels = [max(0.0, times[op] - launch_s) for r in decisions for op in r.ops]
     if not launch_s:
         return (baseline.compute_time_s + sum(kernels)) * (1 - COMPUTE_ROUND_OFF)
