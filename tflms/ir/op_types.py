@@ -80,6 +80,12 @@ XLA_FUSIBLE = FORWARDING_OPS | frozenset({
     "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual", "LogicalAnd", "LogicalOr", "LogicalNot",
     "IsFinite", "IsNan", "Sin", "Cos", "Tan", "Atan2", "Gelu", "Range"})
 #: Ops that take element-wise producers into their own kernel and whose output reaches memory.
+#: Element-wise ops: every input is data, none an argument XLA needs at compile time (a shape, an axis), so any of
+#: them may come through a barrier (:func:`tflms.ir.xla_segments.gate_role`).
+XLA_ELEMENTWISE = FORWARDING_OPS | frozenset({
+    "Cast", "Select", "SelectV2", "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual", "LogicalAnd",
+    "LogicalOr", "LogicalNot", "IsFinite", "IsNan", "Sin", "Cos", "Tan", "Atan2", "Gelu", "ZerosLike", "OnesLike",
+    "Identity", "StopGradient"})
 XLA_REDUCTIONS = IDENTITY_REDUCTION_OPS | frozenset({
     "Mean", "BiasAddGrad", "ArgMax", "ArgMin", "Softmax", "LogSoftmax", "SparseSoftmaxCrossEntropyWithLogits",
     "SoftmaxCrossEntropyWithLogits", "L2Loss", "EuclideanNorm", "MaxPool", "AvgPool", "MaxPool3D", "AvgPool3D",

@@ -11,7 +11,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TypeVar
 
 from tflms.ir.names import CLONE_PREFIX, is_clone, is_inserted
-from tflms.ir.op_types import XLA_NEVER_DTYPES
+from tflms.ir.op_types import XLA_ELEMENTWISE, XLA_NEVER_DTYPES
 from tflms.ir.topo import connected_groups, priority_order
 
 #: A node of :func:`segment_rule`: an op name in the pass, an op id in the simulator.
@@ -72,10 +72,11 @@ GATE_BARRIER, GATE_IDENTITY = "barrier", "identity"
 
 
 def may_be_compile_time_constant(dtype: str) -> bool:
-    """Whether a tensor of ``dtype`` may be an argument XLA needs at compile time (a shape, an axis, a permutation,
-    a size: integers and booleans). Through a barrier it no longer is one, and the cluster fails to compile
-    ("XLA compilation requires that operator arguments that represent shapes ... be evaluated to concrete values")."""
-    return dtype == "bool" or dtype.startswith(("int", "uint"))
+    """Whether a tensor of ``dtype`` may be an argument XLA needs at compile time: a shape, an axis, a permutation, a
+    size, which TensorFlow types ``int32`` or ``int64``. Behind a barrier it is no constant any more, and its cluster
+    fails to compile ("XLA compilation requires that operator arguments that represent shapes or dimensions be
+    evaluated to concrete values")."""
+    return dtype in ("int32", "int64")
 
 
 def barrier_operand(trigger_dtypes: Sequence[str], trigger_on_accelerator: bool) -> int | None:
@@ -89,26 +90,35 @@ def barrier_operand(trigger_dtypes: Sequence[str], trigger_on_accelerator: bool)
     return None
 
 
+def barrier_passes(gated_dtype: str, reader_types: Sequence[str]) -> bool:
+    """Whether a barrier may pass a gated tensor to its clones (of these types): it is no compile-time argument of
+    theirs (:func:`gate_role`)."""
+    return not may_be_compile_time_constant(gated_dtype) or all(t in XLA_ELEMENTWISE for t in reader_types)
+
+
 def gate_role(gated_dtype: str, trigger_dtypes: Sequence[str], trigger_on_accelerator: bool,
-              readers_inputs: Sequence[Sequence[str]]) -> str | None:
+              readers: Sequence[tuple[str, Sequence[str], Sequence[str]]]) -> str | None:
     """Where a recompute gate sits when its step keeps XLA: :data:`GATE_BARRIER` or :data:`GATE_IDENTITY` inside a
     cluster, or ``None``: outside them all, a boundary (module doc of :mod:`tflms.passes.xla_clusters`, "Recompute
     gates").
 
     ``gated_dtype``: the tensor it passes; ``trigger_dtypes`` / ``trigger_on_accelerator``: its trigger's outputs and
-    where they live; ``readers_inputs``: for each clone reading it, the dtypes of that clone's inputs.
+    where they live; ``readers``: for each clone reading it, its type and the dtypes of its inputs and outputs.
 
-    - A tensor that may be a compile-time argument (:func:`may_be_compile_time_constant`) keeps an ``Identity`` gate,
-      which XLA sees through to a constant. It may sit inside a cluster only where each of its clones has another
-      input that is no such tensor (another clone's output, or a barrier's): that input keeps the clone apart from
-      the op it re-runs.
+    - A gated tensor that may be a compile-time argument (:func:`may_be_compile_time_constant`) and that a clone
+      other than an element-wise one (:data:`~tflms.ir.op_types.XLA_ELEMENTWISE`) reads keeps an ``Identity`` gate,
+      which XLA sees through to a constant. It sits inside the cluster where each clone reading it has another input
+      that is no such tensor (another clone's output, or a barrier's: that input keeps the clone apart from the op it
+      re-runs), or computes nothing but such integers (shape arithmetic: XLA folds it, and merging it with its
+      original would keep nothing large alive).
     - Any other tensor's gate becomes a barrier where the trigger has an output to read (:func:`barrier_operand`).
     """
     if barrier_operand(trigger_dtypes, trigger_on_accelerator) is None:
         return None
-    if not may_be_compile_time_constant(gated_dtype):
+    if barrier_passes(gated_dtype, [t for t, _, _ in readers]):
         return GATE_BARRIER
-    if all(any(not may_be_compile_time_constant(d) for d in inputs) for inputs in readers_inputs):
+    if all(any(not may_be_compile_time_constant(d) for d in inputs)
+           or all(may_be_compile_time_constant(d) for d in outputs) for _, inputs, outputs in readers):
         return GATE_IDENTITY
     return None
 

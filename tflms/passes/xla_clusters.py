@@ -224,8 +224,8 @@ def _gate_role(graph: Graph, gate: Op, on_host: Callable[[str], bool],
     if len(gate.control_inputs) != 1 or not gate.inputs or not has_xla_kernel(BARRIER):
         return None
     trigger = graph.op(gate.control_inputs[0])
-    readers = [[graph.tensor(r).dtype for r in graph.op(reader).inputs]
-               for reader in dict.fromkeys(c for c, _ in graph.consumers(TensorRef(gate.name, 0)))]
+    readers = [(op.type, [graph.tensor(r).dtype for r in op.inputs], [t.dtype for t in op.outputs])
+               for op in (graph.op(c) for c in dict.fromkeys(c for c, _ in graph.consumers(TensorRef(gate.name, 0))))]
     return gate_role(graph.tensor(gate.inputs[0]).dtype, [t.dtype for t in trigger.outputs],
                      not on_host(trigger.device), readers)
 

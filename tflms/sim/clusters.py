@@ -104,7 +104,9 @@ def _gate_role(net: IndexedGraph, gate: int, unsupported: frozenset[str], succs:
         return None
     trigger, t_info, out = net.ctrl[gate][0], net.t_info, net.out_start[gate]
     start = net.out_start[trigger]
-    readers = [[t_info[t].dtype for t in net.inputs[r]] for r in dict.fromkeys(succs[gate]) if out in net.inputs[r]]
+    readers = [(net.types[r], [t_info[t].dtype for t in net.inputs[r]],
+                [t_info[t].dtype for t in range(net.out_start[r], net.out_start[r] + net.n_out[r])])
+               for r in dict.fromkeys(succs[gate]) if out in net.inputs[r]]
     return gate_role(t_info[net.inputs[gate][0]].dtype, [t_info[t].dtype for t in range(start, start + net.n_out[trigger])],
                      net.dev[trigger] == ACCEL, readers)
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from tflms.ir.xla_segments import BARRIER, barrier_operand, is_gate, may_be_compile_time_constant
+from tflms.ir.xla_segments import BARRIER, barrier_operand, barrier_passes, is_gate
 from tflms.ir.op_types import (ALIAS_OPS, CONTRACTION_OPS, FREE_OPS, METADATA_OPS, VARIABLE_READ_OPS, XLA_ASSIGNS,
                                XLA_FUSIBLE, XLA_OWN_KERNEL_REDUCTIONS, XLA_REDUCTIONS)
 from tflms.sim.clock import CLOCK_GRAPH, CLOCK_XLA, XLA_MIN_KERNEL_S, Kernels, op_durations
@@ -74,7 +74,8 @@ class _Net:
             for i in order:
                 if self.compute[i] and (net.types[i] == BARRIER or (
                         is_gate(net.types[i], net.names[i]) and net.inputs[i]
-                        and not may_be_compile_time_constant(net.t_info[net.inputs[i][0]].dtype))):
+                        and barrier_passes(net.t_info[net.inputs[i][0]].dtype,
+                                           [net.types[r] for r in self.readers[net.out_start[i]]]))):
                     self.barrier[i] = 1
                     t = gate_trigger_tensor(net, i)
                     if t is not None:
