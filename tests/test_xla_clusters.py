@@ -404,3 +404,26 @@ def test_the_pipelines_clustered_step_is_deterministic():
     assert to_graph_def(first.graph).SerializeToString(deterministic=True) == \
         to_graph_def(second.graph).SerializeToString(deterministic=True)
     assert first.report.xla_clusters == second.report.xla_clusters
+
+
+def test_gate_roles():
+    """Where a recompute gate sits when its step keeps XLA (tflms.ir.xla_segments.gate_role)."""
+    from tflms.ir.xla_segments import GATE_BARRIER, GATE_IDENTITY, gate_role
+    trigger = (["float32"], True)
+    # a float tensor: a barrier, if the trigger has an output on the accelerator XLA compiles
+    assert gate_role("float32", *trigger, [("MatMul", ["float32", "float32"], ["float32"])]) == GATE_BARRIER
+    assert gate_role("float32", ["float32"], False, [("Relu", ["float32"], ["float32"])]) is None
+    assert gate_role("float32", ["resource", "variant"], True, [("Relu", ["float32"], ["float32"])]) is None
+    assert gate_role("float32", ["resource", "int32"], True, [("Relu", ["float32"], ["float32"])]) == GATE_BARRIER
+    # an int32 read by element-wise clones only (a Cast of a mask): a barrier; uint64 (a random key): a barrier
+    assert gate_role("int32", *trigger, [("Cast", ["int32"], ["float32"])]) == GATE_BARRIER
+    assert gate_role("uint64", *trigger, [("StatelessRandomUniformV2", ["int32", "uint64", "uint64", "int32"],
+                                           ["float32"])]) == GATE_BARRIER
+    # a shape: an Identity inside the cluster where the clone has another, float input
+    reshape = ("Reshape", ["float32", "int32"], ["float32"])
+    assert gate_role("int32", *trigger, [reshape]) == GATE_IDENTITY
+    # ... but a shape one clone reads, and a Cast of it too: behind an Identity the Cast could merge with its original
+    assert gate_role("int32", *trigger, [reshape, ("Cast", ["int32"], ["float32"])]) is None
+    # shape arithmetic (integers in, integers out): inside too; integers in, a float out: out of the clusters
+    assert gate_role("int32", *trigger, [("Pack", ["int32", "int32"], ["int32"])]) == GATE_IDENTITY
+    assert gate_role("int32", *trigger, [("Fill", ["int32", "int32"], ["float32"])]) is None

@@ -31,6 +31,12 @@ still read its output 0, and its control edge from the trigger becomes that data
   tensor from memory (a barrier's operands are buffers);
 - the trigger's output it reads is written to memory too, where XLA would otherwise have fused it away.
 
+A gated ``int32``/``int64`` tensor may be an argument XLA needs at compile time (a shape, an axis): behind a barrier
+it would be none, and the cluster would fail to compile. Its gate becomes a barrier only where every clone reading it
+is element-wise (:data:`~tflms.ir.op_types.XLA_ELEMENTWISE`, whose inputs are all data); otherwise it stays an
+``Identity`` inside the cluster, where XLA sees through it to the constant, if each clone reading it differs from its
+original by another input or computes integers only; else it stays out (:func:`~tflms.ir.xla_segments.gate_role`).
+
 **Which ops XLA cannot compile:** :data:`~tflms.ir.op_types.XLA_NEVER_TYPES` (arguments, Python callbacks, ops
 that create resources), ops reading or producing a ``string`` or ``variant`` tensor, and ops with no kernel
 registered for the accelerator's XLA device (``has_xla_kernel``; ``XLA_CPU_JIT`` or ``XLA_GPU_JIT``).
