@@ -83,8 +83,8 @@ def _why_outside(net: IndexedGraph, i: int, is_transfer: Sequence[bool], unsuppo
     """Why op ``i`` stays out of every cluster, as :func:`tflms.passes.xla_clusters.cluster_for_xla` decides it for
     the op's IR form, or ``None`` for a member."""
     op_type, name = net.types[i], net.names[i]
-    if is_transfer[i] or net.src_ops[i] is None:
-        return TFLMS_COPY  # (an op the simulator added is one of TensorFlow's implicit copies)
+    if is_transfer[i] or (net.src_ops[i] is None and not is_gate(op_type, name)):
+        return TFLMS_COPY  # (an op the simulator added is one of TensorFlow's implicit copies, or a tuner's gate)
     if is_tflms_copy(op_type, name) and (not is_gate(op_type, name) or _gate_role(net, i, unsupported, succs) is None):
         return TFLMS_COPY  # (a recompute gate that gate_role lets in is a member)
     if net.dev[i] == HOST:
