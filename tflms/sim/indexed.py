@@ -155,7 +155,7 @@ def _needed(net: IndexedGraph, roots: Sequence[int]) -> list[bool]:
         if needed[i]:
             continue
         needed[i] = True
-        stack.extend(p for p in preds[i] if not needed[p])
+        stack.extend(preds[i])  # (those needed already are skipped when popped)
     return needed
 
 
@@ -163,11 +163,24 @@ def _recv_needs(net: IndexedGraph, ops: Iterable[int], alive: Sequence[bool]) ->
     """Host tensors that accelerator ops among ``ops`` read: ``{tensor: [(consumer, input index)]}``."""
     needs: dict[int, list[tuple[int, int]]] = {}
     dev, types, inputs, t_op, t_info = net.dev, net.types, net.inputs, net.t_op, net.t_info
+    out_start, n_out = net.out_start, net.n_out
+    host = set()  # the host's tensors that have a buffer (host ops are few: ``list.index`` finds them)
+    h = -1
+    try:
+        while True:
+            h = dev.index(HOST, h + 1)
+            host.update(t for t in range(out_start[h], out_start[h] + n_out[h])
+                        if t_info[t].dtype not in _NO_BUFFER_DTYPES)
+    except ValueError:
+        pass
+    if not host:
+        return needs
+    reads_none = host.isdisjoint
     for i in ops:
-        if not alive[i] or dev[i] != ACCEL or types[i] == "DeepCopy":
+        if not alive[i] or dev[i] != ACCEL or types[i] == "DeepCopy" or reads_none(inputs[i]):
             continue
         for k, t in enumerate(inputs[i]):
-            if dev[t_op[t]] == HOST and t_info[t].dtype not in _NO_BUFFER_DTYPES:
+            if t in host:
                 needs.setdefault(t, []).append((i, k))
     return needs
 
