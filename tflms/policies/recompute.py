@@ -222,6 +222,18 @@ def _chains(analysis: Analysis, chosen: set[str]) -> list[list[str]]:
                   key=lambda g: (levels[g[0]], g[0]))
 
 
+def _consumer_ops(analysis: Analysis, name: str) -> tuple[str, ...]:
+    """The consumers of each output of op ``name``, output by output (as ``Graph.consumers`` lists them), kept with the
+    analysis as :func:`_decided` keeps its decisions."""
+    memo = analysis.__dict__.setdefault("_consumer_ops", {})
+    found = memo.get(name)
+    if found is None:
+        graph = analysis.graph
+        found = memo[name] = tuple(c for index, _ in enumerate(graph.op(name).outputs)
+                                   for c, _ in graph.consumers(TensorRef(name, index)))
+    return found
+
+
 def _decide(analysis: Analysis, members: Sequence[str], ahead: int, *, split_levels: int | None = None,
             per_reader: frozenset[str] = frozenset(), copy: int = 0,
             serves: Mapping[str, Mapping[TensorRef, tuple[str, ...]] | None] | None = None,
@@ -272,8 +284,7 @@ def _decide(analysis: Analysis, members: Sequence[str], ahead: int, *, split_lev
             own_trigger = find_trigger(analysis, first, top, levels[first] - ahead)
             if own_trigger is None:
                 missing.append(name)
-        fed = [trigger[c] for index, _ in enumerate(graph.op(name).outputs)
-               for c, _ in graph.consumers(TensorRef(name, index)) if c in chain and trigger[c] is not None]
+        fed = [trigger[c] for c in _consumer_ops(analysis, name) if c in chain and trigger[c] is not None]
         feeder = earliest(fed) if fed else None
         split = 0 if name in per_reader or split_readers else split_levels
         if (split is not None and own_trigger is not None and feeder is not None and copy + 1 < MAX_COPIES
