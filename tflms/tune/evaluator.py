@@ -108,14 +108,15 @@ class PlanEvaluator:
 
     ``copy_op`` and ``swapin_on`` mean what they mean for
     :func:`~tflms.passes.swaps.apply_swaps`; ``order`` (op names of the base
-    graph) replaces the level order (see :func:`order_with_plan`). Results are
+    graph) replaces the level order (see :func:`order_with_plan`); ``topological_order`` (op names of the base
+    graph, e.g. its analysis's ``order``) spares computing one. Results are
     memoized by plan (the last :data:`MEMO_SIZE`); ``simulations`` and
     ``memo_hits`` count what was simulated and what was answered from memory.
     """
 
     def __init__(self, base_graph: Graph, profile: str | HardwareProfile, options: SimOptions | None = None, *,
                  copy_op: str = DEFAULT_COPY_OP, swapin_on: str | None = None, order: Sequence[str] | None = None,
-                 output_names: Sequence[str] | None = None):
+                 output_names: Sequence[str] | None = None, topological_order: Sequence[str] | None = None):
         swapin_on = resolve_swapin_on(copy_op, swapin_on)
         self.graph = base_graph
         self.profile = get_profile(profile)
@@ -123,13 +124,16 @@ class PlanEvaluator:
         self.copy_op, self.swapin_on = copy_op, swapin_on
         self.order = tuple(order) if order is not None else None
         with gc_paused():
-            self._derive(base_graph, output_names)
+            self._derive(base_graph, output_names, topological_order)
         self._memo: dict = {}
         self.simulations = 0  # plans simulated (memo misses)
         self.memo_hits = 0
 
-    def _derive(self, base_graph: Graph, output_names: Sequence[str] | None) -> None:
-        """The plan-independent facts of the base graph (see module doc)."""
+    def _derive(self, base_graph: Graph, output_names: Sequence[str] | None,
+                topological_order: Sequence[str] | None) -> None:
+        """The plan-independent facts of the base graph (see module doc). ``topological_order``: one the caller has
+        (an analysis's), else the graph's; :meth:`_level_sorted` walks it, and any topological order gives the same
+        level order (longest paths, ties by op id)."""
         sig = base_graph.signature
         if output_names is None:
             output_names = sig.output_names if sig is not None else ()
@@ -158,7 +162,9 @@ class PlanEvaluator:
             if i is not None and self._alive[i] and 0 <= ref.index < net.n_out[i]:
                 self._outputs.append(net.out_start[i] + ref.index)
         self._costs = OpCosts(base_graph, self.profile)
-        self._topo = [self._op_id[name] for name in base_graph.topological_order()]
+        if topological_order is None:
+            topological_order = base_graph.topological_order()
+        self._topo = [self._op_id[name] for name in topological_order]
         self._rank = [0] * n  # position in ``_topo``
         for k, i in enumerate(self._topo):
             self._rank[i] = k
@@ -322,7 +328,10 @@ class PlanEvaluator:
         source op."""
         op_id, graph = self._op_id, self.graph
         costs = OpCosts(graph, self.profile)
-        costs._times = {i: t for i, t in self._costs._times.items() if i < len(self._net.names)}
+        n_base = len(self._net.names)
+        times = costs._times = dict(self._costs._times)
+        if times and max(times) >= n_base:  # (an id past the base's is another op in each plan)
+            costs._times = {i: t for i, t in times.items() if i < n_base}
         costs._launches = self._costs.__dict__.setdefault("_launches", {})  # (checked by op: shared safely)
         new_ids: dict[str, int] = {}
 

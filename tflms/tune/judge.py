@@ -59,7 +59,8 @@ class TuneEvaluator:
         self.candidates: list[Candidate] = []
         self.graphs: dict[int, Graph] = {}  # rewritten graphs by id(candidate), built by graph_of
         # Candidates are simulated incrementally (no IR copy per plan, memoized by plan).
-        self.plans = PlanEvaluator(analysis.graph, profile, sim_options, copy_op=copy_op)
+        self.plans = PlanEvaluator(analysis.graph, profile, sim_options, copy_op=copy_op,
+                                   topological_order=analysis.order)
         #: what the policies are given besides the analysis and the config (``baseline`` set once simulated)
         self.context = PlanContext(accelerator, profile)
         self._scored: dict[int, tuple[SimResult, list]] = {}  # id(sim) -> (sim, its scored idle candidates)
