@@ -42,7 +42,7 @@ order puts them too (a swap op's level is one more than its latest input's).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from tflms.errors import GraphError
 from tflms.ir.graph import Graph, TensorRef
@@ -109,14 +109,17 @@ class PlanEvaluator:
     ``copy_op`` and ``swapin_on`` mean what they mean for
     :func:`~tflms.passes.swaps.apply_swaps`; ``order`` (op names of the base
     graph) replaces the level order (see :func:`order_with_plan`); ``topological_order`` (op names of the base
-    graph, e.g. its analysis's ``order``) spares computing one. Results are
+    graph, e.g. its analysis's ``order``) spares computing one, and ``known_op_times_s`` (op name -> seconds on
+    ``profile``, for ops of the same type, attributes and tensors: :class:`~tflms.sim.simulator.OpCosts`) pricing
+    those ops again. Results are
     memoized by plan (the last :data:`MEMO_SIZE`); ``simulations`` and
     ``memo_hits`` count what was simulated and what was answered from memory.
     """
 
     def __init__(self, base_graph: Graph, profile: str | HardwareProfile, options: SimOptions | None = None, *,
                  copy_op: str = DEFAULT_COPY_OP, swapin_on: str | None = None, order: Sequence[str] | None = None,
-                 output_names: Sequence[str] | None = None, topological_order: Sequence[str] | None = None):
+                 output_names: Sequence[str] | None = None, topological_order: Sequence[str] | None = None,
+                 known_op_times_s: Mapping[str, float] | None = None):
         swapin_on = resolve_swapin_on(copy_op, swapin_on)
         self.graph = base_graph
         self.profile = get_profile(profile)
@@ -124,13 +127,13 @@ class PlanEvaluator:
         self.copy_op, self.swapin_on = copy_op, swapin_on
         self.order = tuple(order) if order is not None else None
         with gc_paused():
-            self._derive(base_graph, output_names, topological_order)
+            self._derive(base_graph, output_names, topological_order, known_op_times_s)
         self._memo: dict = {}
         self.simulations = 0  # plans simulated (memo misses)
         self.memo_hits = 0
 
     def _derive(self, base_graph: Graph, output_names: Sequence[str] | None,
-                topological_order: Sequence[str] | None) -> None:
+                topological_order: Sequence[str] | None, known_op_times_s: Mapping[str, float] | None) -> None:
         """The plan-independent facts of the base graph (see module doc). ``topological_order``: one the caller has
         (an analysis's), else the graph's; :meth:`_level_sorted` walks it, and any topological order gives the same
         level order (longest paths, ties by op id)."""
@@ -161,7 +164,7 @@ class PlanEvaluator:
             i = self._op_id.get(ref.op)
             if i is not None and self._alive[i] and 0 <= ref.index < net.n_out[i]:
                 self._outputs.append(net.out_start[i] + ref.index)
-        self._costs = OpCosts(base_graph, self.profile)
+        self._costs = OpCosts(base_graph, self.profile, known_op_times_s, names=net.names)
         if topological_order is None:
             topological_order = base_graph.topological_order()
         self._topo = [self._op_id[name] for name in topological_order]

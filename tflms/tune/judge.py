@@ -14,7 +14,7 @@ import collections
 from collections.abc import Callable
 from typing import Any
 
-from tflms.analysis.cto import Analysis
+from tflms.analysis.cto import Analysis, analyze_graph
 from tflms.config import LMSConfig
 from tflms.passes.result import PassResult
 from tflms.passes.swaps import apply_swaps
@@ -36,6 +36,17 @@ SCORED_MEMO_SIZE = 4
 #: Simulations recorded last whose views (``ops``, ``timeline``, ...) the tuner keeps built
 #: (:meth:`TuneEvaluator.record`).
 VIEWS_KEPT = 4
+
+
+#: Where :meth:`TuneEvaluator.analyzed` keeps, in an analysis's ``__dict__`` (as :func:`functools.cached_property`
+#: keeps its values), the profile and the op prices a tune of that analysis may take as known.
+_KNOWN_OP_TIMES = "_known_op_times_s"
+
+
+def known_op_times(analysis: Analysis, profile: HardwareProfile) -> dict[str, float] | None:
+    """Op name -> seconds on ``profile`` known for ``analysis``'s ops (:meth:`TuneEvaluator.analyzed`), or ``None``."""
+    known = analysis.__dict__.get(_KNOWN_OP_TIMES)
+    return known[1] if known is not None and known[0] is profile else None
 
 
 class TuneEvaluator:
@@ -60,7 +71,8 @@ class TuneEvaluator:
         self.graphs: dict[int, Graph] = {}  # rewritten graphs by id(candidate), built by graph_of
         # Candidates are simulated incrementally (no IR copy per plan, memoized by plan).
         self.plans = PlanEvaluator(analysis.graph, profile, sim_options, copy_op=copy_op,
-                                   topological_order=analysis.order)
+                                   topological_order=analysis.order,
+                                   known_op_times_s=known_op_times(analysis, profile))
         #: what the policies are given besides the analysis and the config (``baseline`` set once simulated)
         self.context = PlanContext(accelerator, profile)
         self._scored: dict[int, tuple[SimResult, list]] = {}  # id(sim) -> (sim, its scored idle candidates)
@@ -68,6 +80,18 @@ class TuneEvaluator:
         self._ordered_base: PassResult | None = None
         self._swap_floor: AnyOrderTimeBound | None = None
         self._swap_floor_whole = False
+
+    def analyzed(self, graph: Graph, recompute: SwapPlan) -> Analysis:
+        """The analysis of ``graph``, this tune's step with ``recompute``'s recomputes (and perhaps the edges of an
+        order), for a nested tune: with its ops' prices known (:func:`known_op_times`), those of the step this tune
+        priced already. An op the recomputes left as it was costs what it cost, and a clone what its original costs:
+        the same type, attributes and tensors (a reader rewired to a clone reads a tensor of the same facts)."""
+        analysis = analyze_graph(graph)
+        times = self.plans.op_times()
+        for decision in recompute.recomputes:
+            times.update(zip(decision.clones, map(times.__getitem__, decision.ops)))
+        analysis.__dict__[_KNOWN_OP_TIMES] = (self.profile, times)
+        return analysis
 
     def ordered_base(self) -> PassResult:
         """The unswapped step through the order pass (:func:`~tflms.passes.order.enforce_order`), once: the
