@@ -180,12 +180,32 @@ class PlanEvaluator:
         return {name: costs.time_s(i, src) for i, (name, src) in enumerate(zip(net.names, net.src_ops))
                 if src is not None}
 
+    def remember(self, plan: SwapPlan | None, result: SimResult) -> None:
+        """Take ``result`` as :meth:`evaluate`'s answer for ``plan`` (one simulated already, e.g. the base graph's
+        own simulation, which an outer tune made)."""
+        self._store(self._key(plan), result)
+
+    def remembered(self, plan: SwapPlan | None) -> SimResult | None:
+        """:meth:`evaluate`'s answer for ``plan`` where it is memoized, else ``None`` (nothing is simulated)."""
+        return self._memo.get(self._key(plan))
+
+    @staticmethod
+    def _key(plan: SwapPlan | None) -> tuple | None:
+        """The memo's key of ``plan`` (``None``: the base graph, also for a plan that inserts nothing)."""
+        if plan is None or not plan.changed:
+            return None
+        return plan.config.host_device, plan.accelerator_device, plan.swaps, plan.recomputes
+
+    def _store(self, key: tuple | None, result: SimResult) -> None:
+        if len(self._memo) >= MEMO_SIZE:
+            del self._memo[next(iter(self._memo))]
+        self._memo[key] = result
+
     def evaluate(self, plan: SwapPlan | None) -> SimResult:
         """The simulation of ``plan`` applied to the base graph (``None``: the base graph itself)."""
         if plan is not None and not plan.changed:
             plan = None  # nothing inserted: the base graph
-        key = None if plan is None else (plan.config.host_device, plan.accelerator_device, plan.swaps,
-                                         plan.recomputes)
+        key = self._key(plan)
         hit = self._memo.get(key)
         if hit is not None:
             self.memo_hits += 1
@@ -194,9 +214,7 @@ class PlanEvaluator:
             rewritten = (plan is not None and plan.recomputes
                          and (plan.swaps or self.order is not None or self._lms_op is not None))
             result = self._simulate_rewritten(plan) if rewritten else self._simulate(plan)
-        if len(self._memo) >= MEMO_SIZE:
-            del self._memo[next(iter(self._memo))]
-        self._memo[key] = result
+        self._store(key, result)
         self.simulations += 1
         return result
 

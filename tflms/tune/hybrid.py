@@ -413,7 +413,7 @@ def _hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
     """Swaps chosen by the whole swap tuner on the recomputed graph, each recorded with the recomputes (and ``extra``
     in its parameters)."""
     added = []
-    for c in nested(ev.analyzed(rgraph, recompute.plan)):
+    for c in nested(ev.analyzed(rgraph, recompute)):
         if c.plan is None or not c.plan.swaps or (c.order or {}).get("before_swaps"):
             continue  # (a plan whose order was pinned before its swaps holds edges its plan does not say)
         plan = _with_recomputes(c.plan, recompute.plan)
@@ -463,7 +463,7 @@ def _ordered_hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
     order = {**ordered.report.to_dict(), "before_swaps": True}
     edges = ordered.report.num_edges
     added = []
-    analysis = ev.analyzed(ordered.graph, recompute.plan)
+    analysis = ev.analyzed(ordered.graph, recompute)
     judged = nested(analysis)
     with swapping_clones():  # (a clone may wait across another branch's backward pass in this order)
         judged += nested(analysis)

@@ -11,6 +11,7 @@ use it are :mod:`tflms.tune.search`'s, :mod:`tflms.tune.finalists`', :mod:`tflms
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -39,14 +40,34 @@ VIEWS_KEPT = 4
 
 
 #: Where :meth:`TuneEvaluator.analyzed` keeps, in an analysis's ``__dict__`` (as :func:`functools.cached_property`
-#: keeps its values), the profile and the op prices a tune of that analysis may take as known.
-_KNOWN_OP_TIMES = "_known_op_times_s"
+#: keeps its values), what a tune of that analysis may take as known (a :class:`_Known`).
+_KNOWN = "_known_to_tune"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Known:
+    """What a nested tune of an analysis may take as known (:meth:`TuneEvaluator.analyzed`): its ops' prices on
+    ``profile`` (op name -> seconds), and, where the outer tune simulated the analysis's graph itself, that simulation
+    (level order, ``options``)."""
+
+    profile: HardwareProfile
+    op_times_s: dict[str, float]
+    options: SimOptions
+    sim: SimResult | None
 
 
 def known_op_times(analysis: Analysis, profile: HardwareProfile) -> dict[str, float] | None:
     """Op name -> seconds on ``profile`` known for ``analysis``'s ops (:meth:`TuneEvaluator.analyzed`), or ``None``."""
-    known = analysis.__dict__.get(_KNOWN_OP_TIMES)
-    return known[1] if known is not None and known[0] is profile else None
+    known = analysis.__dict__.get(_KNOWN)
+    return known.op_times_s if known is not None and known.profile is profile else None
+
+
+def known_simulation(analysis: Analysis, profile: HardwareProfile, options: SimOptions) -> SimResult | None:
+    """The simulation of ``analysis``'s graph on ``profile`` with ``options`` (level order) known already
+    (:meth:`TuneEvaluator.analyzed`), or ``None``."""
+    known = analysis.__dict__.get(_KNOWN)
+    return (known.sim if known is not None and known.profile is profile and known.options is options
+            else None)
 
 
 class TuneEvaluator:
@@ -73,6 +94,9 @@ class TuneEvaluator:
         self.plans = PlanEvaluator(analysis.graph, profile, sim_options, copy_op=copy_op,
                                    topological_order=analysis.order,
                                    known_op_times_s=known_op_times(analysis, profile))
+        known = known_simulation(analysis, profile, sim_options)
+        if known is not None:
+            self.plans.remember(None, known)
         #: what the policies are given besides the analysis and the config (``baseline`` set once simulated)
         self.context = PlanContext(accelerator, profile)
         self._scored: dict[int, tuple[SimResult, list]] = {}  # id(sim) -> (sim, its scored idle candidates)
@@ -81,16 +105,21 @@ class TuneEvaluator:
         self._swap_floor: AnyOrderTimeBound | None = None
         self._swap_floor_whole = False
 
-    def analyzed(self, graph: Graph, recompute: SwapPlan) -> Analysis:
-        """The analysis of ``graph``, this tune's step with ``recompute``'s recomputes (and perhaps the edges of an
-        order), for a nested tune: with its ops' prices known (:func:`known_op_times`), those of the step this tune
-        priced already. An op the recomputes left as it was costs what it cost, and a clone what its original costs:
-        the same type, attributes and tensors (a reader rewired to a clone reads a tensor of the same facts)."""
+    def analyzed(self, graph: Graph, recompute: Candidate) -> Analysis:
+        """The analysis of ``graph``, this tune's step with the recomputes of ``recompute`` (a candidate; the graph
+        perhaps with the edges of an order), for a nested tune: with its ops' prices known (:func:`known_op_times`),
+        those of the step this tune priced already. An op the recomputes left as it was costs what it cost, and a
+        clone what its original costs: the same type, attributes and tensors (a reader rewired to a clone reads a
+        tensor of the same facts). Where ``graph`` is the candidate's own rewritten graph (:meth:`graph_of`) and its
+        simulation this tune's evaluator's, that simulation is known too (:func:`known_simulation`): the evaluator
+        answers what simulating the rewritten graph answers (:mod:`tflms.tune.evaluator`)."""
         analysis = analyze_graph(graph)
         times = self.plans.op_times()
-        for decision in recompute.recomputes:
+        for decision in recompute.plan.recomputes:
             times.update(zip(decision.clones, map(times.__getitem__, decision.ops)))
-        analysis.__dict__[_KNOWN_OP_TIMES] = (self.profile, times)
+        own = (recompute.order is None and self.compress is None and self.graphs.get(id(recompute)) is graph
+               and self.plans.remembered(recompute.plan) is recompute.sim)
+        analysis.__dict__[_KNOWN] = _Known(self.profile, times, self.sim_options, recompute.sim if own else None)
         return analysis
 
     def ordered_base(self) -> PassResult:
