@@ -365,7 +365,7 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
         timing = _time_release(net, order, position, bufs.is_transfer, kernels, profile)
     else:
         timing = _time_fifo(net, order, position, bufs.is_transfer, kernels, profile)
-    step_time = max((timing.end[i] for i in order), default=0.0)
+    step_time = max(map(timing.end.__getitem__, order), default=0.0)
     reads = kernels.reads if kernels.reads is not None else net.inputs
     readers, last_reader = _readers(order, reads, bufs.buffer_of, outputs, bufs.in_order, position, len(order))
     if options.model_forwarding:
