@@ -417,13 +417,14 @@ def _hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
         if c.plan is None or not c.plan.swaps or (c.order or {}).get("before_swaps"):
             continue  # (a plan whose order was pinned before its swaps holds edges its plan does not say)
         plan = _with_recomputes(c.plan, recompute.plan)
-        graph = apply_swaps(rgraph, c.plan, copy_op=ev.copy_op).graph
+        graph, runnable = ev.swapped(rgraph, c)
         sim = c.sim
         if ev.compress is not None:
             graph = ev.compress(graph, plan)
             sim = simulate(graph, ev.profile, options=ev.sim_options)
         added.append(ev.record("hybrid", {**recompute.params, "swaps": c.strategy, **c.params, **_clones_swapped(plan),
-                                          **(extra or {})}, plan, sim, graph, c.policy, order=c.order))
+                                          **(extra or {})}, plan, sim, graph, c.policy, order=c.order,
+                               runnable=runnable))
     return added
 
 

@@ -90,6 +90,9 @@ class TuneEvaluator:
         self.compress: Callable[[Graph, SwapPlan], Graph] | None = None
         self.candidates: list[Candidate] = []
         self.graphs: dict[int, Graph] = {}  # rewritten graphs by id(candidate), built by graph_of
+        # candidates whose rewritten graph is known runnable, by id; the last nested tune's winner (:meth:`nested_winner`)
+        self._runnable: dict[int, Candidate] = {}
+        self._nested: tuple[Candidate, Graph, Graph] | None = None
         # Candidates are simulated incrementally (no IR copy per plan, memoized by plan).
         self.plans = PlanEvaluator(analysis.graph, profile, sim_options, copy_op=copy_op,
                                    topological_order=analysis.order,
@@ -192,6 +195,26 @@ class TuneEvaluator:
                 self.graphs[id(cand)] = apply_swaps(self.analysis.graph, cand.plan, copy_op=self.copy_op).graph
         return self.graphs[id(cand)]
 
+    def nested_winner(self, result) -> None:
+        """Note the winner of a tune nested in this one (``result``, a :class:`~tflms.tune.result.TuneResult`): its
+        graph is what ``apply_swaps`` makes of the nested tune's step with its plan, and that tune found it runnable
+        (:func:`tflms.tune.tuner._runnable`). Only the last is kept (one graph), until :meth:`swapped` takes it."""
+        self._nested = (result.best, result.analysis.graph, result.graph)
+
+    def swapped(self, graph: Graph, cand: Candidate) -> tuple[Graph, bool]:
+        """``(apply_swaps(graph, cand.plan).graph, whether that graph is known runnable)``: a nested tune's winner on
+        ``graph`` (:meth:`nested_winner`) answers with the graph that tune built and checked, where this tune does not
+        compress its swaps."""
+        known = self._nested
+        if known is not None and known[0] is cand and known[1] is graph and self.compress is None:
+            self._nested = None
+            return known[2], True
+        return apply_swaps(graph, cand.plan, copy_op=self.copy_op).graph, False
+
+    def known_runnable(self, cand: Candidate) -> bool:
+        """Whether ``cand``'s graph is known runnable (recorded with ``runnable=True``): the check need not run."""
+        return self._runnable.get(id(cand)) is cand
+
     def evaluate(self, policy: SwapPolicy, params: dict[str, Any], *, max_overhead: float | None = None,
                  baseline: SimResult | None = None) -> Candidate:
         """The one entry every search judges a policy through: plan it on the base config, simulate, record.
@@ -215,11 +238,13 @@ class TuneEvaluator:
 
     def record(self, strategy: str, params: dict[str, Any], plan: SwapPlan | None, sim: SimResult,
                graph: Graph | None, policy: SwapPolicy | None, *, max_overhead: float | None = None,
-               baseline: SimResult | None = None, order: dict | None = None, what: str = "") -> Candidate:
+               baseline: SimResult | None = None, order: dict | None = None, what: str = "",
+               runnable: bool = False) -> Candidate:
         """Judge ``sim`` by the fit rule (budget, host budget, no-overhead limit), record and report it.
 
         ``order``: the order pass's report of a candidate judged in the enforced order; ``what``: how the
-        progress line and a miss name the judgement (e.g. "in the enforced order (12 edges)")."""
+        progress line and a miss name the judgement (e.g. "in the enforced order (12 edges)"); ``runnable``: ``graph``
+        is known runnable (:meth:`known_runnable`)."""
         why = ""
         need = self.need(sim)
         if need > self.budget:
@@ -233,6 +258,8 @@ class TuneEvaluator:
         cand = Candidate(strategy, params, plan, sim, fits=not why, why_not=why, order=order, policy=policy)
         if graph is not None:
             self.graphs[id(cand)] = graph
+            if runnable:
+                self._runnable[id(cand)] = cand
         self.candidates.append(cand)
         self._keep_views(sim)
         if self.progress:
