@@ -48,7 +48,7 @@ from tflms.errors import GraphError
 from tflms.ir.graph import Graph, TensorRef
 from tflms.passes.swaps import DEFAULT_COPY_OP, SWAPIN_ON_HOST, apply_swaps, resolve_swapin_on
 from tflms.policies.eligibility import is_clone, is_inserted
-from tflms.policies.recompute import GATE, clone_inputs, clone_name
+from tflms.policies.recompute import GATE, RecomputeDecision, clone_inputs, clone_name
 from tflms.policies.swapplan import SwapPlan
 from tflms.profiles import HardwareProfile, get_profile
 from tflms.sim.simulator import (IndexedGraph, OpCosts, SimOptions, SimResult, _add_recvs, _check_order,
@@ -129,6 +129,7 @@ class PlanEvaluator:
         with gc_paused():
             self._derive(base_graph, output_names, topological_order, known_op_times_s)
         self._memo: dict = {}
+        self._recipes: dict[int, tuple] = {}  # what each recompute decision inserts (:meth:`_recipe`), by id
         self.simulations = 0  # plans simulated (memo misses)
         self.memo_hits = 0
 
@@ -347,12 +348,12 @@ class PlanEvaluator:
         them (same names, devices, edges, graph order) and rewire their readers; returns the op costs of the result: a
         clone costs what its original does (the same type, attributes and tensors), and carries the original as its
         source op."""
-        op_id, graph = self._op_id, self.graph
-        costs = OpCosts(graph, self.profile)
+        op_id = self._op_id
+        costs = OpCosts(self.graph, self.profile)
         n_base = len(self._net.names)
         times = costs._times = dict(self._costs._times)
         if times and max(times) >= n_base:  # (an id past the base's is another op in each plan)
-            costs._times = {i: t for i, t in times.items() if i < n_base}
+            times = costs._times = {i: t for i, t in times.items() if i < n_base}
         costs._launches = self._costs.__dict__.setdefault("_launches", {})  # (checked by op: shared safely)
         new_ids: dict[str, int] = {}
 
@@ -364,9 +365,9 @@ class PlanEvaluator:
 
         modified: list[int] = []
         for decision in plan.recomputes:
-            chain = frozenset(decision.ops)
-            for kind, name, trigger, what in decision.insertions():
-                if kind == GATE:
+            steps, rewires = self._recipe(decision)
+            for name, trigger, what, clone in steps:
+                if clone is None:  # a gate
                     if name not in new_ids:
                         t = tensor(what)
                         new_ids[name] = net.add_op(name, "Identity", net.dev[net.t_op[t]], [t], [op_id[trigger]],
@@ -374,18 +375,44 @@ class PlanEvaluator:
                     continue
                 if name in op_id or name in new_ids:
                     raise GraphError(f"an op named {name!r} already exists: is {what!r} recomputed twice?")
-                o = op_id[what]
-                op = graph.op(what)
-                refs, _ = clone_inputs(op, chain, trigger, decision.copy)
+                o, op, refs, price = clone if clone else (op_id[what], None, None, None)  # (a KeyError, as before)
                 c = new_ids[name] = net.add_op(name, op.type, net.dev[o], [tensor(r) for r in refs], [], op.outputs)
                 net.src_ops[c] = op
-                costs._times[c] = self._costs.time_s(o, op)
-            for ref, readers in zip(decision.tensors, decision.readers):
-                self._rewire(net, tensor(ref), tensor(TensorRef(clone_name(ref.op, decision.copy), ref.index)),
-                             {op_id[r] for r in readers if r in op_id}, modified)
+                times[c] = price
+            for ref, clone_ref, members in rewires:
+                self._rewire(net, tensor(ref), tensor(clone_ref), members, modified)
         for c in dict.fromkeys(modified):
             net.refresh_preds(c)
         return costs
+
+    def _recipe(self, decision: RecomputeDecision) -> tuple[list[tuple], list[tuple]]:
+        """What :meth:`_apply_recomputes` inserts for ``decision``, by name, worked out once per evaluator (the plans
+        of a tune share most decisions: :func:`~tflms.policies.recompute.plan_recomputes` memoizes them):
+        ``(steps, rewires)``. A step is ``(name, trigger, what, clone)``: a gate of tensor ``what`` (``clone``
+        ``None``), or a clone of op ``what``, ``clone`` its original's ``(id, op, the clone's inputs, price)`` (``()``
+        where no op has that name: applying it raises). A rewire is ``(tensor, clone's tensor, reader ids)``."""
+        hit = self._recipes.get(id(decision))
+        if hit is not None and hit[0] is decision:
+            return hit[1]
+        op_id, graph = self._op_id, self.graph
+        chain = frozenset(decision.ops)
+        steps = []
+        for kind, name, trigger, what in decision.insertions():
+            if kind == GATE:
+                steps.append((name, trigger, what, None))
+            elif what not in op_id:
+                steps.append((name, trigger, what, ()))
+            else:
+                o = op_id[what]
+                op = graph.op(what)
+                steps.append((name, trigger, what, (o, op, clone_inputs(op, chain, trigger, decision.copy)[0],
+                                                    self._costs.time_s(o, op))))
+        rewires = [(ref, TensorRef(clone_name(ref.op, decision.copy), ref.index),
+                    {op_id[r] for r in readers if r in op_id}) for ref, readers in zip(decision.tensors, decision.readers)]
+        if len(self._recipes) >= MEMO_SIZE * 16:
+            self._recipes.clear()
+        self._recipes[id(decision)] = (decision, (steps, rewires))
+        return steps, rewires
 
     def _apply(self, net: IndexedGraph, alive: list[bool], plan: SwapPlan) -> list[int]:
         """Append ``plan``'s swap ops to ``net`` as ``apply_swaps`` inserts them; returns the ops whose edges changed."""
