@@ -88,19 +88,24 @@ def _unknown_sizes(net: IndexedGraph, order: Sequence[int], in_order: Sequence[b
 
 def _readers(order: Sequence[int], reads: Sequence[Sequence[int]], buffer_of: Sequence[int],
              outputs: Iterable[int], in_order: Sequence[bool], position: Sequence[int],
-             n_order: int) -> tuple[dict[int, list[int]], dict[int, int]]:
-    """The ops reading each buffer, in order, and the position of its last reader (the end of the order for a
-    function output, which the caller reads after the last op)."""
-    readers: dict[int, list[int]] = {}
+             n_order: int) -> tuple[list[list[int] | None], list[int]]:
+    """By buffer (its owner's tensor id), the ops reading it, in order (``None``: no reader), and the position of its
+    last reader (-1: none; the end of the order for a function output, which the caller reads after the last op).
+    Lists by tensor id, not dicts: the later stages look them up once per read."""
+    readers: list[list[int] | None] = [None] * len(buffer_of)
+    read: list[int] = []  # the buffers read, in order of their first reader
     for i in order:
         for t in reads[i]:
             o = buffer_of[t]
-            r = readers.get(o)
+            r = readers[o]
             if r is None:
                 readers[o] = [i]
+                read.append(o)
             else:
                 r.append(i)
-    last_reader: dict[int, int] = {buf: position[rs[-1]] for buf, rs in readers.items()}
+    last_reader = [-1] * len(buffer_of)
+    for o in read:
+        last_reader[o] = position[readers[o][-1]]
     for t in outputs:
         if in_order[t]:
             last_reader[buffer_of[t]] = n_order
@@ -108,8 +113,8 @@ def _readers(order: Sequence[int], reads: Sequence[Sequence[int]], buffer_of: Se
 
 
 def _forward(net: IndexedGraph, order: Sequence[int], position: Sequence[int], bufs: _Buffers, timing,
-             reads: Sequence[Sequence[int]], virtual: bytearray | None, readers: dict[int, list[int]],
-             last_reader: dict[int, int]) -> None:
+             reads: Sequence[Sequence[int]], virtual: bytearray | None, readers: list[list[int] | None],
+             last_reader: list[int]) -> None:
     """An element-wise op reuses an input buffer when nothing else holds a reference to it: it is the buffer's last
     reader in the order and every other reader has ended by the time it starts (a concurrent reader, e.g. a copy
     still running, keeps its reference). Function outputs are read by the caller after the last op (never
@@ -131,7 +136,7 @@ def _forward(net: IndexedGraph, order: Sequence[int], position: Sequence[int], b
             buf = buffer_of[t]
             if buffer_of[buf] != buf:  # (a chain forwarding made: ``owner_of`` walks it)
                 buf = owner_of(t)
-            if (resident[buf] or variable_reads[buf] or dev[t_op[buf]] != dev_i or last_reader.get(buf) != pos_i
+            if (resident[buf] or variable_reads[buf] or dev[t_op[buf]] != dev_i or last_reader[buf] != pos_i
                     or t_info[buf].num_bytes != size or t_info[buf].dtype != dtype):
                 continue
             for r in readers[buf]:
@@ -140,10 +145,13 @@ def _forward(net: IndexedGraph, order: Sequence[int], position: Sequence[int], b
             else:
                 buffer_of[own] = buf
                 # The forwarded output's readers now read ``buf``: it lives as long as they do.
-                later = last_reader.get(own, -1)
+                later = last_reader[own]
                 if later > last_reader[buf]:
                     last_reader[buf] = later
-                readers[buf].extend(readers.pop(own, ()))
+                mine = readers[own]
+                if mine is not None:
+                    readers[buf].extend(mine)
+                    readers[own] = None
                 break
     _forward_resolve(bufs)  # the chains forwarding made; ``readers`` is keyed by final owners already
 
@@ -156,7 +164,7 @@ class _Events:
 
 
 def _memory_events(net: IndexedGraph, order: Sequence[int], bufs: _Buffers, timing,
-                   readers: dict[int, list[int]], outputs: Iterable[int], virtual: bytearray | None,
+                   readers: list[list[int] | None], outputs: Iterable[int], virtual: bytearray | None,
                    alive: Sequence[bool], options: SimOptions, step_time: float,
                    cluster: Sequence[int] | None = None, first: Sequence[int] | None = None) -> _Events:
     """An allocation when a buffer's producer starts, a free when its last reader ends (module doc). ``cluster`` /
@@ -204,7 +212,7 @@ def _memory_events(net: IndexedGraph, order: Sequence[int], bufs: _Buffers, timi
                 continue
             tid = len(tid_buf)
             tid_buf.append(buf)
-            users = readers.get(buf)
+            users = readers[buf]
             if buf in output_owners:
                 t_free, seq_free = step_time, inf
             elif users:
