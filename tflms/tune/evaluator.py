@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from itertools import compress
 
 from tflms.errors import GraphError
 from tflms.ir.graph import Graph, TensorRef
@@ -315,22 +316,26 @@ class PlanEvaluator:
                 return _level_sorted(net, alive)
             anchor[j] = best
             after.setdefault(best, []).append(j)
+        walk = self._topo
+        if after:  # (an added op is alive, and so is the op it follows)
+            walk = []
+            for b in self._topo:
+                walk.append(b)
+                if b in after:
+                    walk.extend(after[b])
         level = [-1] * n
-        for b in self._topo:
-            if not alive[b]:
+        for i in walk:
+            if not alive[i]:
                 continue
-            for i in (b, *after[b]) if b in after else (b,):
-                top = -1
-                for p in preds[i]:
-                    lp = level[p]
-                    if lp < 0:  # an input later in this order: sort properly
-                        return _level_sorted(net, alive)
-                    if lp > top:
-                        top = lp
-                level[i] = top + 1
-        order = [i for i in range(n) if alive[i]]
-        order.sort(key=level.__getitem__)  # stable: ties keep graph order
-        return order
+            top = -1
+            for p in preds[i]:
+                lp = level[p]
+                if lp < 0:  # an input later in this order: sort properly
+                    return _level_sorted(net, alive)
+                if lp > top:
+                    top = lp
+            level[i] = top + 1
+        return sorted(compress(range(n), alive), key=level.__getitem__)  # stable: ties keep graph order
 
     def _rewire(self, net: IndexedGraph, t: int, new_t: int, members: set[int], modified: list[int]) -> None:
         """Point the inputs of ``members`` that read tensor ``t`` (among its consumers in the base graph) at
