@@ -427,7 +427,8 @@ def test_the_ordered_hybrid_search_chooses_swaps_without_and_with_clones_offered
         recorded.append(params)
         return params
 
-    ev = types.SimpleNamespace(compress=None, profile=PROFILE, sim_options=None, copy_op="Identity", record=record)
+    ev = types.SimpleNamespace(compress=None, profile=PROFILE, sim_options=None, copy_op="Identity", record=record,
+                               analyzed=lambda graph, plan: analyze_graph(graph))
     cand = types.SimpleNamespace(plan=recomputes, params={}, sim=simulate(rgraph, PROFILE))
     _ordered_hybrids(ev, cand, rgraph, nested)
     assert offered == [False, True]

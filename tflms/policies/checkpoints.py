@@ -28,8 +28,17 @@ def articulations(analysis: Analysis) -> list[str]:
     from the batch (token ids into an embedding lookup of a weight table): an attention mask reaches every layer
     from the input, and as a path it would leave no op on every path. Side inputs (weights, dropout's random
     numbers) are no paths. The articulations are the dominators of the loss (the last forward op) from the main
-    input.
+    input. Found once per analysis (kept in its ``__dict__``, as :func:`functools.cached_property` keeps its values):
+    the tuner's segment plans ask for them several times.
     """
+    found = analysis.__dict__.get("_articulations")
+    if found is None:
+        found = analysis.__dict__["_articulations"] = tuple(_articulations(analysis))
+    return list(found)
+
+
+def _articulations(analysis: Analysis) -> list[str]:
+    """:func:`articulations`, found again."""
     import networkx as nx
     graph, levels = analysis.graph, analysis.levels
     reach = {name: _activations(analysis, [name]) for name in _step_arguments(graph)}
@@ -97,8 +106,13 @@ def segment_ops(analysis: Analysis, segments: int) -> set[str]:
 
 
 def _recomputable(analysis: Analysis) -> set[str]:
-    """The ops the batch flows through in the forward pass (:func:`_activations`) that may be recomputed."""
-    return {name for name in _activations(analysis) if recompute_skip_reason(analysis, name) is None}
+    """The ops the batch flows through in the forward pass (:func:`_activations`) that may be recomputed (found once
+    per analysis, as :func:`articulations` are)."""
+    found = analysis.__dict__.get("_recomputable")
+    if found is None:
+        found = analysis.__dict__["_recomputable"] = frozenset(
+            name for name in _activations(analysis) if recompute_skip_reason(analysis, name) is None)
+    return set(found)
 
 
 def output_bytes(graph, name: str) -> int:

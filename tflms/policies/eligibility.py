@@ -57,7 +57,20 @@ def recompute_skip_reason(analysis: Analysis, name: str) -> tuple[str, str] | No
     (its body may hold any of these), a Python callback, an op in control flow (it may be dead),
     or an op outside the forward pass. Stateless random ops (``StatelessRandom*``, Keras 3's
     Dropout) qualify: re-run from the same seed tensor they give the same values.
+
+    Memoized with the analysis (in its ``__dict__``, as :func:`functools.cached_property` stores its values: the
+    answer depends on the frozen analysis and the name alone): the tuner's recompute search asks about the same
+    ops for every plan it makes.
     """
+    memo = analysis.__dict__.setdefault("_recompute_skip_reasons", {})
+    if name in memo:
+        return memo[name]
+    why = memo[name] = _recompute_skip_reason(analysis, name)
+    return why
+
+
+def _recompute_skip_reason(analysis: Analysis, name: str) -> tuple[str, str] | None:
+    """:func:`recompute_skip_reason`, not memoized."""
     graph = analysis.graph
     op = graph.op(name)
     if is_inserted(name):

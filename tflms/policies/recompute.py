@@ -222,6 +222,36 @@ def _chains(analysis: Analysis, chosen: set[str]) -> list[list[str]]:
                   key=lambda g: (levels[g[0]], g[0]))
 
 
+def _gated(op, chain: frozenset[str], copy: int) -> list[TensorRef]:
+    """The tensors :func:`clone_inputs` gates for ``op``'s clone (its second answer), without making its inputs."""
+    outside = [ref for ref in op.inputs if ref.op not in chain]
+    if outside:
+        return list(dict.fromkeys(outside))
+    return [TensorRef(clone_name(ref.op, copy), ref.index) for ref in op.inputs[:1]]
+
+
+def _trigger(analysis: Analysis, first: str, top: int, target: int) -> str | None:
+    """:func:`~tflms.policies.swapplan.find_trigger` of a clone's first reader, kept with the analysis as
+    :func:`_decided` keeps its decisions (the chains of a tune ask again about the same readers)."""
+    memo = analysis.__dict__.setdefault("_recompute_triggers", {})
+    key = (first, top, target)
+    if key not in memo:
+        memo[key] = find_trigger(analysis, first, top, target)
+    return memo[key]
+
+
+def _consumer_ops(analysis: Analysis, name: str) -> tuple[str, ...]:
+    """The consumers of each output of op ``name``, output by output (as ``Graph.consumers`` lists them), kept with the
+    analysis as :func:`_decided` keeps its decisions."""
+    memo = analysis.__dict__.setdefault("_consumer_ops", {})
+    found = memo.get(name)
+    if found is None:
+        graph = analysis.graph
+        found = memo[name] = tuple(c for index, _ in enumerate(graph.op(name).outputs)
+                                   for c, _ in graph.consumers(TensorRef(name, index)))
+    return found
+
+
 def _decide(analysis: Analysis, members: Sequence[str], ahead: int, *, split_levels: int | None = None,
             per_reader: frozenset[str] = frozenset(), copy: int = 0,
             serves: Mapping[str, Mapping[TensorRef, tuple[str, ...]] | None] | None = None,
@@ -269,11 +299,10 @@ def _decide(analysis: Analysis, members: Sequence[str], ahead: int, *, split_lev
             # a clone serving its own readers must run before the first of them: its own trigger or none (a
             # later trigger of a clone it feeds could depend on that reader: a cycle)
             first = earliest(rs[0] for _, rs in own[name])
-            own_trigger = find_trigger(analysis, first, top, levels[first] - ahead)
+            own_trigger = _trigger(analysis, first, top, levels[first] - ahead)
             if own_trigger is None:
                 missing.append(name)
-        fed = [trigger[c] for index, _ in enumerate(graph.op(name).outputs)
-               for c, _ in graph.consumers(TensorRef(name, index)) if c in chain and trigger[c] is not None]
+        fed = [trigger[c] for c in _consumer_ops(analysis, name) if c in chain and trigger[c] is not None]
         feeder = earliest(fed) if fed else None
         split = 0 if name in per_reader or split_readers else split_levels
         if (split is not None and own_trigger is not None and feeder is not None and copy + 1 < MAX_COPIES
@@ -322,7 +351,7 @@ def _decision(analysis: Analysis, members: Sequence[str], own: dict[str, list[tu
     gates: dict[str, tuple[str, TensorRef, str]] = {}
     inserted: list[str] = []
     for name in members:
-        for ref in clone_inputs(graph.op(name), chain, trigger[name], copy)[1]:
+        for ref in _gated(graph.op(name), chain, copy):
             gate = gate_name(ref, trigger[name])
             if gate not in gates:
                 gates[gate] = (gate, ref, trigger[name])

@@ -23,11 +23,22 @@ MAX_CHAIN_OPS = 12
 def backward_readers(analysis: Analysis, ref: TensorRef, chain: frozenset[str] = frozenset()) -> tuple[str, ...]:
     """The readers of ``ref`` that are neither forward ops nor in the chain, by (level, name). Readers of its
     shape alone (``Shape``, ``Size``, ...: gradient ops run them as soon as the forward tensor exists) keep
-    reading the original."""
-    cats, levels, graph = analysis.categories, analysis.levels, analysis.graph
-    readers = {c for c, _ in graph.consumers(ref) if c not in chain and cats[c] is not Category.FORWARD
-               and graph.op(c).type not in METADATA_ONLY_TYPES}
-    return tuple(sorted(readers, key=lambda n: (levels[n], n)))
+    reading the original.
+
+    The readers of each tensor are found once per analysis (kept in its ``__dict__``, as
+    :func:`functools.cached_property` keeps its values): the recompute search asks about the same tensors for every
+    plan, with different chains.
+    """
+    memo = analysis.__dict__.setdefault("_backward_readers", {})
+    readers = memo.get(ref)
+    if readers is None:
+        cats, levels, graph = analysis.categories, analysis.levels, analysis.graph
+        found = {c for c, _ in graph.consumers(ref) if cats[c] is not Category.FORWARD
+                 and graph.op(c).type not in METADATA_ONLY_TYPES}
+        readers = memo[ref] = tuple(sorted(found, key=lambda n: (levels[n], n)))
+    if not chain or chain.isdisjoint(readers):
+        return readers
+    return tuple(c for c in readers if c not in chain)
 
 
 def is_resident(analysis: Analysis, ref: TensorRef) -> bool:

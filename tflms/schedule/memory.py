@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from tflms.devices import normalize_device
 from tflms.errors import ConfigError, GraphError
@@ -89,11 +89,14 @@ class BufferModel:
         return len(self.names)
 
 
-def needed_ops(graph: Graph, options: SimOptions) -> set[str]:
-    """Ops that run: the fan-in of the function's outputs and control outputs (all ops without a signature)."""
+def needed_ops(graph: Graph, options: SimOptions, predecessors: Mapping[str, list[str]] | None = None) -> set[str]:
+    """Ops that run: the fan-in of the function's outputs and control outputs (all ops without a signature).
+    ``predecessors``: ``graph.adjacency()[0]``, where the caller has it."""
     sig = graph.signature
     if sig is None or not options.prune_unused:
         return {op.name for op in graph}
+    if predecessors is None:
+        predecessors = graph.adjacency()[0]
     roots = [TensorRef.parse(n).op for n in sig.output_names] + list(sig.control_output_names)
     needed: set[str] = set()
     stack = [r for r in roots if r in graph]
@@ -102,7 +105,7 @@ def needed_ops(graph: Graph, options: SimOptions) -> set[str]:
         if name in needed:
             continue
         needed.add(name)
-        stack.extend(p for p in graph.predecessors(name) if p not in needed)
+        stack.extend(predecessors[name])  # (those needed already are skipped when popped)
     return needed
 
 
@@ -133,7 +136,7 @@ def buffer_model(graph: Graph, options: SimOptions | None = None) -> BufferModel
     preds = [[index[p] for p in preds_n[n]] for n in names]
     succs = [[index[s] for s in succs_n[n]] for n in names]
     _add_merge_unit_edges(graph, preds, succs, index, (preds_n, succs_n))
-    needed_set = needed_ops(graph, options)
+    needed_set = needed_ops(graph, options, preds_n)
     needed = [n in needed_set for n in names]
     on_accel = [not is_host(op.device, host) for op in ops]
     crosses = [op.type in COPY_OPS and bool(op.inputs) and on_accel[index[op.inputs[0].op]] != on_accel[i]

@@ -12,8 +12,14 @@ from collections.abc import Iterable, Sequence
 from tflms.ir.graph import DTYPE_BYTES
 from tflms.ir.op_types import (ALIAS_OPS, COPY_OPS, FORWARDING_OPS, IDENTITY_REDUCTION_OPS, SOURCE_OPS,
                                VARIABLE_READ_OPS, trivial_reduction)
-from tflms.sim.indexed import _NO_BUFFER_DTYPES, ACCEL, IndexedGraph, _resident_variable_bytes
+from tflms.sim.indexed import ACCEL, IndexedGraph, _resident_variable_bytes
 from tflms.sim.records import SimOptions
+
+
+#: The op types whose outputs :class:`_Buffers` places (copies, variable reads, resident step arguments and constants,
+#: aliases, reductions that may hand back their input): every other op's outputs are buffers of their own.
+_PLACED_TYPES = (COPY_OPS | VARIABLE_READ_OPS | SOURCE_OPS | ALIAS_OPS | IDENTITY_REDUCTION_OPS
+                 | frozenset({"Const", "HostConst"}))
 
 
 class _Buffers:
@@ -28,20 +34,18 @@ class _Buffers:
         # buffer_of[t] is the tensor owning t's buffer; until forwarding it is always resolved (an owner),
         # because an alias takes its input's (resolved) owner and inputs come earlier in the order.
         buffer_of = self.buffer_of = list(range(num_tensors))
-        in_order = self.in_order = [False] * num_tensors  # outputs of ops in the order
         resident = self.resident = [False] * num_tensors
         variable_reads = self.variable_reads = [False] * num_tensors
-        unknown: list[str] = []
         is_transfer = self.is_transfer = [False] * len(net.names)
+        ran = [False] * len(net.names)
         resident_inputs = options.resident_inputs
+        placed = _PLACED_TYPES
         for i in order:
-            s, k = out_start[i], n_out[i]
-            for t in range(s, s + k):
-                in_order[t] = True
-                info = t_info[t]
-                if info.num_bytes is None and info.dtype not in _NO_BUFFER_DTYPES:
-                    unknown.append(net.tensor_name(t))
+            ran[i] = True
             op_type = types[i]
+            if op_type not in placed:
+                continue  # (its outputs are buffers of their own)
+            s, k = out_start[i], n_out[i]
             ins = inputs[i]
             if op_type in COPY_OPS and ins and dev[t_op[ins[0]]] != dev[i]:
                 is_transfer[i] = True
@@ -59,7 +63,8 @@ class _Buffers:
             elif (op_type in IDENTITY_REDUCTION_OPS and ins and k == 1
                   and trivial_reduction(t_info[ins[0]], t_info[s])):
                 buffer_of[s] = buffer_of[ins[0]]
-        self.unknown = unknown
+        in_order = self.in_order = list(map(ran.__getitem__, t_op))  # outputs of ops in the order
+        self.unknown = _unknown_sizes(net, order, in_order)
 
     def owner_of(self, t: int) -> int:
         buffer_of = self.buffer_of
@@ -70,21 +75,37 @@ class _Buffers:
         return owner
 
 
+def _unknown_sizes(net: IndexedGraph, order: Sequence[int], in_order: Sequence[bool]) -> list[str]:
+    """The tensors of the order whose size is unknown (:attr:`IndexedGraph.unsized`), by name, in order (of their op's
+    position, then output index)."""
+    unsized = [t for t in net.unsized if in_order[t]]
+    if len(unsized) > 1:
+        t_op = net.t_op
+        where = {i: k for k, i in enumerate(order)}
+        unsized.sort(key=lambda t: (where[t_op[t]], t))
+    return [net.tensor_name(t) for t in unsized]
+
+
 def _readers(order: Sequence[int], reads: Sequence[Sequence[int]], buffer_of: Sequence[int],
              outputs: Iterable[int], in_order: Sequence[bool], position: Sequence[int],
-             n_order: int) -> tuple[dict[int, list[int]], dict[int, int]]:
-    """The ops reading each buffer, in order, and the position of its last reader (the end of the order for a
-    function output, which the caller reads after the last op)."""
-    readers: dict[int, list[int]] = {}
+             n_order: int) -> tuple[list[list[int] | None], list[int]]:
+    """By buffer (its owner's tensor id), the ops reading it, in order (``None``: no reader), and the position of its
+    last reader (-1: none; the end of the order for a function output, which the caller reads after the last op).
+    Lists by tensor id, not dicts: the later stages look them up once per read."""
+    readers: list[list[int] | None] = [None] * len(buffer_of)
+    read: list[int] = []  # the buffers read, in order of their first reader
     for i in order:
         for t in reads[i]:
             o = buffer_of[t]
-            r = readers.get(o)
+            r = readers[o]
             if r is None:
                 readers[o] = [i]
+                read.append(o)
             else:
                 r.append(i)
-    last_reader: dict[int, int] = {buf: position[rs[-1]] for buf, rs in readers.items()}
+    last_reader = [-1] * len(buffer_of)
+    for o in read:
+        last_reader[o] = position[readers[o][-1]]
     for t in outputs:
         if in_order[t]:
             last_reader[buffer_of[t]] = n_order
@@ -92,8 +113,8 @@ def _readers(order: Sequence[int], reads: Sequence[Sequence[int]], buffer_of: Se
 
 
 def _forward(net: IndexedGraph, order: Sequence[int], position: Sequence[int], bufs: _Buffers, timing,
-             reads: Sequence[Sequence[int]], virtual: bytearray | None, readers: dict[int, list[int]],
-             last_reader: dict[int, int]) -> None:
+             reads: Sequence[Sequence[int]], virtual: bytearray | None, readers: list[list[int] | None],
+             last_reader: list[int]) -> None:
     """An element-wise op reuses an input buffer when nothing else holds a reference to it: it is the buffer's last
     reader in the order and every other reader has ended by the time it starts (a concurrent reader, e.g. a copy
     still running, keeps its reference). Function outputs are read by the caller after the last op (never
@@ -101,25 +122,36 @@ def _forward(net: IndexedGraph, order: Sequence[int], position: Sequence[int], b
     types, n_out, out_start, t_info, t_op, dev = net.types, net.n_out, net.out_start, net.t_info, net.t_op, net.dev
     is_transfer, resident, variable_reads = bufs.is_transfer, bufs.resident, bufs.variable_reads
     buffer_of, owner_of, start, end = bufs.buffer_of, bufs.owner_of, timing.start, timing.end
+    forwarding = FORWARDING_OPS
     for i in order:
-        if types[i] not in FORWARDING_OPS or n_out[i] != 1 or is_transfer[i]:
+        if types[i] not in forwarding or n_out[i] != 1 or is_transfer[i]:
             continue
         own = out_start[i]
         out = t_info[own]
-        if not out.num_bytes or (virtual is not None and virtual[own]):
+        size = out.num_bytes
+        if not size or (virtual is not None and virtual[own]):
             continue
-        pos_i, start_i, dev_i = position[i], start[i], dev[i]
+        pos_i, start_i, dev_i, dtype = position[i], start[i], dev[i], out.dtype
         for t in reads[i]:
-            buf = owner_of(t)
-            info = t_info[buf]
-            if (not resident[buf] and not variable_reads[buf] and dev[t_op[buf]] == dev_i
-                    and last_reader.get(buf) == pos_i and info.num_bytes == out.num_bytes
-                    and info.dtype == out.dtype
-                    and all(end[r] <= start_i for r in readers[buf] if r != i)):
+            buf = buffer_of[t]
+            if buffer_of[buf] != buf:  # (a chain forwarding made: ``owner_of`` walks it)
+                buf = owner_of(t)
+            if (resident[buf] or variable_reads[buf] or dev[t_op[buf]] != dev_i or last_reader[buf] != pos_i
+                    or t_info[buf].num_bytes != size or t_info[buf].dtype != dtype):
+                continue
+            for r in readers[buf]:
+                if r != i and end[r] > start_i:
+                    break  # a concurrent reader holds a reference
+            else:
                 buffer_of[own] = buf
                 # The forwarded output's readers now read ``buf``: it lives as long as they do.
-                last_reader[buf] = max(last_reader[buf], last_reader.get(own, -1))
-                readers[buf].extend(readers.pop(own, ()))
+                later = last_reader[own]
+                if later > last_reader[buf]:
+                    last_reader[buf] = later
+                mine = readers[own]
+                if mine is not None:
+                    readers[buf].extend(mine)
+                    readers[own] = None
                 break
     _forward_resolve(bufs)  # the chains forwarding made; ``readers`` is keyed by final owners already
 
@@ -132,7 +164,7 @@ class _Events:
 
 
 def _memory_events(net: IndexedGraph, order: Sequence[int], bufs: _Buffers, timing,
-                   readers: dict[int, list[int]], outputs: Iterable[int], virtual: bytearray | None,
+                   readers: list[list[int] | None], outputs: Iterable[int], virtual: bytearray | None,
                    alive: Sequence[bool], options: SimOptions, step_time: float,
                    cluster: Sequence[int] | None = None, first: Sequence[int] | None = None) -> _Events:
     """An allocation when a buffer's producer starts, a free when its last reader ends (module doc). ``cluster`` /
@@ -153,7 +185,14 @@ def _memory_events(net: IndexedGraph, order: Sequence[int], bufs: _Buffers, timi
     inf = float("inf")
     for op in order:  # owners in order of (position, output index)
         s = out_start[op]
-        for buf in range(s, s + n_out[op]):
+        k = n_out[op]
+        if k == 1:
+            if buffer_of[s] != s:
+                continue  # (an alias: most ops have one output)
+            outs = (s,)
+        else:
+            outs = range(s, s + k)
+        for buf in outs:
             if buffer_of[buf] != buf or (virtual is not None and virtual[buf]):
                 continue
             info = t_info[buf]
@@ -173,7 +212,7 @@ def _memory_events(net: IndexedGraph, order: Sequence[int], bufs: _Buffers, timi
                 continue
             tid = len(tid_buf)
             tid_buf.append(buf)
-            users = readers.get(buf)
+            users = readers[buf]
             if buf in output_owners:
                 t_free, seq_free = step_time, inf
             elif users:
@@ -200,8 +239,7 @@ def _memory_events(net: IndexedGraph, order: Sequence[int], bufs: _Buffers, timi
 def _forward_resolve(bufs: _Buffers) -> None:
     """Point every tensor at its buffer's final owner, through alias and forwarding chains (:func:`_forward` ends
     with it; without forwarding it runs alone)."""
-    buffer_of = bufs.buffer_of
-    for t in range(len(buffer_of)):
-        o = buffer_of[t]
-        if o != t and buffer_of[o] != o:
-            bufs.owner_of(t)
+    buffer_of, owner_of = bufs.buffer_of, bufs.owner_of
+    # (every tensor whose owner is not final, listed first: resolving one changes no other's test)
+    for t in [t for t, o in enumerate(buffer_of) if o != t and buffer_of[o] != o]:
+        owner_of(t)

@@ -94,14 +94,19 @@ def op_durations(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[
                  profile: HardwareProfile) -> list[float]:
     """Each compute op's price (:func:`~tflms.sim.cost.op_time_s`, launch included), by op id; 0 elsewhere."""
     duration = [0.0] * len(net.names)
-    times, src_ops, dev = costs._times, net.src_ops, net.dev
+    times, src_ops, dev, types = costs._times, net.src_ops, net.dev, net.types
     for i in order:
         if is_transfer[i] or dev[i] != ACCEL:
             continue
         src = src_ops[i]
-        t = times.get(i) if src is not None else None
-        if t is None:
-            t = costs.time_s(i, src) if src is not None else op_time_s(net.graph, _synthetic_op(net, i), profile)
+        if src is not None:
+            t = times.get(i)
+            if t is None:
+                t = costs.time_s(i, src)
+        elif types[i] in FREE_OPS:
+            t = 0.0  # (what ``op_time_s`` says of a free op: a gate or copy the simulator or a plan added)
+        else:
+            t = op_time_s(net.graph, _synthetic_op(net, i), profile)
         duration[i] = t
     return duration
 
@@ -118,10 +123,15 @@ def asynchronous(kernels: Kernels, net: IndexedGraph, profile: HardwareProfile, 
     moved from its time to the host (``graph`` clock)."""
     duration, launch, types, src_ops = kernels.duration, kernels.launch, net.types, net.src_ops
     launch_s = profile.launch_overhead_s
+    memo = costs.launches_memo()
     for i, d in enumerate(duration):
         if d > 0 and types[i] not in FREE_OPS:
             src = src_ops[i]
-            host = costs.launches_s(i, src, launch_s) if src is not None else launch_s
+            if src is None:
+                host = launch_s
+            else:
+                hit = memo.get(i)  # (:meth:`OpCosts.launches_s`, without a call per op)
+                host = hit[1] if hit is not None and hit[0] is src else costs.launches_s(i, src, launch_s)
             duration[i] = d - min(host, d)
             launch[i] = host
     return kernels

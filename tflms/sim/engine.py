@@ -95,7 +95,9 @@ def _time_release(net: IndexedGraph, order: Sequence[int], position: Sequence[in
                 release(more, seq + 0.5)
 
     compute_free = issued = stall = busy = 0.0
-    for idx, i in enumerate(order):
+    seq = -1.0  # (the op's position in the order, as a float: counted, not converted)
+    for i in order:
+        seq += 1.0
         if is_transfer[i]:
             continue
         ready_at = 0.0
@@ -109,19 +111,19 @@ def _time_release(net: IndexedGraph, order: Sequence[int], position: Sequence[in
         if dev[i] == HOST:
             t0 = t1 = ready_at
         else:
+            d = duration[i]
             issued += launch[i]
             free = compute_free if compute_free > issued else issued
             t0 = free if free > ready_at else ready_at
             if ready_at > free and is_transfer[latest]:
                 stall += ready_at - free
-            t1 = compute_free = t0 + duration[i]
-            busy += duration[i]
+            t1 = compute_free = t0 + d
+            busy += d
         start[i] = t0
         end[i] = t1
-        event_seq[i] = seq = float(idx)
-        deps = dependents.get(i)
-        if deps:
-            release(deps, seq)
+        event_seq[i] = seq
+        if i in dependents:
+            release(dependents[i], seq)
     # ``release`` calls itself through its closure: a reference cycle that would keep every list it reads
     # (``preds``, ``end``, ...) alive until the cyclic collector runs, which the simulations pause
     # (``gc_paused``). A tune of DenseNet-121 at batch 1143 held the dead simulations' lists, about
@@ -253,8 +255,33 @@ def _check_all_ran(net: IndexedGraph, order: Sequence[int], end: Sequence[float 
                              "run before it")
 
 
-def _result(net: IndexedGraph, order: Sequence[int], bufs: _Buffers, timing: _Timing, ev: _Events,
-            profile: HardwareProfile, options: SimOptions, step_time: float, kernels: Kernels) -> SimResult:
+def _indices(values: list, value: object) -> list[int]:
+    """Where ``value`` is in ``values`` (``list.index`` scans: fast where it is rare)."""
+    found: list[int] = []
+    k = -1
+    try:
+        while True:
+            k = values.index(value, k + 1)
+            found.append(k)
+    except ValueError:
+        return found
+
+
+def _streams(order: Sequence[int], position: Sequence[int], dev: list[str], is_transfer: list[bool]) -> bytes:
+    """:attr:`SimDetails.streams`: by position in the order, 0 for compute, 1 for the host, 2 and 3 for copies to and
+    from the device (host ops and copies are few: placed by position)."""
+    streams = bytearray(len(order))
+    for i in _indices(dev, HOST):
+        if position[i] >= 0:
+            streams[position[i]] = 1
+    for i in _indices(is_transfer, True):
+        streams[position[i]] = 2 if dev[i] == ACCEL else 3
+    return bytes(streams)
+
+
+def _result(net: IndexedGraph, order: Sequence[int], position: Sequence[int], bufs: _Buffers, timing: _Timing,
+            ev: _Events, profile: HardwareProfile, options: SimOptions, step_time: float,
+            kernels: Kernels) -> SimResult:
     """Walk the memory events: the timeline, the peak and what is alive at it, the buffers' lifetimes."""
     names, t_op, dev, is_transfer = net.names, net.t_op, net.dev, bufs.is_transfer
     events, tid_buf = ev.events, ev.tid_buf
@@ -300,8 +327,7 @@ def _result(net: IndexedGraph, order: Sequence[int], bufs: _Buffers, timing: _Ti
     details = SimDetails(
         names=tuple(names), t_op=array("i", t_op), t_idx=array("i", t_idx), order=array("i", order),
         start=array("d", map(start.__getitem__, order)), end=array("d", map(end.__getitem__, order)),
-        streams=bytes([(2 if dev[i] == ACCEL else 3) if is_transfer[i] else (1 if dev[i] == HOST else 0)
-                       for i in order]),
+        streams=_streams(order, position, dev, is_transfer),
         times=times, accel=accel, host=host, buffer_of=array("i", bufs.buffer_of), in_order=bytes(bufs.in_order),
         lt_buf=array("i", map(tid_buf.__getitem__, device_tids)),
         lt_size=array("q", map(size_of.__getitem__, device_tids)),
@@ -339,7 +365,7 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
         timing = _time_release(net, order, position, bufs.is_transfer, kernels, profile)
     else:
         timing = _time_fifo(net, order, position, bufs.is_transfer, kernels, profile)
-    step_time = max((timing.end[i] for i in order), default=0.0)
+    step_time = max(map(timing.end.__getitem__, order), default=0.0)
     reads = kernels.reads if kernels.reads is not None else net.inputs
     readers, last_reader = _readers(order, reads, bufs.buffer_of, outputs, bufs.in_order, position, len(order))
     if options.model_forwarding:
@@ -348,4 +374,4 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
         _forward_resolve(bufs)
     ev = _memory_events(net, order, bufs, timing, readers, outputs, kernels.virtual, alive, options, step_time,
                         kernels.cluster, kernels.first)
-    return _result(net, order, bufs, timing, ev, profile, options, step_time, kernels)
+    return _result(net, order, position, bufs, timing, ev, profile, options, step_time, kernels)

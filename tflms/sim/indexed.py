@@ -44,8 +44,9 @@ class IndexedGraph:
     inputs ``inputs[i]`` (tensor ids), control inputs ``ctrl[i]`` (op ids), ``preds[i]`` (data then
     control predecessors, deduplicated, like :meth:`Graph.predecessors`) and outputs
     ``out_start[i] .. out_start[i] + n_out[i] - 1``. Tensor ``t`` is output ``t_idx[t]`` of op
-    ``t_op[t]`` with facts ``t_info[t]``. Op ids follow graph order, so sorting by id is sorting by
-    graph position. ``src_ops[i]`` is the IR :class:`Op` an op came from (``None`` for ops the
+    ``t_op[t]`` with facts ``t_info[t]``; ``unsized`` lists, in id order, the tensors whose size is
+    unknown (no ``num_bytes``) though their dtype has a buffer. Op ids follow graph order, so sorting by id is
+    sorting by graph position. ``src_ops[i]`` is the IR :class:`Op` an op came from (``None`` for ops the
     simulator adds), used only to cost it.
 
     Built once per graph (:meth:`from_graph`); :class:`tflms.tune.evaluator.PlanEvaluator` derives
@@ -54,7 +55,7 @@ class IndexedGraph:
     """
 
     __slots__ = ("names", "types", "dev", "inputs", "ctrl", "preds", "out_start", "n_out", "t_op", "t_idx",
-                 "t_info", "src_ops", "graph")
+                 "t_info", "unsized", "src_ops", "graph")
 
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -68,6 +69,7 @@ class IndexedGraph:
         self.t_op: list[int] = []
         self.t_idx: list[int] = []
         self.t_info: list = []
+        self.unsized: list[int] = []
         self.src_ops: list = []
         self.graph: Graph | None = None
 
@@ -85,6 +87,8 @@ class IndexedGraph:
             net.out_start.append(len(net.t_op))
             net.n_out.append(len(op.outputs))
             for k, info in enumerate(op.outputs):
+                if info.num_bytes is None and info.dtype not in _NO_BUFFER_DTYPES:
+                    net.unsized.append(len(net.t_op))
                 net.t_op.append(i)
                 net.t_idx.append(k)
                 net.t_info.append(info)
@@ -118,6 +122,8 @@ class IndexedGraph:
         self.out_start.append(len(self.t_op))
         self.n_out.append(len(infos))
         for k, info in enumerate(infos):
+            if info.num_bytes is None and info.dtype not in _NO_BUFFER_DTYPES:
+                self.unsized.append(len(self.t_op))
             self.t_op.append(i)
             self.t_idx.append(k)
             self.t_info.append(info)
@@ -149,7 +155,7 @@ def _needed(net: IndexedGraph, roots: Sequence[int]) -> list[bool]:
         if needed[i]:
             continue
         needed[i] = True
-        stack.extend(p for p in preds[i] if not needed[p])
+        stack.extend(preds[i])  # (those needed already are skipped when popped)
     return needed
 
 
@@ -157,11 +163,24 @@ def _recv_needs(net: IndexedGraph, ops: Iterable[int], alive: Sequence[bool]) ->
     """Host tensors that accelerator ops among ``ops`` read: ``{tensor: [(consumer, input index)]}``."""
     needs: dict[int, list[tuple[int, int]]] = {}
     dev, types, inputs, t_op, t_info = net.dev, net.types, net.inputs, net.t_op, net.t_info
+    out_start, n_out = net.out_start, net.n_out
+    host = set()  # the host's tensors that have a buffer (host ops are few: ``list.index`` finds them)
+    h = -1
+    try:
+        while True:
+            h = dev.index(HOST, h + 1)
+            host.update(t for t in range(out_start[h], out_start[h] + n_out[h])
+                        if t_info[t].dtype not in _NO_BUFFER_DTYPES)
+    except ValueError:
+        pass
+    if not host:
+        return needs
+    reads_none = host.isdisjoint
     for i in ops:
-        if not alive[i] or dev[i] != ACCEL or types[i] == "DeepCopy":
+        if not alive[i] or dev[i] != ACCEL or types[i] == "DeepCopy" or reads_none(inputs[i]):
             continue
         for k, t in enumerate(inputs[i]):
-            if dev[t_op[t]] == HOST and t_info[t].dtype not in _NO_BUFFER_DTYPES:
+            if t in host:
                 needs.setdefault(t, []).append((i, k))
     return needs
 
@@ -225,10 +244,14 @@ class OpCosts:
         self._times: dict[int, float] = {} if names is None or not self._known else {
             i: t for i, t in enumerate(map(self._known.get, names)) if t is not None}
 
+    def launches_memo(self) -> dict[int, tuple[Op, float]]:
+        """:meth:`launches_s`' memo: op id -> (the op priced, its launch seconds)."""
+        return self.__dict__.setdefault("_launches", {})
+
     def launches_s(self, op_id: int, op, launch_s: float) -> float:
         """The host's launch time of op ``op_id`` (``op``): ``launch_s`` per kernel it launches
         (:func:`~tflms.sim.cost.op_launches`), computed once per op, as :meth:`time_s` is."""
-        memo = self.__dict__.setdefault("_launches", {})
+        memo = self.launches_memo()
         hit = memo.get(op_id)
         if hit is None or hit[0] is not op:  # (an id a plan appended may be another op in the next plan)
             hit = memo[op_id] = (op, launch_s * op_launches(op, self.profile))

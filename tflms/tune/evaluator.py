@@ -42,13 +42,14 @@ order puts them too (a swap op's level is one more than its latest input's).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from itertools import compress
 
 from tflms.errors import GraphError
 from tflms.ir.graph import Graph, TensorRef
 from tflms.passes.swaps import DEFAULT_COPY_OP, SWAPIN_ON_HOST, apply_swaps, resolve_swapin_on
 from tflms.policies.eligibility import is_clone, is_inserted
-from tflms.policies.recompute import GATE, clone_inputs, clone_name
+from tflms.policies.recompute import GATE, RecomputeDecision, clone_inputs, clone_name
 from tflms.policies.swapplan import SwapPlan
 from tflms.profiles import HardwareProfile, get_profile
 from tflms.sim.simulator import (IndexedGraph, OpCosts, SimOptions, SimResult, _add_recvs, _check_order,
@@ -108,14 +109,18 @@ class PlanEvaluator:
 
     ``copy_op`` and ``swapin_on`` mean what they mean for
     :func:`~tflms.passes.swaps.apply_swaps`; ``order`` (op names of the base
-    graph) replaces the level order (see :func:`order_with_plan`). Results are
+    graph) replaces the level order (see :func:`order_with_plan`); ``topological_order`` (op names of the base
+    graph, e.g. its analysis's ``order``) spares computing one, and ``known_op_times_s`` (op name -> seconds on
+    ``profile``, for ops of the same type, attributes and tensors: :class:`~tflms.sim.simulator.OpCosts`) pricing
+    those ops again. Results are
     memoized by plan (the last :data:`MEMO_SIZE`); ``simulations`` and
     ``memo_hits`` count what was simulated and what was answered from memory.
     """
 
     def __init__(self, base_graph: Graph, profile: str | HardwareProfile, options: SimOptions | None = None, *,
                  copy_op: str = DEFAULT_COPY_OP, swapin_on: str | None = None, order: Sequence[str] | None = None,
-                 output_names: Sequence[str] | None = None):
+                 output_names: Sequence[str] | None = None, topological_order: Sequence[str] | None = None,
+                 known_op_times_s: Mapping[str, float] | None = None):
         swapin_on = resolve_swapin_on(copy_op, swapin_on)
         self.graph = base_graph
         self.profile = get_profile(profile)
@@ -123,13 +128,17 @@ class PlanEvaluator:
         self.copy_op, self.swapin_on = copy_op, swapin_on
         self.order = tuple(order) if order is not None else None
         with gc_paused():
-            self._derive(base_graph, output_names)
+            self._derive(base_graph, output_names, topological_order, known_op_times_s)
         self._memo: dict = {}
+        self._recipes: dict[int, tuple] = {}  # what each recompute decision inserts (:meth:`_recipe`), by id
         self.simulations = 0  # plans simulated (memo misses)
         self.memo_hits = 0
 
-    def _derive(self, base_graph: Graph, output_names: Sequence[str] | None) -> None:
-        """The plan-independent facts of the base graph (see module doc)."""
+    def _derive(self, base_graph: Graph, output_names: Sequence[str] | None,
+                topological_order: Sequence[str] | None, known_op_times_s: Mapping[str, float] | None) -> None:
+        """The plan-independent facts of the base graph (see module doc). ``topological_order``: one the caller has
+        (an analysis's), else the graph's; :meth:`_level_sorted` walks it, and any topological order gives the same
+        level order (longest paths, ties by op id)."""
         sig = base_graph.signature
         if output_names is None:
             output_names = sig.output_names if sig is not None else ()
@@ -157,8 +166,10 @@ class PlanEvaluator:
             i = self._op_id.get(ref.op)
             if i is not None and self._alive[i] and 0 <= ref.index < net.n_out[i]:
                 self._outputs.append(net.out_start[i] + ref.index)
-        self._costs = OpCosts(base_graph, self.profile)
-        self._topo = [self._op_id[name] for name in base_graph.topological_order()]
+        self._costs = OpCosts(base_graph, self.profile, known_op_times_s, names=net.names)
+        if topological_order is None:
+            topological_order = base_graph.topological_order()
+        self._topo = [self._op_id[name] for name in topological_order]
         self._rank = [0] * n  # position in ``_topo``
         for k, i in enumerate(self._topo):
             self._rank[i] = k
@@ -171,12 +182,32 @@ class PlanEvaluator:
         return {name: costs.time_s(i, src) for i, (name, src) in enumerate(zip(net.names, net.src_ops))
                 if src is not None}
 
+    def remember(self, plan: SwapPlan | None, result: SimResult) -> None:
+        """Take ``result`` as :meth:`evaluate`'s answer for ``plan`` (one simulated already, e.g. the base graph's
+        own simulation, which an outer tune made)."""
+        self._store(self._key(plan), result)
+
+    def remembered(self, plan: SwapPlan | None) -> SimResult | None:
+        """:meth:`evaluate`'s answer for ``plan`` where it is memoized, else ``None`` (nothing is simulated)."""
+        return self._memo.get(self._key(plan))
+
+    @staticmethod
+    def _key(plan: SwapPlan | None) -> tuple | None:
+        """The memo's key of ``plan`` (``None``: the base graph, also for a plan that inserts nothing)."""
+        if plan is None or not plan.changed:
+            return None
+        return plan.config.host_device, plan.accelerator_device, plan.swaps, plan.recomputes
+
+    def _store(self, key: tuple | None, result: SimResult) -> None:
+        if len(self._memo) >= MEMO_SIZE:
+            del self._memo[next(iter(self._memo))]
+        self._memo[key] = result
+
     def evaluate(self, plan: SwapPlan | None) -> SimResult:
         """The simulation of ``plan`` applied to the base graph (``None``: the base graph itself)."""
         if plan is not None and not plan.changed:
             plan = None  # nothing inserted: the base graph
-        key = None if plan is None else (plan.config.host_device, plan.accelerator_device, plan.swaps,
-                                         plan.recomputes)
+        key = self._key(plan)
         hit = self._memo.get(key)
         if hit is not None:
             self.memo_hits += 1
@@ -185,9 +216,7 @@ class PlanEvaluator:
             rewritten = (plan is not None and plan.recomputes
                          and (plan.swaps or self.order is not None or self._lms_op is not None))
             result = self._simulate_rewritten(plan) if rewritten else self._simulate(plan)
-        if len(self._memo) >= MEMO_SIZE:
-            del self._memo[next(iter(self._memo))]
-        self._memo[key] = result
+        self._store(key, result)
         self.simulations += 1
         return result
 
@@ -287,22 +316,26 @@ class PlanEvaluator:
                 return _level_sorted(net, alive)
             anchor[j] = best
             after.setdefault(best, []).append(j)
+        walk = self._topo
+        if after:  # (an added op is alive, and so is the op it follows)
+            walk = []
+            for b in self._topo:
+                walk.append(b)
+                if b in after:
+                    walk.extend(after[b])
         level = [-1] * n
-        for b in self._topo:
-            if not alive[b]:
+        for i in walk:
+            if not alive[i]:
                 continue
-            for i in (b, *after[b]) if b in after else (b,):
-                top = -1
-                for p in preds[i]:
-                    lp = level[p]
-                    if lp < 0:  # an input later in this order: sort properly
-                        return _level_sorted(net, alive)
-                    if lp > top:
-                        top = lp
-                level[i] = top + 1
-        order = [i for i in range(n) if alive[i]]
-        order.sort(key=level.__getitem__)  # stable: ties keep graph order
-        return order
+            top = -1
+            for p in preds[i]:
+                lp = level[p]
+                if lp < 0:  # an input later in this order: sort properly
+                    return _level_sorted(net, alive)
+                if lp > top:
+                    top = lp
+            level[i] = top + 1
+        return sorted(compress(range(n), alive), key=level.__getitem__)  # stable: ties keep graph order
 
     def _rewire(self, net: IndexedGraph, t: int, new_t: int, members: set[int], modified: list[int]) -> None:
         """Point the inputs of ``members`` that read tensor ``t`` (among its consumers in the base graph) at
@@ -320,9 +353,12 @@ class PlanEvaluator:
         them (same names, devices, edges, graph order) and rewire their readers; returns the op costs of the result: a
         clone costs what its original does (the same type, attributes and tensors), and carries the original as its
         source op."""
-        op_id, graph = self._op_id, self.graph
-        costs = OpCosts(graph, self.profile)
-        costs._times = {i: t for i, t in self._costs._times.items() if i < len(self._net.names)}
+        op_id = self._op_id
+        costs = OpCosts(self.graph, self.profile)
+        n_base = len(self._net.names)
+        times = costs._times = dict(self._costs._times)
+        if times and max(times) >= n_base:  # (an id past the base's is another op in each plan)
+            times = costs._times = {i: t for i, t in times.items() if i < n_base}
         costs._launches = self._costs.__dict__.setdefault("_launches", {})  # (checked by op: shared safely)
         new_ids: dict[str, int] = {}
 
@@ -334,9 +370,9 @@ class PlanEvaluator:
 
         modified: list[int] = []
         for decision in plan.recomputes:
-            chain = frozenset(decision.ops)
-            for kind, name, trigger, what in decision.insertions():
-                if kind == GATE:
+            steps, rewires = self._recipe(decision)
+            for name, trigger, what, clone in steps:
+                if clone is None:  # a gate
                     if name not in new_ids:
                         t = tensor(what)
                         new_ids[name] = net.add_op(name, "Identity", net.dev[net.t_op[t]], [t], [op_id[trigger]],
@@ -344,18 +380,44 @@ class PlanEvaluator:
                     continue
                 if name in op_id or name in new_ids:
                     raise GraphError(f"an op named {name!r} already exists: is {what!r} recomputed twice?")
-                o = op_id[what]
-                op = graph.op(what)
-                refs, _ = clone_inputs(op, chain, trigger, decision.copy)
+                o, op, refs, price = clone if clone else (op_id[what], None, None, None)  # (a KeyError, as before)
                 c = new_ids[name] = net.add_op(name, op.type, net.dev[o], [tensor(r) for r in refs], [], op.outputs)
                 net.src_ops[c] = op
-                costs._times[c] = self._costs.time_s(o, op)
-            for ref, readers in zip(decision.tensors, decision.readers):
-                self._rewire(net, tensor(ref), tensor(TensorRef(clone_name(ref.op, decision.copy), ref.index)),
-                             {op_id[r] for r in readers if r in op_id}, modified)
+                times[c] = price
+            for ref, clone_ref, members in rewires:
+                self._rewire(net, tensor(ref), tensor(clone_ref), members, modified)
         for c in dict.fromkeys(modified):
             net.refresh_preds(c)
         return costs
+
+    def _recipe(self, decision: RecomputeDecision) -> tuple[list[tuple], list[tuple]]:
+        """What :meth:`_apply_recomputes` inserts for ``decision``, by name, worked out once per evaluator (the plans
+        of a tune share most decisions: :func:`~tflms.policies.recompute.plan_recomputes` memoizes them):
+        ``(steps, rewires)``. A step is ``(name, trigger, what, clone)``: a gate of tensor ``what`` (``clone``
+        ``None``), or a clone of op ``what``, ``clone`` its original's ``(id, op, the clone's inputs, price)`` (``()``
+        where no op has that name: applying it raises). A rewire is ``(tensor, clone's tensor, reader ids)``."""
+        hit = self._recipes.get(id(decision))
+        if hit is not None and hit[0] is decision:
+            return hit[1]
+        op_id, graph = self._op_id, self.graph
+        chain = frozenset(decision.ops)
+        steps = []
+        for kind, name, trigger, what in decision.insertions():
+            if kind == GATE:
+                steps.append((name, trigger, what, None))
+            elif what not in op_id:
+                steps.append((name, trigger, what, ()))
+            else:
+                o = op_id[what]
+                op = graph.op(what)
+                steps.append((name, trigger, what, (o, op, clone_inputs(op, chain, trigger, decision.copy)[0],
+                                                    self._costs.time_s(o, op))))
+        rewires = [(ref, TensorRef(clone_name(ref.op, decision.copy), ref.index),
+                    {op_id[r] for r in readers if r in op_id}) for ref, readers in zip(decision.tensors, decision.readers)]
+        if len(self._recipes) >= MEMO_SIZE * 16:
+            self._recipes.clear()
+        self._recipes[id(decision)] = (decision, (steps, rewires))
+        return steps, rewires
 
     def _apply(self, net: IndexedGraph, alive: list[bool], plan: SwapPlan) -> list[int]:
         """Append ``plan``'s swap ops to ``net`` as ``apply_swaps`` inserts them; returns the ops whose edges changed."""

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 import networkx as nx
 
-from tflms.analysis.cto import Analysis, analyze_graph
+from tflms.analysis.cto import Analysis
 from tflms.ir.graph import Graph, TensorRef
 from tflms.passes.swaps import apply_swaps
 from tflms.policies.eligibility import is_clone, swapping_clones
@@ -413,17 +413,18 @@ def _hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
     """Swaps chosen by the whole swap tuner on the recomputed graph, each recorded with the recomputes (and ``extra``
     in its parameters)."""
     added = []
-    for c in nested(analyze_graph(rgraph)):
+    for c in nested(ev.analyzed(rgraph, recompute)):
         if c.plan is None or not c.plan.swaps or (c.order or {}).get("before_swaps"):
             continue  # (a plan whose order was pinned before its swaps holds edges its plan does not say)
         plan = _with_recomputes(c.plan, recompute.plan)
-        graph = apply_swaps(rgraph, c.plan, copy_op=ev.copy_op).graph
+        graph, runnable = ev.swapped(rgraph, c)
         sim = c.sim
         if ev.compress is not None:
             graph = ev.compress(graph, plan)
             sim = simulate(graph, ev.profile, options=ev.sim_options)
         added.append(ev.record("hybrid", {**recompute.params, "swaps": c.strategy, **c.params, **_clones_swapped(plan),
-                                          **(extra or {})}, plan, sim, graph, c.policy, order=c.order))
+                                          **(extra or {})}, plan, sim, graph, c.policy, order=c.order,
+                               runnable=runnable))
     return added
 
 
@@ -463,7 +464,7 @@ def _ordered_hybrids(ev: TuneEvaluator, recompute: Candidate, rgraph: Graph,
     order = {**ordered.report.to_dict(), "before_swaps": True}
     edges = ordered.report.num_edges
     added = []
-    analysis = analyze_graph(ordered.graph)
+    analysis = ev.analyzed(ordered.graph, recompute)
     judged = nested(analysis)
     with swapping_clones():  # (a clone may wait across another branch's backward pass in this order)
         judged += nested(analysis)

@@ -11,10 +11,11 @@ use it are :mod:`tflms.tune.search`'s, :mod:`tflms.tune.finalists`', :mod:`tflms
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from tflms.analysis.cto import Analysis
+from tflms.analysis.cto import Analysis, analyze_graph
 from tflms.config import LMSConfig
 from tflms.passes.result import PassResult
 from tflms.passes.swaps import apply_swaps
@@ -38,6 +39,37 @@ SCORED_MEMO_SIZE = 4
 VIEWS_KEPT = 4
 
 
+#: Where :meth:`TuneEvaluator.analyzed` keeps, in an analysis's ``__dict__`` (as :func:`functools.cached_property`
+#: keeps its values), what a tune of that analysis may take as known (a :class:`_Known`).
+_KNOWN = "_known_to_tune"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Known:
+    """What a nested tune of an analysis may take as known (:meth:`TuneEvaluator.analyzed`): its ops' prices on
+    ``profile`` (op name -> seconds), and, where the outer tune simulated the analysis's graph itself, that simulation
+    (level order, ``options``)."""
+
+    profile: HardwareProfile
+    op_times_s: dict[str, float]
+    options: SimOptions
+    sim: SimResult | None
+
+
+def known_op_times(analysis: Analysis, profile: HardwareProfile) -> dict[str, float] | None:
+    """Op name -> seconds on ``profile`` known for ``analysis``'s ops (:meth:`TuneEvaluator.analyzed`), or ``None``."""
+    known = analysis.__dict__.get(_KNOWN)
+    return known.op_times_s if known is not None and known.profile is profile else None
+
+
+def known_simulation(analysis: Analysis, profile: HardwareProfile, options: SimOptions) -> SimResult | None:
+    """The simulation of ``analysis``'s graph on ``profile`` with ``options`` (level order) known already
+    (:meth:`TuneEvaluator.analyzed`), or ``None``."""
+    known = analysis.__dict__.get(_KNOWN)
+    return (known.sim if known is not None and known.profile is profile and known.options is options
+            else None)
+
+
 class TuneEvaluator:
     """One tune's judge: every search plans, simulates and records its candidates through it.
 
@@ -58,8 +90,16 @@ class TuneEvaluator:
         self.compress: Callable[[Graph, SwapPlan], Graph] | None = None
         self.candidates: list[Candidate] = []
         self.graphs: dict[int, Graph] = {}  # rewritten graphs by id(candidate), built by graph_of
+        # candidates whose rewritten graph is known runnable, by id; the last nested tune's winner (:meth:`nested_winner`)
+        self._runnable: dict[int, Candidate] = {}
+        self._nested: tuple[Candidate, Graph, Graph] | None = None
         # Candidates are simulated incrementally (no IR copy per plan, memoized by plan).
-        self.plans = PlanEvaluator(analysis.graph, profile, sim_options, copy_op=copy_op)
+        self.plans = PlanEvaluator(analysis.graph, profile, sim_options, copy_op=copy_op,
+                                   topological_order=analysis.order,
+                                   known_op_times_s=known_op_times(analysis, profile))
+        known = known_simulation(analysis, profile, sim_options)
+        if known is not None:
+            self.plans.remember(None, known)
         #: what the policies are given besides the analysis and the config (``baseline`` set once simulated)
         self.context = PlanContext(accelerator, profile)
         self._scored: dict[int, tuple[SimResult, list]] = {}  # id(sim) -> (sim, its scored idle candidates)
@@ -67,6 +107,23 @@ class TuneEvaluator:
         self._ordered_base: PassResult | None = None
         self._swap_floor: AnyOrderTimeBound | None = None
         self._swap_floor_whole = False
+
+    def analyzed(self, graph: Graph, recompute: Candidate) -> Analysis:
+        """The analysis of ``graph``, this tune's step with the recomputes of ``recompute`` (a candidate; the graph
+        perhaps with the edges of an order), for a nested tune: with its ops' prices known (:func:`known_op_times`),
+        those of the step this tune priced already. An op the recomputes left as it was costs what it cost, and a
+        clone what its original costs: the same type, attributes and tensors (a reader rewired to a clone reads a
+        tensor of the same facts). Where ``graph`` is the candidate's own rewritten graph (:meth:`graph_of`) and its
+        simulation this tune's evaluator's, that simulation is known too (:func:`known_simulation`): the evaluator
+        answers what simulating the rewritten graph answers (:mod:`tflms.tune.evaluator`)."""
+        analysis = analyze_graph(graph)
+        times = self.plans.op_times()
+        for decision in recompute.plan.recomputes:
+            times.update(zip(decision.clones, map(times.__getitem__, decision.ops)))
+        own = (recompute.order is None and self.compress is None and self.graphs.get(id(recompute)) is graph
+               and self.plans.remembered(recompute.plan) is recompute.sim)
+        analysis.__dict__[_KNOWN] = _Known(self.profile, times, self.sim_options, recompute.sim if own else None)
+        return analysis
 
     def ordered_base(self) -> PassResult:
         """The unswapped step through the order pass (:func:`~tflms.passes.order.enforce_order`), once: the
@@ -138,6 +195,26 @@ class TuneEvaluator:
                 self.graphs[id(cand)] = apply_swaps(self.analysis.graph, cand.plan, copy_op=self.copy_op).graph
         return self.graphs[id(cand)]
 
+    def nested_winner(self, result) -> None:
+        """Note the winner of a tune nested in this one (``result``, a :class:`~tflms.tune.result.TuneResult`): its
+        graph is what ``apply_swaps`` makes of the nested tune's step with its plan, and that tune found it runnable
+        (:func:`tflms.tune.tuner._runnable`). Only the last is kept (one graph), until :meth:`swapped` takes it."""
+        self._nested = (result.best, result.analysis.graph, result.graph)
+
+    def swapped(self, graph: Graph, cand: Candidate) -> tuple[Graph, bool]:
+        """``(apply_swaps(graph, cand.plan).graph, whether that graph is known runnable)``: a nested tune's winner on
+        ``graph`` (:meth:`nested_winner`) answers with the graph that tune built and checked, where this tune does not
+        compress its swaps."""
+        known = self._nested
+        if known is not None and known[0] is cand and known[1] is graph and self.compress is None:
+            self._nested = None
+            return known[2], True
+        return apply_swaps(graph, cand.plan, copy_op=self.copy_op).graph, False
+
+    def known_runnable(self, cand: Candidate) -> bool:
+        """Whether ``cand``'s graph is known runnable (recorded with ``runnable=True``): the check need not run."""
+        return self._runnable.get(id(cand)) is cand
+
     def evaluate(self, policy: SwapPolicy, params: dict[str, Any], *, max_overhead: float | None = None,
                  baseline: SimResult | None = None) -> Candidate:
         """The one entry every search judges a policy through: plan it on the base config, simulate, record.
@@ -161,11 +238,13 @@ class TuneEvaluator:
 
     def record(self, strategy: str, params: dict[str, Any], plan: SwapPlan | None, sim: SimResult,
                graph: Graph | None, policy: SwapPolicy | None, *, max_overhead: float | None = None,
-               baseline: SimResult | None = None, order: dict | None = None, what: str = "") -> Candidate:
+               baseline: SimResult | None = None, order: dict | None = None, what: str = "",
+               runnable: bool = False) -> Candidate:
         """Judge ``sim`` by the fit rule (budget, host budget, no-overhead limit), record and report it.
 
         ``order``: the order pass's report of a candidate judged in the enforced order; ``what``: how the
-        progress line and a miss name the judgement (e.g. "in the enforced order (12 edges)")."""
+        progress line and a miss name the judgement (e.g. "in the enforced order (12 edges)"); ``runnable``: ``graph``
+        is known runnable (:meth:`known_runnable`)."""
         why = ""
         need = self.need(sim)
         if need > self.budget:
@@ -179,6 +258,8 @@ class TuneEvaluator:
         cand = Candidate(strategy, params, plan, sim, fits=not why, why_not=why, order=order, policy=policy)
         if graph is not None:
             self.graphs[id(cand)] = graph
+            if runnable:
+                self._runnable[id(cand)] = cand
         self.candidates.append(cand)
         self._keep_views(sim)
         if self.progress:

@@ -170,7 +170,7 @@ def _runnable(ev: TuneEvaluator, ranked: list[Candidate], progress: Callable[[st
     """
     from tflms.ir.merges import merge_cycle
     for k, cand in enumerate(ranked):
-        cycle = merge_cycle(ev.graph_of(cand))
+        cycle = None if ev.known_runnable(cand) else merge_cycle(ev.graph_of(cand))
         if cycle is None:
             return ranked[k:]
         refused = dataclasses.replace(cand, fits=False, why_not=UNRUNNABLE + cycle)
@@ -291,6 +291,7 @@ def _tune(source: Any, args: Sequence[Any], budget: int | str | None, profile: s
             # judged in the enforced order below, hybrids among them): their winner, or the plan closest to fitting
             result, tried = swap_tune(recomputed, searched, first_fit=first_fit, prune=prune, **options)
             if result is not None:
+                ev.nested_winner(result)  # (its graph, checked runnable there, serves the hybrid)
                 return [result.best]
             tried = [c for c in tried if c.plan is not None]
             return [min(tried, key=lambda c: c.sim.peak_with_margin_bytes)] if tried else []
