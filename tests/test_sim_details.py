@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import collections
+import gc
+import os
+import pathlib
 import pickle
+import tracemalloc
 
 import pytest
 
+import tflms
 from tflms.memplan.report import plan_step
 from tflms.sim import HardwareProfile, simulate
 from tflms.testing import mlp_training_graph
@@ -77,45 +82,109 @@ def test_the_tuner_keeps_the_views_of_its_last_simulations_only(graph):
     assert len(released.ops) > 0 and max(a for _, a, _ in released.timeline) == released.peak_bytes
 
 
+#: Where tflms's code lives: a frame or function running code from under here is tflms's.
+TFLMS_DIR = str(pathlib.Path(tflms.__file__).resolve().parent) + os.sep
+#: Frames kept per allocation traced: enough to reach the tflms frame that called the allocating library code.
+TRACED_FRAMES = 100
+
+
+def cycles_left_by(call, counted, *, traced: bool = False) -> list:
+    """The objects of the reference cycles that ``call()`` made and left unreachable, those ``counted(o)`` selects.
+
+    Only the call's own cycles, whatever ran in this process before and beside it (the tests of other files, in one
+    process or in a pytest-xdist worker):
+
+    - ``call()`` runs once unmeasured first, so what a first call in a process does once is done before: a tune on a
+      worker that has not imported TensorFlow imports it, and that import's own cycles hold the tune's frames (by
+      their ``f_back``), so every candidate and graph of the tune was found among them; networkx compiles each of
+      its decorators at its first call;
+    - every object that exists before the measured call is frozen (``gc.freeze``): garbage that an earlier test left
+      reachable until the call, and that the collection after it would find, is not the call's;
+    - the collector is off during the call, so nothing the call makes is collected before it is counted.
+
+    ``traced``: the allocations during the call are traced (``tracemalloc``), for :func:`allocated_by_tflms`.
+    """
+    call()
+    gc.collect()
+    kept = len(gc.garbage)  # what was there before (uncollectable objects) stays, and is not counted
+    gc.freeze()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    tracing = traced and not tracemalloc.is_tracing()
+    if tracing:
+        tracemalloc.start(TRACED_FRAMES)
+    try:
+        call()
+        gc.collect()
+        return [o for o in gc.garbage[kept:] if counted(o)]
+    finally:
+        if tracing:
+            tracemalloc.stop()
+        gc.set_debug(0)
+        del gc.garbage[kept:]
+        gc.enable()
+        gc.unfreeze()
+
+
+def allocated_by_tflms(o) -> bool:
+    """Allocated during the traced call with a tflms frame on the allocating stack: made by tflms's code, directly or
+    through a library it called; not by another thread meanwhile (a pytest-xdist worker's execnet thread, a thread
+    an earlier test left running), whose stack has no tflms frame."""
+    traceback = tracemalloc.get_object_traceback(o)
+    return traceback is not None and any(frame.filename.startswith(TFLMS_DIR) for frame in traceback)
+
+
+def is_tflms(o) -> bool:
+    """An instance of a tflms class, or a function, method, frame or generator running tflms's code."""
+    if type(o).__module__.split(".")[0] == "tflms":
+        return True
+    code = (getattr(getattr(o, "__func__", o), "__code__", None) or getattr(o, "f_code", None)
+            or getattr(o, "gi_code", None) or getattr(o, "cr_code", None))
+    return code is not None and code.co_filename.startswith(TFLMS_DIR)
+
+
+def described(objects) -> list:
+    """The most common kinds among ``objects``; a function's or frame's with where its code is."""
+    def kind(o):
+        code = getattr(o, "__code__", None) or getattr(o, "f_code", None)
+        return type(o).__qualname__ + (f" {code.co_filename}:{code.co_name}" if code is not None else "")
+    return collections.Counter(kind(o) for o in objects).most_common(8)
+
+
 def test_a_simulation_leaves_no_cyclic_garbage(graph):
     """The simulations run with the cyclic collector paused (``gc_paused``), and a tune runs hundreds: a reference
     cycle in one (the copy-release helper called itself through its closure) kept each simulation's per-op lists
-    alive until the next full collection, about 120 million objects at the peak of DenseNet-121's tune."""
-    import gc
+    alive until the next full collection, about 120 million objects at the peak of DenseNet-121's tune.
 
-    import tflms
+    Counted: every object of an unreachable cycle that tflms's code allocated during the simulations, whatever its
+    type (that cycle was a function and its closure's cell); not what another thread allocated meanwhile."""
     swapped = tflms.rewrite(graph, swapout_threshold=1).graph  # copies: the release helper runs
-    gc.collect()
-    gc.disable()
-    try:
+
+    def three_simulations():
         for _ in range(3):
             assert simulate(swapped, PROFILE).transfer_time_s > 0
-        assert gc.collect() == 0
-    finally:
-        gc.enable()
+
+    ours = cycles_left_by(three_simulations, allocated_by_tflms, traced=True)
+    assert not ours, described(ours)
 
 
 def test_a_tune_that_finds_nothing_leaves_no_cyclic_garbage(graph):
     """The hybrid search catches the BudgetError of each nested tune that finds nothing; the error's traceback held
     the tune's frame, and a local there named the error: a cycle that kept the nested tune's evaluator, with every
-    candidate and graph, alive until the next full collection (a million objects on ResNet-50's tune)."""
-    import gc
+    candidate and graph, alive until the next full collection (a million objects on ResNet-50's tune).
 
+    Counted: tflms's objects among the cycles the tune left (instances of its classes, its functions and frames).
+    The tune's allocations are not traced: that makes it ten times slower."""
     from tflms.errors import BudgetError
     budget = int(simulate(graph, PROFILE).peak_bytes * 0.5)
-    gc.collect()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
+    tried = []
+
+    def tune_that_finds_nothing():
         try:
             tune(graph, budget=budget, profile=PROFILE)
         except BudgetError as err:
-            tried = len(err.candidates)
-        assert tried > 1
-        gc.collect()
-        ours = [o for o in gc.garbage if type(o).__module__.startswith("tflms")]
-        assert not ours, collections.Counter(type(o).__name__ for o in ours).most_common(5)
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
+            tried.append(len(err.candidates))
+
+    ours = cycles_left_by(tune_that_finds_nothing, is_tflms)
+    assert len(tried) == 2 and min(tried) > 1  # the unmeasured call and the measured one
+    assert not ours, described(ours)
