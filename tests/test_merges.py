@@ -76,7 +76,8 @@ def test_the_tuner_leaves_out_a_fitting_candidate_tensorflow_would_refuse_and_sa
     refused = Candidate("hybrid", {"order_first": 1}, None, sim=None, fits=True)
     runs = Candidate("tflms-distance", {"swapout_threshold": 4}, None, sim=None, fits=True)
     graphs = {id(refused): _backward(path_through_update=True), id(runs): _backward(path_through_update=False)}
-    ev = types.SimpleNamespace(candidates=[refused, runs], graphs=dict(graphs), graph_of=lambda c: graphs[id(c)])
+    ev = types.SimpleNamespace(candidates=[refused, runs], graphs=dict(graphs), graph_of=lambda c: graphs[id(c)],
+                               known_runnable=lambda c: False)
     said = []
     assert _runnable(ev, [refused, runs], said.append) == [runs]
     assert ev.candidates[1] is runs and not ev.candidates[0].fits
