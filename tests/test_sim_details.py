@@ -82,8 +82,9 @@ def test_the_tuner_keeps_the_views_of_its_last_simulations_only(graph):
     assert len(released.ops) > 0 and max(a for _, a, _ in released.timeline) == released.peak_bytes
 
 
-#: Where tflms's code lives: a frame or function running code from under here is tflms's.
-TFLMS_DIR = str(pathlib.Path(tflms.__file__).resolve().parent) + os.sep
+#: Where tflms's code lives, as imported and resolved: a frame or function running code from under here is tflms's.
+TFLMS_DIRS = tuple({os.path.dirname(os.path.abspath(tflms.__file__)) + os.sep,
+                    str(pathlib.Path(tflms.__file__).resolve().parent) + os.sep})
 #: Frames kept per allocation traced: enough to reach the tflms frame that called the allocating library code.
 TRACED_FRAMES = 100
 
@@ -131,7 +132,7 @@ def allocated_by_tflms(o) -> bool:
     through a library it called; not by another thread meanwhile (a pytest-xdist worker's execnet thread, a thread
     an earlier test left running), whose stack has no tflms frame."""
     traceback = tracemalloc.get_object_traceback(o)
-    return traceback is not None and any(frame.filename.startswith(TFLMS_DIR) for frame in traceback)
+    return traceback is not None and any(frame.filename.startswith(TFLMS_DIRS) for frame in traceback)
 
 
 def is_tflms(o) -> bool:
@@ -140,7 +141,7 @@ def is_tflms(o) -> bool:
         return True
     code = (getattr(getattr(o, "__func__", o), "__code__", None) or getattr(o, "f_code", None)
             or getattr(o, "gi_code", None) or getattr(o, "cr_code", None))
-    return code is not None and code.co_filename.startswith(TFLMS_DIR)
+    return code is not None and code.co_filename.startswith(TFLMS_DIRS)
 
 
 def described(objects) -> list:
