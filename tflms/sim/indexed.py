@@ -162,7 +162,7 @@ def _needed(net: IndexedGraph, roots: Sequence[int]) -> list[bool]:
 def _recv_needs(net: IndexedGraph, ops: Iterable[int], alive: Sequence[bool]) -> dict[int, list[tuple[int, int]]]:
     """Host tensors that accelerator ops among ``ops`` read: ``{tensor: [(consumer, input index)]}``."""
     needs: dict[int, list[tuple[int, int]]] = {}
-    dev, types, inputs, t_op, t_info = net.dev, net.types, net.inputs, net.t_op, net.t_info
+    dev, types, inputs, t_info = net.dev, net.types, net.inputs, net.t_info
     out_start, n_out = net.out_start, net.n_out
     host = set()  # the host's tensors that have a buffer (host ops are few: ``list.index`` finds them)
     h = -1
