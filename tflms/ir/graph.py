@@ -13,11 +13,11 @@ acyclic, consumer index consistent).
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tflms.errors import GraphError
+from tflms.ir.topo import priority_order
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -355,16 +355,7 @@ class Graph:
         preds, succs = adjacency or self.adjacency()
         index = {name: i for i, name in enumerate(self._ops)}
         indegree = {name: len(p) for name, p in preds.items()}
-        order: list[str] = []
-        heap = [(index[n], n) for n, d in indegree.items() if d == 0]
-        heapq.heapify(heap)
-        while heap:
-            _, name = heapq.heappop(heap)
-            order.append(name)
-            for succ in succs[name]:
-                indegree[succ] -= 1
-                if indegree[succ] == 0:
-                    heapq.heappush(heap, (index[succ], succ))
+        order = priority_order(indegree, succs, index.__getitem__)
         if len(order) != len(self._ops):
             stuck = sorted(n for n, d in indegree.items() if d > 0)
             raise GraphError(f"the graph has a cycle through {len(stuck)} ops, e.g. {stuck[:5]}; "

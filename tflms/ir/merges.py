@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from tflms.ir.op_types import ONEDNN_CONV_BIAS as CONV_BIAS
 from tflms.ir.op_types import ONEDNN_FILTER_BIAS_GRADS as FILTER_BIAS_GRADS
 from tflms.ir.op_types import ONEDNN_PAD_CONVS as PAD_CONVS
+from tflms.ir.topo import connected_groups
 
 
 def _attr_s(op, key: str) -> str | None:
@@ -92,21 +93,11 @@ def _positions(graph) -> dict[str, int]:
 
 
 def _components(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """``{op: its group's representative}`` for the ops of ``pairs`` (union-find)."""
-    parent: dict[str, str] = {}
-
-    def find(x: str) -> str:
-        parent.setdefault(x, x)
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for a, b in pairs:
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-    return {x: find(x) for x in list(parent)}
+    """``{op: its group's representative}`` for the ops of ``pairs``: the groups the pairs join, each represented by
+    its least name."""
+    pairs = list(pairs)
+    ops = list(dict.fromkeys(op for pair in pairs for op in pair))
+    return {op: min(group) for group in connected_groups(ops, pairs) for op in group}
 
 
 def merge_cycle(graph, pairs: list[tuple[str, str]] | None = None, adjacency=None) -> str | None:
