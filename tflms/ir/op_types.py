@@ -52,8 +52,9 @@ FORWARDING_OPS = frozenset({
     "SoftplusGrad", "Softsign", "SoftsignGrad", "Log1p", "Expm1", "Sign", "Floor", "Ceil", "Round", "Rint",
     "Pow", "Div", "FloorDiv", "FloorMod", "Erf", "MulNoNan", "Xlogy", "Xdivy", "ClipByValue",
 })
-#: Ops whose outputs are resident (variables) rather than step activations.
+#: The :data:`ALIAS_OPS` with several outputs, output k a view of input k.
 MULTI_ALIAS_OPS = frozenset({"IdentityN", "XlaOptimizationBarrier"})
+#: Ops whose outputs are resident (variables) rather than step activations.
 VARIABLE_READ_OPS = frozenset({"ReadVariableOp", "VarHandleOp", "ResourceGather"})
 SOURCE_OPS = frozenset({"Placeholder", "_Arg"})
 
@@ -73,19 +74,17 @@ CONTRACTION_OPS = frozenset({
     "_FusedConv2D", "_FusedConv3D", "_FusedMatMul", "_FusedBatchMatMulV2"})
 
 # ---------------------------------------- Fusion (the simulator's graph and xla clocks, tflms.sim.fusion)
-#: Ops XLA fuses into their consumers (element-wise, broadcasts, converts, data movement).
-XLA_FUSIBLE = FORWARDING_OPS | frozenset({
-    "Cast", "Select", "SelectV2", "BroadcastTo", "ZerosLike", "OnesLike", "Fill", "Transpose", "Tile", "Pad",
-    "PadV2", "MirrorPad", "Slice", "StridedSlice", "ConcatV2", "Pack", "ReverseV2", "OneHot", "GatherV2",
-    "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual", "LogicalAnd", "LogicalOr", "LogicalNot",
-    "IsFinite", "IsNan", "Sin", "Cos", "Tan", "Atan2", "Gelu", "Range"})
-#: Ops that take element-wise producers into their own kernel and whose output reaches memory.
 #: Element-wise ops: every input is data, none an argument XLA needs at compile time (a shape, an axis), so any of
-#: them may come through a barrier (:func:`tflms.ir.xla_segments.gate_role`).
+#: them may read a tensor through a barrier (:func:`tflms.ir.xla_segments.gate_role`).
 XLA_ELEMENTWISE = FORWARDING_OPS | frozenset({
     "Cast", "Select", "SelectV2", "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual", "LogicalAnd",
     "LogicalOr", "LogicalNot", "IsFinite", "IsNan", "Sin", "Cos", "Tan", "Atan2", "Gelu", "ZerosLike", "OnesLike",
     "Identity", "StopGradient"})
+#: Ops XLA fuses into their consumers (element-wise, broadcasts, converts, data movement; views are no kernels).
+XLA_FUSIBLE = (XLA_ELEMENTWISE - {"Identity", "StopGradient"}) | frozenset({
+    "BroadcastTo", "Fill", "Transpose", "Tile", "Pad", "PadV2", "MirrorPad", "Slice", "StridedSlice", "ConcatV2",
+    "Pack", "ReverseV2", "OneHot", "GatherV2", "Range"})
+#: Ops that take element-wise producers into their own kernel and whose output reaches memory.
 XLA_REDUCTIONS = IDENTITY_REDUCTION_OPS | frozenset({
     "Mean", "BiasAddGrad", "ArgMax", "ArgMin", "Softmax", "LogSoftmax", "SparseSoftmaxCrossEntropyWithLogits",
     "SoftmaxCrossEntropyWithLogits", "L2Loss", "EuclideanNorm", "MaxPool", "AvgPool", "MaxPool3D", "AvgPool3D",

@@ -165,7 +165,8 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
     if has_xla_kernel is None:
         has_xla_kernel = registered_xla_kernels(jit_device)
     on_host = _host_check(accelerator_device, host_device)
-    outside = {op.name: why for op in graph if (why := _why_outside(graph, op, on_host, has_xla_kernel))}
+    roles = {op.name: _gate_role(graph, op, on_host, has_xla_kernel) for op in graph if _is_gate(op)}
+    outside = {op.name: why for op in graph if (why := _why_outside(graph, op, on_host, has_xla_kernel, roles))}
     preds, succs = graph.adjacency()
     index = {op.name: i for i, op in enumerate(graph)}
     order, boundary, segment, clusters = segment_rule(graph.topological_order((preds, succs)), index, preds, succs,
@@ -176,7 +177,7 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
     for cluster in kept:
         scope = f"{SCOPE_PREFIX}{numbers[segment[cluster[0]]]}".encode()
         for name in cluster:
-            if _is_gate(graph.op(name)) and _gate_role(graph, graph.op(name), on_host, has_xla_kernel) == GATE_BARRIER:
+            if roles.get(name) == GATE_BARRIER:
                 _to_barrier(new, name, on_host)
             _set_attrs(new.op(name), {XLA_COMPILE_ATTR: True, XLA_SCOPE_ATTR: scope, XLA_INTERNAL_SCOPE_ATTR: scope})
     for name, why in outside.items():
@@ -203,11 +204,11 @@ def _host_check(accelerator_device: str, host_device: str) -> Callable[[str], bo
     return lambda device: bool(device) and kind(device) == host
 
 
-def _why_outside(graph: Graph, op: Op, on_host: Callable[[str], bool],
-                 has_xla_kernel: Callable[[str], bool]) -> str | None:
-    """Why ``op`` stays out of every cluster, or ``None`` for a member."""
-    if is_tflms_copy(op.type, op.name) and (not _is_gate(op) or
-                                            _gate_role(graph, op, on_host, has_xla_kernel) is None):
+def _why_outside(graph: Graph, op: Op, on_host: Callable[[str], bool], has_xla_kernel: Callable[[str], bool],
+                 roles: dict[str, str | None]) -> str | None:
+    """Why ``op`` stays out of every cluster, or ``None`` for a member (``roles``: each recompute gate's,
+    :func:`_gate_role`)."""
+    if is_tflms_copy(op.type, op.name) and roles.get(op.name) is None:
         return TFLMS_COPY
     if on_host(op.device):
         return HOST_OP

@@ -32,7 +32,10 @@ tf_keras's convolutions with bias and ReLU do.
   activation). Each would make the step shorter than priced here.
 
 Ops that XLA cannot place on the accelerator (host ops, copies to or from the host) take no producers either: a
-swap point is a fusion boundary (issue 47).
+swap point is a fusion boundary (issue 47). Nor does a recompute gate inside a cluster, an ``XlaOptimizationBarrier``
+(:mod:`tflms.passes.xla_clusters`): it fuses with nothing, so the tensor it gates and the output of its trigger that
+it reads are written to memory, and its output is the gated tensor's buffer; the clones behind it fuse into their
+readers as any op does. (On the ``xla`` clock, the whole step as one module, gates stay the views they are.)
 """
 
 from __future__ import annotations
