@@ -250,21 +250,11 @@ def _ran_ops(ran, inserted) -> collections.Counter:
     return collections.Counter(n.op for n in step.post_optimization_graph.node)
 
 
-def _max_relative_difference(reference, candidate) -> float:
-    """The largest |a - b| / |a| over the floating-point entries, where |a| is above float32 noise."""
-    worst = 0.0
-    for (name, a), (_, b) in zip(reference, candidate):
-        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-        if a.dtype.kind == "f" and a.size:
-            big = np.abs(a) > 1e-6
-            worst = max(worst, float(np.max(np.abs(a - b)[big] / np.abs(a)[big], initial=0.0)))
-    return worst
-
-
 def _assert_close(reference, candidate, what: str) -> float:
     for (name, a), (_, b) in zip(reference, candidate):
         np.testing.assert_allclose(b, a, rtol=RTOL, atol=1e-6, err_msg=f"{what}: {name}")
-    return _max_relative_difference(reference, candidate)
+    from tflms.testing import largest_relative_difference
+    return largest_relative_difference(reference, candidate)
 
 
 @pytest.fixture(scope="module")

@@ -253,6 +253,26 @@ def test_the_bench_prices_tflms_xla_on_the_clustered_clock_against_plain_xla_and
     assert first["met"] == (first["tflms_xla"] <= first["checkpoint"] / 2)
 
 
+def test_the_bench_runs_tflms_xla_at_a_given_batch():
+    """``bench.py --xla-targets --at MODEL=SIZE``: no search, one JSON record with tflms-xla's full tune and
+    checkpointing under XLA at that batch, both against the plain XLA step there."""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+    root = pathlib.Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(root / "tools" / "bench.py"), "--xla-targets", "--at", "mlp-tiny=4096",
+                           "--profiles", "h100-80gb-pcie5", "--json"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (record["model"], record["batch"], record["simulated"]) == ("mlp-tiny", 4096, True)
+    tuned = record["tflms-xla"]
+    assert tuned["batch"] == 4096 and tuned["clock"] == "xla-clusters"
+    assert tuned["peak_with_margin_bytes"] <= record["budget_bytes"]
+    assert tuned["overhead"] == pytest.approx(tuned["step_s"] / tuned["plain_xla_step_s"] - 1.0)
+    assert record["checkpoint"]["overhead"] > -1.0 and isinstance(record["checkpoint"]["fits"], bool)
+
+
 def test_the_budget_guarantee_never_pins_an_order_that_cuts_the_clusters_over_the_budget(monkeypatch):
     """On the xla-clusters clock the guarantee's pinning edges are cluster boundaries (issue 47, item 5's finding:
     ResNet-50 at 64x64, batch 16, 324.1 MB as tuned, 418.4 MB once pinned). A pinned step that no longer fits is not

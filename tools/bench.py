@@ -90,7 +90,8 @@ samples/s are then measured. tflms's rewrites (and grappler's) run without XLA (
 every candidate priced on the ``xla-clusters`` clock (``tflms.sim.clusters``), as ``rewrite_step(xla=True)`` tunes;
 beside it the plain XLA step (``none`` on the ``xla`` clock) and segment checkpointing under XLA. Per model and profile:
 the three maxima, tflms-xla's full tune at checkpointing's maximum and at its own, and the issue's two simulated
-targets (``benchlib.xla``). With ``--json`` one record per line on stdout as each finishes.
+targets (``benchlib.xla``). With ``--json`` one record per line on stdout as each finishes. With ``--at``, no
+search: tflms-xla's full tune and checkpointing under XLA at those sizes, one JSON record each.
 
 ``--at MODEL=SIZE,...`` skips the maximum search and runs every method at the given sizes only (batches;
 ``unet3d=160^3`` or ``208x192x192``) exactly as at a search's common size (``search.run_methods_at``):
@@ -239,6 +240,18 @@ def run_xla(args, models: list[str], profiles: list[str], budget: int | None, bi
     return 0
 
 
+def run_xla_at_sizes(args, at_sizes: dict[str, int], profiles: list[str], budget: int | None) -> int:
+    """``--xla-targets --at MODEL=SIZE,...``: tflms-xla's full tune and checkpointing under XLA at those sizes only,
+    one JSON record per model and profile on stdout (:func:`benchlib.xla.run_xla_at`)."""
+    from benchlib.xla import run_xla_at
+    steps = Steps()
+    for model, size in at_sizes.items():
+        for profile in profiles:
+            say(f"=== {model} on {profile} at {size} (tflms-xla)")
+            print(json.dumps(run_xla_at(steps, model, profile, size, budget, args.headroom)), flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--full", action="store_true", help="every model on every profile, exact bisection")
@@ -315,6 +328,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, argv) -> int
     mode = "full" if bisect_steps is None else "quick"
     results_path = args.results or (None if args.json or at_sizes else str(REPO / "docs" / "results.md"))
     plots_dir = args.plots or (None if args.json or at_sizes else str(REPO / "docs" / "plots"))
+    if at_sizes and args.xla_targets:
+        return run_xla_at_sizes(args, at_sizes, profiles, budget)
     if at_sizes:
         return run_at(args, at_sizes, profiles, budget, results_path, plots_dir, argv)
     if args.xla_targets:

@@ -16,7 +16,8 @@
 TensorFlow and Keras are imported only when a function needs them.
 """
 
-from tflms.testing.bitwise import Difference, Snapshot, assert_bitwise_equal, bitwise_diff, differences, snapshot
+from tflms.testing.bitwise import (Difference, Snapshot, assert_bitwise_equal, bitwise_diff, differences,
+                                   largest_relative_difference, snapshot)
 from tflms.testing.graphs import (GraphBuilder, forward_backward_chain, mlp_training_graph, serial_clock,
                                   tensor_info, two_branch_graph)
 from tflms.testing.models import MODEL_BUILDERS, build_model, make_batches
@@ -24,6 +25,6 @@ from tflms.testing.ran import RanGraphs, op_type_counts, record_run_metadata
 from tflms.testing.steps import make_train_step
 
 __all__ = ["Difference", "GraphBuilder", "MODEL_BUILDERS", "RanGraphs", "Snapshot", "assert_bitwise_equal",
-           "bitwise_diff", "build_model", "differences", "forward_backward_chain", "make_batches", "make_train_step",
-           "mlp_training_graph", "op_type_counts", "record_run_metadata", "serial_clock", "snapshot", "tensor_info",
-           "two_branch_graph"]
+           "bitwise_diff", "build_model", "differences", "forward_backward_chain", "largest_relative_difference",
+           "make_batches", "make_train_step", "mlp_training_graph", "op_type_counts", "record_run_metadata",
+           "serial_clock", "snapshot", "tensor_info", "two_branch_graph"]

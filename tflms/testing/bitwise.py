@@ -125,6 +125,18 @@ def bitwise_diff(reference: Any, candidate: Any) -> list[str]:
     return [str(d) for d in differences(reference, candidate)]
 
 
+def largest_relative_difference(reference: Any, candidate: Any, floor: float = 1e-6) -> float:
+    """The largest |a - b| / |a| over the floating-point entries of two snapshots, where |a| is above ``floor``
+    (float32 noise): how far a run that is not bitwise lies from its reference."""
+    worst = 0.0
+    for (_, a), (_, b) in zip(_as_snapshot(reference), _as_snapshot(candidate)):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        if a.dtype.kind == "f" and a.size:
+            big = np.abs(a) > floor
+            worst = max(worst, float(np.max(np.abs(a - b)[big] / np.abs(a)[big], initial=0.0)))
+    return worst
+
+
 def assert_bitwise_equal(reference: Any, candidate: Any, what: str = "state") -> None:
     """Raise ``AssertionError`` naming the first differing entry, the max difference and every other one."""
     found = differences(reference, candidate)

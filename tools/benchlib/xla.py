@@ -86,16 +86,37 @@ def _full(ev: Evaluator, size: int) -> dict[str, Any] | None:
             "tune_s": took}
 
 
+def _evaluator(steps, model: str, profile_name: str, budget: int | None, bisect_steps: int | None,
+               headroom: float) -> Evaluator:
+    """The bench's evaluator of ``model`` on a profile, on the ``xla`` clock (``none`` and checkpointing)."""
+    from tflms.sim import SimOptions, get_profile
+    from tflms.sim.clock import CLOCK_XLA
+    profile = get_profile(profile_name)
+    return Evaluator(steps, model, profile, budget_for(model, profile, budget), exact=bisect_steps is None,
+                     options=SimOptions(margin_fraction=headroom, clock=CLOCK_XLA))
+
+
+def run_xla_at(steps, model: str, profile_name: str, size: int, budget: int | None,
+               headroom: float = HEADROOM) -> dict[str, Any]:
+    """``bench.py --xla-targets --at MODEL=SIZE``: no search; at ``size``, tflms-xla's full tune (``None`` where nothing
+    fits) and checkpointing's step under XLA, each against the plain XLA step there."""
+    from tflms.sim import simulate
+    ev = _evaluator(steps, model, profile_name, budget, None, headroom)
+    graph, _ = steps.graph(model, "checkpoint-segments", size)
+    ckpt = simulate(graph, ev.profile, options=ev.options)
+    plain, _ = steps.graph(model, "plain", size)
+    plain_s = simulate(plain, ev.profile, options=ev.options).step_time_s
+    return {"model": model, "profile": profile_name, "budget_bytes": ev.budget, "headroom": headroom, "batch": size,
+            "checkpoint": {"step_s": ckpt.step_time_s, "overhead": ckpt.step_time_s / plain_s - 1.0,
+                           "fits": ckpt.peak_with_margin_bytes <= ev.budget},
+            METHOD: _full(ev, size), "simulated": True}
+
+
 def run_xla_targets(steps, model: str, profile_name: str, budget: int | None, bisect_steps: int | None,
                     headroom: float = HEADROOM) -> dict[str, Any]:
     """One model on one profile: the three maxima, tflms-xla's full tunes, and the targets (module doc)."""
-    from tflms.sim import SimOptions, get_profile
-    from tflms.sim.clock import CLOCK_XLA
-
-    profile = get_profile(profile_name)
-    budget_bytes = budget_for(model, profile, budget)
-    ev = Evaluator(steps, model, profile, budget_bytes, exact=bisect_steps is None,
-                   options=SimOptions(margin_fraction=headroom, clock=CLOCK_XLA))
+    ev = _evaluator(steps, model, profile_name, budget, bisect_steps, headroom)
+    profile, budget_bytes = ev.profile, ev.budget
     t0 = time.perf_counter()
     maxima = {}
     none_max, none_up = search_max(lambda s: ev.fits("none", s), 1, bisect_steps)
