@@ -148,3 +148,31 @@ def test_xla_keeps_the_clones_behind_barriers_and_merges_them_without(tmp_path):
     assert report["clusters"] == control["clusters"] == 1
     assert len(kept) >= 2, kept
     assert not merged, f"without barriers XLA was expected to merge the clones away: {merged}"
+
+
+@pytest.mark.slow
+def test_a_keras_applications_model_recomputed_inside_its_clusters_trains_bitwise_like_plain_xla():
+    """keras.applications MobileNetV2 (32x32, alpha 0.35, batch 4), every recompute candidate taken, its gates barriers
+    inside the clusters: three steps equal the plain ``jit_compile=True`` steps byte for byte (against a plain-vs-plain
+    control), and no gate splits a cluster."""
+    import keras
+
+    from tflms.testing import assert_bitwise_equal, make_train_step, snapshot
+
+    def train(wrap):
+        keras.utils.set_random_seed(0)
+        model = keras.applications.MobileNetV2(input_shape=(32, 32, 3), weights=None, classes=10, alpha=0.35)
+        optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+        optimizer.build(model.trainable_variables)
+        data = [(tf.random.stateless_uniform((4, 32, 32, 3), (s, 1)),
+                 tf.random.stateless_uniform((4,), (s, 2), maxval=10, dtype=tf.int32)) for s in range(STEPS)]
+        fn, report = wrap(make_train_step(model, optimizer), data[0])
+        losses = [fn(x, y) for x, y in data]
+        return snapshot(model, optimizer, losses=losses), report
+
+    plain, _ = train(lambda step, ex: (tf.function(step, jit_compile=True), None))
+    again, _ = train(lambda step, ex: (tf.function(step, jit_compile=True), None))
+    assert_bitwise_equal(plain, again, "plain XLA vs plain XLA (the control)")
+    recomputed, report = train(recompute_everything)
+    assert report.num_clusters >= 1 and not report.boundaries
+    assert_bitwise_equal(plain, recomputed, "MobileNetV2, every recompute, barrier gates, vs plain jit_compile=True")
