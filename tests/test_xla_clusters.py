@@ -174,13 +174,21 @@ def test_recompute_gates_become_barriers_inside_the_clusters():
     clones = {c for d in decisions for c in d.clones}
     assert gates and clones and not report.boundaries
     assert report.num_clusters == 1
+    # a gate of a clone that already waits for the same trigger through a barrier stays an Identity (seen through)
+    waits = {c: {trigger for g, (_, trigger) in gates.items() if g in {r.op for r in recomputed.op(c).inputs}}
+             for c in clones}
+    through = {g for g, (ref, trigger) in gates.items() if ref.op in clones and trigger in waits[ref.op]}
+    assert through and len(through) < len(gates), (through, gates)
     for gate, (ref, trigger) in gates.items():
         op = new.op(gate)
-        assert gate in segment and op.type == BARRIER and not op.control_inputs, gate
+        assert gate in segment and _attr(new, gate, XLA_COMPILE_ATTR) is True, gate
+        assert recomputed.op(gate).type == "Identity", "the pass must not change its input graph"
+        if gate in through:
+            assert op.type == "Identity" and op.control_inputs == [trigger] and op.inputs == [ref], gate
+            continue
+        assert op.type == BARRIER and not op.control_inputs, gate
         assert op.inputs == [ref, TensorRef(trigger, 0)], (gate, op.inputs)
         assert [t.dtype for t in op.outputs] == [recomputed.tensor(ref).dtype, recomputed.tensor(TensorRef(trigger, 0)).dtype]
-        assert _attr(new, gate, XLA_COMPILE_ATTR) is True
-        assert recomputed.op(gate).type == "Identity", "the pass must not change its input graph"
     for clone in clones:
         readers = new.successors(clone)
         assert segment[clone] == min(segment[r] for r in readers), (clone, readers)
@@ -417,3 +425,18 @@ def test_gate_roles():
     # shape arithmetic (integers in, integers out): inside too; integers in, a float out: out of the clusters
     assert gate_role("int32", *trigger, [("Pack", ["int32", "int32"], ["int32"])]) == GATE_IDENTITY
     assert gate_role("int32", *trigger, [("Fill", ["int32", "int32"], ["float32"])]) is None
+
+
+def test_gates_seen_through():
+    """A barrier gate of a clone that already waits for the same trigger through a barrier, or through a gate seen
+    through itself, stays an Identity (tflms.ir.xla_segments.gates_seen_through); one with another trigger, one of an
+    original tensor, and one whose clone waits only behind an Identity gate stay barriers."""
+    from tflms.ir.xla_segments import gates_seen_through
+    # x -g1(T)-> a -g2(T)-> b -g3(T)-> c;  a -g4(U)-> d;  y -g5(T)-> e (the gate of an original);  s -i1(T)-> f -g6(T)-> h
+    trigger = {"g1": "T", "g2": "T", "g3": "T", "g4": "U", "g5": "T", "i1": "T", "g6": "T"}
+    gated = {"g1": None, "g2": "a", "g3": "b", "g4": "a", "g5": None, "i1": None, "g6": "f"}
+    inputs = {"a": ["g1"], "b": ["g2"], "c": ["g3"], "d": ["g4"], "e": ["g5"], "f": ["i1"], "h": ["g6"]}
+    barrier = set(trigger) - {"i1"}  # i1: an int gate that stays an Identity (gate_role)
+    order = ["g1", "g2", "g3", "g4", "g5", "i1", "g6"]
+    through = gates_seen_through(order, barrier.__contains__, trigger.get, gated.get, inputs.__getitem__)
+    assert through == {"g2", "g3"}

@@ -123,6 +123,32 @@ def gate_role(gated_dtype: str, trigger_dtypes: Sequence[str], trigger_on_accele
     return None
 
 
+def gates_seen_through(order: Sequence[Node], barrier: Callable[[Node], bool], trigger: Callable[[Node], Node | None],
+                       gated_clone: Callable[[Node], Node | None], input_gates: Callable[[Node], Sequence[Node]]
+                       ) -> set[Node]:
+    """The barrier gates (``barrier(gate)``, in ``order``, a topological one) that stay ``Identity`` s inside their
+    cluster: each gates the output of a clone (``gated_clone(gate)``) that already waits for the same trigger
+    (``trigger(gate)``) through one of its own input gates (``input_gates(clone)``), a barrier or a gate seen through
+    itself.
+
+    A clone that reads only clones has its first input gated with its own trigger
+    (:func:`tflms.policies.recompute.clone_inputs`), and in a chain whose clones share a trigger that gate adds no wait:
+    the clone it gates was computed from a barrier's output of the same trigger. As a barrier it would still be a
+    fusion boundary, the clone before it written to memory and read back. Seen through, XLA fuses the chain, and no
+    clone can merge with the op it re-runs: each reads, at some distance, a barrier's output."""
+    through: set[Node] = set()
+    for gate in order:
+        if not barrier(gate):
+            continue
+        clone = gated_clone(gate)
+        if clone is None:
+            continue
+        want = trigger(gate)
+        if want is not None and any(trigger(h) == want and (h in through or barrier(h)) for h in input_gates(clone)):
+            through.add(gate)
+    return through
+
+
 def _boundaries(order: list[str], preds: dict[str, list[str]], succs: dict[str, list[str]],
                 outside: dict[str, str]) -> set[str]:
     """The ops left out that some member reaches and that reach some member."""

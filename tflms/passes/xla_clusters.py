@@ -84,10 +84,10 @@ from tflms.passes.result import PassResult
 from tflms.ir.names import is_clone
 
 # (the rule and its names live below the passes, where the simulator's xla-clusters clock reads them too)
-from tflms.ir.xla_segments import (BARRIER, GATE_BARRIER, HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL,  # noqa: F401
-                                   SCOPE_PREFIX, TFLMS_COPY, XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR,
-                                   XLA_SCOPE_ATTR, barrier_operand, connected_clusters, gate_role, is_gate,
-                                   is_tflms_copy, segment_rule)
+from tflms.ir.xla_segments import (BARRIER, GATE_BARRIER, GATE_IDENTITY, HOST_OP, NEVER_COMPILED,  # noqa: F401
+                                   NO_XLA_KERNEL, SCOPE_PREFIX, TFLMS_COPY, XLA_COMPILE_ATTR,
+                                   XLA_INTERNAL_SCOPE_ATTR, XLA_SCOPE_ATTR, barrier_operand, connected_clusters,
+                                   gate_role, gates_seen_through, is_gate, is_tflms_copy, segment_rule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,11 +166,13 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
         has_xla_kernel = registered_xla_kernels(jit_device)
     on_host = _host_check(accelerator_device, host_device)
     roles = {op.name: _gate_role(graph, op, on_host, has_xla_kernel) for op in graph if _is_gate(op)}
-    outside = {op.name: why for op in graph if (why := _why_outside(graph, op, on_host, has_xla_kernel, roles))}
     preds, succs = graph.adjacency()
+    topological = graph.topological_order((preds, succs))
+    for name in _seen_through(graph, topological, roles):
+        roles[name] = GATE_IDENTITY
+    outside = {op.name: why for op in graph if (why := _why_outside(graph, op, on_host, has_xla_kernel, roles))}
     index = {op.name: i for i, op in enumerate(graph)}
-    order, boundary, segment, clusters = segment_rule(graph.topological_order((preds, succs)), index, preds, succs,
-                                                      outside, is_clone)
+    order, boundary, segment, clusters = segment_rule(topological, index, preds, succs, outside, is_clone)
     kept = [c for c in clusters if not all(graph.op(n).type in FREE_OPS for n in c)]
     numbers = {s: k for k, s in enumerate(sorted({segment[c[0]] for c in kept}))}
     new = graph.copy()
@@ -235,6 +237,23 @@ def _gate_role(graph: Graph, gate: Op, on_host: Callable[[str], bool],
                for op in (graph.op(c) for c in dict.fromkeys(c for c, _ in graph.consumers(TensorRef(gate.name, 0))))]
     return gate_role(graph.tensor(gate.inputs[0]).dtype, [t.dtype for t in trigger.outputs],
                      not on_host(trigger.device), readers)
+
+
+def _seen_through(graph: Graph, order: list[str], roles: dict[str, str | None]) -> set[str]:
+    """The barrier gates that stay ``Identity`` s instead (:func:`~tflms.ir.xla_segments.gates_seen_through`)."""
+    def trigger(gate: str) -> str | None:
+        controls = graph.op(gate).control_inputs
+        return controls[0] if len(controls) == 1 else None
+
+    def gated_clone(gate: str) -> str | None:
+        producer = graph.op(gate).inputs[0].op
+        return producer if is_clone(producer) else None
+
+    def input_gates(clone: str) -> list[str]:
+        return [ref.op for ref in graph.op(clone).inputs if ref.op in roles]
+
+    return gates_seen_through([n for n in order if n in roles], lambda g: roles[g] == GATE_BARRIER, trigger,
+                              gated_clone, input_gates)
 
 
 def _to_barrier(graph: Graph, name: str, on_host: Callable[[str], bool]) -> None:

@@ -42,7 +42,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from tflms.ir.xla_segments import BARRIER, barrier_operand, barrier_passes, is_gate
+from tflms.ir.names import is_clone
+from tflms.ir.xla_segments import BARRIER, barrier_operand, barrier_passes, gates_seen_through, is_gate
 from tflms.ir.op_types import (ALIAS_OPS, CONTRACTION_OPS, FREE_OPS, METADATA_OPS, VARIABLE_READ_OPS, XLA_ASSIGNS,
                                XLA_FUSIBLE, XLA_OWN_KERNEL_REDUCTIONS, XLA_REDUCTIONS)
 from tflms.sim.clock import CLOCK_GRAPH, CLOCK_XLA, XLA_MIN_KERNEL_S, Kernels, op_durations
@@ -80,6 +81,10 @@ class _Net:
                         and barrier_passes(net.t_info[net.inputs[i][0]].dtype,
                                            [net.types[r] for r in self.readers[net.out_start[i]]]))):
                     self.barrier[i] = 1
+            for i in seen_through(net, order, self.barrier):
+                self.barrier[i] = 0
+            for i in order:
+                if self.barrier[i]:
                     t = gate_trigger_tensor(net, i)
                     if t is not None:
                         self.trigger_read[i] = t
@@ -132,6 +137,27 @@ class _Net:
         """Whether ``ops`` are in op ``i``'s cluster: XLA fuses nothing across a cluster's boundary."""
         cluster = self.cluster
         return cluster is None or all(cluster[c] == cluster[i] for c in ops)
+
+
+def seen_through(net: IndexedGraph, order: Sequence[int], barrier: Sequence[int]) -> set[int]:
+    """The barrier gates of ``order`` that stay ``Identity`` s in their cluster
+    (:func:`~tflms.ir.xla_segments.gates_seen_through`, as :mod:`tflms.passes.xla_clusters` decides it)."""
+    names, types = net.names, net.types
+
+    def trigger(gate: int) -> int | None:
+        if types[gate] == BARRIER:  # (marked by the pass: its trigger is its second input's op)
+            return net.t_op[net.inputs[gate][1]] if len(net.inputs[gate]) > 1 else None
+        return net.ctrl[gate][0] if len(net.ctrl[gate]) == 1 else None
+
+    def gated_clone(gate: int) -> int | None:
+        producer = net.t_op[net.inputs[gate][0]]
+        return producer if is_clone(names[producer]) else None
+
+    def input_gates(clone: int) -> list[int]:
+        return [p for p in (net.t_op[t] for t in net.inputs[clone])
+                if types[p] == BARRIER or is_gate(types[p], names[p])]
+
+    return gates_seen_through(order, barrier.__getitem__, trigger, gated_clone, input_gates)
 
 
 def gate_trigger_tensor(net: IndexedGraph, gate: int) -> int | None:
