@@ -251,6 +251,11 @@ def test_the_bench_prices_tflms_xla_on_the_clustered_clock_against_plain_xla_and
     assert record["simulated"] and record["targets"] == targets(record)
     first = record["targets"]["overhead_half_of_checkpointing"]
     assert first["met"] == (first["tflms_xla"] <= first["checkpoint"] / 2)
+    # the cut bound at checkpointing's maximum: no plan the bench found there beats it
+    bound = record["cut_bound_at_checkpoint_max"]
+    assert bound["batch"] == maxima["checkpoint-segments"] and bound["simulated"]
+    assert 0.0 <= bound["any"] <= bound["recompute"] and bound["any"] <= first["tflms_xla"] + 1e-9
+    assert 0.0 <= bound["any"] <= first["checkpoint"] + 1e-9
 
 
 def test_the_bench_runs_tflms_xla_at_a_given_batch():
@@ -271,6 +276,8 @@ def test_the_bench_runs_tflms_xla_at_a_given_batch():
     assert tuned["peak_with_margin_bytes"] <= record["budget_bytes"]
     assert tuned["overhead"] == pytest.approx(tuned["step_s"] / tuned["plain_xla_step_s"] - 1.0)
     assert record["checkpoint"]["overhead"] > -1.0 and isinstance(record["checkpoint"]["fits"], bool)
+    assert record["cut_bound"]["batch"] == 4096 and record["cut_bound"]["any_status"] in ("optimal", "time limit")
+    assert record["cut_bound"]["any"] <= tuned["overhead"] + 1e-9
 
 
 def test_the_budget_guarantee_never_pins_an_order_that_cuts_the_clusters_over_the_budget(monkeypatch):
@@ -346,6 +353,44 @@ def test_a_recompute_gate_is_a_barrier_inside_the_cluster_and_the_clone_fuses_in
     # the marked graph (a barrier of a and t:0, no control edge) is priced as the candidate was
     again = run(marked.graph, "xla-clusters")
     assert (again.kernels, again.step_time_s, again.peak_bytes) == (3, 7.0, result.peak_bytes)
+
+
+def test_a_gate_between_two_clones_of_one_trigger_is_seen_through_and_the_chain_fuses():
+    """x -> a -> b -> c -> t, d = t + c, with b and c recomputed for d: c's clone reads b's through a second gate with
+    the same trigger, which adds no wait (b's clone waits behind the barrier of a and t), so it stays an Identity
+    (tflms.ir.xla_segments.gates_seen_through) and both clones fuse into d. By hand (64 B/s, 64-byte tensors): a's
+    kernel (2 s), t's with b and c fused in (read a, write t: 2 s), d's with both clones (read t and a, write d: 3 s):
+    7 s in 3 kernels, where a barrier there would write b's clone (2 s more) and d would read it instead of a."""
+    b = GraphBuilder()
+    b.op("x", "Placeholder", shape=T)
+    for name, src in (("a", "x"), ("b", "a"), ("c", "b"), ("t", "c")):
+        b.op(name, "Relu", [src], shape=T)
+    g = b.graph
+    first, second = "lms/recompute_gate_a_0_after_t", "lms/recompute_gate_lms/recompute_b_0_after_t"
+    g.add_op(first, "Identity", inputs=[TensorRef("a", 0)], control_inputs=["t"], outputs=g.op("a").outputs)
+    b.op("lms/recompute_b", "Relu", [first], shape=T)
+    g.add_op(second, "Identity", inputs=[TensorRef("lms/recompute_b", 0)], control_inputs=["t"],
+             outputs=g.op("a").outputs)
+    b.op("lms/recompute_c", "Relu", [second], shape=T)
+    b.op("d", "AddV2", ["t", "lms/recompute_c"], shape=T)
+    result = run(g, "xla-clusters")
+    assert (result.kernels, result.step_time_s) == (3, 7.0)
+    assert not {"lms/recompute_b:0", "lms/recompute_c:0"} & buffers(result)
+    marked = cluster_for_xla(g, accelerator_device=GPU, host_device=HOST, has_xla_kernel=lambda t: True)
+    assert marked.report.num_clusters == 1
+    assert marked.graph.op(first).type == "XlaOptimizationBarrier"
+    assert marked.graph.op(second).type == "Identity" and marked.graph.op(second).control_inputs == ["t"]
+    again = run(marked.graph, "xla-clusters")  # the marked graph is priced as the candidate was
+    assert (again.kernels, again.step_time_s, again.peak_bytes) == (3, 7.0, result.peak_bytes)
+    # with another trigger (c) the second gate is a wait of its own, a barrier: it reads c, so c is written (b fused
+    # into it: read a, write c, 2 s) and t reads it (2 s); b's clone is a kernel (read a, write it: 2 s) and d reads
+    # t and it (3 s): 11 s in 5 kernels
+    g.remove_control_input(second, "t")
+    g.add_control_input(second, "c")
+    split = run(g, "xla-clusters")
+    assert (split.kernels, split.step_time_s) == (5, 11.0)
+    marked = cluster_for_xla(g, accelerator_device=GPU, host_device=HOST, has_xla_kernel=lambda t: True)
+    assert marked.graph.op(second).type == "XlaOptimizationBarrier"
 
 
 def test_without_barriers_a_recompute_gate_splits_the_clusters():

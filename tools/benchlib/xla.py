@@ -86,6 +86,33 @@ def _full(ev: Evaluator, size: int) -> dict[str, Any] | None:
             "tune_s": took}
 
 
+def cut_bounds(ev: Evaluator, size: int) -> dict[str, Any]:
+    """The cut bound (:mod:`tflms.sim.cut_bound`) at ``size``: the least overhead against the plain XLA step of any plan
+    that fits (``any``) and of any recompute-only plan (``recompute``), a simulated lower bound; ``None`` where none
+    fits."""
+    from tflms.analysis.cto import analyze_graph
+    from tflms.sim import simulate
+    from tflms.sim.cut_bound import cut_bound
+    graph, _ = ev.steps.graph(ev.model, "plain", size)
+    plain = simulate(graph, ev.profile, options=ev.options)
+    analysis = analyze_graph(graph)
+    out: dict[str, Any] = {"batch": size, "simulated": True}
+    for key, swaps in (("recompute", False), ("any", True)):
+        t0 = time.perf_counter()
+        bound = cut_bound(analysis, plain, ev.profile, ev.budget, margin_fraction=ev.options.margin_fraction,
+                          margin_bytes=ev.options.margin_bytes, swaps=swaps)
+        out[key] = None if not bound.fits else bound.overhead
+        out[f"{key}_status"] = bound.status
+        out[f"{key}_s"] = time.perf_counter() - t0
+    say(f"{ev.model} {ev.profile.name}: cut bound at batch {size}: recompute only "
+        f"{_pct(out['recompute'])}, any plan {_pct(out['any'])}")
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}%"
+
+
 def _evaluator(steps, model: str, profile_name: str, budget: int | None, bisect_steps: int | None,
                headroom: float) -> Evaluator:
     """The bench's evaluator of ``model`` on a profile, on the ``xla`` clock (``none`` and checkpointing)."""
@@ -107,7 +134,7 @@ def run_xla_at(steps, model: str, profile_name: str, size: int, budget: int | No
     plain, _ = steps.graph(model, "plain", size)
     plain_s = simulate(plain, ev.profile, options=ev.options).step_time_s
     return {"model": model, "profile": profile_name, "budget_bytes": ev.budget, "headroom": headroom, "batch": size,
-            "checkpoint": {"step_s": ckpt.step_time_s, "overhead": ckpt.step_time_s / plain_s - 1.0,
+            "cut_bound": cut_bounds(ev, size), "checkpoint": {"step_s": ckpt.step_time_s, "overhead": ckpt.step_time_s / plain_s - 1.0,
                            "fits": ckpt.peak_with_margin_bytes <= ev.budget},
             METHOD: _full(ev, size), "simulated": True}
 
@@ -146,6 +173,7 @@ def run_xla_targets(steps, model: str, profile_name: str, budget: int | None, bi
         "batch": ckpt_max, "overhead": 0.0, "step_s": plain_s, "plain_xla_step_s": plain_s,
         "samples_per_s": ckpt_max / plain_s, "strategy": "none"}
     record["tflms_xla_at_checkpoint_max"] = at_ckpt
+    record["cut_bound_at_checkpoint_max"] = cut_bounds(ev, ckpt_max)
     # target 2, at tflms-xla's maximum
     record["tflms_xla_at_its_max"] = _full(ev, xla_max) if xla_max > none_max else (
         at_ckpt if xla_max == ckpt_max else None)
@@ -184,8 +212,7 @@ def targets(record: dict[str, Any]) -> dict[str, Any]:
 
 def markdown(records: list[dict[str, Any]], command: str) -> list[str]:
     """The report's tables: the maxima, and each target per model and profile."""
-    def pct(x):
-        return "-" if x is None else f"{100 * x:+.1f}%"
+    pct = _pct
 
     def verdict(t):
         return {True: "met", False: "**not met**", None: "-"}[t["met"]]
@@ -200,12 +227,17 @@ def markdown(records: list[dict[str, Any]], command: str) -> list[str]:
                      f"{m[METHOD]} ({m[METHOD] / max(1, m['none']):.2f}x) |")
     lines += ["", "Target 1: at checkpointing's maximum, tflms-xla's overhead against the plain XLA step at most half of "
               "checkpointing's.", "",
-              "| model | profile | batch | checkpoint-segments | tflms-xla | limit | tflms-xla's choice | target |",
-              "|---|---|---|---|---|---|---|---|"]
+              "Bound: the cut bound (`tflms.sim.cut_bound`), the least overhead of any recompute-only plan / any plan "
+              "that fits, a simulated lower bound (\"-\": not computed in that run).", "",
+              "| model | profile | batch | checkpoint-segments | tflms-xla | limit | bound (recompute / any) | "
+              "tflms-xla's choice | target |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         t, a = r["targets"]["overhead_half_of_checkpointing"], r["tflms_xla_at_checkpoint_max"] or {}
+        b = r.get("cut_bound_at_checkpoint_max") or {}
         lines.append(f"| {r['model']} | {r['profile']} | {r['checkpoint_at_its_max']['batch']} | "
                      f"{pct(t['checkpoint'])} | {pct(t['tflms_xla'])} | {pct(t['limit'])} | "
+                     f"{pct(b.get('recompute'))} / {pct(b.get('any'))} | "
                      f"{a.get('strategy', '-')} {a.get('params', '')} | {verdict(t)} |")
     lines += ["", "Target 2: at tflms-xla's maximum, samples/s at least 0.5x the plain XLA step's at its own maximum.",
               "", "| model | profile | plain XLA max | its samples/s | tflms-xla max | its samples/s | ratio | target |",

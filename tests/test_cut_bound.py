@@ -1,0 +1,136 @@
+"""The cut bound (tflms.sim.cut_bound): the least overhead of any plan that fits, at the loss's gradient.
+
+Checked: it is 0 where the step fits and infinite where the resident bytes alone do not; it never falls as the budget
+shrinks, and swaps can only lower it; every plan the tuner judges that fits costs at least the bound (recompute plans
+at least the recompute-only bound); each re-run's floor is what the module doc says; the answer is deterministic.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tflms.analysis.cto import analyze_graph
+from tflms.sim import SimOptions, get_profile, simulate
+from tflms.sim.cut_bound import cut_bound, cut_op, rerun_floor_s
+from tflms.testing import GraphBuilder, mlp_training_graph
+
+PROFILE = get_profile("h200-141gb")
+XLA = SimOptions(clock="xla")
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    graph = mlp_training_graph(4, batch=256, width=512)
+    return analyze_graph(graph), simulate(graph, PROFILE, options=XLA)
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    keras = pytest.importorskip("keras")
+    import tensorflow as tf
+
+    from tflms.ir.tf_io import load_graph
+    from tflms.testing import make_train_step
+    from tflms.testing.models import residual_bn
+    model = residual_bn(seed=0, size=16, filters=8, blocks=2)
+    optimizer = keras.optimizers.SGD(learning_rate=0.05, momentum=0.9)
+    optimizer.build(model.trainable_variables)
+    step = tf.function(make_train_step(model, optimizer))
+    x = tf.zeros((32, 16, 16, 3))
+    y = tf.zeros((32,), tf.int32)
+    graph = load_graph(step.get_concrete_function(x, y))
+    return analyze_graph(graph), simulate(graph, PROFILE, options=XLA), (model, optimizer, step)
+
+
+def test_zero_where_the_step_fits_and_infinite_below_its_resident_bytes(mlp):
+    analysis, plain = mlp
+    fits = cut_bound(analysis, plain, PROFILE, plain.peak_with_margin_bytes)
+    assert fits.status == "optimal" and fits.overhead_s == 0.0 and fits.fits
+    assert fits.gradient_ops_after > 0 and fits.needed_bytes > 0
+    nothing = cut_bound(analysis, plain, PROFILE, plain.resident_bytes - 1)
+    assert nothing.status == "infeasible" and not nothing.fits and nothing.overhead == float("inf")
+
+
+def test_the_cut_is_the_loss_gradient_seed(mlp):
+    """The op taken as the backward pass's first: every forward op that feeds the loss precedes it, and it precedes
+    every gradient op that reads a forward activation."""
+    analysis, plain = mlp
+    bound = cut_bound(analysis, plain, PROFILE, plain.transient_peak_bytes // 2 + plain.resident_bytes)
+    assert bound.cut_op == cut_op(analysis) and analysis.categories[bound.cut_op].value == "backward"
+    assert bound.ops_after_loss <= 2  # (at most the loss's own readers: nothing else runs after it)
+
+
+def test_it_never_falls_as_the_budget_shrinks_and_swaps_only_lower_it(mlp):
+    analysis, plain = mlp
+    resident, transient = plain.resident_bytes, plain.transient_peak_bytes
+    last_only = last_any = 0.0
+    for fraction in (0.9, 0.6, 0.4, 0.25, 0.1):
+        budget = resident + int(fraction * transient)
+        only = cut_bound(analysis, plain, PROFILE, budget, swaps=False)
+        any_ = cut_bound(analysis, plain, PROFILE, budget)
+        assert only.overhead_s >= last_only - 1e-12 and any_.overhead_s >= last_any - 1e-12, fraction
+        assert any_.overhead_s <= only.overhead_s + 1e-12, fraction
+        assert only.swapped_bytes == 0 and only.kept_bytes <= only.cap_bytes
+        last_only, last_any = only.overhead_s, any_.overhead_s
+    assert last_only > 0, "at a tenth of the activations something must be re-run"
+
+
+def test_no_plan_the_tuner_fits_beats_the_bound(cnn):
+    """Every candidate of a full tune (swaps, recomputation, hybrids, priced on the xla-clusters clock) that fits
+    adds at least the bound to the plain XLA step; recompute plans at least the recompute-only bound."""
+    from tflms.sim.clock import CLOCK_XLA_CLUSTERS
+    from tflms.tune.tuner import DEFAULT_STRATEGIES, tune
+    analysis, plain, _ = cnn
+    budget = plain.resident_bytes + int(0.75 * plain.transient_peak_bytes)
+    result = tune(analysis.graph, budget=budget, profile=PROFILE, strategies=list(DEFAULT_STRATEGIES),
+                  sim_options=SimOptions(clock=CLOCK_XLA_CLUSTERS))
+    only = cut_bound(analysis, plain, PROFILE, budget, swaps=False)
+    any_ = cut_bound(analysis, plain, PROFILE, budget)
+    fitting = [c for c in result.candidates if c.fits]
+    assert any(c.strategy == "recompute" for c in fitting), [c.strategy for c in fitting]
+    for c in fitting:
+        added = c.sim.step_time_s - plain.step_time_s
+        assert added >= any_.overhead_s - 1e-12, (c.strategy, c.params, added, any_.overhead_s)
+        if c.strategy == "recompute":
+            assert added >= only.overhead_s - 1e-12, (c.params, added, only.overhead_s)
+    print(f"cnn at three quarters of its activations: bound {only.overhead:+.2%} (recompute only), {any_.overhead:+.2%} (any); "
+          f"tuner's best {min(c.sim.step_time_s for c in fitting) / plain.step_time_s - 1:+.2%}")
+
+
+def test_the_bound_is_deterministic(cnn):
+    analysis, plain, _ = cnn
+    budget = plain.resident_bytes + int(0.3 * plain.transient_peak_bytes)
+    first, second = (cut_bound(analysis, plain, PROFILE, budget) for _ in range(2))
+    assert first == second
+
+
+def test_rerun_floors():
+    """By the module doc: a product costs its price less its launch; an element-wise op a product reads costs its
+    output's bytes at memory bandwidth, and nothing where only element-wise gradient ops read it; a reduction costs
+    its output's bytes; a view nothing."""
+    from tflms.sim.clock import XLA_MIN_KERNEL_S
+    from tflms.sim.cost import op_time_s
+    b = GraphBuilder()
+    s = (2048, 2048)
+    x = b.op("x", "Placeholder", shape=s)
+    w = b.op("w", "Placeholder", shape=s)
+    h = b.op("fw/h", "MatMul", [x, w], shape=s)
+    r = b.op("fw/r", "Relu", [h], shape=s)
+    v = b.op("fw/v", "Reshape", [r], shape=s)
+    m = b.op("fw/m", "Mean", [v], shape=(2048,))
+    t = b.op("fw/t", "Tanh", [r], shape=s)
+    loss = b.op("loss", "Sum", [t], shape=())
+    g = b.op("gradient_tape/g0", "TanhGrad", [t, loss], shape=s)
+    g = b.op("gradient_tape/g1", "ReluGrad", [g, r], shape=s)
+    b.op("gradient_tape/g2", "MatMul", [g, t], shape=s)  # a product reads t
+    b.op("gradient_tape/g3", "Mul", [g, m], shape=s)
+    graph = b.graph
+    analysis = analyze_graph(graph)
+    profile = PROFILE
+    bandwidth = profile.effective_memory_bytes_per_s
+    product = op_time_s(graph, graph.op("fw/h"), profile) - profile.launch_overhead_s
+    assert rerun_floor_s(analysis, "fw/h", profile) == pytest.approx(product)
+    assert rerun_floor_s(analysis, "fw/t", profile) == pytest.approx(4 * 2048 * 2048 / bandwidth)
+    assert rerun_floor_s(analysis, "fw/r", profile) == 0.0  # only ReluGrad (element-wise) reads it
+    assert rerun_floor_s(analysis, "fw/m", profile) == pytest.approx(max(4 * 2048 / bandwidth, XLA_MIN_KERNEL_S))
+    assert rerun_floor_s(analysis, "fw/v", profile) == 0.0

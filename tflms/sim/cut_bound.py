@@ -1,0 +1,339 @@
+"""The least overhead of any plan that fits, at the loss: what each forward tensor costs kept, re-run or sent away.
+
+When the loss has been computed, every forward tensor that a gradient op reads later is in one of three places: on
+the device (*kept*), on the host (*swapped*), or nowhere yet, to be rebuilt by re-running its producers
+(*recomputed*). Whatever a plan does before or after that moment, the device then holds the resident bytes and every
+kept buffer, so a plan that fits keeps at most ``budget / (1 + margin) - resident`` bytes of them. This module finds
+the cheapest way to choose, by an exact search (a mixed-integer program, scipy's HiGHS), and so a lower bound on the
+overhead of every plan of tflms's (swaps, recomputation or both, in any order) at that budget: the figure that says
+whether a target on overhead can be met at all (issue 47's "show why with a bound"). It is Checkmate's formulation
+(Jain et al., MLSys 2020) relaxed to that one moment. Derived in docs/design.md, "The cut bound".
+
+The program, over the forward ops ``v`` that run before the loss (its ancestors) and the buffers ``b``:
+
+- each forward tensor a gradient op after the loss reads is kept, swapped or recomputed: ``k_v + r_v >= 1``, where
+  ``k_v`` says that ``v``'s output is somewhere (device or host) at the loss;
+- a recomputed op reads what it read, kept or itself recomputed: ``k_u + r_u >= r_v`` for each input ``u`` of ``v``
+  that is neither resident nor produced after the loss;
+- a kept tensor's buffer is on the device or the host: ``d_b + h_b >= k_v`` (views share their input's buffer);
+- the device holds at most the budget's bytes: ``sum bytes_b d_b <= cap``;
+- the step lasts at least the plain step plus every re-run's least time, and at least the swapped bytes' time over
+  the host link (they leave in one direction, one copy at a time): ``t >= plain + sum c_v r_v``, ``t >= sum bytes_b
+  h_b / link``; minimise ``t``.
+
+A forward op that is not an ancestor of the loss may run after it (the program re-runs it for free); an op that may
+not be re-run (:func:`~tflms.policies.eligibility.recompute_skip_reason`) is kept or swapped.
+
+Each re-run's least time ``c_v`` (:func:`rerun_floor_s`) is a floor under the ``xla`` clock's prices
+(:mod:`tflms.sim.fusion`), whatever fusion the rewritten step gets:
+
+- a library call (product, convolution, an op XLA runs as its own kernel) costs its price, less its launch;
+- a reduction writes its output to memory, and so does an element-wise op a library call reads (a library call
+  reads its operands from memory): at least its output's bytes at memory bandwidth;
+- any other element-wise op (or a view) may fuse into its reader: 0.
+
+Relaxations, each making the bound lower, never higher: one moment only (the backward pass's own peaks, and every
+clone's own memory, are not counted); swapped bytes cost nothing on the device at the loss, and only the swap-outs'
+direction is counted; a fused re-run is free; the resident bytes cannot be swapped (tflms never swaps variables).
+One assumption, stated in the design doc: a clone fused into a gradient op makes that op no cheaper (it reads the
+clone's inputs instead of its output, at least as many bytes, except for casts to a wider type and broadcasts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import numpy as np
+
+from tflms.analysis.cto import Analysis, Category
+from tflms.errors import ConfigError
+from tflms.ir.graph import TensorRef
+from tflms.ir.op_types import (ALIAS_OPS, CONTRACTION_OPS, FREE_OPS, METADATA_OPS, XLA_ASSIGNS, XLA_FUSIBLE,
+                               XLA_REDUCTIONS)
+from tflms.policies.eligibility import recompute_skip_reason
+from tflms.policies.recompute_chains import is_resident
+from tflms.profiles import HardwareProfile, get_profile
+from tflms.sim.clock import XLA_MIN_KERNEL_S
+from tflms.sim.cost import op_time_s
+
+#: Seconds the exact search may take before the bound is its best proven bound so far (HiGHS's dual bound).
+DEFAULT_TIME_LIMIT_S = 60.0
+#: The relative gap at which HiGHS stops: the bound is its dual bound, which is a bound whatever the gap.
+MIP_REL_GAP = 1e-4
+_GIB = float(1 << 30)
+
+
+@dataclasses.dataclass(frozen=True)
+class CutBound:
+    """:func:`cut_bound`'s answer. ``overhead_s`` is the bound; ``recomputed``, ``swapped_bytes`` and ``kept_bytes``
+    describe the choice that reaches it (a plan at the loss, not a runnable plan)."""
+
+    plain_step_s: float
+    overhead_s: float  # no plan that fits adds less to the plain step (inf: none fits)
+    cap_bytes: int  # forward bytes the device may hold at the loss
+    status: str  # "optimal", "time limit" (the bound is the solver's proven bound) or "infeasible"
+    swaps: bool  # whether swaps were allowed
+    recomputed: tuple[str, ...]
+    recompute_s: float  # the choice's re-run floor
+    swapped_bytes: int
+    kept_bytes: int
+    needed_bytes: int  # the bytes of every buffer a gradient op after the loss reads
+    cut_op: str  # the gradient op the bound is taken before (:func:`cut_op`)
+    ops_after_loss: int  # forward ops that are not its ancestors (free to run after it)
+    gradient_ops_after: int  # backward ops that are its descendants (their reads count)
+
+    @property
+    def fits(self) -> bool:
+        return self.overhead_s != float("inf")
+
+    @property
+    def overhead(self) -> float:
+        """The bound as a fraction of the plain step (``inf`` where nothing fits)."""
+        return self.overhead_s / self.plain_step_s if self.plain_step_s > 0 else float("inf")
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["recomputed"] = len(self.recomputed)
+        out["overhead"] = self.overhead
+        return out
+
+
+def cut_op(analysis: Analysis) -> str:
+    """The gradient op the bound is taken before: the backward op with the most forward ancestors times gradient-op
+    descendants (then the least level, then name), in a training step the seed of the loss's gradient, which every
+    forward op the loss depends on precedes and nearly every gradient op follows. Any backward op gives a valid
+    bound (module doc); this one keeps the most tensors on both sides of it."""
+    order, cats, preds = analysis.order, analysis.categories, analysis.predecessors
+    forward_bit, backward_bit = {}, {}
+    for name in order:
+        if cats[name] is Category.FORWARD:
+            forward_bit[name] = 1 << len(forward_bit)
+        elif cats[name] is Category.BACKWARD:
+            backward_bit[name] = 1 << len(backward_bit)
+    if not backward_bit or not forward_bit:
+        raise ConfigError("the step has no forward or no backward pass: nothing to bound")
+    above: dict[str, int] = {}
+    for name in order:
+        bits = forward_bit.get(name, 0)
+        for p in preds[name]:
+            bits |= above[p]
+        above[name] = bits
+    succs = analysis.graph.adjacency()[1]
+    below: dict[str, int] = {}
+    for name in reversed(order):
+        bits = backward_bit.get(name, 0)
+        for c in succs[name]:
+            bits |= below[c]
+        below[name] = bits
+    return max(backward_bit, key=lambda n: (above[n].bit_count() * below[n].bit_count(), -analysis.levels[n], n))
+
+
+def rerun_floor_s(analysis: Analysis, name: str, profile: HardwareProfile,
+                  readers: Mapping[str, tuple[str, ...]] | None = None) -> float:
+    """The least time re-running op ``name`` adds to a step on the ``xla`` clock (module doc). ``readers``: by op, the
+    gradient ops that read its outputs (default: every non-forward reader)."""
+    graph = analysis.graph
+    op = graph.op(name)
+    if op.type in FREE_OPS or op.type in METADATA_OPS or op.type in ALIAS_OPS:
+        return 0.0
+    if _library(op.type):
+        return max(op_time_s(graph, op, profile) - profile.launch_overhead_s, XLA_MIN_KERNEL_S)
+    written = sum(info.num_bytes or 0 for info in op.outputs) / profile.effective_memory_bytes_per_s
+    if op.type in XLA_REDUCTIONS:
+        return max(written, XLA_MIN_KERNEL_S)
+    readers = readers.get(name, ()) if readers is not None else tuple(
+        c for ref in _outputs(op, name) for c, _ in graph.consumers(ref)
+        if analysis.categories[c] is not Category.FORWARD)
+    if any(_library(graph.op(r).type) for r in readers):
+        return max(written, XLA_MIN_KERNEL_S)
+    return 0.0
+
+
+def _library(op_type: str) -> bool:
+    """Whether XLA:GPU runs ``op_type`` as a library call or its own kernel, fusing no producer into it."""
+    return op_type in CONTRACTION_OPS or not (op_type in XLA_FUSIBLE or op_type in XLA_REDUCTIONS
+                                              or op_type in XLA_ASSIGNS or op_type in FREE_OPS
+                                              or op_type in METADATA_OPS or op_type in ALIAS_OPS)
+
+
+def _outputs(op, name: str) -> list[TensorRef]:
+    return [TensorRef(name, k) for k in range(len(op.outputs))]
+
+
+def cut_bound(analysis: Analysis, plain, profile: str | HardwareProfile, budget_bytes: int, *,
+              margin_fraction: float = 0.0, margin_bytes: int = 0, swaps: bool = True,
+              time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> CutBound:
+    """The least overhead any plan of the step of ``analysis`` adds to ``plain`` (its simulation, on the clock the
+    overhead is measured on: its buffers say which tensors are views of which) to fit ``budget_bytes`` with the
+    simulator's margin (module doc). ``swaps=False``: recomputation only."""
+    from scipy import sparse
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    profile = get_profile(profile)
+    graph, cats = analysis.graph, analysis.categories
+    cap = int((budget_bytes - margin_bytes) / (1.0 + margin_fraction)) - plain.resident_bytes
+    cut = cut_op(analysis)
+    before = _ancestors(analysis, cut)
+    after = _descendants(analysis, cut)
+    forward = [n for n in analysis.order if cats[n] is Category.FORWARD]
+    col = {n: k for k, n in enumerate(forward)}
+    n = len(forward)
+    readers = {v: tuple(sorted({c for ref in _outputs(graph.op(v), v) for c, _ in graph.consumers(ref)
+                                if cats[c] is not Category.FORWARD and c in after})) for v in forward}
+    needed = [v for v in forward if readers[v] and any(graph.op(v).outputs)]
+    # buffers: a view's is its source's (the plain step's simulation knows which)
+    owner, sizes = plain.buffer_owner, {}
+    for buf, size, _, _ in plain.buffer_lifetimes:
+        sizes[buf] = max(size, sizes.get(buf, 0))
+    members: dict[str, list[int]] = {}
+    for v in forward:
+        for k, info in enumerate(graph.op(v).outputs):
+            tensor = f"{v}:{k}"
+            buf = owner.get(tensor, tensor)
+            if info.num_bytes and not is_resident(analysis, TensorRef(v, k)):
+                members.setdefault(buf, []).append(col[v])
+                sizes.setdefault(buf, info.num_bytes)
+    bufs = sorted(members)
+    nb = len(bufs)
+    # columns: r (n), k (n), d (nb), h (nb), t (1)
+    R, K, D, H, T = 0, n, 2 * n, 2 * n + nb, 2 * n + 2 * nb
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    lo: list[float] = []
+    hi: list[float] = []
+
+    def row(entries, low, high):
+        r = len(lo)
+        for c, x in entries:
+            rows.append(r)
+            cols.append(c)
+            vals.append(x)
+        lo.append(low)
+        hi.append(high)
+
+    for v in needed:
+        row([(R + col[v], 1.0), (K + col[v], 1.0)], 1.0, np.inf)
+    for v in forward:
+        seen = set()
+        for ref in graph.op(v).inputs:
+            u = ref.op
+            if u in seen or u not in col or is_resident(analysis, ref):
+                continue
+            seen.add(u)
+            row([(K + col[u], 1.0), (R + col[u], 1.0), (R + col[v], -1.0)], 0.0, np.inf)
+    for j, buf in enumerate(bufs):
+        for c in members[buf]:
+            row([(D + j, 1.0), (H + j, 1.0), (K + c, -1.0)], 0.0, np.inf)
+    row([(D + j, sizes[buf] / _GIB) for j, buf in enumerate(bufs)], -np.inf, max(cap, 0) / _GIB)
+    cost = np.zeros(n)
+    for v in forward:
+        if v in before and recompute_skip_reason(analysis, v) is None:
+            cost[col[v]] = rerun_floor_s(analysis, v, profile, readers)
+    # reads: a re-run that writes its output (a reduction, or an element-wise op a library call reads) is a kernel of
+    # its own, and reads each input that is kept, or re-run and written itself, from memory: once per tensor
+    reads = _reads(analysis, forward, before, readers, col)
+    Y = T + 1
+    for j, (ref, readers_of) in enumerate(reads):
+        u = col[ref.op]
+        for v in readers_of:
+            if _writes(analysis, ref.op, readers):  # kept or re-run, it is in memory
+                row([(Y + j, 1.0), (R + col[v], -1.0)], 0.0, np.inf)
+            else:  # unless re-run and fused into the reader
+                row([(Y + j, 1.0), (R + col[v], -1.0), (R + u, 1.0)], 0.0, np.inf)
+    read_ms = [analysis.graph.tensor(ref).num_bytes / profile.effective_memory_bytes_per_s * 1e3
+               for ref, _ in reads]
+    # t >= plain + sum c r + reads (in ms), t >= swapped GiB * s/GiB
+    ms = 1e3
+    row([(T, 1.0)] + [(R + col[v], -cost[col[v]] * ms) for v in forward if cost[col[v]] > 0]
+        + [(Y + j, -x) for j, x in enumerate(read_ms)], plain.step_time_s * ms, np.inf)
+    link_ms_per_gib = ms * _GIB / profile.effective_link_bytes_per_s
+    row([(T, 1.0)] + [(H + j, -sizes[buf] / _GIB * link_ms_per_gib) for j, buf in enumerate(bufs)], 0.0, np.inf)
+    width = Y + len(reads)
+    upper = np.ones(width)
+    upper[T] = np.inf
+    for v in forward:  # an op that may not be re-run, before the loss, is kept or swapped
+        if v in before and recompute_skip_reason(analysis, v) is not None:
+            upper[R + col[v]] = 0.0
+    if not swaps:
+        upper[H:H + nb] = 0.0
+    objective = np.zeros(width)
+    objective[T] = 1.0
+    integrality = np.ones(width)
+    integrality[T] = 0
+    integrality[Y:] = 0  # (a read is 1 wherever a constraint asks, at the optimum)
+    matrix = sparse.csr_matrix((vals, (rows, cols)), shape=(len(lo), width))
+    constraints = LinearConstraint(matrix, lo, hi)
+    result = milp(objective, constraints=constraints, integrality=integrality, bounds=Bounds(0.0, upper),
+                  options={"time_limit": time_limit_s, "mip_rel_gap": MIP_REL_GAP})
+    needed_bytes = sum(sizes[b] for b in {owner.get(f"{v}:{k}", f"{v}:{k}") for v in needed
+                                          for k in range(len(graph.op(v).outputs))} if b in members)
+    common = dict(plain_step_s=plain.step_time_s, cap_bytes=cap, swaps=swaps, needed_bytes=needed_bytes,
+                  cut_op=cut, ops_after_loss=sum(1 for v in forward if v not in before),
+                  gradient_ops_after=sum(1 for c in after if cats[c] is Category.BACKWARD))
+    if result.x is None or cap < 0:
+        if result.status == 2 or cap < 0:  # infeasible: nothing fits at the loss (or the resident bytes alone)
+            return CutBound(overhead_s=float("inf"), status="infeasible", recomputed=(), recompute_s=0.0,
+                            swapped_bytes=0, kept_bytes=0, **common)
+        raise RuntimeError(f"the cut bound's search ended without an answer: {result.message}")
+    x = result.x
+    proven = result.fun if result.status == 0 else getattr(result, "mip_dual_bound", None)
+    if proven is None or not np.isfinite(proven):
+        relaxed = milp(objective, constraints=constraints, integrality=np.zeros(width), bounds=Bounds(0.0, upper))
+        proven = relaxed.fun
+    recomputed = tuple(v for v in forward if x[R + col[v]] > 0.5 and v in before)
+    return CutBound(overhead_s=max(0.0, proven / ms - plain.step_time_s),
+                    status="optimal" if result.status == 0 else "time limit", recomputed=recomputed,
+                    recompute_s=float(sum(cost[col[v]] for v in recomputed)),
+                    swapped_bytes=int(sum(sizes[b] for j, b in enumerate(bufs) if x[H + j] > 0.5 > x[D + j])),
+                    kept_bytes=int(sum(sizes[b] for j, b in enumerate(bufs) if x[D + j] > 0.5)), **common)
+
+
+def _writes(analysis: Analysis, name: str, readers: Mapping[str, tuple[str, ...]]) -> bool:
+    """Whether a re-run of ``name`` is a kernel of its own that writes its output to memory (module doc)."""
+    op_type = analysis.graph.op(name).type
+    if op_type in FREE_OPS or op_type in METADATA_OPS or op_type in ALIAS_OPS:
+        return False
+    if _library(op_type) or op_type in XLA_REDUCTIONS:
+        return True
+    return any(_library(analysis.graph.op(r).type) for r in readers.get(name, ()))
+
+
+def _reads(analysis: Analysis, forward: list[str], before: set[str], readers: Mapping[str, tuple[str, ...]],
+           col: Mapping[str, int]) -> list[tuple[TensorRef, list[str]]]:
+    """The forward tensors a re-run that writes its output but is no library call (whose price counts its reads)
+    reads from memory: by tensor, those readers."""
+    graph = analysis.graph
+    found: dict[TensorRef, list[str]] = {}
+    for v in forward:
+        if v not in before or _library(graph.op(v).type) or not _writes(analysis, v, readers):
+            continue
+        if recompute_skip_reason(analysis, v) is not None:
+            continue
+        for ref in dict.fromkeys(graph.op(v).inputs):
+            if ref.op in col and not is_resident(analysis, ref) and graph.tensor(ref).num_bytes:
+                found.setdefault(ref, []).append(v)
+    return sorted(found.items(), key=lambda kv: (col[kv[0].op], kv[0].index))
+
+
+def _ancestors(analysis: Analysis, name: str) -> set[str]:
+    preds = analysis.predecessors
+    seen, stack = {name}, [name]
+    while stack:
+        for p in preds[stack.pop()]:
+            if p not in seen:
+                seen.add(p)
+                stack.append(p)
+    return seen
+
+
+def _descendants(analysis: Analysis, name: str) -> set[str]:
+    succs = analysis.graph.adjacency()[1]
+    seen, stack = {name}, [name]
+    while stack:
+        for s in succs[stack.pop()]:
+            if s not in seen:
+                seen.add(s)
+                stack.append(s)
+    return seen
