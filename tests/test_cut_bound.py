@@ -1,4 +1,4 @@
-"""The cut bound (tflms.sim.cut_bound): the least overhead of any plan that fits, at the loss's gradient.
+"""The cut bound (tflms.tune.cut_bound): the least overhead of any plan that fits, at the loss's gradient.
 
 Checked: it is 0 where the step fits and infinite where the resident bytes alone do not; it never falls as the budget
 shrinks, and swaps can only lower it; every plan the tuner judges that fits costs at least the bound (recompute plans
@@ -11,7 +11,7 @@ import pytest
 
 from tflms.analysis.cto import analyze_graph
 from tflms.sim import SimOptions, get_profile, simulate
-from tflms.sim.cut_bound import cut_bound, cut_op, rerun_floor_s
+from tflms.tune.cut_bound import cut_bound, cut_op, rerun_floor_s
 from tflms.testing import GraphBuilder, mlp_training_graph
 
 PROFILE = get_profile("h200-141gb")

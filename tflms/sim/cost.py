@@ -21,6 +21,7 @@ import math
 from typing import Any
 
 from tflms.ir.graph import Graph, Op
+from tflms.ir.consts import is_view_transpose
 from tflms.ir.op_types import CONTRACTION_OPS, FREE_OPS
 from tflms.profiles import HardwareProfile
 
@@ -267,7 +268,7 @@ def op_work_s(graph: Graph, op: Op, profile: HardwareProfile) -> float:
     On a profile without tensor-core rates (or with every efficiency at ``compute_efficiency``) a float32
     graph costs what it cost before issue 28: the V100 profiles' figures do not move.
     """
-    if op.type in FREE_OPS:
+    if op.type in FREE_OPS or is_view_transpose(graph, op):
         return 0.0
     return max(op_compute_s(graph, op, profile), op_memory_s(graph, op, profile))
 
@@ -291,7 +292,7 @@ def op_time_s(graph: Graph, op: Op, profile: HardwareProfile) -> float:
     """Roofline estimate: launch overhead (+ ``contraction_latency_s`` for a contraction) + the profile's factor
     for the op type (1 unless calibrated, ``HardwareProfile.op_time_factors``) x max(compute time, memory time);
     codec calls: :func:`codec_time_s`."""
-    if op.type in FREE_OPS:
+    if op.type in FREE_OPS or is_view_transpose(graph, op):
         return 0.0
     codec = codec_call(op)
     if codec is not None:

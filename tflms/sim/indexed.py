@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from tflms.devices import normalize_device
 from tflms.errors import ConfigError
 from tflms.ir.graph import Graph, Op, TensorInfo, TensorRef
+from tflms.ir.consts import is_view_transpose
 from tflms.ir.op_types import VARIABLE_READ_OPS
 from tflms.sim.cost import op_launches, op_time_s
 from tflms.profiles import HardwareProfile
@@ -33,6 +34,9 @@ def _device_class(device: str, host: str) -> str:
 
 #: Suffix of the virtual copy ops that stand for TensorFlow's _Send/_Recv pairs.
 RECV_SUFFIX = "/_recv"
+#: The type a transpose that moves no data (:func:`~tflms.ir.consts.is_view_transpose`) has in the simulator: a view of
+#: its first input with a second, integer input, as a ``Reshape`` is.
+VIEW_TRANSPOSE_TYPE = "Reshape"
 #: dtypes without a device buffer of their own (handles, host data): never copied, never counted.
 _NO_BUFFER_DTYPES = frozenset({"resource", "variant", "string"})
 
@@ -82,7 +86,8 @@ class IndexedGraph:
         for i, op in enumerate(ops):
             op_id[op.name] = i
             net.names.append(op.name)
-            net.types.append(op.type)
+            # (a transpose that moves no data is the view it is: tflms.ir.consts)
+            net.types.append(VIEW_TRANSPOSE_TYPE if is_view_transpose(graph, op) else op.type)
             net.dev.append(_device_class(op.device, host))
             net.out_start.append(len(net.t_op))
             net.n_out.append(len(op.outputs))

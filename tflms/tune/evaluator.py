@@ -381,7 +381,8 @@ class PlanEvaluator:
                 if name in op_id or name in new_ids:
                     raise GraphError(f"an op named {name!r} already exists: is {what!r} recomputed twice?")
                 o, op, refs, price = clone if clone else (op_id[what], None, None, None)  # (a KeyError, as before)
-                c = new_ids[name] = net.add_op(name, op.type, net.dev[o], [tensor(r) for r in refs], [], op.outputs)
+                c = new_ids[name] = net.add_op(name, net.types[o], net.dev[o], [tensor(r) for r in refs], [],
+                                               op.outputs)
                 net.src_ops[c] = op
                 times[c] = price
             for ref, clone_ref, members in rewires:

@@ -87,12 +87,12 @@ def _full(ev: Evaluator, size: int) -> dict[str, Any] | None:
 
 
 def cut_bounds(ev: Evaluator, size: int) -> dict[str, Any]:
-    """The cut bound (:mod:`tflms.sim.cut_bound`) at ``size``: the least overhead against the plain XLA step of any plan
+    """The cut bound (:mod:`tflms.tune.cut_bound`) at ``size``: the least overhead against the plain XLA step of any plan
     that fits (``any``) and of any recompute-only plan (``recompute``), a simulated lower bound; ``None`` where none
     fits."""
     from tflms.analysis.cto import analyze_graph
     from tflms.sim import simulate
-    from tflms.sim.cut_bound import cut_bound
+    from tflms.tune.cut_bound import cut_bound
     graph, _ = ev.steps.graph(ev.model, "plain", size)
     plain = simulate(graph, ev.profile, options=ev.options)
     analysis = analyze_graph(graph)
@@ -227,7 +227,7 @@ def markdown(records: list[dict[str, Any]], command: str) -> list[str]:
                      f"{m[METHOD]} ({m[METHOD] / max(1, m['none']):.2f}x) |")
     lines += ["", "Target 1: at checkpointing's maximum, tflms-xla's overhead against the plain XLA step at most half of "
               "checkpointing's.", "",
-              "Bound: the cut bound (`tflms.sim.cut_bound`), the least overhead of any recompute-only plan / any plan "
+              "Bound: the cut bound (`tflms.tune.cut_bound`), the least overhead of any recompute-only plan / any plan "
               "that fits, a simulated lower bound (\"-\": not computed in that run).", "",
               "| model | profile | batch | checkpoint-segments | tflms-xla | limit | bound (recompute / any) | "
               "tflms-xla's choice | target |",

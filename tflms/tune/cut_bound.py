@@ -48,6 +48,7 @@ import numpy as np
 
 from tflms.analysis.cto import Analysis, Category
 from tflms.errors import ConfigError
+from tflms.ir.consts import is_view_transpose
 from tflms.ir.graph import TensorRef
 from tflms.ir.op_types import (ALIAS_OPS, CONTRACTION_OPS, FREE_OPS, METADATA_OPS, XLA_ASSIGNS, XLA_FUSIBLE,
                                XLA_REDUCTIONS)
@@ -135,7 +136,7 @@ def rerun_floor_s(analysis: Analysis, name: str, profile: HardwareProfile,
     gradient ops that read its outputs (default: every non-forward reader)."""
     graph = analysis.graph
     op = graph.op(name)
-    if op.type in FREE_OPS or op.type in METADATA_OPS or op.type in ALIAS_OPS:
+    if op.type in FREE_OPS or op.type in METADATA_OPS or op.type in ALIAS_OPS or is_view_transpose(graph, op):
         return 0.0
     if _library(op.type):
         return max(op_time_s(graph, op, profile) - profile.launch_overhead_s, XLA_MIN_KERNEL_S)
@@ -292,8 +293,9 @@ def cut_bound(analysis: Analysis, plain, profile: str | HardwareProfile, budget_
 
 def _writes(analysis: Analysis, name: str, readers: Mapping[str, tuple[str, ...]]) -> bool:
     """Whether a re-run of ``name`` is a kernel of its own that writes its output to memory (module doc)."""
-    op_type = analysis.graph.op(name).type
-    if op_type in FREE_OPS or op_type in METADATA_OPS or op_type in ALIAS_OPS:
+    op = analysis.graph.op(name)
+    op_type = op.type
+    if op_type in FREE_OPS or op_type in METADATA_OPS or op_type in ALIAS_OPS or is_view_transpose(analysis.graph, op):
         return False
     if _library(op_type) or op_type in XLA_REDUCTIONS:
         return True
