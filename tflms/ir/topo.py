@@ -1,10 +1,12 @@
-"""Two graph walks the layers above share, for any graph of hashable nodes.
+"""Three graph walks the layers above share, for any graph of hashable nodes.
 
 - :func:`priority_order`: Kahn's topological order with a priority among the ready nodes. The simulator's order from
   observed start times (:func:`tflms.sim.order.order_from_start_times`) and the XLA segment rule's order
   (:mod:`tflms.ir.xla_segments`) are this one loop with different priorities.
 - :func:`connected_groups`: nodes in the groups some edges join (union-find): the XLA clusters of a segment and the
   recompute chains (:mod:`tflms.policies.recompute`).
+- :func:`reachable`: the nodes some edges reach from a start (the cut bound's ancestors and descendants of its
+  gradient op, :mod:`tflms.tune.cut_bound`; the ops after a peak, :mod:`tflms.tune.peakswap`).
 """
 
 from __future__ import annotations
@@ -53,3 +55,16 @@ def connected_groups(nodes: Sequence[Node], edges: Iterable[tuple[Node, Node]]) 
     for n in nodes:
         groups.setdefault(root(n), []).append(n)
     return list(groups.values())
+
+
+def reachable(starts: Iterable[Node], neighbours: Mapping[Node, Sequence[Node]]) -> set[Node]:
+    """``starts`` and every node reached from them along ``neighbours`` (successors: descendants; predecessors:
+    ancestors)."""
+    seen = set(starts)
+    stack = list(seen)
+    while stack:
+        for n in neighbours[stack.pop()]:
+            if n not in seen:
+                seen.add(n)
+                stack.append(n)
+    return seen

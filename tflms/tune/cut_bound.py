@@ -52,6 +52,7 @@ from tflms.ir.consts import is_view_transpose
 from tflms.ir.graph import TensorRef
 from tflms.ir.op_types import (ALIAS_OPS, CONTRACTION_OPS, FREE_OPS, METADATA_OPS, XLA_ASSIGNS, XLA_FUSIBLE,
                                XLA_REDUCTIONS)
+from tflms.ir.topo import reachable
 from tflms.policies.eligibility import recompute_skip_reason
 from tflms.policies.recompute_chains import is_resident
 from tflms.profiles import HardwareProfile, get_profile
@@ -175,8 +176,8 @@ def cut_bound(analysis: Analysis, plain, profile: str | HardwareProfile, budget_
     graph, cats = analysis.graph, analysis.categories
     cap = int((budget_bytes - margin_bytes) / (1.0 + margin_fraction)) - plain.resident_bytes
     cut = cut_op(analysis)
-    before = _ancestors(analysis, cut)
-    after = _descendants(analysis, cut)
+    before = reachable([cut], analysis.predecessors)
+    after = reachable([cut], analysis.graph.adjacency()[1])
     forward = [n for n in analysis.order if cats[n] is Category.FORWARD]
     col = {n: k for k, n in enumerate(forward)}
     n = len(forward)
@@ -317,25 +318,3 @@ def _reads(analysis: Analysis, forward: list[str], before: set[str], readers: Ma
             if ref.op in col and not is_resident(analysis, ref) and graph.tensor(ref).num_bytes:
                 found.setdefault(ref, []).append(v)
     return sorted(found.items(), key=lambda kv: (col[kv[0].op], kv[0].index))
-
-
-def _ancestors(analysis: Analysis, name: str) -> set[str]:
-    preds = analysis.predecessors
-    seen, stack = {name}, [name]
-    while stack:
-        for p in preds[stack.pop()]:
-            if p not in seen:
-                seen.add(p)
-                stack.append(p)
-    return seen
-
-
-def _descendants(analysis: Analysis, name: str) -> set[str]:
-    succs = analysis.graph.adjacency()[1]
-    seen, stack = {name}, [name]
-    while stack:
-        for s in succs[stack.pop()]:
-            if s not in seen:
-                seen.add(s)
-                stack.append(s)
-    return seen

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from tflms.errors import GraphError
 from tflms.ir.graph import Graph, TensorRef
+from tflms.ir.topo import reachable
 from tflms.ir.op_types import ALIAS_OPS, IDENTITY_REDUCTION_OPS
 from tflms.passes.swaps import apply_swaps
 from tflms.policies.eligibility import is_inserted
@@ -220,14 +221,7 @@ def _peak_allocators(graph: Graph, live, floor: float, buf: str, span, peak_t: f
 
 def _descendants(graph: Graph, names: list[str]) -> set[str]:
     """``names`` and every op reachable from them."""
-    _, succs = graph.adjacency()
-    seen, stack = set(names), list(names)
-    while stack:
-        for s in succs[stack.pop()]:
-            if s not in seen:
-                seen.add(s)
-                stack.append(s)
-    return seen
+    return reachable(names, graph.adjacency()[1])
 
 
 def _produced(graph: Graph, tensor: str, span, peak_t: float) -> bool:
