@@ -120,24 +120,6 @@ def residual_graph():
     return graph
 
 
-@pytest.fixture(scope="module")
-def cnn_graph():
-    """A traced residual CNN training step (Keras, batch norm, max pool), read with ``tflms.load_graph``."""
-    keras = pytest.importorskip("keras")
-    import tensorflow as tf
-
-    from tflms.ir.tf_io import load_graph
-    from tflms.testing import make_train_step
-    from tflms.testing.models import residual_bn
-
-    model = residual_bn(seed=0, size=16, filters=8, blocks=2)
-    optimizer = keras.optimizers.SGD(learning_rate=0.05, momentum=0.9)
-    optimizer.build(model.trainable_variables)
-    step = tf.function(make_train_step(model, optimizer))
-    graph = load_graph(step, tf.TensorSpec((8, 16, 16, 3), tf.float32), tf.TensorSpec((8,), tf.int32))
-    return graph, (model, optimizer)
-
-
 def fixture_graph(request, name):
     if name == "cnn":
         return request.getfixturevalue("cnn_graph")[0]
