@@ -1,6 +1,7 @@
 """The least overhead of any plan that fits, at the loss: what each forward tensor costs kept, re-run or sent away.
 
-When the loss has been computed, every forward tensor that a gradient op reads later is in one of three places: on
+When the loss's gradient starts (:func:`cut_op`), every forward tensor that a gradient op reads later is in one of
+three places: on
 the device (*kept*), on the host (*swapped*), or nowhere yet, to be rebuilt by re-running its producers
 (*recomputed*). Whatever a plan does before or after that moment, the device then holds the resident bytes and every
 kept buffer, so a plan that fits keeps at most ``budget / (1 + margin) - resident`` bytes of them. This module finds
@@ -17,9 +18,9 @@ The program, over the forward ops ``v`` that run before the loss (its ancestors)
   that is neither resident nor produced after the loss;
 - a kept tensor's buffer is on the device or the host: ``d_b + h_b >= k_v`` (views share their input's buffer);
 - the device holds at most the budget's bytes: ``sum bytes_b d_b <= cap``;
-- the step lasts at least the plain step plus every re-run's least time, and at least the swapped bytes' time over
-  the host link (they leave in one direction, one copy at a time): ``t >= plain + sum c_v r_v``, ``t >= sum bytes_b
-  h_b / link``; minimise ``t``.
+- the step lasts at least the plain step plus every re-run's least time and reads, and at least the swapped bytes'
+  time over the host link (they leave in one direction, one copy at a time): ``t >= plain + sum c_v r_v + reads``,
+  ``t >= sum bytes_b h_b / link``; minimise ``t``.
 
 A forward op that is not an ancestor of the loss may run after it (the program re-runs it for free); an op that may
 not be re-run (:func:`~tflms.policies.eligibility.recompute_skip_reason`) is kept or swapped.
@@ -30,11 +31,14 @@ Each re-run's least time ``c_v`` (:func:`rerun_floor_s`) is a floor under the ``
 - a library call (product, convolution, an op XLA runs as its own kernel) costs its price, less its launch;
 - a reduction writes its output to memory, and so does an element-wise op a library call reads (a library call
   reads its operands from memory): at least its output's bytes at memory bandwidth;
-- any other element-wise op (or a view) may fuse into its reader: 0.
+- any other element-wise op (or a view) may fuse into its reader: 0;
+- *reads*: a re-run that writes its output and is no library call (whose price counts its reads) is a kernel of its
+  own, and reads each input that is kept, or re-run and written itself, from memory: once per tensor.
 
 Relaxations, each making the bound lower, never higher: one moment only (the backward pass's own peaks, and every
 clone's own memory, are not counted); swapped bytes cost nothing on the device at the loss, and only the swap-outs'
-direction is counted; a fused re-run is free; the resident bytes cannot be swapped (tflms never swaps variables).
+direction is counted; a fused re-run is free. The resident bytes stay on the device (tflms never swaps variables:
+the bound is one for tflms's plans).
 One assumption, stated in the design doc: a clone fused into a gradient op makes that op no cheaper (it reads the
 clone's inputs instead of its output, at least as many bytes, except for casts to a wider type and broadcasts).
 """
