@@ -5,10 +5,14 @@ with ``ConcatV2`` of constants; for the usual axes that permutation is the ident
 hands back its input for a 0-D, 1-D or identity transpose, and shares the input's buffer where the dimensions of size
 other than 1 keep their order (``NonSingletonDimensionsAlign``, tensorflow/core/kernels/transpose_op.cc); XLA's
 algebraic simplifier turns the same transposes into bitcasts. Either way no kernel runs and no buffer is made: the
-simulator prices such a transpose as the view it is (:func:`is_view_transpose`), which BERT-base's step has 204 of.
+simulator prices such a transpose as the view it is (:func:`is_view_transpose`): 72 of BERT-base's 264.
 """
 
 from __future__ import annotations
+
+import math
+
+import numpy as np
 
 from tflms.ir.graph import Graph, Op, TensorRef
 
@@ -47,12 +51,8 @@ def _const_ints(op: Op) -> tuple[int, ...] | None:
     tensor = attrs["value"].tensor
     if tensor.dtype not in (_DT_INT32, _DT_INT64):
         return None
-    dims = [d.size for d in tensor.tensor_shape.dim]
-    count = 1
-    for d in dims:
-        count *= d
+    count = math.prod(d.size for d in tensor.tensor_shape.dim)
     if tensor.tensor_content:
-        import numpy as np
         values = np.frombuffer(tensor.tensor_content, dtype=np.int32 if tensor.dtype == _DT_INT32 else np.int64)
         return tuple(int(v) for v in values)
     listed = list(tensor.int_val if tensor.dtype == _DT_INT32 else tensor.int64_val)

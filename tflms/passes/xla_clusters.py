@@ -36,6 +36,9 @@ it would be none, and the cluster would fail to compile. Its gate becomes a barr
 is element-wise (:data:`~tflms.ir.op_types.XLA_ELEMENTWISE`, whose inputs are all data); otherwise it stays an
 ``Identity`` inside the cluster, where XLA sees through it to the constant, if each clone reading it differs from its
 original by another input or computes integers only; else it stays out (:func:`~tflms.ir.xla_segments.gate_role`).
+A gate that would be a barrier but gates a clone that already waits for the same trigger behind a barrier (the first
+input of a clone that reads only clones) adds no wait: it stays an ``Identity`` inside the cluster, and the chain
+fuses (:func:`~tflms.ir.xla_segments.gates_seen_through`).
 
 **Which ops XLA cannot compile:** :data:`~tflms.ir.op_types.XLA_NEVER_TYPES` (arguments, Python callbacks, ops
 that create resources), ops reading or producing a ``string`` or ``variant`` tensor, and ops with no kernel

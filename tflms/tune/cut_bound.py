@@ -46,7 +46,7 @@ clone's inputs instead of its output, at least as many bytes, except for casts t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -105,11 +105,12 @@ class CutBound:
         return out
 
 
-def cut_op(analysis: Analysis) -> str:
+def cut_op(analysis: Analysis, succs: Mapping[str, Sequence[str]] | None = None) -> str:
     """The gradient op the bound is taken before: the backward op with the most forward ancestors times gradient-op
     descendants (then the least level, then name), in a training step the seed of the loss's gradient, which every
     forward op the loss depends on precedes and nearly every gradient op follows. Any backward op gives a valid
-    bound (module doc); this one keeps the most tensors on both sides of it."""
+    bound (module doc); this one keeps the most tensors on both sides of it. ``succs``: the graph's successors, where
+    the caller has them (:meth:`~tflms.ir.graph.Graph.adjacency`)."""
     order, cats, preds = analysis.order, analysis.categories, analysis.predecessors
     forward_bit, backward_bit = {}, {}
     for name in order:
@@ -125,7 +126,8 @@ def cut_op(analysis: Analysis) -> str:
         for p in preds[name]:
             bits |= above[p]
         above[name] = bits
-    succs = analysis.graph.adjacency()[1]
+    if succs is None:
+        succs = analysis.graph.adjacency()[1]
     below: dict[str, int] = {}
     for name in reversed(order):
         bits = backward_bit.get(name, 0)
@@ -141,19 +143,24 @@ def rerun_floor_s(analysis: Analysis, name: str, profile: HardwareProfile,
     gradient ops that read its outputs (default: every non-forward reader)."""
     graph = analysis.graph
     op = graph.op(name)
-    if op.type in FREE_OPS or op.type in METADATA_OPS or op.type in ALIAS_OPS or is_view_transpose(graph, op):
+    mine = readers.get(name, ()) if readers is not None else tuple(
+        c for ref in _outputs(op, name) for c, _ in graph.consumers(ref)
+        if analysis.categories[c] is not Category.FORWARD)
+    if not _writes(graph, op, mine):
         return 0.0
     if _library(op.type):
         return max(op_time_s(graph, op, profile) - profile.launch_overhead_s, XLA_MIN_KERNEL_S)
     written = sum(info.num_bytes or 0 for info in op.outputs) / profile.effective_memory_bytes_per_s
-    if op.type in XLA_REDUCTIONS:
-        return max(written, XLA_MIN_KERNEL_S)
-    readers = readers.get(name, ()) if readers is not None else tuple(
-        c for ref in _outputs(op, name) for c, _ in graph.consumers(ref)
-        if analysis.categories[c] is not Category.FORWARD)
-    if any(_library(graph.op(r).type) for r in readers):
-        return max(written, XLA_MIN_KERNEL_S)
-    return 0.0
+    return max(written, XLA_MIN_KERNEL_S)
+
+
+def _writes(graph, op, readers: Sequence[str]) -> bool:
+    """Whether a re-run of ``op`` is a kernel of its own that writes its output to memory (module doc): a library
+    call, a reduction, or an element-wise op one of ``readers`` (its gradient readers) reads as a library call; never
+    a view."""
+    if op.type in FREE_OPS or op.type in METADATA_OPS or op.type in ALIAS_OPS or is_view_transpose(graph, op):
+        return False
+    return _library(op.type) or op.type in XLA_REDUCTIONS or any(_library(graph.op(r).type) for r in readers)
 
 
 def _library(op_type: str) -> bool:
@@ -179,9 +186,10 @@ def cut_bound(analysis: Analysis, plain, profile: str | HardwareProfile, budget_
     profile = get_profile(profile)
     graph, cats = analysis.graph, analysis.categories
     cap = int((budget_bytes - margin_bytes) / (1.0 + margin_fraction)) - plain.resident_bytes
-    cut = cut_op(analysis)
+    succs = graph.adjacency()[1]
+    cut = cut_op(analysis, succs)
     before = reachable([cut], analysis.predecessors)
-    after = reachable([cut], analysis.graph.adjacency()[1])
+    after = reachable([cut], succs)
     forward = [n for n in analysis.order if cats[n] is Category.FORWARD]
     col = {n: k for k, n in enumerate(forward)}
     n = len(forward)
@@ -234,21 +242,26 @@ def cut_bound(analysis: Analysis, plain, profile: str | HardwareProfile, budget_
             row([(D + j, 1.0), (H + j, 1.0), (K + c, -1.0)], 0.0, np.inf)
     row([(D + j, sizes[buf] / _GIB) for j, buf in enumerate(bufs)], -np.inf, max(cap, 0) / _GIB)
     cost = np.zeros(n)
+    fixed = []  # before the loss and may not be re-run: kept or swapped
     for v in forward:
-        if v in before and recompute_skip_reason(analysis, v) is None:
-            cost[col[v]] = rerun_floor_s(analysis, v, profile, readers)
+        if v in before:
+            if recompute_skip_reason(analysis, v) is None:
+                cost[col[v]] = rerun_floor_s(analysis, v, profile, readers)
+            else:
+                fixed.append(col[v])
     # reads: a re-run that writes its output (a reduction, or an element-wise op a library call reads) is a kernel of
     # its own, and reads each input that is kept, or re-run and written itself, from memory: once per tensor
     reads = _reads(analysis, forward, before, readers, col)
     Y = T + 1
     for j, (ref, readers_of) in enumerate(reads):
         u = col[ref.op]
+        written = _writes(graph, graph.op(ref.op), readers[ref.op])
         for v in readers_of:
-            if _writes(analysis, ref.op, readers):  # kept or re-run, it is in memory
+            if written:  # kept or re-run, it is in memory
                 row([(Y + j, 1.0), (R + col[v], -1.0)], 0.0, np.inf)
             else:  # unless re-run and fused into the reader
                 row([(Y + j, 1.0), (R + col[v], -1.0), (R + u, 1.0)], 0.0, np.inf)
-    read_ms = [analysis.graph.tensor(ref).num_bytes / profile.effective_memory_bytes_per_s * 1e3
+    read_ms = [graph.tensor(ref).num_bytes / profile.effective_memory_bytes_per_s * 1e3
                for ref, _ in reads]
     # t >= plain + sum c r + reads (in ms), t >= swapped GiB * s/GiB
     ms = 1e3
@@ -259,9 +272,7 @@ def cut_bound(analysis: Analysis, plain, profile: str | HardwareProfile, budget_
     width = Y + len(reads)
     upper = np.ones(width)
     upper[T] = np.inf
-    for v in forward:  # an op that may not be re-run, before the loss, is kept or swapped
-        if v in before and recompute_skip_reason(analysis, v) is not None:
-            upper[R + col[v]] = 0.0
+    upper[[R + c for c in fixed]] = 0.0
     if not swaps:
         upper[H:H + nb] = 0.0
     objective = np.zeros(width)
@@ -296,17 +307,6 @@ def cut_bound(analysis: Analysis, plain, profile: str | HardwareProfile, budget_
                     kept_bytes=int(sum(sizes[b] for j, b in enumerate(bufs) if x[D + j] > 0.5)), **common)
 
 
-def _writes(analysis: Analysis, name: str, readers: Mapping[str, tuple[str, ...]]) -> bool:
-    """Whether a re-run of ``name`` is a kernel of its own that writes its output to memory (module doc)."""
-    op = analysis.graph.op(name)
-    op_type = op.type
-    if op_type in FREE_OPS or op_type in METADATA_OPS or op_type in ALIAS_OPS or is_view_transpose(analysis.graph, op):
-        return False
-    if _library(op_type) or op_type in XLA_REDUCTIONS:
-        return True
-    return any(_library(analysis.graph.op(r).type) for r in readers.get(name, ()))
-
-
 def _reads(analysis: Analysis, forward: list[str], before: set[str], readers: Mapping[str, tuple[str, ...]],
            col: Mapping[str, int]) -> list[tuple[TensorRef, list[str]]]:
     """The forward tensors a re-run that writes its output but is no library call (whose price counts its reads)
@@ -314,11 +314,12 @@ def _reads(analysis: Analysis, forward: list[str], before: set[str], readers: Ma
     graph = analysis.graph
     found: dict[TensorRef, list[str]] = {}
     for v in forward:
-        if v not in before or _library(graph.op(v).type) or not _writes(analysis, v, readers):
+        op = graph.op(v)
+        if v not in before or _library(op.type) or not _writes(graph, op, readers[v]):
             continue
         if recompute_skip_reason(analysis, v) is not None:
             continue
-        for ref in dict.fromkeys(graph.op(v).inputs):
+        for ref in dict.fromkeys(op.inputs):
             if ref.op in col and not is_resident(analysis, ref) and graph.tensor(ref).num_bytes:
                 found.setdefault(ref, []).append(v)
     return sorted(found.items(), key=lambda kv: (col[kv[0].op], kv[0].index))

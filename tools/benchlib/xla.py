@@ -64,12 +64,17 @@ def probe_xla(ev: Evaluator, size: int):
     return Probe(True, result.best.sim, len(result.graph))
 
 
+def _sim(ev: Evaluator, method: str, size: int):
+    """``method``'s simulated step at ``size`` (``none``, a traced one), from the evaluator's cache: probed once."""
+    ev.fits(method, size)
+    return ev.cache[(method, size)].sim
+
+
 def _full(ev: Evaluator, size: int) -> dict[str, Any] | None:
     """tflms-xla's full tune at ``size``: its choice's step and peak, and the plain XLA step there on a GPU with
     unlimited memory."""
-    from tflms.sim import simulate
     graph, _ = ev.steps.graph(ev.model, "plain", size)
-    plain = simulate(graph, ev.profile, options=ev.options)
+    plain = _sim(ev, "none", size)
     t0 = time.perf_counter()
     result = tune_xla(graph, ev, first_fit=False)
     took = time.perf_counter() - t0
@@ -91,10 +96,9 @@ def cut_bounds(ev: Evaluator, size: int) -> dict[str, Any]:
     that fits (``any``) and of any recompute-only plan (``recompute``), a simulated lower bound; ``None`` where none
     fits."""
     from tflms.analysis.cto import analyze_graph
-    from tflms.sim import simulate
     from tflms.tune.cut_bound import cut_bound
     graph, _ = ev.steps.graph(ev.model, "plain", size)
-    plain = simulate(graph, ev.profile, options=ev.options)
+    plain = _sim(ev, "none", size)
     analysis = analyze_graph(graph)
     out: dict[str, Any] = {"batch": size, "simulated": True}
     for key, swaps in (("recompute", False), ("any", True)):
@@ -127,12 +131,9 @@ def run_xla_at(steps, model: str, profile_name: str, size: int, budget: int | No
                headroom: float = HEADROOM) -> dict[str, Any]:
     """``bench.py --xla-targets --at MODEL=SIZE``: no search; at ``size``, tflms-xla's full tune (``None`` where nothing
     fits) and checkpointing's step under XLA, each against the plain XLA step there."""
-    from tflms.sim import simulate
     ev = _evaluator(steps, model, profile_name, budget, None, headroom)
-    graph, _ = steps.graph(model, "checkpoint-segments", size)
-    ckpt = simulate(graph, ev.profile, options=ev.options)
-    plain, _ = steps.graph(model, "plain", size)
-    plain_s = simulate(plain, ev.profile, options=ev.options).step_time_s
+    ckpt = _sim(ev, "checkpoint-segments", size)
+    plain_s = _sim(ev, "none", size).step_time_s
     return {"model": model, "profile": profile_name, "budget_bytes": ev.budget, "headroom": headroom, "batch": size,
             "cut_bound": cut_bounds(ev, size), "checkpoint": {"step_s": ckpt.step_time_s, "overhead": ckpt.step_time_s / plain_s - 1.0,
                            "fits": ckpt.peak_with_margin_bytes <= ev.budget},
@@ -143,7 +144,7 @@ def run_xla_targets(steps, model: str, profile_name: str, budget: int | None, bi
                     headroom: float = HEADROOM) -> dict[str, Any]:
     """One model on one profile: the three maxima, tflms-xla's full tunes, and the targets (module doc)."""
     ev = _evaluator(steps, model, profile_name, budget, bisect_steps, headroom)
-    profile, budget_bytes = ev.profile, ev.budget
+    budget_bytes = ev.budget
     t0 = time.perf_counter()
     maxima = {}
     none_max, none_up = search_max(lambda s: ev.fits("none", s), 1, bisect_steps)
@@ -161,11 +162,8 @@ def run_xla_targets(steps, model: str, profile_name: str, budget: int | None, bi
     none_sim = ev.cache[("none", none_max)].sim
     record["none_at_max"] = {"step_s": none_sim.step_time_s, "samples_per_s": none_max / none_sim.step_time_s}
     # target 1, at checkpointing's maximum
-    graph, _ = steps.graph(model, "checkpoint-segments", ckpt_max)
-    from tflms.sim import simulate
-    ckpt = simulate(graph, profile, options=ev.options)
-    plain, _ = steps.graph(model, "plain", ckpt_max)
-    plain_s = simulate(plain, profile, options=ev.options).step_time_s
+    ckpt = _sim(ev, "checkpoint-segments", ckpt_max)
+    plain_s = _sim(ev, "none", ckpt_max).step_time_s
     record["checkpoint_at_its_max"] = {"batch": ckpt_max, "step_s": ckpt.step_time_s,
                                        "overhead": ckpt.step_time_s / plain_s - 1.0,
                                        "samples_per_s": ckpt_max / ckpt.step_time_s}
