@@ -441,3 +441,43 @@ def test_the_recompute_floor_counts_no_clone_on_the_xla_clocks():
     assert floor == pytest.approx(base.compute_time_s, rel=1e-6) and floor <= recomputed.compute_time_s
     serial = run(plain, "serial")
     assert compute_floor_s(serial, {"b": 2.0}, [clone]) == pytest.approx(serial.compute_time_s + 2.0, rel=1e-6)
+
+
+def test_the_bench_probes_tflms_xla_in_the_enforced_order_as_its_full_tune_judges():
+    """The quick search's probe (``benchlib.xla.probe_xla``) answers "fits" where a plan judged in the enforced order
+    fits, as the full tune picks such plans: on the residual kit step at the resident bytes and 65% of its transient
+    peak on the xla-clusters clock, no first-fit tune in level order fits, the distance rules' plan in the enforced
+    order does. The probe in level order answered "no" there (ResNet-50 at batch 3872 on h100-80gb-pcie5 dropped out
+    of the quick search's maximum so, while the full tune fitted a hybrid)."""
+    import pathlib
+    import sys
+    tools = str(pathlib.Path(__file__).resolve().parent.parent / "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    from benchlib.search import Evaluator
+    from benchlib.xla import _full, probe_xla, xla_options
+    from tflms.errors import BudgetError
+    from tflms.profiles import get_profile
+    from tflms.sim.clock import CLOCK_XLA
+    from tflms.tune.tuner import DEFAULT_STRATEGIES
+    from test_recompute import _residual_bn_32
+
+    graph = _residual_bn_32()[-1]
+
+    class OneStep:  # the bench's Steps, with one traced step at every size
+        def graph(self, model, variant, size):
+            return graph, 0.0
+
+    profile = get_profile("h100-80gb-pcie5")
+    options = SimOptions(margin_fraction=0.05, clock=CLOCK_XLA)
+    base = simulate(graph, profile, options=xla_options(options))
+    budget = base.resident_bytes + int(0.65 * 1.05 * base.transient_peak_bytes)
+    ev = Evaluator(OneStep(), "mlp-tiny", profile, budget, exact=False, options=options)
+    # the control: a first-fit tune in level order finds nothing at this budget
+    with pytest.raises(BudgetError):
+        tune(graph, budget=budget, profile=profile, strategies=list(DEFAULT_STRATEGIES), first_fit=True,
+             sim_options=xla_options(options), enforce_order=False)
+    probe = probe_xla(ev, 32)
+    assert probe.fits and probe.sim.clock == "xla-clusters" and probe.sim.peak_with_margin_bytes <= budget
+    full = _full(ev, 32)  # and the full tune, whose choice the bench reports at the maximum, fits there too
+    assert full is not None and full["peak_with_margin_bytes"] <= budget
