@@ -92,13 +92,6 @@ beside it the plain XLA step (``none`` on the ``xla`` clock) and segment checkpo
 the three maxima, tflms-xla's full tune at checkpointing's maximum and at its own, and the issue's two simulated
 targets (``benchlib.xla``). With ``--json`` one record per line on stdout as each finishes. With ``--at``, no
 search: tflms-xla's full tune and checkpointing under XLA at those sizes, one JSON record each.
-tflms-xla's maximum is searched from checkpointing's with ``tune(first_fit=True, enforce_order=True)`` (as tflms-best's
-probes; every strategy, the finalists judged in the enforced order; ``benchlib.xla.probe_xla``), and its step there is
-the full tune's choice. What the quick search can miss: the probe stops at its first fit and runs no enforced-order
-hybrids (the full tune's last stage), and its greedy swap searches stop where no tensor is left to swap at the peak,
-so a batch only the full tune fits reads as a miss; and the bisection takes fitting as monotone in the batch, so a
-fit above the first miss is not looked for. The reported maximum fits (the probe found a plan there); a larger batch
-may too (``--at MODEL=SIZE`` runs the full tune there).
 
 ``--at MODEL=SIZE,...`` skips the maximum search and runs every method at the given sizes only (batches;
 ``unet3d=160^3`` or ``208x192x192``) exactly as at a search's common size (``search.run_methods_at``):

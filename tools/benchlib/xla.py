@@ -6,8 +6,7 @@ plain XLA step (``none`` on the ``xla`` clock) and against segment checkpointing
 (``checkpoint-segments`` on the ``xla`` clock), per model and profile:
 
 - the largest batch of each (quick search: doubling, then ``bisect_steps`` bisections; tflms-xla's probes are
-  first-fit tunes, starting from checkpointing's maximum, that judge the finalists in the enforced order as the full
-  tune does, :func:`probe_xla`);
+  first-fit tunes in level order, starting from checkpointing's maximum);
 - **target 1**: at checkpointing's maximum, tflms-xla's overhead against the plain XLA step (on a GPU with unlimited
   memory) is at most half of checkpointing's;
 - **target 2**: at tflms-xla's maximum, its samples/s is at least 0.5x the plain XLA step's at its own maximum.
@@ -39,13 +38,12 @@ def xla_options(options: Any) -> Any:
 
 
 def tune_xla(graph, ev: Evaluator, *, first_fit: bool, progress=None):
-    """tflms-xla's tune of ``graph`` (``None`` where nothing fits), in the enforced order as the pipeline tunes
-    (``LMSConfig.orders``): the full tune, or with ``first_fit`` the probe's (:func:`probe_xla`)."""
+    """tflms-xla's tune of ``graph`` (``None`` where nothing fits)."""
     from tflms.errors import BudgetError, GraphError
     from tflms.tune.tuner import DEFAULT_STRATEGIES, tune
     try:
         return tune(graph, budget=ev.budget, profile=ev.profile, strategies=list(DEFAULT_STRATEGIES),
-                    first_fit=first_fit, sim_options=xla_options(ev.options), enforce_order=True,
+                    first_fit=first_fit, sim_options=xla_options(ev.options), enforce_order=not first_fit,
                     progress=progress)
     except BudgetError:
         return None
@@ -55,15 +53,7 @@ def tune_xla(graph, ev: Evaluator, *, first_fit: bool, progress=None):
 
 
 def probe_xla(ev: Evaluator, size: int):
-    """Does ``size`` fit with tflms-xla? A size the plain XLA step fits is left alone (XLA alone first).
-
-    A first-fit tune that judges the finalists in the enforced order (before the recompute search and after it), as
-    the bench's tflms-best probe does: the full tune picks plans judged in that order, so a probe in level order alone
-    answered "no" where the method fits. ResNet-50 at batch 3872 on h100-80gb-pcie5: in level order the last
-    recompute plan's greedy swaps stop at 81.95 GiB against 80 GiB (no tensor left to swap at that peak), while the
-    distance rules' plan in the enforced order needs 61.86 GiB (simulated), and the full tune fits a hybrid there.
-    The probe still stops at the first fit, runs no enforced-order hybrids (the full tune's last stage) and is a
-    heuristic: the quick search's maximum can lie below a batch the full tune fits."""
+    """Does ``size`` fit with tflms-xla? A size the plain XLA step fits is left alone (XLA alone first)."""
     from .search import Probe
     if ev.fits("none", size):
         return Probe(True, ev.cache[("none", size)].sim)
