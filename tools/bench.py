@@ -92,6 +92,16 @@ beside it the plain XLA step (``none`` on the ``xla`` clock) and segment checkpo
 the three maxima, tflms-xla's full tune at checkpointing's maximum and at its own, and the issue's two simulated
 targets (``benchlib.xla``). With ``--json`` one record per line on stdout as each finishes. With ``--at``, no
 search: tflms-xla's full tune and checkpointing under XLA at those sizes, one JSON record each.
+What tflms-xla's quick search can miss: its maximum is searched from checkpointing's with ``tune(first_fit=True)`` in
+level order (``benchlib.xla.probe_xla``), while its step there is the full tune's choice, whose finalists are judged in
+the enforced order and whose last stage runs hybrids with swaps chosen in that order. So a batch that only a plan
+judged in the enforced order fits reads as a miss: ResNet-50 at batch 3872 on h100-80gb-pcie5 (simulated), where the
+probe's last greedy swap search stops 1.95 GiB over the 80 GiB budget with no tensor left to swap at its peak, and the
+full tune fits a hybrid (``--at resnet50=3872``). The bisection also takes fitting as monotone in the batch and stops
+after ``QUICK_BISECT_STEPS``: no batch above the smallest miss found is tried. The reported maximum fits (the probe
+found a plan there); a larger batch may fit with the full tune, which ``--at MODEL=SIZE`` runs. (Probing in the
+enforced order instead overshoots: that first-fit probe fits batches the full tune does not, e.g. resnet50-amp-bf16
+at 6292 on h100-80gb-pcie5; docs/results-gpus-xla-clusters.md, "Nineteenth session".)
 
 ``--at MODEL=SIZE,...`` skips the maximum search and runs every method at the given sizes only (batches;
 ``unet3d=160^3`` or ``208x192x192``) exactly as at a search's common size (``search.run_methods_at``):
