@@ -127,6 +127,8 @@ def test_a_search_stopped_at_its_node_limit_says_so_and_repeats(small_bert):
     assert first.status == "node limit" and first.nodes == NODE_LIMIT
     assert first == second
     assert 0.0 < first.overhead_s < float("inf") and first.recomputed
+    closed = cut_bound(analysis, plain, PROFILE, budget, node_limit=None)  # more nodes prove no less
+    assert closed.status == "optimal" and closed.nodes > NODE_LIMIT and closed.overhead_s >= first.overhead_s
 
 
 def test_the_status_names_the_rule_that_stopped_the_search():

@@ -78,7 +78,8 @@ DEFAULT_NODE_LIMIT = 10_000
 #: A safety net only: seconds after which the search stops whatever the nodes. A bound it stops is not repeatable, and
 #: its status says so ("time limit").
 SAFETY_TIME_LIMIT_S = 3600.0
-#: The relative gap at which HiGHS stops: the bound is its dual bound, which is a bound whatever the gap.
+#: The relative gap at which HiGHS stops: the bound is its dual bound, which is a bound whatever the gap (its
+#: incumbent, up to this much above, is not).
 MIP_REL_GAP = 1e-4
 _GIB = float(1 << 30)
 _MS = 1e3  # the program's times are in milliseconds
@@ -93,7 +94,7 @@ class CutBound:
     overhead_s: float  # no plan that fits adds less to the plain step (inf: none fits)
     cap_bytes: int  # forward bytes the device may hold at the loss
     status: str  # what stopped the search: "optimal" (its gap closed), "node limit" or "time limit" (the safety
-    # net's: not repeatable), the bound then the search's proven bound; or "infeasible"
+    # net's: not repeatable); or "infeasible". The bound is the search's proven bound whatever stopped it
     nodes: int  # branch-and-bound nodes the search explored
     swaps: bool  # whether swaps were allowed
     recomputed: tuple[str, ...]
@@ -372,16 +373,13 @@ def _status(result, node_limit: int | None) -> str:
 
 
 def _answer(program: _Program, result, node_limit: int | None) -> CutBound:
-    """The bound and the choice that reaches it, from HiGHS's answer: at a limit, the bound is the search's proven
-    (dual) bound, or where it has none the linear relaxation's."""
+    """The bound (:func:`_proven`) and the choice the search found, from HiGHS's answer."""
     status = _status(result, node_limit)
     if status == "infeasible":  # nothing fits at the loss
         return _infeasible(program)
     if status is None or result.x is None:
         raise RuntimeError(f"the cut bound's search ended without an answer: {result.message}")
-    proven = result.fun if status == "optimal" else result.mip_dual_bound
-    if proven is None or not np.isfinite(proven):
-        proven = _relaxed(program)
+    proven = _proven(result, program)
     x, col, (R, D, H, _) = result.x, program.col, program.columns
     recomputed = tuple(v for v in program.forward if x[R + col[v]] > 0.5 and v in program.before)
     bufs, sizes = program.bufs, program.sizes
@@ -390,6 +388,14 @@ def _answer(program: _Program, result, node_limit: int | None) -> CutBound:
                     recompute_s=float(sum(program.cost[col[v]] for v in recomputed)),
                     swapped_bytes=int(sum(sizes[b] for j, b in enumerate(bufs) if x[H + j] > 0.5 > x[D + j])),
                     kept_bytes=int(sum(sizes[b] for j, b in enumerate(bufs) if x[D + j] > 0.5)), **program.common)
+
+
+def _proven(result, program: _Program) -> float:
+    """The least ``t`` the search proved: its dual bound, whatever stopped it. "optimal" means the gap closed to
+    :data:`MIP_REL_GAP`, so the incumbent (``result.fun``) may lie above the least overhead by that much and is no
+    bound; a search that proved nothing (no finite dual bound) falls back on the linear relaxation's optimum."""
+    proven = result.mip_dual_bound
+    return proven if proven is not None and np.isfinite(proven) else _relaxed(program)
 
 
 def _relaxed(program: _Program) -> float:
