@@ -210,9 +210,9 @@ def cut_bound(analysis: Analysis, plain, profile: str | HardwareProfile, budget_
 
 @dataclasses.dataclass(frozen=True)
 class _Program:
-    """The mixed-integer program of :func:`cut_bound` (module doc) in :func:`scipy.optimize.milp`'s terms, with what
-    reads its answer: the columns (``r`` and ``k`` by forward op, ``d`` and ``h`` by buffer, ``t``, then the reads)
-    and what each means."""
+    """The mixed-integer program of :func:`cut_bound` (module doc) in :func:`scipy.optimize.milp`'s terms, and what
+    its columns mean (``r`` and ``k`` by forward op, ``d`` and ``h`` by buffer, ``t``, then the reads), to read its
+    answer."""
 
     objective: np.ndarray
     constraints: object  # scipy.optimize.LinearConstraint
