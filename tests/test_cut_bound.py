@@ -2,7 +2,8 @@
 
 Checked: it is 0 where the step fits and infinite where the resident bytes alone do not; it never falls as the budget
 shrinks, and swaps can only lower it; every plan the tuner judges that fits costs at least the bound (recompute plans
-at least the recompute-only bound); each re-run's floor is what the module doc says; the answer is deterministic.
+at least the recompute-only bound); each re-run's floor is what the module doc says; the answer is deterministic,
+where the search closes the gap and where it stops at its node limit (and the status says which).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pytest
 
 from tflms.analysis.cto import analyze_graph
 from tflms.sim import SimOptions, get_profile, simulate
-from tflms.tune.cut_bound import cut_bound, cut_op, rerun_floor_s
+from tflms.tune.cut_bound import _status, cut_bound, cut_op, rerun_floor_s
 from tflms.testing import GraphBuilder, mlp_training_graph
 
 PROFILE = get_profile("h200-141gb")
@@ -94,6 +95,52 @@ def test_the_bound_is_deterministic(cnn):
     budget = plain.resident_bytes + int(0.3 * plain.transient_peak_bytes)
     first, second = (cut_bound(analysis, plain, PROFILE, budget) for _ in range(2))
     assert first == second
+
+
+@pytest.fixture(scope="module")
+def small_bert():
+    """A two-layer BERT (sequence 128, width 128, dropout) at batch 64 and 30% of its activations: on HiGHS 1.12 the
+    any-plan search closes its gap after 552 nodes, far past :data:`NODE_LIMIT`."""
+    keras = pytest.importorskip("keras")
+    import tensorflow as tf
+
+    from tflms.ir.tf_io import load_graph
+    from tflms.testing import make_train_step
+    from tflms.testing.models import bert
+    model = bert(seed=0, length=128, width=128, heads=4, layers=2, dropout=0.1)
+    optimizer = keras.optimizers.Adam(1e-4)
+    optimizer.build(model.trainable_variables)
+    graph = load_graph(tf.function(make_train_step(model, optimizer)), tf.TensorSpec((64, 128), tf.int32),
+                       tf.TensorSpec((64,), tf.int32))
+    plain = simulate(graph, PROFILE, options=XLA)
+    return analyze_graph(graph), plain, plain.resident_bytes + int(0.3 * plain.transient_peak_bytes)
+
+
+NODE_LIMIT = 50
+
+
+def test_a_search_stopped_at_its_node_limit_says_so_and_repeats(small_bert):
+    """The project's rule (the same graph and config, the same figure): a search the node limit stops gives the
+    same bound and choice each time, whatever the machine's speed, and its status names the limit."""
+    analysis, plain, budget = small_bert
+    first, second = (cut_bound(analysis, plain, PROFILE, budget, node_limit=NODE_LIMIT) for _ in range(2))
+    assert first.status == "node limit" and first.nodes == NODE_LIMIT
+    assert first == second
+    assert 0.0 < first.overhead_s < float("inf") and first.recomputed
+    closed = cut_bound(analysis, plain, PROFILE, budget, node_limit=None)  # more nodes prove no less
+    assert closed.status == "optimal" and closed.nodes > NODE_LIMIT and closed.overhead_s >= first.overhead_s
+
+
+def test_the_status_names_the_rule_that_stopped_the_search():
+    """scipy names HiGHS's node limit no status of its own (its status 4, "solution limit"): the count of nodes
+    says so. Its status 1 is the time limit (milp sets no iteration limit)."""
+    from types import SimpleNamespace as Result
+    assert _status(Result(status=0, mip_node_count=7), 10) == "optimal"
+    assert _status(Result(status=2, mip_node_count=0), 10) == "infeasible"
+    assert _status(Result(status=1, mip_node_count=3), 10) == "time limit"
+    assert _status(Result(status=4, mip_node_count=10), 10) == "node limit"
+    assert _status(Result(status=4, mip_node_count=3), 10) is None  # some other end: no answer
+    assert _status(Result(status=4, mip_node_count=3), None) is None
 
 
 def test_rerun_floors():

@@ -20,8 +20,9 @@ import tflms.keras
 from tflms.config import LMSConfig
 from tflms.ir.graph import Graph, TensorRef
 from tflms.ir.tf_io import to_graph_def
-from tflms.passes.xla_clusters import (BARRIER, HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL, SCOPE_PREFIX, TFLMS_COPY,
-                                       XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR, XLA_SCOPE_ATTR, cluster_for_xla)
+from tflms.passes.xla_clusters import (BARRIER, HOST_OP, LEFT_OUT, NEVER_COMPILED, NO_XLA_KERNEL, SCOPE_PREFIX,
+                                       TFLMS_COPY, VARIABLE_READ, XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR,
+                                       XLA_SCOPE_ATTR, cluster_for_xla, leave_out, left_out)
 from tflms.pipeline import rewrite
 from tflms.testing import GraphBuilder, mlp_training_graph
 
@@ -60,8 +61,8 @@ def test_segments_end_at_each_copy_and_the_copies_stay_out():
     result = cluster_for_xla(graph, accelerator_device=CPU, host_device=CPU, has_xla_kernel=_anything_compiles)
     report = result.report
     assert [(k, list(members)) for k, members in report.clusters] == [
-        (0, ["fw/ReadVariableOp_0", "fw/MatMul_0", "fw/Relu_0"]),
-        (1, ["fw/ReadVariableOp_1", "fw/MatMul_1", "fw/Relu_1"]),  # after lms/swap_out_fw/Relu_0_0
+        (0, ["fw/MatMul_0", "fw/Relu_0"]),
+        (1, ["fw/MatMul_1", "fw/Relu_1"]),  # after lms/swap_out_fw/Relu_0_0
         (2, ["loss/Sub"]),  # after lms/swap_out_fw/Relu_1_0
         (3, ["loss/Mean"]),  # after lms/swap_in_fw/Relu_1_0_0 (trigger loss/Sub)
         (3, ["gradient_tape/ReluGrad_1"]),
@@ -73,7 +74,9 @@ def test_segments_end_at_each_copy_and_the_copies_stay_out():
     ]
     assert report.boundaries == ("lms/swap_out_fw/Relu_0_0", "lms/swap_out_fw/Relu_1_0", "lms/swap_in_fw/Relu_1_0_0",
                                  "lms/swap_in_fw/Relu_0_0_0", "lms/swap_in_fw/Relu_0_0_1")
+    # the weights' reads too, each its variable's own buffer to every cluster that reads it (no copy returned)
     assert dict(report.outside) == {**{n: NEVER_COMPILED for n in ("x", "y", "var_0", "var_1")},
+                                    **{n: VARIABLE_READ for n in ("fw/ReadVariableOp_0", "fw/ReadVariableOp_1")},
                                     **{n: TFLMS_COPY for n in report.boundaries}}
     new = result.graph
     for k, members in report.clusters:
@@ -125,7 +128,51 @@ def test_an_op_without_an_xla_kernel_splits_its_segment_and_is_vetoed():
     assert [(k, list(m)) for k, m in result.report.clusters] == [(0, ["a"]), (1, ["c", "d"])]
     assert dict(result.report.outside)["p"] == NO_XLA_KERNEL and result.report.blocked() == ("p",)
     assert _attr(result.graph, "p", XLA_COMPILE_ATTR) is False
-    assert "XLA cannot compile also split segments (e.g. p)" in result.report.to_dict()["why"]
+    assert "op(s) that run outside XLA (not compiled, on the host or left out) also split segments (e.g. p)" in \
+        result.report.to_dict()["why"]
+
+
+def test_a_type_the_machine_leaves_out_splits_its_segment_in_the_pass_and_the_clock():
+    """``leave_out`` (the emulated accelerator's XLA:CPU-only lowerings): a type XLA compiles stays out with
+    ``LEFT_OUT``, and the xla-clusters clock's options leave it out too, so the tuner prices the clusters the pass
+    marks; outside the context it is a member again."""
+    from tflms.pipeline.hardware import xla_sim_options
+    from tflms.sim.simulator import SimOptions
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder")
+    a = b.op("a", "Relu", [x])
+    p = b.op("p", "MaxPoolGrad", [a])
+    c = b.op("c", "Relu", [p])
+    b.op("d", "AddV2", [a, c])
+
+    def clusters() -> tuple[list, dict]:
+        result = cluster_for_xla(b.graph, accelerator_device=CPU, host_device=CPU, has_xla_kernel=_anything_compiles)
+        return [(k, list(m)) for k, m in result.report.clusters], dict(result.report.outside)
+
+    with leave_out({"MaxPoolGrad": "a test"}):
+        assert left_out() == {"MaxPoolGrad": "a test"}
+        assert clusters() == ([(0, ["a"]), (1, ["c", "d"])], {"x": NEVER_COMPILED, "p": LEFT_OUT})
+        assert "MaxPoolGrad" in xla_sim_options(SimOptions(), b.graph, CPU).xla_unsupported
+        with leave_out({}):  # the innermost declaration holds
+            assert clusters()[0] == [(0, ["a", "p", "c", "d"])]
+    assert left_out() == {}
+    assert clusters()[0] == [(0, ["a", "p", "c", "d"])]
+    assert "MaxPoolGrad" not in xla_sim_options(SimOptions(), b.graph, CPU).xla_unsupported
+
+
+def test_the_emulated_accelerator_leaves_out_xla_cpus_own_lowerings():
+    """Planning for the emulated machine declares the max-pool and filter gradients left out of XLA (and oneDNN's
+    kernels); nothing else is declared outside it."""
+    from tflms.devices import runs_onednn_cpu_kernels
+    from tflms.measure import planning_for_emulation
+    from tflms.measure.emulation import EMULATION_XLA_LEFT_OUT
+    assert {"MaxPoolGrad", "MaxPool3DGrad", "Conv2DBackpropFilter", "Conv3DBackpropFilterV2"} <= set(
+        EMULATION_XLA_LEFT_OUT)
+    assert not {"Conv2D", "Conv2DBackpropInput", "MaxPool", "MatMul"} & set(EMULATION_XLA_LEFT_OUT)
+    with planning_for_emulation():
+        assert left_out() == EMULATION_XLA_LEFT_OUT
+        assert runs_onednn_cpu_kernels("/device:CPU:1")
+    assert left_out() == {}
 
 
 def test_host_ops_stay_out_where_the_accelerator_is_a_gpu_and_strings_never_compile():

@@ -8,6 +8,12 @@ TensorFlow's executor on the emulated machine with the accelerator on logical CP
 clusters fail on CPU:1, tflms/measure/emulation.py) and the host on CPU:1, ``DeepCopy`` swaps; its peak is read from
 the allocator's own events (``allocator_trace``: XLA's buffers included; the allocation records see none).
 
+Planned and measured for the emulated machine (``tflms.measure.planning_for_emulation``): the gradients XLA:CPU
+lowers into buffers XLA:GPU does not have (max-pool gradients, filter gradients:
+``tflms.measure.emulation.EMULATION_XLA_LEFT_OUT``) run outside the clusters, in the pass and the simulation alike,
+so that what is measured is the step the simulator prices. ``--all-in-xla`` clusters them too: what XLA:CPU itself
+compiles, and how far that is from the simulation.
+
 Variants: ``original`` (the step clustered as the pass clusters it, nothing swapped); ``rewritten`` (what the
 pipeline returns); ``unpinned`` (the same plan before the budget guarantee, when the guarantee pinned level order
 with control edges: those edges change the clusters).
@@ -104,14 +110,29 @@ def _builders(size: int | None) -> None:
 
 
 def run_model(model: str, *, fractions=DEFAULT_FRACTIONS, repeat: int = 3, batch: int | None = None,
-              size: int | None = None, dump: str | None = None) -> list[Record]:
-    """Rewrite, simulate and measure ``model`` (module doc); one executor subprocess for all its variants."""
+              size: int | None = None, dump: str | None = None, all_in_xla: bool = False) -> list[Record]:
+    """Rewrite, simulate and measure ``model`` (module doc); one executor subprocess for all its variants.
+    ``all_in_xla``: cluster every op XLA:CPU compiles, ``EMULATION_XLA_LEFT_OUT`` too (module doc)."""
+    import contextlib
+
+    from tflms.measure import planning_for_emulation
+    from tflms.passes.xla_clusters import leave_out
+
+    with contextlib.ExitStack() as planning:
+        planning.enter_context(planning_for_emulation())
+        if all_in_xla:
+            planning.enter_context(leave_out({}))
+        return _run_model(model, fractions=fractions, repeat=repeat, batch=batch, size=size, dump=dump)
+
+
+def _run_model(model: str, *, fractions, repeat: int, batch: int | None, size: int | None,
+               dump: str | None) -> list[Record]:
     import tflms.passes.order as order_pass
     from tflms.budget import budget_sim_options
     from tflms.config import LMSConfig
     from tflms.errors import BudgetError
     from tflms.ir import tf_io
-    from tflms.measure import EMULATION_PROFILE, measure_executor_peaks, planning_for_emulation, step_request
+    from tflms.measure import EMULATION_PROFILE, measure_executor_peaks, step_request
     from tflms.measure.emulation import XLA_ACCELERATOR_DEVICE as ACC
     from tflms.measure.emulation import XLA_HOST_DEVICE as HOST
     from tflms.passes.xla_clusters import cluster_for_xla
@@ -148,9 +169,8 @@ def run_model(model: str, *, fractions=DEFAULT_FRACTIONS, repeat: int = 3, batch
             budget = int(base.resident_bytes + fraction * base.transient_peak_bytes)
             progress(f"{model}: rewriting for {fraction} of the transient ({budget / 2**20:.1f} MiB) ...")
             try:
-                with planning_for_emulation():
-                    result = rewrite_step(case.concrete_function, config(budget), copy_op="DeepCopy", xla=True,
-                                          build=False)
+                result = rewrite_step(case.concrete_function, config(budget), copy_op="DeepCopy", xla=True,
+                                      build=False)
             except BudgetError as exc:
                 progress(f"  nothing fits: {exc}")
                 continue
@@ -254,13 +274,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=None, help="input size of resnet50 (64) and unet3d (32)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dump", default=None, help="folder for XLA's buffer assignments (--xla_dump_to)")
+    parser.add_argument("--all-in-xla", action="store_true",
+                        help="cluster the gradients the emulation leaves out too (EMULATION_XLA_LEFT_OUT): the memory "
+                             "of XLA:CPU's own lowerings, which the simulator (XLA:GPU's) does not price")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     fractions = tuple(float(f) for f in args.fractions.split(","))
     records = []
     for model in args.models.split(","):
         records += run_model(model.strip(), fractions=fractions, repeat=args.repeat, batch=args.batch,
-                             size=args.size, dump=args.dump)
+                             size=args.size, dump=args.dump, all_in_xla=args.all_in_xla)
     print(json.dumps([r.to_dict() for r in records], indent=1) if args.json else table(records))
     return 0
 

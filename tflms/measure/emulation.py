@@ -9,7 +9,9 @@ TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -65,12 +67,42 @@ EMULATION_ENV = {"TF_ENABLE_ONEDNN_OPTS": "1"}
 #: oneDNN on) reports only those its BFC part serves and leaves out the small ones (on the 32x32 CNN of
 #: tools/validate_memory.py, 96 of 348 records; the peak 0.6% low). The kernels are the same.
 ALLOCATOR_TRACE_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
-def planning_for_emulation():
-    """A context to plan (tune, rewrite) a step for the emulated accelerator in: its CPU ops run oneDNN's kernels
-    (:data:`EMULATION_ENV`) whatever this process's TensorFlow runs, so the swap rules that depend on them (oneDNN's
-    workspace edges: a swapped ``MaxPool3D`` output fed to ``MaxPool3DGrad`` routes the gradient of tied maxima
-    differently) follow the emulated machine (:func:`tflms.devices.onednn_kernels`)."""
-    return onednn_kernels(EMULATION_ENV["TF_ENABLE_ONEDNN_OPTS"] == "1")
+#: Op types the emulated accelerator runs outside its XLA clusters, in TensorFlow's executor, and why
+#: (:func:`tflms.passes.xla_clusters.leave_out`). XLA:CPU lowers each into buffers that XLA:GPU does not allocate, so
+#: in a cluster they would measure XLA:CPU's compiler, not the XLA step the simulator prices (checked on the zoo CNN,
+#: TensorFlow 2.21: its whole-step cluster's temporary allocation 28.9 MiB with them inside, 0.14 MiB with them out;
+#: docs/design.md, "Measuring a clustered step"):
+#:
+#: - a max-pool gradient is XLA's ``select-and-scatter``, which XLA:CPU's ``SelectAndScatterExpander``
+#:   (cpu_compiler.cc) rewrites into a window reduction over one ``s32`` index tensor per dimension of the pooled
+#:   input, a scatter and a broadcast of its result, and its scheduler computes those operand-free tensors at the
+#:   module's start: 20 bytes per element of a float32 NHWC input, live through the forward pass; XLA:GPU emits
+#:   select-and-scatter as one kernel writing its result;
+#: - a filter gradient is a convolution over the batch dimension, whose operands XLA:CPU's ``ConvCanonicalization``
+#:   and layout assignment transpose into activation-sized copies (the input's often made in the forward pass); XLA:GPU
+#:   calls cuDNN's backward-filter convolution on the operands as they are.
+EMULATION_XLA_LEFT_OUT = {
+    **dict.fromkeys(("MaxPoolGrad", "MaxPoolGradV2", "MaxPool3DGrad"),
+                    "XLA:CPU expands select-and-scatter into index tensors XLA:GPU does not have"),
+    **dict.fromkeys(("Conv2DBackpropFilter", "Conv3DBackpropFilter", "Conv3DBackpropFilterV2"),
+                    "XLA:CPU transposes a filter gradient's operands into copies XLA:GPU does not make"),
+}
+
+
+@contextlib.contextmanager
+def planning_for_emulation() -> Iterator[None]:
+    """A context to plan (tune, rewrite) a step for the emulated accelerator in:
+
+    - its CPU ops run oneDNN's kernels (:data:`EMULATION_ENV`) whatever this process's TensorFlow runs, so the swap
+      rules that depend on them (oneDNN's workspace edges: a swapped ``MaxPool3D`` output fed to ``MaxPool3DGrad``
+      routes the gradient of tied maxima differently) follow the emulated machine
+      (:func:`tflms.devices.onednn_kernels`);
+    - a step that keeps XLA leaves :data:`EMULATION_XLA_LEFT_OUT` out of its clusters, in the clustering pass and in
+      the simulator's ``xla-clusters`` clock alike (:func:`tflms.passes.xla_clusters.leave_out`).
+    """
+    from tflms.passes.xla_clusters import leave_out
+    with onednn_kernels(EMULATION_ENV["TF_ENABLE_ONEDNN_OPTS"] == "1"), leave_out(EMULATION_XLA_LEFT_OUT):
+        yield
 
 
 #: How much of the subprocess stderr an error message quotes.

@@ -42,7 +42,15 @@ fuses (:func:`~tflms.ir.xla_segments.gates_seen_through`).
 
 **Which ops XLA cannot compile:** :data:`~tflms.ir.op_types.XLA_NEVER_TYPES` (arguments, Python callbacks, ops
 that create resources), ops reading or producing a ``string`` or ``variant`` tensor, and ops with no kernel
-registered for the accelerator's XLA device (``has_xla_kernel``; ``XLA_CPU_JIT`` or ``XLA_GPU_JIT``).
+registered for the accelerator's XLA device (``has_xla_kernel``; ``XLA_CPU_JIT`` or ``XLA_GPU_JIT``). Besides, a
+planner may declare op types that the machine it plans for runs outside XLA (:func:`leave_out`, reason ``LEFT_OUT``):
+the emulated accelerator of :mod:`tflms.measure` leaves out the gradients that XLA:CPU lowers into buffers XLA:GPU
+does not have (:data:`tflms.measure.emulation.EMULATION_XLA_LEFT_OUT`).
+
+**Variable reads** that nothing orders (a ``ReadVariableOp`` whose only predecessor is its variable's handle) stay out
+too, reason ``VARIABLE_READ`` (:func:`~tflms.ir.xla_segments.is_free_variable_read`): each cluster then takes the
+variable's own buffer as an input. Inside a cluster, a read whose value other clusters also read (a weight the
+backward pass reads again) would be returned by its cluster, and XLA returns a parameter only as a copy.
 
 **The segment rule.** An op left out is a *boundary* when it lies between members: some member reaches it and it
 reaches some member (a source such as an argument, or a sink, bounds nothing). The ops are taken in one topological
@@ -76,9 +84,10 @@ Deterministic: the same graph gives the same segments, attributes and GraphDef b
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from tflms.ir.graph import Graph, Op, TensorRef
@@ -87,10 +96,11 @@ from tflms.passes.result import PassResult
 from tflms.ir.names import is_clone
 
 # (the rule and its names live below the passes, where the simulator's xla-clusters clock reads them too)
-from tflms.ir.xla_segments import (BARRIER, GATE_BARRIER, GATE_IDENTITY, HOST_OP, NEVER_COMPILED,  # noqa: F401
-                                   NO_XLA_KERNEL, SCOPE_PREFIX, TFLMS_COPY, XLA_COMPILE_ATTR,
-                                   XLA_INTERNAL_SCOPE_ATTR, XLA_SCOPE_ATTR, barrier_operand, connected_clusters,
-                                   gate_role, gates_seen_through, is_gate, is_tflms_copy, segment_rule)
+from tflms.ir.xla_segments import (BARRIER, GATE_BARRIER, GATE_IDENTITY, HOST_OP, LEFT_OUT,  # noqa: F401
+                                   NEVER_COMPILED, NO_XLA_KERNEL, SCOPE_PREFIX, TFLMS_COPY, VARIABLE_READ,
+                                   XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR, XLA_SCOPE_ATTR, barrier_operand,
+                                   connected_clusters, gate_role, gates_seen_through, is_free_variable_read, is_gate,
+                                   is_tflms_copy, segment_rule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,8 +111,8 @@ class ClusterReport:
     clusters left to TensorFlow's executor because they would compute nothing (only
     :data:`~tflms.ir.op_types.FREE_OPS`: constants, identities, variable reads); ``boundaries``: the ops left out
     that lie between members; ``outside``: every op left out of the clusters, with why (``TFLMS_COPY``,
-    ``HOST_OP``, ``NEVER_COMPILED``, ``NO_XLA_KERNEL``); ``jit_device``: the XLA device the kernels were checked
-    for.
+    ``HOST_OP``, ``NEVER_COMPILED``, ``VARIABLE_READ``, ``NO_XLA_KERNEL``, ``LEFT_OUT``); ``jit_device``: the XLA device
+    the kernels were checked for.
     """
 
     clusters: tuple[tuple[int, tuple[str, ...]], ...]
@@ -121,7 +131,7 @@ class ClusterReport:
 
     def blocked(self) -> tuple[str, ...]:
         """The boundaries that are not tflms's copies: ops that split the step's clusters because XLA cannot
-        compile them (or they run on the host)."""
+        compile them, they run on the host, or the machine leaves them out of XLA (:func:`leave_out`)."""
         why = dict(self.outside)
         return tuple(b for b in self.boundaries if why.get(b) != TFLMS_COPY)
 
@@ -137,7 +147,8 @@ class ClusterReport:
         else:
             why = f"no op of this step can be compiled by {self.jit_device}: it runs without XLA"
         if blocked:
-            why += f"; {len(blocked)} op(s) XLA cannot compile also split segments (e.g. {blocked[0]})"
+            why += (f"; {len(blocked)} op(s) that run outside XLA (not compiled, on the host or left out) also split "
+                    f"segments (e.g. {blocked[0]})")
         return {"kept": bool(self.clusters), "clusters": self.num_clusters, "segments": self.num_segments,
                 "cluster_ops": [len(c) for _, c in self.clusters], "boundaries": len(self.boundaries),
                 "blocked_by": list(blocked[:5]), "unmarked": len(self.unmarked),
@@ -148,6 +159,28 @@ class ClusterReport:
 def jit_device_for(accelerator_device: str) -> str:
     """The XLA compilation device of ``accelerator_device``: ``XLA_GPU_JIT`` for a GPU, else ``XLA_CPU_JIT``."""
     return "XLA_GPU_JIT" if "GPU" in accelerator_device.upper() else "XLA_CPU_JIT"
+
+
+#: The op types declared by :func:`leave_out`, innermost last.
+_DECLARED_LEFT_OUT: list[Mapping[str, str]] = []
+
+
+@contextlib.contextmanager
+def leave_out(types: Mapping[str, str]) -> Iterator[None]:
+    """Plan for a machine that runs these op types (``{type: why}``) outside its XLA clusters, in TensorFlow's
+    executor, though XLA could compile them: :func:`cluster_for_xla` leaves them out (reason ``LEFT_OUT``) and the
+    ``xla-clusters`` clock prices them so (:func:`tflms.pipeline.hardware.xla_sim_options`). For a step that another
+    machine will run, as :func:`tflms.devices.onednn_kernels` declares its kernels."""
+    _DECLARED_LEFT_OUT.append(dict(types))
+    try:
+        yield
+    finally:
+        _DECLARED_LEFT_OUT.pop()
+
+
+def left_out() -> Mapping[str, str]:
+    """The op types :func:`leave_out` declares here (``{type: why}``; empty outside it)."""
+    return _DECLARED_LEFT_OUT[-1] if _DECLARED_LEFT_OUT else {}
 
 
 def registered_xla_kernels(jit_device: str) -> Callable[[str], bool]:
@@ -168,12 +201,14 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
     if has_xla_kernel is None:
         has_xla_kernel = registered_xla_kernels(jit_device)
     on_host = _host_check(accelerator_device, host_device)
+    declared = left_out()
     roles = {op.name: _gate_role(graph, op, on_host, has_xla_kernel) for op in graph if _is_gate(op)}
     preds, succs = graph.adjacency()
     topological = graph.topological_order((preds, succs))
     for name in _seen_through(graph, topological, roles):
         roles[name] = GATE_IDENTITY
-    outside = {op.name: why for op in graph if (why := _why_outside(graph, op, on_host, has_xla_kernel, roles))}
+    outside = {op.name: why for op in graph
+               if (why := _why_outside(graph, op, on_host, has_xla_kernel, roles, declared))}
     index = {op.name: i for i, op in enumerate(graph)}
     order, boundary, segment, clusters = segment_rule(topological, index, preds, succs, outside, is_clone)
     kept = [c for c in clusters if not all(graph.op(n).type in FREE_OPS for n in c)]
@@ -210,9 +245,9 @@ def _host_check(accelerator_device: str, host_device: str) -> Callable[[str], bo
 
 
 def _why_outside(graph: Graph, op: Op, on_host: Callable[[str], bool], has_xla_kernel: Callable[[str], bool],
-                 roles: dict[str, str | None]) -> str | None:
+                 roles: dict[str, str | None], declared: Mapping[str, str]) -> str | None:
     """Why ``op`` stays out of every cluster, or ``None`` for a member (``roles``: each recompute gate's,
-    :func:`_gate_role`)."""
+    :func:`_gate_role`; ``declared``: the types :func:`leave_out` declares)."""
     if is_tflms_copy(op.type, op.name) and roles.get(op.name) is None:
         return TFLMS_COPY
     if on_host(op.device):
@@ -220,8 +255,13 @@ def _why_outside(graph: Graph, op: Op, on_host: Callable[[str], bool], has_xla_k
     dtypes = [t.dtype for t in op.outputs] + [graph.tensor(r).dtype for r in op.inputs]
     if op.type in XLA_NEVER_TYPES or any(d in XLA_NEVER_DTYPES for d in dtypes):
         return NEVER_COMPILED
+    if is_free_variable_read(op.type, [graph.op(r.op).type for r in op.inputs] +
+                             [graph.op(c).type for c in op.control_inputs]):
+        return VARIABLE_READ
     if not has_xla_kernel(op.type):
         return NO_XLA_KERNEL
+    if op.type in declared:
+        return LEFT_OUT
     return None
 
 

@@ -38,9 +38,9 @@ from collections.abc import Sequence
 from tflms.errors import GraphError
 from tflms.ir.op_types import FREE_OPS, XLA_NEVER_DTYPES, XLA_NEVER_TYPES
 from tflms.ir.names import is_clone
-from tflms.ir.xla_segments import (BARRIER, HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL, TFLMS_COPY, XLA_COMPILE_ATTR,
-                                   XLA_SCOPE_ATTR, connected_clusters, gate_role, is_gate, is_tflms_copy,
-                                   segment_rule)
+from tflms.ir.xla_segments import (BARRIER, HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL, TFLMS_COPY, VARIABLE_READ,
+                                   XLA_COMPILE_ATTR, XLA_SCOPE_ATTR, connected_clusters, gate_role,
+                                   is_free_variable_read, is_gate, is_tflms_copy, segment_rule)
 from tflms.profiles import HardwareProfile
 from tflms.sim.clock import CLOCK_XLA_CLUSTERS, Kernels, op_durations
 from tflms.sim.cost import op_launches
@@ -93,6 +93,8 @@ def _why_outside(net: IndexedGraph, i: int, is_transfer: Sequence[bool], unsuppo
     if op_type in XLA_NEVER_TYPES or any(t_info[t].dtype in XLA_NEVER_DTYPES for t in net.inputs[i]) or any(
             t_info[t].dtype in XLA_NEVER_DTYPES for t in range(net.out_start[i], net.out_start[i] + net.n_out[i])):
         return NEVER_COMPILED
+    if is_free_variable_read(op_type, [net.types[p] for p in net.preds[i]]):
+        return VARIABLE_READ
     if op_type in unsupported:
         return NO_XLA_KERNEL
     return None

@@ -10,6 +10,12 @@ overhead of every plan of tflms's (swaps, recomputation or both, in any order) a
 whether a target on overhead can be met at all (issue 47's "show why with a bound"). It is Checkmate's formulation
 (Jain et al., MLSys 2020) relaxed to that one moment. Derived in docs/design.md, "The cut bound".
 
+The search stops where its gap closes (:data:`MIP_REL_GAP`) or at :data:`DEFAULT_NODE_LIMIT` branch-and-bound nodes,
+never at a time: HiGHS's search is deterministic (the same program explores the same nodes, whatever its threads), so
+the bound is a function of the step and the budget alone, the same on a fast machine as on a busy one. Stopped
+before its gap closes, the bound is the search's proven (dual) bound: lower than the least overhead, still a bound.
+A wall-clock limit (:data:`SAFETY_TIME_LIMIT_S`) is a safety net only; a bound it stops says so.
+
 The program, over the forward ops ``v`` that run before the loss (its ancestors) and the buffers ``b``:
 
 - each forward tensor a gradient op after the loss reads is kept, swapped or recomputed: ``k_v + r_v >= 1``, where
@@ -63,11 +69,20 @@ from tflms.profiles import HardwareProfile, get_profile
 from tflms.sim.clock import XLA_MIN_KERNEL_S
 from tflms.sim.cost import op_time_s
 
-#: Seconds the exact search may take before the bound is its best proven bound so far (HiGHS's dual bound).
-DEFAULT_TIME_LIMIT_S = 60.0
-#: The relative gap at which HiGHS stops: the bound is its dual bound, which is a bound whatever the gap.
+#: Branch-and-bound nodes the exact search may explore before the bound is its best proven bound so far (HiGHS's
+#: dual bound): a count of work, not seconds, so that the bound depends on its inputs alone and never on the machine's
+#: speed (the project's rule: the same graph and config, the same figure). Chosen by measurement (docs/design.md, "The
+#: cut bound"): the hardest known search, BERT-base's at batch 728 on h200-141gb, closes its gap at 3960 nodes
+#: (recompute only) or not in 72,515 (any plan, whose proven bound is its root's).
+DEFAULT_NODE_LIMIT = 10_000
+#: A safety net only: seconds after which the search stops whatever the nodes. A bound it stops is not repeatable, and
+#: its status says so ("time limit").
+SAFETY_TIME_LIMIT_S = 3600.0
+#: The relative gap at which HiGHS stops: the bound is its dual bound, which is a bound whatever the gap (its
+#: incumbent, up to this much above, is not).
 MIP_REL_GAP = 1e-4
 _GIB = float(1 << 30)
+_MS = 1e3  # the program's times are in milliseconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +93,9 @@ class CutBound:
     plain_step_s: float
     overhead_s: float  # no plan that fits adds less to the plain step (inf: none fits)
     cap_bytes: int  # forward bytes the device may hold at the loss
-    status: str  # "optimal", "time limit" (the bound is the solver's proven bound) or "infeasible"
+    status: str  # what stopped the search: "optimal" (its gap closed), "node limit" or "time limit" (the safety
+    # net's: not repeatable); or "infeasible". The bound is the search's proven bound whatever stopped it
+    nodes: int  # branch-and-bound nodes the search explored
     swaps: bool  # whether swaps were allowed
     recomputed: tuple[str, ...]
     recompute_s: float  # the choice's re-run floor
@@ -176,14 +193,53 @@ def _outputs(op, name: str) -> list[TensorRef]:
 
 def cut_bound(analysis: Analysis, plain, profile: str | HardwareProfile, budget_bytes: int, *,
               margin_fraction: float = 0.0, margin_bytes: int = 0, swaps: bool = True,
-              time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> CutBound:
+              node_limit: int | None = DEFAULT_NODE_LIMIT, time_limit_s: float = SAFETY_TIME_LIMIT_S,
+              log: bool = False) -> CutBound:
     """The least overhead any plan of the step of ``analysis`` adds to ``plain`` (its simulation, on the clock the
     overhead is measured on: its buffers say which tensors are views of which) to fit ``budget_bytes`` with the
-    simulator's margin (module doc). ``swaps=False``: recomputation only."""
-    from scipy import sparse
-    from scipy.optimize import Bounds, LinearConstraint, milp
+    simulator's margin (module doc). ``swaps=False``: recomputation only.
 
-    profile = get_profile(profile)
+    The search stops at ``node_limit`` branch-and-bound nodes (``None``: none), so that the bound is a function of
+    its inputs alone; ``time_limit_s`` is a safety net, and a bound it stopped says so (``status``). ``log``: HiGHS's
+    progress on stdout (nodes, the dual bound, seconds), to measure the search."""
+    program = _program(analysis, plain, get_profile(profile), budget_bytes, margin_fraction, margin_bytes, swaps)
+    if program.cap < 0:  # the resident bytes alone do not fit
+        return _infeasible(program)
+    return _answer(program, _search(program, node_limit, time_limit_s, log), node_limit)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Program:
+    """The mixed-integer program of :func:`cut_bound` (module doc) in :func:`scipy.optimize.milp`'s terms, and what
+    its columns mean (``r`` and ``k`` by forward op, ``d`` and ``h`` by buffer, ``t``, then the reads), to read its
+    answer."""
+
+    objective: np.ndarray
+    constraints: object  # scipy.optimize.LinearConstraint
+    integrality: np.ndarray
+    upper: np.ndarray  # the columns' upper bounds (their lower bounds are 0)
+    forward: list[str]
+    col: dict[str, int]
+    before: set[str]  # the cut's ancestors
+    cost: np.ndarray  # each forward op's re-run floor, seconds
+    bufs: list[str]
+    sizes: dict[str, int]
+    cap: int
+    common: dict  # the fields of CutBound that do not depend on the answer
+
+    @property
+    def columns(self) -> tuple[int, int, int, int]:
+        """The first column of ``r``, ``d``, ``h`` and ``t``."""
+        n, nb = len(self.forward), len(self.bufs)
+        return 0, 2 * n, 2 * n + nb, 2 * n + 2 * nb
+
+
+def _program(analysis: Analysis, plain, profile: HardwareProfile, budget_bytes: int, margin_fraction: float,
+             margin_bytes: int, swaps: bool) -> _Program:
+    """The program (module doc), as sparse rows."""
+    from scipy import sparse
+    from scipy.optimize import LinearConstraint
+
     graph, cats = analysis.graph, analysis.categories
     cap = int((budget_bytes - margin_bytes) / (1.0 + margin_fraction)) - plain.resident_bytes
     succs = graph.adjacency()[1]
@@ -264,10 +320,9 @@ def cut_bound(analysis: Analysis, plain, profile: str | HardwareProfile, budget_
     read_ms = [graph.tensor(ref).num_bytes / profile.effective_memory_bytes_per_s * 1e3
                for ref, _ in reads]
     # t >= plain + sum c r + reads (in ms), t >= swapped GiB * s/GiB
-    ms = 1e3
-    row([(T, 1.0)] + [(R + col[v], -cost[col[v]] * ms) for v in forward if cost[col[v]] > 0]
-        + [(Y + j, -x) for j, x in enumerate(read_ms)], plain.step_time_s * ms, np.inf)
-    link_ms_per_gib = ms * _GIB / profile.effective_link_bytes_per_s
+    row([(T, 1.0)] + [(R + col[v], -cost[col[v]] * _MS) for v in forward if cost[col[v]] > 0]
+        + [(Y + j, -x) for j, x in enumerate(read_ms)], plain.step_time_s * _MS, np.inf)
+    link_ms_per_gib = _MS * _GIB / profile.effective_link_bytes_per_s
     row([(T, 1.0)] + [(H + j, -sizes[buf] / _GIB * link_ms_per_gib) for j, buf in enumerate(bufs)], 0.0, np.inf)
     width = Y + len(reads)
     upper = np.ones(width)
@@ -281,30 +336,78 @@ def cut_bound(analysis: Analysis, plain, profile: str | HardwareProfile, budget_
     integrality[T] = 0
     integrality[Y:] = 0  # (a read is 1 wherever a constraint asks, at the optimum)
     matrix = sparse.csr_matrix((vals, (rows, cols)), shape=(len(lo), width))
-    constraints = LinearConstraint(matrix, lo, hi)
-    result = milp(objective, constraints=constraints, integrality=integrality, bounds=Bounds(0.0, upper),
-                  options={"time_limit": time_limit_s, "mip_rel_gap": MIP_REL_GAP})
     needed_bytes = sum(sizes[b] for b in {owner.get(f"{v}:{k}", f"{v}:{k}") for v in needed
                                           for k in range(len(graph.op(v).outputs))} if b in members)
     common = dict(plain_step_s=plain.step_time_s, cap_bytes=cap, swaps=swaps, needed_bytes=needed_bytes,
                   cut_op=cut, ops_after_loss=sum(1 for v in forward if v not in before),
                   gradient_ops_after=sum(1 for c in after if cats[c] is Category.BACKWARD))
-    if result.x is None or cap < 0:
-        if result.status == 2 or cap < 0:  # infeasible: nothing fits at the loss (or the resident bytes alone)
-            return CutBound(overhead_s=float("inf"), status="infeasible", recomputed=(), recompute_s=0.0,
-                            swapped_bytes=0, kept_bytes=0, **common)
+    return _Program(objective=objective, constraints=LinearConstraint(matrix, lo, hi), integrality=integrality,
+                    upper=upper, forward=forward, col=col, before=before, cost=cost, bufs=bufs, sizes=sizes, cap=cap,
+                    common=common)
+
+
+def _search(program: _Program, node_limit: int | None, time_limit_s: float, log: bool):
+    """HiGHS's answer to ``program`` (:func:`scipy.optimize.milp`'s result), stopped at ``node_limit`` nodes, the
+    gap :data:`MIP_REL_GAP` or ``time_limit_s``, whichever comes first."""
+    from scipy.optimize import Bounds, milp
+    options = {"time_limit": time_limit_s, "mip_rel_gap": MIP_REL_GAP, "disp": log}
+    if node_limit is not None:
+        options["node_limit"] = node_limit
+    return milp(program.objective, constraints=program.constraints, integrality=program.integrality,
+                bounds=Bounds(0.0, program.upper), options=options)
+
+
+def _status(result, node_limit: int | None) -> str:
+    """Which rule stopped the search: ``"optimal"`` (within :data:`MIP_REL_GAP`), ``"node limit"`` (HiGHS's
+    "solution limit", which scipy does not name: its status 4 with the node count at the limit), ``"time limit"``
+    (scipy's status 1: milp sets no iteration limit) or ``"infeasible"``; ``None`` for any other end."""
+    if result.status == 0:
+        return "optimal"
+    if result.status == 2:
+        return "infeasible"
+    if result.status == 1:
+        return "time limit"
+    if result.status == 4 and node_limit is not None and (result.mip_node_count or 0) >= node_limit:
+        return "node limit"
+    return None
+
+
+def _answer(program: _Program, result, node_limit: int | None) -> CutBound:
+    """The bound (:func:`_proven`) and the choice the search found, from HiGHS's answer."""
+    status = _status(result, node_limit)
+    if status == "infeasible":  # nothing fits at the loss
+        return _infeasible(program)
+    if status is None or result.x is None:
         raise RuntimeError(f"the cut bound's search ended without an answer: {result.message}")
-    x = result.x
-    proven = result.fun if result.status == 0 else getattr(result, "mip_dual_bound", None)
-    if proven is None or not np.isfinite(proven):
-        relaxed = milp(objective, constraints=constraints, integrality=np.zeros(width), bounds=Bounds(0.0, upper))
-        proven = relaxed.fun
-    recomputed = tuple(v for v in forward if x[R + col[v]] > 0.5 and v in before)
-    return CutBound(overhead_s=max(0.0, proven / ms - plain.step_time_s),
-                    status="optimal" if result.status == 0 else "time limit", recomputed=recomputed,
-                    recompute_s=float(sum(cost[col[v]] for v in recomputed)),
+    proven = _proven(result, program)
+    x, col, (R, D, H, _) = result.x, program.col, program.columns
+    recomputed = tuple(v for v in program.forward if x[R + col[v]] > 0.5 and v in program.before)
+    bufs, sizes = program.bufs, program.sizes
+    return CutBound(overhead_s=max(0.0, proven / _MS - program.common["plain_step_s"]), status=status,
+                    nodes=int(result.mip_node_count or 0), recomputed=recomputed,
+                    recompute_s=float(sum(program.cost[col[v]] for v in recomputed)),
                     swapped_bytes=int(sum(sizes[b] for j, b in enumerate(bufs) if x[H + j] > 0.5 > x[D + j])),
-                    kept_bytes=int(sum(sizes[b] for j, b in enumerate(bufs) if x[D + j] > 0.5)), **common)
+                    kept_bytes=int(sum(sizes[b] for j, b in enumerate(bufs) if x[D + j] > 0.5)), **program.common)
+
+
+def _proven(result, program: _Program) -> float:
+    """The least ``t`` the search proved: its dual bound, whatever stopped it. "optimal" means the gap closed to
+    :data:`MIP_REL_GAP`, so the incumbent (``result.fun``) may lie above the least overhead by that much and is no
+    bound; a search that proved nothing (no finite dual bound) falls back on the linear relaxation's optimum."""
+    proven = result.mip_dual_bound
+    return proven if proven is not None and np.isfinite(proven) else _relaxed(program)
+
+
+def _relaxed(program: _Program) -> float:
+    """The linear relaxation's optimum: a bound where the search stopped before proving one."""
+    from scipy.optimize import Bounds, milp
+    return milp(program.objective, constraints=program.constraints, integrality=np.zeros_like(program.integrality),
+                bounds=Bounds(0.0, program.upper)).fun
+
+
+def _infeasible(program: _Program) -> CutBound:
+    return CutBound(overhead_s=float("inf"), status="infeasible", nodes=0, recomputed=(), recompute_s=0.0,
+                    swapped_bytes=0, kept_bytes=0, **program.common)
 
 
 def _reads(analysis: Analysis, forward: list[str], before: set[str], readers: Mapping[str, tuple[str, ...]],

@@ -94,7 +94,8 @@ def _full(ev: Evaluator, size: int) -> dict[str, Any] | None:
 def cut_bounds(ev: Evaluator, size: int) -> dict[str, Any]:
     """The cut bound (:mod:`tflms.tune.cut_bound`) at ``size``: the least overhead against the plain XLA step of any plan
     that fits (``any``) and of any recompute-only plan (``recompute``), a simulated lower bound; ``None`` where none
-    fits."""
+    fits. Beside each, its search's status (which rule stopped it: the gap, the node limit, or the safety net's time
+    limit, whose figure is not repeatable), its nodes and its seconds."""
     from tflms.analysis.cto import analyze_graph
     from tflms.tune.cut_bound import cut_bound
     graph, _ = ev.steps.graph(ev.model, "plain", size)
@@ -107,6 +108,7 @@ def cut_bounds(ev: Evaluator, size: int) -> dict[str, Any]:
                           margin_bytes=ev.options.margin_bytes, swaps=swaps)
         out[key] = None if not bound.fits else bound.overhead
         out[f"{key}_status"] = bound.status
+        out[f"{key}_nodes"] = bound.nodes
         out[f"{key}_s"] = time.perf_counter() - t0
     say(f"{ev.model} {ev.profile.name}: cut bound at batch {size}: recompute only "
         f"{_pct(out['recompute'])}, any plan {_pct(out['any'])}")
