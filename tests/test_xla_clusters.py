@@ -115,15 +115,21 @@ def test_no_cluster_reaches_itself_through_a_copy(layers):
     assert not _contracted_is_acyclic(graph, everything)
 
 
-def test_an_op_without_an_xla_kernel_splits_its_segment_and_is_vetoed():
-    """A member-to-member path through an op XLA cannot compile would be a cycle: the op is a boundary too."""
+def _through(middle: str) -> Graph:
+    """``a = relu(x)``, ``p = middle(a)``, ``c = relu(p)``, ``d = a + c``: every path from ``a`` to ``d`` but one
+    runs through ``p``."""
     b = GraphBuilder()
     x = b.op("x", "Placeholder")
     a = b.op("a", "Relu", [x])
-    p = b.op("p", "NoKernelOp", [a])
+    p = b.op("p", middle, [a])
     c = b.op("c", "Relu", [p])
     b.op("d", "AddV2", [a, c])
-    result = cluster_for_xla(b.graph, accelerator_device=CPU, host_device=CPU,
+    return b.graph
+
+
+def test_an_op_without_an_xla_kernel_splits_its_segment_and_is_vetoed():
+    """A member-to-member path through an op XLA cannot compile would be a cycle: the op is a boundary too."""
+    result = cluster_for_xla(_through("NoKernelOp"), accelerator_device=CPU, host_device=CPU,
                              has_xla_kernel=lambda t: t != "NoKernelOp")
     assert [(k, list(m)) for k, m in result.report.clusters] == [(0, ["a"]), (1, ["c", "d"])]
     assert dict(result.report.outside)["p"] == NO_XLA_KERNEL and result.report.blocked() == ("p",)
@@ -138,26 +144,21 @@ def test_a_type_the_machine_leaves_out_splits_its_segment_in_the_pass_and_the_cl
     marks; outside the context it is a member again."""
     from tflms.pipeline.hardware import xla_sim_options
     from tflms.sim.simulator import SimOptions
-    b = GraphBuilder()
-    x = b.op("x", "Placeholder")
-    a = b.op("a", "Relu", [x])
-    p = b.op("p", "MaxPoolGrad", [a])
-    c = b.op("c", "Relu", [p])
-    b.op("d", "AddV2", [a, c])
+    graph = _through("MaxPoolGrad")
 
     def clusters() -> tuple[list, dict]:
-        result = cluster_for_xla(b.graph, accelerator_device=CPU, host_device=CPU, has_xla_kernel=_anything_compiles)
+        result = cluster_for_xla(graph, accelerator_device=CPU, host_device=CPU, has_xla_kernel=_anything_compiles)
         return [(k, list(m)) for k, m in result.report.clusters], dict(result.report.outside)
 
     with leave_out({"MaxPoolGrad": "a test"}):
         assert left_out() == {"MaxPoolGrad": "a test"}
         assert clusters() == ([(0, ["a"]), (1, ["c", "d"])], {"x": NEVER_COMPILED, "p": LEFT_OUT})
-        assert "MaxPoolGrad" in xla_sim_options(SimOptions(), b.graph, CPU).xla_unsupported
+        assert "MaxPoolGrad" in xla_sim_options(SimOptions(), graph, CPU).xla_unsupported
         with leave_out({}):  # the innermost declaration holds
             assert clusters()[0] == [(0, ["a", "p", "c", "d"])]
     assert left_out() == {}
     assert clusters()[0] == [(0, ["a", "p", "c", "d"])]
-    assert "MaxPoolGrad" not in xla_sim_options(SimOptions(), b.graph, CPU).xla_unsupported
+    assert "MaxPoolGrad" not in xla_sim_options(SimOptions(), graph, CPU).xla_unsupported
 
 
 def test_the_emulated_accelerator_leaves_out_xla_cpus_own_lowerings():
