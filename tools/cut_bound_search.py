@@ -31,18 +31,14 @@ KINDS = {"recompute": (False,), "any": (True,), "both": (False, True)}
 
 def bench_step(model: str, profile_name: str, size: int, headroom: float):
     """``(analysis, plain, profile, budget, options)``: the plain step of ``model`` at ``size`` and its simulation on
-    the ``xla`` clock, with the bench's budget and headroom (``benchlib.xla.cut_bounds``'s inputs)."""
+    the ``xla`` clock, taken from the bench's own evaluator, as ``benchlib.xla.cut_bounds`` takes them."""
     from benchlib.models import Steps
-    from benchlib.search import budget_for
+    from benchlib.xla import _evaluator, _sim
 
     from tflms.analysis.cto import analyze_graph
-    from tflms.sim import SimOptions, get_profile, simulate
-    from tflms.sim.clock import CLOCK_XLA
-    profile = get_profile(profile_name)
-    options = SimOptions(margin_fraction=headroom, clock=CLOCK_XLA)
-    graph, _ = Steps().graph(model, "plain", size)
-    return analyze_graph(graph), simulate(graph, profile, options=options), profile, budget_for(
-        model, profile, None), options
+    ev = _evaluator(Steps(), model, profile_name, None, None, headroom)
+    graph, _ = ev.steps.graph(model, "plain", size)
+    return analyze_graph(graph), _sim(ev, "none", size), ev.profile, ev.budget, ev.options
 
 
 def solve(step, swaps: bool, node_limit: int | None, time_limit_s: float, log: bool) -> tuple[dict, float]:

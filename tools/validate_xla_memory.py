@@ -37,6 +37,7 @@ XLA writes each cluster's buffer assignment there (``XLA_FLAGS=--xla_dump_to``) 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -118,8 +119,6 @@ def run_model(model: str, *, fractions=DEFAULT_FRACTIONS, repeat: int = 3, batch
               size: int | None = None, dump: str | None = None, all_in_xla: bool = False) -> list[Record]:
     """Rewrite, simulate and measure ``model`` (module doc); one executor subprocess per variant.
     ``all_in_xla``: cluster every op XLA:CPU compiles, ``EMULATION_XLA_LEFT_OUT`` too (module doc)."""
-    import contextlib
-
     from tflms.measure import planning_for_emulation
     from tflms.passes.xla_clusters import leave_out
 
@@ -200,13 +199,11 @@ def _run_model(model: str, *, fractions, repeat: int, batch: int | None, size: i
     t0 = time.perf_counter()
     runs = []
     for k, request in enumerate(requests):  # one subprocess per variant (module doc, "Isolation")
-        if dump:
-            folder = Path(dump) / f"{model}_{k}"
-            with _xla_flags(f"--xla_dump_to={folder} --xla_dump_hlo_as_text"):
-                runs.append(measure_executor_peaks([request] * repeat, timeout_s=600 * repeat))
-            temps[k] = largest_temp(folder)
-        else:
+        folder = Path(dump) / f"{model}_{k}" if dump else None
+        with _xla_flags(f"--xla_dump_to={folder} --xla_dump_hlo_as_text") if folder else contextlib.nullcontext():
             runs.append(measure_executor_peaks([request] * repeat, timeout_s=600 * repeat))
+        if folder:
+            temps[k] = largest_temp(folder)
     progress(f"  {time.perf_counter() - t0:.0f} s")
     records = []
     for (name, budget, _, _, guarantee, predicted), sim, measured, temp in zip(variants, sims, runs, temps):

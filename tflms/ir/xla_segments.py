@@ -7,7 +7,7 @@ why it closes no cycle are in :mod:`tflms.passes.xla_clusters`'s doc.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from tflms.ir.names import CLONE_PREFIX, is_clone, is_inserted
@@ -28,8 +28,8 @@ TFLMS_COPY = "tflms copy"         # swap-out, swap-in, recompute gate, codec cal
 HOST_OP = "host op"               # placed on the host while the accelerator is another device
 NEVER_COMPILED = "never compiled"  # XLA_NEVER_TYPES or a string/variant tensor
 NO_XLA_KERNEL = "no XLA kernel"   # no kernel registered for the accelerator's XLA device
-LEFT_OUT = "left out"             # a type the machine planned for runs outside XLA (tflms.passes.xla_clusters.leave_out)
-VARIABLE_READ = "variable read"   # a read of a variable that nothing orders (is_shared_variable_read)
+LEFT_OUT = "left out"             # a type the machine planned for runs outside XLA (xla_clusters.leave_out)
+VARIABLE_READ = "variable read"   # a read of a variable that nothing orders (is_free_variable_read)
 
 
 def segment_rule(topological: Sequence[Node], index: Mapping[Node, int], preds: Mapping[Node, Sequence[Node]],
@@ -212,15 +212,16 @@ def _move_up(order: list[Node], preds: Mapping[Node, Sequence[Node]], succs: Map
             segment[name] = max(segment[name], min(segment[s] for s in succs[name]))
 
 
-def is_free_variable_read(op_type: str, pred_types: Sequence[str]) -> bool:
+def is_free_variable_read(op_type: str, pred_types: Iterable[str]) -> bool:
     """Whether an op is a ``ReadVariableOp`` whose only predecessors are the step's arguments (its variable's handle;
     no control input), which stays out of every cluster (reason ``VARIABLE_READ``).
 
     Inside a cluster, a read whose value another cluster (or an op outside) also reads becomes an output of its
     cluster, and XLA returns an entry parameter only as a copy (``CopyInsertion`` copies the live-out parameters it
-    may not alias), so the cluster writes a second copy of the variable that lives until its last reader: on the zoo
-    ResNet-50 at 64x64, batch 16, the forward cluster returned 160 such copies (docs/design.md, "Measuring a clustered
-    step"). Outside, the read hands each cluster the variable's own buffer as an input. Nothing reaches such a read,
-    so leaving it out bounds no segment and the clusters are the same.
+    may not alias), so the cluster writes a second copy of the variable that lives until its last reader (the zoo
+    ResNet-50's forward module returned one of each weight the backward pass reads: docs/design.md, "What XLA:CPU
+    allocated, separated"). Outside, the read hands each cluster the variable's own buffer as an input. Nothing reaches
+    such a read, so leaving it out bounds no segment and the clusters are the same. ``pred_types`` is read only for a
+    ``ReadVariableOp`` (callers on every op pass a generator).
     """
     return op_type == "ReadVariableOp" and all(t in SOURCE_OPS for t in pred_types)

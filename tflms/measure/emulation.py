@@ -70,8 +70,9 @@ ALLOCATOR_TRACE_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
 #: Op types the emulated accelerator runs outside its XLA clusters, in TensorFlow's executor, and why
 #: (:func:`tflms.passes.xla_clusters.leave_out`). XLA:CPU lowers each into buffers that XLA:GPU does not allocate, so
 #: in a cluster they would measure XLA:CPU's compiler, not the XLA step the simulator prices (checked on the zoo CNN,
-#: TensorFlow 2.21: its whole-step cluster's temporary allocation 28.9 MiB with them inside, 0.14 MiB with them out;
-#: docs/design.md, "Measuring a clustered step"):
+#: TensorFlow 2.21: its whole-step cluster's temporary allocation 28.9 MiB with them inside, 0.14 MiB with them out,
+#: ``tools/validate_xla_memory.py --dump DIR`` with and without ``--all-in-xla``; docs/design.md, "Measuring a
+#: clustered step"):
 #:
 #: - a max-pool gradient is XLA's ``select-and-scatter``, which XLA:CPU's ``SelectAndScatterExpander``
 #:   (cpu_compiler.cc) rewrites into a window reduction over one ``s32`` index tensor per dimension of the pooled

@@ -255,8 +255,7 @@ def _why_outside(graph: Graph, op: Op, on_host: Callable[[str], bool], has_xla_k
     dtypes = [t.dtype for t in op.outputs] + [graph.tensor(r).dtype for r in op.inputs]
     if op.type in XLA_NEVER_TYPES or any(d in XLA_NEVER_DTYPES for d in dtypes):
         return NEVER_COMPILED
-    if is_free_variable_read(op.type, [graph.op(r.op).type for r in op.inputs] +
-                             [graph.op(c).type for c in op.control_inputs]):
+    if is_free_variable_read(op.type, (graph.op(p).type for p in (*(r.op for r in op.inputs), *op.control_inputs))):
         return VARIABLE_READ
     if not has_xla_kernel(op.type):
         return NO_XLA_KERNEL

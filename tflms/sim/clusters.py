@@ -93,7 +93,7 @@ def _why_outside(net: IndexedGraph, i: int, is_transfer: Sequence[bool], unsuppo
     if op_type in XLA_NEVER_TYPES or any(t_info[t].dtype in XLA_NEVER_DTYPES for t in net.inputs[i]) or any(
             t_info[t].dtype in XLA_NEVER_DTYPES for t in range(net.out_start[i], net.out_start[i] + net.n_out[i])):
         return NEVER_COMPILED
-    if is_free_variable_read(op_type, [net.types[p] for p in net.preds[i]]):
+    if is_free_variable_read(op_type, (net.types[p] for p in net.preds[i])):
         return VARIABLE_READ
     if op_type in unsupported:
         return NO_XLA_KERNEL
