@@ -93,8 +93,8 @@ def _full(ev: Evaluator, size: int) -> dict[str, Any] | None:
 
 def cut_bounds(ev: Evaluator, size: int) -> dict[str, Any]:
     """The cut bound (:mod:`tflms.tune.cut_bound`) at ``size``: the least overhead against the plain XLA step of any plan
-    that fits (``any``) and of any recompute-only plan (``recompute``), a simulated lower bound; ``None`` where none
-    fits. Beside each, its search's status (which rule stopped it: the gap, the node limit, or the safety net's time
+    that fits (``any``) and of any recompute-only plan (``recompute``), simulated, and a lower bound except where a
+    fused re-run saves a read (docs/design.md, "The cut bound"); ``None`` where none fits. Beside each, its search's status (which rule stopped it: the gap, the node limit, or the safety net's time
     limit, whose figure is not repeatable), its nodes and its seconds."""
     from tflms.analysis.cto import analyze_graph
     from tflms.tune.cut_bound import cut_bound
