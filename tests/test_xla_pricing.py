@@ -186,6 +186,75 @@ def test_a_cluster_holds_its_inputs_until_it_ends():
     assert clustered.peak_bytes > whole.peak_bytes
 
 
+def momentum_step(*, ordered: bool = True):
+    """A Keras SGD momentum update, by hand: slot ``m <- m * c - g`` (``AssignVariableOp``), then ``w += read(m)``
+    (``AssignAddVariableOp``), the read ordered after the slot's write by a control edge (as TensorFlow's automatic
+    control dependencies order them), where ``ordered``; ``g = x @ x`` is the gradient."""
+    b = GraphBuilder()
+    b.op("x", "Placeholder", shape=T)
+    b.op("m", "Placeholder", shape=(), dtype="resource")
+    b.op("w", "Placeholder", shape=(), dtype="resource")
+    b.op("c", "Const", shape=())
+    b.op("g", "MatMul", ["x", "x"], shape=T)
+    b.op("m_old", "ReadVariableOp", ["m"], shape=T)
+    b.op("m_scaled", "Mul", ["m_old", "c"], shape=T)
+    b.op("m_new", "Sub", ["m_scaled", "g"], shape=T)
+    b.op("assign_m", "AssignVariableOp", ["m", "m_new"], shape=None, num_outputs=0)
+    b.op("m_read", "ReadVariableOp", ["m"], control=["assign_m"] if ordered else (), shape=T)
+    b.op("update_w", "AssignAddVariableOp", ["w", "m_read"], shape=None, num_outputs=0)
+    return b.graph
+
+
+def test_a_write_and_a_later_read_of_a_variable_run_in_two_clusters():
+    """A cluster reads its variables when it starts and writes them when it ends, so TensorFlow never clusters a write
+    with a read a path orders after it (resource_operation_safety_analysis.cc): the slot's update and the variable's
+    update that reads it run as two clusters, in the pass and on the clock alike."""
+    marked = cluster_for_xla(momentum_step(), accelerator_device=GPU, host_device=HOST, has_xla_kernel=lambda t: True)
+    expected = [{"c", "g", "m_scaled", "m_new", "assign_m"}, {"m_read", "update_w"}]
+    assert [set(m) for _, m in marked.report.clusters] == expected
+    found = clusters_of(momentum_step())
+    assert [{n for n, k in found.items() if k == c} for c in range(2)] == expected
+    # unordered, the read is a free one (outside every cluster) and nothing keeps the updates apart
+    free = cluster_for_xla(momentum_step(ordered=False), accelerator_device=GPU, host_device=HOST,
+                           has_xla_kernel=lambda t: True)
+    assert [set(m) for _, m in free.report.clusters] == [{"c", "g", "m_scaled", "m_new", "assign_m"}, {"update_w"}]
+
+
+def test_resource_order_a_read_after_a_write_or_modify_moves_on_and_anything_before_a_write_stays():
+    from tflms.ir.xla_segments import MODIFY, READ, WRITE, segment_rule
+    # a chain of resource ops, each ordered after the one before: w1 (write), w2 (write), r (read), a (modify),
+    # q (read), then p (plain)
+    chain = ["w1", "w2", "r", "a", "q", "p"]
+    preds = {n: [chain[k - 1]] if k else [] for k, n in enumerate(chain)}
+    succs = {n: [chain[k + 1]] if k + 1 < len(chain) else [] for k, n in enumerate(chain)}
+    kinds = {"w1": WRITE, "w2": WRITE, "r": READ, "a": MODIFY, "q": READ}
+    _, _, segment, clusters = segment_rule(chain, {n: k for k, n in enumerate(chain)}, preds, succs, {},
+                                           lambda n: False, kinds)
+    # write -> write is safe; write -> read is not; read -> modify is safe; modify -> read is not
+    assert [segment[n] for n in chain] == [0, 0, 1, 1, 2, 2]
+    assert [list(c) for c in clusters] == [["w1", "w2"], ["r", "a"], ["q", "p"]]
+    # without kinds, one segment
+    _, _, plain, _ = segment_rule(chain, {n: k for k, n in enumerate(chain)}, preds, succs, {}, lambda n: False)
+    assert set(plain.values()) == {0}
+
+
+def test_a_cluster_writes_each_updated_variable_to_a_buffer_of_its_own_until_it_ends():
+    """XlaCompileOp compiles with may_alias_resource_update=false: the new value of a variable a cluster updates is a
+    result buffer, allocated when the cluster starts and given to the variable when it ends. A step compiled whole
+    (XlaLaunch, the xla clock) updates in place."""
+    g = momentum_step()
+    clustered, whole = run(g, "xla-clusters"), run(g, "xla")
+    t, life = spans(clustered), lifetimes(clustered)
+    # the slot's new value (m_scaled and m_new fuse into its update) lives through the first cluster, named by its
+    # handle; the variable's (w + m_read) through the second
+    first_end, second_end = t["assign_m"][1], t["update_w"][1]
+    assert life["m:0"] == (0.0, first_end)
+    assert life["w:0"] == (first_end, second_end)
+    assert "m_new:0" not in buffers(clustered)
+    assert not {"m:0", "w:0"} & buffers(whole)
+    assert clustered.transient_peak_bytes == whole.transient_peak_bytes + 64
+
+
 # ---------------------------------------------------------------- the tuner's XLA path
 
 
@@ -209,9 +278,10 @@ def test_the_tuner_prices_every_candidate_on_the_clustered_clock():
 
 
 def test_the_pipeline_keeps_xla_priced_by_its_clusters():
-    graph = mlp_training_graph(4)
+    # a batch at which the activations outweigh the clusters' new variable values, and a budget under XLA alone's peak
+    graph = mlp_training_graph(4, batch=256)
     profile = "h100-80gb-pcie5"
-    peak = simulate(graph, profile, options=SimOptions(clock="xla-clusters")).peak_bytes
+    peak = simulate(graph, profile, options=SimOptions(clock="xla")).peak_bytes
     config = LMSConfig(budget_bytes=int(peak * 0.96), profile=profile, enforce_order=False)
     out = rewrite_step(graph, config, build=False, xla=True)
     assert out.report.tuning["clock"] == "xla-clusters"

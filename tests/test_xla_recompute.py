@@ -98,10 +98,12 @@ def test_recomputed_step_keeps_its_clusters_and_trains_bitwise_like_plain_xla(mo
     assert_bitwise_equal(plain, again, "plain XLA vs plain XLA (the control)")
     barriers, report, ran = _train(model_name, recompute_everything)
     gated, gated_report, gated_ran = _train(model_name, lambda s, ex: recompute_everything(s, ex, barriers=False))
-    assert report.num_clusters <= 2 < gated_report.num_clusters, (report.to_dict(), gated_report.to_dict())
+    assert report.num_clusters < gated_report.num_clusters, (report.to_dict(), gated_report.to_dict())
     assert not report.boundaries and len(gated_report.boundaries) > 2
+    # TensorFlow ran the clusters the pass predicted, the optimizer's resource split included
     ran_clusters, gated_clusters = _xla_runs(ran), _xla_runs(gated_ran)
-    assert 1 <= ran_clusters <= report.num_clusters + 1 < gated_clusters, (ran_clusters, gated_clusters)
+    assert (ran_clusters, gated_clusters) == (report.num_clusters, gated_report.num_clusters), (
+        report.to_dict(), gated_report.to_dict())
     assert_bitwise_equal(plain, barriers, f"{model_name}: every recompute, barrier gates, vs plain jit_compile=True")
     # why the barrier matters for the bits: the Identity gates' boundaries change how XLA fuses and rounds
     assert bitwise_diff(plain, gated), f"{model_name}: Identity gates were expected to change XLA's rounding"
@@ -141,11 +143,13 @@ def _optimized_clone_ops(tmp_path, model: str, keep: bool) -> tuple[collections.
 
 @pytest.mark.slow
 def test_xla_keeps_the_clones_behind_barriers_and_merges_them_without(tmp_path):
-    """The zoo MLP, recomputed, is one cluster either way. With barrier gates XLA's optimized HLO still computes the
-    clones; with the gates left ``Identity`` s in the cluster, its CSE merges every clone with its original."""
+    """The zoo MLP, recomputed, runs in the same clusters either way (its forward and backward passes in one). With
+    barrier gates XLA's optimized HLO still computes the clones; with the gates left ``Identity`` s in the cluster, its
+    CSE merges every clone with its original."""
     kept, report = _optimized_clone_ops(tmp_path, "mlp", keep=True)
     merged, control = _optimized_clone_ops(tmp_path, "mlp", keep=False)
-    assert report["clusters"] == control["clusters"] == 1
+    assert report["clusters"] == control["clusters"]
+    assert report["cluster_ops"] == control["cluster_ops"]
     assert len(kept) >= 2, kept
     assert not merged, f"without barriers XLA was expected to merge the clones away: {merged}"
 

@@ -92,6 +92,28 @@ XLA_REDUCTIONS = IDENTITY_REDUCTION_OPS | frozenset({
     "FusedBatchNormGradV3"})
 #: Variable updates: the new value's fusion writes it into the variable's buffer.
 XLA_ASSIGNS = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
+#: What an XLA cluster does with the resource of each resource op (``tensorflow/compiler/tf2xla/
+#: resource_operation_table.cc``; ops that call functions count as both, ``resource_operation_safety_analysis.cc``).
+#: A cluster reads all its resources at its start and writes them at its end, so TensorFlow never puts in one cluster
+#: a write and a read that a path orders after it (:func:`tflms.ir.xla_segments.resource_kind`).
+XLA_RESOURCE_READS = frozenset({
+    "ReadVariableOp", "ResourceGather", "VarIsInitializedOp", "VariableShape", "CollectiveReduceV2", "StackCloseV2",
+    "TensorArrayConcatV3", "TensorArrayGatherV3", "TensorArrayGradV3", "TensorArrayCloseV3", "TensorArrayReadV3",
+    "TensorArraySizeV3"})
+XLA_RESOURCE_WRITES = frozenset({
+    "AssignVariableOp", "StackV2", "TensorArrayV3", "TensorArrayScatterV3", "TensorArraySplitV3",
+    "TensorArrayWriteV3"})
+XLA_RESOURCE_MODIFIES = frozenset({
+    "AssignAddVariableOp", "AssignSubVariableOp", "ResourceApplyAdaMax", "ResourceApplyAdadelta",
+    "ResourceApplyAdagrad", "ResourceApplyAdagradV2", "ResourceApplyAdagradDA", "ResourceApplyAdam",
+    "ResourceApplyAddSign", "ResourceApplyCenteredRMSProp", "ResourceApplyFtrl", "ResourceApplyFtrlV2",
+    "ResourceApplyGradientDescent", "ResourceApplyMomentum", "ResourceApplyKerasMomentum", "ResourceApplyPowerSign",
+    "ResourceApplyProximalAdagrad", "ResourceApplyProximalGradientDescent", "ResourceApplyRMSProp",
+    "ResourceScatterAdd", "ResourceScatterDiv", "ResourceScatterMax", "ResourceScatterMin", "ResourceScatterMul",
+    "ResourceScatterNdAdd", "ResourceScatterNdSub", "ResourceScatterNdUpdate", "ResourceScatterSub",
+    "ResourceScatterUpdate", "ResourceStridedSliceAssign", "RngReadAndSkip", "RngSkip", "StatefulStandardNormalV2",
+    "StatefulTruncatedNormal", "StatefulUniform", "StatefulUniformFullInt", "StatefulUniformInt", "StackPopV2",
+    "StackPushV2", "PartitionedCall", "StatefulPartitionedCall"})
 #: Reductions XLA runs as kernels of their own (windows, batch-norm library expansions), never as siblings.
 XLA_OWN_KERNEL_REDUCTIONS = frozenset({"MaxPool", "AvgPool", "MaxPool3D", "AvgPool3D", "Softmax", "LogSoftmax"})
 

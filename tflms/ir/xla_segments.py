@@ -11,7 +11,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from tflms.ir.names import CLONE_PREFIX, is_clone, is_inserted
-from tflms.ir.op_types import SOURCE_OPS, XLA_ELEMENTWISE, XLA_NEVER_DTYPES
+from tflms.ir.op_types import (SOURCE_OPS, XLA_ELEMENTWISE, XLA_NEVER_DTYPES, XLA_RESOURCE_MODIFIES,
+                               XLA_RESOURCE_READS, XLA_RESOURCE_WRITES)
 from tflms.ir.topo import connected_groups, priority_order
 
 #: A node of :func:`segment_rule`: an op name in the pass, an op id in the simulator.
@@ -34,23 +35,76 @@ VARIABLE_READ = "variable read"   # a read of a variable that nothing orders (is
 
 def segment_rule(topological: Sequence[Node], index: Mapping[Node, int], preds: Mapping[Node, Sequence[Node]],
                  succs: Mapping[Node, Sequence[Node]], outside: Mapping[Node, str],
-                 clone: Callable[[Node], bool]) -> tuple[list[Node], set[Node], dict[Node, int], list[tuple]]:
+                 clone: Callable[[Node], bool], resource: Mapping[Node, str] | None = None
+                 ) -> tuple[list[Node], set[Node], dict[Node, int], list[tuple]]:
     """The segment rule of the module doc over any graph whose nodes are names (this pass) or op ids (the simulator's
     ``xla-clusters`` clock, :mod:`tflms.sim.clusters`, which prices what this pass will mark).
 
     ``topological``: the nodes in some topological order; ``index``: each node's graph position (ties);
     ``preds`` / ``succs``: data and control neighbours of every node; ``outside``: the nodes left out (with why);
-    ``clone(node)``: a recompute clone. Returns ``(order, boundaries, segment of each member, clusters)``: the
-    order the segments follow, the left-out nodes between members, and the clusters (members joined by edges in
-    one segment, each in ``order``), sorted by segment then first member; the free-only ones included.
+    ``clone(node)``: a recompute clone; ``resource``: the resource ops among the nodes and their kind
+    (:func:`resource_kind`), for :func:`_resource_split`. Returns ``(order, boundaries, segment of each member,
+    clusters)``: the order the segments follow, the left-out nodes between members, and the clusters (members joined
+    by edges in one segment, each in ``order``), sorted by segment then first member; the free-only ones included.
     """
     boundary = _boundaries(topological, preds, succs, outside)
     order = _boundaries_first(index, preds, succs, boundary)  # the order the segments follow
     segment = _segments(order, outside, boundary)
+    if resource:
+        _resource_split(order, preds, segment, resource)
     _move_up(order, preds, succs, segment, clone)
     position = {name: i for i, name in enumerate(order)}
     clusters = sorted(_clusters(order, preds, segment), key=lambda c: (segment[c[0]], position[c[0]]))
     return order, boundary, segment, clusters
+
+
+#: :func:`resource_kind`'s answers.
+READ, WRITE, MODIFY = "read", "write", "modify"
+
+
+def resource_kind(op_type: str) -> str | None:
+    """What an XLA cluster does with an op's resource: :data:`READ`, :data:`WRITE`, :data:`MODIFY` (both), or
+    ``None`` for no resource op (:data:`~tflms.ir.op_types.XLA_RESOURCE_READS` and the sets beside it)."""
+    if op_type in XLA_RESOURCE_READS:
+        return READ
+    if op_type in XLA_RESOURCE_WRITES:
+        return WRITE
+    if op_type in XLA_RESOURCE_MODIFIES:
+        return MODIFY
+    return None
+
+
+def _resource_split(order: Sequence[Node], preds: Mapping[Node, Sequence[Node]], segment: dict[Node, int],
+                    resource: Mapping[Node, str]) -> None:
+    """Split each segment where TensorFlow splits its cluster over resource operations, and number them again.
+
+    A cluster reads all its resources at its start and writes them at its end, so ``mark_for_compilation_pass`` keeps
+    apart any write (or modify) and a read (or modify) that a path orders after it, of any resource
+    (``resource_operation_safety_analysis.cc``: only the edges read-to-anything and anything-to-write are safe). A
+    Keras optimizer assigns each slot and then reads it (SGD's momentum: ``m.assign(...)``, then
+    ``variable.assign_add(m)``), so TensorFlow runs the slots' update and the variables' in two clusters. Here each
+    member takes the highest part of its segment among its predecessors there, and a read or modify one past every
+    write or modify reaching it in its segment: the fewest parts that keep every such pair apart. A part follows its
+    predecessors' along every edge, so no cycle appears."""
+    part: dict[Node, int] = {}
+    written: dict[Node, int] = {}  # the highest part of a write or modify that reaches the member (-1: none)
+    for name in order:
+        s = segment.get(name)
+        if s is None:
+            continue
+        same = [p for p in preds[name] if segment.get(p) == s]
+        k = max((part[p] for p in same), default=0)
+        w = max((written[p] for p in same), default=-1)
+        kind = resource.get(name)
+        if kind in (READ, MODIFY):
+            k = max(k, w + 1)
+        part[name] = k
+        written[name] = max(w, k) if kind in (WRITE, MODIFY) else w
+    if not any(part.values()):
+        return
+    ranks = {key: r for r, key in enumerate(sorted({(s, part[n]) for n, s in segment.items()}))}
+    for name, s in segment.items():
+        segment[name] = ranks[(s, part[name])]
 
 
 def is_gate(op_type: str, name: str) -> bool:

@@ -100,7 +100,7 @@ from tflms.ir.xla_segments import (BARRIER, GATE_BARRIER, GATE_IDENTITY, HOST_OP
                                    NEVER_COMPILED, NO_XLA_KERNEL, SCOPE_PREFIX, TFLMS_COPY, VARIABLE_READ,
                                    XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR, XLA_SCOPE_ATTR, barrier_operand,
                                    connected_clusters, gate_role, gates_seen_through, is_free_variable_read, is_gate,
-                                   is_tflms_copy, segment_rule)
+                                   is_tflms_copy, resource_kind, segment_rule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,7 +210,8 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
     outside = {op.name: why for op in graph
                if (why := _why_outside(graph, op, on_host, has_xla_kernel, roles, declared))}
     index = {op.name: i for i, op in enumerate(graph)}
-    order, boundary, segment, clusters = segment_rule(topological, index, preds, succs, outside, is_clone)
+    resource = {op.name: kind for op in graph if (kind := resource_kind(op.type))}
+    order, boundary, segment, clusters = segment_rule(topological, index, preds, succs, outside, is_clone, resource)
     kept = [c for c in clusters if not all(graph.op(n).type in FREE_OPS for n in c)]
     numbers = {s: k for k, s in enumerate(sorted({segment[c[0]] for c in kept}))}
     new = graph.copy()

@@ -30,6 +30,7 @@ import numpy as np
 
 from tflms.errors import ConfigError
 from tflms.ir.graph import Graph
+from tflms.ir.op_types import SOURCE_OPS
 from tflms.profiles import HardwareProfile, get_profile
 
 
@@ -359,8 +360,8 @@ def _swappable_buffers(sim, graph: Graph) -> list[_Buffer]:
     out = []
     for owner, size, first, last in sim.buffer_lifetimes:
         producer = owner.rsplit(":", 1)[0]
-        if producer not in span:
-            continue
+        if producer not in span or graph.op(producer).type in SOURCE_OPS:
+            continue  # (an XLA cluster's new variable value is named by the variable's handle: no copy moves it)
         reads = sorted({span[c] for t in [owner, *members.get(owner, ())]
                         for c, _ in graph.consumers(TensorRef.parse(t)) if c in span})
         # timeline entry k + 1 follows memory event k: the buffer is live in entries first + 1 .. last + 1

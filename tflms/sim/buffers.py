@@ -166,11 +166,13 @@ class _Events:
 def _memory_events(net: IndexedGraph, order: Sequence[int], bufs: _Buffers, timing,
                    readers: list[list[int] | None], outputs: Iterable[int], virtual: bytearray | None,
                    alive: Sequence[bool], options: SimOptions, step_time: float,
-                   cluster: Sequence[int] | None = None, first: Sequence[int] | None = None) -> _Events:
+                   cluster: Sequence[int] | None = None, first: Sequence[int] | None = None,
+                   updates: Sequence[tuple[int, int, int, int]] | None = None) -> _Events:
     """An allocation when a buffer's producer starts, a free when its last reader ends (module doc). ``cluster`` /
     ``first`` (the ``xla-clusters`` clock): by op id its XLA cluster (-1: none) and that cluster's first op; a
     cluster's outputs (buffers read outside it, or returned) are allocated when it starts, as XLA allocates its
-    result buffers before it runs."""
+    result buffers before it runs. ``updates``: the clusters' new variable values (:attr:`Kernels.updates`), each
+    allocated when its cluster starts and freed when it ends (the variable's old buffer goes then)."""
     types, dev, out_start, n_out, t_info = net.types, net.dev, net.out_start, net.n_out, net.t_info
     buffer_of, resident, variable_reads, is_transfer = bufs.buffer_of, bufs.resident, bufs.variable_reads, \
         bufs.is_transfer
@@ -230,6 +232,11 @@ def _memory_events(net: IndexedGraph, order: Sequence[int], bufs: _Buffers, timi
                 at = first[op]
             events.append((start[at], event_seq[at] - (0.25 if is_transfer[at] else 0.0), 0, tid, size, d))
             events.append((t_free, seq_free, 1, tid, -size, d))
+    for head, tail, label, size in updates or ():
+        tid = len(tid_buf)
+        tid_buf.append(label)
+        events.append((start[head], event_seq[head], 0, tid, size, ACCEL))
+        events.append((end[tail], event_seq[tail], 1, tid, -size, ACCEL))
     # Ties of (time, seq, phase) keep tensor order (the order events were made in).
     events.sort()
     ev.events, ev.tid_buf, ev.resident_bytes, ev.host_resident = events, tid_buf, resident_bytes, host_resident

@@ -88,6 +88,9 @@ class Kernels:
     preds: list[list[int]] | None = None
     cluster: list[int] | None = None
     first: list[int] | None = None
+    #: ``xla-clusters`` only: the new values of the variables a cluster updates, each ``(first op, last op, label
+    #: tensor, bytes)``: a buffer of its own from the cluster's start to its end (:mod:`tflms.sim.clusters`, "Memory").
+    updates: list[tuple[int, int, int, int]] | None = None
 
 
 def op_durations(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,

@@ -26,6 +26,15 @@ clock prices that step (:func:`cluster_kernels`):
   it runs); its fused tensors get no buffer; its other intermediates live from their kernel's start to their last
   reader's end inside it, as the ``xla`` clock has them (XLA's buffer assignment reuses a buffer once its last reader
   has run; its temporary allocation is their peak).
+- **Variable updates.** A cluster compiled for ``_XlaCompile`` / ``_XlaRun`` never updates a variable in place:
+  ``XlaCompileOp`` compiles with ``may_alias_resource_update=false`` (``tensorflow/compiler/jit/kernels/xla_ops.cc``:
+  locking the variables in ``_XlaCompile`` and unlocking them in ``_XlaRun`` could deadlock), so each new value is a
+  result buffer of its own, allocated when the cluster starts; ``_XlaRun`` hands it to the variable when the cluster
+  ends, and the old buffer goes then. (A step compiled whole, the ``xla`` clock's, runs as ``XlaLaunch``, which may
+  alias them.) On the zoo ResNet-50 the momentum update cluster holds every gradient and every new momentum at once.
+- **Resource order.** A cluster reads its variables at its start and writes them at its end, so TensorFlow keeps a
+  variable's write and a later read in different clusters (:func:`~tflms.ir.xla_segments.segment_rule`'s resource
+  split): a Keras optimizer's slot updates and the variables' updates that read them run as two clusters.
 
 Deterministic: the same graph, order and options give the same clusters, order and result.
 """
@@ -36,11 +45,11 @@ import heapq
 from collections.abc import Sequence
 
 from tflms.errors import GraphError
-from tflms.ir.op_types import FREE_OPS, XLA_NEVER_DTYPES, XLA_NEVER_TYPES
+from tflms.ir.op_types import FREE_OPS, XLA_ASSIGNS, XLA_NEVER_DTYPES, XLA_NEVER_TYPES
 from tflms.ir.names import is_clone
 from tflms.ir.xla_segments import (BARRIER, HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL, TFLMS_COPY, VARIABLE_READ,
                                    XLA_COMPILE_ATTR, XLA_SCOPE_ATTR, connected_clusters, gate_role,
-                                   is_free_variable_read, is_gate, is_tflms_copy, segment_rule)
+                                   is_free_variable_read, is_gate, is_tflms_copy, resource_kind, segment_rule)
 from tflms.profiles import HardwareProfile
 from tflms.sim.clock import CLOCK_XLA_CLUSTERS, Kernels, op_durations
 from tflms.sim.cost import op_launches
@@ -68,8 +77,10 @@ def step_clusters(net: IndexedGraph, order: Sequence[int], position: Sequence[in
         unsupported = frozenset(unsupported)
         outside = {i: why for i in order if (why := _why_outside(net, i, is_transfer, unsupported, succs))}
         names = net.names
+        types = net.types
+        resource = {i: kind for i in order if (kind := resource_kind(types[i]))}
         _, _, _, clusters = segment_rule(order, range(len(names)), preds, succs, outside,
-                                         lambda i: is_clone(names[i]))
+                                         lambda i: is_clone(names[i]), resource)
         clusters = [c for c in clusters if not all(net.types[i] in FREE_OPS for i in c)]
     cluster = [-1] * len(net.names)
     for k, members in enumerate(sorted(clusters, key=lambda c: position[c[0]])):
@@ -231,7 +242,33 @@ def cluster_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequen
     launch_s = XLA_CLUSTER_LAUNCHES * profile.launch_overhead_s
     for k, i in last.items():
         kernels.launch[kernels.first[i]] += launch_s
+    kernels.updates = _update_buffers(net, kernels, last)
     return kernels
+
+
+def _update_buffers(net: IndexedGraph, kernels: Kernels, last: dict[int, int]) -> list[tuple[int, int, int, int]]:
+    """The new value of each variable a cluster updates, as :attr:`~tflms.sim.clock.Kernels.updates` (module doc,
+    "Memory"). A value its cluster computes into a buffer of its own (not fused into the update) is that buffer, held
+    to the cluster's end, and gets no second one."""
+    cluster, reads, virtual, t_op, t_info = kernels.cluster, kernels.reads, kernels.virtual, net.t_op, net.t_info
+    updates: list[tuple[int, int, int, int]] = []
+    seen: set[tuple[int, int]] = set()
+    for i in kernels.order:
+        k = cluster[i]
+        if k < 0 or net.types[i] not in XLA_ASSIGNS or len(net.inputs[i]) < 2:
+            continue
+        handle, value = net.inputs[i][0], net.inputs[i][1]
+        if (k, handle) in seen:
+            continue  # (updated twice in one cluster: XLA returns its last value)
+        seen.add((k, handle))
+        tail = last[k]
+        if net.types[i] == "AssignVariableOp" and cluster[t_op[value]] == k and not virtual[value]:
+            reads[tail] = list(dict.fromkeys(reads[tail] + [value]))
+            continue
+        size = t_info[value].num_bytes or 0
+        if size:
+            updates.append((kernels.first[i], tail, handle, size))
+    return updates
 
 
 def _executor_ops(kernels: Kernels, net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool],
