@@ -298,3 +298,22 @@ def test_grappler_training_step_needs_variable_shapes(mlp_step):
     kernel_read = next(name for name in live if name.endswith("dense_1/Cast/ReadVariableOp"))
     assert live[kernel_read] == 32 * 64 * 4, "the kernel read should be sized from the variable's shape"
     assert estimate.peaks["accelerator"] >= 32 * 64 * 4 and estimate.peaks["host"] == 0
+
+
+def test_allocator_events_count_a_variables_old_buffer_an_xla_cluster_frees():
+    """An XLA cluster updates no variable in place: it allocates the new value and, handing it to the variable, frees
+    the old one, allocated before the step. That free counts (as the simulator has it); a free of a buffer from before
+    the step by any other op (the client's feeds) does not, and an allocation outside every op is unattributed."""
+    from tflms.measure.allocator_events import device_records
+
+    us = 1_000_000  # picoseconds per microsecond
+    ops = [(0, 10 * us, "cluster_0_1/xla_run", 1), (20 * us, 30 * us, "loss", 1)]
+    memory = [
+        (1 * us, "MemoryAllocation", 1, {"addr": 100, "requested_bytes": 400}),  # the new value
+        (9 * us, "MemoryDeallocation", 1, {"addr": 7, "requested_bytes": 400}),  # the old one, from before the step
+        (21 * us, "MemoryDeallocation", 1, {"addr": 8, "requested_bytes": 64}),  # a feed, from before the step
+        (40 * us, "MemoryAllocation", 2, {"addr": 200, "requested_bytes": 32}),  # outside every op
+    ]
+    trace = device_records(ops, memory, {"cluster_0_1/xla_run": "accelerator", "loss": "accelerator"})
+    assert trace.records["accelerator"] == [(1, 400, "cluster_0_1/xla_run"), (9, -400, "cluster_0_1/xla_run")]
+    assert (trace.replaced_bytes, trace.unattributed, trace.unattributed_bytes) == (400, 1, 32)

@@ -228,13 +228,13 @@ def test_resource_order_a_read_after_a_write_or_modify_moves_on_and_anything_bef
     preds = {n: [chain[k - 1]] if k else [] for k, n in enumerate(chain)}
     succs = {n: [chain[k + 1]] if k + 1 < len(chain) else [] for k, n in enumerate(chain)}
     kinds = {"w1": WRITE, "w2": WRITE, "r": READ, "a": MODIFY, "q": READ}
-    _, _, segment, clusters = segment_rule(chain, {n: k for k, n in enumerate(chain)}, preds, succs, {},
+    _, _, segment, clusters, _ = segment_rule(chain, {n: k for k, n in enumerate(chain)}, preds, succs, {},
                                            lambda n: False, kinds)
     # write -> write is safe; write -> read is not; read -> modify is safe; modify -> read is not
     assert [segment[n] for n in chain] == [0, 0, 1, 1, 2, 2]
     assert [list(c) for c in clusters] == [["w1", "w2"], ["r", "a"], ["q", "p"]]
     # without kinds, one segment
-    _, _, plain, _ = segment_rule(chain, {n: k for k, n in enumerate(chain)}, preds, succs, {}, lambda n: False)
+    _, _, plain, _, _ = segment_rule(chain, {n: k for k, n in enumerate(chain)}, preds, succs, {}, lambda n: False)
     assert set(plain.values()) == {0}
 
 
@@ -253,6 +253,79 @@ def test_a_cluster_writes_each_updated_variable_to_a_buffer_of_its_own_until_it_
     assert "m_new:0" not in buffers(clustered)
     assert not {"m:0", "w:0"} & buffers(whole)
     assert clustered.transient_peak_bytes == whole.transient_peak_bytes + 64
+
+
+BIG = (1024, 1024)  # 4 MiB float32 tensors: UpdateSplit's parts write at least 4 MiB each
+
+
+def momentum_model(n: int = 4):
+    """``n`` variables, each with its gradient ``g_i = h @ h`` (``h = relu(x)``: the gradients share one cluster) and
+    the momentum update of :func:`momentum_step`, on 4 MiB tensors."""
+    b = GraphBuilder()
+    b.op("x", "Placeholder", shape=BIG)
+    b.op("h", "Relu", ["x"], shape=BIG)
+    b.op("c", "Const", shape=())
+    for i in range(n):
+        b.op(f"m{i}", "Placeholder", shape=(), dtype="resource")
+        b.op(f"w{i}", "Placeholder", shape=(), dtype="resource")
+        b.op(f"g{i}", "MatMul", ["h", "h"], shape=BIG)
+        b.op(f"m_old{i}", "ReadVariableOp", [f"m{i}"], shape=BIG)
+        b.op(f"m_scaled{i}", "Mul", [f"m_old{i}", "c"], shape=BIG)
+        b.op(f"m_new{i}", "Sub", [f"m_scaled{i}", f"g{i}"], shape=BIG)
+        b.op(f"assign_m{i}", "AssignVariableOp", [f"m{i}", f"m_new{i}"], shape=None, num_outputs=0)
+        b.op(f"m_read{i}", "ReadVariableOp", [f"m{i}"], control=[f"assign_m{i}"], shape=BIG)
+        b.op(f"update_w{i}", "AssignAddVariableOp", [f"w{i}", f"m_read{i}"], shape=None, num_outputs=0)
+    return b.graph
+
+
+def test_the_updates_split_into_parts_each_one_cluster_in_the_pass_and_on_the_clock():
+    """update_parts=2: the slots' updates (16 MiB) go into two parts of two, each with the Mul and Sub that feed only
+    it, and so do the variables' (after the resource split); the gradients stay where they were. A NoOp joins each
+    part's updates, which share no edge, into one cluster; the clock finds the same clusters on the unmarked graph."""
+    g = momentum_model()
+    marked = cluster_for_xla(g, accelerator_device=GPU, host_device=HOST, has_xla_kernel=lambda t: True,
+                             update_parts=2)
+    clusters = [set(m) for _, m in marked.report.clusters]
+    slots = [{"c", "m_scaled0", "m_new0", "assign_m0", "m_scaled1", "m_new1", "assign_m1"},
+             {"m_scaled2", "m_new2", "assign_m2", "m_scaled3", "m_new3", "assign_m3"}]
+    variables = [{"m_read0", "update_w0", "m_read1", "update_w1"}, {"m_read2", "update_w2", "m_read3", "update_w3"}]
+    assert clusters == [{"h", "g0", "g1", "g2", "g3"}, *slots, *variables]
+    assert marked.report.to_dict()["update_parts"] == 4
+    joins = [op for op in marked.graph if op.type == "NoOp"]
+    assert [op.name for op in joins] == [f"lms/xla_update_join_{k}" for k in (1, 2, 3, 4)]
+    assert all(j.name in marked.graph.op(f"assign_m{i}").control_inputs for j, i in ((joins[0], 0), (joins[0], 1),
+                                                                                      (joins[1], 2), (joins[1], 3)))
+    # the clock: the same clusters from the marks (the joins are edges) and from the rule on the unmarked graph
+    options = SimOptions(clock="xla-clusters", xla_update_parts=2)
+    from_marks, from_rule = simulate(marked.graph, bytes_profile(), options=options), simulate(
+        g, bytes_profile(), options=options)
+    assert from_marks.peak_bytes == from_rule.peak_bytes and from_marks.kernels == from_rule.kernels
+    # one part: no join; the slots' updates share the gradients' cluster, and the variables' updates (which nothing
+    # joins here) run as a cluster each
+    whole = cluster_for_xla(g, accelerator_device=GPU, host_device=HOST, has_xla_kernel=lambda t: True)
+    assert [len(m) for _, m in whole.report.clusters] == [18, 2, 2, 2, 2]
+    assert not any(op.type == "NoOp" for op in whole.graph) and not whole.report.update_parts
+
+
+def test_in_parts_the_slot_update_holds_only_its_own_new_values():
+    """One cluster computes h, the four gradients and the four new slots, all at once (36 MiB). In two parts, the
+    gradients' cluster holds h and the gradients (20 MiB), the first part the gradients and two new slots (24 MiB),
+    the second the two gradients left and two new slots."""
+    g = momentum_model()
+    one = simulate(g, bytes_profile(), options=SimOptions(clock="xla-clusters"))
+    two = simulate(g, bytes_profile(), options=SimOptions(clock="xla-clusters", xla_update_parts=2))
+    mib = 1 << 20
+    assert (one.transient_peak_bytes, two.transient_peak_bytes) == (36 * mib, 24 * mib)
+
+
+def test_the_pipeline_splits_the_updates_only_where_the_step_does_not_fit():
+    from tflms.pipeline.hardware import update_parts_for
+    g, profile = momentum_model(), bytes_profile()
+    options = SimOptions(clock="xla-clusters")
+    peak = simulate(g, profile, options=options).peak_with_margin_bytes
+    assert update_parts_for(options, g, profile, peak) is options
+    split = update_parts_for(options, g, profile, peak - 1)
+    assert split.xla_update_parts > 1 and simulate(g, profile, options=split).peak_with_margin_bytes < peak
 
 
 # ---------------------------------------------------------------- the tuner's XLA path

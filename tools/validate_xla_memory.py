@@ -139,6 +139,7 @@ def _run_model(model: str, *, fractions, repeat: int, batch: int | None, size: i
     from tflms.measure import EMULATION_PROFILE, measure_executor_peaks, step_request
     from tflms.measure.emulation import XLA_ACCELERATOR_DEVICE as ACC
     from tflms.measure.emulation import XLA_HOST_DEVICE as HOST
+    from tflms.ir.xla_segments import UPDATE_PARTS
     from tflms.passes.xla_clusters import cluster_for_xla
     from tflms.pipeline import rewrite_step, xla_sim_options
     from tflms.pipeline.load_build import _traced_and_preoptimized
@@ -186,7 +187,9 @@ def _run_model(model: str, *, fractions, repeat: int, batch: int | None, size: i
                 opts, guarantee = dataclasses.replace(opts, clock="xla"), "xla-alone"
             variants.append((f"rewritten {fraction}", budget, result.graph, opts, guarantee, predicted))
             if order.get("guarantee") == "pinned" and order.get("edges"):
-                unpinned = cluster_for_xla(before_guarantee["graph"], accelerator_device=ACC, host_device=HOST).graph
+                parts = UPDATE_PARTS if (result.report.xla_clusters or {}).get("update_parts") else 1
+                unpinned = cluster_for_xla(before_guarantee["graph"], accelerator_device=ACC, host_device=HOST,
+                                           update_parts=parts).graph
                 variants.append((f"unpinned {fraction}", budget, unpinned, opts, "none", predicted))
     finally:
         order_pass.hold_to_budget = hold

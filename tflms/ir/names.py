@@ -7,6 +7,9 @@ from __future__ import annotations
 INSERTED_PREFIX = "lms/"
 #: The name prefix of recompute clones (:func:`tflms.policies.recompute.clone_name`).
 CLONE_PREFIX = INSERTED_PREFIX + "recompute_"
+#: The ``NoOp`` that joins the variable updates of one XLA update part into one cluster
+#: (:func:`tflms.passes.xla_clusters.cluster_for_xla`).
+XLA_JOIN_PREFIX = INSERTED_PREFIX + "xla_update_join_"
 
 
 def is_inserted(name: str) -> bool:

@@ -63,7 +63,7 @@ SOURCE_OPS = frozenset({"Placeholder", "_Arg"})
 FREE_OPS = frozenset({"Const", "Placeholder", "_Arg", "_Retval", "NoOp", "Shape", "ShapeN", "Size", "Rank",
                       "ReadVariableOp", "VarHandleOp", "Identity", "Reshape", "Squeeze", "ExpandDims",
                       "StopGradient", "Snapshot", "PreventGradient", "BroadcastGradientArgs",
-                      "XlaOptimizationBarrier"})
+                      "XlaOptimizationBarrier", "IdentityN"})
 #: Contractions the cost model prices at the math mode of their dtype (``HardwareProfile.math_mode``): the
 #: ops cuBLAS and cuDNN run on tensor cores, TF32 included (``tf.config.experimental.enable_tensor_float_32_execution``
 #: covers matrix products and convolutions), and grappler's fusions of them. Depthwise convolutions are

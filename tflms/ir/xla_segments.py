@@ -7,11 +7,12 @@ why it closes no cycle are in :mod:`tflms.passes.xla_clusters`'s doc.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from tflms.ir.names import CLONE_PREFIX, is_clone, is_inserted
-from tflms.ir.op_types import (SOURCE_OPS, XLA_ELEMENTWISE, XLA_NEVER_DTYPES, XLA_RESOURCE_MODIFIES,
+from tflms.ir.op_types import (SOURCE_OPS, XLA_ASSIGNS, XLA_ELEMENTWISE, XLA_NEVER_DTYPES, XLA_RESOURCE_MODIFIES,
                                XLA_RESOURCE_READS, XLA_RESOURCE_WRITES)
 from tflms.ir.topo import connected_groups, priority_order
 
@@ -35,27 +36,33 @@ VARIABLE_READ = "variable read"   # a read of a variable that nothing orders (is
 
 def segment_rule(topological: Sequence[Node], index: Mapping[Node, int], preds: Mapping[Node, Sequence[Node]],
                  succs: Mapping[Node, Sequence[Node]], outside: Mapping[Node, str],
-                 clone: Callable[[Node], bool], resource: Mapping[Node, str] | None = None
-                 ) -> tuple[list[Node], set[Node], dict[Node, int], list[tuple]]:
+                 clone: Callable[[Node], bool], resource: Mapping[Node, str] | None = None,
+                 updates: UpdateSplit | None = None
+                 ) -> tuple[list[Node], set[Node], dict[Node, int], list[tuple], dict[int, list[Node]]]:
     """The segment rule of the module doc over any graph whose nodes are names (this pass) or op ids (the simulator's
     ``xla-clusters`` clock, :mod:`tflms.sim.clusters`, which prices what this pass will mark).
 
     ``topological``: the nodes in some topological order; ``index``: each node's graph position (ties);
     ``preds`` / ``succs``: data and control neighbours of every node; ``outside``: the nodes left out (with why);
     ``clone(node)``: a recompute clone; ``resource``: the resource ops among the nodes and their kind
-    (:func:`resource_kind`), for :func:`_resource_split`. Returns ``(order, boundaries, segment of each member,
-    clusters)``: the order the segments follow, the left-out nodes between members, and the clusters (members joined
-    by edges in one segment, each in ``order``), sorted by segment then first member; the free-only ones included.
+    (:func:`resource_kind`), for :func:`_resource_split`; ``updates``: how the variables' updates split into parts
+    (:class:`UpdateSplit`; ``None``: they do not). Returns ``(order, boundaries, segment of each member, clusters,
+    parts)``: the order the segments follow, the left-out nodes between members, the clusters (members joined by
+    edges in one segment, or updates of one part, each in ``order``), sorted by segment then first member, the
+    free-only ones included; and the segments that are update parts, with their updates (a caller that marks the
+    graph joins them, as :func:`tflms.passes.xla_clusters.cluster_for_xla` does with a ``NoOp``).
     """
     boundary = _boundaries(topological, preds, succs, outside)
     order = _boundaries_first(index, preds, succs, boundary)  # the order the segments follow
     segment = _segments(order, outside, boundary)
     if resource:
         _resource_split(order, preds, segment, resource)
+    parts = _update_split(order, preds, succs, segment, updates) if updates is not None else {}
     _move_up(order, preds, succs, segment, clone)
     position = {name: i for i, name in enumerate(order)}
-    clusters = sorted(_clusters(order, preds, segment), key=lambda c: (segment[c[0]], position[c[0]]))
-    return order, boundary, segment, clusters
+    joins = [(ws[0], w) for ws in parts.values() for w in ws[1:]]
+    clusters = sorted(_clusters(order, preds, segment, joins), key=lambda c: (segment[c[0]], position[c[0]]))
+    return order, boundary, segment, clusters, parts
 
 
 #: :func:`resource_kind`'s answers.
@@ -105,6 +112,99 @@ def _resource_split(order: Sequence[Node], preds: Mapping[Node, Sequence[Node]],
     ranks = {key: r for r, key in enumerate(sorted({(s, part[n]) for n, s in segment.items()}))}
     for name, s in segment.items():
         segment[name] = ranks[(s, part[name])]
+
+
+#: :class:`UpdateSplit`'s defaults: the most parts one segment's updates split into, and the fewest bytes a part
+#: writes. Each part costs a cluster's launches (two executor ops); it holds its new values alone.
+UPDATE_PARTS, UPDATE_PART_MIN_BYTES = 16, 4 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateSplit:
+    """How :func:`segment_rule` splits the variables' updates of a segment into clusters of their own.
+
+    ``written``: the bytes each variable update among the nodes writes (its new value); ``fusible(node)``: an op XLA
+    fuses into its consumers (element-wise, a cast, a read of a variable), which may follow its update into a part;
+    ``parts`` / ``min_bytes``: a segment's updates go into at most ``parts`` parts, each writing at least
+    ``min_bytes`` (fewer parts where the segment writes less, none under ``2 * min_bytes``).
+
+    Why (:func:`_update_split`): a cluster never updates a variable in place, and allocates every new value when it
+    starts, so the cluster that updates all of a model's slots holds every new slot beside every gradient."""
+
+    written: Mapping
+    fusible: Callable
+    parts: int = UPDATE_PARTS
+    min_bytes: int = UPDATE_PART_MIN_BYTES
+
+
+#: The ops that may follow a variable's update into its part (:class:`UpdateSplit`): element-wise ones (their inputs
+#: are no larger than their outputs, but for broadcast scalars) and variable reads.
+UPDATE_FOLLOWERS = XLA_ELEMENTWISE | frozenset({"ReadVariableOp"})
+
+
+def update_split(types: Mapping[Node, str], value_bytes: Callable[[Node], int | None],
+                 parts: int = UPDATE_PARTS) -> UpdateSplit:
+    """The :class:`UpdateSplit` of a graph whose nodes have ``types``: the variable updates
+    (:data:`~tflms.ir.op_types.XLA_ASSIGNS`) write their value input's bytes (``value_bytes(node)``)."""
+    written = {n: b for n, t in types.items() if t in XLA_ASSIGNS and (b := value_bytes(n))}
+    return UpdateSplit(written, lambda n: types[n] in UPDATE_FOLLOWERS, parts)
+
+
+def _update_split(order: Sequence[Node], preds: Mapping[Node, Sequence[Node]], succs: Mapping[Node, Sequence[Node]],
+                  segment: dict[Node, int], split: UpdateSplit) -> dict[int, list[Node]]:
+    """Split each segment's variable updates into parts of their own, number the segments again, and return the
+    parts' segments with their updates (in ``order``).
+
+    ``_XlaCompile`` clusters write no variable in place: each new value is a result buffer, allocated when the cluster
+    starts and handed to the variable when it ends (:mod:`tflms.sim.clusters`, "Variable updates"). One cluster that
+    updates every momentum of a Keras SGD holds every new momentum beside every gradient: on the zoo ResNet-50 (64x64,
+    batch 16) that was the step's peak in TensorFlow's executor, 179.9 MiB, higher than anything the backward pass
+    held. In parts, a part holds its own new values beside the gradients not yet used.
+
+    The updates of one segment (in ``order``) go into ``k`` contiguous parts of about equal bytes (``k`` as
+    :class:`UpdateSplit` says). With each update go the fusible ops all of whose successors lie in its part (the
+    ``Mul`` s and ``Sub`` of the new momentum, the read of a slot), never a convolution or a reduction, whose inputs
+    would then live until the part runs. Each member then takes the highest part among its predecessors in its segment
+    (an op that waits for several updates follows the last), so the parts follow one another along every edge and no
+    cycle appears."""
+    writers: dict[int, list[Node]] = {}
+    for name in order:
+        if name in split.written and name in segment:
+            writers.setdefault(segment[name], []).append(name)
+    part: dict[Node, int] = {}
+    for ws in writers.values():
+        total = sum(split.written[w] for w in ws)
+        k = min(split.parts, len(ws), total // max(split.min_bytes, 1))
+        if k < 2:
+            continue
+        before = 0
+        for w in ws:
+            part[w] = 1 + min(k - 1, before * k // total)
+            before += split.written[w]
+    if not part:
+        return {}
+    for name in reversed(order):
+        if name in part or name not in segment or not split.fusible(name):
+            continue
+        after = succs[name]
+        if after and all(segment.get(x) == segment[name] for x in after):
+            parts = {part.get(x) for x in after}
+            if len(parts) == 1 and None not in parts:
+                part[name] = parts.pop()
+    level: dict[Node, int] = {}
+    for name in order:
+        s = segment.get(name)
+        if s is None:
+            continue
+        level[name] = max([part.get(name, 0), *(level[p] for p in preds[name] if segment.get(p) == s)])
+    ranks = {key: r for r, key in enumerate(sorted({(s, level[n]) for n, s in segment.items()}))}
+    for name, s in segment.items():
+        segment[name] = ranks[(s, level[name])]
+    parts: dict[int, list[Node]] = {}
+    for name in order:
+        if name in split.written and level.get(name, 0) > 0:
+            parts.setdefault(segment[name], []).append(name)
+    return parts
 
 
 def is_gate(op_type: str, name: str) -> bool:
@@ -239,13 +339,14 @@ def _segments(order: list[str], outside: dict[str, str], boundary: set[str]) -> 
     return segment
 
 
-def _clusters(order: list[str], preds: dict[str, list[str]], segment: dict[str, int]) -> list[tuple[str, ...]]:
+def _clusters(order: list[str], preds: dict[str, list[str]], segment: dict[str, int],
+              joins: Sequence[tuple] = ()) -> list[tuple[str, ...]]:
     """The clusters TensorFlow can make of the segments: the members of one segment joined by edges between them
     (``mark_for_compilation_pass`` merges along edges, so a segment's unconnected parts are clusters of their own),
-    each in ``order``."""
+    or by ``joins`` (the updates of one part, which the pass joins), each in ``order``."""
     members = [name for name in order if name in segment]
-    joined = ((p, name) for name in members for p in preds[name] if p in segment and segment[p] == segment[name])
-    return [tuple(g) for g in connected_groups(members, joined)]
+    joined = [(p, name) for name in members for p in preds[name] if p in segment and segment[p] == segment[name]]
+    return [tuple(g) for g in connected_groups(members, [*joined, *joins])]
 
 
 def connected_clusters(order: Sequence[Node], preds: Mapping[Node, Sequence[Node]],

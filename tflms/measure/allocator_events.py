@@ -15,7 +15,12 @@ its address, bytes and the allocator's own running totals. :func:`device_records
 op that ran on the same thread at that instant (the executor's op events, ``name:Type``), whose device the
 partition graphs give, and each deallocation to the allocation at its address. Allocations made outside any op of
 the step (the client's feeds) and deallocations of buffers allocated before the traced step are left out, as the
-records leave them out.
+records leave them out, but for the buffers an XLA cluster frees (``_XlaRun``, named ``<cluster>/xla_run`` by
+``build_xla_ops_pass``): a cluster updates no variable in place (``XlaCompileOp`` compiles with
+``may_alias_resource_update=false``), so it allocates each new value and, when it hands it to the variable, frees
+the old one, which was allocated before the step. Left out, every variable a step updates would count as live from
+its update to the step's end (the zoo ResNet-50's momenta and weights: 180 MiB at the end of its step); counted, the
+old buffer goes where the new one comes, as the simulator has it (:mod:`tflms.sim.clusters`, "Variable updates").
 
 Importing this does not import TensorFlow; :func:`read_xspace` does.
 """
@@ -34,6 +39,8 @@ HOST_PLANE = "/host:CPU"
 #: How many earlier ops of a thread :func:`_enclosing` looks at for one that still runs (an op that runs others
 #: inline, a function call, starts before them).
 NEST_LOOKBACK = 8
+#: The name TensorFlow's ``build_xla_ops_pass`` gives a cluster's ``_XlaRun`` op, under the cluster's name.
+XLA_RUN_SUFFIX = "/xla_run"
 
 
 @dataclass(frozen=True)
@@ -42,13 +49,15 @@ class AllocatorTrace:
     in the form :func:`tflms.measure.emulation.device_memory_from_records` takes; ``allocators`` per device;
     ``unattributed_bytes`` / ``unattributed``: bytes and count of allocations made outside every op of the step;
     ``allocator_peak_bytes``: the largest ``peak_bytes_in_use`` an event reported (the allocator's own peak since the
-    process started or its stats were reset: every device, variables and feeds together)."""
+    process started or its stats were reset: every device, variables and feeds together); ``replaced_bytes``: bytes of
+    buffers from before the step that XLA clusters freed (module doc), recorded as frees."""
 
     records: Mapping[str, list[tuple[int, int, str]]]
     allocators: Mapping[str, list[str]]
     unattributed_bytes: int
     unattributed: int
     allocator_peak_bytes: int
+    replaced_bytes: int = 0
 
 
 def read_xspace(path: str) -> tuple[list[tuple[int, int, str, int]], list[tuple[int, str, int, dict[str, Any]]]]:
@@ -103,7 +112,7 @@ def device_records(ops: list[tuple[int, int, str, int]], memory: list[tuple[int,
     records: dict[str, list[tuple[int, int, str]]] = {}
     allocators: dict[str, list[str]] = {}
     live: dict[int, tuple[str, int, str]] = {}  # address -> (device, bytes, node)
-    unattributed = unattributed_bytes = peak = 0
+    unattributed = unattributed_bytes = peak = replaced = 0
     for time, kind, thread, stats in sorted(memory, key=lambda m: m[0]):
         peak = max(peak, int(stats.get("peak_bytes_in_use", 0) or 0))
         address, num_bytes = int(stats.get("addr", 0)), int(stats.get("requested_bytes", 0) or 0)
@@ -113,6 +122,11 @@ def device_records(ops: list[tuple[int, int, str, int]], memory: list[tuple[int,
             if found is not None:
                 device, allocated, node = found
                 records[device].append((micros, -allocated, node))
+                continue
+            node = _enclosing(by_thread.get(thread, ()), starts.get(thread, ()), time)
+            if node is not None and node.endswith(XLA_RUN_SUFFIX) and num_bytes:  # a variable's old value
+                records.setdefault(device_of[node], []).append((micros, -num_bytes, node))
+                replaced += num_bytes
             continue
         node = _enclosing(by_thread.get(thread, ()), starts.get(thread, ()), time)
         if node is None:
@@ -124,7 +138,7 @@ def device_records(ops: list[tuple[int, int, str, int]], memory: list[tuple[int,
         allocators.setdefault(device, []).append(str(stats.get("allocator_name", "")))
         live[address] = (device, num_bytes, node)
     return AllocatorTrace(records=records, allocators=allocators, unattributed_bytes=unattributed_bytes,
-                          unattributed=unattributed, allocator_peak_bytes=peak)
+                          unattributed=unattributed, allocator_peak_bytes=peak, replaced_bytes=replaced)
 
 
 def _enclosing(spans: Any, starts: Any, time: int) -> str | None:

@@ -72,8 +72,23 @@ segment ``k`` is ``lms_xla_segment_k``.
 Why no cycle: along every edge the segment never decreases (an op comes after its predecessors in the order, and
 the clones and constants move only up to their successors' segments), and it increases across every boundary; so
 a path that leaves a segment never comes back, and each segment can be contracted into one cluster, as
-``mark_for_compilation_pass``'s cycle check requires. TensorFlow may still split a cluster (e.g. over the order
-of resource-variable updates: a Keras optimizer's step counter), never merge two.
+``mark_for_compilation_pass``'s cycle check requires. A segment splits where TensorFlow would split its cluster over
+resource order (a variable's write and a later read never share a cluster: a Keras optimizer's slot updates and the
+variables' updates that read them run as two; :func:`~tflms.ir.xla_segments.segment_rule`), which keeps that order.
+TensorFlow may still split a cluster for reasons the rule does not model, never merge two.
+
+**Update parts.** A cluster never updates a variable in place (``XlaCompileOp`` compiles with
+``may_alias_resource_update=false``): each new value is a result buffer, allocated when the cluster starts and handed
+to the variable when it ends. So the cluster that updates every slot of a Keras optimizer holds every new slot beside
+every gradient, a floor no swap or recompute lowers (the zoo ResNet-50's peak in TensorFlow's executor). With
+``update_parts`` above 1 (the pipeline's choice where the step as it is does not fit its budget,
+:func:`tflms.pipeline.hardware.update_parts_for`) each segment's updates go into parts of about equal bytes, each
+with the element-wise ops that feed only it, in segments of their own (:class:`~tflms.ir.xla_segments.UpdateSplit`).
+The updates of one part share no edge (each variable's update reads only its own gradient and slot), so a ``NoOp``
+(``lms/xla_update_join_<scope>``, in the part's scope) with a control edge to each of them makes the part one
+cluster, as ``mark_for_compilation_pass`` merges along edges; and its control inputs from the updates of the part
+before make the parts run one after another, as the simulator runs clusters (TensorFlow's executor would otherwise
+start parts that nothing orders together, each allocating its new values: as much as one cluster).
 
 What a boundary costs: a cluster starts when all its inputs exist and publishes its outputs when it ends. So a
 swap-out copies its tensor after the producer's whole cluster, and a swap-in lands before the consumer's cluster
@@ -93,14 +108,14 @@ from typing import Any
 from tflms.ir.graph import Graph, Op, TensorRef
 from tflms.ir.op_types import FREE_OPS, XLA_NEVER_DTYPES, XLA_NEVER_TYPES
 from tflms.passes.result import PassResult
-from tflms.ir.names import is_clone
+from tflms.ir.names import XLA_JOIN_PREFIX, is_clone
 
 # (the rule and its names live below the passes, where the simulator's xla-clusters clock reads them too)
 from tflms.ir.xla_segments import (BARRIER, GATE_BARRIER, GATE_IDENTITY, HOST_OP, LEFT_OUT,  # noqa: F401
                                    NEVER_COMPILED, NO_XLA_KERNEL, SCOPE_PREFIX, TFLMS_COPY, VARIABLE_READ,
                                    XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR, XLA_SCOPE_ATTR, barrier_operand,
                                    connected_clusters, gate_role, gates_seen_through, is_free_variable_read, is_gate,
-                                   is_tflms_copy, resource_kind, segment_rule)
+                                   is_tflms_copy, resource_kind, segment_rule, update_split)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +127,8 @@ class ClusterReport:
     :data:`~tflms.ir.op_types.FREE_OPS`: constants, identities, variable reads); ``boundaries``: the ops left out
     that lie between members; ``outside``: every op left out of the clusters, with why (``TFLMS_COPY``,
     ``HOST_OP``, ``NEVER_COMPILED``, ``VARIABLE_READ``, ``NO_XLA_KERNEL``, ``LEFT_OUT``); ``jit_device``: the XLA device
-    the kernels were checked for.
+    the kernels were checked for; ``update_parts``: the segments that are parts of the variables' updates, with how
+    many updates each has (module doc, "Update parts").
     """
 
     clusters: tuple[tuple[int, tuple[str, ...]], ...]
@@ -120,6 +136,7 @@ class ClusterReport:
     boundaries: tuple[str, ...]
     outside: tuple[tuple[str, str], ...]
     jit_device: str
+    update_parts: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_clusters(self) -> int:
@@ -139,7 +156,8 @@ class ClusterReport:
         """The report's record (``RewriteReport.xla_clusters``): ``kept`` (whether any cluster was marked),
         ``clusters``, ``segments``, ``cluster_ops`` (members per cluster), ``boundaries`` (how many),
         ``blocked_by`` (a few boundaries that are no copy of tflms), ``unmarked`` (ops of clusters left unmarked),
-        ``outside`` (ops left out, counted by why), ``jit_device``, ``why``."""
+        ``outside`` (ops left out, counted by why), ``jit_device``, ``update_parts`` (how many clusters update the
+        variables in parts), ``why``."""
         blocked = self.blocked()
         if self.clusters:
             why = (f"{self.num_clusters} XLA cluster(s) in {self.num_segments} segment(s) between tflms's copies: "
@@ -149,11 +167,14 @@ class ClusterReport:
         if blocked:
             why += (f"; {len(blocked)} op(s) that run outside XLA (not compiled, on the host or left out) also split "
                     f"segments (e.g. {blocked[0]})")
+        if self.update_parts:
+            why += (f"; the variables' updates run in {len(self.update_parts)} part(s) of their own, each holding only "
+                    "its own new values (XLA clusters update no variable in place)")
         return {"kept": bool(self.clusters), "clusters": self.num_clusters, "segments": self.num_segments,
                 "cluster_ops": [len(c) for _, c in self.clusters], "boundaries": len(self.boundaries),
                 "blocked_by": list(blocked[:5]), "unmarked": len(self.unmarked),
                 "outside": dict(sorted(Counter(w for _, w in self.outside).items())),
-                "jit_device": self.jit_device, "why": why}
+                "jit_device": self.jit_device, "update_parts": len(self.update_parts), "why": why}
 
 
 def jit_device_for(accelerator_device: str) -> str:
@@ -191,11 +212,12 @@ def registered_xla_kernels(jit_device: str) -> Callable[[str], bool]:
 
 
 def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
-                    has_xla_kernel: Callable[[str], bool] | None = None) -> PassResult:
+                    has_xla_kernel: Callable[[str], bool] | None = None, update_parts: int = 1) -> PassResult:
     """A copy of ``graph`` whose ops are marked for XLA in segments between tflms's copies (see the module doc).
 
     ``has_xla_kernel(op type)``: whether XLA can compile the type (default: TensorFlow's registry for the
-    accelerator's XLA device). The report is a :class:`ClusterReport`.
+    accelerator's XLA device); ``update_parts``: the most clusters one segment's variable updates split into
+    (module doc, "Update parts"; 1: none). The report is a :class:`ClusterReport`.
     """
     jit_device = jit_device_for(accelerator_device)
     if has_xla_kernel is None:
@@ -211,7 +233,14 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
                if (why := _why_outside(graph, op, on_host, has_xla_kernel, roles, declared))}
     index = {op.name: i for i, op in enumerate(graph)}
     resource = {op.name: kind for op in graph if (kind := resource_kind(op.type))}
-    order, boundary, segment, clusters = segment_rule(topological, index, preds, succs, outside, is_clone, resource)
+
+    def value_bytes(name: str) -> int | None:
+        ins = graph.op(name).inputs
+        return graph.tensor(ins[1]).num_bytes if len(ins) > 1 else None
+
+    updates = update_split({op.name: op.type for op in graph}, value_bytes, update_parts) if update_parts > 1 else None
+    order, boundary, segment, clusters, parts = segment_rule(topological, index, preds, succs, outside, is_clone,
+                                                             resource, updates)
     kept = [c for c in clusters if not all(graph.op(n).type in FREE_OPS for n in c)]
     numbers = {s: k for k, s in enumerate(sorted({segment[c[0]] for c in kept}))}
     new = graph.copy()
@@ -221,6 +250,16 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
             if roles.get(name) == GATE_BARRIER:
                 _to_barrier(new, name, on_host)
             _set_attrs(new.op(name), {XLA_COMPILE_ATTR: True, XLA_SCOPE_ATTR: scope, XLA_INTERNAL_SCOPE_ATTR: scope})
+    before: list[str] = []  # the updates of the part before
+    for s in sorted(parts):  # each update part one cluster, one after another (module doc, "Update parts")
+        writers = parts[s]
+        scope = f"{SCOPE_PREFIX}{numbers[s]}".encode()
+        join = new.add_op(f"{XLA_JOIN_PREFIX}{numbers[s]}", "NoOp", device=new.op(writers[0]).device,
+                          control_inputs=before)
+        _set_attrs(join, {XLA_COMPILE_ATTR: True, XLA_SCOPE_ATTR: scope, XLA_INTERNAL_SCOPE_ATTR: scope})
+        for w in writers:
+            new.add_control_input(w, join.name)
+        before = writers
     for name, why in outside.items():
         if why != NEVER_COMPILED:
             _set_attrs(new.op(name), {XLA_COMPILE_ATTR: False})
@@ -229,7 +268,8 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
         clusters=tuple((numbers[segment[c[0]]], c) for c in kept),
         unmarked=tuple(n for c in clusters if c not in marked for n in c),
         boundaries=tuple(n for n in order if n in boundary),
-        outside=tuple((n, outside[n]) for n in order if n in outside), jit_device=jit_device)
+        outside=tuple((n, outside[n]) for n in order if n in outside), jit_device=jit_device,
+        update_parts=tuple((numbers[s], len(w)) for s, w in sorted(parts.items())))
     return PassResult(new, changed=bool(kept) or any(w != NEVER_COMPILED for w in outside.values()), report=report)
 
 

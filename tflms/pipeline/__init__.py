@@ -61,7 +61,7 @@ from tflms.sim.clock import resolve_clock
 from tflms.pipeline.compression import _compression_summary, _compressor, _supports  # noqa: F401
 from tflms.pipeline.hardware import (PROFILE_DEVICE, default_budget, hardware_record,  # noqa: F401
                                      no_gpu_warning, priced_profile, tf32_setting, xla_cost,
-                                     xla_sim_options)
+                                     update_parts_for, xla_sim_options)
 from tflms.tune.xla_alone import price_xla_alone, xla_alone_tuning
 from tflms.pipeline.load_build import (_accumulator_pins, _build, _build_xla, _grappler_done_before,  # noqa: F401
                                        _observer, _preoptimized, _ran_check, _traced_and_preoptimized)
@@ -169,6 +169,8 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             # op type or scope is still an error.
             filter_warnings = tuple(check_filters(analysis, config))
             budget, budget_why = default_budget(choice, gpu) if config.default_tuning else (config.budget_bytes, None)
+            if xla and budget is not None:  # issue 47: a step over its budget updates its variables in parts
+                sim_options = update_parts_for(sim_options, analysis.graph, profile, budget)
             # issue 47, item 3: XLA alone first. A step that keeps XLA and fits with XLA alone (its fusion, and its
             # own rematerialization where that is faster than tflms's plan) is left to XLA, compiled whole.
             alone = clock("xla-alone", lambda: price_xla_alone(analysis, profile, budget, budget_sim_options(config),
@@ -250,8 +252,9 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         xla_clusters = None
         if xla and not left_to_xla:  # issue 47: XLA clusters between the copies
             from tflms.passes.xla_clusters import cluster_for_xla
+            parts = sim_options.xla_update_parts if simulates else 1
             clustered = clock("xla", lambda: cluster_for_xla(final, accelerator_device=accelerator,
-                                                             host_device=config.host_device))
+                                                             host_device=config.host_device, update_parts=parts))
             final = clustered.graph
             final.lint()
             xla_clusters = clustered.report.to_dict()

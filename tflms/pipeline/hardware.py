@@ -87,6 +87,23 @@ def xla_sim_options(options: Any, graph: Any, accelerator: str) -> Any:
     return dataclasses.replace(options, clock=CLOCK_XLA_CLUSTERS, xla_unsupported=tuple(unsupported))
 
 
+def update_parts_for(options: Any, graph: Any, profile: HardwareProfile, budget: int) -> Any:
+    """``options`` (the ``xla-clusters`` clock's) with the variables' updates split into parts
+    (:data:`tflms.ir.xla_segments.UPDATE_PARTS`) where the step as it is does not fit ``budget``.
+
+    A cluster never updates a variable in place, and allocates each new value when it starts, so the cluster that
+    updates every slot of a model holds all of them beside every gradient (:mod:`tflms.sim.clusters`, "Variable
+    updates"): a floor no swap or recompute lowers, and on a small model the step's peak. In parts, each holds its own
+    new values. A part costs a cluster's launches and XLA fuses nothing across parts, so a step that fits keeps one."""
+    import dataclasses
+
+    from tflms.ir.xla_segments import UPDATE_PARTS
+    from tflms.sim.simulator import simulate
+    if simulate(graph, profile, options=options).peak_with_margin_bytes <= budget:
+        return options
+    return dataclasses.replace(options, xla_update_parts=UPDATE_PARTS)
+
+
 def xla_cost(graph: Any, profile: HardwareProfile, graph_step_s: float | None = None,
              xla_step_s: float | None = None) -> dict[str, Any] | None:
     """What running ``graph`` (the unchanged step) without XLA costs on ``profile``: its step on the ``graph`` clock

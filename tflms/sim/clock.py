@@ -141,9 +141,11 @@ def asynchronous(kernels: Kernels, net: IndexedGraph, profile: HardwareProfile, 
 
 
 def kernels_for(mode: str, net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
-                profile: HardwareProfile, outputs: Sequence[int], unsupported: Sequence[str] = ()) -> Kernels:
+                profile: HardwareProfile, outputs: Sequence[int], unsupported: Sequence[str] = (),
+                update_parts: int = 1) -> Kernels:
     """The :class:`Kernels` of ``net`` under clock ``mode`` (resolved, see :func:`resolve_clock`). ``unsupported``:
-    op types XLA cannot compile (``SimOptions.xla_unsupported``; the ``xla-clusters`` clock leaves them out)."""
+    op types XLA cannot compile (``SimOptions.xla_unsupported``; the ``xla-clusters`` clock leaves them out);
+    ``update_parts``: ``SimOptions.xla_update_parts``."""
     if mode == CLOCK_SERIAL:
         return serial_kernels(net, order, is_transfer, costs, profile)
     from tflms.sim import fusion  # noqa: PLC0415 - fusion imports this module
@@ -154,5 +156,5 @@ def kernels_for(mode: str, net: IndexedGraph, order: Sequence[int], is_transfer:
         return fusion.xla_kernels(net, order, is_transfer, costs, profile, outputs)
     if mode == CLOCK_XLA_CLUSTERS:
         from tflms.sim.clusters import cluster_kernels  # noqa: PLC0415 - clusters imports fusion
-        return cluster_kernels(net, order, is_transfer, costs, profile, outputs, unsupported)
+        return cluster_kernels(net, order, is_transfer, costs, profile, outputs, unsupported, update_parts)
     raise ConfigError(f"no clock {mode!r}")

@@ -49,7 +49,8 @@ from tflms.ir.op_types import FREE_OPS, XLA_ASSIGNS, XLA_NEVER_DTYPES, XLA_NEVER
 from tflms.ir.names import is_clone
 from tflms.ir.xla_segments import (BARRIER, HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL, TFLMS_COPY, VARIABLE_READ,
                                    XLA_COMPILE_ATTR, XLA_SCOPE_ATTR, connected_clusters, gate_role,
-                                   is_free_variable_read, is_gate, is_tflms_copy, resource_kind, segment_rule)
+                                   is_free_variable_read, is_gate, is_tflms_copy, resource_kind, segment_rule,
+                                   update_split)
 from tflms.profiles import HardwareProfile
 from tflms.sim.clock import CLOCK_XLA_CLUSTERS, Kernels, op_durations
 from tflms.sim.cost import op_launches
@@ -62,9 +63,9 @@ XLA_CLUSTER_LAUNCHES = 2
 
 
 def step_clusters(net: IndexedGraph, order: Sequence[int], position: Sequence[int], is_transfer: Sequence[bool],
-                  unsupported: Sequence[str] = ()) -> list[int]:
+                  unsupported: Sequence[str] = (), update_parts: int = 1) -> list[int]:
     """By op id, the XLA cluster each op of ``order`` runs in, numbered from 0 in order of their first op (-1: none;
-    module doc, "Which clusters")."""
+    module doc, "Which clusters"); ``update_parts``: as :func:`~tflms.passes.xla_clusters.cluster_for_xla`'s."""
     preds = {i: [p for p in net.preds[i] if position[p] >= 0] for i in order}
     succs: dict[int, list[int]] = {i: [] for i in order}
     for i in order:
@@ -77,10 +78,13 @@ def step_clusters(net: IndexedGraph, order: Sequence[int], position: Sequence[in
         unsupported = frozenset(unsupported)
         outside = {i: why for i in order if (why := _why_outside(net, i, is_transfer, unsupported, succs))}
         names = net.names
-        types = net.types
+        types, t_info, inputs = net.types, net.t_info, net.inputs
         resource = {i: kind for i in order if (kind := resource_kind(types[i]))}
-        _, _, _, clusters = segment_rule(order, range(len(names)), preds, succs, outside,
-                                         lambda i: is_clone(names[i]), resource)
+        updates = update_split({i: types[i] for i in order},
+                               lambda i: t_info[inputs[i][1]].num_bytes if len(inputs[i]) > 1 else None,
+                               update_parts) if update_parts > 1 else None
+        _, _, _, clusters, _ = segment_rule(order, range(len(names)), preds, succs, outside,
+                                            lambda i: is_clone(names[i]), resource, updates)
         clusters = [c for c in clusters if not all(net.types[i] in FREE_OPS for i in c)]
     cluster = [-1] * len(net.names)
     for k, members in enumerate(sorted(clusters, key=lambda c: position[c[0]])):
@@ -214,12 +218,13 @@ def contracted_preds(net: IndexedGraph, order: Sequence[int], cluster: Sequence[
 
 
 def cluster_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
-                    profile: HardwareProfile, outputs: Sequence[int], unsupported: Sequence[str] = ()) -> Kernels:
+                    profile: HardwareProfile, outputs: Sequence[int], unsupported: Sequence[str] = (),
+                    update_parts: int = 1) -> Kernels:
     """The ``xla-clusters`` clock's kernels (module doc)."""
     position = [-1] * len(net.names)
     for k, i in enumerate(order):
         position[i] = k
-    cluster = step_clusters(net, order, position, is_transfer, unsupported)
+    cluster = step_clusters(net, order, position, is_transfer, unsupported, update_parts)
     kernels = xla_kernels(net, order, is_transfer, costs, profile, outputs, cluster)
     kernels.mode = CLOCK_XLA_CLUSTERS
     _executor_ops(kernels, net, order, is_transfer, costs, profile, cluster)

@@ -353,7 +353,7 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
     outputs = list(dict.fromkeys(outputs))
     bufs = _Buffers(net, order, options)
     kernels = kernels_for(resolve_clock(options.clock, profile), net, order, bufs.is_transfer, costs, profile,
-                          outputs, options.xla_unsupported)
+                          outputs, options.xla_unsupported, options.xla_update_parts)
     if kernels.order is not None:  # XLA clusters: each cluster's kernels back to back (tflms.sim.clusters)
         order = kernels.order
         position = [-1] * len(net.names)

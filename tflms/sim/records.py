@@ -48,6 +48,10 @@ class SimOptions:
     #: ``xla-clusters`` clock keeps them out of every cluster, as :func:`tflms.passes.xla_clusters.cluster_for_xla`
     #: does (the pipeline fills it from TensorFlow's registry for the step's types).
     xla_unsupported: tuple[str, ...] = ()
+    #: The most clusters one segment's variable updates split into on the ``xla-clusters`` clock, as
+    #: :func:`tflms.passes.xla_clusters.cluster_for_xla`'s ``update_parts`` (1: none; the pipeline splits them where
+    #: a budget is to be met, :data:`tflms.ir.xla_segments.UPDATE_PARTS`).
+    xla_update_parts: int = 1
 
     def __post_init__(self) -> None:
         from tflms.sim.clock import check_clock  # noqa: PLC0415 - clock imports the simulator's parts
@@ -62,6 +66,8 @@ class SimOptions:
         object.__setattr__(self, "xla_unsupported", tuple(sorted(set(self.xla_unsupported))))
         if not 0 <= self.margin_fraction < 10:
             raise ConfigError(f"margin_fraction must be in [0, 10), got {self.margin_fraction}")
+        if not isinstance(self.xla_update_parts, int) or self.xla_update_parts < 1:
+            raise ConfigError(f"xla_update_parts must be an integer >= 1, got {self.xla_update_parts!r}")
         if self.margin_bytes < 0:
             raise ConfigError("margin_bytes must be >= 0")
         if self.transfer_order not in (TRANSFER_ORDER_RELEASE, TRANSFER_ORDER_FIFO):
