@@ -38,13 +38,15 @@ def xla_options(options: Any) -> Any:
 
 
 def tune_xla(graph, ev: Evaluator, *, first_fit: bool, progress=None):
-    """tflms-xla's tune of ``graph`` (``None`` where nothing fits)."""
+    """tflms-xla's tune of ``graph`` (``None`` where nothing fits), its variables' updates in parts where the step as
+    it is does not fit (``update_parts_for``, as the pipeline tunes)."""
     from tflms.errors import BudgetError, GraphError
+    from tflms.pipeline.hardware import update_parts_for
     from tflms.tune.tuner import DEFAULT_STRATEGIES, tune
     try:
+        options = update_parts_for(xla_options(ev.options), graph, ev.profile, ev.budget)
         return tune(graph, budget=ev.budget, profile=ev.profile, strategies=list(DEFAULT_STRATEGIES),
-                    first_fit=first_fit, sim_options=xla_options(ev.options), enforce_order=not first_fit,
-                    progress=progress)
+                    first_fit=first_fit, sim_options=options, enforce_order=not first_fit, progress=progress)
     except BudgetError:
         return None
     except GraphError as err:  # a candidate the tuner built could not be run: said, and counted as no fit
