@@ -95,7 +95,8 @@ def _resource_split(order: Sequence[Node], preds: Mapping[Node, Sequence[Node]],
     write or modify reaching it in its segment: the fewest parts that keep every such pair apart. Then, in reverse
     order, an op that is no resource op and all of whose successors lie in later parts of its segment moves to the
     earliest of them: Adam's step size, computed once from the step counter for every variable, joins the variables'
-    updates that read it, which nothing else joins (on the 3D U-Net they ran as one cluster each: 74 `_XlaRun` for 23).
+    updates that read it, which nothing else joins (on the 3D U-Net they ran as one cluster each: 74 ``_XlaRun`` for
+    23).
     A part follows its predecessors' along every edge, so no cycle appears."""
     part: dict[Node, int] = {}
     written: dict[Node, int] = {}  # the highest part of a write or modify that reaches the member (-1: none)
@@ -118,6 +119,11 @@ def _resource_split(order: Sequence[Node], preds: Mapping[Node, Sequence[Node]],
         if s is None or name in resource or not succs[name] or any(segment.get(x) != s for x in succs[name]):
             continue
         part[name] = max(part[name], min(part[x] for x in succs[name]))
+    _renumber(segment, part)
+
+
+def _renumber(segment: dict[Node, int], part: Mapping[Node, int]) -> None:
+    """Number the segments again after a split: by segment, then by part within it, from 0."""
     ranks = {key: r for r, key in enumerate(sorted({(s, part[n]) for n, s in segment.items()}))}
     for name, s in segment.items():
         segment[name] = ranks[(s, part[name])]
@@ -197,18 +203,16 @@ def _update_split(order: Sequence[Node], preds: Mapping[Node, Sequence[Node]], s
             continue
         after = succs[name]
         if after and all(segment.get(x) == segment[name] for x in after):
-            parts = {part.get(x) for x in after}
-            if len(parts) == 1 and None not in parts:
-                part[name] = parts.pop()
+            theirs = {part.get(x) for x in after}
+            if len(theirs) == 1 and None not in theirs:
+                part[name] = theirs.pop()
     level: dict[Node, int] = {}
     for name in order:
         s = segment.get(name)
         if s is None:
             continue
         level[name] = max([part.get(name, 0), *(level[p] for p in preds[name] if segment.get(p) == s)])
-    ranks = {key: r for r, key in enumerate(sorted({(s, level[n]) for n, s in segment.items()}))}
-    for name, s in segment.items():
-        segment[name] = ranks[(s, level[name])]
+    _renumber(segment, level)
     parts: dict[int, list[Node]] = {}
     for name in order:
         if name in split.written and level.get(name, 0) > 0:

@@ -87,8 +87,8 @@ with the element-wise ops that feed only it, in segments of their own (:class:`~
 The updates of one part share no edge (each variable's update reads only its own gradient and slot), so a ``NoOp``
 (``lms/xla_update_join_<scope>``, in the part's scope) with a control edge to each of them makes the part one
 cluster, as ``mark_for_compilation_pass`` merges along edges; and its control inputs from the updates of the part
-before make the parts run one after another, as the simulator runs clusters (TensorFlow's executor would otherwise
-start parts that nothing orders together, each allocating its new values: as much as one cluster).
+before make the parts run one after another, as the simulator runs clusters (TensorFlow's executor may start parts
+that nothing orders at once, each allocating its new values).
 
 What a boundary costs: a cluster starts when all its inputs exist and publishes its outputs when it ends. So a
 swap-out copies its tensor after the producer's whole cluster, and a swap-in lands before the consumer's cluster
@@ -238,7 +238,7 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
         ins = graph.op(name).inputs
         return graph.tensor(ins[1]).num_bytes if len(ins) > 1 else None
 
-    updates = update_split({op.name: op.type for op in graph}, value_bytes, update_parts) if update_parts > 1 else None
+    updates = None if update_parts < 2 else update_split({op.name: op.type for op in graph}, value_bytes, update_parts)
     order, boundary, segment, clusters, parts = segment_rule(topological, index, preds, succs, outside, is_clone,
                                                              resource, updates)
     kept = [c for c in clusters if not all(graph.op(n).type in FREE_OPS for n in c)]

@@ -9,7 +9,9 @@ clock prices that step (:func:`cluster_kernels`):
   candidate, swaps applied and not yet marked) the pass's own rule (:func:`~tflms.passes.xla_clusters.segment_rule`)
   runs on the simulated graph, with what it leaves out read off the indexed ops: tflms's copies and TensorFlow's
   implicit ones, host ops, :data:`~tflms.ir.op_types.XLA_NEVER_TYPES`, ``string``/``variant`` tensors, and the types
-  in ``SimOptions.xla_unsupported``. So the tuner prices each candidate as the pass will cluster it.
+  in ``SimOptions.xla_unsupported``; and the variables' updates in parts where ``SimOptions.xla_update_parts`` asks
+  for them (each part one cluster, as the pass's ``NoOp`` joins it). So the tuner prices each candidate as the pass
+  will cluster it.
 - **Fusion within a cluster.** The ``xla`` clock's fusion model (:func:`tflms.sim.fusion.xla_kernels`) on each
   cluster, never across one: a producer fuses into its consumers only where they all share its cluster, and so for
   the convolution epilogues and the sibling reductions. Ops outside every cluster run in TensorFlow's executor, priced
@@ -253,8 +255,8 @@ def cluster_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequen
 
 def _update_buffers(net: IndexedGraph, kernels: Kernels, last: dict[int, int]) -> list[tuple[int, int, int, int]]:
     """The new value of each variable a cluster updates, as :attr:`~tflms.sim.clock.Kernels.updates` (module doc,
-    "Memory"). A value its cluster computes into a buffer of its own (not fused into the update) is that buffer, held
-    to the cluster's end, and gets no second one."""
+    "Variable updates"). A value its cluster computes into a buffer of its own (not fused into the update) is that
+    buffer, held to the cluster's end, and gets no second one."""
     cluster, reads, virtual, t_op, t_info = kernels.cluster, kernels.reads, kernels.virtual, net.t_op, net.t_info
     updates: list[tuple[int, int, int, int]] = []
     seen: set[tuple[int, int]] = set()
