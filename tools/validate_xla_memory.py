@@ -18,7 +18,9 @@ Isolation: each variant is measured in an executor subprocess of its own. Measur
 pinned and unpinned rewrites in turn, as this tool did until e9397ac), the CNN's unpinned rewrite at 0.65 peaked at
 15.0 MiB in every run; alone, at about 10.3 (docs/design.md, "Measuring a clustered step").
 
-Variants: ``original`` (the step clustered as the pass clusters it, nothing swapped); ``rewritten`` (what the
+Variants: ``original`` (the step clustered as the pass clusters it, nothing swapped); with ``--update-parts N``,
+``original, N parts`` (the same, its variables' updates in up to N parts: ``cluster_for_xla(update_parts=N)``, priced
+with ``SimOptions.xla_update_parts``); ``rewritten`` (what the
 pipeline returns; guarantee ``xla-alone`` where it leaves the step to XLA, compiled whole, which the ``xla`` clock
 prices: XLA:CPU then compiles the gradients the emulation leaves out of clusters too); ``unpinned`` (the same plan before the budget guarantee, when the guarantee pinned level order
 with control edges: those edges change the clusters).
@@ -116,9 +118,11 @@ def _builders(size: int | None) -> None:
 
 
 def run_model(model: str, *, fractions=DEFAULT_FRACTIONS, repeat: int = 3, batch: int | None = None,
-              size: int | None = None, dump: str | None = None, all_in_xla: bool = False) -> list[Record]:
+              size: int | None = None, dump: str | None = None, all_in_xla: bool = False,
+              update_parts: int = 1) -> list[Record]:
     """Rewrite, simulate and measure ``model`` (module doc); one executor subprocess per variant.
-    ``all_in_xla``: cluster every op XLA:CPU compiles, ``EMULATION_XLA_LEFT_OUT`` too (module doc)."""
+    ``all_in_xla``: cluster every op XLA:CPU compiles, ``EMULATION_XLA_LEFT_OUT`` too (module doc);
+    ``update_parts``: above 1, add the original with its variables' updates in up to that many parts."""
     from tflms.measure import planning_for_emulation
     from tflms.passes.xla_clusters import leave_out
 
@@ -126,11 +130,12 @@ def run_model(model: str, *, fractions=DEFAULT_FRACTIONS, repeat: int = 3, batch
         planning.enter_context(planning_for_emulation())
         if all_in_xla:
             planning.enter_context(leave_out({}))
-        return _run_model(model, fractions=fractions, repeat=repeat, batch=batch, size=size, dump=dump)
+        return _run_model(model, fractions=fractions, repeat=repeat, batch=batch, size=size, dump=dump,
+                          update_parts=update_parts)
 
 
 def _run_model(model: str, *, fractions, repeat: int, batch: int | None, size: int | None,
-               dump: str | None) -> list[Record]:
+               dump: str | None, update_parts: int = 1) -> list[Record]:
     import tflms.passes.order as order_pass
     from tflms.budget import budget_sim_options
     from tflms.config import LMSConfig
@@ -161,6 +166,10 @@ def _run_model(model: str, *, fractions, repeat: int, batch: int | None, size: i
     base = simulate(original, EMULATION_PROFILE, options=options)
     variants: list[tuple[str, int | None, Any, Any, str, int | None]] = [
         ("original", None, original, options, "", None)]
+    if update_parts > 1:
+        parted = cluster_for_xla(plain, accelerator_device=ACC, host_device=HOST, update_parts=update_parts).graph
+        variants.append((f"original, {update_parts} parts", None, parted,
+                         dataclasses.replace(options, xla_update_parts=update_parts), "", None))
     before_guarantee: dict[str, Any] = {}
     hold = order_pass.hold_to_budget
 
@@ -275,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="cnn", help="comma-separated: cnn, resnet, mlp, resnet50, unet3d")
     parser.add_argument("--fractions", default=",".join(map(str, DEFAULT_FRACTIONS)),
-                        help="budgets: resident + this fraction of the clustered original's simulated transient")
+                        help="budgets: resident + this fraction of the clustered original's simulated transient "
+                             "(\"\": none)")
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--size", type=int, default=None, help="input size of resnet50 (64) and unet3d (32)")
     parser.add_argument("--repeat", type=int, default=3)
@@ -283,13 +293,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all-in-xla", action="store_true",
                         help="cluster the gradients the emulation leaves out too (EMULATION_XLA_LEFT_OUT): the memory "
                              "of XLA:CPU's own lowerings, which the simulator (XLA:GPU's) does not price")
+    parser.add_argument("--update-parts", type=int, default=1,
+                        help="also measure the original with its variables' updates in up to this many parts")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    fractions = tuple(float(f) for f in args.fractions.split(","))
+    fractions = tuple(float(f) for f in args.fractions.split(",") if f.strip())
     records = []
     for model in args.models.split(","):
         records += run_model(model.strip(), fractions=fractions, repeat=args.repeat, batch=args.batch,
-                             size=args.size, dump=args.dump, all_in_xla=args.all_in_xla)
+                             size=args.size, dump=args.dump, all_in_xla=args.all_in_xla,
+                             update_parts=args.update_parts)
     print(json.dumps([r.to_dict() for r in records], indent=1) if args.json else table(records))
     return 0
 
