@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -48,6 +49,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import validate_memory as vm
@@ -76,6 +79,7 @@ class Record:
     guarantee: str = ""
     predicted_peak_bytes: int | None = None  # the tuner's own prediction (with its margin)
     temp_bytes: int | None = None  # the largest preallocated-temp of the variant's XLA modules (--dump)
+    variables_digest: str = ""  # SHA-256 of the variables after the first measured run's steps (names and bytes)
 
     @property
     def measured_bytes(self) -> int:
@@ -226,8 +230,18 @@ def _run_model(model: str, *, fractions, repeat: int, batch: int | None, size: i
             records_runs=[m.peak("accelerator") for m in measured],
             host_runs=[m.allocator_peak("host") for m in measured],
             xla_runs=max(sum(1 for n in m.node_times if n.endswith("xla_run")) for m in measured),
-            guarantee=guarantee, predicted_peak_bytes=predicted, temp_bytes=temp))
+            guarantee=guarantee, predicted_peak_bytes=predicted, temp_bytes=temp,
+            variables_digest=_digest(measured[0].variables_after)))
     return records
+
+
+def _digest(variables: Any) -> str:
+    """SHA-256 of ``{name: array}`` by name and bytes: equal digests, bitwise equal variables."""
+    h = hashlib.sha256()
+    for name in sorted(variables):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(variables[name]).tobytes())
+    return h.hexdigest()
 
 
 class _xla_flags:
