@@ -165,6 +165,15 @@ def update_split(types: Mapping[Node, str], value_bytes: Callable[[Node], int | 
     return UpdateSplit(written, lambda n: types[n] in UPDATE_FOLLOWERS, parts)
 
 
+def resource_rules(types: Mapping[Node, str], value_bytes: Callable[[Node], int | None],
+                   update_parts: int) -> tuple[dict[Node, str], UpdateSplit | None]:
+    """What :func:`segment_rule` takes about a graph's resource ops, whose nodes have ``types``: each resource op's
+    kind (:func:`resource_kind`), and the updates' split into ``update_parts`` (:func:`update_split`; ``None`` for
+    fewer than 2). The pass and the simulator's ``xla-clusters`` clock both call it, so they split alike."""
+    resource = {n: kind for n, t in types.items() if (kind := resource_kind(t))}
+    return resource, (update_split(types, value_bytes, update_parts) if update_parts > 1 else None)
+
+
 def _update_split(order: Sequence[Node], preds: Mapping[Node, Sequence[Node]], succs: Mapping[Node, Sequence[Node]],
                   segment: dict[Node, int], split: UpdateSplit) -> dict[int, list[Node]]:
     """Split each segment's variable updates into parts of their own, number the segments again, and return the

@@ -115,7 +115,7 @@ from tflms.ir.xla_segments import (BARRIER, GATE_BARRIER, GATE_IDENTITY, HOST_OP
                                    NEVER_COMPILED, NO_XLA_KERNEL, SCOPE_PREFIX, TFLMS_COPY, VARIABLE_READ,
                                    XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR, XLA_SCOPE_ATTR, barrier_operand,
                                    connected_clusters, gate_role, gates_seen_through, is_free_variable_read, is_gate,
-                                   is_tflms_copy, resource_kind, segment_rule, update_split)
+                                   is_tflms_copy, resource_rules, segment_rule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,13 +232,12 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
     outside = {op.name: why for op in graph
                if (why := _why_outside(graph, op, on_host, has_xla_kernel, roles, declared))}
     index = {op.name: i for i, op in enumerate(graph)}
-    resource = {op.name: kind for op in graph if (kind := resource_kind(op.type))}
 
     def value_bytes(name: str) -> int | None:
         ins = graph.op(name).inputs
         return graph.tensor(ins[1]).num_bytes if len(ins) > 1 else None
 
-    updates = None if update_parts < 2 else update_split({op.name: op.type for op in graph}, value_bytes, update_parts)
+    resource, updates = resource_rules({op.name: op.type for op in graph}, value_bytes, update_parts)
     order, boundary, segment, clusters, parts = segment_rule(topological, index, preds, succs, outside, is_clone,
                                                              resource, updates)
     kept = [c for c in clusters if not all(graph.op(n).type in FREE_OPS for n in c)]

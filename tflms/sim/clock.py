@@ -89,7 +89,8 @@ class Kernels:
     cluster: list[int] | None = None
     first: list[int] | None = None
     #: ``xla-clusters`` only: the new values of the variables a cluster updates, each ``(first op, last op, label
-    #: tensor, bytes)``: a buffer of its own from the cluster's start to its end (:mod:`tflms.sim.clusters`, "Memory").
+    #: tensor, bytes)``: a buffer of its own from the cluster's start to its end (:mod:`tflms.sim.clusters`, "Variable
+    #: updates").
     updates: list[tuple[int, int, int, int]] | None = None
 
 

@@ -51,8 +51,7 @@ from tflms.ir.op_types import FREE_OPS, XLA_ASSIGNS, XLA_NEVER_DTYPES, XLA_NEVER
 from tflms.ir.names import is_clone
 from tflms.ir.xla_segments import (BARRIER, HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL, TFLMS_COPY, VARIABLE_READ,
                                    XLA_COMPILE_ATTR, XLA_SCOPE_ATTR, connected_clusters, gate_role,
-                                   is_free_variable_read, is_gate, is_tflms_copy, resource_kind, segment_rule,
-                                   update_split)
+                                   is_free_variable_read, is_gate, is_tflms_copy, resource_rules, segment_rule)
 from tflms.profiles import HardwareProfile
 from tflms.sim.clock import CLOCK_XLA_CLUSTERS, Kernels, op_durations
 from tflms.sim.cost import op_launches
@@ -81,10 +80,9 @@ def step_clusters(net: IndexedGraph, order: Sequence[int], position: Sequence[in
         outside = {i: why for i in order if (why := _why_outside(net, i, is_transfer, unsupported, succs))}
         names = net.names
         types, t_info, inputs = net.types, net.t_info, net.inputs
-        resource = {i: kind for i in order if (kind := resource_kind(types[i]))}
-        updates = update_split({i: types[i] for i in order},
-                               lambda i: t_info[inputs[i][1]].num_bytes if len(inputs[i]) > 1 else None,
-                               update_parts) if update_parts > 1 else None
+        resource, updates = resource_rules({i: types[i] for i in order},
+                                           lambda i: t_info[inputs[i][1]].num_bytes if len(inputs[i]) > 1 else None,
+                                           update_parts)
         _, _, _, clusters, _ = segment_rule(order, range(len(names)), preds, succs, outside,
                                             lambda i: is_clone(names[i]), resource, updates)
         clusters = [c for c in clusters if not all(net.types[i] in FREE_OPS for i in c)]
