@@ -169,13 +169,14 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             # op type or scope is still an error.
             filter_warnings = tuple(check_filters(analysis, config))
             budget, budget_why = default_budget(choice, gpu) if config.default_tuning else (config.budget_bytes, None)
-            if xla and budget is not None:  # issue 47: a step over its budget updates its variables in parts
-                sim_options = update_parts_for(sim_options, analysis.graph, profile, budget)
             # issue 47, item 3: XLA alone first. A step that keeps XLA and fits with XLA alone (its fusion, and its
             # own rematerialization where that is faster than tflms's plan) is left to XLA, compiled whole.
             alone = clock("xla-alone", lambda: price_xla_alone(analysis, profile, budget, budget_sim_options(config),
                                                                config)) if xla else None
-            result = None if alone is not None and alone.fits and not alone.remat else clock(
+            tunes = alone is None or not alone.fits or alone.remat
+            if xla and tunes and budget is not None:  # issue 47: a step over its budget updates its variables in parts
+                sim_options = update_parts_for(sim_options, analysis.graph, profile, budget)
+            result = None if not tunes else clock(
                 "tune", lambda: tune(analysis, budget=budget, profile=profile,
                                      sim_options=sim_options,  # issue 48: the margin; issue 47: the clusters' clock
                                      config=config, copy_op=copy_op, fit_by=config.fit_by,
