@@ -12,7 +12,7 @@ from tflms.ir.graph import TensorRef
 from tflms.passes.xla_clusters import cluster_for_xla
 from tflms.pipeline import rewrite, rewrite_step
 from tflms.sim import HardwareProfile, SimOptions, simulate
-from tflms.sim.clusters import step_clusters
+from tflms.sim.clusters import contracted_order, step_clusters
 from tflms.testing import GraphBuilder, mlp_training_graph
 from tflms.tune.tuner import tune
 
@@ -151,6 +151,19 @@ def test_a_cluster_starts_only_when_all_its_inputs_exist():
     assert t["r2"][0] == 6.0 and t["d"] == (6.0, 9.0)
     # an op by op clock would start r2 at 4 (graph clock: one kernel per op, no fusion)
     assert spans(run(swapped_chain(), "graph", slow_link))["r2"][0] == 4.0
+
+
+def test_units_run_in_the_order_they_became_ready_as_the_executor_runs_them():
+    # ops by id, each its own position in ``order``: 0 a source; cluster 0 = {1, 5}, its earliest op 1 reading 0 and
+    # its last 5 reading 4; outside ops 2 <- 0, 3 <- 2 and 4 <- 3 (a chain), 6 <- 2. Op 6 is ready when 2 ends; the
+    # cluster only when 4 ends, after it
+    preds = [[], [0], [0], [2], [3], [1, 4], [2]]
+    cluster = [-1, 0, -1, -1, -1, 0, -1]
+    order = list(range(7))
+    assert contracted_order(order, preds, order, cluster) == [0, 2, 3, 6, 4, 1, 5]
+    # placed by its earliest op alone (the rule before), the cluster would have run ahead of 6: [0, 2, 3, 4, 1, 5, 6]
+    # ties (ready together) go by position in ``order``
+    assert contracted_order(order, [[], [0], [0], [0], [0], [0], [0]], order, [-1] * 7) == order
 
 
 def lifetimes(result) -> dict[str, tuple[float, float]]:

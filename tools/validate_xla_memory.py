@@ -25,8 +25,9 @@ pipeline returns; guarantee ``xla-alone`` where it leaves the step to XLA, compi
 prices: XLA:CPU then compiles the gradients the emulation leaves out of clusters too); ``unpinned`` (the same plan before the budget guarantee, when the guarantee pinned level order
 with control edges: those edges change the clusters).
 
-Columns (MiB): ``sim``: the xla-clusters clock's transient peak of the graph as run (level order, the tuner's
-margin convention: a budget given is kept as given); ``measured``: the allocator-event transient peak, median of
+Columns (MiB): ``sim``: the xla-clusters clock's transient peak of the graph as run (its clusters and other ops in
+the executor's order, first ready first: ``tflms.sim.clusters.contracted_order``; the tuner's margin convention: a
+budget given is kept as given); ``measured``: the allocator-event transient peak, median of
 ``--repeat`` runs (``max``: the largest); ``records``: the allocation records' peak of the same runs (XLA's buffers
 missing); ``total``: resident + the largest run; ``within``: total <= budget; ``sim/meas``. With ``--dump DIR``,
 XLA writes each cluster's buffer assignment there (``XLA_FLAGS=--xla_dump_to``) and the table adds the largest
