@@ -199,6 +199,15 @@ def test_a_cluster_holds_its_inputs_until_it_ends():
     assert clustered.peak_bytes > whole.peak_bytes
 
 
+def test_a_cluster_allocates_its_results_and_never_takes_over_an_input_buffer():
+    # d (in the cluster {r2, d}) is the swap-in's last reader, an add of the same size: TensorFlow's executor would
+    # let it write into the swap-in's buffer, but _XlaRun gives XLA no input to reuse, so d is a buffer of its own
+    clustered = run(swapped_chain(), "xla-clusters")
+    assert "d:0" in buffers(clustered)
+    assert clustered.buffer_owner.get("d:0", "d:0") == "d:0"
+    assert "lms/swap_out_r0/_recv:0" in buffers(clustered)
+
+
 def momentum_step(*, ordered: bool = True):
     """A Keras SGD momentum update, by hand: slot ``m <- m * c - g`` (``AssignVariableOp``), then ``w += read(m)``
     (``AssignAddVariableOp``), the read ordered after the slot's write by a control edge (as TensorFlow's automatic

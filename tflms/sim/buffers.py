@@ -114,11 +114,18 @@ def _readers(order: Sequence[int], reads: Sequence[Sequence[int]], buffer_of: Se
 
 def _forward(net: IndexedGraph, order: Sequence[int], position: Sequence[int], bufs: _Buffers, timing,
              reads: Sequence[Sequence[int]], virtual: bytearray | None, readers: list[list[int] | None],
-             last_reader: list[int]) -> None:
+             last_reader: list[int], cluster: Sequence[int] | None = None) -> None:
     """An element-wise op reuses an input buffer when nothing else holds a reference to it: it is the buffer's last
     reader in the order and every other reader has ended by the time it starts (a concurrent reader, e.g. a copy
     still running, keeps its reference). Function outputs are read by the caller after the last op (never
-    forwarded)."""
+    forwarded).
+
+    ``cluster`` (the ``xla-clusters`` clock): by op id its XLA cluster (-1: none). A member reuses only a buffer its
+    own cluster made: XLA writes a result into an input's buffer only where the module declares an input/output
+    alias, and TensorFlow's clusters declare one only for a variable's update, which ``_XlaCompile`` turns off
+    (``may_alias_resource_update=false``; ``tensorflow/compiler/jit/xla_launch_util.cc`` hands every other input over
+    as not XLA's to reuse). So XLA allocates a result of its own even where the input dies with the cluster. On the 3D U-Net a batch norm's gradient, fused with the swap-in it read, was priced in
+    the swap-in's buffer: 1 MiB the executor allocated and the clock did not."""
     types, n_out, out_start, t_info, t_op, dev = net.types, net.n_out, net.out_start, net.t_info, net.t_op, net.dev
     is_transfer, resident, variable_reads = bufs.is_transfer, bufs.resident, bufs.variable_reads
     buffer_of, owner_of, start, end = bufs.buffer_of, bufs.owner_of, timing.start, timing.end
@@ -126,6 +133,7 @@ def _forward(net: IndexedGraph, order: Sequence[int], position: Sequence[int], b
     for i in order:
         if types[i] not in forwarding or n_out[i] != 1 or is_transfer[i]:
             continue
+        inside = cluster[i] if cluster is not None else -1
         own = out_start[i]
         out = t_info[own]
         size = out.num_bytes
@@ -137,7 +145,8 @@ def _forward(net: IndexedGraph, order: Sequence[int], position: Sequence[int], b
             if buffer_of[buf] != buf:  # (a chain forwarding made: ``owner_of`` walks it)
                 buf = owner_of(t)
             if (resident[buf] or variable_reads[buf] or dev[t_op[buf]] != dev_i or last_reader[buf] != pos_i
-                    or t_info[buf].num_bytes != size or t_info[buf].dtype != dtype):
+                    or t_info[buf].num_bytes != size or t_info[buf].dtype != dtype
+                    or (inside >= 0 and cluster[t_op[buf]] != inside)):
                 continue
             for r in readers[buf]:
                 if r != i and end[r] > start_i:

@@ -369,7 +369,7 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
     reads = kernels.reads if kernels.reads is not None else net.inputs
     readers, last_reader = _readers(order, reads, bufs.buffer_of, outputs, bufs.in_order, position, len(order))
     if options.model_forwarding:
-        _forward(net, order, position, bufs, timing, reads, kernels.virtual, readers, last_reader)
+        _forward(net, order, position, bufs, timing, reads, kernels.virtual, readers, last_reader, kernels.cluster)
     else:
         _forward_resolve(bufs)
     ev = _memory_events(net, order, bufs, timing, readers, outputs, kernels.virtual, alive, options, step_time,
