@@ -208,6 +208,24 @@ def test_a_cluster_allocates_its_results_and_never_takes_over_an_input_buffer():
     assert "lms/swap_out_r0/_recv:0" in buffers(clustered)
 
 
+def test_a_machine_whose_xla_copies_a_kernel_holds_the_copy_for_that_kernel():
+    # m = x @ w in the cluster {m, n}; a machine whose XLA copies MatMul's kernel (input 1, as XLA:CPU copies a
+    # backward-input convolution's) holds 64 more bytes while m runs, and only then
+    b = GraphBuilder()
+    b.op("x", "Placeholder", shape=T)
+    b.op("w", "Placeholder", shape=T)
+    b.op("m", "MatMul", ["x", "w"], shape=T)
+    b.op("n", "MatMul", ["m", "m"], shape=T)
+    g = b.graph
+    plain, copying = bytes_profile(), dataclasses.replace(bytes_profile(), xla_kernel_copies=("MatMul",))
+    base, copied = run(g, "xla-clusters", plain), run(g, "xla-clusters", copying)
+    assert copied.peak_bytes == base.peak_bytes + 64  # each product copies its kernel, one at a time
+    held = {name: (first, last) for name, size, first, last in copied.buffer_lifetimes if size == 64}
+    assert "w:0" in held and "m:0" in held  # labelled by the kernel it copies
+    assert copied.timeline[held["w:0"][0] + 1][0] == spans(copied)["m"][0]
+    assert run(g, "xla", copying).peak_bytes == run(g, "xla", plain).peak_bytes  # the whole-step clock copies none
+
+
 def momentum_step(*, ordered: bool = True):
     """A Keras SGD momentum update, by hand: slot ``m <- m * c - g`` (``AssignVariableOp``), then ``w += read(m)``
     (``AssignAddVariableOp``), the read ordered after the slot's write by a control edge (as TensorFlow's automatic

@@ -48,10 +48,16 @@ INTER_OP_THREADS = 2
 #: ops 20-80 us. :func:`tflms.measure.calibrate.calibrate_profile` derives per-op-type
 #: factors, the launch overhead and the link from a measured run instead
 #: (``tools/validate_memory.py --calibrate``).
+#: Op types whose kernel XLA:CPU copies into its cluster's temporary allocation before running them: it lowers a
+#: backward-input convolution to a convolution over the kernel reversed and transposed (``transpose_copy_fusion``, the
+#: whole temporary of the U-Net's ``up0_a_conv`` gradient cluster, 82944 bytes; the CNN's ``Conv2DBackpropInput``
+#: likewise: ``tools/validate_xla_memory.py --dump DIR``, TensorFlow 2.21). XLA:GPU folds the reverse into cuDNN's
+#: backward-data call. ``HardwareProfile.xla_kernel_copies``; docs/design.md, "Kernel copies".
+EMULATION_XLA_KERNEL_COPIES = ("Conv2DBackpropInput", "Conv3DBackpropInputV2")
 EMULATION_PROFILE = HardwareProfile(
     "emulated-cpu", memory_bytes=64 * GIB, peak_flops=100e9, memory_gbps=12, link_gbps=5, link_latency_s=20e-6,
     launch_overhead_s=20e-6, compute_efficiency=0.65, link_efficiency=0.8, host_memory_bytes=64 * GIB,
-    host_kernels=True,
+    host_kernels=True, xla_kernel_copies=EMULATION_XLA_KERNEL_COPIES,
     description="two logical CPU devices of tflms.measure.executor (CPU:1 = accelerator)")
 #: Simulator options matching the emulation: the host device, and the workspaces of the
 #: oneDNN kernels the emulated accelerator runs (:data:`EMULATION_ENV`).

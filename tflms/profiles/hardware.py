@@ -78,6 +78,11 @@ class HardwareProfile:
       host_kernels: whether the device runs each kernel in the thread that dispatched it (a CPU device, as
         the emulated accelerator is), so launches do not overlap compute: the simulator's ``auto`` clock is
         then ``serial``, else ``graph`` (:mod:`tflms.sim.clock`).
+      xla_kernel_copies: op types whose kernel (input 1) this machine's XLA copies before it runs them, inside
+        their cluster: on the ``xla-clusters`` clock a temporary the kernel's size for the op's kernel
+        (:mod:`tflms.sim.clusters`, "Kernel copies"). XLA:CPU reverses and transposes a backward-input
+        convolution's kernel into its temporary allocation (``transpose_copy_fusion``); XLA:GPU folds the reverse
+        into cuDNN's backward-data call and copies nothing (none, the default).
     """
 
     name: str
@@ -102,6 +107,7 @@ class HardwareProfile:
     contraction_latency_s: float = 0.0
     sources: tuple[tuple[str, str], ...] = ()
     host_kernels: bool = False
+    xla_kernel_copies: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "memory_bytes", parse_bytes(self.memory_bytes, what=f"{self.name}.memory_bytes"))
@@ -141,6 +147,10 @@ class HardwareProfile:
             if value is not None and not (isinstance(value, (int, float)) and 0 < value <= 1):
                 raise ConfigError(f"profile {self.name!r}: {field} must be in (0, 1] or None "
                                   f"(compute_efficiency), got {value!r}")
+        copies = self.xla_kernel_copies
+        if isinstance(copies, str) or not all(isinstance(t, str) for t in copies):
+            raise ConfigError(f"profile {self.name!r}: xla_kernel_copies must be a list of op types, got {copies!r}")
+        object.__setattr__(self, "xla_kernel_copies", tuple(sorted(set(copies))))
         if not isinstance(self.tf32_enabled, bool):
             raise ConfigError(f"profile {self.name!r}: tf32_enabled must be True or False, got {self.tf32_enabled!r}")
         cited = self.sources.items() if isinstance(self.sources, Mapping) else self.sources

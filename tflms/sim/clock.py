@@ -88,9 +88,10 @@ class Kernels:
     preds: list[list[int]] | None = None
     cluster: list[int] | None = None
     first: list[int] | None = None
-    #: ``xla-clusters`` only: the new values of the variables a cluster updates, each ``(first op, last op, label
-    #: tensor, bytes)``: a buffer of its own from the cluster's start to its end (:mod:`tflms.sim.clusters`, "Variable
-    #: updates").
+    #: ``xla-clusters`` only: buffers no tensor owns, each ``(first op, last op, label tensor, bytes)``, from the first
+    #: op's start to the last op's end: the new values of the variables a cluster updates, from the cluster's start to
+    #: its end, and the kernel copies of the machine's XLA, for their op (:mod:`tflms.sim.clusters`, "Variable updates",
+    #: "Kernel copies").
     updates: list[tuple[int, int, int, int]] | None = None
 
 

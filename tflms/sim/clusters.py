@@ -35,6 +35,10 @@ clock prices that step (:func:`cluster_kernels`):
   result buffer of its own, allocated when the cluster starts; ``_XlaRun`` hands it to the variable when the cluster
   ends, and the old buffer goes then. (A step compiled whole, the ``xla`` clock's, runs as ``XlaLaunch``, which may
   alias them.) On the zoo ResNet-50 the momentum update cluster holds every gradient and every new momentum at once.
+- **Kernel copies.** A machine whose XLA copies an op's kernel (input 1) before running it
+  (``HardwareProfile.xla_kernel_copies``: XLA:CPU's backward-input convolutions, the emulated accelerator's) holds
+  a temporary of the kernel's size for that op's kernel, from its start to its end, in its cluster. XLA:GPU copies
+  none.
 - **Resource order.** A cluster reads its variables at its start and writes them at its end, so TensorFlow keeps a
   variable's write and a later read in different clusters (:func:`~tflms.ir.xla_segments.segment_rule`'s resource
   split): a Keras optimizer's slot updates and the variables' updates that read them run as two clusters.
@@ -259,8 +263,26 @@ def cluster_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequen
     launch_s = XLA_CLUSTER_LAUNCHES * profile.launch_overhead_s
     for k, i in last.items():
         kernels.launch[kernels.first[i]] += launch_s
-    kernels.updates = _update_buffers(net, kernels, last)
+    kernels.updates = _update_buffers(net, kernels, last) + _kernel_copies(net, kernels, profile)
     return kernels
+
+
+def _kernel_copies(net: IndexedGraph, kernels: Kernels, profile: HardwareProfile) -> list[tuple[int, int, int, int]]:
+    """The copy of its kernel each clustered op of a type in ``profile.xla_kernel_copies`` makes, as
+    :attr:`~tflms.sim.clock.Kernels.updates`' entries from the op's start to its end, labelled by the kernel (module
+    doc, "Kernel copies"): XLA:CPU's ``transpose_copy_fusion`` of a backward-input convolution's kernel, in the
+    cluster's temporary allocation (XLA's dumps of the clustered CNN and 3D U-Net, TensorFlow 2.21)."""
+    copied = profile.xla_kernel_copies
+    if not copied:
+        return []
+    out = []
+    for i in kernels.order:
+        if kernels.cluster[i] >= 0 and net.types[i] in copied and len(net.inputs[i]) > 1:
+            kernel = net.inputs[i][1]
+            size = net.t_info[kernel].num_bytes or 0
+            if size:
+                out.append((i, i, kernel, size))
+    return out
 
 
 def _update_buffers(net: IndexedGraph, kernels: Kernels, last: dict[int, int]) -> list[tuple[int, int, int, int]]:
