@@ -12,7 +12,9 @@ Planned and measured for the emulated machine (``tflms.measure.planning_for_emul
 lowers into buffers XLA:GPU does not have (max-pool gradients, filter gradients:
 ``tflms.measure.emulation.EMULATION_XLA_LEFT_OUT``) run outside the clusters, in the pass and the simulation alike,
 so that what is measured is the step the simulator prices. ``--all-in-xla`` clusters them too: what XLA:CPU itself
-compiles, and how far that is from the simulation.
+compiles, and how far that is from the simulation. The copy XLA:CPU makes of a backward-input convolution's kernel,
+which XLA:GPU does not, stays in the clusters and is priced on the emulated profile
+(``HardwareProfile.xla_kernel_copies``).
 
 Isolation: each variant is measured in an executor subprocess of its own. Measured together in one process (original,
 pinned and unpinned rewrites in turn, as this tool did until e9397ac), the CNN's unpinned rewrite at 0.65 peaked at
