@@ -103,7 +103,8 @@ def gpu_expected_rows() -> dict[str, list[str]]:
             none, xla = run["maxima"]["none"], run["tflms_xla_at_its_max"]
             assert run["simulated"] and xla["clock"] == "xla-clusters", "tflms-xla must be priced by its clusters"
             best, plain = without[(model, profile, "tflms-best")], without[(model, profile, "none")]
-            assert plain["clock"] == "xla" and best["clock"] == "graph", "that run must price none by XLA, tflms without"
+            assert plain["clock"] == "xla" and best["clock"] == "graph", \
+                "that run must price none by XLA, tflms without"
             throughput = (_size(best) / best["step_ms_at_max"]) / (_size(plain) / plain["step_ms_at_max"])
             rows[f"{title}, {gpu}"] = [
                 str(none), f"{xla['batch']} ({xla['batch'] / none:.2f}x)",

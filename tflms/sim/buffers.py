@@ -124,8 +124,9 @@ def _forward(net: IndexedGraph, order: Sequence[int], position: Sequence[int], b
     own cluster made: XLA writes a result into an input's buffer only where the module declares an input/output
     alias, and TensorFlow's clusters declare one only for a variable's update, which ``_XlaCompile`` turns off
     (``may_alias_resource_update=false``; ``tensorflow/compiler/jit/xla_launch_util.cc`` hands every other input over
-    as not XLA's to reuse). So XLA allocates a result of its own even where the input dies with the cluster. On the 3D U-Net a batch norm's gradient, fused with the swap-in it read, was priced in
-    the swap-in's buffer: 1 MiB the executor allocated and the clock did not."""
+    as not XLA's to reuse). So XLA allocates a result of its own even where the input dies with the cluster. On the
+    3D U-Net a batch norm's gradient, fused with the swap-in it read, was priced in the swap-in's buffer: 1 MiB the
+    executor allocated and the clock did not."""
     types, n_out, out_start, t_info, t_op, dev = net.types, net.n_out, net.out_start, net.t_info, net.t_op, net.dev
     is_transfer, resident, variable_reads = bufs.is_transfer, bufs.resident, bufs.variable_reads
     buffer_of, owner_of, start, end = bufs.buffer_of, bufs.owner_of, timing.start, timing.end
@@ -176,12 +177,14 @@ def _memory_events(net: IndexedGraph, order: Sequence[int], bufs: _Buffers, timi
                    readers: list[list[int] | None], outputs: Iterable[int], virtual: bytearray | None,
                    alive: Sequence[bool], options: SimOptions, step_time: float,
                    cluster: Sequence[int] | None = None, first: Sequence[int] | None = None,
-                   updates: Sequence[tuple[int, int, int, int]] | None = None) -> _Events:
+                   unowned: Sequence[tuple[int, int, int, int]] | None = None) -> _Events:
     """An allocation when a buffer's producer starts, a free when its last reader ends (module doc). ``cluster`` /
     ``first`` (the ``xla-clusters`` clock): by op id its XLA cluster (-1: none) and that cluster's first op; a
     cluster's outputs (buffers read outside it, or returned) are allocated when it starts, as XLA allocates its
-    result buffers before it runs. ``updates``: the clusters' new variable values (:attr:`Kernels.updates`), each
-    allocated when its cluster starts and freed when it ends (the variable's old buffer goes then)."""
+    result buffers before it runs. ``unowned``: buffers no tensor owns (:attr:`Kernels.unowned`), each ``(first op,
+    last op, label tensor, bytes)``, allocated when the first op starts and freed when the last ends: the clusters' new
+    variable values, from a cluster's start to its end (the variable's old buffer goes then), and the kernel copies of
+    the machine's XLA."""
     types, dev, out_start, n_out, t_info = net.types, net.dev, net.out_start, net.n_out, net.t_info
     buffer_of, resident, variable_reads, is_transfer = bufs.buffer_of, bufs.resident, bufs.variable_reads, \
         bufs.is_transfer
@@ -241,7 +244,7 @@ def _memory_events(net: IndexedGraph, order: Sequence[int], bufs: _Buffers, timi
                 at = first[op]
             events.append((start[at], event_seq[at] - (0.25 if is_transfer[at] else 0.0), 0, tid, size, d))
             events.append((t_free, seq_free, 1, tid, -size, d))
-    for head, tail, label, size in updates or ():
+    for head, tail, label, size in unowned or ():
         tid = len(tid_buf)
         tid_buf.append(label)
         events.append((start[head], event_seq[head], 0, tid, size, ACCEL))

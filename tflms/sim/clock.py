@@ -92,7 +92,7 @@ class Kernels:
     #: op's start to the last op's end: the new values of the variables a cluster updates, from the cluster's start to
     #: its end, and the kernel copies of the machine's XLA, for their op (:mod:`tflms.sim.clusters`, "Variable updates",
     #: "Kernel copies").
-    updates: list[tuple[int, int, int, int]] | None = None
+    unowned: list[tuple[int, int, int, int]] | None = None
 
 
 def op_durations(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,

@@ -157,12 +157,13 @@ def contracted_order(order: Sequence[int], preds: Sequence[Sequence[int]], posit
 
     The units run as TensorFlow's executor runs them: a unit once all its inputs exist, first in, first out (an op's
     completion hands the ops it makes ready to the executor's inline queue or its thread pool in turn:
-    ``ExecutorState::ScheduleReady`` in ``tensorflow/core/common_runtime/executor.cc``), the unit that became ready first first, ties by where its
-    earliest op is in ``order``. So ``order`` orders the ops within a cluster and breaks ties; only edges pin the
-    rest. Not the earliest op's place in ``order`` alone, as before: a cluster whose earliest op has a low level (a
-    shape computation, a weight's transpose) then ran ahead of ops ready long before it. On the clustered 3D U-Net
-    (32^3, batch 1) that put the simulated peak at 39.2 MiB against 32.8 measured (32.7 so); on ResNet-50 (64x64,
-    batch 16, updates in 16 parts), 168.1 against 171.3 (170.6 so): docs/design.md, "The executor's order".
+    ``ExecutorState::ScheduleReady`` in ``tensorflow/core/common_runtime/executor.cc``), the unit that became ready
+    first first, ties by where its earliest op is in ``order``. So ``order`` orders the ops within a cluster and
+    breaks ties; only edges pin the rest. Not the earliest op's place in ``order`` alone, as before: a cluster whose
+    earliest op has a low level (a shape computation, a weight's transpose) then ran ahead of ops ready long before
+    it. On the clustered 3D U-Net (32^3, batch 1) that put the simulated peak at 39.2 MiB against 32.8 measured (32.7
+    so); on ResNet-50 (64x64, batch 16, updates in 16 parts), 168.1 against 171.3 (170.6 so): docs/design.md, "The
+    executor's order".
 
     Raises :class:`~tflms.errors.GraphError` where the contraction has a cycle (clusters the pass never makes)."""
     base = max(cluster, default=-1) + 1
@@ -263,13 +264,13 @@ def cluster_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequen
     launch_s = XLA_CLUSTER_LAUNCHES * profile.launch_overhead_s
     for k, i in last.items():
         kernels.launch[kernels.first[i]] += launch_s
-    kernels.updates = _update_buffers(net, kernels, last) + _kernel_copies(net, kernels, profile)
+    kernels.unowned = _update_buffers(net, kernels, last) + _kernel_copies(net, kernels, profile)
     return kernels
 
 
 def _kernel_copies(net: IndexedGraph, kernels: Kernels, profile: HardwareProfile) -> list[tuple[int, int, int, int]]:
     """The copy of its kernel each clustered op of a type in ``profile.xla_kernel_copies`` makes, as
-    :attr:`~tflms.sim.clock.Kernels.updates`' entries from the op's start to its end, labelled by the kernel (module
+    :attr:`~tflms.sim.clock.Kernels.unowned`' entries from the op's start to its end, labelled by the kernel (module
     doc, "Kernel copies"): XLA:CPU's ``transpose_copy_fusion`` of a backward-input convolution's kernel, in the
     cluster's temporary allocation (XLA's dumps of the clustered CNN and 3D U-Net, TensorFlow 2.21)."""
     copied = profile.xla_kernel_copies
@@ -286,7 +287,7 @@ def _kernel_copies(net: IndexedGraph, kernels: Kernels, profile: HardwareProfile
 
 
 def _update_buffers(net: IndexedGraph, kernels: Kernels, last: dict[int, int]) -> list[tuple[int, int, int, int]]:
-    """The new value of each variable a cluster updates, as :attr:`~tflms.sim.clock.Kernels.updates` (module doc,
+    """The new value of each variable a cluster updates, as :attr:`~tflms.sim.clock.Kernels.unowned` (module doc,
     "Variable updates"). A value its cluster computes into a buffer of its own (not fused into the update) is that
     buffer, held to the cluster's end, and gets no second one."""
     cluster, reads, virtual, t_op, t_info = kernels.cluster, kernels.reads, kernels.virtual, net.t_op, net.t_info

@@ -373,5 +373,5 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
     else:
         _forward_resolve(bufs)
     ev = _memory_events(net, order, bufs, timing, readers, outputs, kernels.virtual, alive, options, step_time,
-                        kernels.cluster, kernels.first, kernels.updates)
+                        kernels.cluster, kernels.first, kernels.unowned)
     return _result(net, order, position, bufs, timing, ev, profile, options, step_time, kernels)
