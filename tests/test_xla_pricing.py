@@ -437,8 +437,10 @@ def test_the_bench_prices_tflms_xla_on_the_clustered_clock_against_plain_xla_and
     # the cut bound at checkpointing's maximum: no plan the bench found there beats it
     bound = record["cut_bound_at_checkpoint_max"]
     assert bound["batch"] == maxima["checkpoint-segments"] and bound["simulated"]
-    assert 0.0 <= bound["any"] <= bound["recompute"] and bound["any"] <= first["tflms_xla"] + 1e-9
-    assert 0.0 <= bound["any"] <= first["checkpoint"] + 1e-9
+    # (below 0 where re-runs fused into their readers would spare reads: tflms.tune.cut_bound, "What a fused re-run
+    # saves")
+    assert bound["any"] <= bound["recompute"] and bound["any"] <= first["tflms_xla"] + 1e-9
+    assert bound["any"] <= first["checkpoint"] + 1e-9
 
 
 def test_the_bench_runs_tflms_xla_at_a_given_batch():

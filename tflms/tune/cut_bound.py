@@ -24,15 +24,15 @@ The program, over the forward ops ``v`` that run before the loss (its ancestors)
   that is neither resident nor produced after the loss;
 - a kept tensor's buffer is on the device or the host: ``d_b + h_b >= k_v`` (views share their input's buffer);
 - the device holds at most the budget's bytes: ``sum bytes_b d_b <= cap``;
-- the step lasts at least the plain step plus every re-run's least time and reads, and at least the swapped bytes'
-  time over the host link (they leave in one direction, one copy at a time): ``t >= plain + sum c_v r_v + reads``,
-  ``t >= sum bytes_b h_b / link``; minimise ``t``.
+- the step lasts at least the plain step plus every re-run's least time and reads, less what fused re-runs save,
+  and at least the swapped bytes' time over the host link (they leave in one direction, one copy at a time):
+  ``t >= plain + sum c_v r_v + reads``, ``t >= sum bytes_b h_b / link``; minimise ``t``.
 
 A forward op that is not an ancestor of the loss may run after it (the program re-runs it for free); an op that may
 not be re-run (:func:`~tflms.policies.eligibility.recompute_skip_reason`) is kept or swapped.
 
-Each re-run's least time ``c_v`` (:func:`rerun_floor_s`) is a floor under the ``xla`` clock's prices
-(:mod:`tflms.sim.fusion`), whatever fusion the rewritten step gets:
+Each re-run's least time ``c_v`` is a floor under the ``xla`` clock's prices (:mod:`tflms.sim.fusion`), whatever
+fusion the rewritten step gets: :func:`rerun_floor_s` less :func:`rerun_savings_s`.
 
 - a library call (product, convolution, an op XLA runs as its own kernel) costs its price, less its launch;
 - a reduction writes its output to memory, and so does an element-wise op a library call reads (a library call
@@ -41,14 +41,23 @@ Each re-run's least time ``c_v`` (:func:`rerun_floor_s`) is a floor under the ``
 - *reads*: a re-run that writes its output and is no library call (whose price counts its reads) is a kernel of its
   own, and reads each input that is kept, or re-run and written itself, from memory: once per tensor.
 
+**What a fused re-run saves** (:func:`rerun_savings_s`). An element-wise op re-run inside the fusion of a gradient
+op that read its output spares that read: the fusion reads what the re-run is made from instead, and that may be
+what it reads anyway (batch norm's backward reads the convolution output a fused ReLU re-runs from). So for each
+reader that is no library call, the floor takes off the output's bytes less the fewest new bytes the re-run can
+read: the least cut, in buffers, between the output and the ends of its chain of element-wise ops (library calls,
+reductions, ops that may not be re-run, resident tensors), a buffer the reader reads already counting nothing (a
+max-flow, networkx). Where no library call reads the output before the re-run either, the step need not write it
+then, nor those readers read it: that write and those reads come off too. Every saving is counted in full even
+where two are one (two readers in one fusion) or the plain step already made it (XLA duplicating a producer into its
+readers), and a chain is followed :data:`SAVING_DEPTH` ops up, its buffers beyond free: each only lowers the bound.
+So a bound may be below 0, faster than the plain step, where the clock says re-runs would make it so.
+
 Relaxations, each making the bound lower, never higher: one moment only (the backward pass's own peaks, and every
 clone's own memory, are not counted); swapped bytes cost nothing on the device at the loss, and only the swap-outs'
-direction is counted; a fused re-run is free. The resident bytes stay on the device (tflms never swaps variables:
-the bound is one for tflms's plans).
-One assumption, stated in the design doc: a clone fused into a gradient op makes that op no cheaper (it reads the
-clone's inputs instead of its output, at least as many bytes, except for casts to a wider type and broadcasts). It
-fails where the gradient op reads the clone's inputs anyway (batch norm's backward reads the convolution output a
-fused clone re-runs from), and there the figure is no lower bound: plans of resnet50-amp-bf16 price below it.
+direction is counted; a fused re-run costs nothing but what it saves; the buffers a re-run reads instead are not
+charged their writes. The resident bytes stay on the device (tflms never swaps variables: the bound is one for
+tflms's plans).
 """
 
 from __future__ import annotations
@@ -171,6 +180,153 @@ def rerun_floor_s(analysis: Analysis, name: str, profile: HardwareProfile,
         return max(op_time_s(graph, op, profile) - profile.launch_overhead_s, XLA_MIN_KERNEL_S)
     written = sum(info.num_bytes or 0 for info in op.outputs) / profile.effective_memory_bytes_per_s
     return max(written, XLA_MIN_KERNEL_S)
+
+
+#: How far (in ops) :func:`rerun_savings_s` follows a re-run's fusible inputs back; a tensor beyond is taken as free to
+#: read, which can only raise the saving and lower the bound.
+SAVING_DEPTH = 64
+
+
+def rerun_savings_s(analysis: Analysis, plain, profile: HardwareProfile, ops: Sequence[str],
+                    after: set[str] | None = None) -> dict[str, float]:
+    """By op of ``ops``, the most a fused re-run of it can save on the ``xla`` clock (module doc), seconds: 0 for a
+    library call, a reduction and a view. ``plain``: the plain step's simulation, whose buffers say which tensors are
+    views of which; ``after``: the ops whose reads a re-run may replace (default: every op outside the forward
+    pass; the bound's: the gradient ops after the cut)."""
+    import networkx as nx
+
+    graph, cats = analysis.graph, analysis.categories
+    owner = plain.buffer_owner
+
+    def buf(ref: TensorRef) -> str:
+        name = f"{ref.op}:{ref.index}"
+        return owner.get(name, name)
+
+    reads: dict[str, set[str]] = {}  # by op, the buffers it reads (a view's reads are its source's)
+    readers: dict[str, set[str]] = {}  # by buffer, the ops that read it as data (views, shapes and free ops do not)
+    for op in graph:
+        name = op.name
+        if _reads_nothing(graph, op):
+            continue
+        mine = reads[name] = {buf(ref) for ref in op.inputs if graph.tensor(ref).num_bytes}
+        for b in mine:
+            readers.setdefault(b, set()).add(name)
+    fusion = _fusions(analysis)
+    fused_reads: dict[object, set[str]] = {}  # by fusion, what its ops read
+    for name, mine in reads.items():
+        fused_reads.setdefault(fusion[name], set()).update(mine)
+    bandwidth = profile.effective_memory_bytes_per_s
+    out: dict[str, float] = {}
+    for v in ops:
+        op = graph.op(v)
+        if _library(op.type) or op.type in XLA_REDUCTIONS or _reads_nothing(graph, op):
+            out[v] = 0.0
+            continue
+        cone = _cone(analysis, v, buf)
+        saved = 0.0
+        for k, info in enumerate(op.outputs):
+            size, b = info.num_bytes or 0, buf(TensorRef(v, k))
+            if not size or b != f"{v}:{k}":  # nothing, or another op's buffer
+                continue
+            on = readers.get(b, set())
+            backward = {c for c in on if cats[c] is not Category.FORWARD and (after is None or c in after)}
+            if not backward:
+                continue
+            early = on - backward  # its readers before the re-run: the forward's (and the loss's gradient's)
+            fused = [c for c in sorted(backward) if not _library(graph.op(c).type)]
+            if not any(_library(graph.op(c).type) for c in early):
+                fused += sorted(early)  # they may fuse it: the step need not write it, nor they read it
+                saved += size  # its write
+            for c in fused:
+                saved += max(0, size - _least_cut_bytes(nx, cone, b, fused_reads[fusion[c]]))
+        out[v] = saved / bandwidth
+    return out
+
+
+def _fusions(analysis: Analysis) -> dict[str, object]:
+    """By op, the largest kernel it can share with others of its side of the step (the forward pass, or the rest):
+    ops joined by an edge from an element-wise op (or a view) to any reader that is no library call. A re-run fused
+    into a reader counts as already read whatever its kernel may read (module doc)."""
+    from networkx.utils import UnionFind
+
+    graph, cats = analysis.graph, analysis.categories
+    joined = UnionFind()
+    for op in graph:
+        joined[op.name]
+        if _library(op.type) or op.type in XLA_REDUCTIONS:
+            continue
+        forward = cats[op.name] is Category.FORWARD
+        for c in {c for k in range(len(op.outputs)) for c, _ in graph.consumers(TensorRef(op.name, k))}:
+            if not _library(graph.op(c).type) and (cats[c] is Category.FORWARD) == forward:
+                joined.union(op.name, c)
+    return {op.name: joined[op.name] for op in graph}
+
+
+def _reads_nothing(graph, op) -> bool:
+    """An op that reads no tensor's data: a view, a shape, a free op."""
+    return (op.type in FREE_OPS or op.type in METADATA_OPS or op.type in ALIAS_OPS
+            or is_view_transpose(graph, op))
+
+
+def _cone(analysis: Analysis, v: str, buf) -> tuple[dict[str, int], list[tuple[str, str]], set[str]]:
+    """What a fused re-run of ``v`` may read instead of its output: the buffers up its chain of forward element-wise
+    ops (stopping at library calls, reductions, ops that may not be re-run, and :data:`SAVING_DEPTH` ops up), their
+    bytes, the edges from each to the buffers made from it, and the buffers at the chain's far end (its sources;
+    those past the depth limit at 0 bytes)."""
+    graph, cats = analysis.graph, analysis.categories
+    sizes: dict[str, int] = {}
+    edges: list[tuple[str, str]] = []
+    sources: set[str] = set()
+    seen = {v}
+    frontier = [(v, 0)]
+    while frontier:
+        name, depth = frontier.pop()
+        op = graph.op(name)
+        made = {buf(TensorRef(name, k)) for k in range(len(op.outputs))}
+        for ref in dict.fromkeys(op.inputs):
+            info = graph.tensor(ref)
+            if not info.num_bytes:
+                continue
+            b = buf(ref)
+            for m in made:
+                if m != b:
+                    edges.append((b, m))
+            producer = graph.op(ref.op)
+            if b in sizes:
+                continue
+            fusible = (cats[ref.op] is Category.FORWARD and not _library(producer.type)
+                       and producer.type not in XLA_REDUCTIONS and not is_resident(analysis, ref)
+                       and recompute_skip_reason(analysis, ref.op) is None)
+            if depth >= SAVING_DEPTH and fusible:
+                sizes[b] = 0
+                sources.add(b)
+                continue
+            sizes[b] = info.num_bytes
+            if not fusible:
+                sources.add(b)
+            elif ref.op not in seen:
+                seen.add(ref.op)
+                frontier.append((ref.op, depth + 1))
+    return sizes, edges, sources
+
+
+def _least_cut_bytes(nx, cone, target: str, already: set[str]) -> int:
+    """The fewest bytes a re-run fused into a reader must read to make ``target``: the least cut of buffers between
+    the cone's sources and ``target``, a buffer the reader reads ``already`` counting nothing."""
+    sizes, edges, sources = cone
+    if not sources:
+        return 0
+    net = nx.DiGraph()
+    for b, size in sizes.items():
+        net.add_edge(("in", b), ("out", b), capacity=0 if b in already else size)
+    for a, b in edges:
+        if a in sizes:
+            net.add_edge(("out", a), ("out", b) if b == target else ("in", b))
+    for b in sources:
+        net.add_edge("source", ("in", b))
+    if not net.has_node(("out", target)):
+        return 0
+    return int(nx.maximum_flow_value(net, "source", ("out", target)))
 
 
 def _writes(graph, op, readers: Sequence[str]) -> bool:
@@ -301,10 +457,12 @@ def _program(analysis: Analysis, plain, profile: HardwareProfile, budget_bytes: 
     row([(D + j, sizes[buf] / _GIB) for j, buf in enumerate(bufs)], -np.inf, max(cap, 0) / _GIB)
     cost = np.zeros(n)
     fixed = []  # before the loss and may not be re-run: kept or swapped
+    rerun = [v for v in forward if v in before and recompute_skip_reason(analysis, v) is None]
+    savings = rerun_savings_s(analysis, plain, profile, rerun, after)
     for v in forward:
         if v in before:
             if recompute_skip_reason(analysis, v) is None:
-                cost[col[v]] = rerun_floor_s(analysis, v, profile, readers)
+                cost[col[v]] = rerun_floor_s(analysis, v, profile, readers) - savings[v]
             else:
                 fixed.append(col[v])
     # reads: a re-run that writes its output (a reduction, or an element-wise op a library call reads) is a kernel of
@@ -322,7 +480,7 @@ def _program(analysis: Analysis, plain, profile: HardwareProfile, budget_bytes: 
     read_ms = [graph.tensor(ref).num_bytes / profile.effective_memory_bytes_per_s * 1e3
                for ref, _ in reads]
     # t >= plain + sum c r + reads (in ms), t >= swapped GiB * s/GiB
-    row([(T, 1.0)] + [(R + col[v], -cost[col[v]] * _MS) for v in forward if cost[col[v]] > 0]
+    row([(T, 1.0)] + [(R + col[v], -cost[col[v]] * _MS) for v in forward if cost[col[v]] != 0]
         + [(Y + j, -x) for j, x in enumerate(read_ms)], plain.step_time_s * _MS, np.inf)
     link_ms_per_gib = _MS * _GIB / profile.effective_link_bytes_per_s
     row([(T, 1.0)] + [(H + j, -sizes[buf] / _GIB * link_ms_per_gib) for j, buf in enumerate(bufs)], 0.0, np.inf)
@@ -385,7 +543,7 @@ def _answer(program: _Program, result, node_limit: int | None) -> CutBound:
     x, col, (R, D, H, _) = result.x, program.col, program.columns
     recomputed = tuple(v for v in program.forward if x[R + col[v]] > 0.5 and v in program.before)
     bufs, sizes = program.bufs, program.sizes
-    return CutBound(overhead_s=max(0.0, proven / _MS - program.common["plain_step_s"]), status=status,
+    return CutBound(overhead_s=proven / _MS - program.common["plain_step_s"], status=status,
                     nodes=int(result.mip_node_count or 0), recomputed=recomputed,
                     recompute_s=float(sum(program.cost[col[v]] for v in recomputed)),
                     swapped_bytes=int(sum(sizes[b] for j, b in enumerate(bufs) if x[H + j] > 0.5 > x[D + j])),
