@@ -32,16 +32,14 @@ def cnn(cnn_graph):
 
 
 def test_at_most_zero_where_the_step_fits_and_infinite_below_its_resident_bytes(mlp):
-    """Where the step fits, doing nothing is a plan: the bound is at most 0. It is below 0 by what re-runs save, at
-    most all of it: here the last ReLU and the loss's difference, which no library call reads, need not be written
-    nor read by the loss's mean."""
+    """Where the step fits, doing nothing is a plan: the bound is at most 0, and exactly 0 here, where no re-run
+    spares a read or a write (the plain step writes each ReLU for the next product and its gradient reads it, as a
+    re-run would read the product's output)."""
     analysis, plain = mlp
     fits = cut_bound(analysis, plain, PROFILE, plain.peak_with_margin_bytes)
     forward = [n for n in analysis.order if analysis.categories[n].value == "forward"]
-    savings = rerun_savings_s(analysis, plain, PROFILE, forward)
-    assert {n for n, s in savings.items() if s} == {"fw/Relu_3", "loss/Sub"}
-    assert fits.status == "optimal" and fits.fits
-    assert -sum(savings.values()) - 1e-12 <= fits.overhead_s < 0.0
+    assert not any(rerun_savings_s(analysis, PROFILE, forward).values())
+    assert fits.status == "optimal" and fits.overhead_s == 0.0 and fits.fits
     assert fits.gradient_ops_after > 0 and fits.needed_bytes > 0
     nothing = cut_bound(analysis, plain, PROFILE, plain.resident_bytes - 1)
     assert nothing.status == "infeasible" and not nothing.fits and nothing.overhead == float("inf")
@@ -107,7 +105,7 @@ def test_the_bound_is_deterministic(cnn):
 @pytest.fixture(scope="module")
 def small_bert():
     """A two-layer BERT (sequence 128, width 128, dropout) at batch 64 and 30% of its activations: on HiGHS 1.12 the
-    any-plan search closes its gap after 223 nodes, far past :data:`NODE_LIMIT`."""
+    any-plan search closes its gap after 12 nodes, past :data:`NODE_LIMIT`."""
     keras = pytest.importorskip("keras")
     import tensorflow as tf
 
@@ -123,7 +121,7 @@ def small_bert():
     return analyze_graph(graph), plain, plain.resident_bytes + int(0.3 * plain.transient_peak_bytes)
 
 
-NODE_LIMIT = 50
+NODE_LIMIT = 5
 
 
 def test_a_search_stopped_at_its_node_limit_says_so_and_repeats(small_bert):
@@ -220,7 +218,7 @@ def test_a_fused_re_run_that_spares_a_read_is_counted():
     assert saved < -0.5 * read, (saved, read)
     bound = cut_bound(analysis, plain, PROFILE, plain.peak_with_margin_bytes)
     assert bound.overhead_s <= saved + 1e-12, (bound.overhead_s, saved)
-    savings = rerun_savings_s(analysis, plain, PROFILE, ["fw/r", "fw/n", "fw/c", "fw/h", "fw/mean"])
+    savings = rerun_savings_s(analysis, PROFILE, ["fw/r", "fw/n", "fw/c", "fw/h", "fw/mean"])
     # the read of the ReLU's output, less the two rows the re-run reads that the fusion did not (the mean, the scale)
     assert savings["fw/r"] * PROFILE.effective_memory_bytes_per_s == pytest.approx(2048 * 2048 * 4 - 2 * 2048 * 4)
     assert savings["fw/n"] == savings["fw/c"] == 0.0  # no gradient op reads them
@@ -237,7 +235,4 @@ def test_a_fused_re_run_that_reads_as_much_saves_nothing():
     r = b.op("fw/r", "Relu", [b.op("fw/h", "MatMul", [x, w], shape=s)], shape=s)
     o = b.op("fw/o", "MatMul", [r, w], shape=s)
     b.op("gradient_tape/relu_grad", "ReluGrad", [b.op("gradient_tape/dr", "MatMul", [o, w], shape=s), r], shape=s)
-    graph = b.graph
-    analysis = analyze_graph(graph)
-    plain = simulate(graph, PROFILE, options=XLA)
-    assert rerun_savings_s(analysis, plain, PROFILE, ["fw/r"]) == {"fw/r": 0.0}
+    assert rerun_savings_s(analyze_graph(b.graph), PROFILE, ["fw/r"]) == {"fw/r": 0.0}

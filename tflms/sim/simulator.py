@@ -77,6 +77,7 @@ emulation: ``tflms.measure.EMULATION_PROFILE``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -98,7 +99,7 @@ from tflms.profiles import HardwareProfile, get_profile
 
 __all__ = [
     # defined here
-    "compare", "gc_paused", "simulate", "variable_bytes",
+    "KernelReads", "compare", "gc_paused", "kernel_reads", "simulate", "variable_bytes",
     # tflms.sim.records
     "ONEDNN_CPU_WORKSPACES", "TRANSFER_ORDER_FIFO", "TRANSFER_ORDER_RELEASE", "OpRecord", "SimOptions", "SimResult",
     # tflms.sim.indexed
@@ -165,6 +166,16 @@ def simulate(graph: Graph, profile: str | HardwareProfile, *, order: Sequence[st
     """
     profile = get_profile(profile)
     options = options or SimOptions()
+    net, order_ids, position, outputs, alive = _indexed(graph, options, order, output_names, observed)
+    with gc_paused():
+        return _run(net, order_ids, position, outputs, profile, options,
+                    OpCosts(graph, profile, known_op_times_s, names=net.names), alive, observed=observed)
+
+
+def _indexed(graph: Graph, options: SimOptions, order: Sequence[str] | None = None,
+             output_names: Sequence[str] | None = None, observed: Mapping[str, tuple[float, float]] | None = None):
+    """What :func:`simulate` runs: the indexed graph, its order (ids) and positions, the step's output tensors and
+    which ops run."""
     sig = graph.signature
     if output_names is None:
         output_names = sig.output_names if sig is not None else ()
@@ -188,9 +199,49 @@ def simulate(graph: Graph, profile: str | HardwareProfile, *, order: Sequence[st
         ref = TensorRef.parse(name)
         if ref.op in op_id and alive[op_id[ref.op]] and 0 <= ref.index < net.n_out[op_id[ref.op]]:
             outputs.append(net.out_start[op_id[ref.op]] + ref.index)
-    with gc_paused():
-        return _run(net, order_ids, position, outputs, profile, options,
-                    OpCosts(graph, profile, known_op_times_s, names=net.names), alive, observed=observed)
+    return net, order_ids, position, list(dict.fromkeys(outputs)), alive
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelReads:
+    """What the kernels of a step read and write (:func:`kernel_reads`)."""
+
+    readers: Mapping[str, tuple[str, ...]]  # by buffer (the tensor owning it), the ops whose kernels read it, in order
+    virtual: frozenset[str]  # the tensors that never reach memory (they live inside a fusion)
+    owner: Mapping[str, str]  # by tensor, the tensor owning its buffer (a view's source)
+
+    def buffer(self, tensor: str) -> str:
+        return self.owner.get(tensor, tensor)
+
+
+def kernel_reads(graph: Graph, profile: str | HardwareProfile, options: SimOptions | None = None) -> KernelReads:
+    """:func:`simulate`'s kernels of ``graph`` in level order, as the clock of ``options`` makes them (the ``xla``
+    clock's fusions): which op's kernel reads which buffer (a fused member reads nothing, its fusion's root does; a
+    view's reads are its source's) and which tensors never reach memory. The cut bound counts what a re-run can
+    spare with them (:mod:`tflms.tune.cut_bound`)."""
+    from tflms.sim.buffers import _Buffers
+    from tflms.sim.clock import kernels_for, resolve_clock
+    profile = get_profile(profile)
+    options = options or SimOptions()
+    net, order, _, outputs, _ = _indexed(graph, options)
+    bufs = _Buffers(net, order, options)
+    kernels = kernels_for(resolve_clock(options.clock, profile), net, order, bufs.is_transfer,
+                          OpCosts(graph, profile, names=net.names), profile, outputs, options.xla_unsupported,
+                          options.xla_update_parts)
+    reads = kernels.reads if kernels.reads is not None else net.inputs
+    names, t_op, t_idx, owner = net.names, net.t_op, net.t_idx, bufs.buffer_of
+
+    def tensor(t: int) -> str:
+        return f"{names[t_op[t]]}:{t_idx[t]}"
+
+    readers: dict[str, list[str]] = {}
+    for i in order:
+        for t in dict.fromkeys(owner[t] for t in reads[i]):
+            readers.setdefault(tensor(t), []).append(names[i])
+    virtual = kernels.virtual or bytearray(len(t_op))
+    return KernelReads(readers={b: tuple(ops) for b, ops in readers.items()},
+                       virtual=frozenset(tensor(t) for t in range(len(t_op)) if virtual[t]),
+                       owner={tensor(t): tensor(o) for t, o in enumerate(owner) if o != t})
 
 
 def compare(original: SimResult, rewritten: SimResult) -> Mapping[str, float]:

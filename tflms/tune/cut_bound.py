@@ -44,14 +44,16 @@ fusion the rewritten step gets: :func:`rerun_floor_s` less :func:`rerun_savings_
 **What a fused re-run saves** (:func:`rerun_savings_s`). An element-wise op re-run inside the fusion of a gradient
 op that read its output spares that read: the fusion reads what the re-run is made from instead, and that may be
 what it reads anyway (batch norm's backward reads the convolution output a fused ReLU re-runs from). So for each
-reader that is no library call, the floor takes off the output's bytes less the fewest new bytes the re-run can
+kernel of the plain step (:func:`~tflms.sim.simulator.kernel_reads`, the ``xla`` clock's) after the cut that reads
+the output and is no library call, the floor takes off the output's bytes less the fewest new bytes the re-run must
 read: the least cut, in buffers, between the output and the ends of its chain of element-wise ops (library calls,
-reductions, ops that may not be re-run, resident tensors), a buffer the reader reads already counting nothing (a
-max-flow, networkx). Where no library call reads the output before the re-run either, the step need not write it
-then, nor those readers read it: that write and those reads come off too. Every saving is counted in full even
-where two are one (two readers in one fusion) or the plain step already made it (XLA duplicating a producer into its
-readers), and a chain is followed :data:`SAVING_DEPTH` ops up, its buffers beyond free: each only lowers the bound.
-So a bound may be below 0, faster than the plain step, where the clock says re-runs would make it so.
+reductions, ops that may not be re-run, resident tensors), a buffer the kernel may read anyway counting nothing (a
+max-flow, networkx; "anyway": what any op of the largest kernel it can share reads, the ops of its side of the step
+joined by edges from element-wise ops to readers that are no library call). Where the plain step writes the output
+and no library call reads it before the re-run either, the step need not write it then, nor those kernels read it:
+that write and those reads come off too. A saving is counted in full even where the rewritten step's fusions could
+not make it, and a chain is followed :data:`SAVING_DEPTH` ops up, its buffers beyond free: each only lowers the
+bound. So a bound may be below 0, faster than the plain step, where the clock says re-runs would make it so.
 
 Relaxations, each making the bound lower, never higher: one moment only (the backward pass's own peaks, and every
 clone's own memory, are not counted); swapped bytes cost nothing on the device at the loss, and only the swap-outs'
@@ -187,34 +189,30 @@ def rerun_floor_s(analysis: Analysis, name: str, profile: HardwareProfile,
 SAVING_DEPTH = 64
 
 
-def rerun_savings_s(analysis: Analysis, plain, profile: HardwareProfile, ops: Sequence[str],
-                    after: set[str] | None = None) -> dict[str, float]:
+def rerun_savings_s(analysis: Analysis, profile: HardwareProfile, ops: Sequence[str],
+                    after: set[str] | None = None, plain_kernels=None) -> dict[str, float]:
     """By op of ``ops``, the most a fused re-run of it can save on the ``xla`` clock (module doc), seconds: 0 for a
-    library call, a reduction and a view. ``plain``: the plain step's simulation, whose buffers say which tensors are
-    views of which; ``after``: the ops whose reads a re-run may replace (default: every op outside the forward
-    pass; the bound's: the gradient ops after the cut)."""
+    library call, a reduction and a view. ``after``: the ops whose reads a re-run may replace (default: every op
+    outside the forward pass; the bound's: the gradient ops after the cut); ``plain_kernels``: the plain step's
+    :func:`~tflms.sim.simulator.kernel_reads` on the ``xla`` clock (computed when not given)."""
     import networkx as nx
 
+    from tflms.sim.clock import CLOCK_XLA
+    from tflms.sim.records import SimOptions
+    from tflms.sim.simulator import kernel_reads
+
     graph, cats = analysis.graph, analysis.categories
-    owner = plain.buffer_owner
+    plain = plain_kernels or kernel_reads(graph, profile, SimOptions(clock=CLOCK_XLA))
 
     def buf(ref: TensorRef) -> str:
-        name = f"{ref.op}:{ref.index}"
-        return owner.get(name, name)
+        return plain.buffer(f"{ref.op}:{ref.index}")
 
-    reads: dict[str, set[str]] = {}  # by op, the buffers it reads (a view's reads are its source's)
-    readers: dict[str, set[str]] = {}  # by buffer, the ops that read it as data (views, shapes and free ops do not)
-    for op in graph:
-        name = op.name
-        if _reads_nothing(graph, op):
-            continue
-        mine = reads[name] = {buf(ref) for ref in op.inputs if graph.tensor(ref).num_bytes}
-        for b in mine:
-            readers.setdefault(b, set()).add(name)
     fusion = _fusions(analysis)
-    fused_reads: dict[object, set[str]] = {}  # by fusion, what its ops read
-    for name, mine in reads.items():
-        fused_reads.setdefault(fusion[name], set()).update(mine)
+    fused_reads: dict[object, set[str]] = {}  # by largest possible kernel, what its ops read
+    for op in graph:
+        if not _reads_nothing(graph, op):
+            fused_reads.setdefault(fusion[op.name], set()).update(
+                buf(ref) for ref in op.inputs if graph.tensor(ref).num_bytes)
     bandwidth = profile.effective_memory_bytes_per_s
     out: dict[str, float] = {}
     for v in ops:
@@ -222,23 +220,25 @@ def rerun_savings_s(analysis: Analysis, plain, profile: HardwareProfile, ops: Se
         if _library(op.type) or op.type in XLA_REDUCTIONS or _reads_nothing(graph, op):
             out[v] = 0.0
             continue
-        cone = _cone(analysis, v, buf)
+        cone = None
         saved = 0.0
         for k, info in enumerate(op.outputs):
-            size, b = info.num_bytes or 0, buf(TensorRef(v, k))
-            if not size or b != f"{v}:{k}":  # nothing, or another op's buffer
+            size, tensor = info.num_bytes or 0, f"{v}:{k}"
+            if not size or plain.buffer(tensor) != tensor:  # nothing, or another op's buffer
                 continue
-            on = readers.get(b, set())
-            backward = {c for c in on if cats[c] is not Category.FORWARD and (after is None or c in after)}
+            kernels = plain.readers.get(tensor, ())  # the plain step's kernels that read it
+            backward = [c for c in kernels if cats[c] is not Category.FORWARD and (after is None or c in after)]
             if not backward:
                 continue
-            early = on - backward  # its readers before the re-run: the forward's (and the loss's gradient's)
-            fused = [c for c in sorted(backward) if not _library(graph.op(c).type)]
-            if not any(_library(graph.op(c).type) for c in early):
-                fused += sorted(early)  # they may fuse it: the step need not write it, nor they read it
-                saved += size  # its write
+            fused = [c for c in backward if not _library(graph.op(c).type)]
+            early = [c for c in kernels if c not in backward]  # before the re-run: the forward's, the loss's gradient
+            if tensor not in plain.virtual and not any(_library(graph.op(c).type) for c in early):
+                saved += size  # the step need not write it, nor its early kernels read it
+                fused += early
+            if fused and cone is None:
+                cone = _cone(analysis, v, buf)
             for c in fused:
-                saved += max(0, size - _least_cut_bytes(nx, cone, b, fused_reads[fusion[c]]))
+                saved += max(0, size - _least_cut_bytes(nx, cone, tensor, fused_reads[fusion[c]]))
         out[v] = saved / bandwidth
     return out
 
@@ -458,7 +458,7 @@ def _program(analysis: Analysis, plain, profile: HardwareProfile, budget_bytes: 
     cost = np.zeros(n)
     fixed = []  # before the loss and may not be re-run: kept or swapped
     rerun = [v for v in forward if v in before and recompute_skip_reason(analysis, v) is None]
-    savings = rerun_savings_s(analysis, plain, profile, rerun, after)
+    savings = rerun_savings_s(analysis, profile, rerun, after)
     for v in forward:
         if v in before:
             if recompute_skip_reason(analysis, v) is None:
