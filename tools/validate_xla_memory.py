@@ -37,6 +37,7 @@ XLA writes each cluster's buffer assignment there (``XLA_FLAGS=--xla_dump_to``) 
 
     python tools/validate_xla_memory.py --models cnn
     python tools/validate_xla_memory.py --models resnet50 --size 64 --batch 16 --fractions 0.8,0.9 --json
+    python tools/validate_xla_memory.py --models bert --fractions 0.65,0.8 --repeat 2     # the zoo's 2-layer BERT
 """
 
 from __future__ import annotations
@@ -299,7 +300,8 @@ def table(records: list[Record]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="cnn", help="comma-separated: cnn, resnet, mlp, resnet50, unet3d")
+    parser.add_argument("--models", default="cnn",
+                        help="comma-separated: cnn, resnet, mlp, resnet50, unet3d, bert, bert12")
     parser.add_argument("--fractions", default=",".join(map(str, DEFAULT_FRACTIONS)),
                         help="budgets: resident + this fraction of the clustered original's simulated transient "
                              "(\"\": none)")
