@@ -49,11 +49,13 @@ the output and is no library call, the floor takes off the output's bytes less t
 read: the least cut, in buffers, between the output and the ends of its chain of element-wise ops (library calls,
 reductions, ops that may not be re-run, resident tensors), a buffer the kernel may read anyway counting nothing (a
 max-flow, networkx; "anyway": what any op of the largest kernel it can share reads, the ops of its side of the step
-joined by edges from element-wise ops to readers that are no library call). Where the plain step writes the output
-and no library call reads it before the re-run either, the step need not write it then, nor those kernels read it:
-that write and those reads come off too. A saving is counted in full even where the rewritten step's fusions could
-not make it, and a chain is followed :data:`SAVING_DEPTH` ops up, its buffers beyond free: each only lowers the
-bound. So a bound may be below 0, faster than the plain step, where the clock says re-runs would make it so.
+joined by edges from element-wise ops to readers that are no library call, but for the re-run chain's own ops).
+Where the plain step writes the output and no library call reads it before the re-run either, the step need not
+write it then, nor those kernels read it: those reads come off too, and the write less the least cut the step must
+write instead (a buffer the plain step writes anyway counting nothing: a convolution's output that XLA wrote with its
+bias folded in is written raw instead, as many bytes). A saving is counted in full even where the rewritten step's
+fusions could not make it, and a chain is followed :data:`SAVING_DEPTH` ops up, its buffers beyond free: each only
+lowers the bound. So a bound may be below 0, faster than the plain step, where the clock says re-runs would make it so.
 
 Relaxations, each making the bound lower, never higher: one moment only (the backward pass's own peaks, and every
 clone's own memory, are not counted); swapped bytes cost nothing on the device at the loss, and only the swap-outs'
@@ -208,11 +210,16 @@ def rerun_savings_s(analysis: Analysis, profile: HardwareProfile, ops: Sequence[
         return plain.buffer(f"{ref.op}:{ref.index}")
 
     fusion = _fusions(analysis)
-    fused_reads: dict[object, set[str]] = {}  # by largest possible kernel, what its ops read
+    reads: dict[str, set[str]] = {}  # by op, the buffers it reads
+    members: dict[object, list[str]] = {}  # by largest possible kernel, its ops
     for op in graph:
         if not _reads_nothing(graph, op):
-            fused_reads.setdefault(fusion[op.name], set()).update(
-                buf(ref) for ref in op.inputs if graph.tensor(ref).num_bytes)
+            reads[op.name] = {buf(ref) for ref in op.inputs if graph.tensor(ref).num_bytes}
+            members.setdefault(fusion[op.name], []).append(op.name)
+
+    def anyway(kernel: str, chain: set[str]) -> set[str]:
+        """What the largest kernel ``kernel`` can share reads anyway, but for the re-run chain's own ops."""
+        return set().union(*(reads[o] for o in members.get(fusion[kernel], ()) if o not in chain))
     bandwidth = profile.effective_memory_bytes_per_s
     out: dict[str, float] = {}
     for v in ops:
@@ -232,13 +239,14 @@ def rerun_savings_s(analysis: Analysis, profile: HardwareProfile, ops: Sequence[
                 continue
             fused = [c for c in backward if not _library(graph.op(c).type)]
             early = [c for c in kernels if c not in backward]  # before the re-run: the forward's, the loss's gradient
+            cone = cone or _cone(analysis, v, buf)
             if tensor not in plain.virtual and not any(_library(graph.op(c).type) for c in early):
-                saved += size  # the step need not write it, nor its early kernels read it
+                # the step need not write it, nor its early kernels read it; it writes what the re-run reads instead
+                written = {b for b in cone[0] if b not in plain.virtual}
+                saved += max(0, size - _least_cut_bytes(nx, cone, tensor, written))
                 fused += early
-            if fused and cone is None:
-                cone = _cone(analysis, v, buf)
             for c in fused:
-                saved += max(0, size - _least_cut_bytes(nx, cone, tensor, fused_reads[fusion[c]]))
+                saved += max(0, size - _least_cut_bytes(nx, cone, tensor, anyway(c, cone[3])))
         out[v] = saved / bandwidth
     return out
 
@@ -268,11 +276,11 @@ def _reads_nothing(graph, op) -> bool:
             or is_view_transpose(graph, op))
 
 
-def _cone(analysis: Analysis, v: str, buf) -> tuple[dict[str, int], list[tuple[str, str]], set[str]]:
+def _cone(analysis: Analysis, v: str, buf) -> tuple[dict[str, int], list[tuple[str, str]], set[str], set[str]]:
     """What a fused re-run of ``v`` may read instead of its output: the buffers up its chain of forward element-wise
     ops (stopping at library calls, reductions, ops that may not be re-run, and :data:`SAVING_DEPTH` ops up), their
-    bytes, the edges from each to the buffers made from it, and the buffers at the chain's far end (its sources;
-    those past the depth limit at 0 bytes)."""
+    bytes, the edges from each to the buffers made from it, the buffers at the chain's far end (its sources; those
+    past the depth limit at 0 bytes), and the chain's ops (``v`` among them)."""
     graph, cats = analysis.graph, analysis.categories
     sizes: dict[str, int] = {}
     edges: list[tuple[str, str]] = []
@@ -307,13 +315,13 @@ def _cone(analysis: Analysis, v: str, buf) -> tuple[dict[str, int], list[tuple[s
             elif ref.op not in seen:
                 seen.add(ref.op)
                 frontier.append((ref.op, depth + 1))
-    return sizes, edges, sources
+    return sizes, edges, sources, seen
 
 
 def _least_cut_bytes(nx, cone, target: str, already: set[str]) -> int:
     """The fewest bytes a re-run fused into a reader must read to make ``target``: the least cut of buffers between
     the cone's sources and ``target``, a buffer the reader reads ``already`` counting nothing."""
-    sizes, edges, sources = cone
+    sizes, edges, sources, _ = cone
     if not sources:
         return 0
     net = nx.DiGraph()
