@@ -170,6 +170,20 @@ def test_xla_duplicates_a_producer_into_several_fusions_only_where_that_moves_fe
     assert ("p:0" in buffers(result)) is not fused
 
 
+def test_xla_duplicates_a_widening_cast_into_all_its_readers_however_many():
+    """Keras's batch norm in mixed_bfloat16: the cast of a bfloat16 tensor to float32 has five readers (four in the
+    forward pass, one in the backward). Fused into each, every copy reads the bfloat16 input (5 x 32 bytes) instead of
+    the float32 output written once and read five times (32 + 64 + 5 x 64): XLA fuses it into all five, whatever their
+    count, and no float32 buffer exists (the clock once stopped at four copies)."""
+    b = GraphBuilder()
+    b.op("x", "Placeholder", shape=T, dtype="bfloat16")
+    b.op("c", "Cast", ["x"], shape=T)
+    for k in range(5):
+        b.op(f"s{k}", "Sum", ["c"], shape=(4, 1 + k))
+    result = run(b.graph, bytes_profile(), "xla")
+    assert result.kernels == 5 and "c:0" not in buffers(result)
+
+
 def test_xla_library_calls_read_their_operands_from_memory():
     b = GraphBuilder()
     b.op("x", "Placeholder", shape=T)

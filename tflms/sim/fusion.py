@@ -51,10 +51,6 @@ from tflms.sim.cost import op_flops
 from tflms.sim.indexed import ACCEL, IndexedGraph, OpCosts
 from tflms.profiles import HardwareProfile
 
-#: A producer is duplicated into at most this many consumer fusions.
-MAX_DUPLICATES = 4
-
-
 class _Net:
     """What the fusion rules read of an :class:`IndexedGraph` for one simulation: who reads each tensor, which ops
     run on the accelerator as compute, which tensors are views of which."""
@@ -175,8 +171,11 @@ def gate_trigger_tensor(net: IndexedGraph, gate: int) -> int | None:
 def _worth_duplicating(in_bytes: int, out_bytes: int, copies: int) -> bool:
     """Whether fusing a producer into ``copies`` consumer fusions moves no more bytes than giving it its own kernel:
     each copy reads the producer's inputs (``copies x in``) against writing its output once and reading it in every
-    consumer (``in + out + copies x out``)."""
-    return copies <= 1 or (copies <= MAX_DUPLICATES and copies * in_bytes <= in_bytes + (copies + 1) * out_bytes)
+    consumer (``in + out + copies x out``). However many copies: ``PriorityFusion`` fuses a producer into all its
+    users when it can fuse with each (``CanFuseWithAllNonBitcastUsers``) and its cost model finds the fused time
+    shorter (``time_unfused - time_fused``), with no limit on the users' count
+    (xla/service/gpu/transforms/priority_fusion.cc)."""
+    return copies <= 1 or copies * in_bytes <= in_bytes + (copies + 1) * out_bytes
 
 
 def _xla_virtual(g: _Net, keep: Mapping[int, int]) -> bytearray:
