@@ -105,7 +105,7 @@ def test_the_bound_is_deterministic(cnn):
 @pytest.fixture(scope="module")
 def small_bert():
     """A two-layer BERT (sequence 128, width 128, dropout) at batch 64 and 30% of its activations: on HiGHS 1.12 the
-    any-plan search closes its gap after 12 nodes, past :data:`NODE_LIMIT`."""
+    any-plan search closes its gap after 64 nodes, past :data:`NODE_LIMIT`."""
     keras = pytest.importorskip("keras")
     import tensorflow as tf
 
