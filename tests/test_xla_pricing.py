@@ -502,6 +502,47 @@ def test_the_budget_guarantee_never_pins_an_order_that_cuts_the_clusters_over_th
     assert pinned is heavier
 
 
+def test_a_pinned_step_waits_for_each_swap_out_where_its_simulation_has_it_end():
+    """Pinning level order orders compute, not when a copy to the host ends; a late copy keeps its buffer beside the
+    next cluster's (issue 47, item 5: BERT's pinned plan in the executor). On the xla-clusters clock the guarantee adds,
+    for each swap-out, an edge to the first cluster (or large op outside them) that its simulation starts after the
+    copy ends, among the units the pinning orders: the simulated step is unchanged."""
+    from tflms.analysis.cto import analyze_graph
+    from tflms.config import LMSConfig
+    from tflms.passes import order as order_pass
+    from tflms.passes.swaps import apply_swaps
+    from tflms.policies.tflms_rules import plan_swaps
+    from tflms.profiles import get_profile
+    from tflms.sim.clock import CLOCK_SERIAL, CLOCK_XLA_CLUSTERS
+    from tflms.sim.simulator import SimOptions, kernel_reads, simulate
+    from tflms.testing import mlp_training_graph
+
+    profile = get_profile("h100-80gb-pcie5")
+    plain = mlp_training_graph(6, batch=1024, width=1024)
+    plan = plan_swaps(analyze_graph(plain), LMSConfig(swapout_threshold=1, swapin_ahead=1),
+                      accelerator_device="/device:GPU:0")
+    options = SimOptions(clock=CLOCK_XLA_CLUSTERS)
+    pinned = order_pass.pin_level_order(apply_swaps(plain, plan).graph, options=options)
+    graph, chain = pinned.graph, pinned.report.edges
+    before = simulate(graph, profile, options=options)
+    held, edges = order_pass._wait_for_swap_outs(graph, options, profile, chain)
+    swap_outs = {op.name for op in before.ops if op.stream == "d2h"}
+    assert swap_outs and edges and {a for a, _ in edges} <= swap_outs
+    start = {op.name: op.start_s for op in before.ops}
+    end = {op.name: op.end_s for op in before.ops}
+    first = kernel_reads(graph, profile, options).cluster_first
+    units = {first.get(name, name) for edge in chain for name in edge}
+    for copy, waits in edges:
+        assert copy in held.op(waits).control_inputs and start[waits] >= end[copy]
+        assert waits in units  # the first op of a unit the pinning orders, so every later unit waits too
+    after = simulate(held, profile, options=options)
+    assert after.peak_with_margin_bytes <= before.peak_with_margin_bytes
+    assert after.step_time_s <= before.step_time_s * (1 + 1e-9)
+    # elsewhere (no clusters), nothing is added
+    assert order_pass._wait_for_swap_outs(graph, SimOptions(clock=CLOCK_SERIAL), profile, chain) == (graph, [])
+    assert order_pass._wait_for_swap_outs(graph, options, None, chain) == (graph, [])
+
+
 # ---------------------------------------------------------------- recompute gates: barriers inside the clusters
 
 

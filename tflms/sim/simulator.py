@@ -209,6 +209,8 @@ class KernelReads:
     readers: Mapping[str, tuple[str, ...]]  # by buffer (the tensor owning it), the ops whose kernels read it, in order
     virtual: frozenset[str]  # the tensors that never reach memory (they live inside a fusion)
     owner: Mapping[str, str]  # by tensor, the tensor owning its buffer (a view's source)
+    #: ``xla-clusters`` only: by op in an XLA cluster, the cluster's first op (its kernels run back to back from it)
+    cluster_first: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def buffer(self, tensor: str) -> str:
         return self.owner.get(tensor, tensor)
@@ -239,9 +241,12 @@ def kernel_reads(graph: Graph, profile: str | HardwareProfile, options: SimOptio
         for t in dict.fromkeys(owner[t] for t in reads[i]):
             readers.setdefault(tensor(t), []).append(names[i])
     virtual = kernels.virtual or bytearray(len(t_op))
+    cluster, first = kernels.cluster, kernels.first
     return KernelReads(readers={b: tuple(ops) for b, ops in readers.items()},
                        virtual=frozenset(tensor(t) for t in range(len(t_op)) if virtual[t]),
-                       owner={tensor(t): tensor(o) for t, o in enumerate(owner) if o != t})
+                       owner={tensor(t): tensor(o) for t, o in enumerate(owner) if o != t},
+                       cluster_first={} if cluster is None or first is None else {
+                           names[i]: names[first[i]] for i in order if cluster[i] >= 0})
 
 
 def compare(original: SimResult, rewritten: SimResult) -> Mapping[str, float]:
