@@ -212,10 +212,11 @@ def hold_to_budget(graph: Graph, order: dict[str, Any] | None, *, budget_bytes: 
 
 def _wait_for_swap_outs(pinned: Graph, options: SimOptions | None, profile: Any,
                         chain: Sequence[tuple[str, str]] = ()) -> tuple[Graph, list[tuple[str, str]]]:
-    """On the ``xla-clusters`` clock, the pinned step with each swap-out waited for by the first unit (a cluster, or
-    a large op outside them) that its simulation starts after the copy ends, among the units the pinning edges
-    ``chain`` order (so that every unit after it waits too); and those edges. The step as given, and none,
-    elsewhere, or where the edges would change the simulated step.
+    """On the ``xla-clusters`` clock, the pinned step with each swap-out waited for by the first unit (a cluster's
+    first op, or an op outside them) that its simulation starts after the copy ends, among the units the pinning
+    edges ``chain`` order (so that every unit after it waits too); and those edges. The step as given, and none,
+    elsewhere. Edges that would change the simulated step are left out (where all of them do, each is simulated
+    on its own: one simulation per swap-out at most).
 
     Pinning level order orders the compute ops, not when a copy to the host ends, and a buffer a swap-out reads is
     freed only then: where the copy runs late (on the emulated machine, a copy waits for the executor's threads), the
@@ -240,6 +241,7 @@ def _wait_for_swap_outs(pinned: Graph, options: SimOptions | None, profile: Any,
             k = bisect.bisect_left(compute, (op.end_s, ""))
             if k < len(compute):
                 edges.append((op.name, compute[k][1]))
+
     def unchanged(candidate: list[tuple[str, str]]) -> Graph | None:
         held = add_order_edges(pinned, candidate)
         after = simulate(held, profile, options=options)
