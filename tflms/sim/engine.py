@@ -346,14 +346,21 @@ def _result(net: IndexedGraph, order: Sequence[int], position: Sequence[int], bu
         kernels=kernels.kernels)
 
 
+def step_kernels(net: IndexedGraph, order: Sequence[int], outputs: Sequence[int], profile: HardwareProfile,
+                 options: SimOptions, costs: OpCosts) -> tuple[_Buffers, Kernels]:
+    """The buffers each tensor starts in and the kernels the clock of ``options`` makes of the step, as
+    :func:`_run` (and :func:`tflms.sim.simulator.kernel_reads`) use them."""
+    bufs = _Buffers(net, order, options)
+    return bufs, kernels_for(resolve_clock(options.clock, profile), net, order, bufs.is_transfer, costs, profile,
+                             outputs, options.xla_unsupported, options.xla_update_parts)
+
+
 def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outputs: Iterable[int],
          profile: HardwareProfile, options: SimOptions, costs: OpCosts, alive: Sequence[bool],
          observed: Mapping[str, tuple[float, float]] | None = None) -> SimResult:
     """The simulation proper (see module doc) over an :class:`IndexedGraph` and a checked order."""
     outputs = list(dict.fromkeys(outputs))
-    bufs = _Buffers(net, order, options)
-    kernels = kernels_for(resolve_clock(options.clock, profile), net, order, bufs.is_transfer, costs, profile,
-                          outputs, options.xla_unsupported, options.xla_update_parts)
+    bufs, kernels = step_kernels(net, order, outputs, profile, options, costs)
     if kernels.order is not None:  # XLA clusters: each cluster's kernels back to back (tflms.sim.clusters)
         order = kernels.order
         position = [-1] * len(net.names)

@@ -88,7 +88,7 @@ from tflms.errors import ConfigError, GraphError
 from tflms.ir.graph import DTYPE_BYTES, Graph, Op, TensorInfo, TensorRef
 from tflms.ir.op_types import ALIAS_OPS, COPY_OPS, FORWARDING_OPS, SOURCE_OPS, VARIABLE_READ_OPS
 from tflms.sim.cost import op_time_s
-from tflms.sim.engine import _run
+from tflms.sim.engine import _run, step_kernels
 from tflms.sim.indexed import (_NO_BUFFER_DTYPES, ACCEL, HOST, RECV_SUFFIX, IndexedGraph, OpCosts, _add_recvs,
                                _device_class, _needed, _recv_needs, _resident_variable_bytes, _synthetic_op)
 from tflms.sim.order import (_check_order, _level_sorted, _observed_order, _order_ids, level_order,
@@ -221,15 +221,10 @@ def kernel_reads(graph: Graph, profile: str | HardwareProfile, options: SimOptio
     clock's fusions): which op's kernel reads which buffer (a fused member reads nothing, its fusion's root does; a
     view's reads are its source's) and which tensors never reach memory. The cut bound counts what a re-run can
     spare with them (:mod:`tflms.tune.cut_bound`)."""
-    from tflms.sim.buffers import _Buffers
-    from tflms.sim.clock import kernels_for, resolve_clock
     profile = get_profile(profile)
     options = options or SimOptions()
     net, order, _, outputs, _ = _indexed(graph, options)
-    bufs = _Buffers(net, order, options)
-    kernels = kernels_for(resolve_clock(options.clock, profile), net, order, bufs.is_transfer,
-                          OpCosts(graph, profile, names=net.names), profile, outputs, options.xla_unsupported,
-                          options.xla_update_parts)
+    bufs, kernels = step_kernels(net, order, outputs, profile, options, OpCosts(graph, profile, names=net.names))
     reads = kernels.reads if kernels.reads is not None else net.inputs
     names, t_op, t_idx, owner = net.names, net.t_op, net.t_idx, bufs.buffer_of
 

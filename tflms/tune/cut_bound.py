@@ -192,11 +192,11 @@ SAVING_DEPTH = 64
 
 
 def rerun_savings_s(analysis: Analysis, profile: HardwareProfile, ops: Sequence[str],
-                    after: set[str] | None = None, plain_kernels=None) -> dict[str, float]:
+                    after: set[str] | None = None) -> dict[str, float]:
     """By op of ``ops``, the most a fused re-run of it can save on the ``xla`` clock (module doc), seconds: 0 for a
     library call, a reduction and a view. ``after``: the ops whose reads a re-run may replace (default: every op
-    outside the forward pass; the bound's: the gradient ops after the cut); ``plain_kernels``: the plain step's
-    :func:`~tflms.sim.simulator.kernel_reads` on the ``xla`` clock (computed when not given)."""
+    outside the forward pass; the bound's: the gradient ops after the cut). The plain step's kernels are
+    :func:`~tflms.sim.simulator.kernel_reads`' on the ``xla`` clock."""
     import networkx as nx
 
     from tflms.sim.clock import CLOCK_XLA
@@ -204,7 +204,7 @@ def rerun_savings_s(analysis: Analysis, profile: HardwareProfile, ops: Sequence[
     from tflms.sim.simulator import kernel_reads
 
     graph, cats = analysis.graph, analysis.categories
-    plain = plain_kernels or kernel_reads(graph, profile, SimOptions(clock=CLOCK_XLA))
+    plain = kernel_reads(graph, profile, SimOptions(clock=CLOCK_XLA))
 
     def buf(ref: TensorRef) -> str:
         return plain.buffer(f"{ref.op}:{ref.index}")
@@ -341,7 +341,7 @@ def _writes(graph, op, readers: Sequence[str]) -> bool:
     """Whether a re-run of ``op`` is a kernel of its own that writes its output to memory (module doc): a library
     call, a reduction, or an element-wise op one of ``readers`` (its gradient readers) reads as a library call; never
     a view."""
-    if op.type in FREE_OPS or op.type in METADATA_OPS or op.type in ALIAS_OPS or is_view_transpose(graph, op):
+    if _reads_nothing(graph, op):
         return False
     return _library(op.type) or op.type in XLA_REDUCTIONS or any(_library(graph.op(r).type) for r in readers)
 
@@ -465,14 +465,13 @@ def _program(analysis: Analysis, plain, profile: HardwareProfile, budget_bytes: 
     row([(D + j, sizes[buf] / _GIB) for j, buf in enumerate(bufs)], -np.inf, max(cap, 0) / _GIB)
     cost = np.zeros(n)
     fixed = []  # before the loss and may not be re-run: kept or swapped
-    rerun = [v for v in forward if v in before and recompute_skip_reason(analysis, v) is None]
-    savings = rerun_savings_s(analysis, profile, rerun, after)
+    savings = rerun_savings_s(analysis, profile, [v for v in forward if v in before
+                                                  and recompute_skip_reason(analysis, v) is None], after)
     for v in forward:
-        if v in before:
-            if recompute_skip_reason(analysis, v) is None:
-                cost[col[v]] = rerun_floor_s(analysis, v, profile, readers) - savings[v]
-            else:
-                fixed.append(col[v])
+        if v in savings:
+            cost[col[v]] = rerun_floor_s(analysis, v, profile, readers) - savings[v]
+        elif v in before:
+            fixed.append(col[v])
     # reads: a re-run that writes its output (a reduction, or an element-wise op a library call reads) is a kernel of
     # its own, and reads each input that is kept, or re-run and written itself, from memory: once per tensor
     reads = _reads(analysis, forward, before, readers, col)
