@@ -186,7 +186,9 @@ def hold_to_budget(graph: Graph, order: dict[str, Any] | None, *, budget_bytes: 
         return graph, record
     if pin:
         pinned = pin_level_order(graph, options=options)
-        cut = _pinned_over_budget(pinned.graph, options, profile, budget_bytes)
+        clustered = _clustered_sim(pinned.graph, options, profile)
+        cut = None if clustered is None or clustered.peak_with_margin_bytes <= budget_bytes else \
+            clustered.peak_with_margin_bytes
         if cut is not None:
             record.update(guarantee=GUARANTEE_NONE, pinned_peak_bytes=cut, guarantee_why=(
                 f"the peak is not guaranteed: pinning level order ({pinned.report.num_edges} edges) would cut the "
@@ -196,7 +198,7 @@ def hold_to_budget(graph: Graph, order: dict[str, Any] | None, *, budget_bytes: 
                 f"every order, at {bound.op})"))
             return graph, record
         record.update(pinned.report.to_dict())
-        held, waits = _wait_for_swap_outs(pinned.graph, options, profile, pinned.report.edges)
+        held, waits = _wait_for_swap_outs(pinned.graph, options, profile, pinned.report.edges, before=clustered)
         record.update(guarantee=GUARANTEE_PINNED, swap_out_waits=len(waits), guarantee_why=(
             f"level order pinned ({pinned.report.num_edges} edges"
             + (f", and {len(waits)} more for the swap-outs to end where simulated" if waits else "")
@@ -211,7 +213,8 @@ def hold_to_budget(graph: Graph, order: dict[str, Any] | None, *, budget_bytes: 
 
 
 def _wait_for_swap_outs(pinned: Graph, options: SimOptions | None, profile: Any,
-                        chain: Sequence[tuple[str, str]] = ()) -> tuple[Graph, list[tuple[str, str]]]:
+                        chain: Sequence[tuple[str, str]] = (), before: SimResult | None = None
+                        ) -> tuple[Graph, list[tuple[str, str]]]:
     """On the ``xla-clusters`` clock, the pinned step with each swap-out waited for by the first unit (a cluster's
     first op, or an op outside them) that its simulation starts after the copy ends, among the units the pinning
     edges ``chain`` order (so that every unit after it waits too); and those edges. The step as given, and none,
@@ -222,7 +225,8 @@ def _wait_for_swap_outs(pinned: Graph, options: SimOptions | None, profile: Any,
     freed only then: where the copy runs late (on the emulated machine, a copy waits for the executor's threads), the
     next cluster's buffers arrive beside it (issue 47, item 5: BERT's pinned plan, 2 MiB over its simulation in every
     run). The simulation already has the copy end first, so these edges cost it nothing; a copy slower than
-    simulated then delays compute instead of raising the peak."""
+    simulated then delays compute instead of raising the peak. ``before``: the pinned step's simulation, where the
+    caller has it."""
     import bisect
 
     from tflms.sim.clock import CLOCK_XLA_CLUSTERS
@@ -230,7 +234,8 @@ def _wait_for_swap_outs(pinned: Graph, options: SimOptions | None, profile: Any,
         return pinned, []
     from tflms.ir.op_types import FREE_OPS
     from tflms.sim.simulator import kernel_reads
-    before = simulate(pinned, profile, options=options)
+    if before is None:
+        before = simulate(pinned, profile, options=options)
     first = kernel_reads(pinned, profile, options).cluster_first  # an edge into a cluster waits for all of it
     ordered = {first.get(name, name) for edge in chain for name in edge}  # a unit's first op
     compute = sorted((op.start_s, op.name) for op in before.ops if op.stream == "compute" and op.name in ordered and (
@@ -257,10 +262,10 @@ def _wait_for_swap_outs(pinned: Graph, options: SimOptions | None, profile: Any,
     return (pinned, []) if held is None else (held, edges)
 
 
-def _pinned_over_budget(pinned: Graph, options: SimOptions | None, profile: Any, budget_bytes: int) -> int | None:
-    """The pinned step's need where its pinning edges cut XLA clusters and it no longer fits, else ``None``."""
+def _clustered_sim(pinned: Graph, options: SimOptions | None, profile: Any) -> SimResult | None:
+    """The pinned step simulated on the ``xla-clusters`` clock, whose clusters its pinning edges may cut (to check
+    that it still fits, and where its swap-outs end); ``None`` on other clocks or without a profile."""
     from tflms.sim.clock import CLOCK_XLA_CLUSTERS
     if profile is None or options is None or options.clock != CLOCK_XLA_CLUSTERS:
         return None
-    need = simulate(pinned, profile, options=options).peak_with_margin_bytes
-    return need if need > budget_bytes else None
+    return simulate(pinned, profile, options=options)
