@@ -619,6 +619,54 @@ def test_a_gate_between_two_clones_of_one_trigger_is_seen_through_and_the_chain_
     assert marked.graph.op(second).type == "XlaOptimizationBarrier"
 
 
+def gradient_chain(grad_type: str = "ReluGrad"):
+    """x -> a -> b (forward); g = ReluGrad(b, a), a gradient op; m = MatMul(g, g), a library call; t = Neg(m), the
+    trigger (a cast in Keras's batch norm, a negation here), which XLA fuses into d = t + b; b recomputed for d, its
+    clone behind a gate of a triggered by t.
+    ``grad_type``: g's type instead (``AddV2``: nothing of the chain descends from a gradient op)."""
+    bd = GraphBuilder()
+    bd.op("x", "Placeholder", shape=T)
+    bd.op("a", "Relu", ["x"], shape=T)
+    bd.op("b", "Relu", ["a"], shape=T)
+    bd.op("g", grad_type, ["b", "a"], shape=T)
+    bd.op("m", "MatMul", ["g", "g"], shape=T)
+    bd.op("t", "Neg", ["m"], shape=T)
+    g = bd.graph
+    g.add_op("lms/recompute_gate_a_0_after_t", "Identity", inputs=[TensorRef("a", 0)], control_inputs=["t"],
+             outputs=g.op("a").outputs)
+    bd.op("lms/recompute_b", "Relu", ["lms/recompute_gate_a_0_after_t"], shape=T)
+    bd.op("d", "AddV2", ["t", "lms/recompute_b"], shape=T)
+    return g
+
+
+def test_a_barrier_waits_on_what_its_fused_trigger_reads_where_that_reaches_memory_anyway():
+    """The trigger t is an element-wise op XLA fuses into d. A barrier reading t would write it to memory (Keras's batch norm in
+    mixed_bfloat16: a float32 copy of each incoming gradient); it reads m instead, the product t's fused chain reads,
+    which reaches memory anyway and descends from the gradient op g (tflms.ir.xla_segments.barrier_read). The pass
+    and the clock agree: t gets no buffer, and the marked graph is priced as the candidate was. Where nothing the
+    chain reads descends from a gradient op, so might run before the backward pass, the barrier reads t itself.
+    Kernels: a's, g's (b fused in), m's and d's (t and the clone fused in); t's own where the barrier reads it."""
+    gate = "lms/recompute_gate_a_0_after_t"
+    g = gradient_chain()
+    result = run(g, "xla-clusters")
+    assert result.kernels == 4 and "m:0" in buffers(result)
+    marked = cluster_for_xla(g, accelerator_device=GPU, host_device=HOST, has_xla_kernel=lambda t: True)
+    barrier = marked.graph.op(gate)
+    assert marked.report.num_clusters == 1
+    assert barrier.type == "XlaOptimizationBarrier" and barrier.inputs == [TensorRef("a", 0), TensorRef("m", 0)]
+    assert not barrier.control_inputs
+    again = run(marked.graph, "xla-clusters")
+    assert (again.kernels, again.step_time_s, again.peak_bytes) == (result.kernels, result.step_time_s,
+                                                                    result.peak_bytes)
+    assert marked.graph.topological_order()  # no cycle
+    # the control: g an AddV2, nothing descends from a gradient op: the barrier reads the trigger, which is written
+    forward = gradient_chain("AddV2")
+    assert run(forward, "xla-clusters").kernels == 5
+    barrier = cluster_for_xla(forward, accelerator_device=GPU, host_device=HOST,
+                              has_xla_kernel=lambda t: True).graph.op(gate)
+    assert barrier.inputs == [TensorRef("a", 0), TensorRef("t", 0)]
+
+
 def test_without_barriers_a_recompute_gate_splits_the_clusters():
     g = recomputed_chain()
     options = SimOptions(clock="xla-clusters", xla_unsupported=("XlaOptimizationBarrier",))

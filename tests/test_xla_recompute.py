@@ -61,7 +61,7 @@ def recompute_everything(step, example, *, barriers: bool = True, keep_barrier_g
     has = kernels if barriers else (lambda t: t != xla_clusters.BARRIER and kernels(t))
     to_barrier = xla_clusters._to_barrier
     if not keep_barrier_gates:
-        xla_clusters._to_barrier = lambda graph, name, on_host: None
+        xla_clusters._to_barrier = lambda graph, name, on_host, read: None
     try:
         result = xla_clusters.cluster_for_xla(rewritten, accelerator_device=CPU, host_device=CPU, has_xla_kernel=has)
     finally:

@@ -18,6 +18,8 @@ from tflms.ir.topo import connected_groups, priority_order
 
 #: A node of :func:`segment_rule`: an op name in the pass, an op id in the simulator.
 Node = TypeVar("Node", bound=Hashable)
+#: A tensor of :func:`barrier_read`: a ``TensorRef`` in the pass, a tensor id in the simulator.
+T = TypeVar("T", bound=Hashable)
 
 XLA_COMPILE_ATTR = "_XlaCompile"
 XLA_SCOPE_ATTR = "_XlaScope"
@@ -266,6 +268,76 @@ def barrier_operand(trigger_dtypes: Sequence[str], trigger_on_accelerator: bool)
         if dtype not in XLA_NEVER_DTYPES and dtype != "resource":
             return k
     return None
+
+
+#: How many ops XLA fuses into their consumers :func:`barrier_read` looks back through from a barrier's trigger.
+BARRIER_READ_DEPTH = 8
+#: The dtypes a barrier may read in place of its trigger's output (:func:`barrier_read`): data, never a shape.
+BARRIER_READ_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+
+def barrier_read(trigger_tensor: T, producer: Callable[[T], Node], inputs: Callable[[Node], Sequence[T]],
+                 fused: Callable[[Node], bool], may_read: Callable[[T], bool],
+                 depth: int = BARRIER_READ_DEPTH) -> T:
+    """The tensor an in-cluster barrier reads to wait for its trigger (module doc of
+    :mod:`tflms.passes.xla_clusters`, "Recompute gates"): the trigger's output (``trigger_tensor``,
+    :func:`barrier_operand`'s), or, where the trigger is an op XLA fuses into its consumers (``fused(op)``), a tensor
+    that reaches memory anyway, the output of an op no fusion takes in, which the trigger's fused chain reads: found
+    by walking back at most ``depth`` fused ops, through the inputs ``may_read`` allows (the caller's rule: a float
+    tensor of the same cluster, produced on the accelerator by an op of the step that descends from a gradient op,
+    :func:`gradient_descendants`). Where the walk finds none, the trigger's output.
+
+    A barrier's operands reach memory. Read of a fused op, the barrier writes a tensor XLA would have kept in
+    registers: with Keras's batch norm in mixed precision, the float32 cast of an incoming gradient, twice the bytes
+    of the ``bfloat16`` gradient its kernel reads (ResNet-50 at batch 8960 on h200-141gb: 26.8 GiB held at the
+    peak). A tensor the chain reads is an input of the same fused kernel, so the clone waits as long, to the kernel,
+    and still for the backward pass: the tensor descends from a gradient op, as the trigger does."""
+    t, frontier = trigger_tensor, [trigger_tensor]
+    for _ in range(depth):
+        found = []
+        for x in frontier:
+            op = producer(x)
+            if fused(op):
+                found.extend(y for y in dict.fromkeys(inputs(op)) if may_read(y))
+        if not found:
+            break
+        for y in found:
+            if not fused(producer(y)):
+                return y
+        frontier = list(dict.fromkeys(found))
+    return t
+
+
+def gradient_descendants(preds: Callable[[Node], Sequence[Node]], seed: Callable[[Node], bool]
+                         ) -> Callable[[Node], bool]:
+    """Whether a node descends by data from a gradient op (``seed``; ``preds``: its data predecessors), memoized: a
+    node so descended runs in the backward pass, after the gradients it reads exist (:func:`barrier_read`)."""
+    known: dict = {}
+
+    def descends(node: Node) -> bool:
+        stack = [node]
+        while stack:
+            n = stack[-1]
+            if n in known:
+                stack.pop()
+                continue
+            if seed(n):
+                known[n] = True
+                stack.pop()
+                continue
+            ps = preds(n)
+            if any(known.get(p) for p in ps):
+                known[n] = True
+                stack.pop()
+                continue
+            todo = [p for p in ps if p not in known]
+            if todo:
+                stack.extend(todo)
+                continue
+            known[n] = False
+            stack.pop()
+        return known[node]
+    return descends
 
 
 def barrier_passes(gated_dtype: str, reader_types: Sequence[str]) -> bool:

@@ -29,7 +29,11 @@ still read its output 0, and its control edge from the trigger becomes that data
   first CSE (cpu_compiler.cc), so there only the merge is prevented;
 - a clone fuses into the kernels of the backward ops that read it, as XLA's fusion decides; it reads the gated
   tensor from memory (a barrier's operands are buffers);
-- the trigger's output it reads is written to memory too, where XLA would otherwise have fused it away.
+- the trigger's output it reads is written to memory too, where XLA would otherwise have fused it away. So where
+  the trigger is an op XLA fuses into its consumers (Keras's batch norm in mixed precision casts each incoming
+  gradient to float32), the barrier reads instead a tensor the trigger's fused chain reads that reaches memory anyway,
+  the output of a library call or reduction that descends from a gradient op, in the same cluster
+  (:func:`~tflms.ir.xla_segments.barrier_read`): an input of the same fused kernel, so the clone waits as long.
 
 A gated ``int32``/``int64`` tensor may be an argument XLA needs at compile time (a shape, an axis): behind a barrier
 it would be none, and the cluster would fail to compile. Its gate becomes a barrier only where every clone reading it
@@ -106,16 +110,17 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from tflms.ir.graph import Graph, Op, TensorRef
-from tflms.ir.op_types import FREE_OPS, XLA_NEVER_DTYPES, XLA_NEVER_TYPES
+from tflms.ir.op_types import FREE_OPS, GRADIENT_OP_TYPES, XLA_FUSIBLE, XLA_NEVER_DTYPES, XLA_NEVER_TYPES
 from tflms.passes.result import PassResult
-from tflms.ir.names import XLA_JOIN_PREFIX, is_clone
+from tflms.ir.names import XLA_JOIN_PREFIX, is_clone, is_inserted
 
 # (the rule and its names live below the passes, where the simulator's xla-clusters clock reads them too)
-from tflms.ir.xla_segments import (BARRIER, GATE_BARRIER, GATE_IDENTITY, HOST_OP, LEFT_OUT,  # noqa: F401
-                                   NEVER_COMPILED, NO_XLA_KERNEL, SCOPE_PREFIX, TFLMS_COPY, VARIABLE_READ,
-                                   XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR, XLA_SCOPE_ATTR, barrier_operand,
-                                   connected_clusters, gate_role, gates_seen_through, is_free_variable_read, is_gate,
-                                   is_tflms_copy, resource_rules, segment_rule)
+from tflms.ir.xla_segments import (BARRIER, BARRIER_READ_DTYPES, GATE_BARRIER, GATE_IDENTITY,  # noqa: F401
+                                   HOST_OP, LEFT_OUT, NEVER_COMPILED, NO_XLA_KERNEL, SCOPE_PREFIX, TFLMS_COPY,
+                                   VARIABLE_READ, XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR, XLA_SCOPE_ATTR,
+                                   barrier_operand, barrier_read, connected_clusters, gate_role, gates_seen_through,
+                                   gradient_descendants, is_free_variable_read, is_gate, is_tflms_copy,
+                                   resource_rules, segment_rule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,11 +248,12 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
     kept = [c for c in clusters if not all(graph.op(n).type in FREE_OPS for n in c)]
     numbers = {s: k for k, s in enumerate(sorted({segment[c[0]] for c in kept}))}
     new = graph.copy()
+    read = _barrier_reads(graph, segment, on_host)
     for cluster in kept:
         scope = f"{SCOPE_PREFIX}{numbers[segment[cluster[0]]]}".encode()
         for name in cluster:
             if roles.get(name) == GATE_BARRIER:
-                _to_barrier(new, name, on_host)
+                _to_barrier(new, name, on_host, read)
             _set_attrs(new.op(name), {XLA_COMPILE_ATTR: True, XLA_SCOPE_ATTR: scope, XLA_INTERNAL_SCOPE_ATTR: scope})
     before: list[str] = []  # the updates of the part before
     for s in sorted(parts):  # each update part one cluster, one after another (module doc, "Update parts")
@@ -338,18 +344,40 @@ def _seen_through(graph: Graph, order: list[str], roles: dict[str, str | None]) 
                               gated_clone, input_gates)
 
 
-def _to_barrier(graph: Graph, name: str, on_host: Callable[[str], bool]) -> None:
-    """Turn the gate ``name`` (of the pass's copy) into an ``XlaOptimizationBarrier`` of the tensor it gates and an
-    output of its trigger (:func:`~tflms.ir.xla_segments.barrier_operand`), in place of its control edge from the
-    trigger: its readers keep reading its output 0, the gated tensor (module doc, "Recompute gates")."""
+def _barrier_reads(graph: Graph, segment: Mapping[str, int], on_host: Callable[[str], bool]
+                   ) -> Callable[[str, TensorRef], TensorRef]:
+    """``read(gate, trigger output)``: the tensor the barrier ``gate`` reads to wait for its trigger
+    (:func:`~tflms.ir.xla_segments.barrier_read`): ``segment``: the members' segments (the walk stays in the gate's)."""
+    descends = gradient_descendants(lambda n: [ref.op for ref in graph.op(n).inputs],
+                                    lambda n: graph.op(n).type in GRADIENT_OP_TYPES)
+
+    def fused(name: str) -> bool:
+        op = graph.op(name)
+        return name in segment and op.type in XLA_FUSIBLE and len(op.outputs) == 1 and not on_host(op.device)
+
+    def read(gate: str, trigger: TensorRef) -> TensorRef:
+        def may_read(ref: TensorRef) -> bool:
+            return (segment.get(ref.op) == segment[gate] and not is_inserted(ref.op)
+                    and not on_host(graph.op(ref.op).device)
+                    and graph.tensor(ref).dtype in BARRIER_READ_DTYPES and descends(ref.op))
+        return barrier_read(trigger, lambda ref: ref.op, lambda n: graph.op(n).inputs, fused, may_read)
+    return read
+
+
+def _to_barrier(graph: Graph, name: str, on_host: Callable[[str], bool],
+                read: Callable[[str, TensorRef], TensorRef]) -> None:
+    """Turn the gate ``name`` (of the pass's copy) into an ``XlaOptimizationBarrier`` of the tensor it gates and a
+    tensor that waits for its trigger (``read``: an output of the trigger,
+    :func:`~tflms.ir.xla_segments.barrier_operand`, or one its fused chain reads), in place of its control edge from
+    the trigger: its readers keep reading its output 0, the gated tensor (module doc, "Recompute gates")."""
     from tensorflow.core.framework import attr_value_pb2
 
     import tensorflow as tf
     gate = graph.op(name)
     trigger_op = graph.op(gate.control_inputs[0])
     k = barrier_operand([t.dtype for t in trigger_op.outputs], not on_host(trigger_op.device))
-    trigger = TensorRef(trigger_op.name, k)
-    graph.remove_control_input(name, trigger.op)
+    trigger = read(name, TensorRef(trigger_op.name, k))
+    graph.remove_control_input(name, trigger_op.name)
     graph.append_input(name, trigger)
     gate.outputs = (gate.outputs[0], graph.tensor(trigger))
     types = [tf.as_dtype(t.dtype).as_datatype_enum for t in gate.outputs]

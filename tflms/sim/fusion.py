@@ -34,18 +34,20 @@ tf_keras's convolutions with bias and ReLU do.
 Ops that XLA cannot place on the accelerator (host ops, copies to or from the host) take no producers either: a
 swap point is a fusion boundary (issue 47). Nor does a recompute gate inside a cluster, an ``XlaOptimizationBarrier``
 (:mod:`tflms.passes.xla_clusters`): it fuses with nothing, so the tensor it gates and the output of its trigger that
-it reads are written to memory, and its output is the gated tensor's buffer; the clones behind it fuse into their
+it reads are written to memory (where the trigger is fused, a tensor its chain reads instead:
+:func:`~tflms.ir.xla_segments.barrier_read`), and its output is the gated tensor's buffer; the clones behind it fuse into their
 readers as any op does. (On the ``xla`` clock, the whole step as one module, gates stay the views they are.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from tflms.ir.names import is_clone
-from tflms.ir.xla_segments import BARRIER, barrier_operand, barrier_passes, gates_seen_through, is_gate
-from tflms.ir.op_types import (ALIAS_OPS, CONTRACTION_OPS, FREE_OPS, METADATA_OPS, VARIABLE_READ_OPS, XLA_ASSIGNS,
-                               XLA_FUSIBLE, XLA_OWN_KERNEL_REDUCTIONS, XLA_REDUCTIONS)
+from tflms.ir.names import is_clone, is_inserted
+from tflms.ir.xla_segments import (BARRIER, BARRIER_READ_DTYPES, barrier_operand, barrier_passes, barrier_read,
+                                   gates_seen_through, gradient_descendants, is_gate)
+from tflms.ir.op_types import (ALIAS_OPS, CONTRACTION_OPS, FREE_OPS, GRADIENT_OP_TYPES, METADATA_OPS,
+                               VARIABLE_READ_OPS, XLA_ASSIGNS, XLA_FUSIBLE, XLA_OWN_KERNEL_REDUCTIONS, XLA_REDUCTIONS)
 from tflms.sim.clock import CLOCK_GRAPH, CLOCK_XLA, XLA_MIN_KERNEL_S, Kernels, op_durations
 from tflms.sim.cost import op_flops
 from tflms.sim.indexed import ACCEL, IndexedGraph, OpCosts
@@ -79,16 +81,33 @@ class _Net:
                     self.barrier[i] = 1
             for i in seen_through(net, order, self.barrier):
                 self.barrier[i] = 0
+            descends = gradient_descendants(lambda i: [net.t_op[t] for t in net.inputs[i]],
+                                            lambda i: net.types[i] in GRADIENT_OP_TYPES)
             for i in order:
                 if self.barrier[i]:
                     t = gate_trigger_tensor(net, i)
                     if t is not None:
+                        t = self._barrier_read(t, cluster[i], descends)
                         self.trigger_read[i] = t
                         self.readers[t].append(i)
         self.is_output = bytearray(len(net.t_op))
         for t in outputs:
             self.is_output[t] = 1
         self.order = order
+
+    def _barrier_read(self, t: int, cluster: int, descends: Callable[[int], bool]) -> int:
+        """The tensor a barrier in ``cluster`` reads to wait for the trigger output ``t``
+        (:func:`~tflms.ir.xla_segments.barrier_read`, with the rule the pass applies)."""
+        net, compute = self.net, self.compute
+
+        def fused(i: int) -> bool:
+            return compute[i] and net.types[i] in XLA_FUSIBLE and net.n_out[i] == 1
+
+        def may_read(x: int) -> bool:
+            p = net.t_op[x]
+            return (compute[p] and self.cluster[p] == cluster and not is_inserted(net.names[p])
+                    and net.t_info[x].dtype in BARRIER_READ_DTYPES and descends(p))
+        return barrier_read(t, net.t_op.__getitem__, net.inputs.__getitem__, fused, may_read)
 
     def is_view(self, i: int) -> bool:
         """An op whose output is a view of its input on the accelerator (``Reshape``, ``Identity``...)."""

@@ -6,7 +6,8 @@ is worth recomputing when re-running the chain that rebuilds it
 a swap of it would take over the host link. Each price on :data:`PRICES` gives one recompute set.
 The cheapest prices recompute only elementwise chains (normalisation, activations, dropout masks:
 memory-bound, tens of times faster than a PCIe copy); the largest also re-run contractions. Beside
-them, graph-level checkpointing (:func:`_segment_candidates`), and the fastest fitting plan relaxed
+them, graph-level checkpointing (:func:`_segment_candidates`; on the XLA clocks also with checkpoints chosen by
+bytes, :func:`~tflms.policies.checkpoints.balanced_segment_ops`), and the fastest fitting plan relaxed
 (:func:`_relax`). Every set is judged alone (``recompute``); the :data:`HYBRIDS` that miss the budget by
 least get swaps for what is left (``hybrid``): the swap tuner's idle-time searches run on the graph with
 the clones in it (``nested``, :func:`tflms.tune.tuner.tune`), so every swap is judged with the
@@ -48,6 +49,7 @@ from tflms.policies.eligibility import is_clone, swapping_clones
 from tflms.policies.recompute import (articulations, backward_readers, chain_for, is_resident, rank_candidates,
                                       segment_ops, select)
 from tflms.policies.swapplan import SwapPlan
+from tflms.sim.clock import XLA_CLOCKS
 from tflms.sim.simulator import RECV_SUFFIX, SimResult, simulate
 from tflms.tune.result import Candidate
 # the recompute plans judged alone: the names stay importable from here
@@ -128,6 +130,12 @@ def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
             counts.append(count)
             judge(count, price)
     added.extend(_segment_candidates(ev, times, skipped, bound=bound))
+    if not only and baseline.clock in XLA_CLOCKS:
+        # checkpoints chosen by bytes too: on the XLA clocks a re-run fuses into the kernels that read it and costs
+        # little, so whole segments re-run are the plans to beat; evenly spaced ones leave the largest layers in one
+        # segment (ResNet-50 in mixed_bfloat16 at batch 8960 on h200-141gb: 153 GiB at sqrt(n) segments against
+        # 122 GiB balanced, the budget 141; docs/design.md, "Segments by bytes under XLA")
+        added.extend(_segment_candidates(ev, times, skipped, balanced=True, bound=bound))
     if only:
         added.extend(_segment_candidates(ev, times, skipped, splits=SEGMENT_SPLITS))
         added.extend(_segment_candidates(ev, times, skipped, splits=SEGMENT_SPLITS, balanced=True))
