@@ -390,6 +390,31 @@ def test_the_tuner_prices_every_candidate_on_the_clustered_clock():
     assert result.best.sim.step_time_s == min(c.sim.step_time_s for c in fitting)
 
 
+def test_on_the_xla_clocks_the_tune_judges_segments_chosen_by_bytes():
+    """A six-layer MLP at 80% of its peak: on the XLA clocks the recompute search judges segment plans whose
+    checkpoints are chosen by bytes beside the evenly spaced ones, and one of them is the fit; on the graph clock,
+    where they would take the hybrid search's places, it judges none (they run there only with recompute="only")."""
+    from tflms.errors import BudgetError
+    graph = mlp_training_graph(6, batch=256)
+    profile = "h100-80gb-pcie5"
+    for clock in ("xla-clusters", "xla", "graph"):
+        options = SimOptions(clock=clock)
+        budget = int(simulate(graph, profile, options=options).peak_bytes * 0.8)
+        try:
+            result = tune(graph, budget=budget, profile=profile, sim_options=options, strategies=["recompute"])
+            candidates = result.candidates
+        except BudgetError as err:
+            result, candidates = None, err.candidates
+        balanced = [c for c in candidates if "balanced" in c.params]
+        if clock == "graph":
+            assert not balanced
+            continue
+        assert len(balanced) >= 2, clock
+        assert result is not None and "balanced" in result.best.params, (clock, result and result.best.params)
+        evenly = [c for c in candidates if "segments" in c.params and "balanced" not in c.params]
+        assert evenly and not any(c.fits for c in evenly), clock
+
+
 def test_the_pipeline_keeps_xla_priced_by_its_clusters():
     # a batch at which the activations outweigh the clusters' new variable values, and a budget under XLA alone's peak
     graph = mlp_training_graph(4, batch=256)
