@@ -665,12 +665,13 @@ def gradient_chain(grad_type: str = "ReluGrad"):
 
 
 def test_a_barrier_waits_on_what_its_fused_trigger_reads_where_that_reaches_memory_anyway():
-    """The trigger t is an element-wise op XLA fuses into d. A barrier reading t would write it to memory (Keras's batch norm in
-    mixed_bfloat16: a float32 copy of each incoming gradient); it reads m instead, the product t's fused chain reads,
-    which reaches memory anyway and descends from the gradient op g (tflms.ir.xla_segments.barrier_read). The pass
-    and the clock agree: t gets no buffer, and the marked graph is priced as the candidate was. Where nothing the
-    chain reads descends from a gradient op, so might run before the backward pass, the barrier reads t itself.
-    Kernels: a's, g's (b fused in), m's and d's (t and the clone fused in); t's own where the barrier reads it."""
+    """The trigger t is an element-wise op XLA fuses into d. A barrier reading t would write it to memory (Keras's
+    batch norm in mixed_bfloat16: a float32 copy of each incoming gradient); it reads m instead, the product t's
+    fused chain reads, which reaches memory anyway and descends from the gradient op g
+    (tflms.ir.xla_segments.barrier_read). The pass and the clock agree: t is no kernel of its own, and the marked
+    graph is priced as the candidate was. Where nothing the chain reads descends from a gradient op, so might run
+    before the backward pass, the barrier reads t itself, which then is a kernel of its own. Kernels: a's, g's (b fused
+    in), m's and d's (t and the clone fused in), and t's where the barrier reads it."""
     gate = "lms/recompute_gate_a_0_after_t"
     g = gradient_chain()
     result = run(g, "xla-clusters")

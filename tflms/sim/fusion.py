@@ -35,8 +35,8 @@ Ops that XLA cannot place on the accelerator (host ops, copies to or from the ho
 swap point is a fusion boundary (issue 47). Nor does a recompute gate inside a cluster, an ``XlaOptimizationBarrier``
 (:mod:`tflms.passes.xla_clusters`): it fuses with nothing, so the tensor it gates and the output of its trigger that
 it reads are written to memory (where the trigger is fused, a tensor its chain reads instead:
-:func:`~tflms.ir.xla_segments.barrier_read`), and its output is the gated tensor's buffer; the clones behind it fuse into their
-readers as any op does. (On the ``xla`` clock, the whole step as one module, gates stay the views they are.)
+:func:`~tflms.ir.xla_segments.barrier_read`), and its output is the gated tensor's buffer; the clones behind it fuse
+into their readers as any op does. (On the ``xla`` clock, the whole step as one module, gates stay the views they are.)
 """
 
 from __future__ import annotations
