@@ -292,7 +292,7 @@ def barrier_read(trigger_tensor: T, producer: Callable[[T], Node], inputs: Calla
     of the ``bfloat16`` gradient its kernel reads (ResNet-50 at batch 8960 on h200-141gb: 26.8 GiB held at the
     peak). A tensor the chain reads is an input of the same fused kernel, so the clone waits as long, to the kernel,
     and still for the backward pass: the tensor descends from a gradient op, as the trigger does."""
-    t, frontier = trigger_tensor, [trigger_tensor]
+    frontier = [trigger_tensor]
     for _ in range(depth):
         found = []
         for x in frontier:
@@ -305,7 +305,7 @@ def barrier_read(trigger_tensor: T, producer: Callable[[T], Node], inputs: Calla
             if not fused(producer(y)):
                 return y
         frontier = list(dict.fromkeys(found))
-    return t
+    return trigger_tensor
 
 
 def gradient_descendants(preds: Callable[[Node], Sequence[Node]], seed: Callable[[Node], bool]

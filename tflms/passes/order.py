@@ -225,17 +225,17 @@ def _wait_for_swap_outs(pinned: Graph, options: SimOptions | None, profile: Any,
     freed only then: where the copy runs late (on the emulated machine, a copy waits for the executor's threads), the
     next cluster's buffers arrive beside it (issue 47, item 5: BERT's pinned plan, 2 MiB over its simulation in every
     run). The simulation already has the copy end first, so these edges cost it nothing; a copy slower than
-    simulated then delays compute instead of raising the peak. ``before``: the pinned step's simulation, where the
-    caller has it."""
+    simulated then delays compute instead of raising the peak. ``before``: the pinned step's simulation
+    (:func:`_clustered_sim`'s), where the caller has it."""
     import bisect
 
-    from tflms.sim.clock import CLOCK_XLA_CLUSTERS
-    if profile is None or options is None or options.clock != CLOCK_XLA_CLUSTERS:
-        return pinned, []
     from tflms.ir.op_types import FREE_OPS
+    from tflms.sim.clock import CLOCK_XLA_CLUSTERS
     from tflms.sim.simulator import kernel_reads
     if before is None:
-        before = simulate(pinned, profile, options=options)
+        before = _clustered_sim(pinned, options, profile)
+    if before is None or before.clock != CLOCK_XLA_CLUSTERS:
+        return pinned, []
     first = kernel_reads(pinned, profile, options).cluster_first  # an edge into a cluster waits for all of it
     ordered = {first.get(name, name) for edge in chain for name in edge}  # a unit's first op
     compute = sorted((op.start_s, op.name) for op in before.ops if op.stream == "compute" and op.name in ordered and (
