@@ -7,6 +7,8 @@ Every forward op the backward pass reads is recomputed on the zoo models, and th
 - the step runs as few clusters as it would without any recompute, where ``Identity`` gates left out split it;
 - it trains bit for bit like the plain ``jit_compile=True`` step (the clones re-run the same kernels), where the
   ``Identity`` gates' boundaries changed XLA's rounding;
+- keras.applications ResNet50 in mixed_bfloat16, whose barriers mostly read past Keras's fused float32 casts of the
+  incoming gradients, trains bit for bit like plain XLA too;
 - in XLA's optimized HLO (``--xla_dump_to``, a fresh process each) the clones are still there, and a control
   without the barriers (the gates left as ``Identity`` s inside the cluster) shows that XLA's CSE merges them away.
 """
@@ -180,3 +182,49 @@ def test_a_keras_applications_model_recomputed_inside_its_clusters_trains_bitwis
     recomputed, report = train(recompute_everything)
     assert report.num_clusters >= 1 and not report.boundaries
     assert_bitwise_equal(plain, recomputed, "MobileNetV2, every recompute, barrier gates, vs plain jit_compile=True")
+
+
+@pytest.mark.slow
+def test_resnet50_in_mixed_bfloat16_its_barriers_read_past_fused_casts_and_it_trains_bitwise_like_plain_xla(
+        monkeypatch):
+    """keras.applications ResNet50 (32x32, batch 2) under mixed_bfloat16, every recompute candidate taken: Keras's
+    batch norm casts each incoming bf16 gradient to float32, a trigger XLA fuses away, so most barriers read the
+    tensor the cast's fused chain reads instead (tflms.ir.xla_segments.barrier_read). Three steps equal the plain
+    ``jit_compile=True`` steps byte for byte, against a plain-vs-plain control."""
+    import keras
+
+    from tflms.passes import xla_clusters
+    from tflms.testing import assert_bitwise_equal, make_train_step, snapshot
+
+    moved = []
+    to_barrier = xla_clusters._to_barrier
+
+    def spy(graph, name, on_host, read):
+        trigger = graph.op(name).control_inputs[0]
+        to_barrier(graph, name, on_host, read)
+        moved.append(graph.op(name).inputs[1].op != trigger)
+    monkeypatch.setattr(xla_clusters, "_to_barrier", spy)
+
+    def train(wrap):
+        keras.utils.set_random_seed(0)
+        model = keras.applications.ResNet50(input_shape=(32, 32, 3), weights=None, classes=10)
+        optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+        optimizer.build(model.trainable_variables)
+        data = [(tf.random.stateless_uniform((2, 32, 32, 3), (s, 1)),
+                 tf.random.stateless_uniform((2,), (s, 2), maxval=10, dtype=tf.int32)) for s in range(STEPS)]
+        fn, report = wrap(make_train_step(model, optimizer), data[0])
+        losses = [fn(x, y) for x, y in data]
+        return snapshot(model, optimizer, losses=losses), report
+
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        plain, _ = train(lambda step, ex: (tf.function(step, jit_compile=True), None))
+        again, _ = train(lambda step, ex: (tf.function(step, jit_compile=True), None))
+        recomputed, report = train(recompute_everything)
+    finally:
+        keras.config.set_dtype_policy(policy)
+    assert_bitwise_equal(plain, again, "plain XLA vs plain XLA (the control)")
+    assert moved and sum(moved) > len(moved) // 2, (sum(moved), len(moved))
+    assert not report.boundaries
+    assert_bitwise_equal(plain, recomputed, "ResNet50 mixed_bfloat16, every recompute, barriers, vs plain XLA")
