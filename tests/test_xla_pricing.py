@@ -153,6 +153,59 @@ def test_a_cluster_starts_only_when_all_its_inputs_exist():
     assert spans(run(swapped_chain(), "graph", slow_link))["r2"][0] == 4.0
 
 
+def land_cut_chain():
+    """swapped_chain with r2 a product of r1 with itself (a library call: a kernel of its own, fused with nothing),
+    e = relu(d) after d, and s = tanh(r1), f = e + s added last: without land cuts the clusters {r0}, {r1},
+    {r2, d, e, s, f}; with them r2 runs alone while the copy lands and d, which reads the swap-in, starts
+    {d, e, s, f}."""
+    g = swapped_chain()
+    g.op("r2").type = "MatMul"
+    g.set_input("r2", 0, TensorRef("r1", 0))
+    g.append_input("r2", TensorRef("r1", 0))
+    b = GraphBuilder()
+    b.graph = g
+    b.op("e", "Relu", ["d"], shape=T)
+    b.op("s", "Tanh", ["r1"], shape=T)
+    b.op("f", "AddV2", ["e", "s"], shape=T)
+    return g
+
+
+def test_with_land_cuts_a_swap_ins_reader_starts_a_cluster_and_the_ops_before_it_hide_the_copy():
+    slower_link = dataclasses.replace(bytes_profile(), link_gbps=16e-9)  # a 64-byte copy takes 4 s
+    g = land_cut_chain()
+    plain, cut = (simulate(g, slower_link, options=SimOptions(clock="xla-clusters", xla_land_cuts=cuts))
+                  for cuts in (False, True))
+    t, u = spans(plain), spans(cut)
+    # {r0} 0-2, its swap-out 2-6 and TensorFlow's _Recv back 6-10; {r1} 2-4. Without cuts the product r2 waits with
+    # its cluster for the copy; with them it runs at 4, while the copy lands
+    assert t["lms/swap_out_r0/_recv"] == u["lms/swap_out_r0/_recv"] == (6.0, 10.0)
+    assert t["r2"][0] == 10.0 and u["r2"][0] == 4.0 and u["r2"][1] <= 10.0
+    assert u["d"][0] == u["s"][0] == 10.0  # d's cluster waits for the copy, s with it (it reads only r1)
+    assert cut.step_time_s == plain.step_time_s - (u["r2"][1] - u["r2"][0])  # the product's time, hidden
+    assert cut.kernels == plain.kernels
+    assert cut.peak_bytes > plain.peak_bytes  # what it costs: r2 is held while the copy lands
+    # the pass marks what the clock prices, with the option and without
+    for cuts, expected in ((False, [{"r0"}, {"r1"}, {"r2", "d", "e", "s", "f"}]),
+                           (True, [{"r0"}, {"r1"}, {"r2"}, {"d", "e", "s", "f"}])):
+        marked = cluster_for_xla(g, accelerator_device=GPU, host_device=HOST, has_xla_kernel=lambda t: True,
+                                 land_cuts=cuts)
+        assert [set(m) for _, m in marked.report.clusters] == expected
+        options = SimOptions(clock="xla-clusters", xla_land_cuts=cuts)
+        assert (simulate(marked.graph, slower_link, options=options).step_time_s
+                == simulate(g, slower_link, options=options).step_time_s)
+
+
+def test_a_swap_outs_reader_starts_no_cluster_even_with_land_cuts():
+    """A synchronous swap-out holds its reader back on purpose (until the copy has freed the memory): the ops before
+    the reader stay in its cluster."""
+    g = swapped_chain()
+    g.add_control_input("r1", "lms/swap_out_r0")  # r1 waits for the swap-out
+    for cuts in (False, True):
+        marked = cluster_for_xla(g, accelerator_device=GPU, host_device=HOST, has_xla_kernel=lambda t: True,
+                                 land_cuts=cuts)
+        assert {"r1"} in [set(m) for _, m in marked.report.clusters]
+
+
 def test_units_run_in_the_order_they_became_ready_as_the_executor_runs_them():
     # ops by id, each its own position in ``order``: 0 a source; cluster 0 = {1, 5}, its earliest op 1 reading 0 and
     # its last 5 reading 4; outside ops 2 <- 0, 3 <- 2 and 4 <- 3 (a chain), 6 <- 2. Op 6 is ready when 2 ends; the
@@ -426,6 +479,34 @@ def test_the_pipeline_keeps_xla_priced_by_its_clusters():
     assert out.report.xla_clusters["kept"]
     plain = rewrite_step(graph, config, build=False)
     assert "clock" not in plain.report.tuning  # the path without XLA is unchanged
+
+
+def test_the_pipeline_tunes_again_with_land_cuts_where_its_winner_swaps_and_marks_what_it_chose(monkeypatch):
+    """Where the tune's winner swaps, the pipeline tunes again with land cuts and keeps the faster winner; the report
+    says which, and the pass marks the clusters with the same rule."""
+    import tflms.passes.xla_clusters as xla_clusters
+    import tflms.tune.xla_cuts as xla_cuts
+    graph = mlp_training_graph(4, batch=256)
+    profile = "h100-80gb-pcie5"
+    peak = simulate(graph, profile, options=SimOptions(clock="xla")).peak_bytes
+    asked, marked = [], []
+    real_tune, real_pass = xla_cuts.tune_xla, xla_clusters.cluster_for_xla
+
+    def tune_xla(run, options, **kwargs):
+        return real_tune(lambda o: asked.append(o.xla_land_cuts) or run(o), options, **kwargs)
+
+    def cluster_for_xla(*args, **kwargs):
+        marked.append(kwargs.get("land_cuts"))
+        return real_pass(*args, **kwargs)
+    monkeypatch.setattr(xla_cuts, "tune_xla", tune_xla)
+    monkeypatch.setattr(xla_clusters, "cluster_for_xla", cluster_for_xla)
+    # at 96% of XLA alone's peak the plan without cuts is faster, at 90% the one with them
+    for fraction, cuts in ((0.96, False), (0.9, True)):
+        asked.clear(), marked.clear()
+        config = LMSConfig(budget_bytes=int(peak * fraction), profile=profile, enforce_order=False)
+        out = rewrite_step(graph, config, build=False, xla=True)
+        assert out.report.plan.swaps and asked == [False, True]  # a winner that swaps: tuned again with the cuts
+        assert out.report.tuning["xla_land_cuts"] is cuts and marked == [cuts]
 
 
 def test_the_clustered_price_is_deterministic():

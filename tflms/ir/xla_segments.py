@@ -39,7 +39,7 @@ VARIABLE_READ = "variable read"   # a read of a variable that nothing orders (is
 def segment_rule(topological: Sequence[Node], index: Mapping[Node, int], preds: Mapping[Node, Sequence[Node]],
                  succs: Mapping[Node, Sequence[Node]], outside: Mapping[Node, str],
                  clone: Callable[[Node], bool], resource: Mapping[Node, str] | None = None,
-                 updates: UpdateSplit | None = None
+                 updates: UpdateSplit | None = None, lands: Callable[[Node], bool] | None = None
                  ) -> tuple[list[Node], set[Node], dict[Node, int], list[tuple], dict[int, list[Node]]]:
     """The segment rule of the module doc over any graph whose nodes are names (this pass) or op ids (the simulator's
     ``xla-clusters`` clock, :mod:`tflms.sim.clusters`, which prices what this pass will mark).
@@ -48,15 +48,17 @@ def segment_rule(topological: Sequence[Node], index: Mapping[Node, int], preds: 
     ``preds`` / ``succs``: data and control neighbours of every node; ``outside``: the nodes left out (with why);
     ``clone(node)``: a recompute clone; ``resource``: the resource ops among the nodes and their kind
     (:func:`resource_kind`), for :func:`_resource_split`; ``updates``: how the variables' updates split into parts
-    (:class:`UpdateSplit`; ``None``: they do not). Returns ``(order, boundaries, segment of each member, clusters,
-    parts)``: the order the segments follow, the left-out nodes between members, the clusters (members joined by
-    edges in one segment, or updates of one part, each in ``order``), sorted by segment then first member, the
-    free-only ones included; and the segments that are update parts, with their updates (a caller that marks the
-    graph joins them, as :func:`tflms.passes.xla_clusters.cluster_for_xla` does with a ``NoOp``).
+    (:class:`UpdateSplit`; ``None``: they do not); ``lands(node)``: whether a boundary is a swap-in (a copy of a
+    copy), whose readers start a segment of their own (:func:`_segments`; ``None``: no such cut). Returns ``(order,
+    boundaries, segment of each member, clusters, parts)``: the order the segments follow, the left-out nodes between
+    members, the clusters (members joined by edges in one segment, or updates of one part, each in ``order``), sorted
+    by segment then first member, the free-only ones included; and the segments that are update parts, with their
+    updates (a caller that marks the graph joins them, as :func:`tflms.passes.xla_clusters.cluster_for_xla` does with
+    a ``NoOp``).
     """
     boundary = _boundaries(topological, preds, succs, outside)
     order = _boundaries_first(index, preds, succs, boundary)  # the order the segments follow
-    segment = _segments(order, outside, boundary)
+    segment = _segments(order, preds, outside, boundary, lands)
     if resource:
         _resource_split(order, preds, succs, segment, resource)
     parts = _update_split(order, preds, succs, segment, updates) if updates is not None else {}
@@ -419,15 +421,24 @@ def _boundaries_first(index: Mapping[Node, int], preds: Mapping[Node, Sequence[N
     return priority_order({n: len(p) for n, p in preds.items()}, succs, lambda n: (n not in boundary, index[n]))
 
 
-def _segments(order: list[str], outside: dict[str, str], boundary: set[str]) -> dict[str, int]:
-    """Each member's segment: the boundaries met before it in ``order``, consecutive ones counted once."""
-    segment: dict[str, int] = {}
+def _segments(order: list[Node], preds: Mapping[Node, Sequence[Node]], outside: Mapping[Node, str],
+              boundary: set[Node], lands: Callable[[Node], bool] | None = None) -> dict[Node, int]:
+    """Each member's segment: the boundaries met before it in ``order``, consecutive ones counted once; and a member
+    that reads a boundary which ``lands`` (a swap-in) starts a segment, where its segment has members already.
+
+    A boundary goes into the order as soon as it is ready, so a swap-in follows its trigger, and the ops between the
+    trigger and the swap-in's reader share the reader's cluster, which starts only when all its inputs exist: they
+    wait for the copy they could hide. Cut before the reader too, and they run as a cluster of their own while the
+    copy lands (module doc of :mod:`tflms.passes.xla_clusters`, "The segment rule")."""
+    segment: dict[Node, int] = {}
     current, open_ = 0, False
     for name in order:
         if name in boundary:
             if open_:
                 current, open_ = current + 1, False
         elif name not in outside:
+            if open_ and lands is not None and any(p in boundary and lands(p) for p in preds[name]):
+                current += 1
             segment[name] = current
             open_ = True
     return segment

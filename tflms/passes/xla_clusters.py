@@ -61,10 +61,16 @@ reaches some member (a source such as an argument, or a sink, bounds nothing). T
 order, Kahn's over data and control edges where a ready boundary goes first and ties go by graph order: each copy
 runs as soon as it can, a swap-out right after the op that produces its tensor, a swap-in right after its trigger.
 A member's segment is the number of boundaries met before it in that order (consecutive boundaries count once).
-Then, in reverse order, a recompute clone (or in-cluster gate) or an op without inputs (a constant) whose successors
-are all members moves to the earliest segment among them: a clone joins the cluster of the backward ops that read
-it. Where its gate stays out, XLA cannot merge it with the forward op it re-runs, which lies in an earlier cluster
-(XLA's CSE would otherwise undo the recompute); where its gate is a barrier, the barrier prevents the merge.
+With ``land_cuts``, a member that reads a swap-in (a copy of a copy: not a swap-out, whose synchronous readers wait
+for it on purpose, nor a recompute gate) also starts a segment where its segment has members already: a swap-in
+follows its trigger in the order, so without that cut the ops between the trigger and the swap-in's reader share the
+reader's cluster and wait for the copy they could hide (:func:`~tflms.ir.xla_segments.segment_rule`'s ``lands``).
+The cut is a boundary like any other, and those ops run and allocate while the copy is on the link, so it can cost
+memory: the tune judges both (:func:`tflms.tune.xla_cuts.tune_xla`). Then, in reverse order, a recompute clone (or
+in-cluster gate) or an op without inputs (a constant) whose successors are all members moves to the earliest
+segment among them: a clone joins the cluster of the backward ops that read it. Where its gate stays out, XLA cannot
+merge it with the forward op it re-runs, which lies in an earlier cluster (XLA's CSE would otherwise undo the
+recompute); where its gate is a barrier, the barrier prevents the merge.
 
 **Clusters.** ``mark_for_compilation_pass`` merges along edges, so the members of one segment that no edge between
 them joins are clusters of their own (the report counts them so). A cluster of nothing but
@@ -96,7 +102,8 @@ that nothing orders at once, each allocating its new values).
 
 What a boundary costs: a cluster starts when all its inputs exist and publishes its outputs when it ends. So a
 swap-out copies its tensor after the producer's whole cluster, and a swap-in lands before the consumer's cluster
-starts: the points where tensors leave and return are where the step's kernels stop fusing.
+starts: the points where tensors leave and return are where the step's kernels stop fusing. With ``land_cuts``, the
+cluster between a swap-in's trigger and its reader runs while the copy lands.
 
 Deterministic: the same graph gives the same segments, attributes and GraphDef bytes.
 """
@@ -217,12 +224,14 @@ def registered_xla_kernels(jit_device: str) -> Callable[[str], bool]:
 
 
 def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
-                    has_xla_kernel: Callable[[str], bool] | None = None, update_parts: int = 1) -> PassResult:
+                    has_xla_kernel: Callable[[str], bool] | None = None, update_parts: int = 1,
+                    land_cuts: bool = False) -> PassResult:
     """A copy of ``graph`` whose ops are marked for XLA in segments between tflms's copies (see the module doc).
 
     ``has_xla_kernel(op type)``: whether XLA can compile the type (default: TensorFlow's registry for the
     accelerator's XLA device); ``update_parts``: the most clusters one segment's variable updates split into
-    (module doc, "Update parts"; 1: none). The report is a :class:`ClusterReport`.
+    (module doc, "Update parts"; 1: none); ``land_cuts``: a reader of a swap-in starts a segment of its own (module
+    doc, "The segment rule"). The report is a :class:`ClusterReport`.
     """
     jit_device = jit_device_for(accelerator_device)
     if has_xla_kernel is None:
@@ -243,8 +252,13 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
         return graph.tensor(ins[1]).num_bytes if len(ins) > 1 else None
 
     resource, updates = resource_rules({op.name: op.type for op in graph}, value_bytes, update_parts)
+    def lands(name: str) -> bool:  # a swap-in: a copy of a copy (not a swap-out, which may hold its readers back)
+        op = graph.op(name)
+        return (outside[name] == TFLMS_COPY and not _is_gate(op)
+                and any(outside.get(r.op) == TFLMS_COPY for r in op.inputs))
+
     order, boundary, segment, clusters, parts = segment_rule(topological, index, preds, succs, outside, is_clone,
-                                                             resource, updates)
+                                                             resource, updates, lands if land_cuts else None)
     kept = [c for c in clusters if not all(graph.op(n).type in FREE_OPS for n in c)]
     numbers = {s: k for k, s in enumerate(sorted({segment[c[0]] for c in kept}))}
     new = graph.copy()

@@ -176,12 +176,19 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             tunes = alone is None or not alone.fits or alone.remat
             if xla and tunes and budget is not None:  # issue 47: a step over its budget updates its variables in parts
                 sim_options = update_parts_for(sim_options, analysis.graph, profile, budget)
-            result = None if not tunes else clock(
-                "tune", lambda: tune(analysis, budget=budget, profile=profile,
-                                     sim_options=sim_options,  # issue 48: the margin; issue 47: the clusters' clock
-                                     config=config, copy_op=copy_op, fit_by=config.fit_by,
-                                     compress=compressor, progress=progress,
-                                     enforce_order=config.orders, require_backward=require_backward))
+            def run_tune(options):
+                return tune(analysis, budget=budget, profile=profile,
+                            sim_options=options,  # issue 48: the margin; issue 47: the clusters' clock
+                            config=config, copy_op=copy_op, fit_by=config.fit_by, compress=compressor,
+                            progress=progress, enforce_order=config.orders, require_backward=require_backward)
+
+            result = None
+            if tunes and xla:  # issue 47: the swaps' readers in clusters of their own too, where the winner swaps
+                from tflms.tune.xla_cuts import tune_xla
+                result, land_cuts = clock("tune", lambda: tune_xla(run_tune, sim_options))
+                sim_options = dataclasses.replace(sim_options, xla_land_cuts=land_cuts)
+            elif tunes:
+                result = clock("tune", lambda: run_tune(sim_options))
             planned = accelerator if accelerator != config.host_device else PROFILE_DEVICE
             left_to_xla = alone is not None and alone.fits and (result is None
                                                                   or result.best.sim.step_time_s >= alone.step_s)
@@ -192,8 +199,9 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
                 swapped, tuning = result.graph, result.to_dict()
                 if alone is not None:
                     tuning["xla_alone"] = alone.to_dict()
-                if xla:  # the clock the plan was priced on: its XLA clusters (issue 47)
-                    tuning["clock"] = resolve_clock(sim_options.clock, profile)
+                if xla:  # the clock the plan was priced on: its XLA clusters (issue 47), and whether the swaps'
+                    tuning["clock"] = resolve_clock(sim_options.clock, profile)  # readers start clusters
+                    tuning["xla_land_cuts"] = sim_options.xla_land_cuts
             tuning["margin_fraction"] = sim_options.margin_fraction  # issue 48
             baseline = getattr(result, "baseline", None)  # what leaving XLA costs this step (issue 46): the
             # callback says so (a plan from the plan cache keeps no baseline: simulated again)
@@ -254,8 +262,10 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         if xla and not left_to_xla:  # issue 47: XLA clusters between the copies
             from tflms.passes.xla_clusters import cluster_for_xla
             parts = sim_options.xla_update_parts if simulates else 1
+            cuts = sim_options.xla_land_cuts if simulates else False
             clustered = clock("xla", lambda: cluster_for_xla(final, accelerator_device=accelerator,
-                                                             host_device=config.host_device, update_parts=parts))
+                                                             host_device=config.host_device, update_parts=parts,
+                                                             land_cuts=cuts))
             final = clustered.graph
             final.lint()
             xla_clusters = clustered.report.to_dict()

@@ -144,10 +144,10 @@ def asynchronous(kernels: Kernels, net: IndexedGraph, profile: HardwareProfile, 
 
 def kernels_for(mode: str, net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
                 profile: HardwareProfile, outputs: Sequence[int], unsupported: Sequence[str] = (),
-                update_parts: int = 1) -> Kernels:
+                update_parts: int = 1, land_cuts: bool = False) -> Kernels:
     """The :class:`Kernels` of ``net`` under clock ``mode`` (resolved, see :func:`resolve_clock`). ``unsupported``:
     op types XLA cannot compile (``SimOptions.xla_unsupported``; the ``xla-clusters`` clock leaves them out);
-    ``update_parts``: ``SimOptions.xla_update_parts``."""
+    ``update_parts``, ``land_cuts``: ``SimOptions.xla_update_parts``, ``SimOptions.xla_land_cuts``."""
     if mode == CLOCK_SERIAL:
         return serial_kernels(net, order, is_transfer, costs, profile)
     from tflms.sim import fusion  # noqa: PLC0415 - fusion imports this module
@@ -158,5 +158,6 @@ def kernels_for(mode: str, net: IndexedGraph, order: Sequence[int], is_transfer:
         return fusion.xla_kernels(net, order, is_transfer, costs, profile, outputs)
     if mode == CLOCK_XLA_CLUSTERS:
         from tflms.sim.clusters import cluster_kernels  # noqa: PLC0415 - clusters imports fusion
-        return cluster_kernels(net, order, is_transfer, costs, profile, outputs, unsupported, update_parts)
+        return cluster_kernels(net, order, is_transfer, costs, profile, outputs, unsupported, update_parts,
+                               land_cuts)
     raise ConfigError(f"no clock {mode!r}")

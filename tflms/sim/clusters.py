@@ -69,9 +69,10 @@ XLA_CLUSTER_LAUNCHES = 2
 
 
 def step_clusters(net: IndexedGraph, order: Sequence[int], position: Sequence[int], is_transfer: Sequence[bool],
-                  unsupported: Sequence[str] = (), update_parts: int = 1) -> list[int]:
+                  unsupported: Sequence[str] = (), update_parts: int = 1, land_cuts: bool = False) -> list[int]:
     """By op id, the XLA cluster each op of ``order`` runs in, numbered from 0 in order of their first op (-1: none;
-    module doc, "Which clusters"); ``update_parts``: as :func:`~tflms.passes.xla_clusters.cluster_for_xla`'s."""
+    module doc, "Which clusters"); ``update_parts``, ``land_cuts``: as
+    :func:`~tflms.passes.xla_clusters.cluster_for_xla`'s."""
     preds = {i: [p for p in net.preds[i] if position[p] >= 0] for i in order}
     succs: dict[int, list[int]] = {i: [] for i in order}
     for i in order:
@@ -88,8 +89,13 @@ def step_clusters(net: IndexedGraph, order: Sequence[int], position: Sequence[in
         resource, updates = resource_rules({i: types[i] for i in order},
                                            lambda i: t_info[inputs[i][1]].num_bytes if len(inputs[i]) > 1 else None,
                                            update_parts)
+        def lands(i: int) -> bool:  # as the pass's: a copy of a copy (a swap-in, and here TensorFlow's _Recv of one)
+            return (outside[i] == TFLMS_COPY and not is_gate(types[i], names[i])
+                    and any(outside.get(net.t_op[t]) == TFLMS_COPY for t in inputs[i]))
+
         _, _, _, clusters, _ = segment_rule(order, range(len(names)), preds, succs, outside,
-                                            lambda i: is_clone(names[i]), resource, updates)
+                                            lambda i: is_clone(names[i]), resource, updates,
+                                            lands if land_cuts else None)
         clusters = [c for c in clusters if not all(net.types[i] in FREE_OPS for i in c)]
     cluster = [-1] * len(net.names)
     for k, members in enumerate(sorted(clusters, key=lambda c: position[c[0]])):
@@ -236,12 +242,12 @@ def contracted_preds(net: IndexedGraph, order: Sequence[int], cluster: Sequence[
 
 def cluster_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
                     profile: HardwareProfile, outputs: Sequence[int], unsupported: Sequence[str] = (),
-                    update_parts: int = 1) -> Kernels:
+                    update_parts: int = 1, land_cuts: bool = False) -> Kernels:
     """The ``xla-clusters`` clock's kernels (module doc)."""
     position = [-1] * len(net.names)
     for k, i in enumerate(order):
         position[i] = k
-    cluster = step_clusters(net, order, position, is_transfer, unsupported, update_parts)
+    cluster = step_clusters(net, order, position, is_transfer, unsupported, update_parts, land_cuts)
     kernels = xla_kernels(net, order, is_transfer, costs, profile, outputs, cluster)
     kernels.mode = CLOCK_XLA_CLUSTERS
     _executor_ops(kernels, net, order, is_transfer, costs, profile, cluster)

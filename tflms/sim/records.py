@@ -52,6 +52,10 @@ class SimOptions:
     #: :func:`tflms.passes.xla_clusters.cluster_for_xla`'s ``update_parts`` (1: none; the pipeline splits them where
     #: a budget is to be met, :data:`tflms.ir.xla_segments.UPDATE_PARTS`).
     xla_update_parts: int = 1
+    #: Whether a reader of a swap-in starts a cluster of its own on the ``xla-clusters`` clock, so that the ops
+    #: between the swap-in's trigger and its reader run while the copy lands (``land_cuts`` of
+    #: :func:`tflms.passes.xla_clusters.cluster_for_xla`; the tune judges both, :func:`tflms.tune.xla_cuts.tune_xla`).
+    xla_land_cuts: bool = False
 
     def __post_init__(self) -> None:
         from tflms.sim.clock import check_clock  # noqa: PLC0415 - clock imports the simulator's parts

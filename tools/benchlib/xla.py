@@ -43,10 +43,14 @@ def tune_xla(graph, ev: Evaluator, *, first_fit: bool, progress=None):
     from tflms.errors import BudgetError, GraphError
     from tflms.pipeline.hardware import update_parts_for
     from tflms.tune.tuner import DEFAULT_STRATEGIES, tune
+    from tflms.tune.xla_cuts import tune_xla as with_land_cuts
     try:
         options = update_parts_for(xla_options(ev.options), graph, ev.profile, ev.budget)
-        return tune(graph, budget=ev.budget, profile=ev.profile, strategies=list(DEFAULT_STRATEGIES),
-                    first_fit=first_fit, sim_options=options, enforce_order=not first_fit, progress=progress)
+        result, _ = with_land_cuts(  # as the pipeline tunes: again with land cuts where the winner swaps
+            lambda o: tune(graph, budget=ev.budget, profile=ev.profile, strategies=list(DEFAULT_STRATEGIES),
+                           first_fit=first_fit, sim_options=o, enforce_order=not first_fit, progress=progress),
+            options, fit_only=first_fit)
+        return result
     except BudgetError:
         return None
     except GraphError as err:  # a candidate the tuner built could not be run: said, and counted as no fit
