@@ -1,8 +1,9 @@
 """Where a hybrid plan's (recomputes and swaps) step time goes: compute, stalls, copies and the links' overlap.
 
 For one bench model at one size on one profile (``tools/benchlib``: the traced plain step, the bench's headroom and
-budget), this runs the full tune the bench's ``tflms-xla`` method runs (every default strategy, the enforced order,
-pruning; on the ``xla-clusters`` clock, the variables' updates in parts where the plain step does not fit) and
+budget), this runs one full tune as the bench's ``tflms-xla`` method does (every default strategy, the enforced order,
+pruning; on the ``xla-clusters`` clock, the variables' updates in parts where the plain step does not fit; without
+land cuts, or with them for ``--land-cuts``: the bench judges both, :func:`tflms.tune.xla_cuts.tune_xla`) and
 reports the plain step, the best recompute-only candidate and the ``--top`` fastest hybrid candidates, fitting ones
 first. For each: the tuner's step (and overhead against the plain step), whether it fits, its peak with the margin;
 then, from a re-simulation of its rewritten graph on the same options (in level order: a candidate the tuner judged
@@ -35,8 +36,6 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-#: Op types that read only a tensor's metadata: a swap-in read by these alone copies a tensor back for nothing.
-SHAPE_READERS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 #: The clock the hybrid's step is compared on: XLA over the whole step, no cluster cut at the copies.
 COMPARE_CLOCK = "xla"
 GIB = float(1 << 30)
@@ -89,8 +88,10 @@ def rewritten(graph: Any, plan: Any) -> Any:
 
 def shape_only_swap_ins(graph: Any, new: Any, plan: Any) -> list[tuple[str, int]]:
     """``(swap-in, bytes)`` of each swap-in group of ``plan`` whose readers in the rewritten graph ``new`` are all
-    shape readers (:data:`SHAPE_READERS`); the plan's consumers where the swap-in is not in ``new``."""
+    shape readers (:data:`~tflms.ir.op_types.METADATA_ONLY_TYPES`: it copies a tensor back for its metadata); the
+    plan's consumers where the swap-in is not in ``new``."""
     from tflms.ir.graph import TensorRef
+    from tflms.ir.op_types import METADATA_ONLY_TYPES
     found = []
     for swap in () if plan is None else plan.swaps:
         for group in swap.swap_ins:
@@ -100,7 +101,7 @@ def shape_only_swap_ins(graph: Any, new: Any, plan: Any) -> list[tuple[str, int]
                 readers = set(group.consumers)
             types = {new.op(name).type if name in new else graph.op(name).type if name in graph else None
                      for name in readers}
-            if readers and types <= SHAPE_READERS:
+            if readers and types <= METADATA_ONLY_TYPES:
                 found.append((group.name, swap.num_bytes))
     return found
 
@@ -204,7 +205,8 @@ def chosen(candidates: Sequence[Any], top: int) -> tuple[Any, list[Any]]:
     return (recomputes[0] if recomputes else None), hybrids[:top]
 
 
-def report(model: str, profile_name: str, size: int, clock: str | None, top: int, say) -> dict[str, Any]:
+def report(model: str, profile_name: str, size: int, clock: str | None, top: int, say,
+           land_cuts: bool = False) -> dict[str, Any]:
     """The report's record (module doc): the plain step, the best recompute-only plan, the ``top`` hybrids."""
     from benchlib.common import HEADROOM
     from benchlib.models import Steps
@@ -217,8 +219,9 @@ def report(model: str, profile_name: str, size: int, clock: str | None, top: int
     options = update_parts_for(xla_options(ev.options), graph, ev.profile, ev.budget)
     if clock is not None:
         options = dataclasses.replace(options, clock=clock)
+    options = dataclasses.replace(options, xla_land_cuts=land_cuts)
     say(f"{model} at {size} on {ev.profile.name}: {len(graph)} ops, budget {ev.budget / GIB:.2f} GiB, clock "
-        f"{options.clock}, update parts {options.xla_update_parts}; tuning")
+        f"{options.clock}, update parts {options.xla_update_parts}, land cuts {'on' if land_cuts else 'off'}; tuning")
     t0 = time.perf_counter()
     baseline, candidates = run_tune(graph, ev, options, say)
     tune_s = time.perf_counter() - t0
@@ -233,7 +236,8 @@ def report(model: str, profile_name: str, size: int, clock: str | None, top: int
         say(f"re-simulating hybrid {k + 1} of {len(hybrids)}")
         rows.append(candidate_row(f"hybrid {k + 1}", graph, c, baseline, ev.profile, options, ev.budget))
     return {"model": model, "profile": ev.profile.name, "size": size, "clock": options.clock,
-            "xla_update_parts": options.xla_update_parts, "budget_bytes": ev.budget, "headroom": HEADROOM,
+            "xla_update_parts": options.xla_update_parts, "xla_land_cuts": land_cuts, "budget_bytes": ev.budget,
+            "headroom": HEADROOM,
             "tune_s": tune_s, "candidates": len(candidates),
             "hybrids": sum(c.strategy == "hybrid" for c in candidates),
             "plain": {"step_s": baseline.step_time_s, "peak_with_margin_bytes": baseline.peak_with_margin_bytes,
@@ -255,7 +259,8 @@ def _gib(num_bytes: float) -> str:
 def table(record: dict[str, Any]) -> str:
     """The record as two markdown tables (the tuner's judgment, then the re-simulation) and notes."""
     plain = record["plain"]
-    lines = [f"{record['model']} at {record['size']} on {record['profile']}, clock {record['clock']}, budget "
+    lines = [f"{record['model']} at {record['size']} on {record['profile']}, clock {record['clock']}"
+             f"{' with land cuts' if record['xla_land_cuts'] else ''}, budget "
              f"{_gib(record['budget_bytes'])} GiB (headroom {record['headroom']:g}); {record['candidates']} candidates "
              f"({record['hybrids']} hybrids) tuned in {record['tune_s']:.0f} s. All figures simulated (tflms.sim).", "",
              "| plan | strategy | step ms (sim) | overhead | fits | peak+margin GiB (sim) | tuner's order |",
@@ -309,6 +314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--size", type=int, required=True, help="the batch (bench.py's size)")
     parser.add_argument("--clock", choices=CLOCKS, default=None,
                         help="the simulator's clock (default: the bench's tflms-xla options', xla-clusters)")
+    parser.add_argument("--land-cuts", action="store_true",
+                        help="tune and re-simulate with each swap-in's reader starting a cluster of its own")
     parser.add_argument("--top", type=int, default=5, help="hybrid candidates reported (fitting ones first)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     args = parser.parse_args(argv)
@@ -319,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def say(message: str) -> None:
         print(f"[{time.perf_counter() - t0:7.1f} s] {message}", file=sys.stderr, flush=True)
 
-    record = report(args.model, args.profile, args.size, args.clock, args.top, say)
+    record = report(args.model, args.profile, args.size, args.clock, args.top, say, land_cuts=args.land_cuts)
     print(json.dumps(record, indent=2, default=str) if args.json else table(record))
     return 0
 
