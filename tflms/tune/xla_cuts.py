@@ -42,19 +42,17 @@ def tune_xla(run: Callable[[Any], Any], options: Any, *, fit_only: bool = False)
         first, error = run(options), None
     except BudgetError as err:
         first, error = None, err
-    if options.clock != CLOCK_XLA_CLUSTERS or options.xla_land_cuts or (
-            first is not None and (fit_only or not swaps(first))):
-        if first is None:
-            raise error
-        return first, options.xla_land_cuts
-    if error is not None:  # (its candidates, graphs among them, are not held while the second tune runs)
-        error.candidates = ()
-    try:
-        second = run(dataclasses.replace(options, xla_land_cuts=True))
-    except BudgetError:
-        second = None
-    if second is None or (first is not None and first.best.sim.step_time_s <= second.best.sim.step_time_s):
-        if first is None:
-            raise error
-        return first, False
-    return second, True
+    second = None
+    if options.clock == CLOCK_XLA_CLUSTERS and not options.xla_land_cuts and (
+            first is None or (not fit_only and swaps(first))):
+        if error is not None:  # (its candidates, graphs among them, are not held while the second tune runs)
+            error.candidates = ()
+        try:
+            second = run(dataclasses.replace(options, xla_land_cuts=True))
+        except BudgetError:
+            pass
+    if second is not None and (first is None or second.best.sim.step_time_s < first.best.sim.step_time_s):
+        return second, True
+    if first is None:
+        raise error
+    return first, options.xla_land_cuts
