@@ -156,6 +156,24 @@ def test_xla_keeps_the_clones_behind_barriers_and_merges_them_without(tmp_path):
     assert not merged, f"without barriers XLA was expected to merge the clones away: {merged}"
 
 
+def train_application(build, batch: int, wrap):
+    """``STEPS`` steps of the keras.applications model ``build()`` makes (32x32 inputs, 10 classes, SGD with momentum,
+    seed 0, stateless data of ``batch``), its train step wrapped by ``wrap(step, first inputs)``, which returns the
+    function to run and a report: ``(snapshot, report)``."""
+    import keras
+
+    from tflms.testing import make_train_step, snapshot
+    keras.utils.set_random_seed(0)
+    model = build()
+    optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+    optimizer.build(model.trainable_variables)
+    data = [(tf.random.stateless_uniform((batch, 32, 32, 3), (s, 1)),
+             tf.random.stateless_uniform((batch,), (s, 2), maxval=10, dtype=tf.int32)) for s in range(STEPS)]
+    fn, report = wrap(make_train_step(model, optimizer), data[0])
+    losses = [fn(x, y) for x, y in data]
+    return snapshot(model, optimizer, losses=losses), report
+
+
 @pytest.mark.slow
 def test_a_keras_applications_model_recomputed_inside_its_clusters_trains_bitwise_like_plain_xla():
     """keras.applications MobileNetV2 (32x32, alpha 0.35, batch 4), every recompute candidate taken, its gates barriers
@@ -163,18 +181,11 @@ def test_a_keras_applications_model_recomputed_inside_its_clusters_trains_bitwis
     control), and no gate splits a cluster."""
     import keras
 
-    from tflms.testing import assert_bitwise_equal, make_train_step, snapshot
+    from tflms.testing import assert_bitwise_equal
 
     def train(wrap):
-        keras.utils.set_random_seed(0)
-        model = keras.applications.MobileNetV2(input_shape=(32, 32, 3), weights=None, classes=10, alpha=0.35)
-        optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
-        optimizer.build(model.trainable_variables)
-        data = [(tf.random.stateless_uniform((4, 32, 32, 3), (s, 1)),
-                 tf.random.stateless_uniform((4,), (s, 2), maxval=10, dtype=tf.int32)) for s in range(STEPS)]
-        fn, report = wrap(make_train_step(model, optimizer), data[0])
-        losses = [fn(x, y) for x, y in data]
-        return snapshot(model, optimizer, losses=losses), report
+        return train_application(lambda: keras.applications.MobileNetV2(input_shape=(32, 32, 3), weights=None,
+                                                                        classes=10, alpha=0.35), 4, wrap)
 
     plain, _ = train(lambda step, ex: (tf.function(step, jit_compile=True), None))
     again, _ = train(lambda step, ex: (tf.function(step, jit_compile=True), None))
@@ -194,7 +205,7 @@ def test_resnet50_in_mixed_bfloat16_its_barriers_read_past_fused_casts_and_it_tr
     import keras
 
     from tflms.passes import xla_clusters
-    from tflms.testing import assert_bitwise_equal, make_train_step, snapshot
+    from tflms.testing import assert_bitwise_equal
 
     moved = []
     to_barrier = xla_clusters._to_barrier
@@ -206,15 +217,8 @@ def test_resnet50_in_mixed_bfloat16_its_barriers_read_past_fused_casts_and_it_tr
     monkeypatch.setattr(xla_clusters, "_to_barrier", spy)
 
     def train(wrap):
-        keras.utils.set_random_seed(0)
-        model = keras.applications.ResNet50(input_shape=(32, 32, 3), weights=None, classes=10)
-        optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
-        optimizer.build(model.trainable_variables)
-        data = [(tf.random.stateless_uniform((2, 32, 32, 3), (s, 1)),
-                 tf.random.stateless_uniform((2,), (s, 2), maxval=10, dtype=tf.int32)) for s in range(STEPS)]
-        fn, report = wrap(make_train_step(model, optimizer), data[0])
-        losses = [fn(x, y) for x, y in data]
-        return snapshot(model, optimizer, losses=losses), report
+        return train_application(lambda: keras.applications.ResNet50(input_shape=(32, 32, 3), weights=None,
+                                                                     classes=10), 2, wrap)
 
     policy = keras.config.dtype_policy()
     keras.config.set_dtype_policy("mixed_bfloat16")
