@@ -24,7 +24,7 @@ from tflms.passes.xla_clusters import (BARRIER, HOST_OP, LEFT_OUT, NEVER_COMPILE
                                        TFLMS_COPY, VARIABLE_READ, XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR,
                                        XLA_SCOPE_ATTR, cluster_for_xla, leave_out, left_out)
 from tflms.pipeline import rewrite
-from tflms.testing import GraphBuilder, mlp_training_graph
+from tflms.testing import GraphBuilder, mlp_training_graph, without_copies
 
 CPU = "/device:CPU:0"
 RULES = dict(swapout_threshold=1, swapin_ahead=1)
@@ -381,25 +381,6 @@ def test_keras_fit_with_jit_compile_keeps_xla_with_live_swaps_close_to_plain_xla
           f"max relative difference to plain XLA {worst:.2e}")
 
 
-def _without_copies(graph: Graph) -> Graph:
-    """``graph`` with its swap copies taken out (each reader reads the swapped tensor itself) and every other op,
-    XLA attributes included, as it was: the same clusters, no copies."""
-    new = graph.copy()
-    copies = [op.name for op in new if op.name.startswith("lms/swap_")]
-    for name in copies:
-        if name.startswith("lms/swap_in_"):
-            source = new.op(new.op(name).inputs[0].op).inputs[0]  # swap-in <- swap-out <- the tensor
-            for reader, index in new.consumers(TensorRef(name, 0)):
-                new.set_input(reader, index, source)
-    for name in sorted(copies, key=lambda n: not n.startswith("lms/swap_in_")):  # swap-ins first
-        for reader in new.control_consumers(name):
-            new.op(reader).control_inputs.remove(name)
-            new._control_consumers[name].remove(reader)  # noqa: SLF001 - a test-only edit
-        new.remove_op(name)
-    new.lint()
-    return new
-
-
 def test_it_trains_bitwise_like_the_same_clusters_without_the_copies(plain_xla):
     """Plain XLA is no bitwise reference: the copies bound the clusters, and XLA fuses (and rounds) differently
     within other boundaries. The same clusters without the copies are: what stays is the copies' effect alone."""
@@ -416,7 +397,7 @@ def test_it_trains_bitwise_like_the_same_clusters_without_the_copies(plain_xla):
             result = results[drop] = rewrite_step(traced, LMSConfig(**RULES), xla=True)
             if not drop:
                 return result.function
-            function = tf_io.to_concrete_function(_without_copies(result.graph), traced, keep_must_compile=False)
+            function = tf_io.to_concrete_function(without_copies(result.graph), traced, keep_must_compile=False)
             return compat.mark_grappler_done(function)
         return wrap
 
@@ -435,6 +416,43 @@ def test_it_trains_bitwise_like_the_same_clusters_without_the_copies(plain_xla):
     # why this control: against the plain XLA step the clusters differ, and so do the bits (within RTOL)
     from tflms.testing import bitwise_diff
     assert bitwise_diff(plain_xla, without), "the boundaries were expected to change XLA's rounding on this model"
+
+
+@pytest.mark.slow
+def test_a_step_tuned_with_land_cuts_runs_them_with_live_swaps_bitwise_like_its_clusters_without_copies():
+    """The zoo CNN (batch 32) for the emulated machine, budget 0.8 of its clustered step's transient: the tune's
+    winner swaps and is faster with land cuts, so the pass marks them (``tuning["xla_land_cuts"]``, the report names
+    the readers). In TensorFlow's executor the clusters run and the swap copies with them, and one step trains the
+    same variables, bit for bit, as the same clusters without the copies (each run twice: the control)."""
+    import sys
+    from pathlib import Path
+
+    from tflms.measure import measure_executor_peaks, planning_for_emulation, step_request
+    from tflms.pipeline import rewrite_step
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import validate_xla_memory as tool
+
+    with planning_for_emulation():
+        start = tool.setup("cnn")
+        result = rewrite_step(start.case.concrete_function, tool.config(start.budget(0.8)), copy_op="DeepCopy",
+                              xla=True, build=False)
+    report = result.report
+    assert report.plan.swaps and report.tuning["xla_land_cuts"] is True, report.tuning.get("strategy")
+    assert report.xla_clusters["land_cuts"] > 0 and "land cuts" in report.xla_clusters["why"]
+    graphs = (result.graph, without_copies(result.graph))
+    requests = [step_request(start.case.concrete_function, start.case.args, graph_def=to_graph_def(g),
+                             accelerator_cpu=0) for g in graphs for _ in range(2)]
+    runs = measure_executor_peaks(requests, timeout_s=600)
+    digests = [tool._digest(m.variables_after) for m in runs]
+    assert digests[0] == digests[1] and digests[2] == digests[3], "a step not reproducible bit for bit tells nothing"
+    assert digests[0] == digests[2], "the copies (and their land cuts) changed what the step computes"
+    assert digests[0] != tool._digest({})
+    copies = [n for n in report.inserted_ops if n.startswith(("lms/swap_out_", "lms/swap_in_"))]
+    clusters = [sum(1 for n in m.node_times if n.endswith("xla_run")) for m in runs]
+    assert copies and all(n in runs[0].node_times for n in copies), "a swap copy did not run"
+    assert not any(n in runs[2].node_times for n in copies)
+    # (the executor's grappler folds the clusters that compute only from constants: 40 ran of the 45 marked)
+    assert clusters[0] >= 2 and clusters[2] == clusters[0]
 
 
 def test_the_pipelines_clustered_step_is_deterministic():

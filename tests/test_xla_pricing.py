@@ -190,6 +190,8 @@ def test_with_land_cuts_a_swap_ins_reader_starts_a_cluster_and_the_ops_before_it
         marked = cluster_for_xla(g, accelerator_device=GPU, host_device=HOST, has_xla_kernel=lambda t: True,
                                  land_cuts=cuts)
         assert [set(m) for _, m in marked.report.clusters] == expected
+        assert marked.report.land_cuts == (("d",) if cuts else ())  # the report names the reader
+        assert ("land cuts" in marked.report.to_dict()["why"]) is cuts
         options = SimOptions(clock="xla-clusters", xla_land_cuts=cuts)
         assert (simulate(marked.graph, slower_link, options=options).step_time_s
                 == simulate(g, slower_link, options=options).step_time_s)
@@ -204,6 +206,7 @@ def test_a_swap_outs_reader_starts_no_cluster_even_with_land_cuts():
         marked = cluster_for_xla(g, accelerator_device=GPU, host_device=HOST, has_xla_kernel=lambda t: True,
                                  land_cuts=cuts)
         assert {"r1"} in [set(m) for _, m in marked.report.clusters]
+        assert marked.report.land_cuts == (("d",) if cuts else ())  # d reads the swap-in; r1 no copy of a copy
 
 
 def test_units_run_in_the_order_they_became_ready_as_the_executor_runs_them():

@@ -142,19 +142,42 @@ def run_model(model: str, *, fractions=DEFAULT_FRACTIONS, repeat: int = 3, batch
                           update_parts=update_parts)
 
 
-def _run_model(model: str, *, fractions, repeat: int, batch: int | None, size: int | None,
-               dump: str | None, update_parts: int = 1) -> list[Record]:
-    import tflms.passes.order as order_pass
-    from tflms.budget import budget_sim_options
+def config(budget: int | None) -> Any:
+    """The ``LMSConfig`` every rewrite here is planned with: the emulated machine, ``budget`` bytes."""
     from tflms.config import LMSConfig
-    from tflms.errors import BudgetError
-    from tflms.ir import tf_io
-    from tflms.measure import EMULATION_PROFILE, measure_executor_peaks, step_request
+    from tflms.measure import EMULATION_PROFILE
     from tflms.measure.emulation import XLA_ACCELERATOR_DEVICE as ACC
     from tflms.measure.emulation import XLA_HOST_DEVICE as HOST
-    from tflms.ir.xla_segments import UPDATE_PARTS
+    return LMSConfig(budget=budget, profile=EMULATION_PROFILE.name, accelerator_device=ACC, host_device=HOST,
+                     plan_cache=False)
+
+
+@dataclasses.dataclass
+class Setup:
+    """A model's step as every variant starts from: ``case`` (``validate_memory.Case``), ``plain`` (its graph, traced
+    without grappler as the ``xla=True`` path traces it), ``options`` (the ``xla-clusters`` clock's), ``original``
+    (``plain`` clustered, nothing swapped) and ``base`` (its simulation)."""
+
+    case: Any
+    plain: Any
+    options: Any
+    original: Any
+    base: Any
+
+    def budget(self, fraction: float) -> int:
+        """``resident + fraction x transient`` of the clustered original, as simulated."""
+        return int(self.base.resident_bytes + fraction * self.base.transient_peak_bytes)
+
+
+def setup(model: str, *, batch: int | None = None, size: int | None = None) -> Setup:
+    """``model``'s :class:`Setup`; call inside ``tflms.measure.planning_for_emulation()``."""
+    from tflms.budget import budget_sim_options
+    from tflms.ir import tf_io
+    from tflms.measure import EMULATION_PROFILE
+    from tflms.measure.emulation import XLA_ACCELERATOR_DEVICE as ACC
+    from tflms.measure.emulation import XLA_HOST_DEVICE as HOST
     from tflms.passes.xla_clusters import cluster_for_xla
-    from tflms.pipeline import rewrite_step, xla_sim_options
+    from tflms.pipeline import xla_sim_options
     from tflms.pipeline.load_build import _traced_and_preoptimized
     from tflms.profiles import register_profile
     from tflms.sim.simulator import simulate
@@ -162,16 +185,29 @@ def _run_model(model: str, *, fractions, repeat: int, batch: int | None, size: i
     _builders(size)
     register_profile(EMULATION_PROFILE)
     case = vm.build_case(model, batch=batch)
-
-    def config(budget: int | None) -> LMSConfig:
-        return LMSConfig(budget=budget, profile=EMULATION_PROFILE.name, accelerator_device=ACC, host_device=HOST,
-                         plan_cache=False)
-
     _, traced = _traced_and_preoptimized(case.concrete_function, (), example_inputs=None, grappler=False)
     plain = tf_io.load_graph(traced)
     options = xla_sim_options(budget_sim_options(config(None)), plain, ACC)
     original = cluster_for_xla(plain, accelerator_device=ACC, host_device=HOST).graph
-    base = simulate(original, EMULATION_PROFILE, options=options)
+    return Setup(case, plain, options, original, simulate(original, EMULATION_PROFILE, options=options))
+
+
+def _run_model(model: str, *, fractions, repeat: int, batch: int | None, size: int | None,
+               dump: str | None, update_parts: int = 1) -> list[Record]:
+    import tflms.passes.order as order_pass
+    from tflms.budget import budget_sim_options
+    from tflms.errors import BudgetError
+    from tflms.ir import tf_io
+    from tflms.ir.xla_segments import UPDATE_PARTS
+    from tflms.measure import EMULATION_PROFILE, measure_executor_peaks, step_request
+    from tflms.measure.emulation import XLA_ACCELERATOR_DEVICE as ACC
+    from tflms.measure.emulation import XLA_HOST_DEVICE as HOST
+    from tflms.passes.xla_clusters import cluster_for_xla
+    from tflms.pipeline import rewrite_step, xla_sim_options
+    from tflms.sim.simulator import simulate
+
+    start = setup(model, batch=batch, size=size)
+    case, plain, options, original = start.case, start.plain, start.options, start.original
     variants: list[tuple[str, int | None, Any, Any, str, int | None]] = [
         ("original", None, original, options, "", None)]
     if update_parts > 1:
@@ -188,7 +224,7 @@ def _run_model(model: str, *, fractions, repeat: int, batch: int | None, size: i
     order_pass.hold_to_budget = held
     try:
         for fraction in fractions:
-            budget = int(base.resident_bytes + fraction * base.transient_peak_bytes)
+            budget = start.budget(fraction)
             progress(f"{model}: rewriting for {fraction} of the transient ({budget / 2**20:.1f} MiB) ...")
             try:
                 result = rewrite_step(case.concrete_function, config(budget), copy_op="DeepCopy", xla=True,

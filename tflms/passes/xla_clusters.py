@@ -140,7 +140,8 @@ class ClusterReport:
     that lie between members; ``outside``: every op left out of the clusters, with why (``TFLMS_COPY``,
     ``HOST_OP``, ``NEVER_COMPILED``, ``VARIABLE_READ``, ``NO_XLA_KERNEL``, ``LEFT_OUT``); ``jit_device``: the XLA device
     the kernels were checked for; ``update_parts``: the segments that are parts of the variables' updates, with how
-    many updates each has (module doc, "Update parts").
+    many updates each has (module doc, "Update parts"); ``land_cuts``: with ``land_cuts`` on, the members that read a
+    swap-in, each of which begins a segment (module doc, "The segment rule"; empty with it off).
     """
 
     clusters: tuple[tuple[int, tuple[str, ...]], ...]
@@ -149,6 +150,7 @@ class ClusterReport:
     outside: tuple[tuple[str, str], ...]
     jit_device: str
     update_parts: tuple[tuple[int, int], ...] = ()
+    land_cuts: tuple[str, ...] = ()
 
     @property
     def num_clusters(self) -> int:
@@ -169,7 +171,7 @@ class ClusterReport:
         ``clusters``, ``segments``, ``cluster_ops`` (members per cluster), ``boundaries`` (how many),
         ``blocked_by`` (a few boundaries that are no copy of tflms), ``unmarked`` (ops of clusters left unmarked),
         ``outside`` (ops left out, counted by why), ``jit_device``, ``update_parts`` (how many clusters update the
-        variables in parts), ``why``."""
+        variables in parts), ``land_cuts`` (how many readers of a swap-in begin a segment), ``why``."""
         blocked = self.blocked()
         if self.clusters:
             why = (f"{self.num_clusters} XLA cluster(s) in {self.num_segments} segment(s) between tflms's copies: "
@@ -182,11 +184,15 @@ class ClusterReport:
         if self.update_parts:
             why += (f"; the variables' updates run in {len(self.update_parts)} part(s) of their own, each holding only "
                     "its own new values (XLA clusters update no variable in place)")
+        if self.land_cuts:
+            why += (f"; {len(self.land_cuts)} reader(s) of a swap-in begin a segment of their own (land cuts, e.g. "
+                    f"{self.land_cuts[0]}), so that the ops before them run while the copy lands")
         return {"kept": bool(self.clusters), "clusters": self.num_clusters, "segments": self.num_segments,
                 "cluster_ops": [len(c) for _, c in self.clusters], "boundaries": len(self.boundaries),
                 "blocked_by": list(blocked[:5]), "unmarked": len(self.unmarked),
                 "outside": dict(sorted(Counter(w for _, w in self.outside).items())),
-                "jit_device": self.jit_device, "update_parts": len(self.update_parts), "why": why}
+                "jit_device": self.jit_device, "update_parts": len(self.update_parts),
+                "land_cuts": len(self.land_cuts), "why": why}
 
 
 def jit_device_for(accelerator_device: str) -> str:
@@ -283,12 +289,15 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
         if why != NEVER_COMPILED:
             _set_attrs(new.op(name), {XLA_COMPILE_ATTR: False})
     marked = set(kept)
+    marked_ops = {n for c in kept for n in c}
     report = ClusterReport(
         clusters=tuple((numbers[segment[c[0]]], c) for c in kept),
         unmarked=tuple(n for c in clusters if c not in marked for n in c),
         boundaries=tuple(n for n in order if n in boundary),
         outside=tuple((n, outside[n]) for n in order if n in outside), jit_device=jit_device,
-        update_parts=tuple((numbers[s], len(w)) for s, w in sorted(parts.items())))
+        update_parts=tuple((numbers[s], len(w)) for s, w in sorted(parts.items())),
+        land_cuts=tuple(n for n in order if land_cuts and n in marked_ops and any(
+            p in boundary and lands(p) for p in preds[n])))
     return PassResult(new, changed=bool(kept) or any(w != NEVER_COMPILED for w in outside.values()), report=report)
 
 

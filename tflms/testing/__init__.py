@@ -1,7 +1,8 @@
 """The shared kit for tests, tools, examples and the demo.
 
 - :mod:`tflms.testing.graphs`: hand-built IR graphs (:class:`GraphBuilder`,
-  :func:`mlp_training_graph`), no TensorFlow needed, and :func:`serial_clock` to time them as before issue 46;
+  :func:`mlp_training_graph`), no TensorFlow needed, :func:`serial_clock` to time them as before issue 46, and
+  :func:`without_copies`, a rewritten graph with its swap copies taken out (the control of bitwise checks);
 - :mod:`tflms.testing.steps`: :func:`make_train_step`, the one GradientTape
   training step;
 - :mod:`tflms.testing.bitwise`: :func:`snapshot`, :func:`bitwise_diff`,
@@ -19,7 +20,7 @@ TensorFlow and Keras are imported only when a function needs them.
 from tflms.testing.bitwise import (Difference, Snapshot, assert_bitwise_equal, bitwise_diff, differences,
                                    largest_relative_difference, snapshot)
 from tflms.testing.graphs import (GraphBuilder, forward_backward_chain, mlp_training_graph, serial_clock,
-                                  tensor_info, two_branch_graph)
+                                  tensor_info, two_branch_graph, without_copies)
 from tflms.testing.models import MODEL_BUILDERS, build_model, make_batches
 from tflms.testing.ran import RanGraphs, op_type_counts, record_run_metadata
 from tflms.testing.steps import make_train_step
@@ -27,4 +28,4 @@ from tflms.testing.steps import make_train_step
 __all__ = ["Difference", "GraphBuilder", "MODEL_BUILDERS", "RanGraphs", "Snapshot", "assert_bitwise_equal",
            "bitwise_diff", "build_model", "differences", "forward_backward_chain", "largest_relative_difference",
            "make_batches", "make_train_step", "mlp_training_graph", "op_type_counts", "record_run_metadata",
-           "serial_clock", "snapshot", "tensor_info", "two_branch_graph"]
+           "serial_clock", "snapshot", "tensor_info", "two_branch_graph", "without_copies"]

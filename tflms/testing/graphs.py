@@ -119,3 +119,22 @@ def serial_clock(profile):
 
     from tflms.profiles import get_profile
     return dataclasses.replace(get_profile(profile), host_kernels=True)
+
+
+def without_copies(graph: Graph) -> Graph:
+    """``graph`` with its swap copies (``lms/swap_out_*``, ``lms/swap_in_*``) taken out, each swap-in's readers
+    reading the swapped tensor itself, and every other op, XLA attributes included, as it was: the control of a
+    bitwise check that the copies change nothing (the same XLA clusters, no copies)."""
+    new = graph.copy()
+    copies = [op.name for op in new if op.name.startswith(("lms/swap_out_", "lms/swap_in_"))]
+    for name in copies:
+        if name.startswith("lms/swap_in_"):
+            source = new.op(new.op(name).inputs[0].op).inputs[0]  # swap-in <- swap-out <- the tensor
+            for reader, index in new.consumers(TensorRef(name, 0)):
+                new.set_input(reader, index, source)
+    for name in sorted(copies, key=lambda n: not n.startswith("lms/swap_in_")):  # swap-ins first
+        for reader in new.control_consumers(name):
+            new.remove_control_input(reader, name)
+        new.remove_op(name)
+    new.lint()
+    return new
