@@ -215,6 +215,15 @@ class Graph:
         op.inputs[index] = ref
         self._consumers.setdefault(ref, []).append((op_name, index))
 
+    def drop_inputs(self, op_name: str) -> None:
+        """Take every data input away from ``op_name`` (an op that becomes a source, e.g. a constant)."""
+        op = self.op(op_name)
+        for i, ref in enumerate(op.inputs):
+            self._consumers[ref].remove((op_name, i))
+            if not self._consumers[ref]:
+                del self._consumers[ref]
+        op.inputs.clear()
+
     def add_control_input(self, op_name: str, src: str) -> None:
         """Add a control edge ``src -> op_name`` (no-op if present)."""
         op = self.op(op_name)

@@ -146,6 +146,11 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         original, step = clock("preoptimize", lambda: _traced_and_preoptimized(
             step, trace_args, example_inputs=example_inputs, grappler=not xla))
         graph = clock("load", lambda: tf_io.load_graph(step, batch_size=config.batch_size))
+        loaded, materialized = graph, ()
+        if xla:  # issue 47: traced without grappler, its shape reads of known shapes are constants, as grappler's
+            from tflms.passes.shapes import materialize_shapes  # would make them (tflms/passes/shapes.py)
+            shapes = clock("shapes", lambda: materialize_shapes(graph))
+            graph, materialized = shapes.graph, shapes.report
         analysis = clock("analyze", lambda: analyze_graph(graph))
         if require_backward and not analysis.has_backward:
             raise no_training_step_error(analysis)
@@ -193,7 +198,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             left_to_xla = alone is not None and alone.fits and (result is None
                                                                   or result.best.sim.step_time_s >= alone.step_s)
             if left_to_xla:
-                plan, swapped, tuning = _empty_plan(config, planned), graph, xla_alone_tuning(alone, result)
+                plan, swapped, tuning = _empty_plan(config, planned), loaded, xla_alone_tuning(alone, result)
             else:
                 plan = result.best.plan or _empty_plan(config, planned)
                 swapped, tuning = result.graph, result.to_dict()
@@ -269,10 +274,15 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             final = clustered.graph
             final.lint()
             xla_clusters = clustered.report.to_dict()
+            xla_clusters["shapes_materialized"] = len(materialized)
+            if materialized:
+                xla_clusters["why"] += (f"; {len(materialized)} shape read(s) of known shapes are constants (as "
+                                        "grappler's constant folding makes them without XLA), so no tensor is held "
+                                        "or copied back for its shape")
         pinned = check_pinned_host(  # before anything runs: TensorFlow's pinned-memory cap (issue 28)
             plan, final, host_peak_bytes=result.best.sim.host_peak_bytes if tuned else None,
             profile=profile, tf32=config.tf32, host_device=config.host_device)
-        inserted = inserted_ops(graph, final)
+        inserted = inserted_ops(loaded if left_to_xla else graph, final)
         hardware = hardware_record(choice, planned_for=plan.accelerator_device, runs_on=accelerator,
                                    simulated=config.auto_tune, profile=profile)
         if budget_why is not None:
