@@ -92,3 +92,21 @@ def test_the_xla_path_keeps_no_shape_reader_and_says_how_many_it_made_constants(
     assert not any(op.type in METADATA_ONLY_TYPES for op in graph)
     plain = rewrite_step(traced, LMSConfig(swapout_threshold=1, swapin_ahead=1), build=False)
     assert "shapes_materialized" not in (plain.report.xla_clusters or {})  # the path without XLA: grappler's
+
+
+def test_a_step_left_to_xla_is_left_as_it_was_traced():
+    """Where XLA alone fits, nothing is inserted and the step is compiled whole as traced: its shape readers stay."""
+    import keras
+
+    from tflms.config import LMSConfig
+    from tflms.pipeline import rewrite_step
+    from tflms.testing import make_train_step
+    from tflms.testing.models import build_model, make_batches
+    model = build_model("cnn")
+    optimizer = keras.optimizers.SGD(0.05)
+    optimizer.build(model.trainable_variables)
+    (x, y), = make_batches(model, batch_size=8, steps=1)
+    traced = tf.function(make_train_step(model, optimizer)).get_concrete_function(tf.constant(x), tf.constant(y))
+    out = rewrite_step(traced, LMSConfig(profile="h100-80gb-pcie5", budget_bytes=2**30), xla=True, build=False)
+    assert out.report.tuning["strategy"] == "xla-alone" and not out.report.inserted_ops
+    assert sum(op.type == "ShapeN" for op in out.graph) == 2
