@@ -202,6 +202,29 @@ def test_xla_metadata_readers_do_not_keep_a_tensor_out_of_a_fusion():
     assert "r0:0" not in buffers(result)
 
 
+def test_xla_computes_dropouts_random_numbers_inside_the_kernel_that_reads_them():
+    """Keras 3's dropout: u = stateless_uniform(shape, key, counter), mask = u >= rate, y = select(mask, x * s, 0).
+    XLA:GPU expands the Philox generator into element-wise ops before it fuses, so u never reaches memory: one kernel
+    reads x and writes y and the mask (kept for the gradient). The graph clock runs TensorFlow's own kernel, which
+    writes u."""
+    b = GraphBuilder()
+    b.op("x", "Placeholder", shape=T)
+    b.op("shape", "Const", shape=(2,), dtype="int32")
+    b.op("key", "Placeholder", shape=(1,), dtype="uint64")
+    b.op("counter", "Placeholder", shape=(2,), dtype="uint64")
+    b.op("alg", "Const", shape=(), dtype="int32")
+    b.op("u", "StatelessRandomUniformV2", ["shape", "key", "counter", "alg"], shape=T)
+    b.op("rate", "Const", shape=(), dtype="float32")
+    b.op("mask", "GreaterEqual", ["u", "rate"], shape=T, dtype="bool")
+    b.op("s", "Mul", ["x", "rate"], shape=T)
+    b.op("zero", "Const", shape=(), dtype="float32")
+    b.op("y", "SelectV2", ["mask", "s", "zero"], shape=T)
+    b.op("keep", "Identity", ["mask"], shape=T, dtype="bool")  # the gradient's reader: the mask reaches memory
+    xla, graph = run(b.graph, bytes_profile(), "xla"), run(b.graph, bytes_profile(), "graph")
+    assert "u:0" not in buffers(xla) and "u:0" in buffers(graph)
+    assert xla.kernels == 1 and graph.kernels > 1
+
+
 def test_a_copy_to_the_host_is_a_fusion_boundary():
     b = relu_chain(2)
     b.graph.add_op("out", "Identity", inputs=[b.graph.op("r0").output(0)], device=HOST,

@@ -80,8 +80,17 @@ XLA_ELEMENTWISE = FORWARDING_OPS | frozenset({
     "Cast", "Select", "SelectV2", "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual", "LogicalAnd",
     "LogicalOr", "LogicalNot", "IsFinite", "IsNan", "Sin", "Cos", "Tan", "Atan2", "Gelu", "ZerosLike", "OnesLike",
     "Identity", "StopGradient"})
-#: Ops XLA fuses into their consumers (element-wise, broadcasts, converts, data movement; views are no kernels).
-XLA_FUSIBLE = (XLA_ELEMENTWISE - {"Identity", "StopGradient"}) | frozenset({
+#: Stateless random numbers (Keras 3's dropout on TensorFlow: ``tf.random.stateless_uniform``). tf2xla lowers them
+#: for the GPU and CPU JIT devices to an ``RngBitGenerator`` with ``RNG_PHILOX`` and element-wise conversions
+#: (tensorflow/compiler/tf2xla/kernels/stateless_random_ops_v2.cc, ``GetBitGeneratorForDevice``); XLA:GPU expands
+#: that into element-wise ops on an iota before it fuses (``RngBitGeneratorExpander(RNG_PHILOX)`` in
+#: xla/service/gpu/gpu_compiler.cc, its call inlined), so the numbers are computed inside their reader's kernel.
+XLA_STATELESS_RANDOM = frozenset({
+    "StatelessRandomUniformV2", "StatelessRandomNormalV2", "StatelessTruncatedNormalV2", "StatelessRandomUniformIntV2",
+    "StatelessRandomUniformFullIntV2", "StatelessRandomUniform", "StatelessRandomNormal", "StatelessTruncatedNormal"})
+#: Ops XLA fuses into their consumers (element-wise, broadcasts, converts, data movement, stateless random numbers;
+#: views are no kernels).
+XLA_FUSIBLE = (XLA_ELEMENTWISE - {"Identity", "StopGradient"}) | XLA_STATELESS_RANDOM | frozenset({
     "BroadcastTo", "Fill", "Transpose", "Tile", "Pad", "PadV2", "MirrorPad", "Slice", "StridedSlice", "ConcatV2",
     "Pack", "ReverseV2", "OneHot", "GatherV2", "Range"})
 #: Ops that take element-wise producers into their own kernel and whose output reaches memory.

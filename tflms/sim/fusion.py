@@ -23,7 +23,10 @@ tf_keras's convolutions with bias and ReLU do.
   value is written where the variable lives).
 - Library calls take no producers and fuse into nothing: convolutions (cuDNN, ``GpuConvRewriter``) and products
   (cuBLAS, ``GemmRewriter``) read their operands from memory and write their outputs there. So do ops XLA runs as
-  their own kernels here (``select-and-scatter`` for ``MaxPoolGrad``, sorts, scatters, random numbers).
+  their own kernels here (``select-and-scatter`` for ``MaxPoolGrad``, sorts, scatters).
+- Stateless random numbers (dropout's) are element-wise ops on an iota once XLA:GPU has expanded its Philox generator
+  (``RngBitGeneratorExpander``; :data:`~tflms.ir.op_types.XLA_STATELESS_RANDOM`): they fuse into their readers as
+  any element-wise op, reading nothing from memory, and a re-run of dropout costs its mask's kernel alone.
 - A reduction's output always reaches memory (a reduction fuses into no consumer's loop).
 - A fusion reads each buffer crossing its boundary once and writes its outputs once, and is priced
   max(FLOPs at the FP32 rate, those bytes at memory bandwidth), at least :data:`~tflms.sim.clock.XLA_MIN_KERNEL_S`.
