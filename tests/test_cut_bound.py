@@ -104,21 +104,22 @@ def test_the_bound_is_deterministic(cnn):
 
 @pytest.fixture(scope="module")
 def small_bert():
-    """A two-layer BERT (sequence 128, width 128, dropout) at batch 64 and 30% of its activations: on HiGHS 1.12 the
-    any-plan search closes its gap after 64 nodes, past :data:`NODE_LIMIT`."""
+    """A three-layer BERT (sequence 128, width 128, dropout) at batch 64 and 15% of its activations: on HiGHS 1.12 the
+    any-plan search closes its gap after 21 nodes, past :data:`NODE_LIMIT`. (Two layers at 30% took 64 nodes until
+    dropout's random numbers fused into their readers on the XLA clocks; now they close at the root.)"""
     keras = pytest.importorskip("keras")
     import tensorflow as tf
 
     from tflms.ir.tf_io import load_graph
     from tflms.testing import make_train_step
     from tflms.testing.models import bert
-    model = bert(seed=0, length=128, width=128, heads=4, layers=2, dropout=0.1)
+    model = bert(seed=0, length=128, width=128, heads=4, layers=3, dropout=0.1)
     optimizer = keras.optimizers.Adam(1e-4)
     optimizer.build(model.trainable_variables)
     graph = load_graph(tf.function(make_train_step(model, optimizer)), tf.TensorSpec((64, 128), tf.int32),
                        tf.TensorSpec((64,), tf.int32))
     plain = simulate(graph, PROFILE, options=XLA)
-    return analyze_graph(graph), plain, plain.resident_bytes + int(0.3 * plain.transient_peak_bytes)
+    return analyze_graph(graph), plain, plain.resident_bytes + int(0.15 * plain.transient_peak_bytes)
 
 
 NODE_LIMIT = 5

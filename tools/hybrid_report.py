@@ -212,12 +212,12 @@ def report(model: str, profile_name: str, size: int, clock: str | None, top: int
     from benchlib.models import Steps
     from benchlib.xla import _evaluator, xla_options
 
-    from tflms.passes.shapes import materialize_shapes
+    from tflms.passes.shapes import materialize_gradient_shapes
     from tflms.pipeline.hardware import update_parts_for
     steps = Steps()
     ev = _evaluator(steps, model, profile_name, None, None, HEADROOM)
     graph, _ = steps.graph(model, "plain", size)
-    graph = materialize_shapes(graph, resolved=True).graph  # as the bench tunes (benchlib.xla.tune_xla)
+    graph = materialize_gradient_shapes(graph, resolved=True).graph  # as the bench tunes (benchlib.xla.tune_xla)
     options = update_parts_for(xla_options(ev.options), graph, ev.profile, ev.budget)
     if clock is not None:
         options = dataclasses.replace(options, clock=clock)

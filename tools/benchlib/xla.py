@@ -41,11 +41,11 @@ def tune_xla(graph, ev: Evaluator, *, first_fit: bool, progress=None):
     """tflms-xla's tune of ``graph`` (``None`` where nothing fits), its variables' updates in parts where the step as
     it is does not fit (``update_parts_for``, as the pipeline tunes)."""
     from tflms.errors import BudgetError, GraphError
-    from tflms.passes.shapes import materialize_shapes
+    from tflms.passes.shapes import materialize_gradient_shapes
     from tflms.pipeline.hardware import update_parts_for
     from tflms.tune.tuner import DEFAULT_STRATEGIES, tune
     from tflms.tune.xla_cuts import tune_xla as with_land_cuts
-    graph = materialize_shapes(graph, resolved=True).graph  # as the pipeline's XLA path: shapes as constants
+    graph = materialize_gradient_shapes(graph, resolved=True).graph  # as the pipeline's XLA path
     try:
         options = update_parts_for(xla_options(ev.options), graph, ev.profile, ev.budget)
         result, _ = with_land_cuts(  # as the pipeline tunes: again with land cuts where the winner swaps
