@@ -101,10 +101,11 @@ def materialize_shapes(graph: Graph, *, resolved: bool = False,
 def materialize_gradient_shapes(graph: Graph, *, resolved: bool = False) -> PassResult:
     """:func:`materialize_shapes` of the backward pass's shape readers only (the gradient code's: ResNet-50 460 of
     462, BERT-base 597 of 708), what the XLA path runs. A forward shape reader (Keras's reshapes of the attention
-    heads) runs beside its tensor in the forward pass and holds nothing; and where a synchronous swap-out holds its
-    near readers back, it is one of them, which keeps the forward pass at the copies' pace (without it the distance
-    rule's plan for BERT-base in mixed_bfloat16 at 3360 on the H200 peaks at 1376 GiB instead of 137: the forward
-    pass runs ahead of its swap-outs; docs/design.md, "Readers of a shape")."""
+    heads) runs beside its tensor in the forward pass and brings nothing back; but the levels TFLMS's distance rules
+    count run through its chain. Made constants too, BERT-base's levels shrink from 2353 to 2052, and the distance
+    rule's plan for it in mixed_bfloat16 at 3360 on the H200 (threshold 26) peaks at 1376 GiB instead of 137, its
+    forward pass far ahead of its swap-outs; the bench's tflms-xla maximum there fell from 4950 to 2730 (why that
+    plan fails was not analysed further; docs/design.md, "Readers of a shape")."""
     from tflms.analysis.cto import Category, analyze_graph
     if not any(op.type in METADATA_ONLY_TYPES for op in graph):
         return PassResult(graph, changed=False, report=())
