@@ -69,22 +69,29 @@ def test_a_graph_without_shape_reads_is_returned_as_it_is():
     assert result.graph is b.graph and not result.changed
 
 
-def test_the_xla_path_keeps_no_shape_reader_and_says_how_many_it_made_constants():
-    """The zoo CNN's convolution gradients take a ShapeN of the layer's input (traced without grappler, as the XLA
-    path is: 2 of them). In a backward cluster such a reader made TensorFlow hand the cluster the whole input; where a
-    swap policy counted it a far reader, a swap-in copied the tensor back for it. Now none is left, and the report
-    counts the constants."""
+def _traced_cnn():
+    """The zoo CNN's training step (batch 8, SGD), traced, and its model and optimizer (keep them alive while the step
+    is read: the traced function holds its variables weakly)."""
     import keras
 
-    from tflms.config import LMSConfig
-    from tflms.pipeline import rewrite_step
     from tflms.testing import make_train_step
     from tflms.testing.models import build_model, make_batches
     model = build_model("cnn")
     optimizer = keras.optimizers.SGD(0.05)
     optimizer.build(model.trainable_variables)
     (x, y), = make_batches(model, batch_size=8, steps=1)
-    traced = tf.function(make_train_step(model, optimizer)).get_concrete_function(tf.constant(x), tf.constant(y))
+    step = tf.function(make_train_step(model, optimizer))
+    return step.get_concrete_function(tf.constant(x), tf.constant(y)), (model, optimizer)
+
+
+def test_the_xla_path_keeps_no_shape_reader_and_says_how_many_it_made_constants():
+    """The zoo CNN's convolution gradients take a ShapeN of the layer's input (traced without grappler, as the XLA
+    path is: 2 of them). In a backward cluster such a reader made TensorFlow hand the cluster the whole input; where a
+    swap policy counted it a far reader, a swap-in copied the tensor back for it. Now none is left, and the report
+    counts the constants."""
+    from tflms.config import LMSConfig
+    from tflms.pipeline import rewrite_step
+    traced, _alive = _traced_cnn()
     out = rewrite_step(traced, LMSConfig(swapout_threshold=1, swapin_ahead=1), xla=True, build=False)
     graph = out.graph
     assert out.report.num_swapped > 0 and out.report.xla_clusters["shapes_materialized"] >= 2
@@ -96,17 +103,9 @@ def test_the_xla_path_keeps_no_shape_reader_and_says_how_many_it_made_constants(
 
 def test_a_step_left_to_xla_is_left_as_it_was_traced():
     """Where XLA alone fits, nothing is inserted and the step is compiled whole as traced: its shape readers stay."""
-    import keras
-
     from tflms.config import LMSConfig
     from tflms.pipeline import rewrite_step
-    from tflms.testing import make_train_step
-    from tflms.testing.models import build_model, make_batches
-    model = build_model("cnn")
-    optimizer = keras.optimizers.SGD(0.05)
-    optimizer.build(model.trainable_variables)
-    (x, y), = make_batches(model, batch_size=8, steps=1)
-    traced = tf.function(make_train_step(model, optimizer)).get_concrete_function(tf.constant(x), tf.constant(y))
+    traced, _alive = _traced_cnn()
     out = rewrite_step(traced, LMSConfig(profile="h100-80gb-pcie5", budget_bytes=2**30), xla=True, build=False)
     assert out.report.tuning["strategy"] == "xla-alone" and not out.report.inserted_ops
     assert sum(op.type == "ShapeN" for op in out.graph) == 2

@@ -437,11 +437,17 @@ def _segments(order: list[Node], preds: Mapping[Node, Sequence[Node]], outside: 
             if open_:
                 current, open_ = current + 1, False
         elif name not in outside:
-            if open_ and lands is not None and any(p in boundary and lands(p) for p in preds[name]):
+            if open_ and lands is not None and reads_a_landing(preds[name], boundary, lands):
                 current += 1
             segment[name] = current
             open_ = True
     return segment
+
+
+def reads_a_landing(preds: Sequence[Node], boundary: set[Node], lands: Callable[[Node], bool]) -> bool:
+    """Whether a member with these ``preds`` reads a boundary that ``lands`` (a swap-in): with land cuts, it begins
+    a segment (:func:`_segments`)."""
+    return any(p in boundary and lands(p) for p in preds)
 
 
 def _clusters(order: list[str], preds: dict[str, list[str]], segment: dict[str, int],

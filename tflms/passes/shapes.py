@@ -22,6 +22,7 @@ batch runs at every batch, and a constant would be wrong at all but one. A calle
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from tflms.ir.graph import Graph, TensorInfo, TensorRef
@@ -40,10 +41,7 @@ def _value(op_type: str, info: TensorInfo, resolved: bool) -> list[int] | int | 
     if any(d is None for d in shape):
         return None
     if op_type == "Size":
-        size = 1
-        for d in shape:
-            size *= d
-        return size
+        return math.prod(shape)
     return list(shape)
 
 

@@ -127,7 +127,7 @@ from tflms.ir.xla_segments import (BARRIER, BARRIER_READ_DTYPES, GATE_BARRIER, G
                                    VARIABLE_READ, XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR, XLA_SCOPE_ATTR,
                                    barrier_operand, barrier_read, connected_clusters, gate_role, gates_seen_through,
                                    gradient_descendants, is_free_variable_read, is_gate, is_tflms_copy,
-                                   resource_rules, segment_rule)
+                                   reads_a_landing, resource_rules, segment_rule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,8 +296,8 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
         boundaries=tuple(n for n in order if n in boundary),
         outside=tuple((n, outside[n]) for n in order if n in outside), jit_device=jit_device,
         update_parts=tuple((numbers[s], len(w)) for s, w in sorted(parts.items())),
-        land_cuts=tuple(n for n in order if land_cuts and n in marked_ops and any(
-            p in boundary and lands(p) for p in preds[n])))
+        land_cuts=tuple(n for n in order if land_cuts and n in marked_ops
+                        and reads_a_landing(preds[n], boundary, lands)))
     return PassResult(new, changed=bool(kept) or any(w != NEVER_COMPILED for w in outside.values()), report=report)
 
 

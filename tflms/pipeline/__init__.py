@@ -147,8 +147,8 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             step, trace_args, example_inputs=example_inputs, grappler=not xla))
         graph = clock("load", lambda: tf_io.load_graph(step, batch_size=config.batch_size))
         loaded, materialized = graph, ()
-        if xla:  # issue 47: traced without grappler, its shape reads of known shapes are constants, as grappler's
-            from tflms.passes.shapes import materialize_gradient_shapes  # would make them (tflms/passes/shapes.py)
+        if xla:  # issue 47: traced without grappler, the gradients' shape reads become constants as grappler's would
+            from tflms.passes.shapes import materialize_gradient_shapes
             shapes = clock("shapes", lambda: materialize_gradient_shapes(graph))
             graph, materialized = shapes.graph, shapes.report
         analysis = clock("analyze", lambda: analyze_graph(graph))
