@@ -451,8 +451,10 @@ def test_a_step_tuned_with_land_cuts_runs_them_with_live_swaps_bitwise_like_its_
     clusters = [sum(1 for n in m.node_times if n.endswith("xla_run")) for m in runs]
     assert copies and all(n in runs[0].node_times for n in copies), "a swap copy did not run"
     assert not any(n in runs[2].node_times for n in copies)
-    # (the executor's grappler folds the clusters that compute only from constants: 40 ran of the 45 marked)
+    # (the executor may fold a cluster that computes only from constants: fewer may run than are marked)
     assert clusters[0] >= 2 and clusters[2] == clusters[0]
+    print(f"land cuts: {report.xla_clusters['land_cuts']} readers cut, {report.xla_clusters['clusters']} clusters "
+          f"marked, {clusters[0]} ran, {len(copies)} copies alive, bitwise like the clusters without copies")
 
 
 def test_the_pipelines_clustered_step_is_deterministic():

@@ -103,7 +103,7 @@ def materialize_gradient_shapes(graph: Graph, *, resolved: bool = False) -> Pass
     count run through its chain. Made constants too, BERT-base's levels shrink from 2353 to 2052, and the distance
     rule's plan for it in mixed_bfloat16 at 3360 on the H200 (threshold 26) peaks at 1376 GiB instead of 137, its
     forward pass far ahead of its swap-outs; the bench's tflms-xla maximum there fell from 4950 to 2730 (why that
-    plan fails was not analysed further; docs/design.md, "Readers of a shape")."""
+    plan fails was not analysed further; scratch figures, docs/design.md, "Readers of a shape")."""
     from tflms.analysis.cto import Category, analyze_graph
     if not any(op.type in METADATA_ONLY_TYPES for op in graph):
         return PassResult(graph, changed=False, report=())
