@@ -1,7 +1,7 @@
 """The cut bound (tflms.tune.cut_bound): the least overhead of any plan that fits, at the loss's gradient.
 
 Checked: it is 0 where the step fits and infinite where the resident bytes alone do not; it never falls as the budget
-shrinks, and swaps can only lower it; every plan the tuner judges that fits costs at least the bound (recompute plans
+shrinks, and swaps can only lower it; a swapped tensor's two copies are both counted; every plan the tuner judges that fits costs at least the bound (recompute plans
 at least the recompute-only bound); each re-run's floor is what the module doc says; the answer is deterministic,
 where the search closes the gap and where it stops at its node limit (and the status says which).
 """
@@ -93,6 +93,24 @@ def test_no_plan_the_tuner_fits_beats_the_bound(cnn):
         print(f"cnn at {fraction:.0%} of its activations: bound {only.overhead:+.2%} (recompute only), "
               f"{any_.overhead:+.2%} (any); tuner's best {result.best.sim.step_time_s / plain.step_time_s - 1:+.2%}")
     assert {"recompute", "hybrid"} <= strategies, strategies
+
+
+def test_a_swapped_tensor_crosses_the_link_twice():
+    """A tensor that may not be re-run (a stateful random op's) and that the device may not keep at the loss is on
+    the host then: it left before the loss and comes back after it, two copies in two windows that do not overlap.
+    The bound is both copies' time, not one's."""
+    b = GraphBuilder()
+    s = (4096, 4096)
+    x = b.op("x", "Placeholder", shape=s)
+    noise = b.op("fw/noise", "RandomUniform", [b.op("seed", "Placeholder", shape=(2,))], shape=s)
+    loss = b.op("loss", "Sum", [b.op("fw/r", "Mul", [x, noise], shape=s)], shape=())
+    b.op("gradient_tape/g", "Mul", [loss, noise], shape=s)
+    analysis = analyze_graph(b.graph)
+    plain = simulate(b.graph, PROFILE, options=XLA)
+    bound = cut_bound(analysis, plain, PROFILE, plain.resident_bytes + 1)
+    assert bound.status == "optimal" and bound.swapped_bytes == 4096 * 4096 * 4
+    both_ways = 2 * bound.swapped_bytes / PROFILE.effective_link_bytes_per_s
+    assert bound.plain_step_s + bound.overhead_s == pytest.approx(both_ways) and both_ways > 2 * plain.step_time_s
 
 
 def test_the_bound_is_deterministic(cnn):

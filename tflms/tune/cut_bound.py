@@ -25,8 +25,11 @@ The program, over the forward ops ``v`` that run before the loss (its ancestors)
 - a kept tensor's buffer is on the device or the host: ``d_b + h_b >= k_v`` (views share their input's buffer);
 - the device holds at most the budget's bytes: ``sum bytes_b d_b <= cap``;
 - the step lasts at least the plain step plus every re-run's least time and reads, less what fused re-runs save,
-  and at least the swapped bytes' time over the host link (they leave in one direction, one copy at a time):
-  ``t >= plain + sum c_v r_v + reads``, ``t >= sum bytes_b h_b / link``; minimise ``t``.
+  and at least twice the swapped bytes' time over the host link: ``t >= plain + sum c_v r_v + reads``,
+  ``t >= 2 sum bytes_b h_b / link``; minimise ``t``. Twice: a buffer on the host at the loss left the device before
+  it (its device memory is free) and returns after it (a gradient op, or a re-run for one, reads it later), so its
+  two copies fall in two windows that do not overlap, whether or not the link copies both ways at once; one copy at
+  a time each way.
 
 A forward op that is not an ancestor of the loss may run after it (the program re-runs it for free); an op that may
 not be re-run (:func:`~tflms.policies.eligibility.recompute_skip_reason`) is kept or swapped.
@@ -58,10 +61,11 @@ fusions could not make it, and a chain is followed :data:`SAVING_DEPTH` ops up, 
 lowers the bound. So a bound may be below 0, faster than the plain step, where the clock says re-runs would make it so.
 
 Relaxations, each making the bound lower, never higher: one moment only (the backward pass's own peaks, and every
-clone's own memory, are not counted); swapped bytes cost nothing on the device at the loss, and only the swap-outs'
-direction is counted; a fused re-run costs nothing but what it saves; the buffers a re-run reads instead are not
+clone's own memory, are not counted); swapped bytes cost nothing on the device at the loss, and their copies are
+counted as if nothing else ran while they cross (no compute added to them); a fused re-run costs nothing but what it saves; the buffers a re-run reads instead are not
 charged their writes. The resident bytes stay on the device (tflms never swaps variables: the bound is one for
-tflms's plans).
+tflms's plans). A copy moves the tensor's bytes: the bound is for plans without compressed copies (``compress``,
+which move fewer).
 """
 
 from __future__ import annotations
@@ -486,11 +490,11 @@ def _program(analysis: Analysis, plain, profile: HardwareProfile, budget_bytes: 
                 row([(Y + j, 1.0), (R + col[v], -1.0), (R + u, 1.0)], 0.0, np.inf)
     read_ms = [graph.tensor(ref).num_bytes / profile.effective_memory_bytes_per_s * 1e3
                for ref, _ in reads]
-    # t >= plain + sum c r + reads (in ms), t >= swapped GiB * s/GiB
+    # t >= plain + sum c r + reads (in ms), t >= 2 * swapped GiB * s/GiB (out before the loss, back after it)
     row([(T, 1.0)] + [(R + col[v], -cost[col[v]] * _MS) for v in forward if cost[col[v]] != 0]
         + [(Y + j, -x) for j, x in enumerate(read_ms)], plain.step_time_s * _MS, np.inf)
     link_ms_per_gib = _MS * _GIB / profile.effective_link_bytes_per_s
-    row([(T, 1.0)] + [(H + j, -sizes[buf] / _GIB * link_ms_per_gib) for j, buf in enumerate(bufs)], 0.0, np.inf)
+    row([(T, 1.0)] + [(H + j, -2.0 * sizes[buf] / _GIB * link_ms_per_gib) for j, buf in enumerate(bufs)], 0.0, np.inf)
     width = Y + len(reads)
     upper = np.ones(width)
     upper[T] = np.inf
