@@ -552,6 +552,40 @@ def test_the_bench_prices_tflms_xla_on_the_clustered_clock_against_plain_xla_and
     assert bound["any"] <= first["checkpoint"] + 1e-9
 
 
+def test_where_target_2_fails_at_the_maximum_the_bench_finds_the_largest_batch_where_it_holds():
+    """Issue 47's "give the nearest target that can be": a search from checkpointing's maximum towards tflms-xla's,
+    each probe a full tune (here a stand-in whose samples/s fall past batch 3000), ends on a batch that holds with
+    the next one tried above it failing, within a sixteenth of the gap; the report says so."""
+    import pathlib
+    import sys
+    import types
+    tools = str(pathlib.Path(__file__).resolve().parent.parent / "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    from benchlib.xla import METHOD, markdown, targets, throughput_met_max
+    probed = []
+
+    def full(size):
+        probed.append(size)
+        return {"batch": size, "samples_per_s": 900.0 if size <= 3000 else 90.0, "strategy": "recompute",
+                "params": {"kept": "7"}, "overhead": 0.2}
+    record = {"model": "m", "profile": "p", "maxima": {"none": 400, "checkpoint-segments": 1600, METHOD: 5400},
+              "none_at_max": {"samples_per_s": 1200.0}, "checkpoint_at_its_max": {"batch": 1600, "overhead": 0.3},
+              "tflms_xla_at_checkpoint_max": full(1600), "tflms_xla_at_its_max": full(5400)}
+    probed.clear()
+    record["targets"] = targets(record)
+    assert record["targets"]["throughput_half_of_plain_xla"]["met"] is False
+    ev = types.SimpleNamespace(model="m", profile=types.SimpleNamespace(name="p"))
+    found = throughput_met_max(ev, record, full=full)
+    assert 1600 not in probed and 5400 not in probed and len(probed) == 4  # (the two ends were known)
+    assert found["batch"] <= 3000 < found["upper"] and found["upper"] - found["batch"] <= (5400 - 1600) / 16 + 1
+    assert found["ratio"] == pytest.approx(900.0 / 1200.0) and found["tried"][str(found["upper"])] == 90.0
+    record["throughput_met_max"] = found
+    row = markdown([record], "bench")[-1]
+    assert row.startswith(f"| m | p | {found['batch']} | 900.0 | 0.75 | recompute")
+    assert row.endswith(f"| {found['upper']} |")
+
+
 def test_the_bench_runs_tflms_xla_at_a_given_batch():
     """``bench.py --xla-targets --at MODEL=SIZE``: no search, one JSON record with tflms-xla's full tune and
     checkpointing under XLA at that batch, both against the plain XLA step there."""
