@@ -62,10 +62,10 @@ lowers the bound. So a bound may be below 0, faster than the plain step, where t
 
 Relaxations, each making the bound lower, never higher: one moment only (the backward pass's own peaks, and every
 clone's own memory, are not counted); swapped bytes cost nothing on the device at the loss, and their copies are
-counted as if nothing else ran while they cross (no compute added to them); a fused re-run costs nothing but what it saves; the buffers a re-run reads instead are not
-charged their writes. The resident bytes stay on the device (tflms never swaps variables: the bound is one for
-tflms's plans). A copy moves the tensor's bytes: the bound is for plans without compressed copies (``compress``,
-which move fewer).
+counted as if nothing else ran while they cross (no compute added to them); a fused re-run costs nothing but what
+it saves; the buffers a re-run reads instead are not charged their writes. The resident bytes stay on the device
+(tflms never swaps variables: the bound is one for tflms's plans). A copy moves the tensor's bytes: the bound is for
+plans without compressed copies (``compress``, which move fewer).
 """
 
 from __future__ import annotations
