@@ -1,9 +1,10 @@
 """The cut bound (tflms.tune.cut_bound): the least overhead of any plan that fits, at the loss's gradient.
 
 Checked: it is 0 where the step fits and infinite where the resident bytes alone do not; it never falls as the budget
-shrinks, and swaps can only lower it; a swapped tensor's two copies are both counted; every plan the tuner judges that fits costs at least the bound (recompute plans
-at least the recompute-only bound); each re-run's floor is what the module doc says; the answer is deterministic,
-where the search closes the gap and where it stops at its node limit (and the status says which).
+shrinks, and swaps can only lower it; a swapped tensor's two copies are both counted; every plan the tuner judges
+that fits costs at least the bound (recompute plans at least the recompute-only bound); each re-run's floor is what
+the module doc says; the answer is deterministic, where the search closes the gap and where it stops at its node
+limit (and the status says which).
 """
 
 from __future__ import annotations
