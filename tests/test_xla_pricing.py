@@ -525,12 +525,17 @@ def test_the_clustered_price_is_deterministic():
 # ---------------------------------------------------------------- the bench's tflms-xla (tools/bench.py --xla-targets)
 
 
-def test_the_bench_prices_tflms_xla_on_the_clustered_clock_against_plain_xla_and_checkpointing():
+def _tools_on_path() -> None:
+    """The bench's library (``tools/benchlib``) importable, as ``tools/bench.py`` finds it."""
     import pathlib
     import sys
     tools = str(pathlib.Path(__file__).resolve().parent.parent / "tools")
     if tools not in sys.path:
         sys.path.insert(0, tools)
+
+
+def test_the_bench_prices_tflms_xla_on_the_clustered_clock_against_plain_xla_and_checkpointing():
+    _tools_on_path()
     from benchlib.models import Steps
     from benchlib.xla import METHOD, run_xla_targets, targets
     record = run_xla_targets(Steps(), "mlp-tiny", "h100-80gb-pcie5", None, 3)
@@ -556,12 +561,8 @@ def test_where_target_2_fails_at_the_maximum_the_bench_finds_the_largest_batch_w
     """Issue 47's "give the nearest target that can be": a search from checkpointing's maximum towards tflms-xla's,
     each probe a full tune (here a stand-in whose samples/s fall past batch 3000), ends on a batch that holds with
     the next one tried above it failing, within a sixteenth of the gap; the report says so."""
-    import pathlib
-    import sys
     import types
-    tools = str(pathlib.Path(__file__).resolve().parent.parent / "tools")
-    if tools not in sys.path:
-        sys.path.insert(0, tools)
+    _tools_on_path()
     from benchlib.xla import METHOD, markdown, targets, throughput_met_max
     probed = []
 

@@ -202,8 +202,9 @@ def throughput_met_max(ev: Evaluator, record: dict[str, Any], bisections: int = 
     """Where target 2 fails at tflms-xla's maximum, the nearest target met (issue 47: "give the nearest target that
     can be"): the largest batch found at which tflms-xla's full tune keeps the target's samples/s, a search from
     checkpointing's maximum (halving below it where it fails there too) towards tflms-xla's maximum, ``bisections``
-    halvings of the gap (:func:`~benchlib.search.search_max`), each probe a full tune (``full``: :func:`_full`). Samples/s need not fall with the batch, so the batch found holds and the one above it
-    (``upper``) does not; the batches between were not all tried."""
+    halvings of the gap (:func:`~benchlib.search.search_max`), each probe a full tune (``full``: :func:`_full`).
+    Samples/s need not fall with the batch, so the batch found holds and the one above it (``upper``) does not; the
+    batches between were not all tried."""
     full = full or (lambda size: _full(ev, size))
     limit = record["targets"]["throughput_half_of_plain_xla"]["limit"]
     maxima = record["maxima"]
