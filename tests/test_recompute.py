@@ -286,27 +286,35 @@ def test_swaps_are_searched_for_misses_least_compute_first_until_a_fit_beats_the
 
 
 def test_skipping_misses_that_cannot_win_keeps_the_choice(bert_graph, monkeypatch):
-    """The kit's BERT over a slow link at 85% of its transient peak: the fastest miss's hybrid fits faster than the
-    next misses compute, so their nested swap tunes are skipped, and the tuner chooses what it chose searching all.
-    (At 80% every miss is searched since the fastest fit of each family is relaxed: the relaxations that miss are
-    the closest misses there, and each computes less than the hybrids that fit.)"""
+    """The kit's BERT over a slow link near 85% of its transient peak: the fastest miss's hybrid fits faster than
+    the next misses compute, so their nested swap tunes are skipped, and the tuner chooses what it chose searching
+    all. Where skipping happens depends on the graph each TensorFlow minor traces (2.16-2.18: at 80-82%, not 85%;
+    2.19-2.21: at 82-90%, not 80%, since the fastest fit of each recompute family is relaxed), so the budgets are
+    tried in turn until one skips; the choice must be the same at every budget tried."""
     from tflms.tune import hybrid
     calls = []
-    original = hybrid._hybrids
+    original, search_with_stop = hybrid._hybrids, hybrid._while_faster
 
     def counted(ev, c, rgraph, nested):
         calls.append(c.params)
         return original(ev, c, rgraph, nested)
     monkeypatch.setattr(hybrid, "_hybrids", counted)
-    _, _, skipping = _tuned(bert_graph, 0.85, "auto", _slow_link())
-    skipped_calls = len(calls)
-    calls.clear()
-    monkeypatch.setattr(hybrid, "_while_faster", _search_every_miss)
-    _, _, every = _tuned(bert_graph, 0.85, "auto", _slow_link())
-    assert skipped_calls < len(calls) == hybrid.HYBRIDS
-    assert skipping.best.strategy == every.best.strategy == "hybrid"
-    assert skipping.best.params == every.best.params and skipping.best.plan == every.best.plan
-    assert skipping.best.sim.step_time_s == every.best.sim.step_time_s
+    skipped_at = []
+    for fraction in (0.82, 0.85, 0.8, 0.9):
+        calls.clear()
+        monkeypatch.setattr(hybrid, "_while_faster", search_with_stop)
+        _, _, skipping = _tuned(bert_graph, fraction, "auto", _slow_link())
+        skipped_calls = len(calls)
+        calls.clear()
+        monkeypatch.setattr(hybrid, "_while_faster", _search_every_miss)
+        _, _, every = _tuned(bert_graph, fraction, "auto", _slow_link())
+        assert skipping.best.strategy == every.best.strategy, fraction
+        assert skipping.best.params == every.best.params and skipping.best.plan == every.best.plan, fraction
+        assert skipping.best.sim.step_time_s == every.best.sim.step_time_s, fraction
+        if skipped_calls < len(calls) == hybrid.HYBRIDS and every.best.strategy == "hybrid":
+            skipped_at.append(fraction)
+            break
+    assert skipped_at, "no budget tried skipped a nested swap tune"
 
 
 def test_a_recompute_only_rewrite_trains_bitwise_through_tflms_function():
