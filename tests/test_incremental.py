@@ -67,6 +67,7 @@ def reference(graph, plan, *, copy_op="Identity", options=None, order=None):
         assert fields.pop("xla_unsupported") == ()  # (read by the xla-clusters clock only)
         assert fields.pop("xla_update_parts") == 1  # (read by the xla-clusters clock only)
         assert fields.pop("xla_land_cuts") is False  # (read by the xla-clusters clock only)
+        assert fields.pop("xla_clones_last") is False  # (read by the xla-clusters clock only)
         ref_options = ref.SimOptions(**fields)
     return ref.simulate(rewritten, PROFILE, options=ref_options, order=order), rewritten
 

@@ -91,6 +91,35 @@ def test_segments_end_at_each_copy_and_the_copies_stay_out():
     assert all(_attr(graph, op.name, XLA_COMPILE_ATTR) is None for op in graph)
 
 
+def test_a_clone_is_ordered_where_the_op_it_feeds_is_so_its_chain_stays_on_one_side_of_a_copy():
+    """A rewrite appends its clones to the graph. Ordered by graph position alone, a ready clone waits until no
+    original op is ready, and the weight's gradient ``w`` that reads the re-run chain ``c1 -> c2`` waits with it,
+    past the swap-in ``B`` that becomes ready meanwhile: ``c1`` (which the input's gradient ``x1`` reads too) stays
+    before ``B`` and ``c2`` after it, so ``c1``'s result crosses the cut, a result buffer of the earlier cluster
+    from its start. Ordered where the op each serves is (``w``'s position), the chain and ``w`` run before ``B``."""
+    from tflms.ir.xla_segments import TFLMS_COPY, segment_rule
+    edges = {"t": [], "w": ["t", "c2"], "x1": ["t", "d1", "c1"], "T": ["x1"], "B": ["T"], "y": ["B", "T"],
+             "d1": ["t"], "c1": ["t"], "c2": ["c1"]}  # graph order: t w x1 T B y, then the clones d1 c1 c2
+    names = list(edges)
+    preds = {n: list(ps) for n, ps in edges.items()}
+    succs = {n: [m for m in names if n in edges[m]] for n in names}
+    topological = ["t", "d1", "c1", "c2", "w", "x1", "T", "B", "y"]
+    order, boundaries, segment, clusters, _ = segment_rule(topological, {n: k for k, n in enumerate(names)}, preds,
+                                                           succs, {"B": TFLMS_COPY},
+                                                           lambda n: n in {"d1", "c1", "c2"})
+    assert boundaries == {"B"}
+    assert order == ["t", "c1", "c2", "w", "d1", "x1", "T", "B", "y"]
+    assert {n: segment[n] for n in ("c1", "c2", "w", "x1", "T")} == dict.fromkeys(("c1", "c2", "w", "x1", "T"), 0)
+    assert segment["y"] == 1
+    # the clone that feeds only the input's gradient (d1, at x1's place) still follows the chain that feeds w's
+    assert order.index("d1") > order.index("w")
+    # ordered last (clones_last, the other way the tune judges): the chain is cut, c1 before B and c2 after it
+    order, _, segment, _, _ = segment_rule(topological, {n: k for k, n in enumerate(names)}, preds, succs,
+                                           {"B": TFLMS_COPY}, lambda n: n in {"d1", "c1", "c2"}, clones_last=True)
+    assert order == ["t", "d1", "c1", "x1", "T", "B", "y", "c2", "w"]
+    assert (segment["c1"], segment["c2"], segment["w"]) == (0, 1, 1)
+
+
 def _contracted_is_acyclic(graph: Graph, clusters) -> bool:
     """Whether contracting each cluster to one node leaves the graph acyclic (mark_for_compilation's condition)."""
     where = {name: f"cluster {i}" for i, (_, members) in enumerate(clusters) for name in members}

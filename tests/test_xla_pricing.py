@@ -503,13 +503,51 @@ def test_the_pipeline_tunes_again_with_land_cuts_where_its_winner_swaps_and_mark
         return real_pass(*args, **kwargs)
     monkeypatch.setattr(xla_cuts, "tune_xla", tune_xla)
     monkeypatch.setattr(xla_clusters, "cluster_for_xla", cluster_for_xla)
-    # at 96% of XLA alone's peak the plan without cuts is faster, at 90% the one with them
-    for fraction, cuts in ((0.96, False), (0.9, True)):
+    # at 96% of XLA alone's peak the plan without cuts is faster, at 93% the one with them
+    for fraction, cuts in ((0.96, False), (0.93, True)):
         asked.clear(), marked.clear()
         config = LMSConfig(budget_bytes=int(peak * fraction), profile=profile, enforce_order=False)
         out = rewrite_step(graph, config, build=False, xla=True)
         assert out.report.plan.swaps and asked == [False, True]  # a winner that swaps: tuned again with the cuts
         assert out.report.tuning["xla_land_cuts"] is cuts and marked == [cuts]
+
+
+def test_where_only_the_clones_ordered_last_fit_the_pipeline_tunes_that_way_and_marks_it(monkeypatch):
+    """At 90% of XLA alone's peak nothing fits the test MLP with its clones where they are needed, with or without land
+    cuts; ordered last, a hybrid does. The pipeline tunes each way, reports the winner's, and the pass marks the
+    clusters that way."""
+    import tflms.passes.xla_clusters as xla_clusters
+    import tflms.tune.xla_cuts as xla_cuts
+    from tflms.errors import BudgetError
+    graph = mlp_training_graph(4, batch=256)
+    profile = "h100-80gb-pcie5"
+    peak = simulate(graph, profile, options=SimOptions(clock="xla")).peak_bytes
+    asked, marked = [], []
+    real_tune, real_pass = xla_cuts.tune_xla, xla_clusters.cluster_for_xla
+
+    def tune_xla(run, options, **kwargs):
+        def logged(o):
+            try:
+                found = run(o)
+            except BudgetError:
+                asked.append((o.xla_land_cuts, o.xla_clones_last, None))
+                raise
+            asked.append((o.xla_land_cuts, o.xla_clones_last, found.best.strategy))
+            return found
+        return real_tune(logged, options, **kwargs)
+
+    def cluster_for_xla(*args, **kwargs):
+        marked.append((kwargs.get("land_cuts"), kwargs.get("clones_last")))
+        return real_pass(*args, **kwargs)
+    monkeypatch.setattr(xla_cuts, "tune_xla", tune_xla)
+    monkeypatch.setattr(xla_clusters, "cluster_for_xla", cluster_for_xla)
+    config = LMSConfig(budget_bytes=int(peak * 0.9), profile=profile, enforce_order=False)
+    out = rewrite_step(graph, config, build=False, xla=True)
+    assert asked[:2] == [(False, False, None), (True, False, None)]  # the clones where needed: nothing fits
+    assert [a[:2] for a in asked[2:]] == [(False, True), (True, True)] and "hybrid" in {a[2] for a in asked[2:]}
+    assert out.report.plan.swaps and out.report.plan.recomputes
+    chosen = (out.report.tuning["xla_land_cuts"], out.report.tuning["xla_clones_last"])
+    assert chosen[1] is True and marked == [chosen]
 
 
 def test_the_clustered_price_is_deterministic():

@@ -5,8 +5,8 @@ Every forward op the backward pass reads is recomputed on the zoo models, and th
 (tflms/passes/xla_clusters.py, "Recompute gates"). Checked:
 
 - the step runs as few clusters as it would without any recompute, where ``Identity`` gates left out split it;
-- it trains bit for bit like the plain ``jit_compile=True`` step (the clones re-run the same kernels), where the
-  ``Identity`` gates' boundaries changed XLA's rounding;
+- it trains bit for bit like the plain ``jit_compile=True`` step (the clones re-run the same kernels); with the
+  ``Identity`` gates left out, their boundaries may change XLA's rounding (they did, while clones were ordered last);
 - keras.applications ResNet50 in mixed_bfloat16, whose barriers mostly read past Keras's fused float32 casts of the
   incoming gradients, trains bit for bit like plain XLA too;
 - in XLA's optimized HLO (``--xla_dump_to``, a fresh process each) the clones are still there, and a control
@@ -94,7 +94,7 @@ def _xla_runs(ran) -> int:
 
 @pytest.mark.parametrize("model_name", ["mlp", "cnn"])
 def test_recomputed_step_keeps_its_clusters_and_trains_bitwise_like_plain_xla(model_name):
-    from tflms.testing import assert_bitwise_equal, bitwise_diff, largest_relative_difference
+    from tflms.testing import assert_bitwise_equal, largest_relative_difference
     plain, _, plain_ran = _train(model_name, lambda step, ex: (tf.function(step, jit_compile=True), None))
     again, _, _ = _train(model_name, lambda step, ex: (tf.function(step, jit_compile=True), None))
     assert_bitwise_equal(plain, again, "plain XLA vs plain XLA (the control)")
@@ -107,9 +107,10 @@ def test_recomputed_step_keeps_its_clusters_and_trains_bitwise_like_plain_xla(mo
     assert (ran_clusters, gated_clusters) == (report.num_clusters, gated_report.num_clusters), (
         report.to_dict(), gated_report.to_dict())
     assert_bitwise_equal(plain, barriers, f"{model_name}: every recompute, barrier gates, vs plain jit_compile=True")
-    # why the barrier matters for the bits: the Identity gates' boundaries change how XLA fuses and rounds
-    assert bitwise_diff(plain, gated), f"{model_name}: Identity gates were expected to change XLA's rounding"
+    # the Identity gates' boundaries may change how XLA fuses and rounds (up to 1.44e-4 relative on the MLP while the
+    # segment rule ordered clones last: 16 and 17 clusters), never by more than rounding
     worst = largest_relative_difference(plain, gated)
+    assert worst < 1e-3, f"{model_name}: the step with Identity gates left out trained {worst:.2e} away from plain XLA"
     print(f"{model_name}: {report.num_clusters} cluster(s) with barrier gates, {gated_report.num_clusters} with the "
           f"gates left out (ran {ran_clusters} and {gated_clusters}); Identity gates' largest relative difference to "
           f"plain XLA {worst:.2e}")

@@ -3,7 +3,8 @@
 For one bench model at one size on one profile (``tools/benchlib``: the traced plain step, the bench's headroom and
 budget), this runs one full tune as the bench's ``tflms-xla`` method does (every default strategy, the enforced order,
 pruning; on the ``xla-clusters`` clock, the variables' updates in parts where the plain step does not fit; without
-land cuts, or with them for ``--land-cuts``: the bench judges both, :func:`tflms.tune.xla_cuts.tune_xla`) and
+land cuts, or with them for ``--land-cuts``; the recompute clones ordered where they are needed, or by graph order for
+``--clones-last``: the bench judges each way, :func:`tflms.tune.xla_cuts.tune_xla`) and
 reports the plain step, the best recompute-only candidate and the ``--top`` fastest hybrid candidates, fitting ones
 first. For each: the tuner's step (and overhead against the plain step), whether it fits, its peak with the margin;
 then, from a re-simulation of its rewritten graph on the same options (in level order: a candidate the tuner judged
@@ -206,7 +207,7 @@ def chosen(candidates: Sequence[Any], top: int) -> tuple[Any, list[Any]]:
 
 
 def report(model: str, profile_name: str, size: int, clock: str | None, top: int, say,
-           land_cuts: bool = False) -> dict[str, Any]:
+           land_cuts: bool = False, clones_last: bool = False) -> dict[str, Any]:
     """The report's record (module doc): the plain step, the best recompute-only plan, the ``top`` hybrids."""
     from benchlib.common import HEADROOM
     from benchlib.models import Steps
@@ -221,9 +222,10 @@ def report(model: str, profile_name: str, size: int, clock: str | None, top: int
     options = update_parts_for(xla_options(ev.options), graph, ev.profile, ev.budget)
     if clock is not None:
         options = dataclasses.replace(options, clock=clock)
-    options = dataclasses.replace(options, xla_land_cuts=land_cuts)
+    options = dataclasses.replace(options, xla_land_cuts=land_cuts, xla_clones_last=clones_last)
     say(f"{model} at {size} on {ev.profile.name}: {len(graph)} ops, budget {ev.budget / GIB:.2f} GiB, clock "
-        f"{options.clock}, update parts {options.xla_update_parts}, land cuts {'on' if land_cuts else 'off'}; tuning")
+        f"{options.clock}, update parts {options.xla_update_parts}, land cuts {'on' if land_cuts else 'off'}, clones "
+        f"{'last' if clones_last else 'where needed'}; tuning")
     t0 = time.perf_counter()
     baseline, candidates = run_tune(graph, ev, options, say)
     tune_s = time.perf_counter() - t0
@@ -238,7 +240,8 @@ def report(model: str, profile_name: str, size: int, clock: str | None, top: int
         say(f"re-simulating hybrid {k + 1} of {len(hybrids)}")
         rows.append(candidate_row(f"hybrid {k + 1}", graph, c, baseline, ev.profile, options, ev.budget))
     return {"model": model, "profile": ev.profile.name, "size": size, "clock": options.clock,
-            "xla_update_parts": options.xla_update_parts, "xla_land_cuts": land_cuts, "budget_bytes": ev.budget,
+            "xla_update_parts": options.xla_update_parts, "xla_land_cuts": land_cuts, "xla_clones_last": clones_last,
+            "budget_bytes": ev.budget,
             "headroom": HEADROOM,
             "tune_s": tune_s, "candidates": len(candidates),
             "hybrids": sum(c.strategy == "hybrid" for c in candidates),
@@ -262,7 +265,8 @@ def table(record: dict[str, Any]) -> str:
     """The record as two markdown tables (the tuner's judgment, then the re-simulation) and notes."""
     plain = record["plain"]
     lines = [f"{record['model']} at {record['size']} on {record['profile']}, clock {record['clock']}"
-             f"{' with land cuts' if record['xla_land_cuts'] else ''}, budget "
+             f"{' with land cuts' if record['xla_land_cuts'] else ''}"
+             f"{', clones last' if record.get('xla_clones_last') else ''}, budget "
              f"{_gib(record['budget_bytes'])} GiB (headroom {record['headroom']:g}); {record['candidates']} candidates "
              f"({record['hybrids']} hybrids) tuned in {record['tune_s']:.0f} s. All figures simulated (tflms.sim).", "",
              "| plan | strategy | step ms (sim) | overhead | fits | peak+margin GiB (sim) | tuner's order |",
@@ -318,6 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the simulator's clock (default: the bench's tflms-xla options', xla-clusters)")
     parser.add_argument("--land-cuts", action="store_true",
                         help="tune and re-simulate with each swap-in's reader starting a cluster of its own")
+    parser.add_argument("--clones-last", action="store_true",
+                        help="tune and re-simulate with the recompute clones ordered by graph position (last)")
     parser.add_argument("--top", type=int, default=5, help="hybrid candidates reported (fitting ones first)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     args = parser.parse_args(argv)
@@ -328,7 +334,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def say(message: str) -> None:
         print(f"[{time.perf_counter() - t0:7.1f} s] {message}", file=sys.stderr, flush=True)
 
-    record = report(args.model, args.profile, args.size, args.clock, args.top, say, land_cuts=args.land_cuts)
+    record = report(args.model, args.profile, args.size, args.clock, args.top, say, land_cuts=args.land_cuts,
+                    clones_last=args.clones_last)
     print(json.dumps(record, indent=2, default=str) if args.json else table(record))
     return 0
 

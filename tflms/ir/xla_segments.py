@@ -39,7 +39,8 @@ VARIABLE_READ = "variable read"   # a read of a variable that nothing orders (is
 def segment_rule(topological: Sequence[Node], index: Mapping[Node, int], preds: Mapping[Node, Sequence[Node]],
                  succs: Mapping[Node, Sequence[Node]], outside: Mapping[Node, str],
                  clone: Callable[[Node], bool], resource: Mapping[Node, str] | None = None,
-                 updates: UpdateSplit | None = None, lands: Callable[[Node], bool] | None = None
+                 updates: UpdateSplit | None = None, lands: Callable[[Node], bool] | None = None,
+                 clones_last: bool = False
                  ) -> tuple[list[Node], set[Node], dict[Node, int], list[tuple], dict[int, list[Node]]]:
     """The segment rule of the module doc over any graph whose nodes are names (this pass) or op ids (the simulator's
     ``xla-clusters`` clock, :mod:`tflms.sim.clusters`, which prices what this pass will mark).
@@ -49,7 +50,8 @@ def segment_rule(topological: Sequence[Node], index: Mapping[Node, int], preds: 
     ``clone(node)``: a recompute clone; ``resource``: the resource ops among the nodes and their kind
     (:func:`resource_kind`), for :func:`_resource_split`; ``updates``: how the variables' updates split into parts
     (:class:`UpdateSplit`; ``None``: they do not); ``lands(node)``: whether a boundary is a swap-in (a copy of a
-    copy), whose readers start a segment of their own (:func:`_segments`; ``None``: no such cut). Returns ``(order,
+    copy), whose readers start a segment of their own (:func:`_segments`; ``None``: no such cut); ``clones_last``:
+    the clones go by graph order too, not where they are needed (:func:`_where_needed`). Returns ``(order,
     boundaries, segment of each member, clusters, parts)``: the order the segments follow, the left-out nodes between
     members, the clusters (members joined by edges in one segment, or updates of one part, each in ``order``), sorted
     by segment then first member, the free-only ones included; and the segments that are update parts, with their
@@ -57,7 +59,8 @@ def segment_rule(topological: Sequence[Node], index: Mapping[Node, int], preds: 
     a ``NoOp``).
     """
     boundary = _boundaries(topological, preds, succs, outside)
-    order = _boundaries_first(index, preds, succs, boundary)  # the order the segments follow
+    where = _where_needed(topological, index, succs, (lambda n: False) if clones_last else clone)
+    order = _boundaries_first(where, preds, succs, boundary)
     segment = _segments(order, preds, outside, boundary, lands)
     if resource:
         _resource_split(order, preds, succs, segment, resource)
@@ -415,10 +418,32 @@ def _boundaries(order: list[str], preds: dict[str, list[str]], succs: dict[str, 
     return {n for n in outside if n in after_member and n in before_member}
 
 
-def _boundaries_first(index: Mapping[Node, int], preds: Mapping[Node, Sequence[Node]],
+def _where_needed(topological: Sequence[Node], index: Mapping[Node, int], succs: Mapping[Node, Sequence[Node]],
+                  clone: Callable[[Node], bool]) -> dict[Node, tuple[int, int]]:
+    """Each node's place among the ready ones in :func:`_boundaries_first`: ``(index, 0)``, but for a recompute
+    clone, ``(the smallest index of the ops other than clones that it feeds, its own index)``: a clone is ordered as
+    if it stood right before the first op it serves.
+
+    A rewrite appends its clones to the graph, so by graph order alone a ready clone waits until no original op is
+    ready. The ops that read it wait with it (a weight's gradient reads the re-run input of its product; the
+    input's gradient, which does not, goes on), past the boundaries that become ready meanwhile; a chain of clones is
+    then cut in two, and the first part's results (re-run softmax, dropout and GELU tensors), allocated when its
+    cluster starts, wait for the second (module doc of :mod:`tflms.passes.xla_clusters`, "The segment rule")."""
+    where: dict[Node, tuple[int, int]] = {}
+    for n in reversed(topological):
+        if clone(n):
+            fed = [where[s][0] for s in succs[n] if s in where]
+            where[n] = (min(fed, default=index[n]), index[n])
+        else:
+            where[n] = (index[n], 0)
+    return where
+
+
+def _boundaries_first(where: Mapping[Node, tuple[int, int]], preds: Mapping[Node, Sequence[Node]],
                       succs: Mapping[Node, Sequence[Node]], boundary: set[Node]) -> list[Node]:
-    """Kahn's order over data and control edges where a ready boundary goes first, then graph order (``index``)."""
-    return priority_order({n: len(p) for n, p in preds.items()}, succs, lambda n: (n not in boundary, index[n]))
+    """Kahn's order over data and control edges where a ready boundary goes first, then each node's place
+    (:func:`_where_needed`: graph order, a clone where it is needed)."""
+    return priority_order({n: len(p) for n, p in preds.items()}, succs, lambda n: (n not in boundary, where[n]))
 
 
 def _segments(order: list[Node], preds: Mapping[Node, Sequence[Node]], outside: Mapping[Node, str],

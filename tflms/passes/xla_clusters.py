@@ -58,8 +58,16 @@ backward pass reads again) would be returned by its cluster, and XLA returns a p
 
 **The segment rule.** An op left out is a *boundary* when it lies between members: some member reaches it and it
 reaches some member (a source such as an argument, or a sink, bounds nothing). The ops are taken in one topological
-order, Kahn's over data and control edges where a ready boundary goes first and ties go by graph order: each copy
-runs as soon as it can, a swap-out right after the op that produces its tensor, a swap-in right after its trigger.
+order, Kahn's over data and control edges where a ready boundary goes first and ties go by graph order, a recompute
+clone at the place of the first op other than a clone that it feeds: each copy runs as soon as it can, a swap-out
+right after the op that produces its tensor, a swap-in right after its trigger; and a clone, appended to the graph
+by the rewrite, is not left until no original op is ready. (It was: the weight gradients that read re-run chains
+waited with them past the swap-ins that became ready meanwhile, each chain was cut in two, and its first part's
+results, buffers of the earlier cluster from its start, waited for the second. BERT-base in mixed_bfloat16 at batch
+5460 on h200-141gb, simulated, with one swap added to its closest recompute plan: 296.5 GiB, then 153.9; tflms-xla's
+tune there went from a hybrid at 53.5 s a step to one at 5.79 s: :func:`~tflms.ir.xla_segments._where_needed`. Not
+better for every plan: with ``clones_last`` the clones go by graph order, and the tune judges both where its winner
+is a hybrid, :func:`tflms.tune.xla_cuts.tune_xla`.)
 A member's segment is the number of boundaries met before it in that order (consecutive boundaries count once).
 With ``land_cuts``, a member that reads a swap-in (a copy of a copy: not a swap-out, whose synchronous readers wait
 for it on purpose, nor a recompute gate) also starts a segment where its segment has members already: a swap-in
@@ -231,13 +239,14 @@ def registered_xla_kernels(jit_device: str) -> Callable[[str], bool]:
 
 def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
                     has_xla_kernel: Callable[[str], bool] | None = None, update_parts: int = 1,
-                    land_cuts: bool = False) -> PassResult:
+                    land_cuts: bool = False, clones_last: bool = False) -> PassResult:
     """A copy of ``graph`` whose ops are marked for XLA in segments between tflms's copies (see the module doc).
 
     ``has_xla_kernel(op type)``: whether XLA can compile the type (default: TensorFlow's registry for the
     accelerator's XLA device); ``update_parts``: the most clusters one segment's variable updates split into
-    (module doc, "Update parts"; 1: none); ``land_cuts``: a reader of a swap-in starts a segment of its own (module
-    doc, "The segment rule"). The report is a :class:`ClusterReport`.
+    (module doc, "Update parts"; 1: none); ``land_cuts``: a reader of a swap-in starts a segment of its own;
+    ``clones_last``: recompute clones are ordered by graph position, not where they are needed (module doc, "The
+    segment rule"). The report is a :class:`ClusterReport`.
     """
     jit_device = jit_device_for(accelerator_device)
     if has_xla_kernel is None:
@@ -264,7 +273,8 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
                 and any(outside.get(r.op) == TFLMS_COPY for r in op.inputs))
 
     order, boundary, segment, clusters, parts = segment_rule(topological, index, preds, succs, outside, is_clone,
-                                                             resource, updates, lands if land_cuts else None)
+                                                             resource, updates, lands if land_cuts else None,
+                                                             clones_last)
     kept = [c for c in clusters if not all(graph.op(n).type in FREE_OPS for n in c)]
     numbers = {s: k for k, s in enumerate(sorted({segment[c[0]] for c in kept}))}
     new = graph.copy()

@@ -190,8 +190,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             result = None
             if tunes and xla:  # issue 47: the swaps' readers in clusters of their own too, where the winner swaps
                 from tflms.tune.xla_cuts import tune_xla
-                result, land_cuts = clock("tune", lambda: tune_xla(run_tune, sim_options))
-                sim_options = dataclasses.replace(sim_options, xla_land_cuts=land_cuts)
+                result, sim_options = clock("tune", lambda: tune_xla(run_tune, sim_options))
             elif tunes:
                 result = clock("tune", lambda: run_tune(sim_options))
             planned = accelerator if accelerator != config.host_device else PROFILE_DEVICE
@@ -207,6 +206,7 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
                 if xla:  # the clock the plan was priced on: its XLA clusters (issue 47), and whether the swaps'
                     tuning["clock"] = resolve_clock(sim_options.clock, profile)  # readers start clusters
                     tuning["xla_land_cuts"] = sim_options.xla_land_cuts
+                    tuning["xla_clones_last"] = sim_options.xla_clones_last
             tuning["margin_fraction"] = sim_options.margin_fraction  # issue 48
             baseline = getattr(result, "baseline", None)  # what leaving XLA costs this step (issue 46): the
             # callback says so (a plan from the plan cache keeps no baseline: simulated again)
@@ -268,9 +268,10 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
             from tflms.passes.xla_clusters import cluster_for_xla
             parts = sim_options.xla_update_parts if simulates else 1
             cuts = sim_options.xla_land_cuts if simulates else False
+            last = sim_options.xla_clones_last if simulates else False
             clustered = clock("xla", lambda: cluster_for_xla(final, accelerator_device=accelerator,
                                                              host_device=config.host_device, update_parts=parts,
-                                                             land_cuts=cuts))
+                                                             land_cuts=cuts, clones_last=last))
             final = clustered.graph
             final.lint()
             xla_clusters = clustered.report.to_dict()

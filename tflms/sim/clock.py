@@ -144,10 +144,11 @@ def asynchronous(kernels: Kernels, net: IndexedGraph, profile: HardwareProfile, 
 
 def kernels_for(mode: str, net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
                 profile: HardwareProfile, outputs: Sequence[int], unsupported: Sequence[str] = (),
-                update_parts: int = 1, land_cuts: bool = False) -> Kernels:
+                update_parts: int = 1, land_cuts: bool = False, clones_last: bool = False) -> Kernels:
     """The :class:`Kernels` of ``net`` under clock ``mode`` (resolved, see :func:`resolve_clock`). ``unsupported``:
     op types XLA cannot compile (``SimOptions.xla_unsupported``; the ``xla-clusters`` clock leaves them out);
-    ``update_parts``, ``land_cuts``: ``SimOptions.xla_update_parts``, ``SimOptions.xla_land_cuts``."""
+    ``update_parts``, ``land_cuts``, ``clones_last``: ``SimOptions.xla_update_parts``, ``SimOptions.xla_land_cuts``,
+    ``SimOptions.xla_clones_last``."""
     if mode == CLOCK_SERIAL:
         return serial_kernels(net, order, is_transfer, costs, profile)
     from tflms.sim import fusion  # noqa: PLC0415 - fusion imports this module
@@ -159,5 +160,5 @@ def kernels_for(mode: str, net: IndexedGraph, order: Sequence[int], is_transfer:
     if mode == CLOCK_XLA_CLUSTERS:
         from tflms.sim.clusters import cluster_kernels  # noqa: PLC0415 - clusters imports fusion
         return cluster_kernels(net, order, is_transfer, costs, profile, outputs, unsupported, update_parts,
-                               land_cuts)
+                               land_cuts, clones_last)
     raise ConfigError(f"no clock {mode!r}")

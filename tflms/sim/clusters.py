@@ -69,9 +69,10 @@ XLA_CLUSTER_LAUNCHES = 2
 
 
 def step_clusters(net: IndexedGraph, order: Sequence[int], position: Sequence[int], is_transfer: Sequence[bool],
-                  unsupported: Sequence[str] = (), update_parts: int = 1, land_cuts: bool = False) -> list[int]:
+                  unsupported: Sequence[str] = (), update_parts: int = 1, land_cuts: bool = False,
+                  clones_last: bool = False) -> list[int]:
     """By op id, the XLA cluster each op of ``order`` runs in, numbered from 0 in order of their first op (-1: none;
-    module doc, "Which clusters"); ``update_parts``, ``land_cuts``: as
+    module doc, "Which clusters"); ``update_parts``, ``land_cuts``, ``clones_last``: as
     :func:`~tflms.passes.xla_clusters.cluster_for_xla`'s."""
     preds = {i: [p for p in net.preds[i] if position[p] >= 0] for i in order}
     succs: dict[int, list[int]] = {i: [] for i in order}
@@ -95,7 +96,7 @@ def step_clusters(net: IndexedGraph, order: Sequence[int], position: Sequence[in
 
         _, _, _, clusters, _ = segment_rule(order, range(len(names)), preds, succs, outside,
                                             lambda i: is_clone(names[i]), resource, updates,
-                                            lands if land_cuts else None)
+                                            lands if land_cuts else None, clones_last)
         clusters = [c for c in clusters if not all(net.types[i] in FREE_OPS for i in c)]
     cluster = [-1] * len(net.names)
     for k, members in enumerate(sorted(clusters, key=lambda c: position[c[0]])):
@@ -242,12 +243,12 @@ def contracted_preds(net: IndexedGraph, order: Sequence[int], cluster: Sequence[
 
 def cluster_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
                     profile: HardwareProfile, outputs: Sequence[int], unsupported: Sequence[str] = (),
-                    update_parts: int = 1, land_cuts: bool = False) -> Kernels:
+                    update_parts: int = 1, land_cuts: bool = False, clones_last: bool = False) -> Kernels:
     """The ``xla-clusters`` clock's kernels (module doc)."""
     position = [-1] * len(net.names)
     for k, i in enumerate(order):
         position[i] = k
-    cluster = step_clusters(net, order, position, is_transfer, unsupported, update_parts, land_cuts)
+    cluster = step_clusters(net, order, position, is_transfer, unsupported, update_parts, land_cuts, clones_last)
     kernels = xla_kernels(net, order, is_transfer, costs, profile, outputs, cluster)
     kernels.mode = CLOCK_XLA_CLUSTERS
     _executor_ops(kernels, net, order, is_transfer, costs, profile, cluster)

@@ -56,6 +56,11 @@ class SimOptions:
     #: between the swap-in's trigger and its reader run while the copy lands (``land_cuts`` of
     #: :func:`tflms.passes.xla_clusters.cluster_for_xla`; the tune judges both, :func:`tflms.tune.xla_cuts.tune_xla`).
     xla_land_cuts: bool = False
+    #: Whether the segment rule on the ``xla-clusters`` clock orders recompute clones by graph position (last, as they
+    #: are appended) instead of where the ops they feed are (``clones_last`` of
+    #: :func:`tflms.passes.xla_clusters.cluster_for_xla`; the tune judges both where its winner is a hybrid,
+    #: :func:`tflms.tune.xla_cuts.tune_xla`).
+    xla_clones_last: bool = False
 
     def __post_init__(self) -> None:
         from tflms.sim.clock import check_clock  # noqa: PLC0415 - clock imports the simulator's parts

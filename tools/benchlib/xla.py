@@ -43,26 +43,28 @@ def xla_options(options: Any) -> Any:
 
 
 def tune_xla(graph, ev: Evaluator, *, first_fit: bool, progress=None):
-    """tflms-xla's tune of ``graph`` (``None`` where nothing fits), its variables' updates in parts where the step as
-    it is does not fit (``update_parts_for``, as the pipeline tunes)."""
+    """tflms-xla's tune of ``graph`` and the simulator options its winner was tuned on (``(None, None)`` where nothing
+    fits), its variables' updates in parts where the step as it is does not fit (``update_parts_for``, as the
+    pipeline tunes)."""
     from tflms.errors import BudgetError, GraphError
     from tflms.passes.shapes import materialize_gradient_shapes
     from tflms.pipeline.hardware import update_parts_for
     from tflms.tune.tuner import DEFAULT_STRATEGIES, tune
-    from tflms.tune.xla_cuts import tune_xla as with_land_cuts
+    from tflms.tune.xla_cuts import tune_xla as each_way
     graph = materialize_gradient_shapes(graph, resolved=True).graph  # as the pipeline's XLA path
     try:
         options = update_parts_for(xla_options(ev.options), graph, ev.profile, ev.budget)
-        result, _ = with_land_cuts(  # as the pipeline tunes: again with land cuts where the winner swaps
+        result, chosen = each_way(  # as the pipeline tunes: again with land cuts where the winner swaps, and with
+            # the clones ordered last where it is a hybrid
             lambda o: tune(graph, budget=ev.budget, profile=ev.profile, strategies=list(DEFAULT_STRATEGIES),
                            first_fit=first_fit, sim_options=o, enforce_order=not first_fit, progress=progress),
             options, fit_only=first_fit)
-        return result
+        return result, chosen
     except BudgetError:
-        return None
+        return None, None
     except GraphError as err:  # a candidate the tuner built could not be run: said, and counted as no fit
         say(f"{ev.model} {ev.profile.name} {METHOD}: the tune failed: {str(err)[:200]}")
-        return None
+        return None, None
 
 
 def probe_xla(ev: Evaluator, size: int):
@@ -71,7 +73,7 @@ def probe_xla(ev: Evaluator, size: int):
     if ev.fits("none", size):
         return Probe(True, ev.cache[("none", size)].sim)
     graph, _ = ev.steps.graph(ev.model, "plain", size)
-    result = tune_xla(graph, ev, first_fit=True)
+    result, _ = tune_xla(graph, ev, first_fit=True)
     if result is None:
         return Probe(False)
     return Probe(True, result.best.sim, len(result.graph))
@@ -89,7 +91,7 @@ def _full(ev: Evaluator, size: int) -> dict[str, Any] | None:
     graph, _ = ev.steps.graph(ev.model, "plain", size)
     plain = _sim(ev, "none", size)
     t0 = time.perf_counter()
-    result = tune_xla(graph, ev, first_fit=False)
+    result, chosen = tune_xla(graph, ev, first_fit=False)
     took = time.perf_counter() - t0
     if result is None:
         say(f"{ev.model} {ev.profile.name} {METHOD}: the full tune at batch {size} finds no fit [{took:.0f} s]")
@@ -101,6 +103,7 @@ def _full(ev: Evaluator, size: int) -> dict[str, Any] | None:
             "overhead": sim.step_time_s / plain.step_time_s - 1.0, "samples_per_s": size / sim.step_time_s,
             "peak_with_margin_bytes": sim.peak_with_margin_bytes, "kernels": sim.kernels, "clock": sim.clock,
             "strategy": result.best.strategy, "params": {k: str(v) for k, v in result.best.params.items()},
+            "land_cuts": chosen.xla_land_cuts, "clones_last": chosen.xla_clones_last,
             "tune_s": took}
 
 
