@@ -484,38 +484,9 @@ def test_the_pipeline_keeps_xla_priced_by_its_clusters():
     assert "clock" not in plain.report.tuning  # the path without XLA is unchanged
 
 
-def test_the_pipeline_tunes_again_with_land_cuts_where_its_winner_swaps_and_marks_what_it_chose(monkeypatch):
-    """Where the tune's winner swaps, the pipeline tunes again with land cuts and keeps the faster winner; the report
-    says which, and the pass marks the clusters with the same rule."""
-    import tflms.passes.xla_clusters as xla_clusters
-    import tflms.tune.xla_cuts as xla_cuts
-    graph = mlp_training_graph(4, batch=256)
-    profile = "h100-80gb-pcie5"
-    peak = simulate(graph, profile, options=SimOptions(clock="xla")).peak_bytes
-    asked, marked = [], []
-    real_tune, real_pass = xla_cuts.tune_xla, xla_clusters.cluster_for_xla
-
-    def tune_xla(run, options, **kwargs):
-        return real_tune(lambda o: asked.append(o.xla_land_cuts) or run(o), options, **kwargs)
-
-    def cluster_for_xla(*args, **kwargs):
-        marked.append(kwargs.get("land_cuts"))
-        return real_pass(*args, **kwargs)
-    monkeypatch.setattr(xla_cuts, "tune_xla", tune_xla)
-    monkeypatch.setattr(xla_clusters, "cluster_for_xla", cluster_for_xla)
-    # at 96% of XLA alone's peak the plan without cuts is faster, at 93% the one with them
-    for fraction, cuts in ((0.96, False), (0.93, True)):
-        asked.clear(), marked.clear()
-        config = LMSConfig(budget_bytes=int(peak * fraction), profile=profile, enforce_order=False)
-        out = rewrite_step(graph, config, build=False, xla=True)
-        assert out.report.plan.swaps and asked == [False, True]  # a winner that swaps: tuned again with the cuts
-        assert out.report.tuning["xla_land_cuts"] is cuts and marked == [cuts]
-
-
-def test_where_only_the_clones_ordered_last_fit_the_pipeline_tunes_that_way_and_marks_it(monkeypatch):
-    """At 90% of XLA alone's peak nothing fits the test MLP with its clones where they are needed, with or without land
-    cuts; ordered last, a hybrid does. The pipeline tunes each way, reports the winner's, and the pass marks the
-    clusters that way."""
+def _pipeline_on_the_mlp(monkeypatch, fraction: float):
+    """The pipeline's XLA rewrite of the test MLP at ``fraction`` of XLA alone's peak: its output, each tune it ran as
+    ``(land cuts, clones last, winning strategy or None)``, and each marking as ``(land cuts, clones last)``."""
     import tflms.passes.xla_clusters as xla_clusters
     import tflms.tune.xla_cuts as xla_cuts
     from tflms.errors import BudgetError
@@ -527,12 +498,13 @@ def test_where_only_the_clones_ordered_last_fit_the_pipeline_tunes_that_way_and_
 
     def tune_xla(run, options, **kwargs):
         def logged(o):
+            way = (o.xla_land_cuts, o.xla_clones_last)
             try:
                 found = run(o)
             except BudgetError:
-                asked.append((o.xla_land_cuts, o.xla_clones_last, None))
+                asked.append((*way, None))
                 raise
-            asked.append((o.xla_land_cuts, o.xla_clones_last, found.best.strategy))
+            asked.append((*way, found.best.strategy))
             return found
         return real_tune(logged, options, **kwargs)
 
@@ -541,8 +513,26 @@ def test_where_only_the_clones_ordered_last_fit_the_pipeline_tunes_that_way_and_
         return real_pass(*args, **kwargs)
     monkeypatch.setattr(xla_cuts, "tune_xla", tune_xla)
     monkeypatch.setattr(xla_clusters, "cluster_for_xla", cluster_for_xla)
-    config = LMSConfig(budget_bytes=int(peak * 0.9), profile=profile, enforce_order=False)
-    out = rewrite_step(graph, config, build=False, xla=True)
+    config = LMSConfig(budget_bytes=int(peak * fraction), profile=profile, enforce_order=False)
+    return rewrite_step(graph, config, build=False, xla=True), asked, marked
+
+
+def test_the_pipeline_tunes_again_with_land_cuts_where_its_winner_swaps_and_marks_what_it_chose(monkeypatch):
+    """Where the tune's winner swaps, the pipeline tunes again with land cuts and keeps the faster winner; the report
+    says which, and the pass marks the clusters with the same rule."""
+    # at 96% of XLA alone's peak the plan without cuts is faster, at 93% the one with them
+    for fraction, cuts in ((0.96, False), (0.93, True)):
+        out, asked, marked = _pipeline_on_the_mlp(monkeypatch, fraction)
+        # a winner that swaps (and does not recompute): tuned again with the cuts, the clones' order not judged
+        assert out.report.plan.swaps and [a[:2] for a in asked] == [(False, False), (True, False)]
+        assert out.report.tuning["xla_land_cuts"] is cuts and marked == [(cuts, False)]
+
+
+def test_where_only_the_clones_ordered_last_fit_the_pipeline_tunes_that_way_and_marks_it(monkeypatch):
+    """At 90% of XLA alone's peak nothing fits the test MLP with its clones where they are needed, with or without land
+    cuts; ordered last, a hybrid does. The pipeline tunes each way, reports the winner's, and the pass marks the
+    clusters that way."""
+    out, asked, marked = _pipeline_on_the_mlp(monkeypatch, 0.9)
     assert asked[:2] == [(False, False, None), (True, False, None)]  # the clones where needed: nothing fits
     assert [a[:2] for a in asked[2:]] == [(False, True), (True, True)] and "hybrid" in {a[2] for a in asked[2:]}
     assert out.report.plan.swaps and out.report.plan.recomputes
