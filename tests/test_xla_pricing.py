@@ -538,6 +538,8 @@ def test_where_only_the_clones_ordered_last_fit_the_pipeline_tunes_that_way_and_
     assert out.report.plan.swaps and out.report.plan.recomputes
     chosen = (out.report.tuning["xla_land_cuts"], out.report.tuning["xla_clones_last"])
     assert chosen[1] is True and marked == [chosen]
+    clusters = out.report.xla_clusters
+    assert clusters["clones_last"] is True and "clones are ordered last" in clusters["why"]
 
 
 def test_the_clustered_price_is_deterministic():

@@ -149,7 +149,8 @@ class ClusterReport:
     ``HOST_OP``, ``NEVER_COMPILED``, ``VARIABLE_READ``, ``NO_XLA_KERNEL``, ``LEFT_OUT``); ``jit_device``: the XLA device
     the kernels were checked for; ``update_parts``: the segments that are parts of the variables' updates, with how
     many updates each has (module doc, "Update parts"); ``land_cuts``: with ``land_cuts`` on, the members that read a
-    swap-in, each of which begins a segment (module doc, "The segment rule"; empty with it off).
+    swap-in, each of which begins a segment (module doc, "The segment rule"; empty with it off); ``clones_last``:
+    whether the recompute clones were ordered by graph position instead of where they are needed.
     """
 
     clusters: tuple[tuple[int, tuple[str, ...]], ...]
@@ -159,6 +160,7 @@ class ClusterReport:
     jit_device: str
     update_parts: tuple[tuple[int, int], ...] = ()
     land_cuts: tuple[str, ...] = ()
+    clones_last: bool = False
 
     @property
     def num_clusters(self) -> int:
@@ -179,7 +181,8 @@ class ClusterReport:
         ``clusters``, ``segments``, ``cluster_ops`` (members per cluster), ``boundaries`` (how many),
         ``blocked_by`` (a few boundaries that are no copy of tflms), ``unmarked`` (ops of clusters left unmarked),
         ``outside`` (ops left out, counted by why), ``jit_device``, ``update_parts`` (how many clusters update the
-        variables in parts), ``land_cuts`` (how many readers of a swap-in begin a segment), ``why``."""
+        variables in parts), ``land_cuts`` (how many readers of a swap-in begin a segment), ``clones_last``,
+        ``why``."""
         blocked = self.blocked()
         if self.clusters:
             why = (f"{self.num_clusters} XLA cluster(s) in {self.num_segments} segment(s) between tflms's copies: "
@@ -195,12 +198,15 @@ class ClusterReport:
         if self.land_cuts:
             why += (f"; {len(self.land_cuts)} reader(s) of a swap-in begin a segment of their own (land cuts, e.g. "
                     f"{self.land_cuts[0]}), so that the ops before them run while the copy lands")
+        if self.clones_last and self.clusters:
+            why += ("; the recompute clones are ordered last (by graph position) among the ops the copies separate, "
+                    "not where the ops they feed run, as the tune found faster for this plan")
         return {"kept": bool(self.clusters), "clusters": self.num_clusters, "segments": self.num_segments,
                 "cluster_ops": [len(c) for _, c in self.clusters], "boundaries": len(self.boundaries),
                 "blocked_by": list(blocked[:5]), "unmarked": len(self.unmarked),
                 "outside": dict(sorted(Counter(w for _, w in self.outside).items())),
                 "jit_device": self.jit_device, "update_parts": len(self.update_parts),
-                "land_cuts": len(self.land_cuts), "why": why}
+                "land_cuts": len(self.land_cuts), "clones_last": self.clones_last, "why": why}
 
 
 def jit_device_for(accelerator_device: str) -> str:
@@ -307,7 +313,7 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
         outside=tuple((n, outside[n]) for n in order if n in outside), jit_device=jit_device,
         update_parts=tuple((numbers[s], len(w)) for s, w in sorted(parts.items())),
         land_cuts=tuple(n for n in order if land_cuts and n in marked_ops
-                        and reads_a_landing(preds[n], boundary, lands)))
+                        and reads_a_landing(preds[n], boundary, lands)), clones_last=clones_last)
     return PassResult(new, changed=bool(kept) or any(w != NEVER_COMPILED for w in outside.values()), report=report)
 
 
