@@ -20,7 +20,7 @@ two by the swap-ins between them, the first part's results held by its cluster f
 better for every plan (docs/design.md, "Clones where they are needed"), simulated on h200-141gb:
 
 - BERT-base in mixed_bfloat16 at batch 5460: clones last, the best plan was a hybrid at 53.5 s a step (0.08x the
-  plain step's samples/s at its maximum); where they are needed, a hybrid at 5.79 s (0.75x);
+  plain step's samples/s at its maximum); where they are needed, a hybrid at 5.79 s (0.74x);
 - ResNet-50 at batch 7392: clones last, a hybrid at +97.1% (0.51x); where needed, +107.2% (0.49x);
 - the test MLP at 90% of XLA alone's peak: clones last, a hybrid fits; where needed, none does.
 
