@@ -47,7 +47,7 @@ def swaps(result: Any) -> bool:
 
 def hybrid(result: Any) -> bool:
     """Whether the winner of tune ``result`` swaps and recomputes both."""
-    return swaps(result) and bool(getattr(result.best.plan, "recomputes", ()))
+    return swaps(result) and bool(result.best.plan.recomputes)
 
 
 def tune_xla(run: Callable[[Any], Any], options: Any, *, fit_only: bool = False) -> tuple[Any, Any]:
