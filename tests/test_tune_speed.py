@@ -12,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 import random
 
-import pytest
-
 from tflms.analysis.cto import Category, analyze_graph
 from tflms.config import LMSConfig
 from tflms.ir.graph import TensorRef

@@ -84,7 +84,7 @@ def clusters_of(g, unsupported=()) -> dict[str, int]:
     for k, i in enumerate(order):
         position[i] = k
     cluster = step_clusters(net, order, position, [net.names[i].startswith("lms/swap_") for i in range(len(order))],
-                            unsupported)
+                            SimOptions(xla_unsupported=tuple(unsupported)))
     return {net.names[i]: cluster[i] for i in order}
 
 

@@ -229,7 +229,7 @@ def measure(cfg: dict, dtypes: tuple[str, ...], batches: tuple[int, ...], repeat
             except torch.cuda.OutOfMemoryError as err:  # recorded, and the next row still runs
                 row["error"] = f"out of memory: {str(err).splitlines()[0]}"
             rows.append(row)
-            del model, opt
+            model = opt = None  # the next row's model builds in the memory these held
             torch.cuda.empty_cache()
     return device, rows
 

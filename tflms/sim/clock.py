@@ -40,6 +40,7 @@ from tflms.errors import ConfigError
 from tflms.ir.op_types import FREE_OPS
 from tflms.sim.cost import op_time_s
 from tflms.sim.indexed import ACCEL, IndexedGraph, OpCosts, _synthetic_op
+from tflms.sim.records import SimOptions
 from tflms.profiles import HardwareProfile
 
 CLOCK_AUTO, CLOCK_SERIAL, CLOCK_GRAPH, CLOCK_XLA = "auto", "serial", "graph", "xla"
@@ -143,12 +144,9 @@ def asynchronous(kernels: Kernels, net: IndexedGraph, profile: HardwareProfile, 
 
 
 def kernels_for(mode: str, net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
-                profile: HardwareProfile, outputs: Sequence[int], unsupported: Sequence[str] = (),
-                update_parts: int = 1, land_cuts: bool = False, clones_last: bool = False) -> Kernels:
-    """The :class:`Kernels` of ``net`` under clock ``mode`` (resolved, see :func:`resolve_clock`). ``unsupported``:
-    op types XLA cannot compile (``SimOptions.xla_unsupported``; the ``xla-clusters`` clock leaves them out);
-    ``update_parts``, ``land_cuts``, ``clones_last``: ``SimOptions.xla_update_parts``, ``SimOptions.xla_land_cuts``,
-    ``SimOptions.xla_clones_last``."""
+                profile: HardwareProfile, outputs: Sequence[int], options: SimOptions | None = None) -> Kernels:
+    """The :class:`Kernels` of ``net`` under clock ``mode`` (resolved, see :func:`resolve_clock`). The
+    ``xla-clusters`` clock reads the segment options of ``options`` (``SimOptions.xla_*``; ``None``: the defaults)."""
     if mode == CLOCK_SERIAL:
         return serial_kernels(net, order, is_transfer, costs, profile)
     from tflms.sim import fusion  # noqa: PLC0415 - fusion imports this module
@@ -159,6 +157,5 @@ def kernels_for(mode: str, net: IndexedGraph, order: Sequence[int], is_transfer:
         return fusion.xla_kernels(net, order, is_transfer, costs, profile, outputs)
     if mode == CLOCK_XLA_CLUSTERS:
         from tflms.sim.clusters import cluster_kernels  # noqa: PLC0415 - clusters imports fusion
-        return cluster_kernels(net, order, is_transfer, costs, profile, outputs, unsupported, update_parts,
-                               land_cuts, clones_last)
+        return cluster_kernels(net, order, is_transfer, costs, profile, outputs, options)
     raise ConfigError(f"no clock {mode!r}")

@@ -62,6 +62,7 @@ from tflms.sim.clock import CLOCK_XLA_CLUSTERS, Kernels, op_durations
 from tflms.sim.cost import op_launches
 from tflms.sim.fusion import xla_kernels
 from tflms.sim.indexed import ACCEL, HOST, IndexedGraph, OpCosts
+from tflms.sim.records import SimOptions
 
 #: Executor launches per cluster and step: ``_XlaCompile`` (after the first step, a lookup in the compilation cache)
 #: and ``_XlaRun``, each dispatched like a kernel (an assumption: TensorFlow runs the pair for every cluster).
@@ -69,11 +70,12 @@ XLA_CLUSTER_LAUNCHES = 2
 
 
 def step_clusters(net: IndexedGraph, order: Sequence[int], position: Sequence[int], is_transfer: Sequence[bool],
-                  unsupported: Sequence[str] = (), update_parts: int = 1, land_cuts: bool = False,
-                  clones_last: bool = False) -> list[int]:
+                  options: SimOptions | None = None) -> list[int]:
     """By op id, the XLA cluster each op of ``order`` runs in, numbered from 0 in order of their first op (-1: none;
-    module doc, "Which clusters"); ``update_parts``, ``land_cuts``, ``clones_last``: as
-    :func:`~tflms.passes.xla_clusters.cluster_for_xla`'s."""
+    module doc, "Which clusters"). Of ``options`` (``None``: the defaults) it reads ``xla_unsupported`` and, as
+    :func:`~tflms.passes.xla_clusters.cluster_for_xla` reads its parameters of those names, ``xla_update_parts``,
+    ``xla_land_cuts`` and ``xla_clones_last``."""
+    options = options or SimOptions()
     preds = {i: [p for p in net.preds[i] if position[p] >= 0] for i in order}
     succs: dict[int, list[int]] = {i: [] for i in order}
     for i in order:
@@ -83,20 +85,20 @@ def step_clusters(net: IndexedGraph, order: Sequence[int], position: Sequence[in
     if marked is not None:
         clusters = connected_clusters(order, preds, marked)
     else:
-        unsupported = frozenset(unsupported)
+        unsupported = frozenset(options.xla_unsupported)
         outside = {i: why for i in order if (why := _why_outside(net, i, is_transfer, unsupported, succs))}
         names = net.names
         types, t_info, inputs = net.types, net.t_info, net.inputs
         resource, updates = resource_rules({i: types[i] for i in order},
                                            lambda i: t_info[inputs[i][1]].num_bytes if len(inputs[i]) > 1 else None,
-                                           update_parts)
+                                           options.xla_update_parts)
         def lands(i: int) -> bool:  # as the pass's: a copy of a copy (a swap-in, and here TensorFlow's _Recv of one)
             return (outside[i] == TFLMS_COPY and not is_gate(types[i], names[i])
                     and any(outside.get(net.t_op[t]) == TFLMS_COPY for t in inputs[i]))
 
         _, _, _, clusters, _ = segment_rule(order, range(len(names)), preds, succs, outside,
                                             lambda i: is_clone(names[i]), resource, updates,
-                                            lands if land_cuts else None, clones_last)
+                                            lands if options.xla_land_cuts else None, options.xla_clones_last)
         clusters = [c for c in clusters if not all(net.types[i] in FREE_OPS for i in c)]
     cluster = [-1] * len(net.names)
     for k, members in enumerate(sorted(clusters, key=lambda c: position[c[0]])):
@@ -242,13 +244,12 @@ def contracted_preds(net: IndexedGraph, order: Sequence[int], cluster: Sequence[
 
 
 def cluster_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
-                    profile: HardwareProfile, outputs: Sequence[int], unsupported: Sequence[str] = (),
-                    update_parts: int = 1, land_cuts: bool = False, clones_last: bool = False) -> Kernels:
-    """The ``xla-clusters`` clock's kernels (module doc)."""
+                    profile: HardwareProfile, outputs: Sequence[int], options: SimOptions | None = None) -> Kernels:
+    """The ``xla-clusters`` clock's kernels (module doc), its clusters as :func:`step_clusters` finds them."""
     position = [-1] * len(net.names)
     for k, i in enumerate(order):
         position[i] = k
-    cluster = step_clusters(net, order, position, is_transfer, unsupported, update_parts, land_cuts, clones_last)
+    cluster = step_clusters(net, order, position, is_transfer, options)
     kernels = xla_kernels(net, order, is_transfer, costs, profile, outputs, cluster)
     kernels.mode = CLOCK_XLA_CLUSTERS
     _executor_ops(kernels, net, order, is_transfer, costs, profile, cluster)

@@ -352,8 +352,7 @@ def step_kernels(net: IndexedGraph, order: Sequence[int], outputs: Sequence[int]
     :func:`_run` (and :func:`tflms.sim.simulator.kernel_reads`) use them."""
     bufs = _Buffers(net, order, options)
     return bufs, kernels_for(resolve_clock(options.clock, profile), net, order, bufs.is_transfer, costs, profile,
-                             outputs, options.xla_unsupported, options.xla_update_parts, options.xla_land_cuts,
-                             options.xla_clones_last)
+                             outputs, options)
 
 
 def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outputs: Iterable[int],
