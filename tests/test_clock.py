@@ -225,6 +225,26 @@ def test_xla_computes_dropouts_random_numbers_inside_the_kernel_that_reads_them(
     assert xla.kernels == 1 and graph.kernels > 1
 
 
+def test_xla_fuses_the_exact_gelu_of_keras_3_into_one_kernel():
+    """Keras 3's GELU on TensorFlow (``approximate=False``): tf.nn.gelu builds 0.5 * x * erfc(-x / sqrt(2)). tf2xla
+    lowers ``Erfc`` to element-wise ops, so the chain is one kernel reading x and writing y; TensorFlow's own Erfc is
+    a cwise kernel that may write into its input's buffer. Before, ``Erfc`` was none of those: a kernel of its own
+    that wrote its output, on every clock."""
+    b = GraphBuilder()
+    b.op("x", "Placeholder", shape=T)
+    b.op("c", "Const", shape=(), dtype="float32")
+    b.op("neg", "Mul", ["x", "c"], shape=T)
+    b.op("erfc", "Erfc", ["neg"], shape=T)
+    b.op("half", "Mul", ["x", "c"], shape=T)
+    b.op("y", "Mul", ["half", "erfc"], shape=T)
+    xla, serial = run(b.graph, bytes_profile(), "xla"), run(b.graph, bytes_profile(), "serial")
+    assert xla.kernels == 1 and "erfc:0" not in buffers(xla)
+    assert xla.step_time_s == pytest.approx((64 + 4 + 64) / 64)  # x and c in, y out
+    assert serial.kernels == 4
+    # serial: erfc writes into neg's buffer (neg has no other reader), as TensorFlow's UnaryOp forwards its input
+    assert serial.buffer_owner["erfc:0"] == "neg:0"
+
+
 def test_a_copy_to_the_host_is_a_fusion_boundary():
     b = relu_chain(2)
     b.graph.add_op("out", "Identity", inputs=[b.graph.op("r0").output(0)], device=HOST,

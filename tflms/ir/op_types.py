@@ -50,7 +50,7 @@ FORWARDING_OPS = frozenset({
     "TanhGrad", "SigmoidGrad", "AddN", "Cast", "SquaredDifference", "DivNoNan", "LeakyRelu", "LeakyReluGrad",
     "RsqrtGrad", "SqrtGrad", "ReciprocalGrad", "Reciprocal", "Inv", "EluGrad", "SeluGrad", "Softplus",
     "SoftplusGrad", "Softsign", "SoftsignGrad", "Log1p", "Expm1", "Sign", "Floor", "Ceil", "Round", "Rint",
-    "Pow", "Div", "FloorDiv", "FloorMod", "Erf", "MulNoNan", "Xlogy", "Xdivy", "ClipByValue",
+    "Pow", "Div", "FloorDiv", "FloorMod", "Erf", "Erfc", "MulNoNan", "Xlogy", "Xdivy", "ClipByValue",
 })
 #: The :data:`ALIAS_OPS` with several outputs, output k a view of input k.
 MULTI_ALIAS_OPS = frozenset({"IdentityN", "XlaOptimizationBarrier"})
@@ -79,7 +79,12 @@ CONTRACTION_OPS = frozenset({
 XLA_ELEMENTWISE = FORWARDING_OPS | frozenset({
     "Cast", "Select", "SelectV2", "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual", "LogicalAnd",
     "LogicalOr", "LogicalNot", "IsFinite", "IsNan", "Sin", "Cos", "Tan", "Atan2", "Gelu", "ZerosLike", "OnesLike",
-    "Identity", "StopGradient"})
+    "Identity", "StopGradient",
+    # tf2xla's other element-wise unary kernels (tensorflow/compiler/tf2xla/kernels/unary_ops.cc, XLAJIT_MAKE_UNARY:
+    # each an expression of XLA element-wise ops). Erfc is Keras 3's exact GELU on TensorFlow (tf.nn.gelu:
+    # 0.5 * x * erfc(-x / sqrt(2))), in FORWARDING_OPS above (TensorFlow's UnaryOp, cwise_op_erfc.cc).
+    "Acos", "Acosh", "Asin", "Asinh", "Atan", "Atanh", "Cosh", "Sinh", "IsInf", "Invert", "Erfinv", "Ndtri",
+    "Lgamma", "Digamma", "Real", "Imag", "Conj", "ComplexAbs", "Angle"})
 #: Stateless random numbers (Keras 3's dropout on TensorFlow: ``tf.random.stateless_uniform``). tf2xla lowers them
 #: for the GPU and CPU JIT devices to an ``RngBitGenerator`` with ``RNG_PHILOX`` and element-wise conversions
 #: (tensorflow/compiler/tf2xla/kernels/stateless_random_ops_v2.cc, ``GetBitGeneratorForDevice``); XLA:GPU expands

@@ -28,7 +28,7 @@ from tflms.profiles import HardwareProfile
 #: FLOPs per output element of elementwise-like ops that do more than one op.
 _FLOPS_PER_ELEMENT = {
     "FusedBatchNormV3": 10, "FusedBatchNormGradV3": 15, "FusedBatchNorm": 10, "FusedBatchNormGrad": 15,
-    "Softmax": 5, "LogSoftmax": 5, "Exp": 4, "Log": 4, "Tanh": 4, "Sigmoid": 4, "Erf": 8, "Rsqrt": 2,
+    "Softmax": 5, "LogSoftmax": 5, "Exp": 4, "Log": 4, "Tanh": 4, "Sigmoid": 4, "Erf": 8, "Erfc": 8, "Rsqrt": 2,
     "Sqrt": 2, "Pow": 8, "TanhGrad": 2, "SigmoidGrad": 3, "SoftmaxCrossEntropyWithLogits": 8,
     "SparseSoftmaxCrossEntropyWithLogits": 8,
 }
