@@ -123,9 +123,10 @@ def test_the_bound_is_deterministic(cnn):
 
 @pytest.fixture(scope="module")
 def small_bert():
-    """A three-layer BERT (sequence 128, width 128, dropout) at batch 64 and 15% of its activations: on HiGHS 1.12 the
-    any-plan search closes its gap after 21 nodes, past :data:`NODE_LIMIT`. (Two layers at 30% took 64 nodes until
-    dropout's random numbers fused into their readers on the XLA clocks; now they close at the root.)"""
+    """A three-layer BERT (sequence 128, width 128, dropout) at batch 64 and 18% of its activations: on HiGHS 1.12 the
+    search closes its gap after 276 nodes, past :data:`NODE_LIMIT`. (Two layers at 30% took 64 nodes until dropout's
+    random numbers fused into their readers on the XLA clocks, and three at 15% 21 until GELU's Erfc did; both now
+    close at the root.)"""
     keras = pytest.importorskip("keras")
     import tensorflow as tf
 
@@ -138,7 +139,7 @@ def small_bert():
     graph = load_graph(tf.function(make_train_step(model, optimizer)), tf.TensorSpec((64, 128), tf.int32),
                        tf.TensorSpec((64,), tf.int32))
     plain = simulate(graph, PROFILE, options=XLA)
-    return analyze_graph(graph), plain, plain.resident_bytes + int(0.15 * plain.transient_peak_bytes)
+    return analyze_graph(graph), plain, plain.resident_bytes + int(0.18 * plain.transient_peak_bytes)
 
 
 NODE_LIMIT = 5
