@@ -890,3 +890,38 @@ def test_the_recompute_floor_counts_no_clone_on_the_xla_clocks():
     assert floor == pytest.approx(base.compute_time_s, rel=1e-6) and floor <= recomputed.compute_time_s
     serial = run(plain, "serial")
     assert compute_floor_s(serial, {"b": 2.0}, [clone]) == pytest.approx(serial.compute_time_s + 2.0, rel=1e-6)
+
+
+def test_the_relaxation_ranks_a_re_run_by_what_its_clones_kernels_take_where_xla_fuses_them():
+    """The relaxation keeps the recomputed ops whose re-run costs most per byte freed. Dropout re-run for its
+    backward pass: its random numbers and mask fuse into the select that reads them, whose output a product reads
+    (so it reaches memory). By price alone the mask is the dearest per byte (a kernel for a bool); by what the
+    clones' kernels take on the XLA clock it costs nothing, and the select everything. Elsewhere each clone is a
+    kernel of its own."""
+    from tflms.ir.names import CLONE_PREFIX
+    from tflms.sim.cost import op_time_s
+    from tflms.tune.recompute_sets import rerun_times
+    profile = HardwareProfile("h", memory_bytes=1 << 30, peak_flops=1e12, memory_gbps=1.0, link_gbps=1.0,
+                              link_latency_s=0, launch_overhead_s=0, compute_efficiency=1, link_efficiency=1)
+    b = GraphBuilder()
+    T = (64, 64)
+    b.op("x", "Placeholder", shape=T)
+    b.op("w", "Placeholder", shape=T)
+    b.op("shape", "Const", shape=(2,), dtype="int32")
+    b.op("key", "Placeholder", shape=(1,), dtype="uint64")
+    b.op("counter", "Placeholder", shape=(2,), dtype="uint64")
+    b.op("alg", "Const", shape=(), dtype="int32")
+    b.op("rate", "Const", shape=(), dtype="float32")
+    b.op("zero", "Const", shape=(), dtype="float32")
+    c = CLONE_PREFIX
+    b.op(c + "u", "StatelessRandomUniformV2", ["shape", "key", "counter", "alg"], shape=T)
+    b.op(c + "mask", "GreaterEqual", [c + "u", "rate"], shape=T, dtype="bool")
+    b.op(c + "s", "Mul", ["x", "rate"], shape=T)
+    b.op(c + "y", "SelectV2", [c + "mask", c + "s", "zero"], shape=T)
+    b.op("grad_w", "MatMul", [c + "y", "w"], shape=T)  # the weight gradient reads the re-run dropout
+    times = {op: op_time_s(b.graph, b.graph.op(c + op), profile) for op in ("u", "mask", "s", "y")}
+    assert times["mask"] / 4096 > times["y"] / (4 * 4096)  # by price, the mask is dearest per byte
+    xla = rerun_times(simulate(b.graph, profile, options=SimOptions(clock="xla")), times)
+    assert xla.get("u", 0) == xla.get("mask", 0) == xla.get("s", 0) == 0 and xla["y"] > 0
+    serial = rerun_times(simulate(b.graph, profile, options=SimOptions(clock="serial")), times)
+    assert all(serial[op] > 0 for op in times)
