@@ -52,8 +52,10 @@ ONLY_BISECTIONS = 8
 
 def _relax(ev: TuneEvaluator, times: Mapping[str, float], cand: Candidate, skipped: tuple) -> list[Candidate]:
     """The fastest fitting recompute plan with its dearest ops (re-run time per byte freed) kept instead, as many
-    as still fit: a bisection on how many (at most :data:`RELAX_BISECTIONS` simulations). The memory the budget
-    leaves is spent on not re-running matrix products.
+    as still fit: a bisection on how many, to one op (at most :data:`RELAX_BISECTIONS` simulations). The memory the
+    budget leaves is spent on not re-running matrix products. (It stopped within a 64th of the ops until the
+    twenty-eighth session: BERT-base's relaxed plan at 1568 on h200-141gb kept 195 ops at 112 GiB of 141, the next
+    trial 213 at 282 GiB, the gap 18 ops of about 9 GiB each; to one op, 1296.4 -> 1281.3 ms at 134 GiB.)
 
     What a re-run costs: on the XLA clocks, what its clones' kernels take in ``cand``'s own simulation
     (:func:`rerun_times`), since there a clone XLA fuses into its reader costs nothing and one written for a library
@@ -64,7 +66,7 @@ def _relax(ev: TuneEvaluator, times: Mapping[str, float], cand: Candidate, skipp
                  key=lambda op: (-rerun.get(op, 0.0) / max(1, output_bytes(graph, op)), op))
     added, low, high = [], 0, len(ops)  # keeping ``low`` fits; keeping ``high`` is not known to
     for _ in range(RELAX_BISECTIONS):
-        if high - low <= max(1, len(ops) // 64):
+        if high - low <= 1:
             break
         middle = (low + high + 1) // 2
         trial = _judge_ops(ev, times, ops[middle:], skipped, {**cand.params, "kept": middle})
