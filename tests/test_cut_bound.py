@@ -257,3 +257,17 @@ def test_a_fused_re_run_that_reads_as_much_saves_nothing():
     o = b.op("fw/o", "MatMul", [r, w], shape=s)
     b.op("gradient_tape/relu_grad", "ReluGrad", [b.op("gradient_tape/dr", "MatMul", [o, w], shape=s), r], shape=s)
     assert rerun_savings_s(analyze_graph(b.graph), PROFILE, ["fw/r"]) == {"fw/r": 0.0}
+
+
+def test_what_the_solver_prints_to_standard_output_goes_to_standard_error(capfd):
+    """HiGHS prints some lines from C++ to file descriptor 1, where tools/bench.py --json prints its records: the
+    search points that descriptor at standard error while it runs, and back after."""
+    import os
+
+    from tflms.tune.cut_bound import solver_prints_to_stderr
+    with solver_prints_to_stderr():
+        os.write(1, b"from the solver\n")
+    os.write(1, b"a record\n")
+    out, err = capfd.readouterr()
+    assert "from the solver" in err and "from the solver" not in out
+    assert out == "a record\n"

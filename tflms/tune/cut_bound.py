@@ -70,8 +70,11 @@ plans without compressed copies (``compress``, which move fewer).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping, Sequence
+import os
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -524,8 +527,25 @@ def _search(program: _Program, node_limit: int | None, time_limit_s: float, log:
     options = {"time_limit": time_limit_s, "mip_rel_gap": MIP_REL_GAP, "disp": log}
     if node_limit is not None:
         options["node_limit"] = node_limit
-    return milp(program.objective, constraints=program.constraints, integrality=program.integrality,
-                bounds=Bounds(0.0, program.upper), options=options)
+    with solver_prints_to_stderr():
+        return milp(program.objective, constraints=program.constraints, integrality=program.integrality,
+                    bounds=Bounds(0.0, program.upper), options=options)
+
+
+@contextlib.contextmanager
+def solver_prints_to_stderr() -> Iterator[None]:
+    """While HiGHS runs, what it writes to the process's standard output goes to standard error. HiGHS prints some
+    lines from C++, past Python (``HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();``, on
+    BERT-base bf16 at 1872 on h200-141gb), and ``tools/bench.py --json`` prints its records on standard output: they
+    were no longer JSON lines. File descriptor 1 points at standard error for the while."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _status(result, node_limit: int | None) -> str:
@@ -572,8 +592,9 @@ def _proven(result, program: _Program) -> float:
 def _relaxed(program: _Program) -> float:
     """The linear relaxation's optimum: a bound where the search stopped before proving one."""
     from scipy.optimize import Bounds, milp
-    return milp(program.objective, constraints=program.constraints, integrality=np.zeros_like(program.integrality),
-                bounds=Bounds(0.0, program.upper)).fun
+    with solver_prints_to_stderr():
+        return milp(program.objective, constraints=program.constraints,
+                    integrality=np.zeros_like(program.integrality), bounds=Bounds(0.0, program.upper)).fun
 
 
 def _infeasible(program: _Program) -> CutBound:
