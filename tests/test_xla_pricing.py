@@ -898,7 +898,10 @@ def test_the_relaxation_ranks_a_re_run_by_what_its_clones_kernels_take_where_xla
     (so it reaches memory). By price alone the mask is the dearest per byte (a kernel for a bool); by what the
     clones' kernels take on the XLA clock it costs nothing, and the select everything. Elsewhere each clone is a
     kernel of its own."""
+    import types
+
     from tflms.ir.names import CLONE_PREFIX
+    from tflms.policies.recompute import clone_name
     from tflms.sim.cost import op_time_s
     from tflms.tune.recompute_sets import rerun_times
     profile = HardwareProfile("h", memory_bytes=1 << 30, peak_flops=1e12, memory_gbps=1.0, link_gbps=1.0,
@@ -921,7 +924,10 @@ def test_the_relaxation_ranks_a_re_run_by_what_its_clones_kernels_take_where_xla
     b.op("grad_w", "MatMul", [c + "y", "w"], shape=T)  # the weight gradient reads the re-run dropout
     times = {op: op_time_s(b.graph, b.graph.op(c + op), profile) for op in ("u", "mask", "s", "y")}
     assert times["mask"] / 4096 > times["y"] / (4 * 4096)  # by price, the mask is dearest per byte
-    xla = rerun_times(simulate(b.graph, profile, options=SimOptions(clock="xla")), times)
+    # the clones of one decision re-running u, mask, s and y (the graph names them as the rewrite does)
+    decision = types.SimpleNamespace(ops=tuple(times), clones=tuple(clone_name(op) for op in times))
+    assert decision.clones == tuple(c + op for op in times)
+    xla = rerun_times(simulate(b.graph, profile, options=SimOptions(clock="xla")), [decision])
     assert xla.get("u", 0) == xla.get("mask", 0) == xla.get("s", 0) == 0 and xla["y"] > 0
-    serial = rerun_times(simulate(b.graph, profile, options=SimOptions(clock="serial")), times)
+    serial = rerun_times(simulate(b.graph, profile, options=SimOptions(clock="serial")), [decision])
     assert all(serial[op] > 0 for op in times)

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from tflms.ir.names import CLONE_PREFIX, is_clone
 from tflms.policies.checkpoints import articulations, balanced_segment_ops, output_bytes, segment_ops
 from tflms.policies.recompute import recompute_plan
 from tflms.sim.clock import XLA_CLOCKS
@@ -61,7 +60,7 @@ def _relax(ev: TuneEvaluator, times: Mapping[str, float], cand: Candidate, skipp
     (:func:`rerun_times`), since there a clone XLA fuses into its reader costs nothing and one written for a library
     call costs its whole fusion; elsewhere, the op's price (``times``)."""
     graph = ev.analysis.graph
-    rerun = rerun_times(cand.sim, times) if cand.sim.clock in XLA_CLOCKS else times
+    rerun = rerun_times(cand.sim, cand.plan.recomputes) if cand.sim.clock in XLA_CLOCKS else times
     ops = sorted({op for r in cand.plan.recomputes for op in r.ops},
                  key=lambda op: (-rerun.get(op, 0.0) / max(1, output_bytes(graph, op)), op))
     added, low, high = [], 0, len(ops)  # keeping ``low`` fits; keeping ``high`` is not known to
@@ -81,22 +80,19 @@ def _relax(ev: TuneEvaluator, times: Mapping[str, float], cand: Candidate, skipp
     return added
 
 
-def rerun_times(sim: SimResult, times: Mapping[str, float]) -> dict[str, float]:
-    """By original op of ``times``, what its clones' kernels take on the compute stream of ``sim`` (a plan's
-    simulation): a fused clone takes nothing, its fusion's root the whole fusion. Dropout's mask is the case that
-    matters: on the XLA clocks its random numbers and comparison fuse into the select that reads them, so keeping
-    the mask saves nothing and costs its bytes, while its price alone (a kernel reading the random numbers and
-    writing one byte an element) ranked it dearest per byte of all (BERT-base in mixed_bfloat16 at batch 1568 on
-    h200-141gb: the plan that kept 7 layers' masks more took 32 ms more a step and 31 GiB more)."""
+def rerun_times(sim: SimResult, decisions: Iterable) -> dict[str, float]:
+    """By op the recompute ``decisions`` re-run, what its clones' kernels
+    (:attr:`~tflms.policies.recompute.RecomputeDecision.clones`) take on the compute stream of ``sim``, the plan's
+    simulation: a fused clone takes nothing, its fusion's root the whole fusion. Dropout's mask is the case that matters: on the XLA clocks its random numbers and comparison fuse into
+    the select that reads them, so keeping the mask saves nothing and costs its bytes, while its price alone (a
+    kernel reading the random numbers and writing one byte an element) ranked it dearest per byte of all
+    (BERT-base in mixed_bfloat16 at batch 1568 on h200-141gb: the plan that kept 7 layers' masks more took 32 ms
+    more a step and 31 GiB more)."""
+    took = {record.name: record.end_s - record.start_s for record in sim.ops if record.stream == "compute"}
     out: dict[str, float] = {}
-    for record in sim.ops:
-        if record.stream != "compute" or not is_clone(record.name):
-            continue
-        op = record.name[len(CLONE_PREFIX):]
-        if op not in times:  # a chain op re-run again (:func:`~tflms.policies.recompute.clone_name`), or a gate
-            op = op.rsplit("/again", 1)[0]
-        if op in times:
-            out[op] = out.get(op, 0.0) + (record.end_s - record.start_s)
+    for decision in decisions:
+        for op, clone in zip(decision.ops, decision.clones):
+            out[op] = out.get(op, 0.0) + took.get(clone, 0.0)
     return out
 
 
