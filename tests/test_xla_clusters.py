@@ -56,20 +56,23 @@ def _swapped_mlp() -> Graph:
 # ------------------------------------------------------------------ the rule, on hand-built graphs
 def test_segments_end_at_each_copy_and_the_copies_stay_out():
     """Kahn's order with each copy as soon as it can run: a swap-out right after its producer, a swap-in right after
-    its trigger; every copy ends a segment, and a segment's unconnected parts are clusters of their own."""
+    its trigger; every copy ends a segment, and a segment's unconnected parts are clusters of their own. A swap-out's
+    release cut ends the segment after the first product its tensor's other readers feed (``_releases``): the next
+    layer's product reads Relu_0, and the cluster holding it ends there, not at the next boundary."""
     graph = _swapped_mlp()
     result = cluster_for_xla(graph, accelerator_device=CPU, host_device=CPU, has_xla_kernel=_anything_compiles)
     report = result.report
     assert [(k, list(members)) for k, members in report.clusters] == [
         (0, ["fw/MatMul_0", "fw/Relu_0"]),
-        (1, ["fw/MatMul_1", "fw/Relu_1"]),  # after lms/swap_out_fw/Relu_0_0
-        (2, ["loss/Sub"]),  # after lms/swap_out_fw/Relu_1_0
-        (3, ["loss/Mean"]),  # after lms/swap_in_fw/Relu_1_0_0 (trigger loss/Sub)
-        (3, ["gradient_tape/ReluGrad_1"]),
-        (4, ["gradient_tape/MatMul_1_1"]),  # after lms/swap_in_fw/Relu_0_0_0 (trigger ReluGrad_1)
-        (4, ["gradient_tape/MatMul_1"]),
+        (1, ["fw/MatMul_1"]),  # after lms/swap_out_fw/Relu_0_0; its release cut after the product that reads Relu_0
+        (2, ["fw/Relu_1"]),
+        (3, ["loss/Sub"]),  # after lms/swap_out_fw/Relu_1_0 (its release, through Sub to Mean, met the swap-in first)
+        (4, ["loss/Mean"]),  # after lms/swap_in_fw/Relu_1_0_0 (trigger loss/Sub)
+        (4, ["gradient_tape/ReluGrad_1"]),
+        (5, ["gradient_tape/MatMul_1_1"]),  # after lms/swap_in_fw/Relu_0_0_0 (trigger ReluGrad_1)
+        (5, ["gradient_tape/MatMul_1"]),
         # after lms/swap_in_fw/Relu_0_0_1 (trigger MatMul_1); the learning rate (a constant) joins its readers
-        (5, ["lr", "opt/Mul_1", "opt/AssignSubVariableOp_1", "gradient_tape/ReluGrad_0", "gradient_tape/MatMul_1_0",
+        (6, ["lr", "opt/Mul_1", "opt/AssignSubVariableOp_1", "gradient_tape/ReluGrad_0", "gradient_tape/MatMul_1_0",
              "gradient_tape/MatMul_0", "opt/Mul_0", "opt/AssignSubVariableOp_0"]),
     ]
     assert report.boundaries == ("lms/swap_out_fw/Relu_0_0", "lms/swap_out_fw/Relu_1_0", "lms/swap_in_fw/Relu_1_0_0",
@@ -86,7 +89,7 @@ def test_segments_end_at_each_copy_and_the_copies_stay_out():
     for name in report.boundaries:  # vetoed even under global jit
         assert _attr(new, name, XLA_COMPILE_ATTR) is False and _attr(new, name, XLA_SCOPE_ATTR) is None, name
     assert _attr(new, "x", XLA_COMPILE_ATTR) is None  # arguments are no candidates anyway
-    assert report.to_dict()["clusters"] == 8 and report.to_dict()["segments"] == 6
+    assert report.to_dict()["clusters"] == 9 and report.to_dict()["segments"] == 7
     # the input graph is untouched
     assert all(_attr(graph, op.name, XLA_COMPILE_ATTR) is None for op in graph)
 

@@ -153,6 +153,56 @@ def test_a_cluster_starts_only_when_all_its_inputs_exist():
     assert spans(run(swapped_chain(), "graph", slow_link))["r2"][0] == 4.0
 
 
+def released_chain():
+    """a = relu(x) (1 KiB) is swapped out after a and back in after t3 for d = a @ t3; its other reader m = -a feeds
+    the product p = m @ w (256 B), and the products t1, t2, t3 follow; e = d + t1. The swap-out opens the segment of
+    m, p, t1, t2 and t3; the release cut ends it after p, where the cluster holding a as an input ends."""
+    b = GraphBuilder()
+    b.op("x", "Placeholder", shape=(16, 16))
+    b.op("w", "Placeholder", shape=(16, 4))
+    b.op("v", "Placeholder", shape=(4, 4))
+    b.op("a", "Relu", ["x"], shape=(16, 16))
+    g = b.graph
+    g.add_op("lms/swap_out_a", "Identity", inputs=[TensorRef("a", 0)], device=HOST, outputs=g.op("a").outputs)
+    b.op("m", "Neg", ["a"], shape=(16, 16))
+    b.op("p", "MatMul", ["m", "w"], shape=(16, 4))
+    for k, src in ((1, "p"), (2, "t1"), (3, "t2")):
+        b.op(f"t{k}", "MatMul", [src, "v"], shape=(16, 4))
+    g.add_op("lms/swap_in_a", "Identity", inputs=[TensorRef("lms/swap_out_a", 0)], control_inputs=["t3"],
+             device=HOST, outputs=g.op("a").outputs)
+    b.op("d", "MatMul", ["lms/swap_in_a", "t3"], shape=(16, 4))
+    b.op("e", "AddV2", ["d", "t1"], shape=(16, 4))
+    return g
+
+
+def test_a_release_cut_ends_the_cluster_that_holds_a_swapped_tensor_after_its_readers(monkeypatch):
+    """A cluster holds its inputs until it ends. The swap-out of a ends a's segment, and its other reader m opens the
+    next, which runs on to the swap-in's trigger t3: without the release cut that cluster holds a until t3, and the
+    copy to the host frees nothing meanwhile. The cut after the first product that m feeds (p) ends it there: the
+    pass and the clock cluster alike, the copy starts as early, and the step peaks lower."""
+    import tflms.ir.xla_segments as xla_segments
+    g = released_chain()
+    expected = [{"a"}, {"m", "p"}, {"t1", "t2", "t3"}, {"d", "e"}]
+    found = clusters_of(g)
+    assert [{n for n, k in found.items() if k == c} for c in range(max(found.values()) + 1)] == expected
+    marked = cluster_for_xla(g, accelerator_device=GPU, host_device=HOST, has_xla_kernel=lambda t: True)
+    assert [set(m) for _, m in marked.report.clusters] == expected
+    cut = run(g, "xla-clusters")
+    monkeypatch.setattr(xla_segments, "_releases", lambda *args, **kwargs: {})  # the rule without the cut
+    found = clusters_of(g)
+    assert [{n for n, k in found.items() if k == c} for c in range(max(found.values()) + 1)] == [
+        {"a"}, {"m", "p", "t1", "t2", "t3"}, {"d", "e"}]
+    plain = run(g, "xla-clusters")
+    t, u = spans(cut), spans(plain)
+    assert t["lms/swap_out_a"] == u["lms/swap_out_a"] == (32.0, 48.0)  # the copy to the host: as early
+
+    def held(result, at: float) -> int:  # the device's bytes at time ``at``
+        return [accel for time, accel, _ in result.timeline if time <= at][-1]
+    # while t2 runs the cluster of t1..t3 holds p (256 B, which crosses the cut) instead of a (1 KiB)
+    assert t["t2"] == (97.0, 106.0) and held(plain, 100.0) - held(cut, 100.0) == 1024 - 256
+    assert cut.step_time_s == plain.step_time_s and cut.peak_bytes < plain.peak_bytes
+
+
 def land_cut_chain():
     """swapped_chain with r2 a product of r1 with itself (a library call: a kernel of its own, fused with nothing),
     e = relu(d) after d, and s = tanh(r1), f = e + s added last: without land cuts the clusters {r0}, {r1},

@@ -12,8 +12,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from tflms.ir.names import CLONE_PREFIX, is_clone, is_inserted
-from tflms.ir.op_types import (SOURCE_OPS, XLA_ASSIGNS, XLA_ELEMENTWISE, XLA_NEVER_DTYPES, XLA_RESOURCE_MODIFIES,
-                               XLA_RESOURCE_READS, XLA_RESOURCE_WRITES)
+from tflms.ir.op_types import (ALIAS_OPS, SOURCE_OPS, XLA_ASSIGNS, XLA_ELEMENTWISE, XLA_FUSIBLE, XLA_NEVER_DTYPES,
+                               XLA_RESOURCE_MODIFIES, XLA_RESOURCE_READS, XLA_RESOURCE_WRITES)
 from tflms.ir.topo import connected_groups, priority_order
 
 #: A node of :func:`segment_rule`: an op name in the pass, an op id in the simulator.
@@ -40,7 +40,8 @@ def segment_rule(topological: Sequence[Node], index: Mapping[Node, int], preds: 
                  succs: Mapping[Node, Sequence[Node]], outside: Mapping[Node, str],
                  clone: Callable[[Node], bool], resource: Mapping[Node, str] | None = None,
                  updates: UpdateSplit | None = None, lands: Callable[[Node], bool] | None = None,
-                 clones_last: bool = False
+                 clones_last: bool = False, leaves: Callable[[Node], bool] | None = None,
+                 through: Callable[[Node], bool] | None = None
                  ) -> tuple[list[Node], set[Node], dict[Node, int], list[tuple], dict[int, list[Node]]]:
     """The segment rule of the module doc over any graph whose nodes are names (this pass) or op ids (the simulator's
     ``xla-clusters`` clock, :mod:`tflms.sim.clusters`, which prices what this pass will mark).
@@ -51,7 +52,10 @@ def segment_rule(topological: Sequence[Node], index: Mapping[Node, int], preds: 
     (:func:`resource_kind`), for :func:`_resource_split`; ``updates``: how the variables' updates split into parts
     (:class:`UpdateSplit`; ``None``: they do not); ``lands(node)``: whether a boundary is a swap-in (a copy of a
     copy), whose readers start a segment of their own (:func:`_segments`; ``None``: no such cut); ``clones_last``:
-    the clones go by graph order too, not where they are needed (:func:`_where_needed`). Returns ``(order,
+    the clones go by graph order too, not where they are needed (:func:`_where_needed`); ``leaves(node)``: whether a
+    boundary is a swap-out (a copy of a member's tensor, no recompute gate), whose tensor's readers near it end a
+    segment, up to the first whose output XLA writes (``through(node)``: an op XLA fuses, read through;
+    :func:`_releases`; ``None``: no such cut). Returns ``(order,
     boundaries, segment of each member, clusters, parts)``: the order the segments follow, the left-out nodes between
     members, the clusters (members joined by edges in one segment, or updates of one part, each in ``order``), sorted
     by segment then first member, the free-only ones included; and the segments that are update parts, with their
@@ -61,7 +65,9 @@ def segment_rule(topological: Sequence[Node], index: Mapping[Node, int], preds: 
     boundary = _boundaries(topological, preds, succs, outside)
     where = _where_needed(topological, index, succs, (lambda n: False) if clones_last else clone)
     order = _boundaries_first(where, preds, succs, boundary)
-    segment = _segments(order, preds, outside, boundary, lands)
+    releases = (_releases(where, preds, succs, outside, boundary, leaves, through)
+                if leaves is not None and through is not None else {})
+    segment = _segments(order, preds, outside, boundary, lands, releases)
     if resource:
         _resource_split(order, preds, succs, segment, resource)
     parts = _update_split(order, preds, succs, segment, updates) if updates is not None else {}
@@ -446,26 +452,115 @@ def _boundaries_first(where: Mapping[Node, tuple[int, int]], preds: Mapping[Node
     return priority_order({n: len(p) for n, p in preds.items()}, succs, lambda n: (n not in boundary, where[n]))
 
 
+#: A swap-out's release cut (:func:`_releases`) waits for at most this many of its tensor's readers and the ops they
+#: feed, none placed more than :data:`RELEASE_SPAN` graph positions after the tensor's producer: the readers near it
+#: in the forward pass. (BERT-base: from an attention layer's softmax to the product that reads its dropout, 27
+#: positions.)
+RELEASE_OPS = 32
+RELEASE_SPAN = 64
+
+
+def release_through(op_type: str) -> bool:
+    """Whether a swap-out's release cut (:func:`_releases`) waits on through an op of this type for its readers: one
+    XLA fuses into its consumers (element-wise, data movement, views), whose output need not reach memory."""
+    return (op_type in XLA_FUSIBLE or op_type in ALIAS_OPS) and op_type != BARRIER
+
+
+def _releases(where: Mapping[Node, tuple], preds: Mapping[Node, Sequence[Node]], succs: Mapping[Node, Sequence[Node]],
+              outside: Mapping[Node, str], boundary: set[Node], leaves: Callable[[Node], bool],
+              through: Callable[[Node], bool]) -> dict[Node, frozenset[Node]]:
+    """For each swap-out among ``boundary`` (``leaves``), the members its release cut waits for (:func:`_segments`):
+    those that read its tensor's producer and, on through the ops XLA fuses (``through``), the ops they feed, up to
+    the first whose output reaches memory (a product, a reduction); none a reader of the swap-out itself (a
+    synchronous reader waits for the copy), none at or after the first reader of its copies back, at most
+    :data:`RELEASE_OPS` of them within :data:`RELEASE_SPAN` positions of the producer.
+
+    Why: a cluster holds its inputs until it ends (the executor keeps an op's inputs until it completes). A swap-out
+    runs right after its producer and ends the producer's segment, so the tensor's other readers in the forward pass
+    (dropout's scaling of an attention layer's probabilities) open the next segment, whose cluster holds the tensor as
+    an input until it ends, at the next boundary, often deep in the backward pass: the copy to the host then frees
+    nothing. Cut after them, where what crosses the cut is written anyway, and the tensor dies once its copy and
+    their cluster are done, while the copy still starts right after its producer. BERT-base in mixed_bfloat16 at
+    batch 1872 on h200-141gb (simulated), the relaxed recompute plan with layer 0's attention probabilities swapped
+    instead of re-run: peak 149.2 GiB without the cut (the 11 GiB tensor live at the peak, 0.17 s after its copy
+    ended), 137.7 GiB with it, at the same step time (docs/design.md, "Release cuts")."""
+    releases: dict[Node, frozenset[Node]] = {}
+    for b in sorted(boundary, key=where.__getitem__):
+        if not leaves(b):
+            continue
+        sources = [p for p in preds[b] if p not in outside]
+        if not sources:
+            continue
+        held = _members_after(b, succs, outside)  # its synchronous readers and its copies' readers
+        limit = min((where[r] for r in held), default=None)
+        start = min(where[p][0] for p in sources)
+        seen = {*sources, b}
+        stack = sorted({s for p in sources for s in succs[p]} - seen, key=where.__getitem__, reverse=True)
+        waits: list[Node] = []
+        while stack and len(waits) < RELEASE_OPS:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if (n in outside or n in held or (limit is not None and where[n] >= limit)
+                    or where[n][0] - start > RELEASE_SPAN):
+                continue
+            waits.append(n)
+            if through(n):
+                stack.extend(sorted((s for s in succs[n] if s not in seen), key=where.__getitem__, reverse=True))
+        if waits:
+            releases[b] = frozenset(waits)
+    return releases
+
+
+def _members_after(node: Node, succs: Mapping[Node, Sequence[Node]], outside: Mapping[Node, str]) -> set[Node]:
+    """The members that ``node`` reaches through left-out nodes only: a swap-out's synchronous readers, and the readers
+    of its copies back (through the simulator's host ops and TensorFlow's ``_Recv`` too)."""
+    found: set[Node] = set()
+    stack, seen = list(succs[node]), {node}
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in outside:
+            stack.extend(succs[n])
+        else:
+            found.add(n)
+    return found
+
+
 def _segments(order: list[Node], preds: Mapping[Node, Sequence[Node]], outside: Mapping[Node, str],
-              boundary: set[Node], lands: Callable[[Node], bool] | None = None) -> dict[Node, int]:
-    """Each member's segment: the boundaries met before it in ``order``, consecutive ones counted once; and a member
-    that reads a boundary which ``lands`` (a swap-in) starts a segment, where its segment has members already.
+              boundary: set[Node], lands: Callable[[Node], bool] | None = None,
+              releases: Mapping[Node, frozenset[Node]] | None = None) -> dict[Node, int]:
+    """Each member's segment: the boundaries met before it in ``order``, consecutive ones counted once; a member
+    that reads a boundary which ``lands`` (a swap-in) starts a segment, where its segment has members already; and so
+    does the member after the last of a swap-out's ``releases`` (:func:`_releases`) met in the segment the swap-out
+    opens (where a boundary comes first, that segment has ended already, and the cut is not made).
 
     A boundary goes into the order as soon as it is ready, so a swap-in follows its trigger, and the ops between the
     trigger and the swap-in's reader share the reader's cluster, which starts only when all its inputs exist: they
     wait for the copy they could hide. Cut before the reader too, and they run as a cluster of their own while the
     copy lands (module doc of :mod:`tflms.passes.xla_clusters`, "The segment rule")."""
+    releases = releases or {}
     segment: dict[Node, int] = {}
-    current, open_ = 0, False
+    current, open_, cut = 0, False, False
+    pending: list[set[Node]] = []  # the releases of the swap-outs that opened this segment, not yet all met
     for name in order:
         if name in boundary:
             if open_:
-                current, open_ = current + 1, False
+                current, open_, pending = current + 1, False, []
+            if name in releases:
+                pending.append(set(releases[name]))
         elif name not in outside:
-            if open_ and lands is not None and reads_a_landing(preds[name], boundary, lands):
+            if open_ and (cut or (lands is not None and reads_a_landing(preds[name], boundary, lands))):
                 current += 1
             segment[name] = current
-            open_ = True
+            open_, cut = True, False
+            for waits in pending:
+                waits.discard(name)
+            if any(not waits for waits in pending):
+                pending, cut = [waits for waits in pending if waits], True
     return segment
 
 

@@ -74,7 +74,11 @@ for it on purpose, nor a recompute gate) also starts a segment where its segment
 follows its trigger in the order, so without that cut the ops between the trigger and the swap-in's reader share the
 reader's cluster and wait for the copy they could hide (:func:`~tflms.ir.xla_segments.segment_rule`'s ``lands``).
 The cut is a boundary like any other, and those ops run and allocate while the copy is on the link, so it can cost
-memory: the tune judges both (:func:`tflms.tune.xla_cuts.tune_xla`). Then, in reverse order, a recompute clone (or
+memory: the tune judges both (:func:`tflms.tune.xla_cuts.tune_xla`). A swap-out's *release cut* starts a segment too:
+after the last of its tensor's readers near it in the forward pass (and on through the ops XLA fuses to the first
+whose output reaches memory), where no boundary ended the swap-out's segment first. A cluster holds its inputs until
+it ends, so without it the cluster those readers open holds the swapped tensor to the next boundary, and the copy
+frees nothing meanwhile (:func:`~tflms.ir.xla_segments._releases`). Then, in reverse order, a recompute clone (or
 in-cluster gate) or an op without inputs (a constant) whose successors are all members moves to the earliest
 segment among them: a clone joins the cluster of the backward ops that read it. Where its gate stays out, XLA cannot
 merge it with the forward op it re-runs, which lies in an earlier cluster (XLA's CSE would otherwise undo the
@@ -135,7 +139,7 @@ from tflms.ir.xla_segments import (BARRIER, BARRIER_READ_DTYPES, GATE_BARRIER, G
                                    VARIABLE_READ, XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR, XLA_SCOPE_ATTR,
                                    barrier_operand, barrier_read, connected_clusters, gate_role, gates_seen_through,
                                    gradient_descendants, is_free_variable_read, is_gate, is_tflms_copy,
-                                   reads_a_landing, resource_rules, segment_rule)
+                                   reads_a_landing, release_through, resource_rules, segment_rule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,9 +282,15 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
         return (outside[name] == TFLMS_COPY and not _is_gate(op)
                 and any(outside.get(r.op) == TFLMS_COPY for r in op.inputs))
 
+    def leaves(name: str) -> bool:  # a swap-out (or an encoder): a copy of a member's tensor
+        op = graph.op(name)
+        return (outside[name] == TFLMS_COPY and not _is_gate(op)
+                and any(r.op not in outside for r in op.inputs))
+
     order, boundary, segment, clusters, parts = segment_rule(topological, index, preds, succs, outside, is_clone,
                                                              resource, updates, lands if land_cuts else None,
-                                                             clones_last)
+                                                             clones_last, leaves,
+                                                             lambda name: release_through(graph.op(name).type))
     kept = [c for c in clusters if not all(graph.op(n).type in FREE_OPS for n in c)]
     numbers = {s: k for k, s in enumerate(sorted({segment[c[0]] for c in kept}))}
     new = graph.copy()

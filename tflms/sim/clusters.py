@@ -56,7 +56,8 @@ from tflms.ir.op_types import FREE_OPS, XLA_ASSIGNS, XLA_NEVER_DTYPES, XLA_NEVER
 from tflms.ir.names import is_clone
 from tflms.ir.xla_segments import (BARRIER, HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL, TFLMS_COPY, VARIABLE_READ,
                                    XLA_COMPILE_ATTR, XLA_SCOPE_ATTR, connected_clusters, gate_role,
-                                   is_free_variable_read, is_gate, is_tflms_copy, resource_rules, segment_rule)
+                                   is_free_variable_read, is_gate, is_tflms_copy, release_through, resource_rules,
+                                   segment_rule)
 from tflms.profiles import HardwareProfile
 from tflms.sim.clock import CLOCK_XLA_CLUSTERS, Kernels, op_durations
 from tflms.sim.cost import op_launches
@@ -96,9 +97,14 @@ def step_clusters(net: IndexedGraph, order: Sequence[int], position: Sequence[in
             return (outside[i] == TFLMS_COPY and not is_gate(types[i], names[i])
                     and any(outside.get(net.t_op[t]) == TFLMS_COPY for t in inputs[i]))
 
+        def leaves(i: int) -> bool:  # as the pass's: a copy of a member's tensor (a swap-out, an encoder)
+            return (outside[i] == TFLMS_COPY and not is_gate(types[i], names[i])
+                    and any(net.t_op[t] not in outside for t in inputs[i]))
+
         _, _, _, clusters, _ = segment_rule(order, range(len(names)), preds, succs, outside,
                                             lambda i: is_clone(names[i]), resource, updates,
-                                            lands if options.xla_land_cuts else None, options.xla_clones_last)
+                                            lands if options.xla_land_cuts else None, options.xla_clones_last,
+                                            leaves, lambda i: release_through(types[i]))
         clusters = [c for c in clusters if not all(net.types[i] in FREE_OPS for i in c)]
     cluster = [-1] * len(net.names)
     for k, members in enumerate(sorted(clusters, key=lambda c: position[c[0]])):
