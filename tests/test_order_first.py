@@ -92,7 +92,7 @@ def test_the_order_pinned_first_is_not_searched_without_the_order_pass_or_the_st
         assert not any("order_first" in c.params for c in candidates), kwargs
 
 
-def test_tflms_function_runs_the_order_pinned_first_and_trains_bitwise(step_graph, plain_run, monkeypatch):
+def test_tflms_function_runs_the_order_pinned_first_and_trains_bitwise(step_graph, plain_run, monkeypatch):  # noqa: F811
     import tflms
     import tflms.profiles as profiles
     from tflms.testing import record_run_metadata
