@@ -83,11 +83,11 @@ def _relax(ev: TuneEvaluator, times: Mapping[str, float], cand: Candidate, skipp
 def rerun_times(sim: SimResult, decisions: Iterable) -> dict[str, float]:
     """By op the recompute ``decisions`` re-run, what its clones' kernels
     (:attr:`~tflms.policies.recompute.RecomputeDecision.clones`) take on the compute stream of ``sim``, the plan's
-    simulation: a fused clone takes nothing, its fusion's root the whole fusion. Dropout's mask is the case that matters: on the XLA clocks its random numbers and comparison fuse into
-    the select that reads them, so keeping the mask saves nothing and costs its bytes, while its price alone (a
-    kernel reading the random numbers and writing one byte an element) ranked it dearest per byte of all
-    (BERT-base in mixed_bfloat16 at batch 1568 on h200-141gb: the plan that kept 7 layers' masks more took 32 ms
-    more a step and 31 GiB more)."""
+    simulation: a fused clone takes nothing, its fusion's root the whole fusion. Dropout's mask is the case that
+    matters: on the XLA clocks its random numbers and comparison fuse into the select that reads them, so keeping the
+    mask saves nothing and costs its bytes, while its price alone (a kernel reading the random numbers and writing one
+    byte an element) ranked it dearest per byte of all (BERT-base in mixed_bfloat16 at batch 1568 on h200-141gb: the
+    plan that kept 7 layers' masks more took 32 ms more a step and 31 GiB more)."""
     took = {record.name: record.end_s - record.start_s for record in sim.ops if record.stream == "compute"}
     out: dict[str, float] = {}
     for decision in decisions:
