@@ -452,9 +452,10 @@ def test_it_trains_bitwise_like_the_same_clusters_without_the_copies(plain_xla):
 
 @pytest.mark.slow
 def test_a_step_tuned_with_land_cuts_runs_them_with_live_swaps_bitwise_like_its_clusters_without_copies():
-    """The zoo CNN (batch 32) for the emulated machine, budget 0.8 of its clustered step's transient: the tune's
-    winner swaps and is faster with land cuts, so the pass marks them (``tuning["xla_land_cuts"]``, the report names
-    the readers). In TensorFlow's executor the clusters run and the swap copies with them, and one step trains the
+    """The test MLP for the emulated machine, budget 0.7 of its clustered step's transient: the tune's winner swaps
+    and is faster with land cuts, so the pass marks them (``tuning["xla_land_cuts"]``, the report names the readers).
+    (The zoo CNN's winners at 0.8 had land cuts until the copies' trigger cuts moved to where the fewest fused bytes
+    cross them; now none of its budgets from 0.6 to 0.95 tunes to land cuts.) In TensorFlow's executor the clusters run and the swap copies with them, and one step trains the
     same variables, bit for bit, as the same clusters without the copies (each run twice: the control)."""
     import sys
     from pathlib import Path
@@ -465,8 +466,8 @@ def test_a_step_tuned_with_land_cuts_runs_them_with_live_swaps_bitwise_like_its_
     import validate_xla_memory as tool
 
     with planning_for_emulation():
-        start = tool.setup("cnn")
-        result = rewrite_step(start.case.concrete_function, tool.config(start.budget(0.8)), copy_op="DeepCopy",
+        start = tool.setup("mlp")
+        result = rewrite_step(start.case.concrete_function, tool.config(start.budget(0.7)), copy_op="DeepCopy",
                               xla=True, build=False)
     report = result.report
     assert report.plan.swaps and report.tuning["xla_land_cuts"] is True, report.tuning.get("strategy")

@@ -203,6 +203,61 @@ def test_a_release_cut_ends_the_cluster_that_holds_a_swapped_tensor_after_its_re
     assert cut.step_time_s == plain.step_time_s and cut.peak_bytes < plain.peak_bytes
 
 
+def triggered_chain():
+    """a = relu(x) (1 KiB) is swapped out after a and back in for d = a @ p, its trigger s = sum(u) inside the fused
+    chain u = tanh(x), w = exp(u), p = w @ W; e = d + s. Cut right after s, u (1 KiB) crosses the cut; after the
+    product p nothing XLA fuses does."""
+    b = GraphBuilder()
+    b.op("x", "Placeholder", shape=(16, 16))
+    b.op("W", "Placeholder", shape=(16, 16))
+    b.op("a", "Relu", ["x"], shape=(16, 16))
+    g = b.graph
+    g.add_op("lms/swap_out_a", "Identity", inputs=[TensorRef("a", 0)], device=HOST, outputs=g.op("a").outputs)
+    b.op("u", "Tanh", ["x"], shape=(16, 16))
+    b.op("s", "Sum", ["u"], shape=(16,))
+    g.add_op("lms/swap_in_a", "Identity", inputs=[TensorRef("lms/swap_out_a", 0)], control_inputs=["s"],
+             outputs=g.op("a").outputs)
+    b.op("w", "Exp", ["u"], shape=(16, 16))
+    b.op("p", "MatMul", ["w", "W"], shape=(16, 16))
+    b.op("d", "MatMul", ["lms/swap_in_a", "p"], shape=(16, 16))
+    b.op("e", "AddV2", ["d", "s"], shape=(16, 16))
+    return g
+
+
+def test_a_copy_backs_cut_moves_from_its_trigger_to_where_the_fewest_fused_bytes_cross(monkeypatch):
+    """A cluster allocates its outputs when it starts, and a ready boundary ends its segment right after its trigger:
+    the swap-in triggered by the reduction s cut the fused chain u -> w, and u was written and held across the cut.
+    Moved to after the product p (the cheapest place before the copy's reader d), the cut leaves u and w fused: the
+    pass and the clock cluster alike, u is never written, the step peaks lower, and w and p no longer wait in the
+    reader's cluster for the copy."""
+    import tflms.ir.xla_segments as xla_segments
+    g = triggered_chain()
+    expected = [{"a"}, {"u", "s", "w", "p"}, {"d", "e"}]
+    found = clusters_of(g)
+    assert [{n for n, k in found.items() if k == c} for c in range(max(found.values()) + 1)] == expected
+    marked = cluster_for_xla(g, accelerator_device=GPU, host_device=HOST, has_xla_kernel=lambda t: True)
+    assert [set(m) for _, m in marked.report.clusters] == expected
+    moved = run(g, "xla-clusters")
+    monkeypatch.setattr(xla_segments, "_deferrals", lambda *args, **kwargs: {})  # the cut right after the trigger
+    found = clusters_of(g)
+    assert [{n for n, k in found.items() if k == c} for c in range(max(found.values()) + 1)] == [
+        {"a"}, {"u", "s"}, {"w", "p", "d", "e"}]
+    plain = run(g, "xla-clusters")
+    assert "u:0" in buffers(plain) and "u:0" not in buffers(moved)
+    assert moved.peak_bytes == plain.peak_bytes - 1024
+    assert moved.step_time_s < plain.step_time_s
+
+
+def test_a_copy_back_read_before_its_trigger_in_graph_order_keeps_its_cut():
+    """No member lies between the trigger and the copy's first reader in graph order (the reader placed first):
+    there is nowhere to move the cut, and the rule keeps it after the trigger."""
+    from tflms.ir.xla_segments import _deferrals
+    where = {"t": (5, 0), "r": (3, 0), "b": (6, 0), "u": (4, 0)}
+    preds = {"t": ["u"], "r": ["b"], "b": ["t"], "u": []}
+    succs = {"t": ["b"], "r": [], "b": ["r"], "u": ["t", "r"]}
+    assert _deferrals(where, preds, succs, {"b": "tflms copy"}, {"b"}, lambda n: True, lambda n: 64) == {}
+
+
 def land_cut_chain():
     """swapped_chain with r2 a product of r1 with itself (a library call: a kernel of its own, fused with nothing),
     e = relu(d) after d, and s = tanh(r1), f = e + s added last: without land cuts the clusters {r0}, {r1},

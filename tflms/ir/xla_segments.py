@@ -41,7 +41,8 @@ def segment_rule(topological: Sequence[Node], index: Mapping[Node, int], preds: 
                  clone: Callable[[Node], bool], resource: Mapping[Node, str] | None = None,
                  updates: UpdateSplit | None = None, lands: Callable[[Node], bool] | None = None,
                  clones_last: bool = False, leaves: Callable[[Node], bool] | None = None,
-                 through: Callable[[Node], bool] | None = None
+                 through: Callable[[Node], bool] | None = None, triggered: Callable[[Node], bool] | None = None,
+                 fused_bytes: Callable[[Node], int] | None = None
                  ) -> tuple[list[Node], set[Node], dict[Node, int], list[tuple], dict[int, list[Node]]]:
     """The segment rule of the module doc over any graph whose nodes are names (this pass) or op ids (the simulator's
     ``xla-clusters`` clock, :mod:`tflms.sim.clusters`, which prices what this pass will mark).
@@ -55,7 +56,10 @@ def segment_rule(topological: Sequence[Node], index: Mapping[Node, int], preds: 
     the clones go by graph order too, not where they are needed (:func:`_where_needed`); ``leaves(node)``: whether a
     boundary is a swap-out (a copy of a member's tensor, no recompute gate), whose tensor's readers near it end a
     segment, up to the first whose output XLA writes (``through(node)``: an op XLA fuses, read through;
-    :func:`_releases`; ``None``: no such cut). Returns ``(order,
+    :func:`_releases`; ``None``: no such cut); ``triggered(node)``: whether a boundary is a copy back (a swap-in, with
+    or without land cuts), whose cut moves to where the fewest bytes that XLA would fuse cross it (``fused_bytes(node)``:
+    a member's output bytes where XLA fuses it, else 0; :func:`_deferrals`; either ``None``: it goes into the order
+    as soon as it is ready). Returns ``(order,
     boundaries, segment of each member, clusters, parts)``: the order the segments follow, the left-out nodes between
     members, the clusters (members joined by edges in one segment, or updates of one part, each in ``order``), sorted
     by segment then first member, the free-only ones included; and the segments that are update parts, with their
@@ -64,7 +68,9 @@ def segment_rule(topological: Sequence[Node], index: Mapping[Node, int], preds: 
     """
     boundary = _boundaries(topological, preds, succs, outside)
     where = _where_needed(topological, index, succs, (lambda n: False) if clones_last else clone)
-    order = _boundaries_first(where, preds, succs, boundary)
+    deferred = (_deferrals(where, preds, succs, outside, boundary, triggered, fused_bytes)
+                if triggered is not None and fused_bytes is not None else {})
+    order = _boundaries_first(where, preds, succs, boundary, deferred)
     releases = (_releases(where, preds, succs, outside, boundary, leaves, through)
                 if leaves is not None and through is not None else {})
     segment = _segments(order, preds, outside, boundary, lands, releases)
@@ -446,10 +452,82 @@ def _where_needed(topological: Sequence[Node], index: Mapping[Node, int], succs:
 
 
 def _boundaries_first(where: Mapping[Node, tuple[int, int]], preds: Mapping[Node, Sequence[Node]],
-                      succs: Mapping[Node, Sequence[Node]], boundary: set[Node]) -> list[Node]:
+                      succs: Mapping[Node, Sequence[Node]], boundary: set[Node],
+                      deferred: Mapping[Node, Node] | None = None) -> list[Node]:
     """Kahn's order over data and control edges where a ready boundary goes first, then each node's place
-    (:func:`_where_needed`: graph order, a clone where it is needed)."""
-    return priority_order({n: len(p) for n, p in preds.items()}, succs, lambda n: (n not in boundary, where[n]))
+    (:func:`_where_needed`: graph order, a clone where it is needed); a ``deferred`` boundary goes as if it stood
+    right after the member it waits for (:func:`_deferrals`)."""
+    deferred = deferred or {}
+
+    def place(n: Node) -> tuple:
+        if n in deferred:
+            return True, (*where[deferred[n]], 1, where[n])
+        return n not in boundary, where[n]
+    return priority_order({n: len(p) for n, p in preds.items()}, succs, place)
+
+
+#: A copy back's trigger cut (:func:`_deferrals`) moves to the member at most this many graph positions after its
+#: trigger where the fewest fused bytes cross. (BERT-base: a layer normalization's gradient spans about 100 positions,
+#: its reduction near the start.)
+DEFER_SPAN = 128
+
+
+def _deferrals(where: Mapping[Node, tuple], preds: Mapping[Node, Sequence[Node]], succs: Mapping[Node, Sequence[Node]],
+               outside: Mapping[Node, str], boundary: set[Node], triggered: Callable[[Node], bool],
+               fused_bytes: Callable[[Node], int]) -> dict[Node, Node]:
+    """For each copy back among ``boundary`` (``triggered``) whose trigger is a member: the member after which it
+    goes into the order instead, where the cut it makes costs least.
+
+    A boundary ends its segment where it goes into the order, and a ready one goes first: right after its trigger.
+    A cluster allocates its outputs when it starts, so what crosses the cut that the copy back makes is held from the
+    start of the trigger's cluster, and a trigger inside a fused chain (the reduction of a layer normalization's
+    gradient, whose other branches read the same element-wise products after it) cuts the chain where its products
+    are widest: BERT-base in mixed_bfloat16 at batch 5460 on h200-141gb (simulated), two 4 GiB swaps whose triggers
+    cut layer 2's normalization gradient raised the 14-segment plan's peak from 146.9 to 170.0 GiB, its float32
+    products live from the start of the backward pass's first cluster (docs/design.md, "Trigger cuts").
+
+    The cost of a cut after member ``m``: the bytes of the outputs XLA fuses (``fused_bytes``, 0 for one it writes)
+    of members placed before it and read by members after it, no reader outside (what a copy reads is written
+    anyway). The cut goes after the cheapest member from the trigger on, within :data:`DEFER_SPAN` positions and
+    before the copy's first reader, the earliest of equals, where it is cheaper than after the trigger: TensorFlow
+    starts the copy when the trigger's cluster ends (a control edge from a member waits for its whole cluster), so
+    the copy waits for the members before the cut, a few kernels."""
+    copies = sorted((b for b in boundary if triggered(b)), key=where.__getitem__)
+    if not copies:
+        return {}
+    at: dict[int, list[Node]] = {}
+    for n, w in where.items():
+        if n not in outside:
+            at.setdefault(w[0], []).append(n)
+    deferred: dict[Node, Node] = {}
+    for b in copies:
+        triggers = [p for p in preds[b] if p not in outside]
+        if not triggers:
+            continue
+        trigger = max(triggers, key=where.__getitem__)
+        limit = min((where[r] for r in _members_after(b, succs, outside)), default=None)
+        first = where[trigger][0]
+        window = sorted((n for i in range(first - DEFER_SPAN, first + DEFER_SPAN + 1) for n in at.get(i, ())),
+                        key=where.__getitem__)
+        rank = {n: k for k, n in enumerate(window)}
+        cross = [0] * (len(window) + 1)  # differences: what crosses a cut after window[k]
+        for n in window:
+            size = fused_bytes(n)
+            if not size or any(s in outside for s in succs[n]):
+                continue
+            last = max((rank.get(s, len(window)) for s in succs[n]), default=rank[n])
+            if last > rank[n]:
+                cross[rank[n]] += size
+                cross[last] -= size
+        cost, total = [], 0
+        for step in cross[:-1]:
+            total += step
+            cost.append(total)
+        places = [m for m in window[rank[trigger]:] if limit is None or where[m] < limit]
+        best = min(places, key=lambda m: (cost[rank[m]], where[m]), default=trigger)
+        if cost[rank[best]] < cost[rank[trigger]]:
+            deferred[b] = best
+    return deferred
 
 
 #: A swap-out's release cut (:func:`_releases`) waits for at most this many of its tensor's readers and the ops they

@@ -60,7 +60,9 @@ backward pass reads again) would be returned by its cluster, and XLA returns a p
 reaches some member (a source such as an argument, or a sink, bounds nothing). The ops are taken in one topological
 order, Kahn's over data and control edges where a ready boundary goes first and ties go by graph order, a recompute
 clone at the place of the first op other than a clone that it feeds: each copy runs as soon as it can, a swap-out
-right after the op that produces its tensor, a swap-in right after its trigger; and a clone, appended to the graph
+right after the op that produces its tensor, a swap-in right after its trigger (where the trigger sits inside a fused
+chain, after the member where the fewest bytes XLA would fuse cross the cut its swap-in makes: a cluster allocates
+its outputs when it starts; :func:`~tflms.ir.xla_segments._deferrals`); and a clone, appended to the graph
 by the rewrite, is not left until no original op is ready. (It was: the weight gradients that read re-run chains
 waited with them past the swap-ins that became ready meanwhile, each chain was cut in two, and its first part's
 results, buffers of the earlier cluster from its start, waited for the second. BERT-base in mixed_bfloat16 at batch
@@ -282,6 +284,10 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
         return (outside[name] == TFLMS_COPY and not _is_gate(op)
                 and any(outside.get(r.op) == TFLMS_COPY for r in op.inputs))
 
+    def fused_bytes(name: str) -> int:  # a member's output bytes where XLA fuses it (what a cut there writes)
+        op = graph.op(name)
+        return sum(t.num_bytes or 0 for t in op.outputs) if release_through(op.type) else 0
+
     def leaves(name: str) -> bool:  # a swap-out (or an encoder): a copy of a member's tensor
         op = graph.op(name)
         return (outside[name] == TFLMS_COPY and not _is_gate(op)
@@ -290,7 +296,8 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
     order, boundary, segment, clusters, parts = segment_rule(topological, index, preds, succs, outside, is_clone,
                                                              resource, updates, lands if land_cuts else None,
                                                              clones_last, leaves,
-                                                             lambda name: release_through(graph.op(name).type))
+                                                             lambda name: release_through(graph.op(name).type),
+                                                             lands, fused_bytes)
     kept = [c for c in clusters if not all(graph.op(n).type in FREE_OPS for n in c)]
     numbers = {s: k for k, s in enumerate(sorted({segment[c[0]] for c in kept}))}
     new = graph.copy()

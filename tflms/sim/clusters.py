@@ -97,6 +97,12 @@ def step_clusters(net: IndexedGraph, order: Sequence[int], position: Sequence[in
             return (outside[i] == TFLMS_COPY and not is_gate(types[i], names[i])
                     and any(outside.get(net.t_op[t]) == TFLMS_COPY for t in inputs[i]))
 
+        def fused_bytes(i: int) -> int:  # as the pass's: a member's output bytes where XLA fuses it
+            if not release_through(types[i]):
+                return 0
+            start = net.out_start[i]
+            return sum(t_info[t].num_bytes or 0 for t in range(start, start + net.n_out[i]))
+
         def leaves(i: int) -> bool:  # as the pass's: a copy of a member's tensor (a swap-out, an encoder)
             return (outside[i] == TFLMS_COPY and not is_gate(types[i], names[i])
                     and any(net.t_op[t] not in outside for t in inputs[i]))
@@ -104,7 +110,7 @@ def step_clusters(net: IndexedGraph, order: Sequence[int], position: Sequence[in
         _, _, _, clusters, _ = segment_rule(order, range(len(names)), preds, succs, outside,
                                             lambda i: is_clone(names[i]), resource, updates,
                                             lands if options.xla_land_cuts else None, options.xla_clones_last,
-                                            leaves, lambda i: release_through(types[i]))
+                                            leaves, lambda i: release_through(types[i]), lands, fused_bytes)
         clusters = [c for c in clusters if not all(net.types[i] in FREE_OPS for i in c)]
     cluster = [-1] * len(net.names)
     for k, members in enumerate(sorted(clusters, key=lambda c: position[c[0]])):
