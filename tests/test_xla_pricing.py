@@ -40,6 +40,18 @@ def buffers(result) -> set[str]:
     return {name for name, *_ in result.buffer_lifetimes}
 
 
+def swap_out(g, tensor: str) -> None:
+    """Add ``lms/swap_out_<tensor>``: the copy of op ``tensor``'s output to the host."""
+    g.add_op(f"lms/swap_out_{tensor}", "Identity", inputs=[TensorRef(tensor, 0)], device=HOST,
+             outputs=g.op(tensor).outputs)
+
+
+def swap_in(g, tensor: str, trigger: str | None = None, device: str = "") -> None:
+    """Add ``lms/swap_in_<tensor>``: the copy back of ``lms/swap_out_<tensor>``, after ``trigger`` (a control input)."""
+    g.add_op(f"lms/swap_in_{tensor}", "Identity", inputs=[TensorRef(f"lms/swap_out_{tensor}", 0)],
+             control_inputs=[trigger] if trigger else [], device=device, outputs=g.op(tensor).outputs)
+
+
 def swapped_chain():
     """x -> r0 -> r1 -> r2 -> d = r2 + r0, with r0 swapped out after r0 and back in after r1 (its trigger): the
     copies split the step into the clusters {r0}, {r1} and {r2, d}; r1 is read only by r2, which the whole-step xla
@@ -48,10 +60,9 @@ def swapped_chain():
     b.op("x", "Placeholder", shape=T)
     b.op("r0", "Relu", ["x"], shape=T)
     g = b.graph
-    g.add_op("lms/swap_out_r0", "Identity", inputs=[TensorRef("r0", 0)], device=HOST, outputs=g.op("r0").outputs)
+    swap_out(g, "r0")
     b.op("r1", "Relu", ["r0"], shape=T)
-    g.add_op("lms/swap_in_r0", "Identity", inputs=[TensorRef("lms/swap_out_r0", 0)], control_inputs=["r1"],
-             outputs=g.op("r0").outputs)
+    swap_in(g, "r0", "r1")
     b.op("r2", "Relu", ["r1"], shape=T)
     b.op("d", "AddV2", ["r2", "lms/swap_in_r0"], shape=T)
     return g
@@ -68,9 +79,8 @@ def swapped_branch():
     b.op("p2", "Relu", ["p1"], shape=T)
     b.op("a", "Relu", ["c"], shape=T)
     g = b.graph
-    g.add_op("lms/swap_out_a", "Identity", inputs=[TensorRef("a", 0)], device=HOST, outputs=g.op("a").outputs)
-    g.add_op("lms/swap_in_a", "Identity", inputs=[TensorRef("lms/swap_out_a", 0)], control_inputs=["p2"],
-             outputs=g.op("a").outputs)
+    swap_out(g, "a")
+    swap_in(g, "a", "p2")
     b.op("d", "AddV2", ["p2", "lms/swap_in_a"], shape=T)
     return g
 
@@ -163,13 +173,12 @@ def released_chain():
     b.op("v", "Placeholder", shape=(4, 4))
     b.op("a", "Relu", ["x"], shape=(16, 16))
     g = b.graph
-    g.add_op("lms/swap_out_a", "Identity", inputs=[TensorRef("a", 0)], device=HOST, outputs=g.op("a").outputs)
+    swap_out(g, "a")
     b.op("m", "Neg", ["a"], shape=(16, 16))
     b.op("p", "MatMul", ["m", "w"], shape=(16, 4))
     for k, src in ((1, "p"), (2, "t1"), (3, "t2")):
         b.op(f"t{k}", "MatMul", [src, "v"], shape=(16, 4))
-    g.add_op("lms/swap_in_a", "Identity", inputs=[TensorRef("lms/swap_out_a", 0)], control_inputs=["t3"],
-             device=HOST, outputs=g.op("a").outputs)
+    swap_in(g, "a", "t3", device=HOST)
     b.op("d", "MatMul", ["lms/swap_in_a", "t3"], shape=(16, 4))
     b.op("e", "AddV2", ["d", "t1"], shape=(16, 4))
     return g
@@ -212,11 +221,10 @@ def triggered_chain():
     b.op("W", "Placeholder", shape=(16, 16))
     b.op("a", "Relu", ["x"], shape=(16, 16))
     g = b.graph
-    g.add_op("lms/swap_out_a", "Identity", inputs=[TensorRef("a", 0)], device=HOST, outputs=g.op("a").outputs)
+    swap_out(g, "a")
     b.op("u", "Tanh", ["x"], shape=(16, 16))
     b.op("s", "Sum", ["u"], shape=(16,))
-    g.add_op("lms/swap_in_a", "Identity", inputs=[TensorRef("lms/swap_out_a", 0)], control_inputs=["s"],
-             outputs=g.op("a").outputs)
+    swap_in(g, "a", "s")
     b.op("w", "Exp", ["u"], shape=(16, 16))
     b.op("p", "MatMul", ["w", "W"], shape=(16, 16))
     b.op("d", "MatMul", ["lms/swap_in_a", "p"], shape=(16, 16))
@@ -349,8 +357,8 @@ def test_a_cluster_holds_its_inputs_until_it_ends():
     b.op("x", "Placeholder", shape=T)
     b.op("r0", "Relu", ["x"], shape=T)
     g = b.graph
-    g.add_op("lms/swap_out_r0", "Identity", inputs=[TensorRef("r0", 0)], device=HOST, outputs=g.op("r0").outputs)
-    g.add_op("lms/swap_in_r0", "Identity", inputs=[TensorRef("lms/swap_out_r0", 0)], outputs=g.op("r0").outputs)
+    swap_out(g, "r0")
+    swap_in(g, "r0")
     b.op("m", "MatMul", ["lms/swap_in_r0", "lms/swap_in_r0"], shape=T)
     b.op("n", "MatMul", ["m", "m"], shape=T)
     clustered, whole = run(g, "xla-clusters"), run(g, "xla")
