@@ -455,8 +455,9 @@ def test_a_step_tuned_with_land_cuts_runs_them_with_live_swaps_bitwise_like_its_
     """The test MLP for the emulated machine, budget 0.7 of its clustered step's transient: the tune's winner swaps
     and is faster with land cuts, so the pass marks them (``tuning["xla_land_cuts"]``, the report names the readers).
     (The zoo CNN's winners at 0.8 had land cuts until the copies' trigger cuts moved to where the fewest fused bytes
-    cross them; now none of its budgets from 0.6 to 0.95 tunes to land cuts.) In TensorFlow's executor the clusters run and the swap copies with them, and one step trains the
-    same variables, bit for bit, as the same clusters without the copies (each run twice: the control)."""
+    cross them; now none of its budgets from 0.6 to 0.95 tunes to land cuts.) In TensorFlow's executor the clusters
+    run and the swap copies with them, and one step trains the same variables, bit for bit, as the same clusters
+    without the copies (each run twice: the control)."""
     import sys
     from pathlib import Path
 

@@ -8,6 +8,7 @@ why it closes no cycle are in :mod:`tflms.passes.xla_clusters`'s doc.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
@@ -519,10 +520,7 @@ def _deferrals(where: Mapping[Node, tuple], preds: Mapping[Node, Sequence[Node]]
             if last > rank[n]:
                 cross[rank[n]] += size
                 cross[last] -= size
-        cost, total = [], 0
-        for step in cross[:-1]:
-            total += step
-            cost.append(total)
+        cost = list(itertools.accumulate(cross[:-1]))
         places = [m for m in window[rank[trigger]:] if limit is None or where[m] < limit]
         best = min(places, key=lambda m: (cost[rank[m]], where[m]), default=trigger)
         if cost[rank[best]] < cost[rank[trigger]]:
