@@ -57,7 +57,7 @@ def _swapped_mlp() -> Graph:
 def test_segments_end_at_each_copy_and_the_copies_stay_out():
     """Kahn's order with each copy as soon as it can run: a swap-out right after its producer, a swap-in right after
     its trigger; every copy ends a segment, and a segment's unconnected parts are clusters of their own. A swap-out's
-    release cut ends the segment after the first product its tensor's other readers feed (``_releases``): the next
+    release cut ends the segment after the first product its tensor's other readers feed (``release_cuts``): the next
     layer's product reads Relu_0, and the cluster holding it ends there, not at the next boundary."""
     graph = _swapped_mlp()
     result = cluster_for_xla(graph, accelerator_device=CPU, host_device=CPU, has_xla_kernel=_anything_compiles)
@@ -507,8 +507,8 @@ def test_the_pipelines_clustered_step_is_deterministic():
 
 
 def test_gate_roles():
-    """Where a recompute gate sits when its step keeps XLA (tflms.ir.xla_segments.gate_role)."""
-    from tflms.ir.xla_segments import GATE_BARRIER, GATE_IDENTITY, gate_role
+    """Where a recompute gate sits when its step keeps XLA (tflms.ir.xla_gates.gate_role)."""
+    from tflms.ir.xla_gates import GATE_BARRIER, GATE_IDENTITY, gate_role
     trigger = (["float32"], True)
     # a float tensor: a barrier, if the trigger has an output on the accelerator XLA compiles
     assert gate_role("float32", *trigger, [("MatMul", ["float32", "float32"], ["float32"])]) == GATE_BARRIER
@@ -531,9 +531,9 @@ def test_gate_roles():
 
 def test_gates_seen_through():
     """A barrier gate of a clone that already waits for the same trigger through a barrier, or through a gate seen
-    through itself, stays an Identity (tflms.ir.xla_segments.gates_seen_through); one with another trigger, one of an
+    through itself, stays an Identity (tflms.ir.xla_gates.gates_seen_through); one with another trigger, one of an
     original tensor, and one whose clone waits only behind an Identity gate stay barriers."""
-    from tflms.ir.xla_segments import gates_seen_through
+    from tflms.ir.xla_gates import gates_seen_through
     # x -g1(T)-> a -g2(T)-> b -g3(T)-> c;  a -g4(U)-> d;  y -g5(T)-> e (the gate of an original);  s -i1(T)-> f -g6(T)-> h
     trigger = {"g1": "T", "g2": "T", "g3": "T", "g4": "U", "g5": "T", "i1": "T", "g6": "T"}
     gated = {"g1": None, "g2": "a", "g3": "b", "g4": "a", "g5": None, "i1": None, "g6": "f"}

@@ -197,7 +197,7 @@ def test_a_release_cut_ends_the_cluster_that_holds_a_swapped_tensor_after_its_re
     marked = cluster_for_xla(g, accelerator_device=GPU, host_device=HOST, has_xla_kernel=lambda t: True)
     assert [set(m) for _, m in marked.report.clusters] == expected
     cut = run(g, "xla-clusters")
-    monkeypatch.setattr(xla_segments, "_releases", lambda *args, **kwargs: {})  # the rule without the cut
+    monkeypatch.setattr(xla_segments, "release_cuts", lambda *args, **kwargs: {})  # the rule without the cut
     found = clusters_of(g)
     assert [{n for n, k in found.items() if k == c} for c in range(max(found.values()) + 1)] == [
         {"a"}, {"m", "p", "t1", "t2", "t3"}, {"d", "e"}]
@@ -246,7 +246,7 @@ def test_a_copy_backs_cut_moves_from_its_trigger_to_where_the_fewest_fused_bytes
     marked = cluster_for_xla(g, accelerator_device=GPU, host_device=HOST, has_xla_kernel=lambda t: True)
     assert [set(m) for _, m in marked.report.clusters] == expected
     moved = run(g, "xla-clusters")
-    monkeypatch.setattr(xla_segments, "_deferrals", lambda *args, **kwargs: {})  # the cut right after the trigger
+    monkeypatch.setattr(xla_segments, "trigger_cuts", lambda *args, **kwargs: {})  # the cut right after the trigger
     found = clusters_of(g)
     assert [{n for n, k in found.items() if k == c} for c in range(max(found.values()) + 1)] == [
         {"a"}, {"u", "s"}, {"w", "p", "d", "e"}]
@@ -259,11 +259,11 @@ def test_a_copy_backs_cut_moves_from_its_trigger_to_where_the_fewest_fused_bytes
 def test_a_copy_back_read_before_its_trigger_in_graph_order_keeps_its_cut():
     """No member lies between the trigger and the copy's first reader in graph order (the reader placed first):
     there is nowhere to move the cut, and the rule keeps it after the trigger."""
-    from tflms.ir.xla_segments import _deferrals
+    from tflms.ir.xla_copy_cuts import trigger_cuts
     where = {"t": (5, 0), "r": (3, 0), "b": (6, 0), "u": (4, 0)}
     preds = {"t": ["u"], "r": ["b"], "b": ["t"], "u": []}
     succs = {"t": ["b"], "r": [], "b": ["r"], "u": ["t", "r"]}
-    assert _deferrals(where, preds, succs, {"b": "tflms copy"}, {"b"}, lambda n: True, lambda n: 64) == {}
+    assert trigger_cuts(where, preds, succs, {"b": "tflms copy"}, {"b"}, lambda n: True, lambda n: 64) == {}
 
 
 def land_cut_chain():
@@ -871,7 +871,7 @@ def test_a_recompute_gate_is_a_barrier_inside_the_cluster_and_the_clone_fuses_in
 def test_a_gate_between_two_clones_of_one_trigger_is_seen_through_and_the_chain_fuses():
     """x -> a -> b -> c -> t, d = t + c, with b and c recomputed for d: c's clone reads b's through a second gate with
     the same trigger, which adds no wait (b's clone waits behind the barrier of a and t), so it stays an Identity
-    (tflms.ir.xla_segments.gates_seen_through) and both clones fuse into d. By hand (64 B/s, 64-byte tensors): a's
+    (tflms.ir.xla_gates.gates_seen_through) and both clones fuse into d. By hand (64 B/s, 64-byte tensors): a's
     kernel (2 s), t's with b and c fused in (read a, write t: 2 s), d's with both clones (read t and a, write d: 3 s):
     7 s in 3 kernels, where a barrier there would write b's clone (2 s more) and d would read it instead of a."""
     b = GraphBuilder()
@@ -930,7 +930,7 @@ def test_a_barrier_waits_on_what_its_fused_trigger_reads_where_that_reaches_memo
     """The trigger t is an element-wise op XLA fuses into d. A barrier reading t would write it to memory (Keras's
     batch norm in mixed_bfloat16: a float32 copy of each incoming gradient); it reads m instead, the product t's
     fused chain reads, which reaches memory anyway and descends from the gradient op g
-    (tflms.ir.xla_segments.barrier_read). The pass and the clock agree: t is no kernel of its own, and the marked
+    (tflms.ir.xla_gates.barrier_read). The pass and the clock agree: t is no kernel of its own, and the marked
     graph is priced as the candidate was. Where nothing the chain reads descends from a gradient op, so might run
     before the backward pass, the barrier reads t itself, which then is a kernel of its own. Kernels: a's, g's (b fused
     in), m's and d's (t and the clone fused in), and t's where the barrier reads it."""

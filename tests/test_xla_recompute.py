@@ -201,7 +201,7 @@ def test_resnet50_in_mixed_bfloat16_its_barriers_read_past_fused_casts_and_it_tr
         monkeypatch):
     """keras.applications ResNet50 (32x32, batch 2) under mixed_bfloat16, every recompute candidate taken: Keras's
     batch norm casts each incoming bf16 gradient to float32, a trigger XLA fuses away, so most barriers read the
-    tensor the cast's fused chain reads instead (tflms.ir.xla_segments.barrier_read). Three steps equal the plain
+    tensor the cast's fused chain reads instead (tflms.ir.xla_gates.barrier_read). Three steps equal the plain
     ``jit_compile=True`` steps byte for byte, against a plain-vs-plain control."""
     import keras
 

@@ -75,7 +75,7 @@ CONTRACTION_OPS = frozenset({
 
 # ---------------------------------------- Fusion (the simulator's graph and xla clocks, tflms.sim.fusion)
 #: Element-wise ops: every input is data, none an argument XLA needs at compile time (a shape, an axis), so any of
-#: them may read a tensor through a barrier (:func:`tflms.ir.xla_segments.gate_role`).
+#: them may read a tensor through a barrier (:func:`tflms.ir.xla_gates.gate_role`).
 XLA_ELEMENTWISE = FORWARDING_OPS | frozenset({
     "Cast", "Select", "SelectV2", "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual", "LogicalAnd",
     "LogicalOr", "LogicalNot", "IsFinite", "IsNan", "Sin", "Cos", "Tan", "Atan2", "Gelu", "ZerosLike", "OnesLike",

@@ -2,25 +2,23 @@
 
 :mod:`tflms.passes.xla_clusters` marks a rewritten step's ops with it, and the simulator's ``xla-clusters`` clock
 (:mod:`tflms.sim.clusters`) prices each tuner candidate with it, so both live below them. The rule, its reasons and
-why it closes no cycle are in :mod:`tflms.passes.xla_clusters`'s doc.
+why it closes no cycle are in :mod:`tflms.passes.xla_clusters`'s doc. Where a copy's cut goes is
+:mod:`tflms.ir.xla_copy_cuts`'; where a recompute gate sits, :mod:`tflms.ir.xla_gates`'.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
-from tflms.ir.names import CLONE_PREFIX, is_clone, is_inserted
-from tflms.ir.op_types import (ALIAS_OPS, SOURCE_OPS, XLA_ASSIGNS, XLA_ELEMENTWISE, XLA_FUSIBLE, XLA_NEVER_DTYPES,
-                               XLA_RESOURCE_MODIFIES, XLA_RESOURCE_READS, XLA_RESOURCE_WRITES)
+from tflms.ir.op_types import (SOURCE_OPS, XLA_ASSIGNS, XLA_ELEMENTWISE, XLA_RESOURCE_MODIFIES, XLA_RESOURCE_READS,
+                               XLA_RESOURCE_WRITES)
 from tflms.ir.topo import connected_groups, priority_order
+from tflms.ir.xla_copy_cuts import release_cuts, trigger_cuts
 
 #: A node of :func:`segment_rule`: an op name in the pass, an op id in the simulator.
 Node = TypeVar("Node", bound=Hashable)
-#: A tensor of :func:`barrier_read`: a ``TensorRef`` in the pass, a tensor id in the simulator.
-T = TypeVar("T", bound=Hashable)
 
 XLA_COMPILE_ATTR = "_XlaCompile"
 XLA_SCOPE_ATTR = "_XlaScope"
@@ -57,22 +55,22 @@ def segment_rule(topological: Sequence[Node], index: Mapping[Node, int], preds: 
     the clones go by graph order too, not where they are needed (:func:`_where_needed`); ``leaves(node)``: whether a
     boundary is a swap-out (a copy of a member's tensor, no recompute gate), whose tensor's readers near it end a
     segment, up to the first whose output XLA writes (``through(node)``: an op XLA fuses, read through;
-    :func:`_releases`; ``None``: no such cut); ``triggered(node)``: whether a boundary is a copy back (a swap-in, with
-    or without land cuts), whose cut moves to where the fewest bytes that XLA would fuse cross it (``fused_bytes(node)``:
-    a member's output bytes where XLA fuses it, else 0; :func:`_deferrals`; either ``None``: it goes into the order
-    as soon as it is ready). Returns ``(order,
-    boundaries, segment of each member, clusters, parts)``: the order the segments follow, the left-out nodes between
-    members, the clusters (members joined by edges in one segment, or updates of one part, each in ``order``), sorted
-    by segment then first member, the free-only ones included; and the segments that are update parts, with their
-    updates (a caller that marks the graph joins them, as :func:`tflms.passes.xla_clusters.cluster_for_xla` does with
-    a ``NoOp``).
+    :func:`~tflms.ir.xla_copy_cuts.release_cuts`; ``None``: no such cut); ``triggered(node)``: whether a boundary is
+    a copy back (a swap-in, with or without land cuts), whose cut moves to where the fewest bytes that XLA would fuse
+    cross it (``fused_bytes(node)``: a member's output bytes where XLA fuses it, else 0;
+    :func:`~tflms.ir.xla_copy_cuts.trigger_cuts`; either ``None``: it goes into the order as soon as it is ready).
+    Returns ``(order, boundaries, segment of each member, clusters, parts)``: the order the segments follow, the
+    left-out nodes between members, the clusters (members joined by edges in one segment, or updates of one part,
+    each in ``order``), sorted by segment then first member, the free-only ones included; and the segments that are
+    update parts, with their updates (a caller that marks the graph joins them, as
+    :func:`tflms.passes.xla_clusters.cluster_for_xla` does with a ``NoOp``).
     """
     boundary = _boundaries(topological, preds, succs, outside)
     where = _where_needed(topological, index, succs, (lambda n: False) if clones_last else clone)
-    deferred = (_deferrals(where, preds, succs, outside, boundary, triggered, fused_bytes)
+    deferred = (trigger_cuts(where, preds, succs, outside, boundary, triggered, fused_bytes)
                 if triggered is not None and fused_bytes is not None else {})
     order = _boundaries_first(where, preds, succs, boundary, deferred)
-    releases = (_releases(where, preds, succs, outside, boundary, leaves, through)
+    releases = (release_cuts(where, preds, succs, outside, boundary, leaves, through)
                 if leaves is not None and through is not None else {})
     segment = _segments(order, preds, outside, boundary, lands, releases)
     if resource:
@@ -249,174 +247,6 @@ def _update_split(order: Sequence[Node], preds: Mapping[Node, Sequence[Node]], s
     return parts
 
 
-def is_gate(op_type: str, name: str) -> bool:
-    """Whether an op is a recompute gate (an ``Identity`` with its trigger as control input,
-    :func:`tflms.policies.recompute.gate_name`): it stays out, so that the clones wait for the trigger's cluster and
-    XLA cannot merge them with the forward ops they re-run."""
-    return op_type == "Identity" and name.startswith(CLONE_PREFIX + "gate_")
-
-
-def is_tflms_copy(op_type: str, name: str) -> bool:
-    """Whether an op is one of tflms's copies (a swap, a recompute gate, a codec call): never in a cluster, but for
-    the gates :func:`gate_role` lets in."""
-    return is_inserted(name) and (not is_clone(name) or is_gate(op_type, name))
-
-
-#: The op an in-cluster recompute gate becomes (``tf2xla``'s ``XlaOptimizationBarrier``: its outputs are its inputs,
-#: and XLA neither merges what it separates nor, on a GPU, schedules a reader before it).
-BARRIER = "XlaOptimizationBarrier"
-#: :func:`gate_role`: the gate becomes a barrier inside its cluster, or stays an ``Identity`` inside it.
-GATE_BARRIER, GATE_IDENTITY = "barrier", "identity"
-
-
-def may_be_compile_time_constant(dtype: str) -> bool:
-    """Whether a tensor of ``dtype`` may be an argument XLA needs at compile time: a shape, an axis, a permutation, a
-    size, which TensorFlow types ``int32`` or ``int64``. Behind a barrier it is no constant any more, and its cluster
-    fails to compile ("XLA compilation requires that operator arguments that represent shapes or dimensions be
-    evaluated to concrete values")."""
-    return dtype in ("int32", "int64")
-
-
-def barrier_operand(trigger_dtypes: Sequence[str], trigger_on_accelerator: bool) -> int | None:
-    """Which output of a recompute gate's trigger an in-cluster barrier reads: the first on the accelerator of a type
-    XLA compiles, or ``None`` (module doc of :mod:`tflms.passes.xla_clusters`, "Recompute gates")."""
-    if not trigger_on_accelerator:
-        return None
-    for k, dtype in enumerate(trigger_dtypes):
-        if dtype not in XLA_NEVER_DTYPES and dtype != "resource":
-            return k
-    return None
-
-
-#: How many ops XLA fuses into their consumers :func:`barrier_read` looks back through from a barrier's trigger.
-BARRIER_READ_DEPTH = 8
-#: The dtypes a barrier may read in place of its trigger's output (:func:`barrier_read`): data, never a shape.
-BARRIER_READ_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
-
-
-def barrier_read(trigger_tensor: T, producer: Callable[[T], Node], inputs: Callable[[Node], Sequence[T]],
-                 fused: Callable[[Node], bool], may_read: Callable[[T], bool],
-                 depth: int = BARRIER_READ_DEPTH) -> T:
-    """The tensor an in-cluster barrier reads to wait for its trigger (module doc of
-    :mod:`tflms.passes.xla_clusters`, "Recompute gates"): the trigger's output (``trigger_tensor``,
-    :func:`barrier_operand`'s), or, where the trigger is an op XLA fuses into its consumers (``fused(op)``), a tensor
-    that reaches memory anyway, the output of an op no fusion takes in, which the trigger's fused chain reads: found
-    by walking back at most ``depth`` fused ops, through the inputs ``may_read`` allows (the caller's rule: a float
-    tensor of the same cluster, produced on the accelerator by an op of the step that descends from a gradient op,
-    :func:`gradient_descendants`). Where the walk finds none, the trigger's output.
-
-    A barrier's operands reach memory. Read of a fused op, the barrier writes a tensor XLA would have kept in
-    registers: with Keras's batch norm in mixed precision, the float32 cast of an incoming gradient, twice the bytes
-    of the ``bfloat16`` gradient its kernel reads (ResNet-50 at batch 8960 on h200-141gb: 26.8 GiB held at the
-    peak). A tensor the chain reads is an input of the same fused kernel, so the clone waits as long, to the kernel,
-    and still for the backward pass: the tensor descends from a gradient op, as the trigger does."""
-    frontier = [trigger_tensor]
-    for _ in range(depth):
-        found = []
-        for x in frontier:
-            op = producer(x)
-            if fused(op):
-                found.extend(y for y in dict.fromkeys(inputs(op)) if may_read(y))
-        if not found:
-            break
-        for y in found:
-            if not fused(producer(y)):
-                return y
-        frontier = list(dict.fromkeys(found))
-    return trigger_tensor
-
-
-def gradient_descendants(preds: Callable[[Node], Sequence[Node]], seed: Callable[[Node], bool]
-                         ) -> Callable[[Node], bool]:
-    """Whether a node descends by data from a gradient op (``seed``; ``preds``: its data predecessors), memoized: a
-    node so descended runs in the backward pass, after the gradients it reads exist (:func:`barrier_read`)."""
-    known: dict = {}
-
-    def descends(node: Node) -> bool:
-        stack = [node]
-        while stack:
-            n = stack[-1]
-            if n in known:
-                stack.pop()
-                continue
-            if seed(n):
-                known[n] = True
-                stack.pop()
-                continue
-            ps = preds(n)
-            if any(known.get(p) for p in ps):
-                known[n] = True
-                stack.pop()
-                continue
-            todo = [p for p in ps if p not in known]
-            if todo:
-                stack.extend(todo)
-                continue
-            known[n] = False
-            stack.pop()
-        return known[node]
-    return descends
-
-
-def barrier_passes(gated_dtype: str, reader_types: Sequence[str]) -> bool:
-    """Whether a barrier may pass a gated tensor to its clones (of these types): it is no compile-time argument of
-    theirs (:func:`gate_role`)."""
-    return not may_be_compile_time_constant(gated_dtype) or all(t in XLA_ELEMENTWISE for t in reader_types)
-
-
-def gate_role(gated_dtype: str, trigger_dtypes: Sequence[str], trigger_on_accelerator: bool,
-              readers: Sequence[tuple[str, Sequence[str], Sequence[str]]]) -> str | None:
-    """Where a recompute gate sits when its step keeps XLA: :data:`GATE_BARRIER` or :data:`GATE_IDENTITY` inside a
-    cluster, or ``None``: outside them all, a boundary (module doc of :mod:`tflms.passes.xla_clusters`, "Recompute
-    gates").
-
-    ``gated_dtype``: the tensor it passes; ``trigger_dtypes`` / ``trigger_on_accelerator``: its trigger's outputs and
-    where they live; ``readers``: for each clone reading it, its type and the dtypes of its inputs and outputs.
-
-    - A gated tensor that may be a compile-time argument (:func:`may_be_compile_time_constant`) and that a clone
-      other than an element-wise one (:data:`~tflms.ir.op_types.XLA_ELEMENTWISE`) reads keeps an ``Identity`` gate,
-      which XLA sees through to a constant. It sits inside the cluster where each clone reading it has another input
-      that is no such tensor (another clone's output, or a barrier's: that input keeps the clone apart from the op it
-      re-runs), or computes nothing but such integers (shape arithmetic: XLA folds it, and merging it with its
-      original would keep nothing large alive).
-    - Any other tensor's gate becomes a barrier where the trigger has an output to read (:func:`barrier_operand`).
-    """
-    if barrier_operand(trigger_dtypes, trigger_on_accelerator) is None:
-        return None
-    if barrier_passes(gated_dtype, [t for t, _, _ in readers]):
-        return GATE_BARRIER
-    if all(any(not may_be_compile_time_constant(d) for d in inputs)
-           or all(may_be_compile_time_constant(d) for d in outputs) for _, inputs, outputs in readers):
-        return GATE_IDENTITY
-    return None
-
-
-def gates_seen_through(order: Sequence[Node], barrier: Callable[[Node], bool], trigger: Callable[[Node], Node | None],
-                       gated_clone: Callable[[Node], Node | None], input_gates: Callable[[Node], Sequence[Node]]
-                       ) -> set[Node]:
-    """The barrier gates (``barrier(gate)``, in ``order``, a topological one) that stay ``Identity`` s inside their
-    cluster: each gates the output of a clone (``gated_clone(gate)``) that already waits for the same trigger
-    (``trigger(gate)``) through one of its own input gates (``input_gates(clone)``), a barrier or a gate seen through
-    itself.
-
-    A clone that reads only clones has its first input gated with its own trigger
-    (:func:`tflms.policies.recompute.clone_inputs`), and in a chain whose clones share a trigger that gate adds no wait:
-    the clone it gates was computed from a barrier's output of the same trigger. As a barrier it would still be a
-    fusion boundary, the clone before it written to memory and read back. Seen through, XLA fuses the chain, and no
-    clone can merge with the op it re-runs: each reads, at some distance, a barrier's output."""
-    through: set[Node] = set()
-    for gate in order:
-        if not barrier(gate):
-            continue
-        clone = gated_clone(gate)
-        if clone is None:
-            continue
-        want = trigger(gate)
-        if want is not None and any(trigger(h) == want and (h in through or barrier(h)) for h in input_gates(clone)):
-            through.add(gate)
-    return through
-
-
 def _boundaries(order: list[str], preds: dict[str, list[str]], succs: dict[str, list[str]],
                 outside: dict[str, str]) -> set[str]:
     """The ops left out that some member reaches and that reach some member."""
@@ -457,7 +287,7 @@ def _boundaries_first(where: Mapping[Node, tuple[int, int]], preds: Mapping[Node
                       deferred: Mapping[Node, Node] | None = None) -> list[Node]:
     """Kahn's order over data and control edges where a ready boundary goes first, then each node's place
     (:func:`_where_needed`: graph order, a clone where it is needed); a ``deferred`` boundary goes as if it stood
-    right after the member it waits for (:func:`_deferrals`)."""
+    right after the member it waits for (:func:`~tflms.ir.xla_copy_cuts.trigger_cuts`)."""
     deferred = deferred or {}
 
     def place(n: Node) -> tuple:
@@ -467,152 +297,14 @@ def _boundaries_first(where: Mapping[Node, tuple[int, int]], preds: Mapping[Node
     return priority_order({n: len(p) for n, p in preds.items()}, succs, place)
 
 
-#: A copy back's trigger cut (:func:`_deferrals`) moves to the member at most this many graph positions after its
-#: trigger where the fewest fused bytes cross. (BERT-base: a layer normalization's gradient spans about 100 positions,
-#: its reduction near the start.)
-DEFER_SPAN = 128
-
-
-def _deferrals(where: Mapping[Node, tuple], preds: Mapping[Node, Sequence[Node]], succs: Mapping[Node, Sequence[Node]],
-               outside: Mapping[Node, str], boundary: set[Node], triggered: Callable[[Node], bool],
-               fused_bytes: Callable[[Node], int]) -> dict[Node, Node]:
-    """For each copy back among ``boundary`` (``triggered``) whose trigger is a member: the member after which it
-    goes into the order instead, where the cut it makes costs least.
-
-    A boundary ends its segment where it goes into the order, and a ready one goes first: right after its trigger.
-    A cluster allocates its outputs when it starts, so what crosses the cut that the copy back makes is held from the
-    start of the trigger's cluster, and a trigger inside a fused chain (the reduction of a layer normalization's
-    gradient, whose other branches read the same element-wise products after it) cuts the chain where its products
-    are widest: BERT-base in mixed_bfloat16 at batch 5460 on h200-141gb (simulated), two 4 GiB swaps whose triggers
-    cut layer 2's normalization gradient raised the 14-segment plan's peak from 146.9 to 170.0 GiB, its float32
-    products live from the start of the backward pass's first cluster (docs/design.md, "Trigger cuts").
-
-    The cost of a cut after member ``m``: the bytes of the outputs XLA fuses (``fused_bytes``, 0 for one it writes)
-    of members placed before it and read by members after it, no reader outside (what a copy reads is written
-    anyway). The cut goes after the cheapest member from the trigger on, within :data:`DEFER_SPAN` positions and
-    before the copy's first reader, the earliest of equals, where it is cheaper than after the trigger: TensorFlow
-    starts the copy when the trigger's cluster ends (a control edge from a member waits for its whole cluster), so
-    the copy waits for the members before the cut, a few kernels."""
-    copies = sorted((b for b in boundary if triggered(b)), key=where.__getitem__)
-    if not copies:
-        return {}
-    at: dict[int, list[Node]] = {}
-    for n, w in where.items():
-        if n not in outside:
-            at.setdefault(w[0], []).append(n)
-    deferred: dict[Node, Node] = {}
-    for b in copies:
-        triggers = [p for p in preds[b] if p not in outside]
-        if not triggers:
-            continue
-        trigger = max(triggers, key=where.__getitem__)
-        limit = min((where[r] for r in _members_after(b, succs, outside)), default=None)
-        first = where[trigger][0]
-        window = sorted((n for i in range(first - DEFER_SPAN, first + DEFER_SPAN + 1) for n in at.get(i, ())),
-                        key=where.__getitem__)
-        rank = {n: k for k, n in enumerate(window)}
-        cross = [0] * (len(window) + 1)  # differences: what crosses a cut after window[k]
-        for n in window:
-            size = fused_bytes(n)
-            if not size or any(s in outside for s in succs[n]):
-                continue
-            last = max((rank.get(s, len(window)) for s in succs[n]), default=rank[n])
-            if last > rank[n]:
-                cross[rank[n]] += size
-                cross[last] -= size
-        cost = list(itertools.accumulate(cross[:-1]))
-        places = [m for m in window[rank[trigger]:] if limit is None or where[m] < limit]
-        best = min(places, key=lambda m: (cost[rank[m]], where[m]), default=trigger)
-        if cost[rank[best]] < cost[rank[trigger]]:
-            deferred[b] = best
-    return deferred
-
-
-#: A swap-out's release cut (:func:`_releases`) waits for at most this many of its tensor's readers and the ops they
-#: feed, none placed more than :data:`RELEASE_SPAN` graph positions after the tensor's producer: the readers near it
-#: in the forward pass. (BERT-base: from an attention layer's softmax to the product that reads its dropout, 27
-#: positions.)
-RELEASE_OPS = 32
-RELEASE_SPAN = 64
-
-
-def release_through(op_type: str) -> bool:
-    """Whether a swap-out's release cut (:func:`_releases`) waits on through an op of this type for its readers: one
-    XLA fuses into its consumers (element-wise, data movement, views), whose output need not reach memory."""
-    return (op_type in XLA_FUSIBLE or op_type in ALIAS_OPS) and op_type != BARRIER
-
-
-def _releases(where: Mapping[Node, tuple], preds: Mapping[Node, Sequence[Node]], succs: Mapping[Node, Sequence[Node]],
-              outside: Mapping[Node, str], boundary: set[Node], leaves: Callable[[Node], bool],
-              through: Callable[[Node], bool]) -> dict[Node, frozenset[Node]]:
-    """For each swap-out among ``boundary`` (``leaves``), the members its release cut waits for (:func:`_segments`):
-    those that read its tensor's producer and, on through the ops XLA fuses (``through``), the ops they feed, up to
-    the first whose output reaches memory (a product, a reduction); none a reader of the swap-out itself (a
-    synchronous reader waits for the copy), none at or after the first reader of its copies back, at most
-    :data:`RELEASE_OPS` of them within :data:`RELEASE_SPAN` positions of the producer.
-
-    Why: a cluster holds its inputs until it ends (the executor keeps an op's inputs until it completes). A swap-out
-    runs right after its producer and ends the producer's segment, so the tensor's other readers in the forward pass
-    (dropout's scaling of an attention layer's probabilities) open the next segment, whose cluster holds the tensor as
-    an input until it ends, at the next boundary, often deep in the backward pass: the copy to the host then frees
-    nothing. Cut after them, where what crosses the cut is written anyway, and the tensor dies once its copy and
-    their cluster are done, while the copy still starts right after its producer. BERT-base in mixed_bfloat16 at
-    batch 1872 on h200-141gb (simulated), the relaxed recompute plan with layer 0's attention probabilities swapped
-    instead of re-run: peak 149.2 GiB without the cut (the 11 GiB tensor live at the peak, 0.17 s after its copy
-    ended), 137.7 GiB with it, at the same step time (docs/design.md, "Release cuts")."""
-    releases: dict[Node, frozenset[Node]] = {}
-    for b in boundary:  # (each swap-out's own walk, in a fixed order: the set's order does not matter)
-        if not leaves(b):
-            continue
-        sources = [p for p in preds[b] if p not in outside]
-        if not sources:
-            continue
-        held = _members_after(b, succs, outside)  # its synchronous readers and its copies' readers
-        limit = min((where[r] for r in held), default=None)
-        start = min(where[p][0] for p in sources)
-        seen = {*sources, b}
-        stack = sorted({s for p in sources for s in succs[p]} - seen, key=where.__getitem__, reverse=True)
-        waits: list[Node] = []
-        while stack and len(waits) < RELEASE_OPS:
-            n = stack.pop()
-            if n in seen:
-                continue
-            seen.add(n)
-            if (n in outside or n in held or (limit is not None and where[n] >= limit)
-                    or where[n][0] - start > RELEASE_SPAN):
-                continue
-            waits.append(n)
-            if through(n):
-                stack.extend(sorted((s for s in succs[n] if s not in seen), key=where.__getitem__, reverse=True))
-        if waits:
-            releases[b] = frozenset(waits)
-    return releases
-
-
-def _members_after(node: Node, succs: Mapping[Node, Sequence[Node]], outside: Mapping[Node, str]) -> set[Node]:
-    """The members that ``node`` reaches through left-out nodes only: a swap-out's synchronous readers, and the readers
-    of its copies back (through the simulator's host ops and TensorFlow's ``_Recv`` too)."""
-    found: set[Node] = set()
-    stack, seen = list(succs[node]), {node}
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n in outside:
-            stack.extend(succs[n])
-        else:
-            found.add(n)
-    return found
-
-
 def _segments(order: list[Node], preds: Mapping[Node, Sequence[Node]], outside: Mapping[Node, str],
               boundary: set[Node], lands: Callable[[Node], bool] | None = None,
               releases: Mapping[Node, frozenset[Node]] | None = None) -> dict[Node, int]:
     """Each member's segment: the boundaries met before it in ``order``, consecutive ones counted once; a member
     that reads a boundary which ``lands`` (a swap-in) starts a segment, where its segment has members already; and so
-    does the member after the last of a swap-out's ``releases`` (:func:`_releases`) met in the segment the swap-out
-    opens (where a boundary comes first, that segment has ended already, and the cut is not made).
+    does the member after the last of a swap-out's ``releases`` (:func:`~tflms.ir.xla_copy_cuts.release_cuts`) met
+    in the segment the swap-out opens (where a boundary comes first, that segment has ended already, and the cut is
+    not made).
 
     A boundary goes into the order as soon as it is ready, so a swap-in follows its trigger, and the ops between the
     trigger and the swap-in's reader share the reader's cluster, which starts only when all its inputs exist: they

@@ -16,7 +16,7 @@ ops of the rewritten step, a function built *without* ``jit_compile``, for Tenso
 **Recompute gates.** Outside XLA a gate is an ``Identity`` of a tensor a clone reads, with the trigger as its control
 input (:mod:`tflms.passes.recompute`). Left out of the clusters, every gate would be a boundary and split the backward
 pass where its clones start (BERT-base: 3405 kernels against 2337). So a gate whose trigger has an output on the
-accelerator of a type XLA compiles (:func:`~tflms.ir.xla_segments.barrier_operand`) is a member. Where its cluster
+accelerator of a type XLA compiles (:func:`~tflms.ir.xla_gates.barrier_operand`) is a member. Where its cluster
 is kept, the pass turns it into ``XlaOptimizationBarrier(gated tensor, that output of the trigger)``; its readers
 still read its output 0, and its control edge from the trigger becomes that data edge. The barrier is what JAX's
 ``checkpoint`` uses to keep its recomputation:
@@ -33,16 +33,16 @@ still read its output 0, and its control edge from the trigger becomes that data
   the trigger is an op XLA fuses into its consumers (Keras's batch norm in mixed precision casts each incoming
   gradient to float32), the barrier reads instead a tensor the trigger's fused chain reads that reaches memory anyway,
   the output of a library call or reduction that descends from a gradient op, in the same cluster
-  (:func:`~tflms.ir.xla_segments.barrier_read`): an input of the same fused kernel, so the clone waits as long.
+  (:func:`~tflms.ir.xla_gates.barrier_read`): an input of the same fused kernel, so the clone waits as long.
 
 A gated ``int32``/``int64`` tensor may be an argument XLA needs at compile time (a shape, an axis): behind a barrier
 it would be none, and the cluster would fail to compile. Its gate becomes a barrier only where every clone reading it
 is element-wise (:data:`~tflms.ir.op_types.XLA_ELEMENTWISE`, whose inputs are all data); otherwise it stays an
 ``Identity`` inside the cluster, where XLA sees through it to the constant, if each clone reading it differs from its
-original by another input or computes integers only; else it stays out (:func:`~tflms.ir.xla_segments.gate_role`).
+original by another input or computes integers only; else it stays out (:func:`~tflms.ir.xla_gates.gate_role`).
 A gate that would be a barrier but gates a clone that already waits for the same trigger behind a barrier (the first
 input of a clone that reads only clones) adds no wait: it stays an ``Identity`` inside the cluster, and the chain
-fuses (:func:`~tflms.ir.xla_segments.gates_seen_through`).
+fuses (:func:`~tflms.ir.xla_gates.gates_seen_through`).
 
 **Which ops XLA cannot compile:** :data:`~tflms.ir.op_types.XLA_NEVER_TYPES` (arguments, Python callbacks, ops
 that create resources), ops reading or producing a ``string`` or ``variant`` tensor, and ops with no kernel
@@ -62,7 +62,7 @@ order, Kahn's over data and control edges where a ready boundary goes first and 
 clone at the place of the first op other than a clone that it feeds: each copy runs as soon as it can, a swap-out
 right after the op that produces its tensor, a swap-in right after its trigger (where the trigger sits inside a fused
 chain, after the member where the fewest bytes XLA would fuse cross the cut its swap-in makes: a cluster allocates
-its outputs when it starts; :func:`~tflms.ir.xla_segments._deferrals`); and a clone, appended to the graph
+its outputs when it starts; :func:`~tflms.ir.xla_copy_cuts.trigger_cuts`); and a clone, appended to the graph
 by the rewrite, is not left until no original op is ready. (It was: the weight gradients that read re-run chains
 waited with them past the swap-ins that became ready meanwhile, each chain was cut in two, and its first part's
 results, buffers of the earlier cluster from its start, waited for the second. BERT-base in mixed_bfloat16 at batch
@@ -80,7 +80,7 @@ memory: the tune judges both (:func:`tflms.tune.xla_cuts.tune_xla`). A swap-out'
 after the last of its tensor's readers near it in the forward pass (and on through the ops XLA fuses to the first
 whose output reaches memory), where no boundary ended the swap-out's segment first. A cluster holds its inputs until
 it ends, so without it the cluster those readers open holds the swapped tensor to the next boundary, and the copy
-frees nothing meanwhile (:func:`~tflms.ir.xla_segments._releases`). Then, in reverse order, a recompute clone (or
+frees nothing meanwhile (:func:`~tflms.ir.xla_copy_cuts.release_cuts`). Then, in reverse order, a recompute clone (or
 in-cluster gate) or an op without inputs (a constant) whose successors are all members moves to the earliest
 segment among them: a clone joins the cluster of the backward ops that read it. Where its gate stays out, XLA cannot
 merge it with the forward op it re-runs, which lies in an earlier cluster (XLA's CSE would otherwise undo the
@@ -136,12 +136,14 @@ from tflms.passes.result import PassResult
 from tflms.ir.names import XLA_JOIN_PREFIX, is_clone, is_inserted
 
 # (the rule and its names live below the passes, where the simulator's xla-clusters clock reads them too)
-from tflms.ir.xla_segments import (BARRIER, BARRIER_READ_DTYPES, GATE_BARRIER, GATE_IDENTITY,  # noqa: F401
-                                   HOST_OP, LEFT_OUT, NEVER_COMPILED, NO_XLA_KERNEL, SCOPE_PREFIX, TFLMS_COPY,
-                                   VARIABLE_READ, XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR, XLA_SCOPE_ATTR,
-                                   barrier_operand, barrier_read, connected_clusters, gate_role, gates_seen_through,
-                                   gradient_descendants, is_free_variable_read, is_gate, is_tflms_copy,
-                                   reads_a_landing, release_through, resource_rules, segment_rule)
+from tflms.ir.xla_copy_cuts import release_through
+from tflms.ir.xla_gates import (BARRIER, BARRIER_READ_DTYPES, GATE_BARRIER, GATE_IDENTITY,  # noqa: F401
+                                barrier_operand, barrier_read, gate_role, gates_seen_through, gradient_descendants,
+                                is_gate, is_tflms_copy)
+from tflms.ir.xla_segments import (HOST_OP, LEFT_OUT, NEVER_COMPILED, NO_XLA_KERNEL, SCOPE_PREFIX,
+                                   TFLMS_COPY, VARIABLE_READ, XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR,
+                                   XLA_SCOPE_ATTR, is_free_variable_read, reads_a_landing,
+                                   resource_rules, segment_rule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -372,7 +374,7 @@ def _is_gate(op: Op) -> bool:
 
 def _gate_role(graph: Graph, gate: Op, on_host: Callable[[str], bool],
                has_xla_kernel: Callable[[str], bool]) -> str | None:
-    """Where ``gate`` sits in a step that keeps XLA (:func:`~tflms.ir.xla_segments.gate_role`): ``None`` keeps it out
+    """Where ``gate`` sits in a step that keeps XLA (:func:`~tflms.ir.xla_gates.gate_role`): ``None`` keeps it out
     of the clusters (so do a trigger that is not its only control input, and an XLA without barriers)."""
     if len(gate.control_inputs) != 1 or not gate.inputs or not has_xla_kernel(BARRIER):
         return None
@@ -384,7 +386,7 @@ def _gate_role(graph: Graph, gate: Op, on_host: Callable[[str], bool],
 
 
 def _seen_through(graph: Graph, order: list[str], roles: dict[str, str | None]) -> set[str]:
-    """The barrier gates that stay ``Identity`` s instead (:func:`~tflms.ir.xla_segments.gates_seen_through`)."""
+    """The barrier gates that stay ``Identity`` s instead (:func:`~tflms.ir.xla_gates.gates_seen_through`)."""
     def trigger(gate: str) -> str | None:
         controls = graph.op(gate).control_inputs
         return controls[0] if len(controls) == 1 else None
@@ -403,7 +405,7 @@ def _seen_through(graph: Graph, order: list[str], roles: dict[str, str | None]) 
 def _barrier_reads(graph: Graph, segment: Mapping[str, int], on_host: Callable[[str], bool]
                    ) -> Callable[[str, TensorRef], TensorRef]:
     """``read(gate, trigger output)``: the tensor the barrier ``gate`` reads to wait for its trigger
-    (:func:`~tflms.ir.xla_segments.barrier_read`): ``segment``: the members' segments (the walk stays in the gate's)."""
+    (:func:`~tflms.ir.xla_gates.barrier_read`): ``segment``: the members' segments (the walk stays in the gate's)."""
     descends = gradient_descendants(lambda n: [ref.op for ref in graph.op(n).inputs],
                                     lambda n: graph.op(n).type in GRADIENT_OP_TYPES)
 
@@ -424,7 +426,7 @@ def _to_barrier(graph: Graph, name: str, on_host: Callable[[str], bool],
                 read: Callable[[str, TensorRef], TensorRef]) -> None:
     """Turn the gate ``name`` (of the pass's copy) into an ``XlaOptimizationBarrier`` of the tensor it gates and a
     tensor that waits for its trigger (``read``: an output of the trigger,
-    :func:`~tflms.ir.xla_segments.barrier_operand`, or one its fused chain reads), in place of its control edge from
+    :func:`~tflms.ir.xla_gates.barrier_operand`, or one its fused chain reads), in place of its control edge from
     the trigger: its readers keep reading its output 0, the gated tensor (module doc, "Recompute gates")."""
     from tensorflow.core.framework import attr_value_pb2
 

@@ -54,10 +54,11 @@ from collections.abc import Sequence
 from tflms.errors import GraphError
 from tflms.ir.op_types import FREE_OPS, XLA_ASSIGNS, XLA_NEVER_DTYPES, XLA_NEVER_TYPES
 from tflms.ir.names import is_clone
-from tflms.ir.xla_segments import (BARRIER, HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL, TFLMS_COPY, VARIABLE_READ,
-                                   XLA_COMPILE_ATTR, XLA_SCOPE_ATTR, connected_clusters, gate_role,
-                                   is_free_variable_read, is_gate, is_tflms_copy, release_through, resource_rules,
-                                   segment_rule)
+from tflms.ir.xla_copy_cuts import release_through
+from tflms.ir.xla_gates import BARRIER, gate_role, is_gate, is_tflms_copy
+from tflms.ir.xla_segments import (HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL, TFLMS_COPY, VARIABLE_READ,
+                                   XLA_COMPILE_ATTR, XLA_SCOPE_ATTR, connected_clusters, is_free_variable_read,
+                                   resource_rules, segment_rule)
 from tflms.profiles import HardwareProfile
 from tflms.sim.clock import CLOCK_XLA_CLUSTERS, Kernels, op_durations
 from tflms.sim.cost import op_launches
@@ -142,7 +143,7 @@ def _why_outside(net: IndexedGraph, i: int, is_transfer: Sequence[bool], unsuppo
 
 
 def _gate_role(net: IndexedGraph, gate: int, unsupported: frozenset[str], succs: dict[int, list[int]]) -> str | None:
-    """Where a recompute gate sits (:func:`~tflms.ir.xla_segments.gate_role`), as the pass decides it."""
+    """Where a recompute gate sits (:func:`~tflms.ir.xla_gates.gate_role`), as the pass decides it."""
     if BARRIER in unsupported or len(net.ctrl[gate]) != 1 or not net.inputs[gate]:
         return None
     trigger, t_info, out = net.ctrl[gate][0], net.t_info, net.out_start[gate]

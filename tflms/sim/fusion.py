@@ -38,7 +38,7 @@ Ops that XLA cannot place on the accelerator (host ops, copies to or from the ho
 swap point is a fusion boundary (issue 47). Nor does a recompute gate inside a cluster, an ``XlaOptimizationBarrier``
 (:mod:`tflms.passes.xla_clusters`): it fuses with nothing, so the tensor it gates and the output of its trigger that
 it reads are written to memory (where the trigger is fused, a tensor its chain reads instead:
-:func:`~tflms.ir.xla_segments.barrier_read`), and its output is the gated tensor's buffer; the clones behind it fuse
+:func:`~tflms.ir.xla_gates.barrier_read`), and its output is the gated tensor's buffer; the clones behind it fuse
 into their readers as any op does. (On the ``xla`` clock, the whole step as one module, gates stay the views they are.)
 """
 
@@ -47,8 +47,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from tflms.ir.names import is_clone, is_inserted
-from tflms.ir.xla_segments import (BARRIER, BARRIER_READ_DTYPES, barrier_operand, barrier_passes, barrier_read,
-                                   gates_seen_through, gradient_descendants, is_gate)
+from tflms.ir.xla_gates import (BARRIER, BARRIER_READ_DTYPES, barrier_operand, barrier_passes, barrier_read,
+                                gates_seen_through, gradient_descendants, is_gate)
 from tflms.ir.op_types import (ALIAS_OPS, CONTRACTION_OPS, FREE_OPS, GRADIENT_OP_TYPES, METADATA_OPS,
                                VARIABLE_READ_OPS, XLA_ASSIGNS, XLA_FUSIBLE, XLA_OWN_KERNEL_REDUCTIONS, XLA_REDUCTIONS)
 from tflms.sim.clock import CLOCK_GRAPH, CLOCK_XLA, XLA_MIN_KERNEL_S, Kernels, op_durations
@@ -100,7 +100,7 @@ class _Net:
 
     def _barrier_read(self, t: int, cluster: int, descends: Callable[[int], bool]) -> int:
         """The tensor a barrier in ``cluster`` reads to wait for the trigger output ``t``
-        (:func:`~tflms.ir.xla_segments.barrier_read`, with the rule the pass applies)."""
+        (:func:`~tflms.ir.xla_gates.barrier_read`, with the rule the pass applies)."""
         net, compute = self.net, self.compute
 
         def fused(i: int) -> bool:
@@ -159,7 +159,7 @@ class _Net:
 
 def seen_through(net: IndexedGraph, order: Sequence[int], barrier: Sequence[int]) -> set[int]:
     """The barrier gates of ``order`` that stay ``Identity`` s in their cluster
-    (:func:`~tflms.ir.xla_segments.gates_seen_through`, as :mod:`tflms.passes.xla_clusters` decides it)."""
+    (:func:`~tflms.ir.xla_gates.gates_seen_through`, as :mod:`tflms.passes.xla_clusters` decides it)."""
     names, types = net.names, net.types
 
     def trigger(gate: int) -> int | None:
@@ -180,7 +180,7 @@ def seen_through(net: IndexedGraph, order: Sequence[int], barrier: Sequence[int]
 
 def gate_trigger_tensor(net: IndexedGraph, gate: int) -> int | None:
     """The tensor a recompute gate not yet made a barrier (an ``Identity`` with its trigger as control input) will
-    read of its trigger inside a cluster (:func:`~tflms.ir.xla_segments.barrier_operand`), or ``None``."""
+    read of its trigger inside a cluster (:func:`~tflms.ir.xla_gates.barrier_operand`), or ``None``."""
     if net.types[gate] == BARRIER or len(net.ctrl[gate]) != 1:
         return None
     trigger = net.ctrl[gate][0]
