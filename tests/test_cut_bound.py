@@ -13,7 +13,8 @@ import pytest
 
 from tflms.analysis.cto import analyze_graph
 from tflms.sim import SimOptions, get_profile, simulate
-from tflms.tune.cut_bound import _status, cut_bound, cut_op, rerun_floor_s, rerun_savings_s
+from tflms.tune.cut_bound import _status, cut_bound, cut_op
+from tflms.tune.rerun_floor import rerun_floor_s, rerun_savings_s
 from tflms.testing import GraphBuilder, mlp_training_graph
 
 PROFILE = get_profile("h200-141gb")
