@@ -14,7 +14,7 @@ from tflms.passes.order import apply_tuned_order
 from tflms.passes.swaps import apply_swaps
 from tflms.sim.simulator import simulate
 from tflms.testing import assert_bitwise_equal
-from tflms.tune import hybrid, recompute_sets
+from tflms.tune import hybrid, per_reader, recompute_sets
 from tflms.tune.tuner import tune
 
 from test_recompute import PROFILE, _plain, _residual_bn_32, _search_every_miss, _train_rewritten
@@ -37,7 +37,7 @@ def _tune(graph, monkeypatch, *, stage: bool, stall_fraction: float = -1.0):
     monkeypatch.setattr(hybrid, "ENFORCED_SEGMENT_PRICE", SEGMENT_PRICE)
     # (the stage alone: the clone-per-reader plans of the stage before it, issue 45's, would be its least-compute misses
     # here, and their hybrids fit in level order; tests/test_pick_search.py tests that stage)
-    monkeypatch.setattr(hybrid, "_reader_split_plans", lambda *args, **kwargs: [])
+    monkeypatch.setattr(hybrid, "reader_split_plans", lambda *args, **kwargs: [])
     if not stage:
         monkeypatch.setattr(hybrid, "_enforced_hybrids", lambda *args: [])
     base = simulate(graph, PROFILE)
@@ -169,7 +169,7 @@ def test_what_a_fitting_hybrid_waits_for_is_re_run_per_reader_and_never_chosen_s
         assert c.strategy == "recompute" and c.params["per_reader"] > 0
         assert c.params["split"] == hybrid.SEGMENT_SPLITS[0]
         assert any(d.copy for d in c.plan.recomputes)  # something serves its readers from a re-run
-    monkeypatch.setattr(hybrid, "_per_reader_plan", lambda *args: None)
+    monkeypatch.setattr(hybrid, "per_reader_plan", lambda *args: None)
     without, _ = _tune(graph, monkeypatch, stage=True)
     assert not _refined(without)
     assert result.best.sim.step_time_s <= without.best.sim.step_time_s
@@ -196,11 +196,11 @@ def test_stalling_chains_follow_the_idle_time_of_the_copies(residual, monkeypatc
     def timeline(compute):
         return types.SimpleNamespace(ops=[*compute, *copies])
     busy = types.SimpleNamespace(name="busy", stream="compute", start_s=0.0, end_s=2 * end)
-    assert hybrid.stalling_chains(analysis, times, fit.plan, timeline([busy])) == frozenset()
-    idle = hybrid.stalling_chains(analysis, times, fit.plan, timeline([]))  # every copy fully exposed
+    assert per_reader.stalling_chains(analysis, times, fit.plan, timeline([busy])) == frozenset()
+    idle = per_reader.stalling_chains(analysis, times, fit.plan, timeline([]))  # every copy fully exposed
     assert idle, "no swapped tensor of the fit can be re-run"
-    assert hybrid.stalling_chains(analysis, times, fit.plan, fit.sim) <= idle
-    assert hybrid.stalling_chains(analysis, {op: 1e9 for op in times}, fit.plan, timeline([])) == frozenset()
+    assert per_reader.stalling_chains(analysis, times, fit.plan, fit.sim) <= idle
+    assert per_reader.stalling_chains(analysis, {op: 1e9 for op in times}, fit.plan, timeline([])) == frozenset()
     swapped = {s.tensor: s.num_bytes for s in fit.plan.swaps}
     for op in idle:
         assert analysis.categories[op] is Category.FORWARD and recompute_skip_reason(analysis, op) is None

@@ -76,8 +76,8 @@ def test_without_the_clone_per_reader_stage_the_pick_is_twice_as_slow_as_the_bro
                                                                                                  monkeypatch):
     # the control: what the tuner picked before (a 32 MiB tensor swapped out and back twice), which the check above
     # would refuse
-    import tflms.tune.hybrid as hybrid
-    monkeypatch.setattr(hybrid, "READER_SPLIT_PLANS", 0)
+    import tflms.tune.per_reader as per_reader
+    monkeypatch.setattr(per_reader, "READER_SPLIT_PLANS", 0)
     analysis, kwargs = issue45
     result = tool.compare(analysis, kwargs, 90 << 20, max_swaps=1)
     assert result["pick"]["step_time_s"] > 1.5 * result["best"]["step_time_s"]
