@@ -245,6 +245,37 @@ def test_xla_fuses_the_exact_gelu_of_keras_3_into_one_kernel():
     assert serial.buffer_owner["erfc:0"] == "neg:0"
 
 
+def test_a_machine_whose_xla_duplicates_no_erfc_writes_it_once_for_both_its_readers():
+    """XLA:CPU never duplicates an expensive instruction into a second fusion (the emulated accelerator's
+    ``xla_no_duplicate``): the zoo BERT's Erfc, read by the forward product and by its gradient, was its own buffer
+    in XLA's dump while the clock fused it away (a transient 8 MiB under what the executor measured). On a GPU
+    profile it is duplicated into both readers; a single reader takes it either way."""
+    from tflms.measure import EMULATION_PROFILE
+    from tflms.measure.emulation import EMULATION_XLA_NO_DUPLICATE
+    b = GraphBuilder()
+    b.op("x", "Placeholder", shape=T)
+    b.op("c", "Const", shape=(), dtype="float32")
+    b.op("neg", "Mul", ["x", "c"], shape=T)
+    b.op("erfc", "Erfc", ["neg"], shape=T)
+    b.op("y", "Mul", ["x", "erfc"], shape=T)
+    b.op("s", "Sum", ["y", "c"], shape=())
+    b.op("g", "Mul", ["erfc", "c"], shape=T)  # a second fusion reading it (the gradient's)
+    b.op("t", "Sum", ["g", "c"], shape=())
+    gpu = bytes_profile()
+    cpu = dataclasses.replace(gpu, xla_no_duplicate=("Erfc",))
+    assert "erfc:0" not in buffers(run(b.graph, gpu, "xla"))
+    assert "erfc:0" in buffers(run(b.graph, cpu, "xla"))
+    assert "Erfc" in EMULATION_PROFILE.xla_no_duplicate and set(EMULATION_XLA_NO_DUPLICATE) >= {"Exp", "RealDiv"}
+    single = GraphBuilder()
+    single.op("x", "Placeholder", shape=T)
+    single.op("c", "Const", shape=(), dtype="float32")
+    single.op("erfc", "Erfc", ["x"], shape=T)
+    single.op("y", "Mul", ["x", "erfc"], shape=T)
+    assert "erfc:0" not in buffers(run(single.graph, cpu, "xla"))
+    with pytest.raises(ConfigError, match="xla_no_duplicate"):
+        dataclasses.replace(gpu, xla_no_duplicate="Erfc")
+
+
 def test_a_copy_to_the_host_is_a_fusion_boundary():
     b = relu_chain(2)
     b.graph.add_op("out", "Identity", inputs=[b.graph.op("r0").output(0)], device=HOST,

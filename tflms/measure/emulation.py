@@ -54,10 +54,22 @@ INTER_OP_THREADS = 2
 #: likewise: ``tools/validate_xla_memory.py --dump DIR``, TensorFlow 2.21). XLA:GPU folds the reverse into cuDNN's
 #: backward-data call. ``HardwareProfile.xla_kernel_copies``; docs/design.md, "Kernel copies".
 EMULATION_XLA_KERNEL_COPIES = ("Conv2DBackpropInput", "Conv3DBackpropInputV2")
+#: Op types XLA:CPU fuses into one consumer fusion at most: each lowers to an instruction XLA's fusion calls expensive
+#: (``InstructionFusion::IsExpensive``: exponential, logarithm, logistic, tanh, divide, remainder, power, square root,
+#: erf, trigonometry), and it never duplicates one (``InstructionFusion::ShouldFuse``, "expensive producer would be
+#: duplicated"). The zoo BERT's exact GELU: XLA:CPU writes each layer's ``Erfc`` (``add_select_fusion``), which the
+#: forward product and the backward pass both read, as a buffer of its own (``tools/validate_xla_memory.py --dump
+#: DIR``, TensorFlow 2.21); XLA:GPU counts float32 exponentials and divisions cheap.
+#: ``HardwareProfile.xla_no_duplicate``.
+EMULATION_XLA_NO_DUPLICATE = (
+    "Exp", "Expm1", "Log", "Log1p", "Sigmoid", "Tanh", "Softplus", "Softsign", "Elu", "Selu", "Sqrt", "Rsqrt", "Pow",
+    "Div", "RealDiv", "DivNoNan", "FloorDiv", "TruncateDiv", "FloorMod", "Mod", "TruncateMod", "Reciprocal", "Inv",
+    "Erf", "Erfc", "Erfinv", "Ndtri", "Lgamma", "Digamma", "Sin", "Cos", "Tan", "Atan", "Atan2", "Asin", "Acos",
+    "Asinh", "Acosh", "Atanh", "Sinh", "Cosh", "Xlogy", "Xdivy", "Gelu", "SqrtGrad", "SoftplusGrad", "SoftsignGrad")
 EMULATION_PROFILE = HardwareProfile(
     "emulated-cpu", memory_bytes=64 * GIB, peak_flops=100e9, memory_gbps=12, link_gbps=5, link_latency_s=20e-6,
     launch_overhead_s=20e-6, compute_efficiency=0.65, link_efficiency=0.8, host_memory_bytes=64 * GIB,
-    host_kernels=True, xla_kernel_copies=EMULATION_XLA_KERNEL_COPIES,
+    host_kernels=True, xla_kernel_copies=EMULATION_XLA_KERNEL_COPIES, xla_no_duplicate=EMULATION_XLA_NO_DUPLICATE,
     description="two logical CPU devices of tflms.measure.executor (CPU:1 = accelerator)")
 #: Simulator options matching the emulation: the host device, and the workspaces of the
 #: oneDNN kernels the emulated accelerator runs (:data:`EMULATION_ENV`).

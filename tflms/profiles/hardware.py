@@ -83,6 +83,14 @@ class HardwareProfile:
         (:mod:`tflms.sim.clusters`, "Kernel copies"). XLA:CPU reverses and transposes a backward-input
         convolution's kernel into its temporary allocation (``transpose_copy_fusion``); XLA:GPU folds the reverse
         into cuDNN's backward-data call and copies nothing (none, the default).
+      xla_no_duplicate: op types this machine's XLA never fuses into more than one consumer: an op whose readers
+        fall in several fusions is then a kernel of its own and writes its output
+        (:func:`tflms.sim.fusion.xla_kernels`).
+        XLA:CPU duplicates no *expensive* instruction (``InstructionFusion::ShouldFuse``: "expensive producer would
+        be duplicated"; ``InstructionFusion::IsExpensive``: exponentials, logarithms, divisions, square roots, error
+        functions, trigonometry), so an op whose lowering computes one keeps its output when a forward and a
+        backward fusion both read it (the emulated accelerator's). XLA:GPU prices a duplicate by its cost model and
+        counts float32 exponentials and divisions cheap (none, the default).
     """
 
     name: str
@@ -108,6 +116,7 @@ class HardwareProfile:
     sources: tuple[tuple[str, str], ...] = ()
     host_kernels: bool = False
     xla_kernel_copies: tuple[str, ...] = ()
+    xla_no_duplicate: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "memory_bytes", parse_bytes(self.memory_bytes, what=f"{self.name}.memory_bytes"))
@@ -151,6 +160,10 @@ class HardwareProfile:
         if isinstance(copies, str) or not all(isinstance(t, str) for t in copies):
             raise ConfigError(f"profile {self.name!r}: xla_kernel_copies must be a list of op types, got {copies!r}")
         object.__setattr__(self, "xla_kernel_copies", tuple(sorted(set(copies))))
+        single = self.xla_no_duplicate
+        if isinstance(single, str) or not all(isinstance(t, str) for t in single):
+            raise ConfigError(f"profile {self.name!r}: xla_no_duplicate must be a list of op types, got {single!r}")
+        object.__setattr__(self, "xla_no_duplicate", tuple(sorted(set(single))))
         if not isinstance(self.tf32_enabled, bool):
             raise ConfigError(f"profile {self.name!r}: tf32_enabled must be True or False, got {self.tf32_enabled!r}")
         cited = self.sources.items() if isinstance(self.sources, Mapping) else self.sources

@@ -18,7 +18,8 @@ tf_keras's convolutions with bias and ReLU do.
 - ``PriorityFusion`` (the default producer-consumer fusion, which replaced ``GpuInstructionFusion`` and
   ``FusionMerger``): an element-wise op, broadcast, convert (``Cast``), or data movement (transpose, slice, pad,
   concatenate) fuses into *all* its consumers or none; it is duplicated where it has several, which it does only
-  where that moves fewer bytes (:func:`_worth_duplicating`). A consumer accepts it if it is itself fusible, a
+  where that moves fewer bytes (:func:`_worth_duplicating`; never, on a machine whose XLA duplicates no op of its
+  type: ``HardwareProfile.xla_no_duplicate``, XLA:CPU's expensive ops). A consumer accepts it if it is itself fusible, a
   reduction (an *input fusion*: the reduction reads the fused producers' inputs), or a variable update (the new
   value is written where the variable lives).
 - Library calls take no producers and fuse into nothing: convolutions (cuDNN, ``GpuConvRewriter``) and products
@@ -200,9 +201,10 @@ def _worth_duplicating(in_bytes: int, out_bytes: int, copies: int) -> bool:
     return copies <= 1 or copies * in_bytes <= in_bytes + (copies + 1) * out_bytes
 
 
-def _xla_virtual(g: _Net, keep: Mapping[int, int]) -> bytearray:
+def _xla_virtual(g: _Net, keep: Mapping[int, int], no_duplicate: frozenset[str] = frozenset()) -> bytearray:
     """Which ops XLA fuses into their consumers (by op id, 1 = fused away), deciding consumers before producers;
-    ops in ``keep`` stay kernels."""
+    ops in ``keep`` stay kernels, and so does an op of a type in ``no_duplicate`` whose consumers fall in more than
+    one fusion (``HardwareProfile.xla_no_duplicate``)."""
     net = g.net
     virtual = bytearray(len(net.names))
     roots: list[frozenset[int] | None] = [None] * len(net.names)  # the fusions an op's output flows into
@@ -219,6 +221,8 @@ def _xla_virtual(g: _Net, keep: Mapping[int, int]) -> bytearray:
         if not g.together(i, consumers):
             continue
         into = frozenset().union(*(roots[c] or frozenset((c,)) for c in consumers))
+        if len(into) > 1 and net.types[i] in no_duplicate:
+            continue
         in_bytes = sum(g.nbytes(g.source(t)) for t in dict.fromkeys(net.inputs[i]))
         if _worth_duplicating(in_bytes, g.nbytes(net.out_start[i]), len(into)):
             virtual[i] = 1
@@ -337,7 +341,7 @@ def xla_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[b
     g = _Net(net, order, is_transfer, outputs, cluster)
     priced = op_durations(net, order, is_transfer, costs, profile)
     epilogues = _conv_epilogues(g)
-    virtual = _xla_virtual(g, keep=epilogues)
+    virtual = _xla_virtual(g, keep=epilogues, no_duplicate=frozenset(profile.xla_no_duplicate))
     n = len(net.names)
     duration, reads = [0.0] * n, [list(ins) for ins in net.inputs]
     for i, t in g.trigger_read.items():
