@@ -225,16 +225,22 @@ def test_xla_computes_dropouts_random_numbers_inside_the_kernel_that_reads_them(
     assert xla.kernels == 1 and graph.kernels > 1
 
 
-def test_xla_fuses_the_exact_gelu_of_keras_3_into_one_kernel():
-    """Keras 3's GELU on TensorFlow (``approximate=False``): tf.nn.gelu builds 0.5 * x * erfc(-x / sqrt(2)). tf2xla
-    lowers ``Erfc`` to element-wise ops, so the chain is one kernel reading x and writing y; TensorFlow's own Erfc is
-    a cwise kernel that may write into its input's buffer. Before, ``Erfc`` was none of those: a kernel of its own
-    that wrote its output, on every clock."""
+def erfc_of_x() -> GraphBuilder:
+    """x, a constant c, and erfc(x * c): the start of Keras 3's exact GELU on TensorFlow."""
     b = GraphBuilder()
     b.op("x", "Placeholder", shape=T)
     b.op("c", "Const", shape=(), dtype="float32")
     b.op("neg", "Mul", ["x", "c"], shape=T)
     b.op("erfc", "Erfc", ["neg"], shape=T)
+    return b
+
+
+def test_xla_fuses_the_exact_gelu_of_keras_3_into_one_kernel():
+    """Keras 3's GELU on TensorFlow (``approximate=False``): tf.nn.gelu builds 0.5 * x * erfc(-x / sqrt(2)). tf2xla
+    lowers ``Erfc`` to element-wise ops, so the chain is one kernel reading x and writing y; TensorFlow's own Erfc is
+    a cwise kernel that may write into its input's buffer. Before, ``Erfc`` was none of those: a kernel of its own
+    that wrote its output, on every clock."""
+    b = erfc_of_x()
     b.op("half", "Mul", ["x", "c"], shape=T)
     b.op("y", "Mul", ["half", "erfc"], shape=T)
     xla, serial = run(b.graph, bytes_profile(), "xla"), run(b.graph, bytes_profile(), "serial")
@@ -252,11 +258,7 @@ def test_a_machine_whose_xla_duplicates_no_erfc_writes_it_once_for_both_its_read
     profile it is duplicated into both readers; a single reader takes it either way."""
     from tflms.measure import EMULATION_PROFILE
     from tflms.measure.emulation import EMULATION_XLA_NO_DUPLICATE
-    b = GraphBuilder()
-    b.op("x", "Placeholder", shape=T)
-    b.op("c", "Const", shape=(), dtype="float32")
-    b.op("neg", "Mul", ["x", "c"], shape=T)
-    b.op("erfc", "Erfc", ["neg"], shape=T)
+    b = erfc_of_x()
     b.op("y", "Mul", ["x", "erfc"], shape=T)
     b.op("s", "Sum", ["y", "c"], shape=())
     b.op("g", "Mul", ["erfc", "c"], shape=T)  # a second fusion reading it (the gradient's)
