@@ -2,8 +2,8 @@
 
 :mod:`tflms.passes.xla_clusters` marks a rewritten step's ops with it, and the simulator's ``xla-clusters`` clock
 (:mod:`tflms.sim.clusters`) prices each tuner candidate with it, so both live below them. The rule, its reasons and
-why it closes no cycle are in :mod:`tflms.passes.xla_clusters`'s doc. Where a copy's cut goes is
-:mod:`tflms.ir.xla_copy_cuts`'; where a recompute gate sits, :mod:`tflms.ir.xla_gates`'.
+why it closes no cycle are in :mod:`tflms.passes.xla_clusters`'s doc. Where a copy's cut goes is decided in
+:mod:`tflms.ir.xla_copy_cuts`, where a recompute gate sits in :mod:`tflms.ir.xla_gates`.
 """
 
 from __future__ import annotations

@@ -156,14 +156,11 @@ class HardwareProfile:
             if value is not None and not (isinstance(value, (int, float)) and 0 < value <= 1):
                 raise ConfigError(f"profile {self.name!r}: {field} must be in (0, 1] or None "
                                   f"(compute_efficiency), got {value!r}")
-        copies = self.xla_kernel_copies
-        if isinstance(copies, str) or not all(isinstance(t, str) for t in copies):
-            raise ConfigError(f"profile {self.name!r}: xla_kernel_copies must be a list of op types, got {copies!r}")
-        object.__setattr__(self, "xla_kernel_copies", tuple(sorted(set(copies))))
-        single = self.xla_no_duplicate
-        if isinstance(single, str) or not all(isinstance(t, str) for t in single):
-            raise ConfigError(f"profile {self.name!r}: xla_no_duplicate must be a list of op types, got {single!r}")
-        object.__setattr__(self, "xla_no_duplicate", tuple(sorted(set(single))))
+        for field in ("xla_kernel_copies", "xla_no_duplicate"):  # op types, stored sorted
+            types = getattr(self, field)
+            if isinstance(types, str) or not all(isinstance(t, str) for t in types):
+                raise ConfigError(f"profile {self.name!r}: {field} must be a list of op types, got {types!r}")
+            object.__setattr__(self, field, tuple(sorted(set(types))))
         if not isinstance(self.tf32_enabled, bool):
             raise ConfigError(f"profile {self.name!r}: tf32_enabled must be True or False, got {self.tf32_enabled!r}")
         cited = self.sources.items() if isinstance(self.sources, Mapping) else self.sources
