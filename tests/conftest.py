@@ -84,6 +84,26 @@ def tf_keras_path(request, tmp_path_factory) -> pathlib.Path | None:
     return tf_keras_dir(root)
 
 
+# ------------------------------------------------------------------------------------------------ real models
+def pytest_addoption(parser):
+    parser.addoption("--real-models", action="store_true",
+                     help="run the tests marked real_model (keras.applications models, minutes each); CI runs them "
+                          "after the README's test command: python -m pytest -n 2 --real-models -m real_model")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the ``real_model`` tests unless ``--real-models``: keras.applications models take 20 s to 150 s each, and
+    the README's test command must stay within its 15 minutes on two cores (small models in tests, large ones in
+    benchmarks). They stay tests, and CI runs them: ``.ci/run`` after the README's command, ``.ci/versions`` on the
+    oldest minor (docs/developer.md)."""
+    if config.getoption("--real-models"):
+        return
+    skip = pytest.mark.skip(reason="a keras.applications model: run with --real-models (CI does: .ci/run)")
+    for item in items:
+        if "real_model" in item.keywords:
+            item.add_marker(skip)
+
+
 # ------------------------------------------------------------------------------------------------ the plan cache
 #: What the suite sets for its whole run (and every process it starts inherits): the plan cache off, and its
 #: directory a fresh temporary one.

@@ -113,6 +113,7 @@ def test_tflms_function_runs_the_order_pinned_first_and_trains_bitwise(step_grap
 
 
 @pytest.mark.slow
+@pytest.mark.real_model
 def test_a_keras_applications_resnet_trains_bitwise_with_the_order_pinned_first(monkeypatch):
     """ResNet50 (keras.applications, 64x64, batch 8) on the slow profile at 55% of its peak: the tuner picks the
     no-overhead plan with the order pinned first; two steps through tflms.function equal plain's bytes."""

@@ -496,6 +496,7 @@ def _application(tfk, name: str, side: int):
 
 
 @pytest.mark.slow
+@pytest.mark.real_model
 @pytest.mark.parametrize("name,side", [("ResNet50", 32), ("MobileNetV2", 32)])
 def test_application_fit_is_bitwise(tf_keras, name, side):
     """tf_keras.applications at 32x32, batch 2, two steps: residual adds and BatchNorm (ResNet50), depthwise

@@ -127,3 +127,16 @@ def test_ci_runs_every_older_minor_and_a_newer_python():
     newest = max(versions.SUPPORTED)
     assert runs == {(minor, "PYTHON311") for minor in versions.SUPPORTED if minor != newest} | {(newest, "PYTHON312")}
     assert "bash .ci/versions" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_readme_command_skips_the_real_models_and_ci_runs_them():
+    """The keras.applications tests (``real_model``) are skipped by the README's command, run by ``--real-models``,
+    and CI runs them right after that command (tests/conftest.py)."""
+    skipped = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                              "tests/test_zoo.py::test_resnet50_fit_at_96_is_bitwise"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert skipped.returncode == 0 and "1 skipped" in skipped.stdout and "--real-models" in skipped.stdout, \
+        skipped.stdout[-2000:]  # (collected and skipped, not deselected: the README's user sees they exist)
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert ci.index("$cmd\"") < ci.index("--real-models -m real_model") < ci.index("bash .ci/versions")
+    assert "--real-models" in (ROOT / ".ci" / "versions").read_text()  # BITWISE's MobileNet is one

@@ -176,6 +176,7 @@ def train_application(build, batch: int, wrap):
 
 
 @pytest.mark.slow
+@pytest.mark.real_model
 def test_a_keras_applications_model_recomputed_inside_its_clusters_trains_bitwise_like_plain_xla():
     """keras.applications MobileNetV2 (32x32, alpha 0.35, batch 4), every recompute candidate taken, its gates barriers
     inside the clusters: three steps equal the plain ``jit_compile=True`` steps byte for byte (against a plain-vs-plain
@@ -197,6 +198,7 @@ def test_a_keras_applications_model_recomputed_inside_its_clusters_trains_bitwis
 
 
 @pytest.mark.slow
+@pytest.mark.real_model
 def test_resnet50_in_mixed_bfloat16_its_barriers_read_past_fused_casts_and_it_trains_bitwise_like_plain_xla(
         monkeypatch):
     """keras.applications ResNet50 (32x32, batch 2) under mixed_bfloat16, every recompute candidate taken: Keras's

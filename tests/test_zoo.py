@@ -84,12 +84,14 @@ def _application(name: str, side: int, **options):
 
 
 @pytest.mark.slow
+@pytest.mark.real_model
 def test_mobilenet_fit_with_lms_is_bitwise():
     """MobileNet (alpha 0.25) at 32x32: depthwise/pointwise convs, BatchNorm, ReLU6."""
     fit_matches_plain(_application("MobileNet", 32, alpha=0.25), _image_data(32, 3))
 
 
 @pytest.mark.slow
+@pytest.mark.real_model
 def test_resnet50_fit_at_96_is_bitwise():
     """Issue 30's reproducer: ResNet50 at 96x96 through the callback. Where the pre-pass gave grappler another CPU
     frequency than TensorFlow's own, tflms's step had an accumulator the plain step lacked (319 of 320 weights
