@@ -82,7 +82,8 @@ def _train(model_name: str, balanced: bool):
     return snapshot(model, optimizer), decisions, ran
 
 
-@pytest.mark.parametrize("model_name", ["bert_dropout_bn", pytest.param("mobilenet", marks=[pytest.mark.slow, pytest.mark.real_model])])
+@pytest.mark.parametrize("model_name", ["bert_dropout_bn",
+                                        pytest.param("mobilenet", marks=[pytest.mark.slow, pytest.mark.real_model])])
 def test_a_step_recomputed_by_balanced_checkpoints_trains_bitwise_and_the_clones_run(model_name):
     plain, _, plain_ran = _train(model_name, False)
     control, _, _ = _train(model_name, False)

@@ -134,7 +134,8 @@ def _train(model_name, split_levels, per_reader: bool = False):
 
 
 @pytest.mark.parametrize("model_name", ["mha_block", "layernorm_gelu",
-                                        pytest.param("mobilenet", marks=[pytest.mark.slow, pytest.mark.real_model])])
+                                        pytest.param("mobilenet",
+                                                     marks=[pytest.mark.slow, pytest.mark.real_model])])
 def test_a_step_with_chains_re_run_again_trains_bitwise_and_the_copies_run(model_name):
     plain, _, plain_ran = _train(model_name, "plain")
     control, _, _ = _train(model_name, "plain")
