@@ -65,6 +65,7 @@ def reference(graph, plan, *, copy_op="Identity", options=None, order=None):
         assert fields.pop("transfer_order") == "release"  # the reference's only copy queue model
         assert fields.pop("clock") in ("auto", "serial")  # the reference's only clock (PROFILE's auto)
         assert fields.pop("xla_unsupported") == ()  # (read by the xla-clusters clock only)
+        assert fields.pop("xla_left_out_rules") == ()  # (read by the xla-clusters clock only)
         assert fields.pop("xla_update_parts") == 1  # (read by the xla-clusters clock only)
         assert fields.pop("xla_land_cuts") is False  # (read by the xla-clusters clock only)
         assert fields.pop("xla_clones_last") is False  # (read by the xla-clusters clock only)

@@ -18,6 +18,7 @@ import tensorflow as tf
 import tflms
 import tflms.keras
 from tflms.config import LMSConfig
+from tflms.errors import ConfigError
 from tflms.ir.graph import Graph, TensorRef
 from tflms.ir.tf_io import to_graph_def
 from tflms.passes.xla_clusters import (BARRIER, HOST_OP, LEFT_OUT, NEVER_COMPILED, NO_XLA_KERNEL, SCOPE_PREFIX,
@@ -193,19 +194,107 @@ def test_a_type_the_machine_leaves_out_splits_its_segment_in_the_pass_and_the_cl
     assert "MaxPoolGrad" not in xla_sim_options(SimOptions(), graph, CPU).xla_unsupported
 
 
+def _conv_attrs(padding: str = "SAME", strides=(1, 1, 1, 1), data_format: str = "NHWC", explicit=()):
+    from tensorflow.core.framework import attr_value_pb2
+
+    def ints(values):
+        return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(i=list(values)))
+    attrs = {"padding": attr_value_pb2.AttrValue(s=padding.encode()), "strides": ints(strides),
+             "dilations": ints([1] * len(strides)), "data_format": attr_value_pb2.AttrValue(s=data_format.encode())}
+    if explicit:
+        attrs["explicit_paddings"] = ints(explicit)
+    return attrs
+
+
+def _conv_step(image, window, **kwargs) -> Graph:
+    """``a = relu(x)``, ``c = conv(a, w)`` (``Conv2D``, or ``Conv3D`` for a 5-d ``image``), ``d = relu(c)``."""
+    from tflms.testing.graphs import tensor_info
+    b = GraphBuilder()
+    b.op("x", "Placeholder", shape=image)
+    b.op("w", "Placeholder", shape=window)
+    b.op("a", "Relu", ["x"], shape=image)
+    b.graph.add_op("c", "Conv3D" if len(image) == 5 else "Conv2D", inputs=[TensorRef("a", 0), TensorRef("w", 0)],
+                   attrs=_conv_attrs(**kwargs), outputs=[tensor_info(image[:-1] + window[-1:])])
+    b.op("d", "Relu", ["c"], shape=image[:-1] + window[-1:])
+    return b.graph
+
+
+@pytest.mark.parametrize("image, window, kwargs, swapped", [
+    ((8, 2, 2, 64), (3, 3, 64, 64), {}, True),  # ResNet-50's conv5 at 64x64: 9 window points over 4
+    ((8, 1, 1, 64), (3, 3, 64, 64), {}, True),  # 9 over 1 (SAME pads 1 each side, not the full 2)
+    ((8, 3, 2, 64), (3, 3, 64, 64), {}, True),  # 9 over 6
+    ((8, 3, 3, 64), (3, 3, 64, 64), {}, False),  # 9 over 9: no gain
+    ((8, 4, 4, 64), (3, 3, 64, 64), {}, False),
+    ((8, 3, 3, 64), (3, 3, 64, 64), {"padding": "VALID"}, False),  # the window is the whole input: a contraction
+    ((8, 2, 2, 64), (1, 1, 64, 64), {}, False),  # a 1x1 kernel has one point
+    ((8, 2, 2, 64), (3, 3, 32, 64), {}, False),  # grouped: the swap handles none
+    ((8, 64, 2, 2), (3, 3, 64, 64), {"data_format": "NCHW"}, True),
+    ((8, 2, 2, 64), (3, 3, 64, 64), {"padding": "EXPLICIT", "explicit": (0, 0, 1, 1, 1, 1, 0, 0)}, True),
+    ((2, 2, 2, 2, 16), (3, 3, 3, 16, 16), {"strides": (1,) * 5}, True),  # Conv3D: 27 over 8
+    ((2, 4, 4, 4, 16), (3, 3, 3, 16, 16), {"strides": (1,) * 5}, False),  # 27 over 64
+])
+def test_xla_cpu_swaps_a_convolution_whose_kernel_window_exceeds_its_input(image, window, kwargs, swapped):
+    from tflms.ir.xla_left_out import swaps_conv_operands
+    graph = _conv_step(image, window, **kwargs)
+    conv = graph.op("c")
+    assert swaps_conv_operands(conv, [graph.tensor(r) for r in conv.inputs]) is swapped
+
+
+def test_a_convolution_a_rule_leaves_out_splits_its_segment_in_the_pass_and_the_clock():
+    """``leave_out(rules=...)`` picks single ops: under :data:`~tflms.ir.xla_left_out.SWAPPED_CONV` a 3x3 convolution
+    over 2x2 maps (XLA:CPU reverses its kernel) stays out with ``LEFT_OUT`` and splits the step, on the clock too
+    (``xla_left_out_rules``); over 4x4 maps it is a member, and so is every convolution outside the declaration."""
+    from tflms.ir.xla_left_out import SWAPPED_CONV
+    from tflms.passes.xla_clusters import left_out_rules
+    from tflms.pipeline.hardware import xla_sim_options
+    from tflms.sim.clusters import step_clusters
+    from tflms.sim.indexed import IndexedGraph
+    from tflms.sim.simulator import SimOptions
+
+    def clusters(graph) -> tuple[list, dict]:
+        result = cluster_for_xla(graph, accelerator_device=CPU, host_device=CPU, has_xla_kernel=_anything_compiles)
+        return [list(m) for _, m in result.report.clusters], dict(result.report.outside)
+
+    def clock(graph) -> list[list[str]]:  # the clock's clusters of the unmarked step, by op name
+        net = IndexedGraph.from_graph(graph, CPU)
+        order = list(range(len(net.names)))
+        cluster = step_clusters(net, order, order, [False] * len(order), xla_sim_options(SimOptions(), graph, CPU))
+        members: dict[int, list[str]] = {}
+        for i, k in enumerate(cluster):
+            if k >= 0:
+                members.setdefault(k, []).append(net.names[i])
+        return list(members.values())
+
+    small, large = _conv_step((8, 2, 2, 16), (3, 3, 16, 16)), _conv_step((8, 4, 4, 16), (3, 3, 16, 16))
+    with leave_out({}, (SWAPPED_CONV,)):
+        assert left_out_rules() == (SWAPPED_CONV,)
+        assert clusters(small) == ([["a"], ["d"]], {"x": NEVER_COMPILED, "w": NEVER_COMPILED, "c": LEFT_OUT})
+        assert clock(small) == [["a"], ["d"]]
+        assert clusters(large)[0] == clock(large) == [["a", "c", "d"]]
+    assert left_out_rules() == ()
+    assert clusters(small)[0] == clock(small) == [["a", "c", "d"]]
+    with pytest.raises(ConfigError, match="unknown rules"):
+        SimOptions(xla_left_out_rules=("no-such-rule",))
+    with pytest.raises(ConfigError, match="unknown rules"), leave_out({}, ("no-such-rule",)):
+        pass
+
+
 def test_the_emulated_accelerator_leaves_out_xla_cpus_own_lowerings():
-    """Planning for the emulated machine declares the max-pool and filter gradients left out of XLA (and oneDNN's
-    kernels); nothing else is declared outside it."""
+    """Planning for the emulated machine declares the max-pool and filter gradients left out of XLA, and the
+    convolutions whose kernels XLA:CPU reverses (and oneDNN's kernels); nothing else is declared outside it."""
     from tflms.devices import runs_onednn_cpu_kernels
     from tflms.measure import planning_for_emulation
     from tflms.measure.emulation import EMULATION_XLA_LEFT_OUT
     assert {"MaxPoolGrad", "MaxPool3DGrad", "Conv2DBackpropFilter", "Conv3DBackpropFilterV2"} <= set(
         EMULATION_XLA_LEFT_OUT)
     assert not {"Conv2D", "Conv2DBackpropInput", "MaxPool", "MatMul"} & set(EMULATION_XLA_LEFT_OUT)
+    from tflms.ir.xla_left_out import SWAPPED_CONV
+    from tflms.passes.xla_clusters import left_out_rules
     with planning_for_emulation():
         assert left_out() == EMULATION_XLA_LEFT_OUT
+        assert left_out_rules() == (SWAPPED_CONV,)
         assert runs_onednn_cpu_kernels("/device:CPU:1")
-    assert left_out() == {}
+    assert left_out() == {} and left_out_rules() == ()
 
 
 def test_host_ops_stay_out_where_the_accelerator_is_a_gpu_and_strings_never_compile():

@@ -19,6 +19,7 @@ import numpy as np
 
 from tflms.devices import onednn_kernels
 from tflms.errors import TflmsError
+from tflms.ir.xla_left_out import SWAPPED_CONV
 from tflms.profiles import GIB, HardwareProfile
 from tflms.sim.simulator import ONEDNN_CPU_WORKSPACES, SimOptions
 
@@ -106,6 +107,13 @@ EMULATION_XLA_LEFT_OUT = {
     **dict.fromkeys(("Conv2DBackpropFilter", "Conv3DBackpropFilter", "Conv3DBackpropFilterV2"),
                     "XLA:CPU transposes a filter gradient's operands into copies XLA:GPU does not make"),
 }
+#: Rules (:data:`tflms.ir.xla_left_out.RULES`) that pick single ops the emulated accelerator runs outside its XLA
+#: clusters, for the reason :data:`EMULATION_XLA_LEFT_OUT` gives: a forward convolution whose kernel's window exceeds
+#: its input, which XLA:CPU turns around and whose kernel it reverses into a buffer of its own (ResNet-50's conv5 3x3
+#: convolutions at a 64x64 input: three 9 MiB reverses in the forward cluster's temporary allocation, computed at its
+#: start, 43 MiB in all against the clock's 9; docs/design.md, "Why ResNet-50's 0.8 rewrite peaks 7.6 MiB above its
+#: simulation"); XLA:GPU turns the swap off.
+EMULATION_XLA_LEFT_OUT_RULES = (SWAPPED_CONV,)
 
 
 @contextlib.contextmanager
@@ -116,11 +124,13 @@ def planning_for_emulation() -> Iterator[None]:
       rules that depend on them (oneDNN's workspace edges: a swapped ``MaxPool3D`` output fed to ``MaxPool3DGrad``
       routes the gradient of tied maxima differently) follow the emulated machine
       (:func:`tflms.devices.onednn_kernels`);
-    - a step that keeps XLA leaves :data:`EMULATION_XLA_LEFT_OUT` out of its clusters, in the clustering pass and in
-      the simulator's ``xla-clusters`` clock alike (:func:`tflms.passes.xla_clusters.leave_out`).
+    - a step that keeps XLA leaves :data:`EMULATION_XLA_LEFT_OUT` and the ops :data:`EMULATION_XLA_LEFT_OUT_RULES`
+      pick out of its clusters, in the clustering pass and in the simulator's ``xla-clusters`` clock alike
+      (:func:`tflms.passes.xla_clusters.leave_out`).
     """
     from tflms.passes.xla_clusters import leave_out
-    with onednn_kernels(EMULATION_ENV["TF_ENABLE_ONEDNN_OPTS"] == "1"), leave_out(EMULATION_XLA_LEFT_OUT):
+    with (onednn_kernels(EMULATION_ENV["TF_ENABLE_ONEDNN_OPTS"] == "1"),
+          leave_out(EMULATION_XLA_LEFT_OUT, EMULATION_XLA_LEFT_OUT_RULES)):
         yield
 
 

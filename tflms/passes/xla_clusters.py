@@ -47,9 +47,11 @@ fuses (:func:`~tflms.ir.xla_gates.gates_seen_through`).
 **Which ops XLA cannot compile:** :data:`~tflms.ir.op_types.XLA_NEVER_TYPES` (arguments, Python callbacks, ops
 that create resources), ops reading or producing a ``string`` or ``variant`` tensor, and ops with no kernel
 registered for the accelerator's XLA device (``has_xla_kernel``; ``XLA_CPU_JIT`` or ``XLA_GPU_JIT``). Besides, a
-planner may declare op types that the machine it plans for runs outside XLA (:func:`leave_out`, reason ``LEFT_OUT``):
-the emulated accelerator of :mod:`tflms.measure` leaves out the gradients that XLA:CPU lowers into buffers XLA:GPU
-does not have (:data:`tflms.measure.emulation.EMULATION_XLA_LEFT_OUT`).
+planner may declare op types that the machine it plans for runs outside XLA (:func:`leave_out`, reason ``LEFT_OUT``),
+and rules that pick single ops by their attributes and shapes (:mod:`tflms.ir.xla_left_out`): the emulated accelerator
+of :mod:`tflms.measure` leaves out the gradients that XLA:CPU lowers into buffers XLA:GPU does not have
+(:data:`tflms.measure.emulation.EMULATION_XLA_LEFT_OUT`), and the convolutions whose kernels it reverses
+(:data:`~tflms.ir.xla_left_out.SWAPPED_CONV`).
 
 **Variable reads** that nothing orders (a ``ReadVariableOp`` whose only predecessor is its variable's handle) stay out
 too, reason ``VARIABLE_READ`` (:func:`~tflms.ir.xla_segments.is_free_variable_read`): each cluster then takes the
@@ -140,6 +142,7 @@ from tflms.ir.xla_copy_cuts import release_through
 from tflms.ir.xla_gates import (BARRIER, BARRIER_READ_DTYPES, GATE_BARRIER, GATE_IDENTITY,  # noqa: F401
                                 barrier_operand, barrier_read, gate_role, gates_seen_through, gradient_descendants,
                                 is_gate, is_tflms_copy)
+from tflms.ir.xla_left_out import check_rules, left_out_by
 from tflms.ir.xla_segments import (HOST_OP, LEFT_OUT, NEVER_COMPILED, NO_XLA_KERNEL, SCOPE_PREFIX,
                                    TFLMS_COPY, VARIABLE_READ, XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR,
                                    XLA_SCOPE_ATTR, is_free_variable_read, reads_a_landing,
@@ -222,17 +225,18 @@ def jit_device_for(accelerator_device: str) -> str:
     return "XLA_GPU_JIT" if "GPU" in accelerator_device.upper() else "XLA_CPU_JIT"
 
 
-#: The op types declared by :func:`leave_out`, innermost last.
-_DECLARED_LEFT_OUT: list[Mapping[str, str]] = []
+#: The op types and the rules declared by :func:`leave_out`, innermost last.
+_DECLARED_LEFT_OUT: list[tuple[Mapping[str, str], tuple[str, ...]]] = []
 
 
 @contextlib.contextmanager
-def leave_out(types: Mapping[str, str]) -> Iterator[None]:
-    """Plan for a machine that runs these op types (``{type: why}``) outside its XLA clusters, in TensorFlow's
-    executor, though XLA could compile them: :func:`cluster_for_xla` leaves them out (reason ``LEFT_OUT``) and the
-    ``xla-clusters`` clock prices them so (:func:`tflms.pipeline.hardware.xla_sim_options`). For a step that another
-    machine will run, as :func:`tflms.devices.onednn_kernels` declares its kernels."""
-    _DECLARED_LEFT_OUT.append(dict(types))
+def leave_out(types: Mapping[str, str], rules: tuple[str, ...] = ()) -> Iterator[None]:
+    """Plan for a machine that runs these op types (``{type: why}``), and the ops these ``rules`` pick (names in
+    :data:`tflms.ir.xla_left_out.RULES`), outside its XLA clusters, in TensorFlow's executor, though XLA could compile
+    them: :func:`cluster_for_xla` leaves them out (reason ``LEFT_OUT``) and the ``xla-clusters`` clock prices them so
+    (:func:`tflms.pipeline.hardware.xla_sim_options`). For a step that another machine will run, as
+    :func:`tflms.devices.onednn_kernels` declares its kernels."""
+    _DECLARED_LEFT_OUT.append((dict(types), check_rules(rules)))
     try:
         yield
     finally:
@@ -241,7 +245,12 @@ def leave_out(types: Mapping[str, str]) -> Iterator[None]:
 
 def left_out() -> Mapping[str, str]:
     """The op types :func:`leave_out` declares here (``{type: why}``; empty outside it)."""
-    return _DECLARED_LEFT_OUT[-1] if _DECLARED_LEFT_OUT else {}
+    return _DECLARED_LEFT_OUT[-1][0] if _DECLARED_LEFT_OUT else {}
+
+
+def left_out_rules() -> tuple[str, ...]:
+    """The rules :func:`leave_out` declares here (names in :data:`tflms.ir.xla_left_out.RULES`; none outside it)."""
+    return _DECLARED_LEFT_OUT[-1][1] if _DECLARED_LEFT_OUT else ()
 
 
 def registered_xla_kernels(jit_device: str) -> Callable[[str], bool]:
@@ -266,14 +275,14 @@ def cluster_for_xla(graph: Graph, *, accelerator_device: str, host_device: str,
     if has_xla_kernel is None:
         has_xla_kernel = registered_xla_kernels(jit_device)
     on_host = _host_check(accelerator_device, host_device)
-    declared = left_out()
+    declared, rules = left_out(), left_out_rules()
     roles = {op.name: _gate_role(graph, op, on_host, has_xla_kernel) for op in graph if _is_gate(op)}
     preds, succs = graph.adjacency()
     topological = graph.topological_order((preds, succs))
     for name in _seen_through(graph, topological, roles):
         roles[name] = GATE_IDENTITY
     outside = {op.name: why for op in graph
-               if (why := _why_outside(graph, op, on_host, has_xla_kernel, roles, declared))}
+               if (why := _why_outside(graph, op, on_host, has_xla_kernel, roles, declared, rules))}
     index = {op.name: i for i, op in enumerate(graph)}
 
     def value_bytes(name: str) -> int | None:
@@ -349,9 +358,9 @@ def _host_check(accelerator_device: str, host_device: str) -> Callable[[str], bo
 
 
 def _why_outside(graph: Graph, op: Op, on_host: Callable[[str], bool], has_xla_kernel: Callable[[str], bool],
-                 roles: dict[str, str | None], declared: Mapping[str, str]) -> str | None:
+                 roles: dict[str, str | None], declared: Mapping[str, str], rules: tuple[str, ...] = ()) -> str | None:
     """Why ``op`` stays out of every cluster, or ``None`` for a member (``roles``: each recompute gate's,
-    :func:`_gate_role`; ``declared``: the types :func:`leave_out` declares)."""
+    :func:`_gate_role`; ``declared`` and ``rules``: the types and rules :func:`leave_out` declares)."""
     if is_tflms_copy(op.type, op.name) and roles.get(op.name) is None:
         return TFLMS_COPY
     if on_host(op.device):
@@ -363,7 +372,7 @@ def _why_outside(graph: Graph, op: Op, on_host: Callable[[str], bool], has_xla_k
         return VARIABLE_READ
     if not has_xla_kernel(op.type):
         return NO_XLA_KERNEL
-    if op.type in declared:
+    if op.type in declared or (rules and left_out_by(rules, op, [graph.tensor(r) for r in op.inputs])):
         return LEFT_OUT
     return None
 

@@ -75,16 +75,17 @@ def xla_sim_options(options: Any, graph: Any, accelerator: str) -> Any:
     """``options`` for a step that keeps XLA in clusters (issue 47): the ``xla-clusters`` clock
     (:mod:`tflms.sim.clusters`), which prices each candidate as :func:`tflms.passes.xla_clusters.cluster_for_xla` will
     cluster it, with the step's op types that have no XLA kernel for ``accelerator`` left out of the clusters (read
-    from TensorFlow's registry, as the pass reads it), and those the machine planned for leaves out
+    from TensorFlow's registry, as the pass reads it), and the types and ops the machine planned for leaves out
     (:func:`tflms.passes.xla_clusters.leave_out`)."""
     import dataclasses
 
-    from tflms.passes.xla_clusters import jit_device_for, left_out, registered_xla_kernels
+    from tflms.passes.xla_clusters import jit_device_for, left_out, left_out_rules, registered_xla_kernels
     from tflms.sim.clock import CLOCK_XLA_CLUSTERS
     has_kernel = registered_xla_kernels(jit_device_for(accelerator))
     declared = left_out()
     unsupported = sorted({op.type for op in graph if not has_kernel(op.type) or op.type in declared})
-    return dataclasses.replace(options, clock=CLOCK_XLA_CLUSTERS, xla_unsupported=tuple(unsupported))
+    return dataclasses.replace(options, clock=CLOCK_XLA_CLUSTERS, xla_unsupported=tuple(unsupported),
+                               xla_left_out_rules=left_out_rules())
 
 
 def update_parts_for(options: Any, graph: Any, profile: HardwareProfile, budget: int) -> Any:

@@ -8,10 +8,10 @@ clock prices that step (:func:`cluster_kernels`):
   the marked ops of one scope that edges join, as ``mark_for_compilation_pass`` makes them. Otherwise (a tuner's
   candidate, swaps applied and not yet marked) the pass's own rule (:func:`~tflms.passes.xla_clusters.segment_rule`)
   runs on the simulated graph, with what it leaves out read off the indexed ops: tflms's copies and TensorFlow's
-  implicit ones, host ops, :data:`~tflms.ir.op_types.XLA_NEVER_TYPES`, ``string``/``variant`` tensors, and the types
-  in ``SimOptions.xla_unsupported``; and the variables' updates in parts where ``SimOptions.xla_update_parts`` asks
-  for them (each part one cluster, as the pass's ``NoOp`` joins it). So the tuner prices each candidate as the pass
-  will cluster it.
+  implicit ones, host ops, :data:`~tflms.ir.op_types.XLA_NEVER_TYPES`, ``string``/``variant`` tensors, the types
+  in ``SimOptions.xla_unsupported`` and the ops the rules in ``SimOptions.xla_left_out_rules`` pick; and the
+  variables' updates in parts where ``SimOptions.xla_update_parts`` asks for them (each part one cluster, as the
+  pass's ``NoOp`` joins it). So the tuner prices each candidate as the pass will cluster it.
 - **Fusion within a cluster.** The ``xla`` clock's fusion model (:func:`tflms.sim.fusion.xla_kernels`) on each
   cluster, never across one: a producer fuses into its consumers only where they all share its cluster, and so for
   the convolution epilogues and the sibling reductions. Ops outside every cluster run in TensorFlow's executor, priced
@@ -56,6 +56,7 @@ from tflms.ir.op_types import FREE_OPS, XLA_ASSIGNS, XLA_NEVER_DTYPES, XLA_NEVER
 from tflms.ir.names import is_clone
 from tflms.ir.xla_copy_cuts import release_through
 from tflms.ir.xla_gates import BARRIER, gate_role, is_gate, is_tflms_copy
+from tflms.ir.xla_left_out import left_out_by
 from tflms.ir.xla_segments import (HOST_OP, NEVER_COMPILED, NO_XLA_KERNEL, TFLMS_COPY, VARIABLE_READ,
                                    XLA_COMPILE_ATTR, XLA_SCOPE_ATTR, connected_clusters, is_free_variable_read,
                                    resource_rules, segment_rule)
@@ -74,9 +75,9 @@ XLA_CLUSTER_LAUNCHES = 2
 def step_clusters(net: IndexedGraph, order: Sequence[int], position: Sequence[int], is_transfer: Sequence[bool],
                   options: SimOptions | None = None) -> list[int]:
     """By op id, the XLA cluster each op of ``order`` runs in, numbered from 0 in order of their first op (-1: none;
-    module doc, "Which clusters"). Of ``options`` (``None``: the defaults) it reads ``xla_unsupported`` and, as
-    :func:`~tflms.passes.xla_clusters.cluster_for_xla` reads its parameters of those names, ``xla_update_parts``,
-    ``xla_land_cuts`` and ``xla_clones_last``."""
+    module doc, "Which clusters"). Of ``options`` (``None``: the defaults) it reads ``xla_unsupported``,
+    ``xla_left_out_rules`` and, as :func:`~tflms.passes.xla_clusters.cluster_for_xla` reads its parameters of those
+    names, ``xla_update_parts``, ``xla_land_cuts`` and ``xla_clones_last``."""
     options = options or SimOptions()
     preds = {i: [p for p in net.preds[i] if position[p] >= 0] for i in order}
     succs: dict[int, list[int]] = {i: [] for i in order}
@@ -88,7 +89,8 @@ def step_clusters(net: IndexedGraph, order: Sequence[int], position: Sequence[in
         clusters = connected_clusters(order, preds, marked)
     else:
         unsupported = frozenset(options.xla_unsupported)
-        outside = {i: why for i in order if (why := _why_outside(net, i, is_transfer, unsupported, succs))}
+        outside = {i: why for i in order
+                   if (why := _why_outside(net, i, is_transfer, unsupported, succs, options.xla_left_out_rules))}
         names = net.names
         types, t_info, inputs = net.types, net.t_info, net.inputs
         resource, updates = resource_rules({i: types[i] for i in order},
@@ -121,9 +123,9 @@ def step_clusters(net: IndexedGraph, order: Sequence[int], position: Sequence[in
 
 
 def _why_outside(net: IndexedGraph, i: int, is_transfer: Sequence[bool], unsupported: frozenset[str],
-                 succs: dict[int, list[int]]) -> str | None:
+                 succs: dict[int, list[int]], rules: tuple[str, ...] = ()) -> str | None:
     """Why op ``i`` stays out of every cluster, as :func:`tflms.passes.xla_clusters.cluster_for_xla` decides it for
-    the op's IR form, or ``None`` for a member."""
+    the op's IR form (``rules``: ``SimOptions.xla_left_out_rules``), or ``None`` for a member."""
     op_type, name = net.types[i], net.names[i]
     if is_transfer[i] or (net.src_ops[i] is None and not is_gate(op_type, name)):
         return TFLMS_COPY  # (an op the simulator added is one of TensorFlow's implicit copies, or a tuner's gate)
@@ -137,7 +139,8 @@ def _why_outside(net: IndexedGraph, i: int, is_transfer: Sequence[bool], unsuppo
         return NEVER_COMPILED
     if is_free_variable_read(op_type, (net.types[p] for p in net.preds[i])):
         return VARIABLE_READ
-    if op_type in unsupported:
+    if op_type in unsupported or (rules and net.src_ops[i] is not None
+                                  and left_out_by(rules, net.src_ops[i], [t_info[t] for t in net.inputs[i]])):
         return NO_XLA_KERNEL
     return None
 

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from tflms.devices import normalize_device
 from tflms.errors import ConfigError
+from tflms.ir.xla_left_out import check_rules
 
 
 #: Kernel workspaces of TensorFlow's oneDNN CPU kernels (``SimOptions.workspace_bytes_per_element``):
@@ -48,6 +49,10 @@ class SimOptions:
     #: ``xla-clusters`` clock keeps them out of every cluster, as :func:`tflms.passes.xla_clusters.cluster_for_xla`
     #: does (the pipeline fills it from TensorFlow's registry for the step's types).
     xla_unsupported: tuple[str, ...] = ()
+    #: Rules (names in :data:`tflms.ir.xla_left_out.RULES`) that pick single ops the ``xla-clusters`` clock keeps out
+    #: of every cluster, as :func:`tflms.passes.xla_clusters.cluster_for_xla` does under
+    #: :func:`~tflms.passes.xla_clusters.leave_out` (the pipeline fills it from that declaration).
+    xla_left_out_rules: tuple[str, ...] = ()
     #: The most clusters one segment's variable updates split into on the ``xla-clusters`` clock, as
     #: :func:`tflms.passes.xla_clusters.cluster_for_xla`'s ``update_parts`` (1: none; the pipeline splits them where
     #: a budget is to be met, :data:`tflms.ir.xla_segments.UPDATE_PARTS`).
@@ -73,6 +78,7 @@ class SimOptions:
                                   f"got {per_element!r}")
         object.__setattr__(self, "workspace_bytes_per_element", workspaces)
         object.__setattr__(self, "xla_unsupported", tuple(sorted(set(self.xla_unsupported))))
+        object.__setattr__(self, "xla_left_out_rules", check_rules(self.xla_left_out_rules))
         if not 0 <= self.margin_fraction < 10:
             raise ConfigError(f"margin_fraction must be in [0, 10), got {self.margin_fraction}")
         if not isinstance(self.xla_update_parts, int) or self.xla_update_parts < 1:
