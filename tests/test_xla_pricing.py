@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from tflms.config import LMSConfig
+from tflms.errors import ConfigError
 from tflms.ir.graph import TensorRef
 from tflms.passes.xla_clusters import cluster_for_xla
 from tflms.pipeline import rewrite, rewrite_step
@@ -393,6 +394,38 @@ def test_a_machine_whose_xla_copies_a_kernel_holds_the_copy_for_that_kernel():
     assert "w:0" in held and "m:0" in held  # labelled by the kernel it copies
     assert copied.timeline[held["w:0"][0] + 1][0] == spans(copied)["m"][0]
     assert run(g, "xla", copying).peak_bytes == run(g, "xla", plain).peak_bytes  # the whole-step clock copies none
+
+
+def test_a_kernel_outside_the_clusters_holds_its_scratch_while_it_runs():
+    """The emulated accelerator's max-pool gradient runs TensorFlow's CPU kernel outside its clusters, which allocates
+    a copy of the pooled output and an int64 argmax per pooled element while it runs
+    (``HardwareProfile.xla_outside_scratch``). g = MaxPoolGrad(x, p, d) between two clusters: a profile with the
+    scratch holds 64 + 8 x 16 = 192 bytes more from g's start to its end, labelled by p; inside a cluster (the type
+    compiled) it holds none, nor does a profile without it."""
+    from tflms.measure.emulation import EMULATION_PROFILE
+    assert ("MaxPoolGrad", 1, 1.0, 8.0) in EMULATION_PROFILE.xla_outside_scratch
+    b = GraphBuilder()
+    b.op("x", "Placeholder", shape=T)
+    b.op("a", "Relu", ["x"], shape=T)
+    b.op("p", "Relu", ["a"], shape=T)
+    b.op("d", "Relu", ["p"], shape=T)
+    b.op("g", "MaxPoolGrad", ["a", "p", "d"], shape=T)
+    b.op("n", "Relu", ["g"], shape=T)
+    g = b.graph
+    plain = bytes_profile()
+    scratch = dataclasses.replace(plain, xla_outside_scratch=(("MaxPoolGrad", 1, 1.0, 8.0),))
+    left_out = SimOptions(clock="xla-clusters", xla_unsupported=("MaxPoolGrad",))
+    base = simulate(g, plain, options=left_out)
+    held = simulate(g, scratch, options=left_out)
+    assert held.peak_bytes == base.peak_bytes + 192
+    lifetimes = [(first, last) for name, size, first, last in held.buffer_lifetimes if size == 192]
+    assert len(lifetimes) == 1
+    first, last = lifetimes[0]
+    assert (held.timeline[first + 1][0], held.timeline[last + 1][0]) == spans(held)["g"]
+    inside = SimOptions(clock="xla-clusters")
+    assert simulate(g, scratch, options=inside).peak_bytes == simulate(g, plain, options=inside).peak_bytes
+    with pytest.raises(ConfigError, match="xla_outside_scratch"):
+        dataclasses.replace(plain, xla_outside_scratch=(("MaxPoolGrad", -1, 1.0, 8.0),))
 
 
 def momentum_step(*, ordered: bool = True):

@@ -67,10 +67,18 @@ EMULATION_XLA_NO_DUPLICATE = (
     "Div", "RealDiv", "DivNoNan", "FloorDiv", "TruncateDiv", "FloorMod", "Mod", "TruncateMod", "Reciprocal", "Inv",
     "Erf", "Erfc", "Erfinv", "Ndtri", "Lgamma", "Digamma", "Sin", "Cos", "Tan", "Atan", "Atan2", "Asin", "Acos",
     "Asinh", "Acosh", "Atanh", "Sinh", "Cosh", "Xlogy", "Xdivy", "Gelu", "SqrtGrad", "SoftplusGrad", "SoftsignGrad")
+#: Temporaries of the emulated accelerator's TensorFlow kernels that run outside its XLA clusters
+#: (``HardwareProfile.xla_outside_scratch``): a max-pool gradient (left out of XLA, :data:`EMULATION_XLA_LEFT_OUT`)
+#: runs TensorFlow's CPU kernel ``MaxPoolingGradOp``, whose forward pool ran in XLA, so oneDNN hands it no workspace:
+#: it allocates a copy of the pooled output (input 1, unless it may take that buffer over) and an int64 argmax per
+#: pooled element, for its run (``tensorflow/core/kernels/maxpooling_op.cc``; the zoo CNN at 0.8, TensorFlow 2.21: 0.5
+#: and 1 MiB beside the 2 MiB gradient, in the allocator's events).
+EMULATION_XLA_OUTSIDE_SCRATCH = (("MaxPoolGrad", 1, 1.0, 8.0), ("MaxPoolGradV2", 1, 1.0, 8.0))
 EMULATION_PROFILE = HardwareProfile(
     "emulated-cpu", memory_bytes=64 * GIB, peak_flops=100e9, memory_gbps=12, link_gbps=5, link_latency_s=20e-6,
     launch_overhead_s=20e-6, compute_efficiency=0.65, link_efficiency=0.8, host_memory_bytes=64 * GIB,
     host_kernels=True, xla_kernel_copies=EMULATION_XLA_KERNEL_COPIES, xla_no_duplicate=EMULATION_XLA_NO_DUPLICATE,
+    xla_outside_scratch=EMULATION_XLA_OUTSIDE_SCRATCH,
     description="two logical CPU devices of tflms.measure.executor (CPU:1 = accelerator)")
 #: Simulator options matching the emulation: the host device, and the workspaces of the
 #: oneDNN kernels the emulated accelerator runs (:data:`EMULATION_ENV`).

@@ -83,6 +83,12 @@ class HardwareProfile:
         (:mod:`tflms.sim.clusters`, "Kernel copies"). XLA:CPU reverses and transposes a backward-input
         convolution's kernel into its temporary allocation (``transpose_copy_fusion``); XLA:GPU folds the reverse
         into cuDNN's backward-data call and copies nothing (none, the default).
+      xla_outside_scratch: temporaries TensorFlow's kernels of some op types allocate while they run, where such an op
+        runs outside the XLA clusters of a step that keeps XLA (priced by the ``xla-clusters`` clock,
+        :mod:`tflms.sim.clusters`, "Kernel scratch"): ``((op type, input, copies, bytes per element), ...)``, the
+        scratch being ``copies`` x that input's bytes + ``bytes per element`` x its elements. The emulated
+        accelerator's max-pool gradients (TensorFlow's CPU kernel: a copy of the pooled output and an int64 argmax per
+        pooled element); none by default.
       xla_no_duplicate: op types this machine's XLA never fuses into more than one consumer: an op whose readers
         fall in several fusions is then a kernel of its own and writes its output
         (:func:`tflms.sim.fusion.xla_kernels`).
@@ -117,6 +123,7 @@ class HardwareProfile:
     host_kernels: bool = False
     xla_kernel_copies: tuple[str, ...] = ()
     xla_no_duplicate: tuple[str, ...] = ()
+    xla_outside_scratch: tuple[tuple[str, int, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "memory_bytes", parse_bytes(self.memory_bytes, what=f"{self.name}.memory_bytes"))
@@ -161,6 +168,14 @@ class HardwareProfile:
             if isinstance(types, str) or not all(isinstance(t, str) for t in types):
                 raise ConfigError(f"profile {self.name!r}: {field} must be a list of op types, got {types!r}")
             object.__setattr__(self, field, tuple(sorted(set(types))))
+        try:
+            scratch = tuple(sorted((str(t), int(k), float(c), float(b)) for t, k, c, b in self.xla_outside_scratch))
+        except (TypeError, ValueError):
+            scratch = None
+        if scratch is None or any(k < 0 or c < 0 or b < 0 for _, k, c, b in scratch):
+            raise ConfigError(f"profile {self.name!r}: xla_outside_scratch must list (op type, input >= 0, "
+                              f"copies >= 0, bytes per element >= 0), got {self.xla_outside_scratch!r}")
+        object.__setattr__(self, "xla_outside_scratch", scratch)
         if not isinstance(self.tf32_enabled, bool):
             raise ConfigError(f"profile {self.name!r}: tf32_enabled must be True or False, got {self.tf32_enabled!r}")
         cited = self.sources.items() if isinstance(self.sources, Mapping) else self.sources

@@ -91,8 +91,8 @@ class Kernels:
     first: list[int] | None = None
     #: ``xla-clusters`` only: buffers no tensor owns, each ``(first op, last op, label tensor, bytes)``, from the first
     #: op's start to the last op's end: the new values of the variables a cluster updates, from the cluster's start to
-    #: its end, and the kernel copies of the machine's XLA, for their op (:mod:`tflms.sim.clusters`, "Variable updates",
-    #: "Kernel copies").
+    #: its end, and the kernel copies of the machine's XLA and the scratch of its kernels outside the clusters, for
+    #: their op (:mod:`tflms.sim.clusters`, "Variable updates", "Kernel copies", "Kernel scratch").
     unowned: list[tuple[int, int, int, int]] | None = None
 
 

@@ -39,6 +39,12 @@ clock prices that step (:func:`cluster_kernels`):
   (``HardwareProfile.xla_kernel_copies``: XLA:CPU's backward-input convolutions, the emulated accelerator's) holds
   a temporary of the kernel's size for that op's kernel, from its start to its end, in its cluster. XLA:GPU copies
   none.
+- **Kernel scratch.** A machine whose TensorFlow kernels of some types allocate temporaries while they run
+  (``HardwareProfile.xla_outside_scratch``) holds them from such an op's start to its end where it runs outside the
+  clusters. The emulated accelerator's max-pool gradients, left out of XLA there: TensorFlow's CPU kernel
+  (``MaxPoolingGradOp``; its forward pool ran in XLA, so oneDNN has no workspace to hand it) allocates a copy of the
+  pooled output and an int64 argmax per pooled element (the zoo CNN at 0.8: 0.5 and 1 MiB beside a 2 MiB gradient,
+  the measured peak 1.5 MiB above the simulated one in the runs where that gradient ran at it).
 - **Resource order.** A cluster reads its variables at its start and writes them at its end, so TensorFlow keeps a
   variable's write and a later read in different clusters (:func:`~tflms.ir.xla_segments.segment_rule`'s resource
   split): a Keras optimizer's slot updates and the variables' updates that read them run as two clusters.
@@ -49,6 +55,7 @@ Deterministic: the same graph, order and options give the same clusters, order a
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 
 from tflms.errors import GraphError
@@ -288,7 +295,8 @@ def cluster_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequen
     launch_s = XLA_CLUSTER_LAUNCHES * profile.launch_overhead_s
     for k, i in last.items():
         kernels.launch[kernels.first[i]] += launch_s
-    kernels.unowned = _update_buffers(net, kernels, last) + _kernel_copies(net, kernels, profile)
+    kernels.unowned = (_update_buffers(net, kernels, last) + _kernel_copies(net, kernels, profile)
+                       + _outside_scratch(net, kernels, profile))
     return kernels
 
 
@@ -307,6 +315,27 @@ def _kernel_copies(net: IndexedGraph, kernels: Kernels, profile: HardwareProfile
             size = net.t_info[kernel].num_bytes or 0
             if size:
                 out.append((i, i, kernel, size))
+    return out
+
+
+def _outside_scratch(net: IndexedGraph, kernels: Kernels, profile: HardwareProfile) -> list[tuple[int, int, int, int]]:
+    """The temporaries each op outside the clusters of a type in ``profile.xla_outside_scratch`` allocates while it
+    runs, as :attr:`~tflms.sim.clock.Kernels.unowned`' entries labelled by the input they are sized by (module doc,
+    "Kernel scratch")."""
+    table = {t: (k, copies, per_element) for t, k, copies, per_element in profile.xla_outside_scratch}
+    out = []
+    for i in kernels.order:
+        rule = table.get(net.types[i])
+        if rule is None or kernels.cluster[i] >= 0 or net.dev[i] == HOST or len(net.inputs[i]) <= rule[0]:
+            continue
+        t = net.inputs[i][rule[0]]
+        info = net.t_info[t]
+        shape = info.resolved_shape
+        if info.num_bytes is None or shape is None or None in shape:
+            continue
+        size = int(rule[1] * info.num_bytes + rule[2] * math.prod(shape))
+        if size:
+            out.append((i, i, t, size))
     return out
 
 
