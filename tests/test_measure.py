@@ -245,6 +245,24 @@ def test_device_memory_from_records_sums_in_time_order():
     assert (empty.peak_bytes, empty.end_bytes, empty.timeline) == (0, 0, ())
 
 
+def test_live_at_peak_lists_the_allocations_open_at_the_peak_by_node():
+    """What ``validate_xla_memory.py --at-peak`` prints: at the first time the device reaches its peak, each node's
+    allocations not yet freed (a free is matched to its own node's allocation of that size, the earliest first), and
+    a free of a buffer allocated before the step under its own heading."""
+    records = [(0, 100, "a"), (1, 100, "a"), (2, 40, "b"), (3, -100, "a"), (4, 300, "c"), (5, -7, "d"),
+               (6, -300, "c"), (7, 300, "c")]
+    memory = device_memory_from_records("/device:CPU:0", records)
+    assert memory.peak_bytes == 440
+    micros, live = memory.live_at_peak()
+    assert micros == 4  # the first time it reaches 440 (the second, at 7, is 433: d's free came between)
+    assert live == [("c", 300), ("a", 100), ("b", 40)]
+    micros, live = device_memory_from_records("/device:CPU:0", records[:6] + [(6, 10, "e")]).live_at_peak()
+    assert (micros, live) == (6, [("c", 300), ("a", 100), ("b", 40), ("e", 10), ("(before the step)", -7)])
+    freed_first = device_memory_from_records("/device:CPU:0", [(0, -5, "w"), (1, 20, "x")]).live_at_peak()
+    assert freed_first == (1, [("x", 20), ("(before the step)", -5)])
+    assert device_memory_from_records("/device:CPU:0", []).live_at_peak() == (0, [])
+
+
 # ------------------------------------------------------------------------------------------- grappler
 # grappler's virtual scheduler allocates an output when its producer starts and frees it
 # one tick after its last consumer ends, and counts Consts and Identity outputs: at each

@@ -10,10 +10,11 @@ the allocator's own events (``allocator_trace``: XLA's buffers included; the all
 
 Planned and measured for the emulated machine (``tflms.measure.planning_for_emulation``): the gradients XLA:CPU
 lowers into buffers XLA:GPU does not have (max-pool gradients, filter gradients:
-``tflms.measure.emulation.EMULATION_XLA_LEFT_OUT``) run outside the clusters, in the pass and the simulation alike,
-so that what is measured is the step the simulator prices. ``--all-in-xla`` clusters them too: what XLA:CPU itself
-compiles, and how far that is from the simulation. The copy XLA:CPU makes of a backward-input convolution's kernel,
-which XLA:GPU does not, stays in the clusters and is priced on the emulated profile
+``tflms.measure.emulation.EMULATION_XLA_LEFT_OUT``; forward convolutions whose kernel's window exceeds their input,
+whose kernels XLA:CPU reverses: ``EMULATION_XLA_LEFT_OUT_RULES``) run outside the clusters, in the pass and the
+simulation alike, so that what is measured is the step the simulator prices. ``--all-in-xla`` clusters them too:
+what XLA:CPU itself compiles, and how far that is from the simulation. The copy XLA:CPU makes of a backward-input
+convolution's kernel, which XLA:GPU does not, stays in the clusters and is priced on the emulated profile
 (``HardwareProfile.xla_kernel_copies``).
 
 Isolation: each variant is measured in an executor subprocess of its own. Measured together in one process (original,
@@ -33,7 +34,10 @@ budget given is kept as given); ``measured``: the allocator-event transient peak
 ``--repeat`` runs (``max``: the largest); ``records``: the allocation records' peak of the same runs (XLA's buffers
 missing); ``total``: resident + the largest run; ``within``: total <= budget; ``sim/meas``. With ``--dump DIR``,
 XLA writes each cluster's buffer assignment there (``XLA_FLAGS=--xla_dump_to``) and the table adds the largest
-``preallocated-temp`` (XLA:CPU's one temporary allocation) of each variant's modules.
+``preallocated-temp`` (XLA:CPU's one temporary allocation) of each variant's modules. With ``--at-peak``, each
+variant's largest run is broken down at its peak: the allocator's live allocations by node (``cluster_N_1/xla_run``:
+an XLA cluster's result buffers and temporary; any other name, a TensorFlow kernel's;
+``DeviceMemory.live_at_peak``), beside the simulation's live tensors at its own peak.
 
     python tools/validate_xla_memory.py --models cnn
     python tools/validate_xla_memory.py --models resnet50 --size 64 --batch 16 --fractions 0.8,0.9 --json
@@ -59,6 +63,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import validate_memory as vm
 
+#: ``--at-peak``: how many of the largest measured and simulated buffers each variant lists.
+AT_PEAK_ROWS = 12
 #: Issue 47's target: the simulation within this relative error of the executor.
 TARGET_RELATIVE_ERROR = 0.10
 DEFAULT_FRACTIONS = (0.65, 0.8)
@@ -84,6 +90,9 @@ class Record:
     predicted_peak_bytes: int | None = None  # the tuner's own prediction (with its margin)
     temp_bytes: int | None = None  # the largest preallocated-temp of the variant's XLA modules (--dump)
     variables_digest: str = ""  # SHA-256 of the variables after the first measured run's steps (names and bytes)
+    #: ``--at-peak``: what was live at the largest run's peak, ``{"run", "micros", "measured": [[node, bytes], ...],
+    #: "simulated": [[tensor, bytes], ...]}`` (:data:`AT_PEAK_ROWS` largest of each; module doc)
+    at_peak: dict[str, Any] | None = None
 
     @property
     def measured_bytes(self) -> int:
@@ -127,10 +136,11 @@ def _builders(size: int | None) -> None:
 
 def run_model(model: str, *, fractions=DEFAULT_FRACTIONS, repeat: int = 3, batch: int | None = None,
               size: int | None = None, dump: str | None = None, all_in_xla: bool = False,
-              update_parts: int = 1) -> list[Record]:
+              update_parts: int = 1, at_peak: bool = False) -> list[Record]:
     """Rewrite, simulate and measure ``model`` (module doc); one executor subprocess per variant.
-    ``all_in_xla``: cluster every op XLA:CPU compiles, ``EMULATION_XLA_LEFT_OUT`` too (module doc);
-    ``update_parts``: above 1, add the original with its variables' updates in up to that many parts."""
+    ``all_in_xla``: cluster every op XLA:CPU compiles, those the emulation leaves out too (module doc);
+    ``update_parts``: above 1, add the original with its variables' updates in up to that many parts; ``at_peak``:
+    break each variant's largest run down at its peak (module doc)."""
     from tflms.measure import planning_for_emulation
     from tflms.passes.xla_clusters import leave_out
 
@@ -139,7 +149,7 @@ def run_model(model: str, *, fractions=DEFAULT_FRACTIONS, repeat: int = 3, batch
         if all_in_xla:
             planning.enter_context(leave_out({}))
         return _run_model(model, fractions=fractions, repeat=repeat, batch=batch, size=size, dump=dump,
-                          update_parts=update_parts)
+                          update_parts=update_parts, at_peak=at_peak)
 
 
 def config(budget: int | None) -> Any:
@@ -193,7 +203,7 @@ def setup(model: str, *, batch: int | None = None, size: int | None = None) -> S
 
 
 def _run_model(model: str, *, fractions, repeat: int, batch: int | None, size: int | None,
-               dump: str | None, update_parts: int = 1) -> list[Record]:
+               dump: str | None, update_parts: int = 1, at_peak: bool = False) -> list[Record]:
     import tflms.passes.order as order_pass
     from tflms.budget import budget_sim_options
     from tflms.errors import BudgetError
@@ -271,8 +281,33 @@ def _run_model(model: str, *, fractions, repeat: int, batch: int | None, size: i
             host_runs=[m.allocator_peak("host") for m in measured],
             xla_runs=max(sum(1 for n in m.node_times if n.endswith("xla_run")) for m in measured),
             guarantee=guarantee, predicted_peak_bytes=predicted, temp_bytes=temp,
-            variables_digest=_digest(measured[0].variables_after)))
+            variables_digest=_digest(measured[0].variables_after),
+            at_peak=_at_peak(measured, sim) if at_peak else None))
     return records
+
+
+def _at_peak(measured: list[Any], sim: Any) -> dict[str, Any]:
+    """``Record.at_peak`` of a variant: its largest run's live allocations at their peak, and the simulation's."""
+    run = max(range(len(measured)), key=lambda k: measured[k].allocator_peak("accelerator"))
+    micros, live = measured[run].allocator_devices["accelerator"].live_at_peak()
+    return {"run": run, "micros": micros, "measured": [list(item) for item in live[:AT_PEAK_ROWS]],
+            "simulated": [list(item) for item in sim.live_at_peak[:AT_PEAK_ROWS]]}
+
+
+def at_peak_table(records: list[Record]) -> str:
+    """``--at-peak``'s breakdown of each variant, measured beside simulated (MiB)."""
+    lines = []
+    for r in records:
+        if r.at_peak is None:
+            continue
+        lines.append(f"\n{r.model} {r.variant}: run {r.at_peak['run'] + 1} at {r.at_peak['micros'] / 1000:.1f} ms "
+                     f"(measured, by allocating node) | simulated (by tensor)")
+        measured, simulated = r.at_peak["measured"], r.at_peak["simulated"]
+        for k in range(max(len(measured), len(simulated))):
+            left = f"{measured[k][1] / 2**20:8.2f}  {measured[k][0]}" if k < len(measured) else ""
+            right = f"{simulated[k][1] / 2**20:8.2f}  {simulated[k][0]}" if k < len(simulated) else ""
+            lines.append(f"  {left:<70.70} | {right}")
+    return "\n".join(lines)
 
 
 def _digest(variables: Any) -> str:
@@ -346,10 +381,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dump", default=None, help="folder for XLA's buffer assignments (--xla_dump_to)")
     parser.add_argument("--all-in-xla", action="store_true",
-                        help="cluster the gradients the emulation leaves out too (EMULATION_XLA_LEFT_OUT): the memory "
-                             "of XLA:CPU's own lowerings, which the simulator (XLA:GPU's) does not price")
+                        help="cluster the ops the emulation leaves out too (EMULATION_XLA_LEFT_OUT and _RULES): the "
+                             "memory of XLA:CPU's own lowerings, which the simulator (XLA:GPU's) does not price")
     parser.add_argument("--update-parts", type=int, default=1,
                         help="also measure the original with its variables' updates in up to this many parts")
+    parser.add_argument("--at-peak", action="store_true",
+                        help="break each variant's largest run down at its peak: live allocations by node, beside "
+                             "the simulation's live tensors")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     fractions = tuple(float(f) for f in args.fractions.split(",") if f.strip())
@@ -357,8 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     for model in args.models.split(","):
         records += run_model(model.strip(), fractions=fractions, repeat=args.repeat, batch=args.batch,
                              size=args.size, dump=args.dump, all_in_xla=args.all_in_xla,
-                             update_parts=args.update_parts)
-    print(json.dumps([r.to_dict() for r in records], indent=1) if args.json else table(records))
+                             update_parts=args.update_parts, at_peak=args.at_peak)
+    print(json.dumps([r.to_dict() for r in records], indent=1) if args.json
+          else table(records) + at_peak_table(records))
     return 0
 
 

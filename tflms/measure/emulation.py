@@ -176,6 +176,37 @@ class DeviceMemory:
         """Bytes allocated during the step that were still live when it ended."""
         return self.timeline[-1][1] if self.timeline else 0
 
+    def live_at_peak(self) -> tuple[int, list[tuple[str, int]]]:
+        """When the device peaked (micros since the step start) and what was live then: ``(node, bytes)`` by
+        allocating node, largest first, ties by name; each free (a record of negative bytes) matched to its node's
+        earliest live allocation of that size, as TensorFlow records a free under the node that allocated. The first
+        peak where the timeline reaches :attr:`peak_bytes` twice. A free whose node has no such live allocation (a
+        buffer allocated before the step) is counted under ``"(before the step)"``."""
+        if not self.records:
+            return 0, []
+        live, best, at = 0, None, 0
+        for k, (_, num_bytes, _) in enumerate(self.records):
+            live += num_bytes
+            if best is None or live > best:
+                best, at = live, k
+        alive: dict[tuple[str, int], int] = {}
+        before = 0
+        for _, num_bytes, node in self.records[:at + 1]:
+            key = (node, abs(num_bytes))
+            if num_bytes >= 0:
+                alive[key] = alive.get(key, 0) + 1
+            elif alive.get(key):
+                alive[key] -= 1
+            else:
+                before += num_bytes
+        by_node: dict[str, int] = {}
+        for (node, size), count in alive.items():
+            if count:
+                by_node[node] = by_node.get(node, 0) + size * count
+        if before:
+            by_node["(before the step)"] = before
+        return self.records[at][0], sorted(by_node.items(), key=lambda item: (-item[1], item[0]))
+
 
 @dataclass(frozen=True)
 class NodeTime:
