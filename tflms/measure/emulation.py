@@ -89,6 +89,13 @@ EMULATION_SIM_OPTIONS = SimOptions(host_device=HOST_DEVICE, workspace_bytes_per_
 #: (25-28 MiB each for the 32x32 CNN of tests/test_validation.py, a 58 MB measured peak against a 7.7 MB
 #: simulated one) that no accelerator's kernels have and the simulator does not model.
 EMULATION_ENV = {"TF_ENABLE_ONEDNN_OPTS": "1"}
+#: Appended to the measuring subprocess's ``TF_XLA_FLAGS``: every XLA cluster is compiled when it first runs, with no
+#: fallback. With lazy compilation (TensorFlow's default), ``build_xla_ops_pass`` keeps each cluster's TensorFlow ops
+#: beside its ``_XlaRun`` (``predicated_compilation_key``, ``merge_oidx``), and ``_XlaCompile`` may run those instead
+#: of compiling; in the executor subprocess, which imports each request into a fresh session, the zoo CNN's pinned
+#: 0.8 rewrite then peaked at 12.68 and 16.56 MiB in alternate runs of six, and at 12.68 in all six with this flag
+#: (simulated: 12.67). The simulator prices the compiled clusters.
+EMULATION_XLA_FLAGS = "--tf_xla_enable_lazy_compilation=false"
 #: Added to :data:`EMULATION_ENV` where a request reads the allocator's own events (``allocator_trace``): the CPU's
 #: BFC allocator, which reports every allocation to the profiler. oneDNN's ``mklcpu`` allocator (the default with
 #: oneDNN on) reports only those its BFC part serves and leaves out the small ones (on the 32x32 CNN of

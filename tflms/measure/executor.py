@@ -91,6 +91,7 @@ from tflms.measure.emulation import (
     EMULATION_ENV,
     EMULATION_PROFILE,
     EMULATION_SIM_OPTIONS,
+    EMULATION_XLA_FLAGS,
     HOST_DEVICE,
     INTER_OP_THREADS,
     STDERR_TAIL_CHARS,
@@ -308,15 +309,24 @@ def _write_request(request_dir: Path, index: int, request: ExecutorRequest) -> d
             "allocator_trace": request.allocator_trace, "accelerator_cpu": request.accelerator_cpu}
 
 
-def _run_subprocess(request_dir: Path, timeout_s: float, *, allocator_trace: bool = False
-                    ) -> tuple[list[dict[str, Any]], str]:
-    env = dict(os.environ)
+def subprocess_env(environ: Mapping[str, str], *, allocator_trace: bool = False) -> dict[str, str]:
+    """The measuring subprocess's environment: ``environ`` with this package importable, oneDNN's kernels
+    (:data:`EMULATION_ENV`), every XLA cluster compiled when it first runs (:data:`EMULATION_XLA_FLAGS`, after any
+    ``TF_XLA_FLAGS`` given) and, with ``allocator_trace``, the BFC allocator (:data:`ALLOCATOR_TRACE_ENV`)."""
+    env = dict(environ)
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     env.update(EMULATION_ENV)
+    env["TF_XLA_FLAGS"] = " ".join(f for f in (env.get("TF_XLA_FLAGS", ""), EMULATION_XLA_FLAGS) if f)
     if allocator_trace:
         env.update(ALLOCATOR_TRACE_ENV)
+    return env
+
+
+def _run_subprocess(request_dir: Path, timeout_s: float, *, allocator_trace: bool = False
+                    ) -> tuple[list[dict[str, Any]], str]:
+    env = subprocess_env(os.environ, allocator_trace=allocator_trace)
     stderr_path = request_dir / "stderr.txt"
     # ``-c`` rather than ``-m``: tflms.measure already imports this module (runpy would warn).
     command = [sys.executable, "-c", "import sys; from tflms.measure.executor import main; sys.exit(main())",
