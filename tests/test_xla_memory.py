@@ -125,10 +125,15 @@ def test_the_clustered_step_is_measured_as_simulated():
     included, is within issue 47's 10% of the xla-clusters clock's (15.76 MiB against 15.51 when written; 29.2 with
     XLA:CPU's own lowerings inside, ``validate_xla_memory.py --all-in-xla``; docs/design.md)."""
     tool = _tool()
-    (original,) = tool.run_model("cnn", fractions=(), repeat=2)
+    (original,) = tool.run_model("cnn", fractions=(), repeat=2, at_peak=True)
     assert original.variant == "original" and original.xla_runs >= 2
     for measured in original.measured_runs:
         assert abs(original.sim_transient_bytes / measured - 1) <= tool.TARGET_RELATIVE_ERROR, original
+    # --at-peak: the largest run's live allocations at its peak, an XLA cluster's results the largest of them
+    at = original.at_peak
+    assert at["measured"][0][0].endswith("/xla_run") and at["simulated"], at
+    assert 0 < sum(size for _, size in at["measured"]) <= max(original.measured_runs)
+    assert "(measured, by allocating node)" in tool.at_peak_table([original])
 
 
 def _wide(keras, batch):
