@@ -186,16 +186,12 @@ class DeviceMemory:
     def live_at_peak(self) -> tuple[int, list[tuple[str, int]]]:
         """When the device peaked (micros since the step start) and what was live then: ``(node, bytes)`` by
         allocating node, largest first, ties by name; each free (a record of negative bytes) matched to its node's
-        earliest live allocation of that size, as TensorFlow records a free under the node that allocated. The first
-        peak where the timeline reaches :attr:`peak_bytes` twice. A free whose node has no such live allocation (a
+        earliest live allocation of that size, as TensorFlow records a free under the node that allocated. Where the
+        timeline reaches its maximum more than once, the first. A free whose node has no such live allocation (a
         buffer allocated before the step) is counted under ``"(before the step)"``."""
         if not self.records:
             return 0, []
-        live, best, at = 0, None, 0
-        for k, (_, num_bytes, _) in enumerate(self.records):
-            live += num_bytes
-            if best is None or live > best:
-                best, at = live, k
+        at = max(range(len(self.timeline)), key=lambda k: self.timeline[k][1])  # (the first of equal maxima)
         alive: dict[tuple[str, int], int] = {}
         before = 0
         for _, num_bytes, node in self.records[:at + 1]:
