@@ -1038,6 +1038,34 @@ def test_the_recompute_floor_counts_no_clone_on_the_xla_clocks():
     assert compute_floor_s(serial, {"b": 2.0}, [clone]) == pytest.approx(serial.compute_time_s + 2.0, rel=1e-6)
 
 
+def test_keeping_an_op_is_credited_with_the_re_runs_upstream_that_only_rebuild_it():
+    """An attention layer re-run for its backward pass: the scores' product, the softmax (its gradient reads its
+    output) and dropout's select (the next product's weight gradient reads it). Keeping the softmax's output spares
+    the product too; keeping the select spares its scaling and mask, never the softmax, whose clone the backward pass
+    reads. An op that another re-run op still reads is not spared."""
+    import types
+
+    from tflms.tune.recompute_sets import kept_savings
+    b = GraphBuilder()
+    T = (8, 8)
+    for name in ("q", "k", "rate", "zero", "u"):
+        b.op(name, "Placeholder", shape=T)
+    b.op("scores", "MatMul", ["q", "k"], shape=T)
+    b.op("y", "Softmax", ["scores"], shape=T)
+    b.op("mask", "GreaterEqual", ["u", "rate"], shape=T, dtype="bool")
+    b.op("scaled", "Mul", ["y", "rate"], shape=T)
+    b.op("dropped", "SelectV2", ["mask", "scaled", "zero"], shape=T)
+    b.op("side", "Neg", ["scores"], shape=T)  # a second re-run reader of the scores, in another decision
+    rerun = {"scores": 3.0, "y": 5.0, "mask": 0.0, "scaled": 0.0, "dropped": 5.0, "side": 1.0}
+    attention = types.SimpleNamespace(ops=("scores", "y", "mask", "scaled", "dropped"),
+                                      tensors=(TensorRef("y"), TensorRef("dropped")))
+    saved = kept_savings(b.graph, [attention], rerun)
+    assert saved == {"scores": 3.0, "y": 8.0, "mask": 0.0, "scaled": 0.0, "dropped": 5.0}
+    side = types.SimpleNamespace(ops=("scores", "side"), tensors=(TensorRef("side"),))
+    shared = kept_savings(b.graph, [attention, side], rerun)
+    assert shared["y"] == 5.0 and shared["side"] == 1.0  # the scores' clone is still read by the other re-run
+
+
 def test_the_relaxation_ranks_a_re_run_by_what_its_clones_kernels_take_where_xla_fuses_them():
     """The relaxation keeps the recomputed ops whose re-run costs most per byte freed. Dropout re-run for its
     backward pass: its random numbers and mask fuse into the select that reads them, whose output a product reads
