@@ -988,6 +988,27 @@ def test_a_barrier_waits_on_what_its_fused_trigger_reads_where_that_reaches_memo
     assert barrier.inputs == [TensorRef("a", 0), TensorRef("t", 0)]
 
 
+def test_a_barrier_reads_its_trigger_where_a_product_reads_the_trigger_too():
+    """XLA fuses a producer into all its consumers or none: with a product reading the trigger t as well, t is written
+    whatever d does, so the barrier reads t itself and makes nothing more reach memory (the attention output's
+    gradient, transposed for the products that read it). By t's type alone it read m, and t read m from memory.
+    The pass and the clock agree."""
+    from tflms.ir.xla_gates import fuses_into_readers
+    assert fuses_into_readers([("d", "AddV2"), ("s", "Shape"), ("lms/recompute_gate_a_0_after_t", "Identity")])
+    assert fuses_into_readers([("d", "AddV2"), ("lms/recompute_b", "Relu"), ("v", "Reshape"), ("r", "Sum")])
+    assert not fuses_into_readers([("d", "AddV2"), ("p", "MatMul")])
+    gate = "lms/recompute_gate_a_0_after_t"
+    g = gradient_chain()
+    g.add_op("p", "MatMul", inputs=[TensorRef("t", 0), TensorRef("t", 0)], outputs=g.op("t").outputs)
+    result = run(g, "xla-clusters")
+    marked = cluster_for_xla(g, accelerator_device=GPU, host_device=HOST, has_xla_kernel=lambda t: True)
+    barrier = marked.graph.op(gate)
+    assert barrier.type == "XlaOptimizationBarrier" and barrier.inputs == [TensorRef("a", 0), TensorRef("t", 0)]
+    again = run(marked.graph, "xla-clusters")
+    assert (again.kernels, again.step_time_s, again.peak_bytes) == (result.kernels, result.step_time_s,
+                                                                    result.peak_bytes)
+
+
 def test_without_barriers_a_recompute_gate_splits_the_clusters():
     g = recomputed_chain()
     options = SimOptions(clock="xla-clusters", xla_unsupported=("XlaOptimizationBarrier",))

@@ -140,8 +140,8 @@ from tflms.ir.names import XLA_JOIN_PREFIX, is_clone, is_inserted
 # (the rule and its names live below the passes, where the simulator's xla-clusters clock reads them too)
 from tflms.ir.xla_copy_cuts import release_through
 from tflms.ir.xla_gates import (BARRIER, BARRIER_READ_DTYPES, GATE_BARRIER, GATE_IDENTITY,  # noqa: F401
-                                barrier_operand, barrier_read, gate_role, gates_seen_through, gradient_descendants,
-                                is_gate, is_tflms_copy)
+                                barrier_operand, barrier_read, fuses_into_readers, gate_role, gates_seen_through,
+                                gradient_descendants, is_gate, is_tflms_copy)
 from tflms.ir.xla_left_out import check_rules, left_out_by
 from tflms.ir.xla_segments import (HOST_OP, LEFT_OUT, NEVER_COMPILED, NO_XLA_KERNEL, SCOPE_PREFIX,
                                    TFLMS_COPY, VARIABLE_READ, XLA_COMPILE_ATTR, XLA_INTERNAL_SCOPE_ATTR,
@@ -420,7 +420,8 @@ def _barrier_reads(graph: Graph, segment: Mapping[str, int], on_host: Callable[[
 
     def fused(name: str) -> bool:
         op = graph.op(name)
-        return name in segment and op.type in XLA_FUSIBLE and len(op.outputs) == 1 and not on_host(op.device)
+        return (name in segment and op.type in XLA_FUSIBLE and len(op.outputs) == 1 and not on_host(op.device)
+                and fuses_into_readers([(c, graph.op(c).type) for c, _ in graph.consumers(op.output(0))]))
 
     def read(gate: str, trigger: TensorRef) -> TensorRef:
         def may_read(ref: TensorRef) -> bool:

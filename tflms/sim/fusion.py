@@ -49,7 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from tflms.ir.names import is_clone, is_inserted
 from tflms.ir.xla_gates import (BARRIER, BARRIER_READ_DTYPES, barrier_operand, barrier_passes, barrier_read,
-                                gates_seen_through, gradient_descendants, is_gate)
+                                fuses_into_readers, gates_seen_through, gradient_descendants, is_gate)
 from tflms.ir.op_types import (ALIAS_OPS, CONTRACTION_OPS, FREE_OPS, GRADIENT_OP_TYPES, METADATA_OPS,
                                VARIABLE_READ_OPS, XLA_ASSIGNS, XLA_FUSIBLE, XLA_OWN_KERNEL_REDUCTIONS, XLA_REDUCTIONS)
 from tflms.sim.clock import CLOCK_GRAPH, CLOCK_XLA, XLA_MIN_KERNEL_S, Kernels, op_durations
@@ -105,7 +105,8 @@ class _Net:
         net, compute = self.net, self.compute
 
         def fused(i: int) -> bool:
-            return compute[i] and net.types[i] in XLA_FUSIBLE and net.n_out[i] == 1
+            return (compute[i] and net.types[i] in XLA_FUSIBLE and net.n_out[i] == 1
+                    and fuses_into_readers([(net.names[c], net.types[c]) for c in self.readers[net.out_start[i]]]))
 
         def may_read(x: int) -> bool:
             p = net.t_op[x]

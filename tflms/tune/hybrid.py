@@ -81,10 +81,11 @@ ENFORCED_SEGMENT_PRICE = 0.05
 #: each is a full tune of its recomputed step (about a minute at ResNet-50's batch 1347 on the 2-core machine).
 ENFORCED_HYBRIDS = 2
 #: The most candidates one search records: a recompute plan per price and per (segments, price), the
-#: relaxation's trials (two rankings for each family's fastest fit: :func:`_family`), the hybrids, the bisection of
-#: ``"only"`` and its balanced segment plans, and the split stage's plans and hybrids (:func:`_split_hybrids`).
+#: relaxation's trials (two rankings for each family's fastest fit, :func:`_family`, each bisected and filled), the
+#: hybrids, the bisection of ``"only"`` and its balanced segment plans, and the split stage's plans and hybrids
+#: (:func:`_split_hybrids`).
 MAX_CANDIDATES = (len(PRICES) + (2 + len(BALANCED_SLACKS)) * len(SEGMENT_PRICES) * (1 + len(SEGMENT_SPLITS))
-                  + 3 * 2 * RELAX_BISECTIONS + 2 * HYBRIDS + ONLY_BISECTIONS + 1 + 2 * ENFORCED_HYBRIDS
+                  + 3 * 2 * (RELAX_BISECTIONS + 2) + 2 * HYBRIDS + ONLY_BISECTIONS + 1 + 2 * ENFORCED_HYBRIDS
                   + 2 * READER_SPLIT_PLANS)
 
 
