@@ -106,6 +106,9 @@ XLA_REDUCTIONS = IDENTITY_REDUCTION_OPS | frozenset({
     "FusedBatchNormGradV3"})
 #: Variable updates: the new value's fusion writes it into the variable's buffer.
 XLA_ASSIGNS = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
+#: Ops XLA fuses an element-wise producer into (the rest, products and convolutions among them, read their
+#: operands from memory): the fusible ones, reductions (input fusions) and variable updates.
+XLA_TAKES_PRODUCERS = XLA_FUSIBLE | XLA_REDUCTIONS | XLA_ASSIGNS
 #: What an XLA cluster does with the resource of each resource op (``tensorflow/compiler/tf2xla/
 #: resource_operation_table.cc``; ops that call functions count as both, ``resource_operation_safety_analysis.cc``).
 #: A cluster reads all its resources at its start and writes them at its end, so TensorFlow never puts in one cluster

@@ -51,7 +51,8 @@ from tflms.ir.names import is_clone, is_inserted
 from tflms.ir.xla_gates import (BARRIER, BARRIER_READ_DTYPES, barrier_operand, barrier_passes, barrier_read,
                                 fuses_into_readers, gates_seen_through, gradient_descendants, is_gate)
 from tflms.ir.op_types import (ALIAS_OPS, CONTRACTION_OPS, FREE_OPS, GRADIENT_OP_TYPES, METADATA_OPS,
-                               VARIABLE_READ_OPS, XLA_ASSIGNS, XLA_FUSIBLE, XLA_OWN_KERNEL_REDUCTIONS, XLA_REDUCTIONS)
+                               VARIABLE_READ_OPS, XLA_ASSIGNS, XLA_FUSIBLE, XLA_OWN_KERNEL_REDUCTIONS, XLA_REDUCTIONS,
+                               XLA_TAKES_PRODUCERS)
 from tflms.sim.clock import CLOCK_GRAPH, CLOCK_XLA, XLA_MIN_KERNEL_S, Kernels, op_durations
 from tflms.sim.cost import op_flops
 from tflms.sim.indexed import ACCEL, IndexedGraph, OpCosts
@@ -216,8 +217,7 @@ def _xla_virtual(g: _Net, keep: Mapping[int, int], no_duplicate: frozenset[str] 
         if net.types[i] not in XLA_FUSIBLE or net.n_out[i] != 1 or not g.nbytes(net.out_start[i]) or i in keep:
             continue
         consumers = g.consumers(net.out_start[i])
-        if not consumers or not all(g.compute[c] and (net.types[c] in XLA_FUSIBLE or net.types[c] in XLA_REDUCTIONS
-                                                       or net.types[c] in XLA_ASSIGNS) for c in consumers):
+        if not consumers or not all(g.compute[c] and net.types[c] in XLA_TAKES_PRODUCERS for c in consumers):
             continue
         if not g.together(i, consumers):
             continue
@@ -365,7 +365,7 @@ def xla_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[b
         if conv is not None:  # the convolution's library call writes the bias add's output
             reads[i] = list(dict.fromkeys(net.inputs[conv] + [x for x in reads[i] if net.t_op[g.source(x)] != conv]))
             duration[i] = max(priced[conv] - profile.launch_overhead_s, XLA_MIN_KERNEL_S)
-        elif t in CONTRACTION_OPS or not (t in XLA_FUSIBLE or t in XLA_REDUCTIONS or t in XLA_ASSIGNS):
+        elif t in CONTRACTION_OPS or t not in XLA_TAKES_PRODUCERS:
             duration[i] = max(priced[i] - profile.launch_overhead_s, XLA_MIN_KERNEL_S)  # a library call
         else:
             duration[i] = _fusion_time(g, members[i], reads[i], _written(g, i), profile)

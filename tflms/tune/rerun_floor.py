@@ -33,8 +33,8 @@ from collections.abc import Mapping, Sequence
 from tflms.analysis.cto import Analysis, Category
 from tflms.ir.consts import is_view_transpose
 from tflms.ir.graph import TensorRef
-from tflms.ir.op_types import (ALIAS_OPS, CONTRACTION_OPS, FREE_OPS, METADATA_OPS, XLA_ASSIGNS, XLA_FUSIBLE,
-                               XLA_REDUCTIONS)
+from tflms.ir.op_types import (ALIAS_OPS, CONTRACTION_OPS, FREE_OPS, METADATA_OPS, XLA_REDUCTIONS,
+                               XLA_TAKES_PRODUCERS)
 from tflms.policies.eligibility import recompute_skip_reason
 from tflms.policies.recompute_chains import is_resident
 from tflms.profiles import HardwareProfile
@@ -222,8 +222,7 @@ def writes_output(graph, op, readers: Sequence[str]) -> bool:
 
 def is_library_call(op_type: str) -> bool:
     """Whether XLA:GPU runs ``op_type`` as a library call or its own kernel, fusing no producer into it."""
-    return op_type in CONTRACTION_OPS or not (op_type in XLA_FUSIBLE or op_type in XLA_REDUCTIONS
-                                              or op_type in XLA_ASSIGNS or op_type in FREE_OPS
+    return op_type in CONTRACTION_OPS or not (op_type in XLA_TAKES_PRODUCERS or op_type in FREE_OPS
                                               or op_type in METADATA_OPS or op_type in ALIAS_OPS)
 
 
