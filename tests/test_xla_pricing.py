@@ -1087,6 +1087,42 @@ def test_keeping_an_op_is_credited_with_the_re_runs_upstream_that_only_rebuild_i
     assert shared["y"] == 5.0 and shared["side"] == 1.0  # the scores' clone is still read by the other re-run
 
 
+def test_the_relaxation_fills_the_room_its_bisection_leaves(monkeypatch):
+    """The bisection keeps a prefix of the ranking and stops at the first op that does not fit; the fill keeps the
+    later ops whose outputs fit in the room left under the budget, in ranking order, skipping larger ones and ones
+    whose keeping spares nothing. A fill that does not fit is judged again with its first half, once."""
+    import types
+
+    from tflms.tune import recompute_sets
+    b = GraphBuilder()
+    sizes = {"a": 1000, "big": 4000, "b": 1500, "free": 100, "c": 1600, "d": 50}
+    for name, n in sizes.items():
+        b.op(name, "Placeholder", shape=(n // 4,))
+    ops = ["kept", *sizes]  # the ranking; the bisection kept ops[:1]
+    saved = {op: 1.0 for op in ops}
+    saved["free"] = 0.0
+    judged = []
+
+    def judge(ev, times, rerun, skipped, params):
+        judged.append((frozenset(rerun), params))
+        return types.SimpleNamespace(fits=len(judged) > 1 or params["filled"] == 1, sim=None)
+
+    monkeypatch.setattr(recompute_sets, "_judge_ops", judge)
+    ev = types.SimpleNamespace(analysis=types.SimpleNamespace(graph=b.graph), budget=10_000, need=lambda sim: 6_000)
+    fit = types.SimpleNamespace(sim=None)
+    added = recompute_sets._fill(ev, {}, fit, ops, 1, saved, (), {"kept": 1})
+    # 4000 of room: a (1000), big does not fit in the 3000 left, b (1500), c does not fit in 500, d (50)
+    assert [params["filled"] for _, params in judged] == [3, 1]
+    assert judged[0][0] == frozenset({"big", "free", "c"})  # the first trial keeps a, b and d
+    assert judged[1][0] == frozenset({"big", "b", "free", "c", "d"})  # then only the first half of them (a)
+    assert [trial.fits for trial in added] == [False, True]
+    judged.clear()
+    monkeypatch.setattr(recompute_sets, "_judge_ops", lambda *args: judged.append(args) or
+                        types.SimpleNamespace(fits=True, sim=None))
+    ev.need = lambda sim: 9_990  # 10 left: nothing fits, nothing is judged
+    assert recompute_sets._fill(ev, {}, fit, ops, 1, saved, (), {}) == [] and not judged
+
+
 def test_the_relaxation_ranks_a_re_run_by_what_its_clones_kernels_take_where_xla_fuses_them():
     """The relaxation keeps the recomputed ops whose re-run costs most per byte freed. Dropout re-run for its
     backward pass: its random numbers and mask fuse into the select that reads them, whose output a product reads
