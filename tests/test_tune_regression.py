@@ -100,11 +100,12 @@ def test_new_choice_is_at_least_as_good_as_the_old_one(tuned, name):
         f"{name}: new {result.strategy} {result.best.params} step {result.best.sim.step_time_s} s, peak "
         f"{result.best.sim.peak_with_margin_bytes} vs old {old_strategy} step {old_step} s, peak {old_peak}")
     # the swap searches simulate no more than before; the recompute search (issue 27) adds a bounded number
-    from tflms.tune.hybrid import MAX_CANDIDATES
+    from tflms.tune.hybrid import FAMILIES, MAX_CANDIDATES, _family
     from tflms.tune.tuner import RECOMPUTE_STRATEGIES
     swap_only = [c for c in result.candidates if c.strategy not in RECOMPUTE_STRATEGIES]
     assert len(swap_only) <= OLD_CANDIDATES[name]
     assert len(result.candidates) - len(swap_only) <= MAX_CANDIDATES
+    assert {_family(c) for c in result.candidates if c.strategy == "recompute"} <= set(FAMILIES)  # as counted
     # The winner's rewritten graph is built (lazily) and simulates to the same answer.
     from tflms.sim import simulate
     assert simulate(result.graph, profile).step_time_s == result.best.sim.step_time_s

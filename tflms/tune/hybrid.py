@@ -52,6 +52,7 @@ from tflms.tune.per_reader import READER_SPLIT_PLANS, per_reader_plan, reader_sp
 from tflms.tune.result import Candidate
 # the recompute plans judged alone: the names stay importable from here
 from tflms.tune.recompute_sets import (BALANCED_SLACKS, ONLY_BISECTIONS, PRICES, RELAX_BISECTIONS,  # noqa: F401
+                                       RELAX_TRIALS,
                                        SEGMENT_PRICES, SEGMENT_SPLITS, _bisect, _judge_ops, _priced_ops, _relax,
                                        _round_trip_s, _segment_candidates, compute_floor_s, priced)
 
@@ -80,12 +81,15 @@ ENFORCED_SEGMENT_PRICE = 0.05
 #: Recompute plans that miss the budget given the whole swap tuner in the enforced order (the least compute first):
 #: each is a full tune of its recomputed step (about a minute at ResNet-50's batch 1347 on the 2-core machine).
 ENFORCED_HYBRIDS = 2
+#: The recompute plans' families, each relaxed from its fastest fit (:func:`_family`): a ranked set (by price or
+#: count), evenly spaced segments, segments by bytes.
+FAMILIES = ((False, False), (True, False), (True, True))
 #: The most candidates one search records: a recompute plan per price and per (segments, price), the
 #: relaxation's trials (two rankings for each family's fastest fit, :func:`_family`, each bisected and filled), the
 #: hybrids, the bisection of ``"only"`` and its balanced segment plans, and the split stage's plans and hybrids
 #: (:func:`_split_hybrids`).
 MAX_CANDIDATES = (len(PRICES) + (2 + len(BALANCED_SLACKS)) * len(SEGMENT_PRICES) * (1 + len(SEGMENT_SPLITS))
-                  + 3 * 2 * (RELAX_BISECTIONS + 2) + 2 * HYBRIDS + ONLY_BISECTIONS + 1 + 2 * ENFORCED_HYBRIDS
+                  + len(FAMILIES) * RELAX_TRIALS + 2 * HYBRIDS + ONLY_BISECTIONS + 1 + 2 * ENFORCED_HYBRIDS
                   + 2 * READER_SPLIT_PLANS)
 
 
@@ -176,7 +180,7 @@ def search_recompute(ev: TuneEvaluator, baseline: SimResult, *, only: bool,
 
 
 def _family(cand: Candidate) -> tuple[bool, bool]:
-    """Which plans ``cand`` is one of: a ranked set (by price or count), evenly spaced segments, segments by bytes."""
+    """Which plans ``cand`` is one of (:data:`FAMILIES`)."""
     return "segments" in cand.params, "balanced" in cand.params
 
 

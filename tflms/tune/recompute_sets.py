@@ -45,6 +45,12 @@ SEGMENT_SPLITS = (10,)
 BALANCED_SLACKS = (1.0, 1.5)
 #: Simulations :func:`_relax` may take per ranking.
 RELAX_BISECTIONS = 10
+#: Rankings :func:`_relax` bisects: by each op's own re-run, and by what keeping it spares (:func:`kept_savings`).
+RELAX_RANKINGS = 2
+#: Simulations :func:`_fill` may take: its fill, and half of it where that does not fit.
+FILL_TRIALS = 2
+#: The most simulations :func:`_relax` takes for one plan: each ranking bisected and filled.
+RELAX_TRIALS = RELAX_RANKINGS * (RELAX_BISECTIONS + FILL_TRIALS)
 #: Simulations the bisection of ``recompute="only"`` may take.
 ONLY_BISECTIONS = 8
 
@@ -116,7 +122,7 @@ def _fill(ev: TuneEvaluator, times: Mapping[str, float], fit: Candidate, ops: li
             added.append(trial)
             if trial.fits:
                 break
-        if len(added) >= 2 or len(extra) == 1:
+        if len(added) >= FILL_TRIALS or len(extra) == 1:
             break
         extra = extra[:len(extra) // 2]
     return added
