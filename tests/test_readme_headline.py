@@ -117,3 +117,30 @@ def test_the_gpu_headline_table_is_the_xla_benchmarks_json():
     assert readme_rows("headline-gpus") == gpu_expected_rows()
     readme = (ROOT / "README.md").read_text()
     assert readme.index("<!-- headline-gpus:") < readme.index("<!-- headline:")  # today's GPUs lead, V100 below
+
+
+def _agrees(shown: str, value: float) -> bool:
+    """Whether ``shown`` ("+34.8%", "0.499x") is ``value`` (a fraction, or a ratio for "x") to its own decimals."""
+    number = re.fullmatch(r"\*{0,2}([+-]?\d+(?:\.(\d+))?)(%|x)\*{0,2}", shown)
+    assert number, f"not a figure: {shown!r}"
+    decimals = len(number.group(2) or "")
+    scale = 100 if number.group(3) == "%" else 1
+    return abs(float(number.group(1)) - value * scale) <= 0.5 * 10 ** -decimals + 1e-9
+
+
+def test_the_readme_target_1_table_is_the_latest_at_records():
+    """Issue 47's target 1 table in the README (at checkpointing's largest batch) says what the newest ``--at`` record of
+    each cell in docs/results-gpus-xla-clusters-at.json says: both overheads and their ratio."""
+    records = json.loads((ROOT / "docs" / "results-gpus-xla-clusters-at.json").read_text())
+    newest = {(r["model"], r["profile"], r["batch"]): r for r in records if "batch" in r}  # in time order
+    text = (ROOT / "README.md").read_text().split("| model, GPU | checkpointing's largest batch |", 1)[1]
+    lines = text.splitlines()[2:]
+    rows = lines[:next((k for k, line in enumerate(lines) if not line.startswith("|")), len(lines))]
+    assert len(rows) == 8
+    for line in rows:
+        title, batch, checkpointing, kept, ratio = (c.strip() for c in line.strip().strip("|").split("|"))
+        model = GPU_MODELS[title.split(", ")[0]]
+        record = newest[(model, GPU_PROFILES[title.split(", ")[1]], int(batch))]
+        ck, xla = record["checkpoint"]["overhead"], record["tflms-xla"]["overhead"]
+        assert _agrees(checkpointing, ck) and _agrees(kept, xla) and _agrees(ratio, xla / ck), (line, ck, xla)
+        assert xla <= ck / 2 or "**" not in ratio, f"{title}: shown as met, but {xla:.4f} > {ck:.4f} / 2"
