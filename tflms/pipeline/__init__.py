@@ -18,7 +18,9 @@ made here reaches every user. Its stages, in order:
    (:func:`~tflms.compress.rewrite.apply_compression`, when ``config.compress``
    asks for it), placement per replica (:func:`~tflms.passes.place_swaps`), and the
    enforced order (:func:`tflms.passes.order.enforce_order`, when ``config.orders``: by default
-   when tuning; control edges only where they lower the simulated peak);
+   when tuning; control edges only where they lower the simulated peak), and a tuned step held to its budget in
+   any order the executor may take (:func:`tflms.pipeline.held.held`: pinned, proved, or said; a step that keeps
+   XLA whose winner cannot be held runs the next fastest fit that can);
 5. **build**: the ``ConcreteFunction`` that runs the rewritten graph on the
    original's variables, when the step is one, with grappler off for it
    (:func:`tflms.ir.preoptimize.run_preoptimized`): grappler already ran in step 1.
@@ -31,7 +33,7 @@ The result is one typed record, :class:`StepRewrite`.
 
 The decisions the stages take are in modules of their own: LOAD and BUILD (:mod:`tflms.pipeline.load_build`),
 which hardware a rewrite plans for and at which price (:mod:`tflms.pipeline.hardware`), which compression pass it
-runs (:mod:`tflms.pipeline.compression`). Their names stay importable from ``tflms.pipeline``.
+runs (:mod:`tflms.pipeline.compression`), how a tuned step is held to its budget (:mod:`tflms.pipeline.held`). Their names stay importable from ``tflms.pipeline``.
 """
 
 from __future__ import annotations
@@ -231,18 +233,20 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         final, order, pinned_by_guarantee = placed.graph, None, False
         tuned = config.auto_tune and not left_to_xla
         if tuned or config.orders:
-            from tflms.passes.order import GUARANTEE_NONE, apply_tuned_order, enforce_order, hold_to_budget
+            from tflms.passes.order import GUARANTEE_NONE, enforce_order
+            from tflms.pipeline.held import held, held_plan
             options = sim_options  # issue 48: judged with the tuner's margin (tflms/budget.py) and clock
         if tuned:
-            final, order = clock("order", lambda: apply_tuned_order(final, result.best.order, profile,
-                                                                    options=options))
             # The verdict was simulated in one order; TensorFlow's executor runs any order the edges allow
-            # (issue 31). Hold it to the budget: pinned already, proved for every order, pinned now, or said.
-            edges_before = bool(order and order.get("applied"))  # the order pass may run and add nothing
-            final, order = clock("guarantee", lambda: hold_to_budget(final, order, budget_bytes=result.budget_bytes,
-                                                                     options=options, pin=config.orders,
-                                                                     profile=profile))
-            pinned_by_guarantee = bool(order.get("applied")) and not edges_before
+            # (issue 31). Hold it to the budget: pinned already, proved for every order, pinned now, or said; a
+            # step that keeps XLA may run the next fastest fit that can be held instead (tflms.pipeline.held).
+            tuned_result = result
+            final, order, result, pinned_by_guarantee, placed = clock("guarantee", lambda: held(
+                placed, tuned_result, profile, options, pin=config.orders, xla=xla, copy_op=copy_op,
+                compress=compressor))
+            if result is not tuned_result:
+                plan = held_plan(plan, tuned_result, result)
+                tuning.update(result.to_dict(), held_instead_of=order["held_instead_of"])
             final.lint()
             grappler_after = not xla and not _grappler_done_before(step, original)  # (XLA: grappler stays off)
             if grappler_after:
