@@ -251,8 +251,10 @@ def _run_model(model: str, *, fractions, repeat: int, batch: int | None, size: i
             variants.append((f"rewritten {fraction}", budget, result.graph, opts, guarantee, predicted))
             if order.get("guarantee") == "pinned" and order.get("edges"):
                 parts = UPDATE_PARTS if (result.report.xla_clusters or {}).get("update_parts") else 1
+                tuning = result.report.tuning  # clustered as the pipeline clustered the pinned step
                 unpinned = cluster_for_xla(before_guarantee["graph"], accelerator_device=ACC, host_device=HOST,
-                                           update_parts=parts).graph
+                                           update_parts=parts, land_cuts=bool(tuning.get("xla_land_cuts")),
+                                           clones_last=bool(tuning.get("xla_clones_last"))).graph
                 variants.append((f"unpinned {fraction}", budget, unpinned, opts, "none", predicted))
     finally:
         order_pass.hold_to_budget = hold
