@@ -75,6 +75,8 @@ def test_a_winner_that_cannot_be_held_gives_way_to_the_first_fit_that_can(passes
     assert chosen.candidates == result.candidates and chosen.budget_bytes == result.budget_bytes
     assert order["held_instead_of"]["params"] == {"name": "best"}
     assert "cut the step's XLA clusters" in order["held_instead_of"]["why"]
+    assert order["guarantee_why"].startswith("pinned; this plan (1400.0 ms a step, simulated) runs instead of the "
+                                             "fastest found (recompute, 1000.0 ms), which could not be held")
     # the plan reported: the fit's, with what the pipeline added to the winner's warnings
     chosen.best.plan = _Plan("roomier", ("its own",))
     reported = held_module.held_plan(_Plan("best", ("no GPU here",)), result, chosen)

@@ -50,6 +50,10 @@ def held(placed: PassResult, result: TuneResult, profile: Any, options: Any, *, 
             record["held_instead_of"] = {
                 "strategy": result.best.strategy, "params": result.best.params,
                 "predicted_step_time_s": result.best.sim.step_time_s, "why": order["guarantee_why"]}
+            record["guarantee_why"] += (
+                f"; this plan ({cand.sim.step_time_s * 1e3:.1f} ms a step, simulated) runs instead of the fastest "
+                f"found ({result.best.strategy}, {result.best.sim.step_time_s * 1e3:.1f} ms), which could not be "
+                f"held: {order['guarantee_why']}")
             return tried, record, dataclasses.replace(result, best=cand, graph=graph), by_hold, other
     return final, order, result, pinned, placed
 
