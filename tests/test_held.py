@@ -104,3 +104,39 @@ def test_where_no_fit_can_be_held_the_winner_runs_as_before(passes):
                                                           copy_op="Identity")
     assert len(held_graphs) == 4 and chosen is result and final == "winner, placed" and placement is placed
     assert order["guarantee"] == order_pass.GUARANTEE_NONE and "held_instead_of" not in order
+
+
+def test_the_pipeline_reports_and_runs_the_plan_that_was_held(monkeypatch):
+    """Through the pipeline (the test MLP keeping XLA, under XLA alone's peak): where pinning the winner would not fit,
+    the step that runs is another fit's, and the report says so: its tuning, the plan, and why."""
+    from tflms.config import LMSConfig
+    from tflms.pipeline import rewrite_step
+    from tflms.sim import SimOptions, simulate
+    from tflms.testing import mlp_training_graph
+
+    graph = mlp_training_graph(4, batch=256)
+    profile = "h100-80gb-pcie5"
+    peak = simulate(graph, profile, options=SimOptions(clock="xla")).peak_bytes
+    config = LMSConfig(budget_bytes=int(peak * 0.9), profile=profile)
+    plain = rewrite_step(graph, config, build=False, xla=True)
+    calls = []
+    hold = order_pass.hold_to_budget
+
+    def first_fails(graph, order, **kwargs):  # the winner's pinned step does not fit; any other's does
+        out, record = hold(graph, order, **kwargs)
+        calls.append(record["guarantee"])
+        if len(calls) == 1:
+            record = {**record, "guarantee": order_pass.GUARANTEE_NONE, "pinned_peak_bytes": 0,
+                      "guarantee_why": "pinning level order would cut the step's XLA clusters (forced)"}
+            return graph, record
+        return out, record
+
+    monkeypatch.setattr(order_pass, "hold_to_budget", first_fails)
+    out = rewrite_step(graph, config, build=False, xla=True)
+    tuning, order = out.report.tuning, out.report.order
+    assert len(calls) == 2 and order["guarantee"] != order_pass.GUARANTEE_NONE
+    assert order["held_instead_of"]["params"] == plain.report.tuning["params"]
+    assert tuning["held_instead_of"] == order["held_instead_of"] and tuning["params"] != plain.report.tuning["params"]
+    assert tuning["predicted_step_time_s"] >= plain.report.tuning["predicted_step_time_s"]
+    assert "runs instead of the fastest fit" in tuning["reason"] and "could not be" in order["guarantee_why"]
+    assert out.report.plan != plain.report.plan and out.report.xla_clusters["kept"]

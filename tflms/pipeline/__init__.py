@@ -246,7 +246,10 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
                 compress=compressor))
             if result is not tuned_result:
                 plan = held_plan(plan, tuned_result, result)
-                tuning.update(result.to_dict(), held_instead_of=order["held_instead_of"])
+                tuning.update(result.to_dict(), held_instead_of=order["held_instead_of"], reason=(
+                    f"{result.best.strategy} ({100 * result.overhead:+.1f}%) runs instead of the fastest fit "
+                    f"({tuned_result.best.strategy}, {100 * tuned_result.overhead:+.1f}%), which could not be held to "
+                    f"the budget in TensorFlow's executor; the tune: {tuned_result.reason()}"))
             final.lint()
             grappler_after = not xla and not _grappler_done_before(step, original)  # (XLA: grappler stays off)
             if grappler_after:
