@@ -4,9 +4,10 @@ The tuner judged its winner in one order; the executor runs any order the graph'
 :func:`tflms.passes.order.hold_to_budget` holds it: pinned already, proved for every order, pinned now, or said. On
 the ``xla-clusters`` clock a pinning edge is a cluster boundary, so a winner close to its budget may fit only
 unpinned, and then nothing holds the executor to what was simulated. BERT (the zoo's, at 0.65 of its clustered
-transient on the emulated machine, `tools/validate_xla_memory.py --models bert`): the tune's fastest fit, a hybrid
-at 48.2 ms, 22.4 MiB against a budget of 23.9 (with the margin), needed 24.7 pinned; unpinned, its runs peaked at
-26.2 and 30.2 MiB in the executor (resident bytes included). Where the step keeps XLA, :func:`held` judges the next fastest fits that leave room for
+transient on the emulated machine, `tools/validate_xla_memory.py --models bert`), while the tune gave three misses
+swaps (:data:`tflms.tune.hybrid.HYBRIDS`): its fastest fit, a hybrid at 48.2 ms, 22.4 MiB against a budget of 23.9
+(with the margin), needed 24.7 pinned; unpinned, its runs peaked at 26.2 and 30.2 MiB in the executor (resident
+bytes included). Where the step keeps XLA, :func:`held` judges the next fastest fits that leave room for
 what pinning cost the winner, in order, and takes the first the executor can be held to (at most
 :data:`ALTERNATIVES`); the report says which plan it passed over and why (``order["held_instead_of"]``). Where none
 can be held, the winner runs as before, with the warning.
