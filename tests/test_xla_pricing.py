@@ -675,10 +675,11 @@ def test_the_pipeline_tunes_again_with_land_cuts_where_its_winner_swaps_and_mark
 
 
 def test_where_only_the_clones_ordered_last_fit_the_pipeline_tunes_that_way_and_marks_it(monkeypatch):
-    """At 90% of XLA alone's peak nothing fits the test MLP with its clones where they are needed, with or without land
+    """At 86% of XLA alone's peak nothing fits the test MLP with its clones where they are needed, with or without land
     cuts; ordered last, a hybrid does. The pipeline tunes each way, reports the winner's, and the pass marks the
-    clusters that way."""
-    out, asked, marked = _pipeline_on_the_mlp(monkeypatch, 0.9)
+    clusters that way. (At 90%, where this test ran until four recompute misses got swaps, a hybrid with the clones
+    where needed fits too.)"""
+    out, asked, marked = _pipeline_on_the_mlp(monkeypatch, 0.86)
     assert asked[:2] == [(False, False, None), (True, False, None)]  # the clones where needed: nothing fits
     assert [a[:2] for a in asked[2:]] == [(False, True), (True, True)] and "hybrid" in {a[2] for a in asked[2:]}
     assert out.report.plan.swaps and out.report.plan.recomputes
