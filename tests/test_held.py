@@ -67,8 +67,8 @@ def test_a_winner_that_cannot_be_held_gives_way_to_the_first_fit_that_can(passes
     holdable.add("roomier rewrite, placed")
     result = _result()
     placed = types.SimpleNamespace(graph="winner, placed", report="winner's placement")
-    final, order, chosen, pinned, placement = held_module.held(placed, result, "profile", "options", pin=True,
-                                                               xla=True, copy_op="Identity")
+    final, order, chosen, pinned, placement = held_module.held(placed, placed.graph, None, result, "profile",
+                                                               "options", pin=True, xla=True, copy_op="Identity")
     assert held_graphs == ["winner, placed", "roomy rewrite, placed", "roomier rewrite, placed"]
     assert final == "roomier rewrite, placed, pinned" and pinned and placement.report == "roomier placement"
     assert chosen.best.params["name"] == "roomier" and chosen.graph == "roomier rewrite"
@@ -90,8 +90,8 @@ def test_only_a_step_that_keeps_xla_and_pins_looks_further(passes, xla, pin):
     holdable.add("roomy rewrite, placed")
     result = _result()
     placed = types.SimpleNamespace(graph="winner, placed", report="winner's placement")
-    final, order, chosen, _, placement = held_module.held(placed, result, "profile", "options", pin=pin, xla=xla,
-                                                          copy_op="Identity")
+    final, order, chosen, _, placement = held_module.held(placed, placed.graph, None, result, "profile", "options",
+                                                          pin=pin, xla=xla, copy_op="Identity")
     assert held_graphs == ["winner, placed"] and chosen is result and placement is placed
     assert order["guarantee"] == order_pass.GUARANTEE_NONE
 
@@ -100,8 +100,8 @@ def test_where_no_fit_can_be_held_the_winner_runs_as_before(passes):
     _, held_graphs = passes
     result = _result()
     placed = types.SimpleNamespace(graph="winner, placed", report="winner's placement")
-    final, order, chosen, _, placement = held_module.held(placed, result, "profile", "options", pin=True, xla=True,
-                                                          copy_op="Identity")
+    final, order, chosen, _, placement = held_module.held(placed, placed.graph, None, result, "profile", "options",
+                                                          pin=True, xla=True, copy_op="Identity")
     assert len(held_graphs) == 4 and chosen is result and final == "winner, placed" and placement is placed
     assert order["guarantee"] == order_pass.GUARANTEE_NONE and "held_instead_of" not in order
 
@@ -140,3 +140,4 @@ def test_the_pipeline_reports_and_runs_the_plan_that_was_held(monkeypatch):
     assert tuning["predicted_step_time_s"] >= plain.report.tuning["predicted_step_time_s"]
     assert "runs instead of the fastest fit" in tuning["reason"] and "could not be" in order["guarantee_why"]
     assert out.report.plan != plain.report.plan and out.report.xla_clusters["kept"]
+    assert {"order", "guarantee"} <= set(out.report.timings_s)  # each stage timed as before

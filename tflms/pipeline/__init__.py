@@ -233,16 +233,18 @@ def rewrite_step(step: Any, config: LMSConfig | None = None, *, trace_args: Sequ
         final, order, pinned_by_guarantee = placed.graph, None, False
         tuned = config.auto_tune and not left_to_xla
         if tuned or config.orders:
-            from tflms.passes.order import GUARANTEE_NONE, enforce_order
+            from tflms.passes.order import GUARANTEE_NONE, apply_tuned_order, enforce_order
             from tflms.pipeline.held import held, held_plan
             options = sim_options  # issue 48: judged with the tuner's margin (tflms/budget.py) and clock
         if tuned:
+            final, order = clock("order", lambda: apply_tuned_order(final, result.best.order, profile,
+                                                                    options=options))
             # The verdict was simulated in one order; TensorFlow's executor runs any order the edges allow
             # (issue 31). Hold it to the budget: pinned already, proved for every order, pinned now, or said; a
             # step that keeps XLA may run the next fastest fit that can be held instead (tflms.pipeline.held).
             tuned_result = result
             final, order, result, pinned_by_guarantee, placed = clock("guarantee", lambda: held(
-                placed, tuned_result, profile, options, pin=config.orders, xla=xla, copy_op=copy_op,
+                placed, final, order, tuned_result, profile, options, pin=config.orders, xla=xla, copy_op=copy_op,
                 compress=compressor))
             if result is not tuned_result:
                 plan = held_plan(plan, tuned_result, result)

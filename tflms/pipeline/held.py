@@ -29,16 +29,16 @@ from tflms.tune.result import Candidate, TuneResult
 ALTERNATIVES = 3
 
 
-def held(placed: PassResult, result: TuneResult, profile: Any, options: Any, *, pin: bool, xla: bool,
-         copy_op: str, compress: Callable[[Graph, Any], Graph] | None = None,
+def held(placed: PassResult, ordered: Graph, order: dict[str, Any] | None, result: TuneResult, profile: Any,
+         options: Any, *, pin: bool, xla: bool, copy_op: str, compress: Callable[[Graph, Any], Graph] | None = None,
          ) -> tuple[Graph, dict[str, Any], TuneResult, bool, PassResult]:
-    """The step to run for ``result``'s winner (``placed``: its rewrite with the swaps placed) with its tuned order
-    applied and held to the budget; returns ``(graph, order record, result, pinned here, placed)``. ``result`` is
-    the tune's, or, where the winner of a step that keeps XLA (``xla``) cannot be held and another fit can, the same
-    with that fit as its best (its ``graph`` that fit's rewrite, ``placed`` its placement); ``pinned here``: whether
-    holding added the edges. ``compress``: the tune's compressor, applied to another fit's rewrite as the tune
-    applied it."""
-    final, order, pinned = _hold(placed.graph, result.best, result.budget_bytes, profile, options, pin)
+    """The step to run for ``result``'s winner (``placed``: its rewrite with the swaps placed; ``ordered`` and
+    ``order``: that graph with its tuned order applied, :func:`~tflms.passes.order.apply_tuned_order`) held to the
+    budget; returns ``(graph, order record, result, pinned here, placed)``. ``result`` is the tune's, or, where the
+    winner of a step that keeps XLA (``xla``) cannot be held and another fit can, the same with that fit as its best
+    (its ``graph`` that fit's rewrite, ``placed`` its placement); ``pinned here``: whether holding added the edges.
+    ``compress``: the tune's compressor, applied to another fit's rewrite as the tune applied it."""
+    final, order, pinned = _guard(ordered, order, result.budget_bytes, profile, options, pin)
     if not (xla and pin and order["guarantee"] == GUARANTEE_NONE):
         return final, order, result, pinned, placed
     for cand in alternatives(result, order.get("pinned_peak_bytes")):
@@ -46,7 +46,8 @@ def held(placed: PassResult, result: TuneResult, profile: Any, options: Any, *, 
         if compress is not None:
             graph = compress(graph, cand.plan)
         other = place_swaps(graph, cand.plan)
-        tried, record, by_hold = _hold(other.graph, cand, result.budget_bytes, profile, options, pin)
+        tried, record, by_hold = _guard(*apply_tuned_order(other.graph, cand.order, profile, options=options),
+                                        result.budget_bytes, profile, options, pin)
         if record["guarantee"] != GUARANTEE_NONE:
             record["held_instead_of"] = {
                 "strategy": result.best.strategy, "params": result.best.params,
@@ -64,7 +65,7 @@ def alternatives(result: TuneResult, pinned_peak: int | None = None) -> list[Can
     differ from the winner's, and where pinning the winner's level order needed ``pinned_peak`` bytes, each leaves
     at least as much room under the budget as that pinning added to the winner's peak (pinning one step's plans
     costs each about as much: BERT above, 2.4 MiB on the winner, 2.0 to 6.0 on the sixteen next fastest, all over;
-    the first with that much room held)."""
+    the first with that much room held; each ``pinned_peak_bytes`` of the order record, read by a scratch script)."""
     best = result.best
     added = max(0, (pinned_peak or 0) - best.sim.peak_with_margin_bytes)
     fits = sorted((c for c in result.candidates if c.fits and c.plan is not None and c is not best
@@ -73,11 +74,13 @@ def alternatives(result: TuneResult, pinned_peak: int | None = None) -> list[Can
     return fits[:ALTERNATIVES]
 
 
-def _hold(graph: Graph, cand: Candidate, budget: int, profile: Any, options: Any,
-          pin: bool) -> tuple[Graph, dict[str, Any], bool]:
-    final, order = apply_tuned_order(graph, cand.order, profile, options=options)
-    before = bool(order and order.get("applied"))  # the order pass may run and add nothing
-    final, order = order_pass.hold_to_budget(final, order, budget_bytes=budget, options=options, pin=pin, profile=profile)
+def _guard(graph: Graph, order: dict[str, Any] | None, budget: int, profile: Any, options: Any,
+           pin: bool) -> tuple[Graph, dict[str, Any], bool]:
+    """:func:`~tflms.passes.order.hold_to_budget` on ``graph`` (its tuned order applied, ``order`` that pass's
+    record), and whether holding added the edges (the order pass may run and add nothing)."""
+    before = bool(order and order.get("applied"))
+    final, order = order_pass.hold_to_budget(graph, order, budget_bytes=budget, options=options, pin=pin,
+                                             profile=profile)
     return final, order, bool(order.get("applied")) and not before
 
 
