@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from tflms.policies.checkpoints import articulations, balanced_segment_ops, output_bytes, segment_ops
 from tflms.policies.recompute import recompute_plan
 from tflms.sim.clock import XLA_CLOCKS
@@ -113,8 +115,6 @@ def _fill(ev: TuneEvaluator, times: Mapping[str, float], fit: Candidate, ops: li
     at the peak alone, in ranking order (its trial says ``peak: 1``), where those differ: the spans' fill keeps
     other ops, and does not win everywhere (BERT-base in float32 at 832 on h200-141gb: 1241.3 ms by the spans,
     1239.2 by the room at the peak)."""
-    import numpy as np
-
     graph = ev.analysis.graph
     moments = np.array([t for t, _, _ in fit.sim.timeline], dtype=float)
     held = np.array([b for _, b, _ in fit.sim.timeline], dtype=np.int64)
@@ -163,8 +163,9 @@ def _kept_spans(sim: SimResult, decisions: Iterable) -> dict[str, tuple[float, f
     """By op the recompute ``decisions`` re-run, when its output would live in ``sim`` were it kept instead: from the
     op's end to the last start of an op that reads its clone's output outside the chain (``readers``), or, for an op
     only its chain reads, to the chain's last clone's end."""
-    end = {r.name: r.end_s for r in sim.ops}
-    start = {r.name: r.start_s for r in sim.ops}
+    start, end = {}, {}
+    for record in sim.ops:
+        start[record.name], end[record.name] = record.start_s, record.end_s
     spans: dict[str, tuple[float, float]] = {}
     for decision in decisions:
         read_until: dict[str, float] = {}
