@@ -71,7 +71,8 @@ SPLIT_HYBRIDS = 1
 #: relaxation judges two rankings and fills (thirty-fourth session): their trials took the places of the misses
 #: whose hybrids won before. The zoo BERT at 0.65 of its clustered transient on the emulated machine
 #: (tools/validate_xla_memory.py): with three, a hybrid at 48.2 ms that could not be pinned within the budget; with
-#: four, the plan keeping 18 ops (46.4 ms, 8.5 MB over) gets its swaps again: 45.9 ms, pinned, as at 4ba292c.
+#: four, the plan keeping 18 ops (46.4 ms, 8.5 MB over) gets its swaps again: 45.9 ms, pinned, as at 4ba292c
+#: (the report's tuning candidates, read by a scratch script).
 HYBRIDS = 4
 #: The hybrids ordered first are also searched when the fastest hybrid that fits in level order stalls on its
 #: copies for more than this fraction of its step: BERT-base at batch 270 on v100-16gb-pcie3 fitted a level-order
