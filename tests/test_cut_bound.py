@@ -272,3 +272,48 @@ def test_what_the_solver_prints_to_standard_output_goes_to_standard_error(capfd)
     out, err = capfd.readouterr()
     assert "from the solver" in err and "from the solver" not in out
     assert out == "a record\n"
+
+
+@pytest.mark.parametrize("clock", ["graph", "xla-clusters"])
+def test_no_order_peaks_below_the_bytes_live_at_the_loss(cnn_graph, clock):
+    """:func:`live_at_cut` is a floor under every order's peak: the plain step and the tuner's plans (recompute,
+    swaps, both), each in level order, in the order pass's schedule and in random topological orders. And it is
+    not the resident bytes alone: the plain step holds its activations at the loss."""
+    import random
+
+    from tflms.errors import BudgetError
+    from tflms.ir.topo import priority_order
+    from tflms.passes.order import enforce_order
+    from tflms.passes.swaps import apply_swaps
+    from tflms.tune.cut_bound import live_at_cut
+    from tflms.tune.tuner import tune
+    graph = cnn_graph[0]
+    options = SimOptions(clock=clock)
+    plain = simulate(graph, PROFILE, options=options)
+    cut = cut_op(analyze_graph(graph))
+    try:
+        candidates = tune(graph, budget=plain.resident_bytes + int(0.3 * plain.transient_peak_bytes),
+                          profile=PROFILE, sim_options=options).candidates
+    except BudgetError as error:
+        candidates = error.candidates
+    plans = {c.plan for c in candidates if c.plan is not None and c.plan.changed}
+    kinds = {(bool(p.recomputes), bool(p.swaps)) for p in plans}
+    picked = [None] + [min((p for p in plans if (bool(p.recomputes), bool(p.swaps)) == kind),
+                           key=lambda p: (len(p.swaps), len(p.recomputes))) for kind in sorted(kinds)]
+    assert len(picked) >= 3, kinds
+    for plan in picked:
+        rewritten = graph if plan is None else apply_swaps(graph, plan).graph
+        level = simulate(rewritten, PROFILE, options=options)
+        bound = live_at_cut(rewritten, level, cut)
+        peaks = [level.peak_bytes]
+        ordered = enforce_order(rewritten, PROFILE, options=options, level_peak_bytes=level.peak_bytes)
+        peaks.append(ordered.report.ordered_sim.peak_bytes if ordered.changed else level.peak_bytes)
+        preds, succs = rewritten.adjacency()
+        for seed in range(3):
+            rng = random.Random(seed)
+            keys = {name: (rng.random(), name) for name in preds}
+            order = priority_order({name: len(p) for name, p in preds.items()}, succs, keys.__getitem__)
+            peaks.append(simulate(rewritten, PROFILE, options=options, order=order).peak_bytes)
+        assert min(peaks) >= bound, (clock, plan, peaks, bound)
+        if plan is None:
+            assert bound > plain.resident_bytes + plain.transient_peak_bytes // 2, (bound, plain.peak_bytes)

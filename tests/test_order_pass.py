@@ -311,3 +311,29 @@ def test_the_peak_swaps_start_from_the_families_walked_not_from_the_lowest_peaks
     judged = [c.params["name"] for c in judge_ordered(ev)]
     assert "a1" in judged
     assert started == ["b", "c"]
+
+
+def test_a_finalist_no_order_fits_is_not_scheduled_once_a_plan_fits(monkeypatch):
+    """Where a plan fits already, the peak swaps do not run, and a finalist whose bytes live at the loss exceed the
+    budget (``cannot_fit_ordered``: none of its orders fits) is not scheduled: half a second each on ResNet-50 at
+    batch 32. Where nothing fits, it still is: the peak swaps start from such plans."""
+    import types
+
+    from tflms.tune.result import Candidate
+    from tflms.tune.search import judge_ordered
+    needs = {"a0": 25, "a1": 15, "b": 17, "c": 17.5, "d": 25, "e": 25}
+    ruled_out = {"a0", "b", "d"}
+    ev, started = _finalist_world(monkeypatch, needs)
+    ev.cannot_fit_ordered = lambda c: c.params["name"] in ruled_out
+    judged = {c.params["name"] for c in judge_ordered(ev)}
+    assert ruled_out <= judged  # the control: nothing fitted before, so they were scheduled
+
+    ev, started = _finalist_world(monkeypatch, needs)
+    ev.cannot_fit_ordered = lambda c: c.params["name"] in ruled_out
+    plan = types.SimpleNamespace(swaps=("f",), recomputes=(), swapped_bytes=1)
+    slower = types.SimpleNamespace(need=10, step_time_s=2.0, host_peak_bytes=0, peak_bytes=10, compute_bound=True)
+    ev.candidates.append(Candidate("idle-time", {"sync_mode": None, "name": "f"}, plan, slower, fits=True))
+    added = judge_ordered(ev)
+    judged = [c.params["name"] for c in added]
+    assert not ruled_out & set(judged) and "a1" in judged and "c" in judged
+    assert [c.params["name"] for c in added if c.fits] == ["a1"] and started == []

@@ -60,7 +60,7 @@ import numpy as np
 
 from tflms.analysis.cto import Analysis, Category
 from tflms.errors import ConfigError
-from tflms.ir.graph import TensorRef
+from tflms.ir.graph import Graph, TensorRef
 from tflms.ir.topo import reachable
 from tflms.policies.eligibility import recompute_skip_reason
 from tflms.policies.recompute_chains import is_resident
@@ -150,6 +150,38 @@ def cut_op(analysis: Analysis, succs: Mapping[str, Sequence[str]] | None = None)
             bits |= below[c]
         below[name] = bits
     return max(backward_bit, key=lambda n: (above[n].bit_count() * below[n].bit_count(), -analysis.levels[n], n))
+
+
+def live_at_cut(graph: Graph, sim, cut: str) -> int:
+    """Device bytes live while ``cut`` runs, in every order of ``graph`` that TensorFlow may run: the resident bytes
+    and each device buffer that an ancestor of ``cut`` (or ``cut``) makes and ``cut`` or one of its descendants reads.
+    Whatever the order, those ops run before it and these after it, so the buffer is allocated and not yet freed:
+    no order (:func:`~tflms.passes.order.enforce_order`'s, or any) peaks lower. ``sim``: a simulation of ``graph`` in
+    any order (level order will do): its buffers say which tensors share one (views), their sizes, and which ops run
+    at all (a reader the step never runs holds nothing).
+
+    A tensor forwarded into its reader's output shares one buffer with it only where that reader is its last, so a
+    buffer counted here once is never two in another order, and two counted here are two in every order: an
+    ancestor of ``cut`` forwarding a tensor that a descendant reads too would not be its last reader. Tight where
+    the order's peak is at the loss: ResNet-50's recompute plans at batch 32 on v100-16gb-pcie3 peak 1.3% to 5.5%
+    above it once ordered (:func:`tflms.tune.finalists.judge_ordered`, which leaves out the finalists it rules
+    out)."""
+    preds, succs = graph.adjacency()
+    before = reachable([cut], preds)
+    after = reachable([cut], succs)
+    sizes: dict[str, int] = {}
+    for buf, size, _, _ in sim.buffer_lifetimes:  # (the device's buffers: none of the host's)
+        sizes[buf] = max(size, sizes.get(buf, 0))
+    owner = sim.buffer_owner
+    ran = {record.name for record in sim.ops}
+    live = {owner.get(f"{cut}:{k}", f"{cut}:{k}") for k in range(len(graph.op(cut).outputs))}
+    for name in after & ran:
+        for ref in graph.op(name).inputs:
+            tensor = f"{ref.op}:{ref.index}"
+            buf = owner.get(tensor, tensor)
+            if buf.rpartition(":")[0] in before:
+                live.add(buf)
+    return sim.resident_bytes + sum(sizes.get(buf, 0) for buf in live)
 
 
 def cut_bound(analysis: Analysis, plain, profile: str | HardwareProfile, budget_bytes: int, *,

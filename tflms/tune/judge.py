@@ -107,6 +107,7 @@ class TuneEvaluator:
         self._ordered_base: PassResult | None = None
         self._swap_floor: AnyOrderTimeBound | None = None
         self._swap_floor_whole = False
+        self._cut: str | None = None  # the op :meth:`cannot_fit_ordered` bounds at ("": none), once asked
 
     def analyzed(self, graph: Graph, recompute: Candidate) -> Analysis:
         """The analysis of ``graph``, this tune's step with the recomputes of ``recompute`` (a candidate; the graph
@@ -187,6 +188,29 @@ class TuneEvaluator:
         floor = self._swap_floor
         return (floor is not None and floor.floor_s > limit
                 and (cand.plan is None or not cand.plan.recomputes))
+
+    def cannot_fit_ordered(self, cand: Candidate) -> bool:
+        """Whether no order of ``cand``'s rewritten graph fits the budget: the bytes live while the loss's gradient
+        starts (:func:`~tflms.tune.cut_bound.live_at_cut`, in every order), with the margin, exceed it. ``False`` where
+        fit is judged by the BFC model (the bound is one on live bytes) or the step has no backward pass."""
+        if self.fit_by != FIT_BY_LIVE:
+            return False
+        if self._cut is None:
+            from tflms.errors import ConfigError
+            from tflms.tune.cut_bound import cut_op
+            try:
+                self._cut = cut_op(self.analysis)
+            except ConfigError:  # (no forward or no backward pass: no loss to bound at)
+                self._cut = ""
+        if not self._cut:
+            return False
+        from tflms.tune.cut_bound import live_at_cut
+        graph = self.graphs.get(id(cand))
+        if graph is None:  # (not kept: a plan ruled out here is not built again)
+            with gc_paused():
+                graph = apply_swaps(self.analysis.graph, cand.plan, copy_op=self.copy_op).graph
+        live = live_at_cut(graph, cand.sim, self._cut)
+        return live + int(live * self.sim_options.margin_fraction) + self.sim_options.margin_bytes > self.budget
 
     def graph_of(self, cand: Candidate) -> Graph:
         """The rewritten graph of ``cand`` (built once, on demand: only the winner's is needed)."""
