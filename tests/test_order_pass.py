@@ -337,3 +337,38 @@ def test_a_finalist_no_order_fits_is_not_scheduled_once_a_plan_fits(monkeypatch)
     judged = [c.params["name"] for c in added]
     assert not ruled_out & set(judged) and "a1" in judged and "c" in judged
     assert [c.params["name"] for c in added if c.fits] == ["a1"] and started == []
+
+
+def test_cannot_fit_ordered_rules_out_only_plans_no_order_fits():
+    """The evaluator's answer on a real step: a plan whose bytes at the loss exceed the budget is ruled out, and the
+    order pass indeed finds no order that fits it; a plan that fits is not; nor is any plan where fit is judged by
+    the BFC model (the bound is one on live bytes)."""
+    import dataclasses
+
+    from tflms.analysis.cto import analyze_graph
+    from tflms.passes.swaps import DEFAULT_COPY_OP
+    from tflms.sim import SimOptions, get_profile
+    from tflms.testing import mlp_training_graph
+    from tflms.tune.search import FIT_BY_BFC, TuneEvaluator
+    g = mlp_training_graph(6, batch=64, width=256)
+    profile = get_profile("v100-16gb-pcie3")
+    base = simulate(g, profile)
+
+    def evaluator(budget):
+        ev = TuneEvaluator(analyze_graph(g), profile, budget, profile.host_memory_bytes, SimOptions(),
+                           LMSConfig().with_rule_defaults(), "/device:GPU:0", DEFAULT_COPY_OP, None)
+        ev.context = dataclasses.replace(ev.context, baseline=base)
+        return ev
+
+    ev = evaluator(base.resident_bytes + (base.peak_bytes - base.resident_bytes) // 2)
+    weak = ev.distance(swapout_threshold=20, swapin_ahead=1, swapin_groupby=0, sync_mode=0)
+    strong = ev.distance(swapout_threshold=1, swapin_ahead=1, swapin_groupby=0, sync_mode=0)
+    assert weak.plan.changed and not weak.fits and ev.cannot_fit_ordered(weak)
+    ordered = enforce_order(ev.graph_of(weak), profile, options=ev.sim_options, level_peak_bytes=weak.sim.peak_bytes)
+    assert ev.need(ordered.report.ordered_sim if ordered.changed else weak.sim) > ev.budget
+    assert not ev.cannot_fit_ordered(strong)  # (it misses in level order, but not by its bytes at the loss)
+    roomy = evaluator(base.peak_with_margin_bytes)
+    assert not roomy.cannot_fit_ordered(roomy.distance(swapout_threshold=20, swapin_ahead=1, swapin_groupby=0,
+                                                       sync_mode=0))
+    ev.fit_by = FIT_BY_BFC
+    assert not ev.cannot_fit_ordered(weak)

@@ -206,11 +206,14 @@ class TuneEvaluator:
             return False
         from tflms.tune.cut_bound import live_at_cut
         graph = self.graphs.get(id(cand))
-        if graph is None:  # (not kept: a plan ruled out here is not built again)
+        if graph is None:
             with gc_paused():
                 graph = apply_swaps(self.analysis.graph, cand.plan, copy_op=self.copy_op).graph
         live = live_at_cut(graph, cand.sim, self._cut)
-        return live + int(live * self.sim_options.margin_fraction) + self.sim_options.margin_bytes > self.budget
+        if live + int(live * self.sim_options.margin_fraction) + self.sim_options.margin_bytes > self.budget:
+            return True
+        self.graphs[id(cand)] = graph  # (kept for the order pass, :meth:`graph_of`; a plan ruled out is not)
+        return False
 
     def graph_of(self, cand: Candidate) -> Graph:
         """The rewritten graph of ``cand`` (built once, on demand: only the winner's is needed)."""
