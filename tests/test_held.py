@@ -141,3 +141,37 @@ def test_the_pipeline_reports_and_runs_the_plan_that_was_held(monkeypatch):
     assert "runs instead of the fastest fit" in tuning["reason"] and "could not be" in order["guarantee_why"]
     assert out.report.plan != plain.report.plan and out.report.xla_clusters["kept"]
     assert {"order", "guarantee"} <= set(out.report.timings_s)  # each stage timed as before
+
+
+def test_hold_tuned_answers_for_a_tune_what_the_pipeline_would_run(monkeypatch):
+    """The tools' entry (benchlib's tflms-xla prices what runs): a tune of the test MLP on the xla-clusters clock, held
+    as the pipeline holds it. Its winner holds (pinned, or proved for every order); with its pinned step forced over
+    the budget, the next fit that holds runs, and the record says which plan it passed over."""
+    from tflms.sim import SimOptions, simulate
+    from tflms.sim.clock import CLOCK_XLA_CLUSTERS
+    from tflms.testing import mlp_training_graph
+    from tflms.tune import tune
+
+    graph = mlp_training_graph(4, batch=256)
+    profile = "h100-80gb-pcie5"
+    options = SimOptions(clock=CLOCK_XLA_CLUSTERS)
+    peak = simulate(graph, profile, options=options).peak_bytes
+    result = tune(graph, budget=int(peak * 0.9), profile=profile, sim_options=options, enforce_order=True)
+    runs, order = held_module.hold_tuned(result, profile, options)
+    assert runs is result and order["guarantee"] != order_pass.GUARANTEE_NONE and "held_instead_of" not in order
+
+    calls = []
+    hold = order_pass.hold_to_budget
+
+    def first_fails(graph, order, **kwargs):
+        out, record = hold(graph, order, **kwargs)
+        calls.append(record["guarantee"])
+        if len(calls) == 1:
+            return graph, {**record, "guarantee": order_pass.GUARANTEE_NONE, "pinned_peak_bytes": 0,
+                           "guarantee_why": "pinning level order would cut the step's XLA clusters (forced)"}
+        return out, record
+
+    monkeypatch.setattr(order_pass, "hold_to_budget", first_fails)
+    runs, order = held_module.hold_tuned(result, profile, options)
+    assert runs.best is held_module.alternatives(result, 0)[0] and runs.best.sim.step_time_s >= result.best.sim.step_time_s
+    assert order["guarantee"] != order_pass.GUARANTEE_NONE and order["held_instead_of"]["params"] == result.best.params

@@ -21,6 +21,7 @@ from typing import Any
 
 from tflms.ir.graph import Graph
 from tflms.passes import PassResult, apply_swaps, place_swaps
+from tflms.passes.swaps import DEFAULT_COPY_OP
 from tflms.passes import order as order_pass
 from tflms.passes.order import GUARANTEE_NONE, apply_tuned_order
 from tflms.tune.result import Candidate, TuneResult
@@ -58,6 +59,23 @@ def held(placed: PassResult, ordered: Graph, order: dict[str, Any] | None, resul
                 f"held: {order['guarantee_why']}")
             return tried, record, dataclasses.replace(result, best=cand, graph=graph), by_hold, other
     return final, order, result, pinned, placed
+
+
+def hold_tuned(result: TuneResult, profile: Any, options: Any, *, copy_op: str = DEFAULT_COPY_OP,
+               ) -> tuple[TuneResult, dict[str, Any]]:
+    """What the pipeline runs for ``result``, the tune of a step that keeps XLA with its order pinned (the default,
+    ``LMSConfig.orders``), on ``options`` (its clock and cuts, as tuned): ``result``, or the same with the fit
+    :func:`held` takes instead, and the order record (``guarantee``, and ``held_instead_of`` where another fit runs).
+    The pipeline's steps from the tune's rewrite (placed, its tuned order applied, held), without TensorFlow: for
+    tools that price the tune's choice (tools/benchlib/xla.py)."""
+    plan = result.best.plan
+    swapped = result.graph if result.graph is not None or plan is None else apply_swaps(
+        result.analysis.graph, plan, copy_op=copy_op).graph
+    swapped = result.analysis.graph if swapped is None else swapped
+    placed = PassResult(swapped, False, None) if plan is None else place_swaps(swapped, plan)  # (none: unswapped)
+    ordered, order = apply_tuned_order(placed.graph, result.best.order, profile, options=options)
+    _, order, after, _, _ = held(placed, ordered, order, result, profile, options, pin=True, xla=True, copy_op=copy_op)
+    return after, order
 
 
 def alternatives(result: TuneResult, pinned_peak: int | None = None) -> list[Candidate]:
