@@ -69,10 +69,13 @@ def hold_tuned(result: TuneResult, profile: Any, options: Any, *, copy_op: str =
     The pipeline's steps from the tune's rewrite (placed, its tuned order applied, held), without TensorFlow: for
     tools that price the tune's choice (tools/benchlib/xla.py)."""
     plan = result.best.plan
-    swapped = result.graph if result.graph is not None or plan is None else apply_swaps(
-        result.analysis.graph, plan, copy_op=copy_op).graph
-    swapped = result.analysis.graph if swapped is None else swapped
-    placed = PassResult(swapped, False, None) if plan is None else place_swaps(swapped, plan)  # (none: unswapped)
+    if result.graph is not None:
+        swapped = result.graph
+    elif plan is None:  # (the unswapped step won)
+        swapped = result.analysis.graph
+    else:
+        swapped = apply_swaps(result.analysis.graph, plan, copy_op=copy_op).graph
+    placed = PassResult(swapped, False, None) if plan is None else place_swaps(swapped, plan)
     ordered, order = apply_tuned_order(placed.graph, result.best.order, profile, options=options)
     _, order, after, _, _ = held(placed, ordered, order, result, profile, options, pin=True, xla=True, copy_op=copy_op)
     return after, order

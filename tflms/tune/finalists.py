@@ -68,7 +68,7 @@ def judge_ordered(ev: TuneEvaluator, first_fit: bool = False) -> list[Candidate]
                    and ev.need(c.sim) <= ev.budget * (1 + ORDER_MAX_OVERSHOOT)),
                   key=lambda c: (ev.need(c.sim), c.sim.step_time_s))
     # (where a plan fits, the swaps across the ordered peak below do not run: a finalist that no order fits is not
-    # scheduled; ResNet-50's recompute plans that missed at batch 32, 1.2 to 1.4 times the budget at the loss)
+    # scheduled; ResNet-50's recompute plans that missed at batch 32, 1.1 to 1.5 times the budget at the loss)
     orderable = ((lambda c: not ev.cannot_fit_ordered(c)) if any(c.fits for c in ev.candidates)
                  else (lambda c: True))
     over = [c for c in over if orderable(c)]
