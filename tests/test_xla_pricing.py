@@ -786,8 +786,9 @@ def test_the_bench_runs_tflms_xla_at_a_given_batch():
     assert record["cut_bound"]["any"] <= tuned["overhead"] + 1e-9
     # the step the pipeline runs: held to the budget, or the next fit that can be (where the winner cannot)
     from tflms.passes.order import GUARANTEE_ANY_ORDER, GUARANTEE_NONE, GUARANTEE_PINNED
-    assert tuned["guarantee"] in (GUARANTEE_PINNED, GUARANTEE_ANY_ORDER, GUARANTEE_NONE)
-    assert "tuned" not in tuned or (tuned["tuned"]["step_s"] <= tuned["step_s"] and tuned["guarantee"] != GUARANTEE_NONE)
+    assert tuned["guarantee"] in (GUARANTEE_PINNED, GUARANTEE_ANY_ORDER, GUARANTEE_NONE) and tuned["guarantee_why"]
+    assert "tuned" not in tuned or (tuned["tuned"]["step_s"] <= tuned["step_s"]
+                                    and tuned["guarantee"] != GUARANTEE_NONE)
 
 
 def test_the_budget_guarantee_never_pins_an_order_that_cuts_the_clusters_over_the_budget(monkeypatch):

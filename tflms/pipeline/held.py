@@ -46,9 +46,8 @@ def held(placed: PassResult, ordered: Graph, order: dict[str, Any] | None, resul
         graph = apply_swaps(result.analysis.graph, cand.plan, copy_op=copy_op).graph
         if compress is not None:
             graph = compress(graph, cand.plan)
-        other = place_swaps(graph, cand.plan)
-        tried, record, by_hold = _guard(*apply_tuned_order(other.graph, cand.order, profile, options=options),
-                                        result.budget_bytes, profile, options, pin)
+        other, ordered, other_order = _placed_and_ordered(graph, cand, profile, options)
+        tried, record, by_hold = _guard(ordered, other_order, result.budget_bytes, profile, options, pin)
         if record["guarantee"] != GUARANTEE_NONE:
             record["held_instead_of"] = {
                 "strategy": result.best.strategy, "params": result.best.params,
@@ -75,10 +74,17 @@ def hold_tuned(result: TuneResult, profile: Any, options: Any, *, copy_op: str =
         swapped = result.analysis.graph
     else:
         swapped = apply_swaps(result.analysis.graph, plan, copy_op=copy_op).graph
-    placed = PassResult(swapped, False, None) if plan is None else place_swaps(swapped, plan)
-    ordered, order = apply_tuned_order(placed.graph, result.best.order, profile, options=options)
+    placed, ordered, order = _placed_and_ordered(swapped, result.best, profile, options)
     _, order, after, _, _ = held(placed, ordered, order, result, profile, options, pin=True, xla=True, copy_op=copy_op)
     return after, order
+
+
+def _placed_and_ordered(graph: Graph, cand: Candidate, profile: Any, options: Any,
+                        ) -> tuple[PassResult, Graph, dict[str, Any] | None]:
+    """``graph``, ``cand``'s rewrite, as the pipeline runs it before holding: its swaps placed (none to place for the
+    unswapped step) and its tuned order applied; ``(placement, ordered graph, order record)``."""
+    placed = PassResult(graph, False, None) if cand.plan is None else place_swaps(graph, cand.plan)
+    return (placed, *apply_tuned_order(placed.graph, cand.order, profile, options=options))
 
 
 def alternatives(result: TuneResult, pinned_peak: int | None = None) -> list[Candidate]:

@@ -206,9 +206,7 @@ class TuneEvaluator:
             return False
         from tflms.tune.cut_bound import live_at_cut
         graph = self.graphs.get(id(cand))
-        if graph is None:
-            with gc_paused():
-                graph = apply_swaps(self.analysis.graph, cand.plan, copy_op=self.copy_op).graph
+        graph = self._rewrite(cand) if graph is None else graph
         live = live_at_cut(graph, cand.sim, self._cut)
         if live + int(live * self.sim_options.margin_fraction) + self.sim_options.margin_bytes > self.budget:
             return True
@@ -218,9 +216,13 @@ class TuneEvaluator:
     def graph_of(self, cand: Candidate) -> Graph:
         """The rewritten graph of ``cand`` (built once, on demand: only the winner's is needed)."""
         if id(cand) not in self.graphs:
-            with gc_paused():
-                self.graphs[id(cand)] = apply_swaps(self.analysis.graph, cand.plan, copy_op=self.copy_op).graph
+            self.graphs[id(cand)] = self._rewrite(cand)
         return self.graphs[id(cand)]
+
+    def _rewrite(self, cand: Candidate) -> Graph:
+        """``cand``'s plan applied to the step (not kept: :meth:`graph_of` keeps it)."""
+        with gc_paused():
+            return apply_swaps(self.analysis.graph, cand.plan, copy_op=self.copy_op).graph
 
     def nested_winner(self, result) -> None:
         """Note the winner of a tune nested in this one (``result``, a :class:`~tflms.tune.result.TuneResult`): its

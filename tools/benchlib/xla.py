@@ -113,7 +113,8 @@ def _full(ev: Evaluator, size: int) -> dict[str, Any] | None:
            "peak_with_margin_bytes": sim.peak_with_margin_bytes, "kernels": sim.kernels, "clock": sim.clock,
            "strategy": runs.best.strategy, "params": {k: str(v) for k, v in runs.best.params.items()},
            "land_cuts": chosen.xla_land_cuts, "clones_last": chosen.xla_clones_last,
-           "tune_s": took, "guarantee": order["guarantee"], "hold_s": held_s}
+           "tune_s": took, "guarantee": order["guarantee"], "guarantee_why": order["guarantee_why"],
+           "hold_s": held_s}
     if runs.best is not result.best:
         out["tuned"] = {"step_s": result.best.sim.step_time_s, "strategy": result.best.strategy,
                         "params": {k: str(v) for k, v in result.best.params.items()},
