@@ -166,8 +166,8 @@ def live_at_cut(graph: Graph, sim, cut: str) -> int:
     away (the XLA clocks) has no buffer and counts nothing. Checked against the level order, the order pass's and
     random orders on the graph and xla-clusters clocks (tests/test_cut_bound.py). Tight where
     the order's peak is at the loss: ResNet-50's recompute plans at batch 32 on v100-16gb-pcie3 peak 1.2% to 6.3%
-    above it once ordered (:func:`tflms.tune.finalists.judge_ordered`, which leaves out the finalists it rules
-    out)."""
+    above it once ordered (a scratch script; :func:`tflms.tune.finalists.judge_ordered`, which leaves out the
+    finalists it rules out)."""
     preds, succs = graph.adjacency()
     before = reachable([cut], preds)
     after = reachable([cut], succs)
