@@ -45,6 +45,8 @@ into their readers as any op does. (On the ``xla`` clock, the whole step as one 
 
 from __future__ import annotations
 
+import itertools
+
 from collections.abc import Callable, Mapping, Sequence
 
 from tflms.ir.names import is_clone, is_inserted
@@ -400,9 +402,10 @@ def _remapper_chains(net: IndexedGraph, order: Sequence[int], is_transfer: Seque
     this for every simulation."""
     types, out_start, dev, t_op, inputs = net.types, net.out_start, net.dev, net.t_op, net.inputs
     # (first the shape of a chain alone, a Relu reading a BiasAdd reading a Conv2D, by types: Keras 3 graphs have
-    # none, and then the readers need not be walked)
-    if not any(types[i] == "Relu" and inputs[i] and types[b := t_op[inputs[i][0]]] == "BiasAdd" and inputs[b]
-               and types[t_op[inputs[b][0]]] == "Conv2D" for i in order):
+    # none, and then the readers need not be walked; the Relus are found at C speed, in the order or not)
+    if not any(inputs[i] and types[b := t_op[inputs[i][0]]] == "BiasAdd" and inputs[b]
+               and types[t_op[inputs[b][0]]] == "Conv2D"
+               for i in itertools.compress(range(len(types)), map("Relu".__eq__, types))):
         return []
     convs = [i for i in order if types[i] == "Conv2D" and _spatial_float32_conv(net, i)]
     if not convs:
