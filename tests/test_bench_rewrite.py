@@ -56,3 +56,28 @@ def test_the_resnet_target_is_skipped_when_the_tune_needed_no_swapping(bench):
     assert target.status == "PASS" and "10.0x" in target.detail
     target = [c for c in bench.evaluate([record(fallback)])[1] if "ResNet-50" in c.name][0]
     assert target.status == "SKIP" and "nothing fits 0.38 GiB" in target.detail
+
+
+def test_the_tune_is_timed_as_the_rewrite_is_the_fastest_of_its_runs(bench, monkeypatch):
+    """``--repeat`` runs of the tune, the fastest kept (as the rewrite's), every run's time in ``tune_s_runs``; a
+    tune that chose another plan on a later run is an error, not a figure."""
+    import types
+
+    clock = iter([0.0, 3.0, 10.0, 11.0, 20.0, 22.0])
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(bench, "tune_budget", lambda graph: 1 << 30)
+    best = types.SimpleNamespace(params={"kept": 1}, sim=types.SimpleNamespace(step_time_s=0.5,
+                                                                               peak_with_margin_bytes=7),
+                                 plan=None, order=None)
+    result = types.SimpleNamespace(strategy="recompute", best=best, candidates=[best])
+    import tflms.tune
+    monkeypatch.setattr(tflms.tune, "tune", lambda graph, **kwargs: result)
+    record = bench.time_tune([], repeat=3)
+    assert record["tune_s_runs"] == [3.0, 1.0, 2.0] and record["tune_s"] == 1.0
+    assert record["tune_strategy"] == "recompute" and record["tune_params"] == {"kept": 1}
+    others = iter([result, types.SimpleNamespace(strategy="swap", best=best, candidates=[best])])
+    monkeypatch.setattr(tflms.tune, "tune", lambda graph, **kwargs: next(others))
+    clock = iter(range(100))
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
+    with pytest.raises(RuntimeError, match="not deterministic"):
+        bench.time_tune([], repeat=2)
