@@ -45,41 +45,25 @@ SEGMENT_SPLITS = (10,)
 #: they took the swap search from the split plan that wins (13.02 s) and fitted at 26.57 s (docs/design.md, "Swap or
 #: recompute", item 7).
 BALANCED_SLACKS = (1.0, 1.5)
-#: Simulations :func:`_relax` may take per ranking to bisect the counts its walk left unknown.
+#: Simulations :func:`_relax` may take per ranking.
 RELAX_BISECTIONS = 10
-#: Steps :func:`_relax` walks from its first count before it bisects: one op away, then 2, 4 and 8 (past the first
-#: count's prediction, 9 ops on ResNet-50 at tools/bench_rewrite.py's budget).
-RELAX_WALK = 4
 #: Rankings :func:`_relax` bisects: by each op's own re-run, and by what keeping it spares (:func:`kept_savings`).
 RELAX_RANKINGS = 2
 #: Simulations :func:`_fill` may take: its fill over each kept tensor's span, half of it where that does not fit,
 #: and the fill of the room at the peak alone.
 FILL_TRIALS = 3
-#: The most simulations :func:`_relax` takes for one plan: each ranking's first count, walk, bisection and fill.
-RELAX_TRIALS = RELAX_RANKINGS * (1 + RELAX_WALK + RELAX_BISECTIONS + FILL_TRIALS)
+#: The most simulations :func:`_relax` takes for one plan: each ranking bisected and filled.
+RELAX_TRIALS = RELAX_RANKINGS * (RELAX_BISECTIONS + FILL_TRIALS)
 #: Simulations the bisection of ``recompute="only"`` may take.
 ONLY_BISECTIONS = 8
 
 
 def _relax(ev: TuneEvaluator, times: Mapping[str, float], cand: Candidate, skipped: tuple) -> list[Candidate]:
     """The fastest fitting recompute plan with its dearest ops (re-run time per byte freed) kept instead, as many
-    as still fit: a search on how many, to one op. The memory the budget leaves is spent on not re-running matrix
-    products. (It stopped within a 64th of the ops until the twenty-eighth session: BERT-base's relaxed plan at 1568
-    on h200-141gb kept 195 ops at 112 GiB of 141, the next trial 213 at 282 GiB, the gap 18 ops of about 9 GiB each;
-    to one op, 1296.4 -> 1281.3 ms at 134 GiB.)
-
-    The search starts at the count the fit's memory timeline says still fits (:meth:`_Room.prefix`, each kept output
-    held over its life), walks from there one op, then 2, 4 and 8 (:data:`RELAX_WALK`), the way that first answer
-    points, and bisects what the walk leaves unknown (:data:`RELAX_BISECTIONS`). It bisected the whole ranking by
-    count until the thirty-seventh session: on ResNet-50 at tools/bench_rewrite.py's budget the first halves kept
-    per-channel vectors (batch norm's ``Rsqrt``, dear per byte, microseconds in all) and the four rankings took 32
-    simulations; from the timeline's counts (within 1 op of where the simulations put the boundary in three of
-    them, 9 in the fourth) they take 13. On the XLA clocks the search is still that bisection: there the pipeline
-    pins the winner's order, which cuts XLA's clusters and costs memory, and where the winner cannot be held
-    :func:`tflms.pipeline.held.held` runs the fastest fit with room for that; the bisection's halfway fits are
-    those (ResNet-50 on h100-80gb-pcie5 at 2560 and h200-141gb at 4480: a fit keeping 18 of the ops, held, against a
-    winner keeping 27-30 that needs 88 GiB pinned). Searched from the timeline's count, the fits near the
-    boundary left none with that room, and both cells ran their winners unpinned, with no guarantee.
+    as still fit: a bisection on how many, to one op (at most :data:`RELAX_BISECTIONS` simulations). The memory the
+    budget leaves is spent on not re-running matrix products. (It stopped within a 64th of the ops until the
+    twenty-eighth session: BERT-base's relaxed plan at 1568 on h200-141gb kept 195 ops at 112 GiB of 141, the next
+    trial 213 at 282 GiB, the gap 18 ops of about 9 GiB each; to one op, 1296.4 -> 1281.3 ms at 134 GiB.)
 
     What a re-run costs: on the XLA clocks, what its clones' kernels take in ``cand``'s own simulation
     (:func:`rerun_times`), since there a clone XLA fuses into its reader costs nothing and one written for a library
@@ -98,25 +82,21 @@ def _relax(ev: TuneEvaluator, times: Mapping[str, float], cand: Candidate, skipp
         if all(ops != other for other, _, _ in rankings):
             rankings.append((ops, saved, params))
     added: list[Candidate] = []
-    spread = cand.sim.clock in XLA_CLOCKS  # (the count bisection: its fits' spread of room, see the docstring)
-    room = None if spread else _Room(ev, cand)
     for ops, saved, params in rankings:
-        low, high, fit = 0, len(ops), cand  # keeping ``low`` fits (``fit``); keeping more than ``high`` does not
-        # way: +1 walking up, -1 down, 0 bisecting
-        probe, step, way = ((len(ops) + 1) // 2, 1, 0) if spread else (room.prefix(ops), 1, None)
-        for _ in range(RELAX_BISECTIONS if spread else 1 + RELAX_WALK + RELAX_BISECTIONS):
+        low, high, fit = 0, len(ops), cand  # keeping ``low`` fits (``fit``); keeping ``high`` is not known to
+        for _ in range(RELAX_BISECTIONS):
             if high - low <= 1:
                 break
-            probe = min(high, max(low + 1, probe))
-            trial = _judge_ops(ev, times, ops[probe:], skipped, {**cand.params, **params, "kept": probe})
-            added.extend([trial] if trial is not None else [])
-            went = 1 if trial is not None and trial.fits else -1
-            if went > 0:
-                low, fit = probe, trial
+            middle = (low + high + 1) // 2
+            trial = _judge_ops(ev, times, ops[middle:], skipped, {**cand.params, **params, "kept": middle})
+            if trial is None:
+                high = middle - 1
+                continue
+            added.append(trial)
+            if trial.fits:
+                low, fit = middle, trial
             else:
-                high = probe - 1
-            way = went if way is None else (way if way == went and step < 2 ** RELAX_WALK else 0)
-            probe, step = (probe + way * step, 2 * step) if way else ((low + high + 1) // 2, step)
+                high = middle - 1
         added.extend(_fill(ev, times, fit, ops, low, saved, skipped, {**cand.params, **params, "kept": low}))
     return added
 
@@ -148,19 +128,6 @@ class _Room:
         self.held[lo:hi] += size
         return True
 
-    def prefix(self, ops: list[str]) -> int:
-        """How many of ``ops``, kept in order, fit (nothing is kept): the count :func:`_relax` tries first. On
-        ResNet-50 at tools/bench_rewrite.py's budget the four rankings' counts were within 1 op of the simulated
-        boundary in three and 9 ops below it in the fourth."""
-        held = self.held.copy()
-        try:
-            for count, op in enumerate(ops):
-                if self.keep(op) is False:
-                    return count
-            return len(ops)
-        finally:
-            self.held = held
-
 
 def _fill(ev: TuneEvaluator, times: Mapping[str, float], fit: Candidate, ops: list[str], kept: int,
           saved: Mapping[str, float], skipped: tuple, params: dict) -> list[Candidate]:
@@ -175,7 +142,10 @@ def _fill(ev: TuneEvaluator, times: Mapping[str, float], fit: Candidate, ops: li
     (a kept tensor may raise another moment, and the step's times move); and one of the ops that fit in the room
     at the peak alone, in ranking order (its trial says ``peak: 1``), where those differ: the spans' fill keeps
     other ops, and does not win everywhere (BERT-base in float32 at 832 on h200-141gb: 1241.3 ms by the spans,
-    1239.2 by the room at the peak)."""
+    1239.2 by the room at the peak). Off the XLA clocks that last one is not judged where the spans' fill fits and
+    keeps every op it would: there each re-run is a kernel on the one compute stream, so the plan that re-runs more
+    computes no shorter (the tune of tools/bench_rewrite.py's ResNet-50: 43 simulations instead of 45, the same
+    plan)."""
     graph = ev.analysis.graph
     spans = _Room(ev, fit)
     if not len(spans.held):
