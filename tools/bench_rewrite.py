@@ -234,7 +234,8 @@ def time_tune(graph, enforce_order: bool = False, repeat: int = 1) -> dict[str, 
                 budget = memory
                 continue
             return {"tune_s": wall, "tune_cpu_s": cpu, "tune_s_runs": [wall], "tune_budget_bytes": budget,
-                    "tune_strategy": None, "tune_params": None, "tune_candidates": len(getattr(error, "candidates", ())),
+                    "tune_strategy": None, "tune_params": None,
+                    "tune_candidates": len(getattr(error, "candidates", ())),
                     "tune_swaps": None, "tune_step_time_s": None, "tune_peak_bytes": None,
                     "tune_error": str(error)}
         wall, cpu = min(runs)
@@ -260,7 +261,8 @@ def bench_synthetic(num_ops: int, args) -> Record:
     return Record(graph=f"mlp-{layers}", kind="synthetic", ops=len(graph), levels=result.analysis.num_levels,
                   swapped=result.report.num_swapped, timings_s=timings, gc_s=gc_timer.seconds,
                   gc_collections=gc_timer.collections, cpu_s=cpu,
-                  tune=time_tune(graph, args.tune_order, args.repeat) if args.tune and len(graph) <= args.tune_max_ops else None)
+                  tune=(time_tune(graph, args.tune_order, args.repeat)
+                        if args.tune and len(graph) <= args.tune_max_ops else None))
 
 
 def bench_resnet50(args) -> Record:
