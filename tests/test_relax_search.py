@@ -13,12 +13,14 @@ from tflms.testing import GraphBuilder
 from tflms.tune import recompute_sets
 
 
-def test_the_room_keeps_an_output_where_it_fits_over_its_life():
-    """``_Room.keep``: each kept output lives from its op's end to its backward reader (``_kept_spans``) and fits
-    where the memory held over that span, with what was kept before it, stays under the budget; one that does not
-    fit leaves the room as it was."""
+#: The fit's memory from 0 to 10 s: 2,000 bytes, 9,700 at the peak from 5 to 6, of a budget of 10,000.
+TIMELINE = ((0.0, 2000, 0), (5.0, 9700, 0), (6.0, 2000, 0), (10.0, 0, 0))
+
+
+def kept_fit(spans, clock=None):
+    """A recompute fit whose plan re-runs each op of ``spans`` (``{op: (bytes, end of the op, start of its backward
+    reader)}``) on :data:`TIMELINE`, and the evaluator the fill reads: ``(fit, ev)``."""
     b = GraphBuilder()
-    spans = {"a": (1000, 1.0, 4.0), "big": (4000, 2.0, 8.0), "b": (1500, 6.5, 9.0)}
     records, decisions = [], []
     for name, (size, made, read) in spans.items():
         b.op(name, "Placeholder", shape=(size // 4,))
@@ -26,9 +28,17 @@ def test_the_room_keeps_an_output_where_it_fits_over_its_life():
                     types.SimpleNamespace(name="grad_" + name, start_s=read, end_s=read + 0.1)]
         decisions.append(types.SimpleNamespace(ops=(name,), tensors=(TensorRef(name),), readers=(("grad_" + name,),),
                                                clones=("lms/recompute_" + name,)))
-    sim = types.SimpleNamespace(timeline=((0.0, 2000, 0), (5.0, 9700, 0), (6.0, 2000, 0), (10.0, 0, 0)), ops=records)
+    sim = types.SimpleNamespace(clock=clock, timeline=TIMELINE, ops=records)
     fit = types.SimpleNamespace(sim=sim, plan=types.SimpleNamespace(recomputes=decisions))
     ev = types.SimpleNamespace(analysis=types.SimpleNamespace(graph=b.graph), budget=10_000, need=lambda sim: 9_700)
+    return fit, ev
+
+
+def test_the_room_keeps_an_output_where_it_fits_over_its_life():
+    """``_Room.keep``: each kept output lives from its op's end to its backward reader (``_kept_spans``) and fits
+    where the memory held over that span, with what was kept before it, stays under the budget; one that does not
+    fit leaves the room as it was."""
+    fit, ev = kept_fit({"a": (1000, 1.0, 4.0), "big": (4000, 2.0, 8.0), "b": (1500, 6.5, 9.0)})
     room = recompute_sets._Room(ev, fit)
     held = room.held.copy()
     assert room.keep("big") is False and np.array_equal(room.held, held)  # over the peak: 4,000 in 300
@@ -43,19 +53,8 @@ def test_the_fill_skips_the_room_at_the_peak_where_the_larger_fill_fits_and_ever
     fill re-runs a superset of its ops: off the XLA clocks each re-run is a kernel on the one compute stream, so that
     plan computes no shorter and is not simulated. On the XLA clocks a clone may cost nothing (fused into its
     reader), and the peak's fill is judged as before."""
-    b = GraphBuilder()
-    spans = {"a": (1000, 1.0, 4.0), "d": (52, 1.0, 9.0)}  # a lives before the peak; d (52 bytes) fits at it
-    records, decisions = [], []
-    for name, (size, made, read) in spans.items():
-        b.op(name, "Placeholder", shape=(size // 4,))
-        records += [types.SimpleNamespace(name=name, start_s=made - 0.5, end_s=made),
-                    types.SimpleNamespace(name="grad_" + name, start_s=read, end_s=read + 0.1)]
-        decisions.append(types.SimpleNamespace(ops=(name,), tensors=(TensorRef(name),), readers=(("grad_" + name,),),
-                                               clones=("lms/recompute_" + name,)))
-    sim = types.SimpleNamespace(clock=clock, timeline=((0.0, 2000, 0), (5.0, 9700, 0), (6.0, 2000, 0), (10.0, 0, 0)),
-                                ops=records)
-    fit = types.SimpleNamespace(sim=sim, plan=types.SimpleNamespace(recomputes=decisions))
-    ev = types.SimpleNamespace(analysis=types.SimpleNamespace(graph=b.graph), budget=10_000, need=lambda sim: 9_700)
+    # a lives before the peak; d (52 bytes) fits at it
+    fit, ev = kept_fit({"a": (1000, 1.0, 4.0), "d": (52, 1.0, 9.0)}, clock)
     judged = []
 
     def judge(ev_, times, rerun, skipped, params):
@@ -67,3 +66,40 @@ def test_the_fill_skips_the_room_at_the_peak_where_the_larger_fill_fits_and_ever
     assert judged[0] == {"kept": 1, "filled": 2}  # a and d, over their lives
     assert [p.get("peak") for p in judged[1:]] == ([1] if peak_judged else [])
 
+
+def test_the_relaxation_fills_the_room_its_bisection_leaves_over_each_kept_tensors_life(monkeypatch):
+    """The bisection keeps a prefix of the ranking and stops at the first op that does not fit; the fill keeps the
+    later ops whose outputs fit, in ranking order: each kept output lives from its op's end to its last backward
+    reader, and fits where the memory held over that span, with what the fill kept before it, stays under the
+    budget. An output read before the peak or made after it is kept whatever its size at the peak; ones whose
+    keeping spares nothing are skipped. A fill that does not fit is judged again with its first half, once; and the
+    ops that fit in the room at the peak alone are judged too, where they differ."""
+    # op: (bytes, end of the op, start of its backward reader), the peak (9,700 of 10,000 bytes) from 5 to 6
+    spans = {"a": (1000, 1.0, 4.0), "big": (4000, 2.0, 8.0), "b": (1500, 6.5, 9.0), "free": (100, 1.0, 2.0),
+             "c": (1600, 1.0, 9.0), "d": (50, 1.0, 9.0), "e": (7500, 3.0, 3.5)}
+    fit, ev = kept_fit(spans)
+    sim, decisions = fit.sim, fit.plan.recomputes
+    ops = ["kept", *spans]  # the ranking; the bisection kept ops[:1]
+    saved = {op: 1.0 for op in ops}
+    saved["free"] = 0.0
+    judged = []
+
+    def judge(ev, times, rerun, skipped, params):
+        judged.append((frozenset(rerun), params))
+        return types.SimpleNamespace(fits=len(judged) > 1, sim=None)
+
+    monkeypatch.setattr(recompute_sets, "_judge_ops", judge)
+    added = recompute_sets._fill(ev, {}, fit, ops, 1, saved, (), {"kept": 1})
+    # a (read before the peak), not big (over it), b (made after it), not c (over it), d (50 fits in the 300 left
+    # at the peak), not e (7,500 where 2,000 and a's 1,000 are held: it alone would fit)
+    assert [params["filled"] for _, params in judged] == [3, 1, 1]
+    assert judged[0][0] == frozenset({"big", "free", "c", "e"})
+    assert judged[1][0] == frozenset({"big", "b", "free", "c", "d", "e"})  # then only the first half of them (a)
+    # and the ops that fit in the room at the peak alone (300 bytes: d)
+    assert judged[2] == (frozenset({"a", "big", "b", "free", "c", "e"}), {"kept": 1, "filled": 1, "peak": 1})
+    assert [trial.fits for trial in added] == [False, True, True]
+    spans_of = recompute_sets._kept_spans(sim, decisions)
+    assert spans_of["a"] == (1.0, 4.0) and spans_of["b"] == (6.5, 9.0)
+    judged.clear()
+    ev.need = lambda sim: 17_700  # no room left while any of them would live: nothing fits, nothing is judged
+    assert recompute_sets._fill(ev, {}, fit, ops, 1, saved, (), {}) == [] and not judged
