@@ -72,7 +72,13 @@ def _relax(ev: TuneEvaluator, times: Mapping[str, float], cand: Candidate, skipp
     it; those trials say ``"spares": 1``). Neither wins everywhere: the bytes a kept tensor holds are not the whole
     of its memory, since what the backward pass re-runs in its place is held while it runs (BERT-base at checkpointing's
     largest batch on h200-141gb, simulated: in mixed_bfloat16 at 1872 the second gives +12.6% against +14.1%, in
-    float32 at 832 the first +12.2% against +12.8%)."""
+    float32 at 832 the first +12.2% against +12.8%).
+
+    The bisection's halfway trials are not only steps: its misses are the hybrids' seeds (:mod:`tflms.tune.hybrid`)
+    and its fits the fallbacks :func:`tflms.pipeline.held.held` can pin. A search from the count the fit's memory
+    timeline predicts took 27 simulations instead of 45 on tools/bench_rewrite.py's tune, and chose worse plans
+    elsewhere (DenseNet-121 at 528 on v100-16gb-pcie3, +9.93% -> +12.32%; docs/design.md, "Where the search starts:
+    tried, not kept")."""
     graph = ev.analysis.graph
     rerun = rerun_times(cand.sim, cand.plan.recomputes) if cand.sim.clock in XLA_CLOCKS else times
     own = {op: rerun.get(op, 0.0) for r in cand.plan.recomputes for op in r.ops}
