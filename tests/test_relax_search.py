@@ -1,11 +1,10 @@
-"""The relaxation's fill (tflms.tune.recompute_sets._fill): what its room holds (``_Room``), and the judgment it
-can skip."""
+"""The relaxation's fill (tflms.tune.recompute_sets._fill): what it keeps over each kept tensor's life, and the
+judgment it can skip."""
 
 from __future__ import annotations
 
 import types
 
-import numpy as np
 import pytest
 
 from tflms.ir.graph import TensorRef
@@ -32,18 +31,6 @@ def kept_fit(spans, clock=None):
     fit = types.SimpleNamespace(sim=sim, plan=types.SimpleNamespace(recomputes=decisions))
     ev = types.SimpleNamespace(analysis=types.SimpleNamespace(graph=b.graph), budget=10_000, need=lambda sim: 9_700)
     return fit, ev
-
-
-def test_the_room_keeps_an_output_where_it_fits_over_its_life():
-    """``_Room.keep``: each kept output lives from its op's end to its backward reader (``_kept_spans``) and fits
-    where the memory held over that span, with what was kept before it, stays under the budget; one that does not
-    fit leaves the room as it was."""
-    fit, ev = kept_fit({"a": (1000, 1.0, 4.0), "big": (4000, 2.0, 8.0), "b": (1500, 6.5, 9.0)})
-    room = recompute_sets._Room(ev, fit)
-    held = room.held.copy()
-    assert room.keep("big") is False and np.array_equal(room.held, held)  # over the peak: 4,000 in 300
-    assert room.keep("a") is True and room.keep("b") is True  # before the peak, after it
-    assert room.held.tolist() == [3000, 9700, 3500, 0]
 
 
 @pytest.mark.parametrize("clock, peak_judged", [("serial", False), ("graph", False), ("xla-clusters", True)])

@@ -46,7 +46,6 @@ into their readers as any op does. (On the ``xla`` clock, the whole step as one 
 from __future__ import annotations
 
 import itertools
-
 from collections.abc import Callable, Mapping, Sequence
 
 from tflms.ir.names import is_clone, is_inserted

@@ -76,9 +76,9 @@ def _relax(ev: TuneEvaluator, times: Mapping[str, float], cand: Candidate, skipp
 
     The bisection's halfway trials are not only steps: its misses are the hybrids' seeds (:mod:`tflms.tune.hybrid`)
     and its fits the fallbacks :func:`tflms.pipeline.held.held` can pin. A search from the count the fit's memory
-    timeline predicts took 27 simulations instead of 45 on tools/bench_rewrite.py's tune, and chose worse plans
-    elsewhere (DenseNet-121 at 528 on v100-16gb-pcie3, +9.93% -> +12.32%; docs/design.md, "Where the search starts:
-    tried, not kept")."""
+    timeline predicts took 27 simulations instead of 45 on tools/bench_rewrite.py's tune (scratch counts), and
+    chose worse plans elsewhere (DenseNet-121 at 528 on v100-16gb-pcie3, +9.93% -> +12.32%; docs/design.md, "Where
+    the search starts: tried, not kept")."""
     graph = ev.analysis.graph
     rerun = rerun_times(cand.sim, cand.plan.recomputes) if cand.sim.clock in XLA_CLOCKS else times
     own = {op: rerun.get(op, 0.0) for r in cand.plan.recomputes for op in r.ops}
@@ -107,34 +107,6 @@ def _relax(ev: TuneEvaluator, times: Mapping[str, float], cand: Candidate, skipp
     return added
 
 
-class _Room:
-    """The memory ``fit``'s simulation holds over time, and what keeping outputs its plan re-runs would add to it:
-    an output kept lives from its op's end to its last backward reader (:func:`_kept_spans`), and fits where the
-    memory held over that span, plus what was kept before it, stays under the budget. (It does not count the
-    clone the kept output replaces, nor the times that move: an estimate, which the simulation then judges.)"""
-
-    def __init__(self, ev: TuneEvaluator, fit: Candidate):
-        self.graph = ev.analysis.graph
-        self.moments = np.array([t for t, _, _ in fit.sim.timeline], dtype=float)
-        self.held = np.array([b for _, b, _ in fit.sim.timeline], dtype=np.int64)
-        self.limit = int(self.held.max(initial=0)) + ev.budget - ev.need(fit.sim)
-        self.spans = _kept_spans(fit.sim, fit.plan.recomputes)
-
-    def keep(self, op: str) -> bool | None:
-        """Keep ``op``'s output if it fits (whether it did); ``None`` where its span is not known or it holds
-        nothing."""
-        size = output_bytes(self.graph, op)
-        if op not in self.spans or not size or not len(self.held):
-            return None
-        first, last = self.spans[op]
-        lo = max(0, int(np.searchsorted(self.moments, first, side="right")) - 1)
-        hi = max(lo + 1, int(np.searchsorted(self.moments, last, side="right")))
-        if int(self.held[lo:hi].max()) + size > self.limit:
-            return False
-        self.held[lo:hi] += size
-        return True
-
-
 def _fill(ev: TuneEvaluator, times: Mapping[str, float], fit: Candidate, ops: list[str], kept: int,
           saved: Mapping[str, float], skipped: tuple, params: dict) -> list[Candidate]:
     """The relaxation's fit (``fit``, keeping ``ops[:kept]``) with the room it leaves under the budget spent too: the
@@ -150,13 +122,16 @@ def _fill(ev: TuneEvaluator, times: Mapping[str, float], fit: Candidate, ops: li
     other ops, and does not win everywhere (BERT-base in float32 at 832 on h200-141gb: 1241.3 ms by the spans,
     1239.2 by the room at the peak). Off the XLA clocks that last one is not judged where the spans' fill fits and
     keeps every op it would: there each re-run is a kernel on the one compute stream, so the plan that re-runs more
-    computes no shorter (the tune of tools/bench_rewrite.py's ResNet-50: 43 simulations instead of 45, the same
-    plan)."""
+    computes no shorter (the tune of tools/bench_rewrite.py's ResNet-50: 43 simulations instead of 45, counted by a
+    scratch script, the same plan)."""
     graph = ev.analysis.graph
-    spans = _Room(ev, fit)
-    if not len(spans.held):
+    moments = np.array([t for t, _, _ in fit.sim.timeline], dtype=float)
+    held = np.array([b for _, b, _ in fit.sim.timeline], dtype=np.int64)
+    if not len(held):
         return []
     room = ev.budget - ev.need(fit.sim)
+    limit = int(held.max()) + room
+    spans = _kept_spans(fit.sim, fit.plan.recomputes)
     over_spans: list[str] = []
     at_peak: list[str] = []
     for op in ops[kept:]:
@@ -166,8 +141,13 @@ def _fill(ev: TuneEvaluator, times: Mapping[str, float], fit: Candidate, ops: li
         if size <= room:
             at_peak.append(op)
             room -= size
-        if spans.keep(op):
-            over_spans.append(op)
+        if op in spans:
+            first, last = spans[op]
+            lo = max(0, int(np.searchsorted(moments, first, side="right")) - 1)
+            hi = max(lo + 1, int(np.searchsorted(moments, last, side="right")))
+            if int(held[lo:hi].max()) + size <= limit:
+                held[lo:hi] += size
+                over_spans.append(op)
     added: list[Candidate] = []
     judged: list[list[str]] = []
 
