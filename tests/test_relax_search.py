@@ -1,5 +1,5 @@
-"""The relaxation's fill (tflms.tune.recompute_sets._fill): what it keeps over each kept tensor's life, and the
-judgment it can skip."""
+"""The relaxation (tflms.tune.recompute_sets): where its bisection stops, and its fill (``_fill``): what it keeps over
+each kept tensor's life, and the judgment it can skip."""
 
 from __future__ import annotations
 
@@ -90,3 +90,44 @@ def test_the_relaxation_fills_the_room_its_bisection_leaves_over_each_kept_tenso
     judged.clear()
     ev.need = lambda sim: 17_700  # no room left while any of them would live: nothing fits, nothing is judged
     assert recompute_sets._fill(ev, {}, fit, ops, 1, saved, (), {}) == [] and not judged
+
+
+@pytest.mark.parametrize("clock", ["graph", "serial", "xla-clusters"])
+@pytest.mark.parametrize("ranked, fitting", [(100, 37), (100, 0), (100, 100), (20, 13), (507, 239)])
+def test_the_bisection_narrows_to_a_sixteenth_of_the_ranking_off_the_xla_clocks_and_leaves_the_rest_to_the_fill(
+        monkeypatch, clock, ranked, fitting):
+    """Off the XLA clocks the relaxation bisects on how many of its ranking to keep until the counts it has not ruled
+    out span at most a 16th of the ranking (one op on rankings under 32 ops), in at most four trials; the fill starts
+    from the largest count that fitted. On the XLA clocks it bisects to one op, as every clock did until the
+    thirty-eighth session: there its fits near the boundary are the fallbacks the pipeline holds to the budget when
+    the winner's order cannot be (:func:`tflms.pipeline.held.held`, which runs for a step that keeps XLA only)."""
+    spans = {f"op{k:03d}": (4, 1.0, 9.0) for k in range(ranked)}
+    fit, ev = kept_fit(spans, clock)
+    cand = types.SimpleNamespace(sim=fit.sim, plan=fit.plan, params={"price": 1.0}, fits=True)
+    times = {op: 1.0 + k for k, op in enumerate(spans)}  # dearest per byte last: the ranking is the ops reversed
+    monkeypatch.setattr(recompute_sets, "rerun_times", lambda sim, decisions: times)  # (the XLA clocks' re-run times)
+    trials, filled = [], []
+
+    def judge(ev_, times_, rerun, skipped, params):
+        trials.append(params["kept"])
+        return types.SimpleNamespace(fits=params["kept"] <= fitting, params=params)
+
+    def fill(ev_, times_, fit_, ops, kept, saved, skipped, params):
+        filled.append((kept, fit_.params.get("kept"), len(ops)))
+        return []
+
+    monkeypatch.setattr(recompute_sets, "_judge_ops", judge)
+    monkeypatch.setattr(recompute_sets, "_fill", fill)
+    recompute_sets._relax(ev, times, cand, ())
+    xla = clock == "xla-clusters"
+    assert len(trials) <= (recompute_sets.RELAX_BISECTIONS if xla else 4)
+    assert trials[0] == (ranked + 1) // 2  # the first trial halves the ranking
+    (kept, fit_kept, length), = filled  # one ranking: each op spares only its own re-run
+    assert length == ranked and kept <= fitting
+    assert fit_kept == (kept or None)  # the fill starts from the trial that fitted (the plan itself for none)
+    # what the bisection did not rule out: from the count that fitted to the first that did not
+    high = min([k for k in trials if k > fitting], default=ranked + 1) - 1
+    assert high - kept <= (1 if xla else max(1, ranked // recompute_sets.RELAX_RESOLUTION))
+    assert all(k <= kept or k > fitting for k in trials)
+    if xla:
+        assert fitting - kept <= 1  # (the last count left open is not judged: the fill may keep it)

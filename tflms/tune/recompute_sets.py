@@ -47,6 +47,10 @@ SEGMENT_SPLITS = (10,)
 BALANCED_SLACKS = (1.0, 1.5)
 #: Simulations :func:`_relax` may take per ranking.
 RELAX_BISECTIONS = 10
+#: Off the XLA clocks :func:`_relax`'s bisection stops once the counts it has not ruled out span at most this
+#: fraction of the ranking (``1 / RELAX_RESOLUTION``; one op on rankings shorter than that), and :func:`_fill` keeps
+#: what fits of the rest: four trials at most (each halves the counts left; under 32 ops, 31 -> 15 -> 7 -> 3 -> 1).
+RELAX_RESOLUTION = 16
 #: Rankings :func:`_relax` bisects: by each op's own re-run, and by what keeping it spares (:func:`kept_savings`).
 RELAX_RANKINGS = 2
 #: Simulations :func:`_fill` may take: its fill over each kept tensor's span, half of it where that does not fit,
@@ -60,10 +64,19 @@ ONLY_BISECTIONS = 8
 
 def _relax(ev: TuneEvaluator, times: Mapping[str, float], cand: Candidate, skipped: tuple) -> list[Candidate]:
     """The fastest fitting recompute plan with its dearest ops (re-run time per byte freed) kept instead, as many
-    as still fit: a bisection on how many, to one op (at most :data:`RELAX_BISECTIONS` simulations). The memory the
-    budget leaves is spent on not re-running matrix products. (It stopped within a 64th of the ops until the
-    twenty-eighth session: BERT-base's relaxed plan at 1568 on h200-141gb kept 195 ops at 112 GiB of 141, the next
-    trial 213 at 282 GiB, the gap 18 ops of about 9 GiB each; to one op, 1296.4 -> 1281.3 ms at 134 GiB.)
+    as still fit: a bisection on how many, then :func:`_fill` with the room left. The memory the budget leaves is
+    spent on not re-running matrix products. On the XLA clocks the bisection goes to one op (at most
+    :data:`RELAX_BISECTIONS` simulations): its fits near the boundary are the fallbacks
+    :func:`tflms.pipeline.held.held` holds where the winner's order cannot be, which it does for a step that keeps
+    XLA only. (It stopped within a 64th of the ops until the twenty-eighth session: BERT-base's relaxed plan at 1568
+    on h200-141gb kept 195 ops at 112 GiB of 141, the next trial 213 at 282 GiB, the gap 18 ops of about 9 GiB each;
+    to one op, 1296.4 -> 1281.3 ms at 134 GiB. A 16th there left ResNet-50 at 2560 on h100-80gb-pcie5 and at 4480
+    on h200-141gb with no fit that pinning holds, run unpinned, and a slower winner: 1801.5 against 1783.2 ms at
+    2560.) Elsewhere it stops at a 16th of the ranking
+    (:data:`RELAX_RESOLUTION`, four trials at most), since the fill keeps what fits of the rest from the fit's own
+    memory timeline (thirty-eighth session; tools/bench_rewrite.py's tune: 43 -> 30 simulations, 2.17 -> 1.74 s, and
+    a faster plan, 206.60 -> 201.35 ms; BERT-base at 67 on v100-16gb-pcie3 +14.89% -> +11.58%, its tune 5.6 ->
+    15.7 s, as the farther misses get swap tunes; docs/design.md, "Relaxation").
 
     What a re-run costs: on the XLA clocks, what its clones' kernels take in ``cand``'s own simulation
     (:func:`rerun_times`), since there a clone XLA fuses into its reader costs nothing and one written for a library
@@ -90,8 +103,9 @@ def _relax(ev: TuneEvaluator, times: Mapping[str, float], cand: Candidate, skipp
     added: list[Candidate] = []
     for ops, saved, params in rankings:
         low, high, fit = 0, len(ops), cand  # keeping ``low`` fits (``fit``); keeping ``high`` is not known to
+        resolution = 1 if cand.sim.clock in XLA_CLOCKS else max(1, len(ops) // RELAX_RESOLUTION)
         for _ in range(RELAX_BISECTIONS):
-            if high - low <= 1:
+            if high - low <= resolution:
                 break
             middle = (low + high + 1) // 2
             trial = _judge_ops(ev, times, ops[middle:], skipped, {**cand.params, **params, "kept": middle})
