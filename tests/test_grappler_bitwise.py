@@ -432,32 +432,19 @@ def test_pre_pass_makes_grappler_accumulators_and_pins_their_order(monkeypatch):
 
 
 @pytest.mark.slow
-def test_pre_pass_describes_the_cpu_as_tensorflow_does_and_takes_instantiations_accumulators(monkeypatch):
+def test_pre_pass_takes_instantiations_accumulators_where_the_cost_model_tips_otherwise(monkeypatch):
     """Issue 30: grappler's memory optimizer decides on an accumulator from a schedule its cost model predicts with
     the CPU's cores x frequency. The pre-pass read the frequency from /proc/cpuinfo's 'cpu MHz' line, TensorFlow
     reads half the bogomips: where they differed, tflms's step summed an AddN in an accumulator the user's did not
     have (ResNet50 at 96x96: 319 of 320 weights differed). Now the pre-pass describes each CPU with TensorFlow's own
-    figures. Those alone do not make its decision instantiation's: the decision is not monotonic in the figures
+    figures (tests/test_compat.py). Those alone do not make its decision instantiation's: the decision is not monotonic in the figures
     (this model here: an accumulator at 2300 and 4000 MHz, none at 2596 and 3600) and small differences between the
     pre-pass's graph and instantiation's tip it (CI's machine, 2026-12-01: TensorFlow made one, the unchecked
     pre-pass none). So the step tflms rewrites takes the accumulators TensorFlow's own run made (the ``ran``
     check): here at the real figures, and at a frequency where the unchecked pre-pass decides otherwise."""
-    from tensorflow.python.grappler import cluster as gcluster
-
     from tflms._compat import grappler as compat_grappler
     from tflms.measure.accumulations import instantiated_accumulators
     from tflms.testing import record_run_metadata
-    local = gcluster.Cluster()  # TensorFlow's own description of this machine, as at instantiation
-    try:
-        tensorflows = {d.name: d.properties for d in local.ListDevices() if d.properties.type == "CPU"}
-    finally:
-        local.Shutdown()
-    for named in compat_grappler._named_devices():
-        if named.properties.type == "CPU":
-            own = next(iter(tensorflows.values()))
-            assert named.properties.frequency == own.frequency and named.properties.num_cores == own.num_cores, (
-                named.name, named.properties, own)
-            assert named.properties.memory_size == compat_grappler.CPU_DEVICE_MEMORY_LIMIT, named
     keras.utils.set_random_seed(0)
     model = keras.applications.ResNet50(weights=None, input_shape=(96, 96, 3), classes=5,
                                         classifier_activation=None)
