@@ -437,11 +437,11 @@ def test_pre_pass_takes_instantiations_accumulators_where_the_cost_model_tips_ot
     the CPU's cores x frequency. The pre-pass read the frequency from /proc/cpuinfo's 'cpu MHz' line, TensorFlow
     reads half the bogomips: where they differed, tflms's step summed an AddN in an accumulator the user's did not
     have (ResNet50 at 96x96: 319 of 320 weights differed). Now the pre-pass describes each CPU with TensorFlow's own
-    figures (tests/test_compat.py). Those alone do not make its decision instantiation's: the decision is not monotonic in the figures
-    (this model here: an accumulator at 2300 and 4000 MHz, none at 2596 and 3600) and small differences between the
-    pre-pass's graph and instantiation's tip it (CI's machine, 2026-12-01: TensorFlow made one, the unchecked
-    pre-pass none). So the step tflms rewrites takes the accumulators TensorFlow's own run made (the ``ran``
-    check): here at the real figures, and at a frequency where the unchecked pre-pass decides otherwise."""
+    figures (tests/test_compat.py). Those alone do not make its decision instantiation's: the decision is not
+    monotonic in the figures (this model here: an accumulator at 2300 and 4000 MHz, none at 2596 and 3600), and
+    small differences between the pre-pass's graph and instantiation's tip it (CI's machine, 2026-12-01:
+    TensorFlow made one, the unchecked pre-pass none). So the step tflms rewrites takes the accumulators
+    TensorFlow's own run made (the ``ran`` check): here at the real figures, and at a frequency where the unchecked pre-pass decides otherwise."""
     from tflms._compat import grappler as compat_grappler
     from tflms.measure.accumulations import instantiated_accumulators
     from tflms.testing import record_run_metadata
