@@ -441,7 +441,8 @@ def test_pre_pass_takes_instantiations_accumulators_where_the_cost_model_tips_ot
     monotonic in the figures (this model here: an accumulator at 2300 and 4000 MHz, none at 2596 and 3600), and
     small differences between the pre-pass's graph and instantiation's tip it (CI's machine, 2026-12-01:
     TensorFlow made one, the unchecked pre-pass none). So the step tflms rewrites takes the accumulators
-    TensorFlow's own run made (the ``ran`` check): here at the real figures, and at a frequency where the unchecked pre-pass decides otherwise."""
+    TensorFlow's own run made (the ``ran`` check): here at the real figures, and at a frequency where the
+    unchecked pre-pass decides otherwise."""
     from tflms._compat import grappler as compat_grappler
     from tflms.measure.accumulations import instantiated_accumulators
     from tflms.testing import record_run_metadata
