@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from tflms.errors import ConfigError
+from tflms.errors import BudgetError, ConfigError
 from tflms.sim import HardwareProfile, SimOptions, simulate
 from tflms.sim.clock import XLA_MIN_KERNEL_S
 from tflms.testing import GraphBuilder
@@ -342,3 +342,39 @@ def test_a_clones_floor_is_its_kernel_or_its_launch_on_the_graph_clock():
     assert floor == pytest.approx(max(3.0 + 1.1, 3.5 + 0.5 + 0.1), rel=1e-6)
     # serial: the prices, launches included, on top of the compute time
     assert compute_floor_s(base, times, [clone]) == pytest.approx(3.5 + 2.1, rel=1e-6)
+
+
+def test_the_graph_clocks_one_pass_gives_the_two_passes_figures_in_every_plan_of_a_tune(monkeypatch):
+    """``graph_kernels`` (one pass, each op's pair kept across a tune's simulations) against what it replaced,
+    ``asynchronous`` of the ops' prices: every candidate of a tune that re-runs ops (clones appended under ids another
+    plan gave other ops) and swaps them simulates to the same bytes and seconds."""
+    from test_recompute import _residual_bn_32
+
+    from tflms.sim import clock, get_profile
+    from tflms.tune import tune
+
+    graph = _residual_bn_32()[-1]
+    profile = get_profile("v100-16gb-pcie3")
+    base = simulate(graph, profile)
+    assert base.clock == clock.CLOCK_GRAPH
+    budget = base.resident_bytes + base.transient_peak_bytes // 2
+
+    def figures():
+        try:
+            candidates = tune(graph, budget=budget, profile=profile,
+                              strategies=["idle-time", "tflms-distance", "recompute"]).candidates
+        except BudgetError as err:  # (every candidate was simulated all the same)
+            candidates = err.candidates
+        return [(c.strategy, repr(c.params), c.sim.step_time_s, c.sim.peak_bytes, c.sim.stall_time_s,
+                 bytes(c.sim.details.start)) for c in candidates]
+
+    one_pass = figures()
+    assert {"recompute", "hybrid"} <= {s for s, *_ in one_pass}, sorted({s for s, *_ in one_pass})
+
+    def two_passes(net, order, is_transfer, costs, profile):
+        priced = clock.op_durations(net, order, is_transfer, costs, profile)
+        kernels = clock.Kernels(clock.CLOCK_GRAPH, priced, [0.0] * len(priced), sum(1 for d in priced if d > 0))
+        return clock.asynchronous(kernels, net, profile, costs)
+
+    monkeypatch.setattr(clock, "graph_kernels", two_passes)
+    assert figures() == one_pass

@@ -143,6 +143,44 @@ def asynchronous(kernels: Kernels, net: IndexedGraph, profile: HardwareProfile, 
     return kernels
 
 
+def graph_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
+                  profile: HardwareProfile) -> Kernels:
+    """The ``graph`` clock's kernels of a step grappler's GPU remapper fuses nothing of: :func:`asynchronous` of
+    :func:`serial_kernels`, the same figures in one pass over the order. Each op's pair (time on the stream, launch)
+    is worked out once per op and kept with ``costs`` (:meth:`OpCosts.graph_clock_memo`): a tune simulates the same
+    ops in every plan, and these two loops were an eighth of each simulation."""
+    n = len(net.names)
+    duration, launch = [0.0] * n, [0.0] * n
+    times, src_ops, dev, types = costs._times, net.src_ops, net.dev, net.types
+    memo, launches = costs.graph_clock_memo(), costs.launches_memo()
+    launch_s = profile.launch_overhead_s
+    count = 0
+    for i in order:
+        if is_transfer[i] or dev[i] != ACCEL:
+            continue
+        src = src_ops[i]
+        if src is not None:
+            hit = memo.get(i)
+            if hit is None or hit[0] is not src:  # (an id a plan appended may be another op in the next plan)
+                t = times.get(i)
+                if t is None:
+                    t = costs.time_s(i, src)
+                if t > 0 and types[i] not in FREE_OPS:
+                    known = launches.get(i)
+                    host = known[1] if known is not None and known[0] is src else costs.launches_s(i, src, launch_s)
+                    hit = memo[i] = (src, t - min(host, t), host, True)
+                else:
+                    hit = memo[i] = (src, t, 0.0, t > 0)
+            _, duration[i], launch[i], priced = hit
+            count += priced
+        elif types[i] not in FREE_OPS:  # (a free op the simulator or a plan added costs nothing)
+            t = op_time_s(net.graph, _synthetic_op(net, i), profile)
+            if t > 0:
+                duration[i], launch[i] = t - min(launch_s, t), launch_s
+                count += 1
+    return Kernels(CLOCK_GRAPH, duration, launch, count)
+
+
 def kernels_for(mode: str, net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
                 profile: HardwareProfile, outputs: Sequence[int], options: SimOptions | None = None) -> Kernels:
     """The :class:`Kernels` of ``net`` under clock ``mode`` (resolved, see :func:`resolve_clock`). The
@@ -151,6 +189,8 @@ def kernels_for(mode: str, net: IndexedGraph, order: Sequence[int], is_transfer:
         return serial_kernels(net, order, is_transfer, costs, profile)
     from tflms.sim import fusion  # noqa: PLC0415 - fusion imports this module
     if mode == CLOCK_GRAPH:
+        if not fusion.may_fuse_on_gpu(net):
+            return graph_kernels(net, order, is_transfer, costs, profile)
         kernels = fusion.remapper_kernels(net, order, is_transfer, costs, profile, outputs)
         return asynchronous(kernels, net, profile, costs)
     if mode == CLOCK_XLA:

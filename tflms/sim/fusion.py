@@ -394,17 +394,23 @@ def _spatial_float32_conv(net: IndexedGraph, conv: int) -> bool:
             and (shape[0] or 1) * (shape[1] or 1) > 1)
 
 
+def may_fuse_on_gpu(net: IndexedGraph) -> bool:
+    """Whether ``net`` has the shape of a chain grappler's GPU remapper fuses (:func:`_remapper_chains`): a Relu
+    reading a BiasAdd reading a Conv2D, by types alone. Keras 3 graphs have none, and then no reader need be
+    walked; the Relus are found at C speed."""
+    types, t_op, inputs = net.types, net.t_op, net.inputs
+    return any(inputs[i] and types[b := t_op[inputs[i][0]]] == "BiasAdd" and inputs[b]
+               and types[t_op[inputs[b][0]]] == "Conv2D"
+               for i in itertools.compress(range(len(types)), map("Relu".__eq__, types)))
+
+
 def _remapper_chains(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool],
                      outputs: Sequence[int]) -> list[tuple[int, int, int]]:
     """``(conv, bias_add, relu)`` chains grappler's GPU remapper fuses into ``_FusedConv2D`` (module doc). One pass
     over the order's edges, reading only the readers of the candidate convolutions and bias adds: the tuner runs
     this for every simulation."""
-    types, out_start, dev, t_op, inputs = net.types, net.out_start, net.dev, net.t_op, net.inputs
-    # (first the shape of a chain alone, a Relu reading a BiasAdd reading a Conv2D, by types: Keras 3 graphs have
-    # none, and then the readers need not be walked; the Relus are found at C speed, in the order or not)
-    if not any(inputs[i] and types[b := t_op[inputs[i][0]]] == "BiasAdd" and inputs[b]
-               and types[t_op[inputs[b][0]]] == "Conv2D"
-               for i in itertools.compress(range(len(types)), map("Relu".__eq__, types))):
+    types, out_start, dev = net.types, net.out_start, net.dev
+    if not may_fuse_on_gpu(net):
         return []
     convs = [i for i in order if types[i] == "Conv2D" and _spatial_float32_conv(net, i)]
     if not convs:

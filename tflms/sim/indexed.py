@@ -253,6 +253,11 @@ class OpCosts:
         """:meth:`launches_s`' memo: op id -> (the op priced, its launch seconds)."""
         return self.__dict__.setdefault("_launches", {})
 
+    def graph_clock_memo(self) -> dict[int, tuple[Op, float, float, bool]]:
+        """:func:`~tflms.sim.clock.graph_kernels`' memo: op id -> (the op priced, its time on the stream, its host
+        launch seconds, whether it is a kernel)."""
+        return self.__dict__.setdefault("_graph_clock", {})
+
     def launches_s(self, op_id: int, op, launch_s: float) -> float:
         """The host's launch time of op ``op_id`` (``op``): ``launch_s`` per kernel it launches
         (:func:`~tflms.sim.cost.op_launches`), computed once per op, as :meth:`time_s` is."""

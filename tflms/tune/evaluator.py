@@ -359,7 +359,8 @@ class PlanEvaluator:
         times = costs._times = dict(self._costs._times)
         if times and max(times) >= n_base:  # (an id past the base's is another op in each plan)
             times = costs._times = {i: t for i, t in times.items() if i < n_base}
-        costs._launches = self._costs.__dict__.setdefault("_launches", {})  # (checked by op: shared safely)
+        costs._launches = self._costs.launches_memo()  # (checked by op: shared safely)
+        costs._graph_clock = self._costs.graph_clock_memo()  # (the same)
         new_ids: dict[str, int] = {}
 
         def tensor(ref: TensorRef) -> int:
