@@ -432,6 +432,7 @@ def test_pre_pass_makes_grappler_accumulators_and_pins_their_order(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.real_model
 def test_pre_pass_takes_instantiations_accumulators_where_the_cost_model_tips_otherwise(monkeypatch):
     """Issue 30: grappler's memory optimizer decides on an accumulator from a schedule its cost model predicts with
     the CPU's cores x frequency. The pre-pass read the frequency from /proc/cpuinfo's 'cpu MHz' line, TensorFlow
