@@ -151,9 +151,8 @@ def graph_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence
     ops in every plan, and these two loops were an eighth of each simulation."""
     n = len(net.names)
     duration, launch = [0.0] * n, [0.0] * n
-    times, src_ops, dev, types = costs._times, net.src_ops, net.dev, net.types
-    memo, launches = costs.graph_clock_memo(), costs.launches_memo()
-    launch_s = profile.launch_overhead_s
+    src_ops, dev, types = net.src_ops, net.dev, net.types
+    memo, launch_s = costs.graph_clock_memo(), profile.launch_overhead_s
     count = 0
     for i in order:
         if is_transfer[i] or dev[i] != ACCEL:
@@ -162,12 +161,9 @@ def graph_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence
         if src is not None:
             hit = memo.get(i)
             if hit is None or hit[0] is not src:  # (an id a plan appended may be another op in the next plan)
-                t = times.get(i)
-                if t is None:
-                    t = costs.time_s(i, src)
+                t = costs.time_s(i, src)
                 if t > 0 and types[i] not in FREE_OPS:
-                    known = launches.get(i)
-                    host = known[1] if known is not None and known[0] is src else costs.launches_s(i, src, launch_s)
+                    host = costs.launches_s(i, src, launch_s)
                     hit = memo[i] = (src, t - min(host, t), host, True)
                 else:
                     hit = memo[i] = (src, t, 0.0, t > 0)
