@@ -8,6 +8,7 @@ import types
 import pytest
 
 from tflms.ir.graph import TensorRef
+from tflms.sim.records import SimResult
 from tflms.testing import GraphBuilder
 from tflms.tune import recompute_sets
 
@@ -27,7 +28,8 @@ def kept_fit(spans, clock=None):
                     types.SimpleNamespace(name="grad_" + name, start_s=read, end_s=read + 0.1)]
         decisions.append(types.SimpleNamespace(ops=(name,), tensors=(TensorRef(name),), readers=(("grad_" + name,),),
                                                clones=("lms/recompute_" + name,)))
-    sim = types.SimpleNamespace(clock=clock, timeline=TIMELINE, ops=records)
+    sim = types.SimpleNamespace(clock=clock, timeline=TIMELINE, ops=records, details=None)
+    sim.op_spans = lambda stream=None: SimResult.op_spans(sim, stream)  # (from the records: no arrays here)
     fit = types.SimpleNamespace(sim=sim, plan=types.SimpleNamespace(recomputes=decisions))
     ev = types.SimpleNamespace(analysis=types.SimpleNamespace(graph=b.graph), budget=10_000, need=lambda sim: 9_700)
     return fit, ev

@@ -61,6 +61,25 @@ def test_views_are_built_when_read_and_again_after_release(graph):
     assert plan_step(sim).lower_bound_bytes + sim.resident_bytes == sim.peak_bytes
 
 
+def test_op_spans_are_the_ops_view_by_name_without_building_it(graph):
+    """``SimResult.op_spans``: each op's (start, end) as the ``ops`` view has it, by name and by stream, read from the
+    arrays (no view built); a result without arrays answers from its records."""
+    import dataclasses
+
+    swapped = tflms.rewrite(graph, accelerator_device="/device:GPU:0", swapout_threshold=1).graph
+    sim = simulate(swapped, PROFILE)
+    spans = sim.op_spans()
+    assert built(sim) == set()
+    records = tuple(sim.ops)
+    assert spans == {r.name: (r.start_s, r.end_s) for r in records}
+    streams = {r.stream for r in records}
+    assert {"compute", "h2d", "d2h"} <= streams, streams
+    for stream in streams:
+        assert sim.op_spans(stream) == {r.name: (r.start_s, r.end_s) for r in records if r.stream == stream}
+    bare = dataclasses.replace(sim, details=None, ops=records)
+    assert bare.op_spans() == spans and bare.op_spans("d2h") == sim.op_spans("d2h")
+
+
 def test_a_simulation_pickles_with_its_views(graph):
     sim = simulate(graph, PROFILE)
     copy = pickle.loads(pickle.dumps(sim))

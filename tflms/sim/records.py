@@ -255,6 +255,19 @@ class SimResult:
         if self.details is not None:
             self.details.release()
 
+    def op_spans(self, stream: str | None = None) -> dict[str, tuple[float, float]]:
+        """By op name, when it ran, ``(start_s, end_s)``: what :attr:`ops` holds for the loops that look ops up by
+        name, without its records or its sort (built from :attr:`details` where there are some); ``stream`` (one of
+        :data:`STREAMS`) keeps that stream's ops alone."""
+        details = self.details
+        if details is None:
+            return {r.name: (r.start_s, r.end_s) for r in self.ops if stream is None or r.stream == stream}
+        names, spans = map(details.names.__getitem__, details.order), zip(details.start, details.end)
+        if stream is None:
+            return dict(zip(names, spans))
+        code = STREAMS.index(stream)
+        return {name: span for name, span, k in zip(names, spans, details.streams) if k == code}
+
     def tensors_sharing(self, owner: str) -> list[str]:
         """Tensors that live in ``owner``'s buffer (aliases and forwarded outputs)."""
         return sorted(t for t, o in self.buffer_owner.items() if o == owner)

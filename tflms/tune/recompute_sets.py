@@ -190,21 +190,20 @@ def _kept_spans(sim: SimResult, decisions: Iterable) -> dict[str, tuple[float, f
     """By op the recompute ``decisions`` re-run, when its output would live in ``sim`` were it kept instead: from the
     op's end to the last start of an op that reads its clone's output outside the chain (``readers``), or, for an op
     only its chain reads, to the chain's last clone's end."""
-    start, end = {}, {}
-    for record in sim.ops:
-        start[record.name], end[record.name] = record.start_s, record.end_s
+    ran = sim.op_spans()
     spans: dict[str, tuple[float, float]] = {}
     for decision in decisions:
         read_until: dict[str, float] = {}
         for ref, readers in zip(decision.tensors, decision.readers):
             for reader in readers:
-                if reader in start:
-                    read_until[ref.op] = max(read_until.get(ref.op, 0.0), start[reader])
-        chain_end = max((end[c] for c in decision.clones if c in end), default=0.0)
+                if reader in ran:
+                    read_until[ref.op] = max(read_until.get(ref.op, 0.0), ran[reader][0])
+        chain_end = max((ran[c][1] for c in decision.clones if c in ran), default=0.0)
         for op in decision.ops:
-            if op not in end:
+            if op not in ran:
                 continue
-            first, last = spans.get(op, (end[op], end[op]))
+            end = ran[op][1]
+            first, last = spans.get(op, (end, end))
             spans[op] = (first, max(last, read_until.get(op, chain_end)))
     return spans
 
@@ -217,7 +216,7 @@ def rerun_times(sim: SimResult, decisions: Iterable) -> dict[str, float]:
     mask saves nothing and costs its bytes, while its price alone (a kernel reading the random numbers and writing one
     byte an element) ranked it dearest per byte of all (BERT-base in mixed_bfloat16 at batch 1568 on h200-141gb: the
     plan that kept 7 layers' masks more took 32 ms more a step and 31 GiB more)."""
-    took = {record.name: record.end_s - record.start_s for record in sim.ops if record.stream == "compute"}
+    took = {name: end - start for name, (start, end) in sim.op_spans("compute").items()}
     out: dict[str, float] = {}
     for decision in decisions:
         for op, clone in zip(decision.ops, decision.clones):
