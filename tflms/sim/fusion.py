@@ -407,11 +407,9 @@ def may_fuse_on_gpu(net: IndexedGraph) -> bool:
 def _remapper_chains(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool],
                      outputs: Sequence[int]) -> list[tuple[int, int, int]]:
     """``(conv, bias_add, relu)`` chains grappler's GPU remapper fuses into ``_FusedConv2D`` (module doc). One pass
-    over the order's edges, reading only the readers of the candidate convolutions and bias adds: the tuner runs
-    this for every simulation."""
+    over the order's edges, reading only the readers of the candidate convolutions and bias adds; the graph clock
+    asks only where :func:`may_fuse_on_gpu` (:func:`~tflms.sim.clock.kernels_for`)."""
     types, out_start, dev = net.types, net.out_start, net.dev
-    if not may_fuse_on_gpu(net):
-        return []
     convs = [i for i in order if types[i] == "Conv2D" and _spatial_float32_conv(net, i)]
     if not convs:
         return []
