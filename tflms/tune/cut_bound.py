@@ -175,7 +175,7 @@ def live_at_cut(graph: Graph, sim, cut: str) -> int:
     for buf, size, _, _ in sim.buffer_lifetimes:  # (the device's buffers: none of the host's)
         sizes[buf] = max(size, sizes.get(buf, 0))
     owner = sim.buffer_owner
-    ran = {record.name for record in sim.ops}
+    ran = sim.op_spans().keys()
     live = {owner.get(f"{cut}:{k}", f"{cut}:{k}") for k in range(len(graph.op(cut).outputs))}
     for name in after & ran:
         for ref in graph.op(name).inputs:

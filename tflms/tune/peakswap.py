@@ -114,7 +114,7 @@ def peak_swap(graph: Graph, sim: SimResult, plan: SwapPlan, ordered: set[str], p
     swap obeys like every other).
     """
     levels = analysis.levels
-    span = {r.name: (r.start_s, r.end_s) for r in sim.ops if r.stream == "compute"}
+    span = sim.op_spans("compute")
     peak_t = sim.peak_time_s
     running = [e for s, e in span.values() if s <= peak_t < e]
     peak_end = max(running, default=peak_t)
@@ -123,7 +123,7 @@ def peak_swap(graph: Graph, sim: SimResult, plan: SwapPlan, ordered: set[str], p
     for tensor, buf in owner.items():
         by_owner.setdefault(buf, []).append(tensor)
     swapped = {s.tensor.name: s for s in plan.swaps}
-    copy_end = {r.name: r.end_s for r in sim.ops if r.stream == "d2h"}
+    copy_end = {name: end for name, (_, end) in sim.op_spans("d2h").items()}
     live = [(buf, n) for buf, n in sim.live_at_peak]
     if not live:
         return None
