@@ -345,11 +345,13 @@ def test_a_clones_floor_is_its_kernel_or_its_launch_on_the_graph_clock():
 
 
 def test_the_graph_clocks_one_pass_gives_the_two_passes_figures_in_every_plan_of_a_tune(monkeypatch):
-    """``graph_kernels`` (one pass, each op's pair kept across a tune's simulations) against what it replaced,
+    """``graph_kernels`` (each op's pair kept across a tune's simulations, those of the plans' origin as whole
+    lists) against what it replaced,
     ``asynchronous`` of the ops' prices: every candidate of a tune that re-runs ops (clones appended under ids another
     plan gave other ops) and swaps them simulates to the same bytes and seconds."""
     from test_recompute import _residual_bn_32
 
+    from tflms.passes.swaps import apply_swaps
     from tflms.sim import clock, get_profile
     from tflms.tune import tune
 
@@ -365,11 +367,17 @@ def test_the_graph_clocks_one_pass_gives_the_two_passes_figures_in_every_plan_of
                               strategies=["idle-time", "tflms-distance", "recompute"]).candidates
         except BudgetError as err:  # (every candidate was simulated all the same)
             candidates = err.candidates
-        return [(c.strategy, repr(c.params), c.sim.step_time_s, c.sim.peak_bytes, c.sim.stall_time_s,
-                 bytes(c.sim.details.start)) for c in candidates]
+        # and the rewritten graphs of a few with swaps, simulated from scratch: their copies between devices are
+        # ops of the net the simulation starts from (``IndexedGraph.origin``), not ops a plan appended
+        rewritten = [simulate(apply_swaps(graph, c.plan).graph, profile)
+                     for c in candidates if c.plan is not None and c.plan.swaps][:3]
+        return [(c.strategy, repr(c.params), c.sim.step_time_s, c.sim.peak_bytes, c.sim.stall_time_s, c.sim.kernels,
+                 bytes(c.sim.details.start)) for c in candidates] + [
+            (sim.step_time_s, sim.peak_bytes, sim.kernels, bytes(sim.details.start)) for sim in rewritten]
 
     one_pass = figures()
     assert {"recompute", "hybrid"} <= {s for s, *_ in one_pass}, sorted({s for s, *_ in one_pass})
+    assert len(one_pass[-1]) == 4  # (a rewritten graph was simulated)
 
     def two_passes(net, order, is_transfer, costs, profile):
         priced = clock.op_durations(net, order, is_transfer, costs, profile)
@@ -378,3 +386,50 @@ def test_the_graph_clocks_one_pass_gives_the_two_passes_figures_in_every_plan_of
 
     monkeypatch.setattr(clock, "graph_kernels", two_passes)
     assert figures() == one_pass
+
+
+def test_the_graph_clock_prices_no_op_of_the_origin_the_order_leaves_out_nor_a_copy_and_appended_ops_by_their_own():
+    """``graph_kernels`` keeps the ops of the net a simulation starts from as whole lists (``IndexedGraph.origin``):
+    an op the order leaves out, or one that copies between devices, is still no kernel, and an op a plan appends
+    under an id is priced as itself, whatever the op that id held in an earlier plan, as the op-by-op clock does."""
+    from tflms.sim import clock
+    from tflms.sim.indexed import ACCEL, IndexedGraph, OpCosts
+
+    graph = relu_chain(4).graph
+    profile = flops_profile(0.25)
+    base = IndexedGraph.from_graph(graph, HOST)
+    costs = OpCosts(graph, profile)
+    everything = list(range(len(base.names)))
+    copies = [False] * len(base.names)
+    full = clock.graph_kernels(base, everything, copies, costs, profile)
+    assert full.kernels == 4 and full.duration[1:] == [1.0] * 4 and full.launch[1:] == [0.25] * 4  # (1 s of work)
+
+    left_out = [i for i in everything if i != 2]
+    as_copy = [i == 3 for i in everything]
+    kernels = clock.graph_kernels(base, left_out, as_copy, costs, profile)
+    assert kernels.kernels == 2
+    assert (kernels.duration[2], kernels.launch[2], kernels.duration[3], kernels.launch[3]) == (0.0, 0.0, 0.0, 0.0)
+    assert kernels.duration[4] == 1.0
+
+    wide = GraphBuilder()
+    wide.op("r", "Relu", [wide.op("x", "Placeholder", shape=(8, 8))], shape=(8, 8))  # 4 s of work
+
+    def appended(src) -> IndexedGraph:
+        net = base.copy()
+        last = net.out_start[len(base.names) - 1]
+        op = net.add_op("extra", "Identity" if src is None else src.type, ACCEL, [last], [], [net.t_info[last]])
+        net.src_ops[op] = src
+        return net
+
+    # one id, in turn a narrow ReLU, a gate, a wide ReLU, the wide one as a copy (each another op to price)
+    for src, copy, kernel in ((graph.op("r0"), False, 1.0), (None, False, 0.0), (wide.graph.op("r"), False, 4.0),
+                              (wide.graph.op("r"), True, 0.0)):
+        net = appended(src)
+        order, is_copy = list(range(len(net.names))), [False] * (len(net.names) - 1) + [copy]
+        plan_costs = OpCosts(graph, profile)  # (a plan's prices, the memos shared, as the tuner's evaluator has them)
+        plan_costs._graph_clock, plan_costs._launches = costs.graph_clock_memo(), costs.launches_memo()
+        kernels = clock.graph_kernels(net, order, is_copy, plan_costs, profile)
+        two = clock.asynchronous(clock.serial_kernels(net, order, is_copy, OpCosts(graph, profile), profile), net,
+                                 profile, OpCosts(graph, profile))
+        assert (kernels.duration, kernels.launch, kernels.kernels) == (two.duration, two.launch, two.kernels)
+        assert (kernels.duration[-1], kernels.kernels) == (kernel, 4 + (kernel > 0))

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from tflms.errors import ConfigError
 from tflms.ir.op_types import FREE_OPS
 from tflms.sim.cost import op_time_s
-from tflms.sim.indexed import ACCEL, IndexedGraph, OpCosts, _synthetic_op
+from tflms.sim.indexed import ACCEL, IndexedGraph, OpCosts, _indices, _synthetic_op
 from tflms.sim.records import SimOptions
 from tflms.profiles import HardwareProfile
 
@@ -146,35 +146,86 @@ def asynchronous(kernels: Kernels, net: IndexedGraph, profile: HardwareProfile, 
 def graph_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
                   profile: HardwareProfile) -> Kernels:
     """The ``graph`` clock's kernels of a step grappler's GPU remapper fuses nothing of: :func:`asynchronous` of
-    :func:`serial_kernels`, the same figures in one pass over the order. Each op's pair (time on the stream, launch)
-    is worked out once per op and kept with ``costs`` (:meth:`OpCosts.graph_clock_memo`): a tune simulates the same
-    ops in every plan, and these two loops were an eighth of each simulation."""
+    :func:`serial_kernels`, the same figures without a pass over each op. Each op's pair (time on the stream, launch)
+    is worked out once and kept with ``costs`` (:meth:`OpCosts.graph_clock_memo`): a tune simulates the same ops in
+    every plan. Those of the net every plan's was copied from (:attr:`IndexedGraph.origin`) are kept as whole lists
+    (:func:`_origin_kernels`) and copied; only the ops a plan appended, the copies between devices and the ops the
+    order leaves out are looked at one by one. (Op by op, this clock was an eighth of each simulation, and a memo
+    per op still a tenth.)"""
     n = len(net.names)
-    duration, launch = [0.0] * n, [0.0] * n
-    src_ops, dev, types = net.src_ops, net.dev, net.types
     memo, launch_s = costs.graph_clock_memo(), profile.launch_overhead_s
-    count = 0
+    _, base_duration, base_launch, priced, count = _origin_kernels(net, costs, memo, launch_s, profile)
+    n0 = len(base_duration)
+    duration, launch = base_duration + [0.0] * (n - n0), base_launch + [0.0] * (n - n0)
+    ran = bytearray(n)
     for i in order:
-        if is_transfer[i] or dev[i] != ACCEL:
-            continue
-        src = src_ops[i]
-        if src is not None:
-            hit = memo.get(i)
-            if hit is None or hit[0] is not src:  # (an id a plan appended may be another op in the next plan)
-                t = costs.time_s(i, src)
-                if t > 0 and types[i] not in FREE_OPS:
-                    host = costs.launches_s(i, src, launch_s)
-                    hit = memo[i] = (src, t - min(host, t), host, True)
-                else:
-                    hit = memo[i] = (src, t, 0.0, t > 0)
-            _, duration[i], launch[i], priced = hit
-            count += priced
-        elif types[i] not in FREE_OPS:  # (a free op the simulator or a plan added costs nothing)
-            t = op_time_s(net.graph, _synthetic_op(net, i), profile)
-            if t > 0:
-                duration[i], launch[i] = t - min(launch_s, t), launch_s
-                count += 1
+        ran[i] = 1
+    # an op of the origin out of the order, or a copy between devices, keeps the stream free (both are few)
+    idle = _missing(ran, n0)
+    idle.extend(i for i in _indices(is_transfer, True) if i < n0 and ran[i])
+    for i in idle:
+        count -= priced[i]
+        duration[i] = launch[i] = 0.0
+    for i in range(n0, n):
+        if ran[i] and not is_transfer[i]:
+            duration[i], launch[i], kernel = _op_kernel(net, i, costs, memo, launch_s, profile)
+            count += kernel
     return Kernels(CLOCK_GRAPH, duration, launch, count)
+
+
+#: The key under which :func:`_origin_kernels` keeps its lists in :meth:`OpCosts.graph_clock_memo` (whose other keys
+#: are op ids).
+_ORIGIN = "origin"
+
+
+def _origin_kernels(net: IndexedGraph, costs: OpCosts, memo: dict, launch_s: float, profile: HardwareProfile
+                    ) -> tuple[object, list[float], list[float], bytearray, int]:
+    """By op of ``net``'s origin (:attr:`IndexedGraph.origin`), what :func:`_op_kernel` says of it as a compute op of
+    the order: ``(origin token, durations, launches, 1 where it is a kernel, how many are)``; 0 for the host's ops.
+    Worked out once per origin and kept in ``memo``."""
+    token, n0 = net.origin
+    hit = memo.get(_ORIGIN)
+    if hit is None or hit[0] is not token:
+        duration, launch, priced = [0.0] * n0, [0.0] * n0, bytearray(n0)
+        dev = net.dev
+        for i in range(n0):
+            if dev[i] == ACCEL:
+                duration[i], launch[i], priced[i] = _op_kernel(net, i, costs, memo, launch_s, profile)
+        hit = memo[_ORIGIN] = (token, duration, launch, priced, sum(priced))
+    return hit
+
+
+def _op_kernel(net: IndexedGraph, i: int, costs: OpCosts, memo: dict, launch_s: float, profile: HardwareProfile
+               ) -> tuple[float, float, bool]:
+    """Op ``i`` of ``net`` on the ``graph`` clock, run on the accelerator and not a copy: ``(its time on the stream,
+    its host launch, whether it is a kernel)``; kept in ``memo`` by op id with the op priced."""
+    if net.dev[i] != ACCEL:
+        return 0.0, 0.0, False
+    src = net.src_ops[i]
+    if src is None:  # (a free op the simulator or a plan added costs nothing)
+        if net.types[i] in FREE_OPS:
+            return 0.0, 0.0, False
+        t = op_time_s(net.graph, _synthetic_op(net, i), profile)
+        return (t - min(launch_s, t), launch_s, True) if t > 0 else (0.0, 0.0, False)
+    hit = memo.get(i)
+    if hit is None or hit[0] is not src:  # (an id a plan appended may be another op in the next plan)
+        t = costs.time_s(i, src)
+        if t > 0 and net.types[i] not in FREE_OPS:
+            host = costs.launches_s(i, src, launch_s)
+            hit = memo[i] = (src, t - min(host, t), host, True)
+        else:
+            hit = memo[i] = (src, t, 0.0, t > 0)
+    return hit[1], hit[2], hit[3]
+
+
+def _missing(ran: bytearray, n: int) -> list[int]:
+    """The ids below ``n`` where ``ran`` is 0 (``bytearray.find`` scans: fast where they are rare)."""
+    found: list[int] = []
+    k = ran.find(0, 0, n)
+    while k >= 0:
+        found.append(k)
+        k = ran.find(0, k + 1, n)
+    return found
 
 
 def kernels_for(mode: str, net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from tflms.errors import GraphError
 from tflms.sim.buffers import _Buffers, _Events, _forward, _forward_resolve, _memory_events, _readers
 from tflms.sim.clock import Kernels, kernels_for, resolve_clock
-from tflms.sim.indexed import ACCEL, HOST, IndexedGraph, OpCosts
+from tflms.sim.indexed import ACCEL, HOST, IndexedGraph, OpCosts, _indices
 from tflms.sim.records import (TRANSFER_ORDER_RELEASE, MappingView, SequenceView, SimDetails, SimOptions,
                                 SimResult)
 from tflms.profiles import HardwareProfile
@@ -253,18 +253,6 @@ def _check_all_ran(net: IndexedGraph, order: Sequence[int], end: Sequence[float 
             blocked = [net.names[p] for p in net.preds[i] if end[p] is None]
             raise GraphError(f"{net.names[i]!r} never ran: it waits for {blocked[:3]}, which the schedule cannot "
                              "run before it")
-
-
-def _indices(values: list, value: object) -> list[int]:
-    """Where ``value`` is in ``values`` (``list.index`` scans: fast where it is rare)."""
-    found: list[int] = []
-    k = -1
-    try:
-        while True:
-            k = values.index(value, k + 1)
-            found.append(k)
-    except ValueError:
-        return found
 
 
 def _streams(order: Sequence[int], position: Sequence[int], dev: list[str], is_transfer: list[bool]) -> bytes:

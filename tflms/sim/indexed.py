@@ -51,7 +51,10 @@ class IndexedGraph:
     ``t_op[t]`` with facts ``t_info[t]``; ``unsized`` lists, in id order, the tensors whose size is
     unknown (no ``num_bytes``) though their dtype has a buffer. Op ids follow graph order, so sorting by id is
     sorting by graph position. ``src_ops[i]`` is the IR :class:`Op` an op came from (``None`` for ops the
-    simulator adds), used only to cost it.
+    simulator adds), used only to cost it. ``origin`` is ``(token, ops)``: the net :meth:`from_graph` built and how
+    many ops it had then; every copy shares it, and only appends ops or replaces the per-op lists of inputs, so ops
+    below that count are the same ops in every net sharing the token (what the simulator keeps per op for a whole
+    tune, :func:`~tflms.sim.clock.graph_kernels`, is kept for them at once).
 
     Built once per graph (:meth:`from_graph`); :class:`tflms.tune.evaluator.PlanEvaluator` derives
     one per swap plan from a base graph's by copying the lists and appending the swap ops, instead
@@ -59,7 +62,7 @@ class IndexedGraph:
     """
 
     __slots__ = ("names", "types", "dev", "inputs", "ctrl", "preds", "out_start", "n_out", "t_op", "t_idx",
-                 "t_info", "unsized", "src_ops", "graph")
+                 "t_info", "unsized", "src_ops", "graph", "origin")
 
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -76,6 +79,7 @@ class IndexedGraph:
         self.unsized: list[int] = []
         self.src_ops: list = []
         self.graph: Graph | None = None
+        self.origin: tuple[object, int] = (object(), 0)
 
     @classmethod
     def from_graph(cls, graph: Graph, host: str) -> "IndexedGraph":
@@ -105,6 +109,7 @@ class IndexedGraph:
             net.inputs.append(ins)
             net.ctrl.append(ctl)
             net.preds.append(list(dict.fromkeys([op_id[r.op] for r in op.inputs] + ctl)))
+        net.origin = (object(), len(ops))
         return net
 
     def copy(self) -> "IndexedGraph":
@@ -148,6 +153,18 @@ class IndexedGraph:
         """The ops TensorFlow runs for their own sake: producers of the outputs, control outputs."""
         roots = [TensorRef.parse(n).op for n in output_names] + list(graph.signature.control_output_names)
         return [op_id[r] for r in roots if r in op_id]
+
+
+def _indices(values: list, value: object) -> list[int]:
+    """Where ``value`` is in ``values`` (``list.index`` scans: fast where it is rare)."""
+    found: list[int] = []
+    k = -1
+    try:
+        while True:
+            k = values.index(value, k + 1)
+            found.append(k)
+    except ValueError:
+        return found
 
 
 def _needed(net: IndexedGraph, roots: Sequence[int]) -> list[bool]:
