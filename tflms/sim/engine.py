@@ -300,16 +300,6 @@ def _result(net: IndexedGraph, order: Sequence[int], position: Sequence[int], bu
         add_accel(live_accel)
         add_host(live_host)
     t_idx = net.t_idx
-    alive_at: dict[int, int] = {}
-    for _, _, phase, tid, delta, d in events[:peak_index + 1]:
-        if d != ACCEL:
-            continue
-        if phase == 0:
-            alive_at[tid] = delta
-        else:
-            alive_at.pop(tid, None)
-    live_at_peak = tuple(sorted(((f"{names[t_op[tid_buf[k]]]}:{t_idx[tid_buf[k]]}", v) for k, v in alive_at.items()),
-                                key=lambda kv: (-kv[1], kv[0])))
     margin = int(peak * options.margin_fraction) + options.margin_bytes
     start, end = timing.start, timing.end
     details = SimDetails(
@@ -320,12 +310,12 @@ def _result(net: IndexedGraph, order: Sequence[int], position: Sequence[int], bu
         lt_buf=array("i", map(tid_buf.__getitem__, device_tids)),
         lt_size=array("q", map(size_of.__getitem__, device_tids)),
         lt_first=array("i", map(first.__getitem__, device_tids)),
-        lt_last=array("i", [max(first[tid], last_event[tid]) for tid in device_tids]))
+        lt_last=array("i", [max(first[tid], last_event[tid]) for tid in device_tids]), peak_event=peak_index)
     resident_bytes = ev.resident_bytes
     return SimResult(
         profile=profile.name, peak_bytes=peak, resident_bytes=resident_bytes,
         transient_peak_bytes=peak - resident_bytes, peak_with_margin_bytes=peak + margin, peak_time_s=peak_time,
-        live_at_peak=live_at_peak, host_peak_bytes=host_peak, step_time_s=step_time,
+        live_at_peak=SequenceView(details, "live_at_peak"), host_peak_bytes=host_peak, step_time_s=step_time,
         compute_time_s=timing.compute_time, transfer_time_s=timing.transfer_time, stall_time_s=timing.stall,
         kernel_time_s=timing.kernel_time,
         timeline=SequenceView(details, "timeline"), ops=SequenceView(details, "ops"),

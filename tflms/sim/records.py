@@ -107,20 +107,21 @@ STREAMS = ("compute", "host", "h2d", "d2h")
 class SimDetails:
     """What one simulation recorded op by op and buffer by buffer, in flat arrays.
 
-    :class:`SimResult`'s ``ops``, ``timeline``, ``buffer_owner`` and ``buffer_lifetimes`` are views of it, built
-    when first read and kept until :meth:`release` (:meth:`SimResult.release_views`). A tune simulates hundreds of
+    :class:`SimResult`'s ``ops``, ``timeline``, ``buffer_owner``, ``buffer_lifetimes`` and ``live_at_peak`` are views
+    of it, built when first read and kept until :meth:`release` (:meth:`SimResult.release_views`). A tune simulates hundreds of
     candidates of a 40,000-op step and reads these views of a few: built eagerly, as tuples of tuples and dicts of
     strings, they took about 300 bytes per op per candidate (docs/design.md, "Tuning memory"). Built by
     :func:`tflms.sim.engine._run`, which owns the arrays it passes.
     """
 
     __slots__ = ("names", "t_op", "t_idx", "order", "start", "end", "streams", "times", "accel", "host",
-                 "buffer_of", "in_order", "lt_buf", "lt_size", "lt_first", "lt_last", "_views")
+                 "buffer_of", "in_order", "lt_buf", "lt_size", "lt_first", "lt_last", "peak_event", "_views")
 
     def __init__(self, *, names: Sequence[str], t_op: Sequence[int], t_idx: Sequence[int], order: Sequence[int],
                  start: Sequence[float], end: Sequence[float], streams: bytes, times: Sequence[float],
                  accel: Sequence[int], host: Sequence[int], buffer_of: Sequence[int], in_order: bytes,
-                 lt_buf: Sequence[int], lt_size: Sequence[int], lt_first: Sequence[int], lt_last: Sequence[int]):
+                 lt_buf: Sequence[int], lt_size: Sequence[int], lt_first: Sequence[int], lt_last: Sequence[int],
+                 peak_event: int = -1):
         # ops: ``order[k]`` ran on ``STREAMS[streams[k]]`` from ``start[k]`` to ``end[k]`` (by position in the order)
         self.names, self.t_op, self.t_idx = names, t_op, t_idx
         self.order, self.start, self.end, self.streams = order, start, end, streams
@@ -130,13 +131,16 @@ class SimDetails:
         self.buffer_of, self.in_order = buffer_of, in_order
         # device buffers in order of their first memory event: tensor, bytes, first and last event (inclusive)
         self.lt_buf, self.lt_size, self.lt_first, self.lt_last = lt_buf, lt_size, lt_first, lt_last
+        # the memory event at which the device peaked (-1: none above the resident bytes)
+        self.peak_event = peak_event
         self._views: dict[str, Any] = {}
 
     def tensor_name(self, t: int) -> str:
         return f"{self.names[self.t_op[t]]}:{self.t_idx[t]}"
 
     def view(self, kind: str) -> Any:
-        """``"ops"``, ``"timeline"``, ``"buffer_owner"`` or ``"buffer_lifetimes"``, as :class:`SimResult` types them."""
+        """``"ops"``, ``"timeline"``, ``"buffer_owner"``, ``"buffer_lifetimes"`` or ``"live_at_peak"``, as
+        :class:`SimResult` types them."""
         value = self._views.get(kind)
         if value is None:
             value = self._views[kind] = getattr(self, f"_build_{kind}")()
@@ -163,6 +167,14 @@ class SimDetails:
         name = self.tensor_name
         return tuple((name(t), size, first, last)
                      for t, size, first, last in zip(self.lt_buf, self.lt_size, self.lt_first, self.lt_last))
+
+    def _build_live_at_peak(self) -> tuple[tuple[str, int], ...]:
+        """The device buffers alive at the peak's event (allocated there or before, freed after it), largest first,
+        then by name. (Sorted and named in each simulation, this was a twentieth of a tune's.)"""
+        name, at = self.tensor_name, self.peak_event
+        live = [(name(t), size) for t, size, first, last in zip(self.lt_buf, self.lt_size, self.lt_first, self.lt_last)
+                if first <= at <= last]
+        return tuple(sorted(live, key=lambda kv: (-kv[1], kv[0])))
 
 
 def _device_of(stream: int) -> str:
@@ -226,7 +238,7 @@ class SimResult:
     transient_peak_bytes: int  # peak of step activations alone
     peak_with_margin_bytes: int
     peak_time_s: float
-    live_at_peak: tuple[tuple[str, int], ...]  # (tensor, bytes), largest first
+    live_at_peak: Sequence[tuple[str, int]]  # (tensor, bytes), largest first (from the simulator, a view)
     host_peak_bytes: int
     step_time_s: float
     compute_time_s: float
@@ -250,8 +262,9 @@ class SimResult:
     kernel_time_s: float = 0.0
 
     def release_views(self) -> None:
-        """Free the memory of ``ops``, ``timeline``, ``buffer_owner`` and ``buffer_lifetimes`` once built: they are
-        built again from :attr:`details` when next read. The tuner calls it on candidates it is done with."""
+        """Free the memory of ``ops``, ``timeline``, ``buffer_owner``, ``buffer_lifetimes`` and ``live_at_peak`` once
+        built: they are built again from :attr:`details` when next read. The tuner calls it on candidates it is done
+        with."""
         if self.details is not None:
             self.details.release()
 
