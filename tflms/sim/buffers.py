@@ -8,6 +8,7 @@ placed by. The loops are tuned for speed: keep function calls out of them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import compress
 
 from tflms.ir.graph import DTYPE_BYTES
 from tflms.ir.op_types import (ALIAS_OPS, COPY_OPS, FORWARDING_OPS, IDENTITY_REDUCTION_OPS, SOURCE_OPS,
@@ -38,13 +39,12 @@ class _Buffers:
         variable_reads = self.variable_reads = [False] * num_tensors
         is_transfer = self.is_transfer = [False] * len(net.names)
         ran = [False] * len(net.names)
-        resident_inputs = options.resident_inputs
-        placed = _PLACED_TYPES
         for i in order:
             ran[i] = True
+        resident_inputs = options.resident_inputs
+        placed = net.op_flags(_PLACED_TYPES)  # (every other op's outputs are buffers of their own)
+        for i in compress(order, map(placed.__getitem__, order)):
             op_type = types[i]
-            if op_type not in placed:
-                continue  # (its outputs are buffers of their own)
             s, k = out_start[i], n_out[i]
             ins = inputs[i]
             if op_type in COPY_OPS and ins and dev[t_op[ins[0]]] != dev[i]:
@@ -127,12 +127,12 @@ def _forward(net: IndexedGraph, order: Sequence[int], position: Sequence[int], b
     as not XLA's to reuse). So XLA allocates a result of its own even where the input dies with the cluster. On the
     3D U-Net a batch norm's gradient, fused with the swap-in it read, was priced in the swap-in's buffer: 1 MiB the
     executor allocated and the clock did not."""
-    types, n_out, out_start, t_info, t_op, dev = net.types, net.n_out, net.out_start, net.t_info, net.t_op, net.dev
+    out_start, t_info, t_op, dev = net.out_start, net.t_info, net.t_op, net.dev
     is_transfer, resident, variable_reads = bufs.is_transfer, bufs.resident, bufs.variable_reads
     buffer_of, owner_of, start, end = bufs.buffer_of, bufs.owner_of, timing.start, timing.end
-    forwarding = FORWARDING_OPS
-    for i in order:
-        if types[i] not in forwarding or n_out[i] != 1 or is_transfer[i]:
+    forwarding = net.op_flags(FORWARDING_OPS, single_output=True)
+    for i in compress(order, map(forwarding.__getitem__, order)):
+        if is_transfer[i]:
             continue
         inside = cluster[i] if cluster is not None else -1
         own = out_start[i]

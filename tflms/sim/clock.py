@@ -181,9 +181,9 @@ _ORIGIN = "origin"
 def _origin_kernels(net: IndexedGraph, costs: OpCosts, memo: dict, launch_s: float, profile: HardwareProfile
                     ) -> tuple[object, list[float], list[float], bytearray, int]:
     """By op of ``net``'s origin (:attr:`IndexedGraph.origin`), what :func:`_op_kernel` says of it as a compute op of
-    the order: ``(origin token, durations, launches, 1 where it is a kernel, how many are)``; 0 for the host's ops.
+    the order: ``(the origin, durations, launches, 1 where it is a kernel, how many are)``; 0 for the host's ops.
     Worked out once per origin and kept in ``memo``."""
-    token, n0 = net.origin
+    token, n0 = net.origin, net.origin.ops
     hit = memo.get(_ORIGIN)
     if hit is None or hit[0] is not token:
         duration, launch, priced = [0.0] * n0, [0.0] * n0, bytearray(n0)

@@ -41,6 +41,16 @@ VIEW_TRANSPOSE_TYPE = "Reshape"
 _NO_BUFFER_DTYPES = frozenset({"resource", "variant", "string"})
 
 
+class Origin:
+    """What the copies of one :meth:`IndexedGraph.from_graph` net share: how many ops it had (``ops``: below that,
+    every copy's ops are its ops), and what the simulator keeps of those ops (``kept``, by key)."""
+
+    __slots__ = ("ops", "kept")
+
+    def __init__(self, ops: int):
+        self.ops, self.kept = ops, {}
+
+
 class IndexedGraph:
     """A graph as flat lists over integer op ids and tensor ids: what the simulator's inner loops read.
 
@@ -51,10 +61,10 @@ class IndexedGraph:
     ``t_op[t]`` with facts ``t_info[t]``; ``unsized`` lists, in id order, the tensors whose size is
     unknown (no ``num_bytes``) though their dtype has a buffer. Op ids follow graph order, so sorting by id is
     sorting by graph position. ``src_ops[i]`` is the IR :class:`Op` an op came from (``None`` for ops the
-    simulator adds), used only to cost it. ``origin`` is ``(token, ops)``: the net :meth:`from_graph` built and how
-    many ops it had then; every copy shares it, and only appends ops or replaces the per-op lists of inputs, so ops
-    below that count are the same ops in every net sharing the token (what the simulator keeps per op for a whole
-    tune, :func:`~tflms.sim.clock.graph_kernels`, is kept for them at once).
+    simulator adds), used only to cost it. ``origin`` (:class:`Origin`) stands for the net :meth:`from_graph` built:
+    every copy shares it, and only appends ops or replaces the per-op lists of inputs, so the ops below its count
+    are the same ops in every net sharing it, and what the simulator works out from an op's type and prices alone
+    is kept for them at once (:meth:`op_flags`, :func:`~tflms.sim.clock.graph_kernels`).
 
     Built once per graph (:meth:`from_graph`); :class:`tflms.tune.evaluator.PlanEvaluator` derives
     one per swap plan from a base graph's by copying the lists and appending the swap ops, instead
@@ -79,7 +89,7 @@ class IndexedGraph:
         self.unsized: list[int] = []
         self.src_ops: list = []
         self.graph: Graph | None = None
-        self.origin: tuple[object, int] = (object(), 0)
+        self.origin = Origin(0)
 
     @classmethod
     def from_graph(cls, graph: Graph, host: str) -> "IndexedGraph":
@@ -109,8 +119,20 @@ class IndexedGraph:
             net.inputs.append(ins)
             net.ctrl.append(ctl)
             net.preds.append(list(dict.fromkeys([op_id[r.op] for r in op.inputs] + ctl)))
-        net.origin = (object(), len(ops))
+        net.origin = Origin(len(ops))
         return net
+
+    def op_flags(self, op_types: frozenset[str], single_output: bool = False) -> bytearray:
+        """By op id, 1 where the op's type is one of ``op_types`` (and, with ``single_output``, it has one output):
+        kept for the ops of :attr:`origin`, looked at for those appended."""
+        key = (op_types, single_output)
+        n0, types, n_out = self.origin.ops, self.types, self.n_out
+        flags = self.origin.kept.get(key)
+        if flags is None:
+            flags = self.origin.kept[key] = bytearray(
+                types[i] in op_types and (not single_output or n_out[i] == 1) for i in range(n0))
+        return flags + bytearray(types[i] in op_types and (not single_output or n_out[i] == 1)
+                                 for i in range(n0, len(types)))
 
     def copy(self) -> "IndexedGraph":
         """A copy whose lists may be appended to and whose per-op lists are replaced, never mutated."""
