@@ -54,6 +54,7 @@ from tflms.policies.swapplan import SwapPlan
 from tflms.profiles import HardwareProfile, get_profile
 from tflms.sim.simulator import (IndexedGraph, OpCosts, SimOptions, SimResult, _add_recvs, _check_order,
                                  _device_class, _level_sorted, gc_paused, _needed, _order_ids, _recv_needs, _run)
+from tflms.sim.indexed import still_needed, successor_counts
 
 logger = logging.getLogger(__name__)
 
@@ -149,8 +150,9 @@ class PlanEvaluator:
         self._lms_op = next((name for name in net.names if is_inserted(name) and not is_clone(name)), None)
         self._prunes = self.options.prune_unused and sig is not None
         n = len(net.names)
-        self._output_names = tuple(output_names)
-        self._alive = _needed(net, net.roots(base_graph, output_names, self._op_id)) if self._prunes else [True] * n
+        self._roots = net.roots(base_graph, output_names, self._op_id) if self._prunes else []
+        self._alive = _needed(net, self._roots) if self._prunes else [True] * n
+        self._readers_of = successor_counts(net, self._alive) if self._prunes else None  # (for ``still_needed``)
         self._recv_needs = _recv_needs(net, range(n), self._alive)
         self._recv_entries: dict[int, list[tuple[int, int]]] = {}
         for t, entries in self._recv_needs.items():
@@ -242,9 +244,9 @@ class PlanEvaluator:
         modified: list[int] = []
         costs = self._costs
         if plan is not None and plan.recomputes:
-            costs = self._apply_recomputes(net, plan)
-            # a rewired reader can leave an original unread: which ops run is derived again
-            alive = (_needed(net, net.roots(self.graph, self._output_names, self._op_id)) if self._prunes
+            costs, rewired = self._apply_recomputes(net, plan)
+            # a rewired reader can leave an original unread: which ops run is derived again, from the base's
+            alive = (still_needed(net, base.preds, self._alive, self._readers_of, self._roots, rewired) if self._prunes
                      else [True] * len(net.names))
             _add_recvs(net, _recv_needs(net, range(len(net.names)), alive), alive)
             order = self._level_sorted(net, alive, n_base)
@@ -348,11 +350,11 @@ class PlanEvaluator:
                 inputs[consumer] = ins
                 modified.append(consumer)
 
-    def _apply_recomputes(self, net: IndexedGraph, plan: SwapPlan) -> OpCosts:
+    def _apply_recomputes(self, net: IndexedGraph, plan: SwapPlan) -> tuple[OpCosts, list[int]]:
         """Append ``plan``'s gates and clones to ``net`` as :func:`~tflms.passes.recompute.insert_recomputes` inserts
-        them (same names, devices, edges, graph order) and rewire their readers; returns the op costs of the result: a
-        clone costs what its original does (the same type, attributes and tensors), and carries the original as its
-        source op."""
+        them (same names, devices, edges, graph order) and rewire their readers; returns the op costs of the result (a
+        clone costs what its original does: the same type, attributes and tensors; it carries the original as its
+        source op) and the base ops rewired."""
         op_id = self._op_id
         costs = OpCosts(self.graph, self.profile)
         n_base = len(self._net.names)
@@ -388,9 +390,10 @@ class PlanEvaluator:
                 times[c] = price
             for ref, clone_ref, members in rewires:
                 self._rewire(net, tensor(ref), tensor(clone_ref), members, modified)
-        for c in dict.fromkeys(modified):
+        modified = list(dict.fromkeys(modified))
+        for c in modified:
             net.refresh_preds(c)
-        return costs
+        return costs, modified
 
     def _recipe(self, decision: RecomputeDecision) -> tuple[list[tuple], list[tuple]]:
         """What :meth:`_apply_recomputes` inserts for ``decision``, by name, worked out once per evaluator (the plans
