@@ -173,3 +173,24 @@ def test_fifo_evaluator_equals_fifo_simulate_of_the_rewritten_graph(seed):
     want = simulate(apply_swaps(graph, plan).graph, "v100-16gb-pcie3", options=options)
     assert (got.peak_bytes, got.step_time_s, got.timeline, got.ops, got.live_at_peak) == \
         (want.peak_bytes, want.step_time_s, want.timeline, want.ops, want.live_at_peak)
+
+
+def test_an_op_whose_input_copy_never_starts_is_named():
+    """A compute op reading a copy that nothing ever releases (its own inputs not run before it: no valid order has
+    one) is refused with both names, not timed from a missing end."""
+    from tflms.errors import GraphError
+    from tflms.sim.clock import Kernels
+    from tflms.sim import get_profile
+    from tflms.sim.engine import _time_release
+    from tflms.sim.indexed import ACCEL, IndexedGraph
+
+    net = IndexedGraph()
+    net.add_op("early", "NoOp", ACCEL, [], [], [])
+    net.add_op("copy", "Identity", ACCEL, [], [], [])  # (a copy with no input: never released)
+    net.add_op("reader", "NoOp", ACCEL, [], [0, 1], [])
+    kernels = Kernels("serial", [1.0, 0.0, 1.0], [0.0] * 3, 2)
+    with pytest.raises(GraphError, match="'reader' depends on 'copy', which the schedule cannot run before it"):
+        _time_release(net, [0, 1, 2], [0, 1, 2], [False, True, False], kernels, get_profile("v100-16gb-pcie3"))
+    net.preds[2] = [1]  # (the copy alone)
+    with pytest.raises(GraphError, match="'reader' depends on 'copy'"):
+        _time_release(net, [0, 1, 2], [0, 1, 2], [False, True, False], kernels, get_profile("v100-16gb-pcie3"))
