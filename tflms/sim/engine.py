@@ -100,14 +100,14 @@ def _time_release(net: IndexedGraph, order: Sequence[int], position: Sequence[in
         seq += 1.0
         if is_transfer[i]:
             continue
-        ps = preds[i]
-        try:  # (the latest input's end, in C: most ops read one or two)
-            ready_at = max(map(end.__getitem__, ps)) if ps else 0.0
-            if ready_at is None:
-                raise TypeError
-        except TypeError:  # a transfer whose own inputs come later cannot happen in a valid order (its end is None)
-            p = next(p for p in ps if end[p] is None)
-            raise GraphError(f"{names[i]!r} depends on {names[p]!r}, which the schedule cannot run before it") from None
+        ready_at = 0.0
+        latest = -1
+        for p in preds[i]:
+            e = end[p]
+            if e is None:  # a transfer whose own inputs come later cannot happen in a valid order
+                raise GraphError(f"{names[i]!r} depends on {names[p]!r}, which the schedule cannot run before it")
+            if latest < 0 or e > ready_at:
+                ready_at, latest = e, p
         if dev[i] == HOST:
             t0 = t1 = ready_at
         else:
@@ -115,8 +115,7 @@ def _time_release(net: IndexedGraph, order: Sequence[int], position: Sequence[in
             issued += launch[i]
             free = compute_free if compute_free > issued else issued
             t0 = free if free > ready_at else ready_at
-            # (a stall where the input that came last, the first of those that ended then, is a copy)
-            if ready_at > free and is_transfer[next(p for p in ps if end[p] == ready_at)]:
+            if ready_at > free and is_transfer[latest]:
                 stall += ready_at - free
             t1 = compute_free = t0 + d
             busy += d

@@ -318,30 +318,26 @@ class PlanEvaluator:
                 return _level_sorted(net, alive)
             anchor[j] = best
             after.setdefault(best, []).append(j)
-        walk, topo = [], self._topo  # (an added op is alive, and so is the op it follows)
-        done = 0
-        for b in sorted(after, key=rank.__getitem__):
-            walk += topo[done:rank[b] + 1]
-            walk += after[b]
-            done = rank[b] + 1
-        walk += topo[done:]
+        walk = self._topo
+        if after:  # (an added op is alive, and so is the op it follows)
+            walk = []
+            for b in self._topo:
+                walk.append(b)
+                if b in after:
+                    walk.extend(after[b])
         level = [-1] * n
-        get = level.__getitem__
-        for i in compress(walk, map(alive.__getitem__, walk)):
-            ps = preds[i]  # (the latest input's level, in C; -1: an input later in this order, so sort properly)
-            if len(ps) == 1:
-                top = level[ps[0]]
-                if top < 0:
+        for i in walk:
+            if not alive[i]:
+                continue
+            top = -1
+            for p in preds[i]:
+                lp = level[p]
+                if lp < 0:  # an input later in this order: sort properly
                     return _level_sorted(net, alive)
-            elif ps:
-                levels = list(map(get, ps))
-                if min(levels) < 0:
-                    return _level_sorted(net, alive)
-                top = max(levels)
-            else:
-                top = -1
+                if lp > top:
+                    top = lp
             level[i] = top + 1
-        return sorted(compress(range(n), alive), key=get)  # stable: ties keep graph order
+        return sorted(compress(range(n), alive), key=level.__getitem__)  # stable: ties keep graph order
 
     def _rewire(self, net: IndexedGraph, t: int, new_t: int, members: set[int], modified: list[int]) -> None:
         """Point the inputs of ``members`` that read tensor ``t`` (among its consumers in the base graph) at
