@@ -39,12 +39,13 @@ class _Buffers:
         variable_reads = self.variable_reads = [False] * num_tensors
         is_transfer = self.is_transfer = [False] * len(net.names)
         ran = [False] * len(net.names)
+        resident_inputs = options.resident_inputs
+        placed = _PLACED_TYPES
         for i in order:
             ran[i] = True
-        resident_inputs = options.resident_inputs
-        placed = net.op_flags(_PLACED_TYPES)  # (every other op's outputs are buffers of their own)
-        for i in compress(order, map(placed.__getitem__, order)):
             op_type = types[i]
+            if op_type not in placed:
+                continue  # (its outputs are buffers of their own)
             s, k = out_start[i], n_out[i]
             ins = inputs[i]
             if op_type in COPY_OPS and ins and dev[t_op[ins[0]]] != dev[i]:
