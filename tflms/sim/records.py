@@ -108,9 +108,9 @@ class SimDetails:
     """What one simulation recorded op by op and buffer by buffer, in flat arrays.
 
     :class:`SimResult`'s ``ops``, ``timeline``, ``buffer_owner``, ``buffer_lifetimes`` and ``live_at_peak`` are views
-    of it, built when first read and kept until :meth:`release` (:meth:`SimResult.release_views`). A tune simulates hundreds of
-    candidates of a 40,000-op step and reads these views of a few: built eagerly, as tuples of tuples and dicts of
-    strings, they took about 300 bytes per op per candidate (docs/design.md, "Tuning memory"). Built by
+    of it, built when first read and kept until :meth:`release` (:meth:`SimResult.release_views`). A tune simulates
+    hundreds of candidates of a 40,000-op step and reads these views of a few: built eagerly, as tuples of tuples and
+    dicts of strings, they took about 300 bytes per op per candidate (docs/design.md, "Tuning memory"). Built by
     :func:`tflms.sim.engine._run`, which owns the arrays it passes.
     """
 
