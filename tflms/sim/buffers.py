@@ -8,7 +8,6 @@ placed by. The loops are tuned for speed: keep function calls out of them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import compress
 
 from tflms.ir.graph import DTYPE_BYTES
 from tflms.ir.op_types import (ALIAS_OPS, COPY_OPS, FORWARDING_OPS, IDENTITY_REDUCTION_OPS, SOURCE_OPS,
@@ -128,12 +127,12 @@ def _forward(net: IndexedGraph, order: Sequence[int], position: Sequence[int], b
     as not XLA's to reuse). So XLA allocates a result of its own even where the input dies with the cluster. On the
     3D U-Net a batch norm's gradient, fused with the swap-in it read, was priced in the swap-in's buffer: 1 MiB the
     executor allocated and the clock did not."""
-    out_start, t_info, t_op, dev = net.out_start, net.t_info, net.t_op, net.dev
+    types, n_out, out_start, t_info, t_op, dev = net.types, net.n_out, net.out_start, net.t_info, net.t_op, net.dev
     is_transfer, resident, variable_reads = bufs.is_transfer, bufs.resident, bufs.variable_reads
     buffer_of, owner_of, start, end = bufs.buffer_of, bufs.owner_of, timing.start, timing.end
-    forwarding = net.op_flags(FORWARDING_OPS, single_output=True)
-    for i in compress(order, map(forwarding.__getitem__, order)):
-        if is_transfer[i]:
+    forwarding = FORWARDING_OPS
+    for i in order:
+        if types[i] not in forwarding or n_out[i] != 1 or is_transfer[i]:
             continue
         inside = cluster[i] if cluster is not None else -1
         own = out_start[i]

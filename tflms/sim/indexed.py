@@ -43,13 +43,13 @@ _NO_BUFFER_DTYPES = frozenset({"resource", "variant", "string"})
 
 
 class Origin:
-    """What the copies of one :meth:`IndexedGraph.from_graph` net share: how many ops it had (``ops``: below that,
-    every copy's ops are its ops), and what the simulator keeps of those ops (``kept``, by key)."""
+    """What the copies of one :meth:`IndexedGraph.from_graph` net share, compared by identity: how many ops it had
+    (``ops``: below that, every copy's ops are its ops)."""
 
-    __slots__ = ("ops", "kept")
+    __slots__ = ("ops",)
 
     def __init__(self, ops: int):
-        self.ops, self.kept = ops, {}
+        self.ops = ops
 
 
 class IndexedGraph:
@@ -65,7 +65,7 @@ class IndexedGraph:
     simulator adds), used only to cost it. ``origin`` (:class:`Origin`) stands for the net :meth:`from_graph` built:
     every copy shares it, and only appends ops or replaces the per-op lists of inputs, so the ops below its count
     are the same ops in every net sharing it, and what the simulator works out from an op's type and prices alone
-    is kept for them at once (:meth:`op_flags`, :func:`~tflms.sim.clock.graph_kernels`).
+    can be kept for them at once (:func:`~tflms.sim.clock.graph_kernels`).
 
     Built once per graph (:meth:`from_graph`); :class:`tflms.tune.evaluator.PlanEvaluator` derives
     one per swap plan from a base graph's by copying the lists and appending the swap ops, instead
@@ -122,18 +122,6 @@ class IndexedGraph:
             net.preds.append(list(dict.fromkeys([op_id[r.op] for r in op.inputs] + ctl)))
         net.origin = Origin(len(ops))
         return net
-
-    def op_flags(self, op_types: frozenset[str], single_output: bool = False) -> bytearray:
-        """By op id, 1 where the op's type is one of ``op_types`` (and, with ``single_output``, it has one output):
-        kept for the ops of :attr:`origin`, looked at for those appended."""
-        key = (op_types, single_output)
-        n0, types, n_out = self.origin.ops, self.types, self.n_out
-        flags = self.origin.kept.get(key)
-        if flags is None:
-            flags = self.origin.kept[key] = bytearray(
-                types[i] in op_types and (not single_output or n_out[i] == 1) for i in range(n0))
-        return flags + bytearray(types[i] in op_types and (not single_output or n_out[i] == 1)
-                                 for i in range(n0, len(types)))
 
     def copy(self) -> "IndexedGraph":
         """A copy whose lists may be appended to and whose per-op lists are replaced, never mutated."""
