@@ -31,7 +31,8 @@ def kept_fit(spans, clock=None):
     sim = types.SimpleNamespace(clock=clock, timeline=TIMELINE, ops=records, details=None)
     sim.op_spans = lambda stream=None: SimResult.op_spans(sim, stream)  # (from the records: no arrays here)
     fit = types.SimpleNamespace(sim=sim, plan=types.SimpleNamespace(recomputes=decisions))
-    ev = types.SimpleNamespace(analysis=types.SimpleNamespace(graph=b.graph), budget=10_000, need=lambda sim: 9_700)
+    ev = types.SimpleNamespace(analysis=types.SimpleNamespace(graph=b.graph), budget=10_000, need=lambda sim: 9_700,
+                               fastest_fit_s=lambda: float("inf"))
     return fit, ev
 
 
@@ -46,7 +47,7 @@ def test_the_fill_skips_the_room_at_the_peak_where_the_larger_fill_fits_and_ever
     fit, ev = kept_fit({"a": (1000, 1.0, 4.0), "d": (52, 1.0, 9.0)}, clock)
     judged = []
 
-    def judge(ev_, times, rerun, skipped, params):
+    def judge(ev_, times, rerun, skipped, params, **_):
         judged.append(params)
         return types.SimpleNamespace(fits=True)
 
@@ -73,7 +74,7 @@ def test_the_relaxation_fills_the_room_its_bisection_leaves_over_each_kept_tenso
     saved["free"] = 0.0
     judged = []
 
-    def judge(ev, times, rerun, skipped, params):
+    def judge(ev, times, rerun, skipped, params, **_):
         judged.append((frozenset(rerun), params))
         return types.SimpleNamespace(fits=len(judged) > 1, sim=None)
 
@@ -92,6 +93,34 @@ def test_the_relaxation_fills_the_room_its_bisection_leaves_over_each_kept_tenso
     judged.clear()
     ev.need = lambda sim: 17_700  # no room left while any of them would live: nothing fits, nothing is judged
     assert recompute_sets._fill(ev, {}, fit, ops, 1, saved, (), {}) == [] and not judged
+
+
+@pytest.mark.parametrize("clock", ["graph", "serial", "xla-clusters"])
+def test_a_fill_that_computes_longer_than_the_fastest_fit_is_not_simulated_off_the_xla_clocks(monkeypatch, clock):
+    """Off the XLA clocks each fill is judged under the fastest fit's time (``_judge_ops``'s ``bound``): one whose
+    compute floor is slower is refused unsimulated, and counts as a fit for what follows, so its half (which re-runs
+    more) is not judged either. On the XLA clocks no fill is bounded (its fits are what ``held`` can pin), and a
+    fill that does not fit is judged again with its first half."""
+    fit, ev = kept_fit({"a": (1000, 1.0, 4.0), "b": (1500, 6.5, 9.0), "d": (52, 1.0, 9.0)}, clock)
+    ev.fastest_fit_s = lambda: 1.0
+    calls = []
+
+    def judge(ev_, times, rerun, skipped, params, bound=None, refused=None):
+        calls.append((params.get("filled"), params.get("peak"), bound))
+        if bound is not None:  # (a floor above the bound: refused, as ``_judge_ops`` refuses it)
+            refused.append(bound() + 1.0)
+            return None
+        return types.SimpleNamespace(fits=False)
+
+    monkeypatch.setattr(recompute_sets, "_judge_ops", judge)
+    added = recompute_sets._fill(ev, {}, fit, ["kept", "a", "b", "d"], 1, {"a": 1.0, "b": 1.0, "d": 1.0}, (), {})
+    assert added == [] if clock != "xla-clusters" else len(added) == len(calls)
+    if clock == "xla-clusters":
+        assert [(filled, peak) for filled, peak, _ in calls] == [(3, None), (1, None), (1, 1)]
+        assert {bound for *_, bound in calls} == {None}
+    else:  # the spans' fill refused, so not its half; the room at the peak (d alone, within a, b, d) not judged
+        assert [(filled, peak) for filled, peak, _ in calls] == [(3, None)]
+        assert calls[0][2] is ev.fastest_fit_s
 
 
 @pytest.mark.parametrize("clock", ["graph", "serial", "xla-clusters"])

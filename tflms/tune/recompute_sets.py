@@ -137,7 +137,16 @@ def _fill(ev: TuneEvaluator, times: Mapping[str, float], fit: Candidate, ops: li
     1239.2 by the room at the peak). Off the XLA clocks that last one is not judged where the spans' fill fits and
     keeps every op it would: there each re-run is a kernel on the one compute stream, so the plan that re-runs more
     computes no shorter (the tune of tools/bench_rewrite.py's ResNet-50: 43 simulations instead of 45, counted by a
-    scratch script, the same plan)."""
+    scratch script, the same plan).
+
+    Off the XLA clocks a fill whose compute floor is slower than the fastest fit so far is not simulated
+    (:func:`_judge_ops`'s ``bound``, as for the price sets and the segment plans): it could not win, nor could a
+    hybrid of it. It counts as a fit for what is judged next, so neither its half nor a room-at-the-peak fill of its
+    own ops is simulated either: each keeps fewer of the ranking's ops, so re-runs more (the tune of
+    tools/bench_rewrite.py's ResNet-50: 4 of its 6 fills left out, 30 simulations to 27, the same plan; the V100 cells of
+    ``tools/bench.py --at resnet50=481,densenet121=528,bert-base=67``, simulated, the same plans, +13.92%, +9.93%,
+    +11.58%). On the XLA clocks every fill is simulated: its fits are fallbacks :func:`tflms.pipeline.held.held`
+    can pin."""
     graph = ev.analysis.graph
     moments = np.array([t for t, _, _ in fit.sim.timeline], dtype=float)
     held = np.array([b for _, b, _ in fit.sim.timeline], dtype=np.int64)
@@ -165,16 +174,19 @@ def _fill(ev: TuneEvaluator, times: Mapping[str, float], fit: Candidate, ops: li
     added: list[Candidate] = []
     judged: list[list[str]] = []
 
+    bound = None if fit.sim.clock in XLA_CLOCKS else ev.fastest_fit_s
+    refused: list[float] = []
+
     def judge(extra: list[str], **marks: int) -> bool:
-        """Judge the fit with ``extra`` kept too (once per set); whether that fits."""
+        """Judge the fit with ``extra`` kept too (once per set); whether that fits, or computes too long to win."""
         if not extra or extra in judged:
             return False
         judged.append(extra)
-        chosen = set(extra)
+        chosen, before = set(extra), len(refused)
         trial = _judge_ops(ev, times, [op for op in ops[kept:] if op not in chosen], skipped,
-                           {**params, "filled": len(extra), **marks})
+                           {**params, "filled": len(extra), **marks}, bound=bound, refused=refused)
         added.extend([trial] if trial is not None else [])
-        return trial is not None and trial.fits
+        return (trial is not None and trial.fits) or len(refused) > before
 
     if not judge(over_spans):
         judge(over_spans[:len(over_spans) // 2])
@@ -281,11 +293,13 @@ def _round_trip_s(profile, num_bytes: int) -> float:
 
 def _judge_ops(ev: TuneEvaluator, times: Mapping[str, float], ops, skipped: tuple, params: dict, *,
               split_only: bool = False, bound: Callable[[], float] | None = None,
-              per_reader: frozenset[str] = frozenset(), split_readers: bool = False) -> Candidate | None:
+              per_reader: frozenset[str] = frozenset(), split_readers: bool = False,
+              refused: list[float] | None = None) -> Candidate | None:
     """Recompute ``ops`` (:func:`~tflms.policies.recompute.recompute_plan`, with ``params["split"]`` as its
     ``split_levels``, and ``split_readers``: a clone per reader), simulate and record the plan (``params`` plus what
     it recomputes); ``None`` when no op can be recomputed, or, with ``split_only``, when the split re-runs nothing
-    again (the plan without it), or when the plan computes longer than ``bound()`` seconds (the fastest fit so far).
+    again (the plan without it), or when the plan computes longer than ``bound()`` seconds (the fastest fit so far;
+    then its floor is appended to ``refused``, where given).
 
     That plan cannot win, nor can a hybrid of it: the compute stream runs every op of the step and every clone,
     one after another, and a step lasts at least that long (:func:`compute_floor_s`). It is not simulated. On
@@ -296,8 +310,12 @@ def _judge_ops(ev: TuneEvaluator, times: Mapping[str, float], ops, skipped: tupl
     decisions = plan.recomputes
     if not decisions or (split_only and not any(r.copy for r in decisions)):
         return None
-    if bound is not None and compute_floor_s(ev.context.baseline, times, decisions, clone_launch_s(ev)) > bound():
-        return None
+    if bound is not None:
+        floor = compute_floor_s(ev.context.baseline, times, decisions, clone_launch_s(ev))
+        if floor > bound():
+            if refused is not None:
+                refused.append(floor)
+            return None
     # (incrementally, without the rewritten graph: that is built where it is read, ``ev.graph_of``)
     sim = ev.plans.evaluate(plan)
     params = {**params, "recomputed": sum(len(r.tensors) for r in decisions),
