@@ -139,7 +139,7 @@ def test_the_bisection_narrows_to_a_sixteenth_of_the_ranking_off_the_xla_clocks_
     monkeypatch.setattr(recompute_sets, "rerun_times", lambda sim, decisions: times)  # (the XLA clocks' re-run times)
     trials, filled = [], []
 
-    def judge(ev_, times_, rerun, skipped, params):
+    def judge(ev_, times_, rerun, skipped, params, **_):
         trials.append(params["kept"])
         return types.SimpleNamespace(fits=params["kept"] <= fitting, params=params)
 
@@ -162,3 +162,49 @@ def test_the_bisection_narrows_to_a_sixteenth_of_the_ranking_off_the_xla_clocks_
     assert all(k <= kept or k > fitting for k in trials)
     if xla:
         assert fitting - kept <= 1  # (the last count left open is not judged: the fill may keep it)
+
+
+@pytest.mark.parametrize("clock", ["graph", "xla-clusters"])
+@pytest.mark.parametrize("slow_below, fitting", [(60, 80), (60, 40), (0, 37)])
+def test_a_bisection_trial_that_computes_longer_than_the_fastest_fit_is_taken_as_a_fit_unsimulated(
+        monkeypatch, clock, slow_below, fitting):
+    """Off the XLA clocks a trial whose compute floor is above the fastest fit's time (here: one keeping fewer than
+    ``slow_below`` of the ranking) is not simulated: it could not win, nor could a hybrid of it, and the bisection
+    keeps more, as after a fit. Where the fill would start from such a count, that count is simulated then; if it
+    does not fit, the fill starts from the last count simulated that did. On the XLA clocks every trial is
+    simulated (the fits near the boundary are what ``held`` pins)."""
+    ranked = 100
+    spans = {f"op{k:03d}": (4, 1.0, 9.0) for k in range(ranked)}
+    fit, ev = kept_fit(spans, clock)
+    ev.fastest_fit_s = lambda: 1.0
+    cand = types.SimpleNamespace(sim=fit.sim, plan=fit.plan, params={"price": 1.0}, fits=True)
+    times = {op: 1.0 + k for k, op in enumerate(spans)}
+    monkeypatch.setattr(recompute_sets, "rerun_times", lambda sim, decisions: times)
+    simulated, filled = [], []
+
+    def judge(ev_, times_, rerun, skipped, params, bound=None, refused=None):
+        if bound is not None and params["kept"] < slow_below:
+            refused.append(bound() + 1.0)
+            return None
+        simulated.append(params["kept"])
+        return types.SimpleNamespace(fits=params["kept"] <= fitting, params=params)
+
+    def fill(ev_, times_, fit_, ops, kept, saved, skipped, params):
+        filled.append((kept, fit_.params.get("kept")))
+        return []
+
+    monkeypatch.setattr(recompute_sets, "_judge_ops", judge)
+    monkeypatch.setattr(recompute_sets, "_fill", fill)
+    recompute_sets._relax(ev, times, cand, ())
+    (kept, fit_kept), = filled
+    assert kept == (fit_kept or 0)  # the fill starts from a count simulated, and fitting
+    assert kept <= fitting
+    if clock == "xla-clusters":
+        assert simulated[0] == 50  # (no bound: the first trial, below ``slow_below`` or not, is simulated)
+        return
+    # below ``slow_below`` only the count the fill would have started from, once, after the bisection
+    assert [k for k in simulated if k < slow_below] in ([], simulated[-1:])
+    if fitting >= slow_below:  # the bisection went on past the unsimulated counts, as through fits
+        assert slow_below <= kept and fitting - kept <= max(1, ranked // recompute_sets.RELAX_RESOLUTION)
+    else:  # the count it took as fitting did not: the fill starts from the plan itself
+        assert (kept, fit_kept) == (0, None)
