@@ -164,10 +164,10 @@ def _fill(ev: TuneEvaluator, times: Mapping[str, float], fit: Candidate, ops: li
     (:func:`_judge_ops`'s ``bound``, as for the price sets and the segment plans): it could not win, nor could a
     hybrid of it. It counts as a fit for what is judged next, so neither its half nor a room-at-the-peak fill of its
     own ops is simulated either: each keeps fewer of the ranking's ops, so re-runs more (the tune of
-    tools/bench_rewrite.py's ResNet-50: 4 of its 6 fills left out, 30 simulations to 27, the same plan; the V100 cells of
-    ``tools/bench.py --at resnet50=481,densenet121=528,bert-base=67``, simulated, the same plans, +13.92%, +9.93%,
-    +11.58%). On the XLA clocks every fill is simulated: its fits are fallbacks :func:`tflms.pipeline.held.held`
-    can pin."""
+    tools/bench_rewrite.py's ResNet-50: 4 of its 6 fills left out, 30 simulations to 27, the same plan; the V100
+    cells of ``tools/bench.py --at resnet50=481,densenet121=528,bert-base=67``, simulated, the same plans, +13.92%,
+    +9.93%, +11.58%). On the XLA clocks every fill is simulated: its fits are fallbacks
+    :func:`tflms.pipeline.held.held` can pin."""
     graph = ev.analysis.graph
     moments = np.array([t for t, _, _ in fit.sim.timeline], dtype=float)
     held = np.array([b for _, b, _ in fit.sim.timeline], dtype=np.int64)
