@@ -161,7 +161,7 @@ def graph_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence
     for i in order:
         ran[i] = 1
     # an op of the origin out of the order, or a copy between devices, keeps the stream free (both are few)
-    idle = _missing(ran, n0)
+    idle = _indices(ran[:n0], 0)
     idle.extend(i for i in _indices(is_transfer, True) if i < n0 and ran[i])
     for i in idle:
         count -= priced[i]
@@ -187,10 +187,8 @@ def _origin_kernels(net: IndexedGraph, costs: OpCosts, memo: dict, launch_s: flo
     hit = memo.get(_ORIGIN)
     if hit is None or hit[0] is not token:
         duration, launch, priced = [0.0] * n0, [0.0] * n0, bytearray(n0)
-        dev = net.dev
         for i in range(n0):
-            if dev[i] == ACCEL:
-                duration[i], launch[i], priced[i] = _op_kernel(net, i, costs, memo, launch_s, profile)
+            duration[i], launch[i], priced[i] = _op_kernel(net, i, costs, memo, launch_s, profile)
         hit = memo[_ORIGIN] = (token, duration, launch, priced, sum(priced))
     return hit
 
@@ -216,16 +214,6 @@ def _op_kernel(net: IndexedGraph, i: int, costs: OpCosts, memo: dict, launch_s: 
         else:
             hit = memo[i] = (src, t, 0.0, t > 0)
     return hit[1], hit[2], hit[3]
-
-
-def _missing(ran: bytearray, n: int) -> list[int]:
-    """The ids below ``n`` where ``ran`` is 0 (``bytearray.find`` scans: fast where they are rare)."""
-    found: list[int] = []
-    k = ran.find(0, 0, n)
-    while k >= 0:
-        found.append(k)
-        k = ran.find(0, k + 1, n)
-    return found
 
 
 def kernels_for(mode: str, net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,

@@ -166,7 +166,7 @@ class IndexedGraph:
         return [op_id[r] for r in roots if r in op_id]
 
 
-def _indices(values: list, value: object) -> list[int]:
+def _indices(values: list | bytearray, value: object) -> list[int]:
     """Where ``value`` is in ``values`` (``list.index`` scans: fast where it is rare)."""
     found: list[int] = []
     k = -1
