@@ -98,7 +98,7 @@ def _relax(ev: TuneEvaluator, times: Mapping[str, float], cand: Candidate, skipp
     re-runs more, so the bisection keeps more, as after a fit. Where the fill would start from a count taken so, that
     count is simulated then, and where it does not fit the fill starts from the last fit simulated (fortieth
     session: on tools/bench_rewrite.py's tune 6 of 16 trials refused, all of which had fitted, 3 simulated for the
-    fill; 27 -> 24 simulations, the same plan)."""
+    fill; 27 -> 24 simulations, scratch counts; the same plan)."""
     graph = ev.analysis.graph
     rerun = rerun_times(cand.sim, cand.plan.recomputes) if cand.sim.clock in XLA_CLOCKS else times
     own = {op: rerun.get(op, 0.0) for r in cand.plan.recomputes for op in r.ops}
@@ -164,9 +164,9 @@ def _fill(ev: TuneEvaluator, times: Mapping[str, float], fit: Candidate, ops: li
     (:func:`_judge_ops`'s ``bound``, as for the price sets and the segment plans): it could not win, nor could a
     hybrid of it. It counts as a fit for what is judged next, so neither its half nor a room-at-the-peak fill of its
     own ops is simulated either: each keeps fewer of the ranking's ops, so re-runs more (the tune of
-    tools/bench_rewrite.py's ResNet-50: 4 of its 6 fills left out, 30 simulations to 27, the same plan; the V100
-    cells of ``tools/bench.py --at resnet50=481,densenet121=528,bert-base=67``, simulated, the same plans, +13.92%,
-    +9.93%, +11.58%). On the XLA clocks every fill is simulated: its fits are fallbacks
+    tools/bench_rewrite.py's ResNet-50: 4 of its 6 fills left out, 30 simulations to 27 (scratch counts), the same
+    plan; the V100 cells of ``tools/bench.py --at resnet50=481,densenet121=528,bert-base=67``, simulated, the same
+    plans, +13.92%, +9.93%, +11.58%). On the XLA clocks every fill is simulated: its fits are fallbacks
     :func:`tflms.pipeline.held.held` can pin."""
     graph = ev.analysis.graph
     moments = np.array([t for t, _, _ in fit.sim.timeline], dtype=float)
