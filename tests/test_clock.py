@@ -379,7 +379,7 @@ def test_the_graph_clocks_one_pass_gives_the_two_passes_figures_in_every_plan_of
     assert {"recompute", "hybrid"} <= {s for s, *_ in one_pass}, sorted({s for s, *_ in one_pass})
     assert len(one_pass[-1]) == 4  # (a rewritten graph was simulated)
 
-    def two_passes(net, order, is_transfer, costs, profile):
+    def two_passes(net, order, is_transfer, costs, profile, position=None):
         priced = clock.op_durations(net, order, is_transfer, costs, profile)
         kernels = clock.Kernels(clock.CLOCK_GRAPH, priced, [0.0] * len(priced), sum(1 for d in priced if d > 0))
         return clock.asynchronous(kernels, net, profile, costs)

@@ -8,54 +8,64 @@ placed by. The loops are tuned for speed: keep function calls out of them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import compress
 
 from tflms.ir.graph import DTYPE_BYTES
-from tflms.ir.op_types import (ALIAS_OPS, COPY_OPS, FORWARDING_OPS, IDENTITY_REDUCTION_OPS, SOURCE_OPS,
+from tflms.ir.op_types import (ALIAS_OPS, CONSTANT_OPS, COPY_OPS, FORWARDING_OPS, IDENTITY_REDUCTION_OPS, SOURCE_OPS,
                                VARIABLE_READ_OPS, trivial_reduction)
 from tflms.sim.indexed import ACCEL, IndexedGraph, _resident_variable_bytes
 from tflms.sim.records import SimOptions
 
 
-#: The op types whose outputs :class:`_Buffers` places (copies, variable reads, resident step arguments and constants,
-#: aliases, reductions that may hand back their input): every other op's outputs are buffers of their own.
-_PLACED_TYPES = (COPY_OPS | VARIABLE_READ_OPS | SOURCE_OPS | ALIAS_OPS | IDENTITY_REDUCTION_OPS
-                 | frozenset({"Const", "HostConst"}))
+#: The op types whose outputs :class:`_Buffers` places by their type alone (resident or variable reads), and those it
+#: places by their inputs (copies between devices, aliases, reductions that may hand back their input): every other
+#: op's outputs are buffers of their own. (The two are disjoint.)
+_TYPED = VARIABLE_READ_OPS | SOURCE_OPS | CONSTANT_OPS
+_BY_INPUTS = COPY_OPS | ALIAS_OPS | IDENTITY_REDUCTION_OPS
 
 
 class _Buffers:
-    """Which buffer each tensor lives in before forwarding, and the facts the later stages read by tensor or op."""
+    """Which buffer each tensor lives in before forwarding, and the facts the later stages read by tensor or op.
+
+    ``position``: by op id its position in ``order`` (-1: not in it). The tensors placed by their op's type alone are
+    the same in every net sharing an origin (:attr:`IndexedGraph.origin`): they are worked out once for the origin's
+    ops (:func:`_typed`), whether or not an op is in the order (the later stages read those facts only for buffers of
+    ops in the order), and only the ops placed by their inputs are walked in the order. (Walked op by op, this was a
+    tenth of each simulation of a tune.)"""
 
     __slots__ = ("buffer_of", "in_order", "resident", "variable_reads", "unknown", "is_transfer")
 
-    def __init__(self, net: IndexedGraph, order: Sequence[int], options: SimOptions):
+    def __init__(self, net: IndexedGraph, order: Sequence[int], options: SimOptions,
+                 position: Sequence[int] | None = None):
         types, dev, inputs, t_op, t_info = net.types, net.dev, net.inputs, net.t_op, net.t_info
         out_start, n_out = net.out_start, net.n_out
-        num_tensors = len(t_op)
+        n, num_tensors = len(net.names), len(t_op)
+        if position is None:
+            position = [-1] * n
+            for k, i in enumerate(order):
+                position[i] = k
+        n0 = net.origin.ops
+        resident, variable_reads, by_inputs = _typed(net, options.resident_inputs)
+        t0 = len(resident)
         # buffer_of[t] is the tensor owning t's buffer; until forwarding it is always resolved (an owner),
         # because an alias takes its input's (resolved) owner and inputs come earlier in the order.
         buffer_of = self.buffer_of = list(range(num_tensors))
-        resident = self.resident = [False] * num_tensors
-        variable_reads = self.variable_reads = [False] * num_tensors
-        is_transfer = self.is_transfer = [False] * len(net.names)
-        ran = [False] * len(net.names)
-        resident_inputs = options.resident_inputs
-        placed = _PLACED_TYPES
-        for i in order:
-            ran[i] = True
+        resident = self.resident = resident + [False] * (num_tensors - t0)
+        variable_reads = self.variable_reads = variable_reads + [False] * (num_tensors - t0)
+        is_transfer = self.is_transfer = [False] * n
+        if n > n0:  # the ops appended to the origin's (a plan's): placed as the origin's are
+            by_inputs = by_inputs + bytearray(n - n0)
+            for i in range(n0, n):
+                if position[i] >= 0:
+                    _place_typed(types[i], out_start[i], n_out[i], options.resident_inputs, resident, variable_reads)
+                    by_inputs[i] = types[i] in _BY_INPUTS
+        for i in compress(order, map(by_inputs.__getitem__, order)):
             op_type = types[i]
-            if op_type not in placed:
-                continue  # (its outputs are buffers of their own)
             s, k = out_start[i], n_out[i]
             ins = inputs[i]
             if op_type in COPY_OPS and ins and dev[t_op[ins[0]]] != dev[i]:
                 is_transfer[i] = True
-            if op_type in VARIABLE_READ_OPS:
-                if k:
-                    variable_reads[s] = True
-            elif (op_type in SOURCE_OPS and resident_inputs) or op_type in ("Const", "HostConst"):
-                for t in range(s, s + k):
-                    resident[t] = True
-            elif op_type in ALIAS_OPS and ins:
+            if op_type in ALIAS_OPS and ins:
                 if dev[t_op[ins[0]]] == dev[i] or op_type not in COPY_OPS:
                     last = len(ins) - 1
                     for j in range(k):
@@ -63,7 +73,7 @@ class _Buffers:
             elif (op_type in IDENTITY_REDUCTION_OPS and ins and k == 1
                   and trivial_reduction(t_info[ins[0]], t_info[s])):
                 buffer_of[s] = buffer_of[ins[0]]
-        in_order = self.in_order = list(map(ran.__getitem__, t_op))  # outputs of ops in the order
+        in_order = self.in_order = list(map((-1).__lt__, map(position.__getitem__, t_op)))  # outputs of ops in the order
         self.unknown = _unknown_sizes(net, order, in_order)
 
     def owner_of(self, t: int) -> int:
@@ -84,6 +94,36 @@ def _unknown_sizes(net: IndexedGraph, order: Sequence[int], in_order: Sequence[b
         where = {i: k for k, i in enumerate(order)}
         unsized.sort(key=lambda t: (where[t_op[t]], t))
     return [net.tensor_name(t) for t in unsized]
+
+
+def _place_typed(op_type: str, s: int, k: int, resident_inputs: bool, resident: list[bool],
+                 variable_reads: list[bool]) -> None:
+    """Mark the outputs ``s .. s + k - 1`` of an op of type ``op_type`` placed by its type alone (:data:`_TYPED`)."""
+    if op_type in VARIABLE_READ_OPS:
+        if k:
+            variable_reads[s] = True
+    elif (op_type in SOURCE_OPS and resident_inputs) or op_type in CONSTANT_OPS:
+        for t in range(s, s + k):
+            resident[t] = True
+
+
+def _typed(net: IndexedGraph, resident_inputs: bool) -> tuple[list[bool], list[bool], bytearray]:
+    """For the ops of ``net``'s origin (:attr:`IndexedGraph.origin`): by tensor, whether it is resident and whether
+    it is a variable read, and by op whether :class:`_Buffers` places its outputs by its inputs (:data:`_BY_INPUTS`);
+    worked out once per origin."""
+    key = ("buffers", resident_inputs)
+    hit = net.origin.memo.get(key)
+    if hit is None:
+        n0 = net.origin.ops
+        types, out_start, n_out = net.types, net.out_start, net.n_out
+        t0 = out_start[n0 - 1] + n_out[n0 - 1] if n0 else 0
+        resident, variable_reads = [False] * t0, [False] * t0
+        for i in range(n0):
+            if types[i] in _TYPED:
+                _place_typed(types[i], out_start[i], n_out[i], resident_inputs, resident, variable_reads)
+        by_inputs = bytearray(map(_BY_INPUTS.__contains__, types[:n0]))
+        hit = net.origin.memo[key] = (resident, variable_reads, by_inputs)
+    return hit
 
 
 def _readers(order: Sequence[int], reads: Sequence[Sequence[int]], buffer_of: Sequence[int],

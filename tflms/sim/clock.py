@@ -144,7 +144,7 @@ def asynchronous(kernels: Kernels, net: IndexedGraph, profile: HardwareProfile, 
 
 
 def graph_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
-                  profile: HardwareProfile) -> Kernels:
+                  profile: HardwareProfile, position: Sequence[int] | None = None) -> Kernels:
     """The ``graph`` clock's kernels of a step grappler's GPU remapper fuses nothing of: :func:`asynchronous` of
     :func:`serial_kernels`, the same figures without a pass over each op. Each op's pair (time on the stream, launch)
     is worked out once and kept with ``costs`` (:meth:`OpCosts.graph_clock_memo`): a tune simulates the same ops in
@@ -157,17 +157,18 @@ def graph_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence
     _, base_duration, base_launch, priced, count = _origin_kernels(net, costs, memo, launch_s, profile)
     n0 = len(base_duration)
     duration, launch = base_duration + [0.0] * (n - n0), base_launch + [0.0] * (n - n0)
-    ran = bytearray(n)
-    for i in order:
-        ran[i] = 1
+    if position is None:
+        position = [-1] * n
+        for k, i in enumerate(order):
+            position[i] = k
     # an op of the origin out of the order, or a copy between devices, keeps the stream free (both are few)
-    idle = _indices(ran[:n0], 0)
-    idle.extend(i for i in _indices(is_transfer, True) if i < n0 and ran[i])
+    idle = _indices(position[:n0], -1)
+    idle.extend(i for i in _indices(is_transfer, True) if i < n0 and position[i] >= 0)
     for i in idle:
         count -= priced[i]
         duration[i] = launch[i] = 0.0
     for i in range(n0, n):
-        if ran[i] and not is_transfer[i]:
+        if position[i] >= 0 and not is_transfer[i]:
             duration[i], launch[i], kernel = _op_kernel(net, i, costs, memo, launch_s, profile)
             count += kernel
     return Kernels(CLOCK_GRAPH, duration, launch, count)
@@ -217,15 +218,17 @@ def _op_kernel(net: IndexedGraph, i: int, costs: OpCosts, memo: dict, launch_s: 
 
 
 def kernels_for(mode: str, net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
-                profile: HardwareProfile, outputs: Sequence[int], options: SimOptions | None = None) -> Kernels:
+                profile: HardwareProfile, outputs: Sequence[int], options: SimOptions | None = None,
+                position: Sequence[int] | None = None) -> Kernels:
     """The :class:`Kernels` of ``net`` under clock ``mode`` (resolved, see :func:`resolve_clock`). The
-    ``xla-clusters`` clock reads the segment options of ``options`` (``SimOptions.xla_*``; ``None``: the defaults)."""
+    ``xla-clusters`` clock reads the segment options of ``options`` (``SimOptions.xla_*``; ``None``: the defaults).
+    ``position``: by op id its position in ``order`` (-1: not in it), where the caller has it."""
     if mode == CLOCK_SERIAL:
         return serial_kernels(net, order, is_transfer, costs, profile)
     from tflms.sim import fusion  # noqa: PLC0415 - fusion imports this module
     if mode == CLOCK_GRAPH:
         if not fusion.may_fuse_on_gpu(net):
-            return graph_kernels(net, order, is_transfer, costs, profile)
+            return graph_kernels(net, order, is_transfer, costs, profile, position)
         kernels = fusion.remapper_kernels(net, order, is_transfer, costs, profile, outputs)
         return asynchronous(kernels, net, profile, costs)
     if mode == CLOCK_XLA:

@@ -325,12 +325,17 @@ def _result(net: IndexedGraph, order: Sequence[int], position: Sequence[int], bu
 
 
 def step_kernels(net: IndexedGraph, order: Sequence[int], outputs: Sequence[int], profile: HardwareProfile,
-                 options: SimOptions, costs: OpCosts) -> tuple[_Buffers, Kernels]:
+                 options: SimOptions, costs: OpCosts, position: Sequence[int] | None = None) -> tuple[_Buffers, Kernels]:
     """The buffers each tensor starts in and the kernels the clock of ``options`` makes of the step, as
-    :func:`_run` (and :func:`tflms.sim.simulator.kernel_reads`) use them."""
-    bufs = _Buffers(net, order, options)
+    :func:`_run` (and :func:`tflms.sim.simulator.kernel_reads`) use them. ``position``: by op id its position in
+    ``order`` (-1: not in it), where the caller has it."""
+    if position is None:
+        position = [-1] * len(net.names)
+        for k, i in enumerate(order):
+            position[i] = k
+    bufs = _Buffers(net, order, options, position)
     return bufs, kernels_for(resolve_clock(options.clock, profile), net, order, bufs.is_transfer, costs, profile,
-                             outputs, options)
+                             outputs, options, position)
 
 
 def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outputs: Iterable[int],
@@ -338,7 +343,7 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
          observed: Mapping[str, tuple[float, float]] | None = None) -> SimResult:
     """The simulation proper (see module doc) over an :class:`IndexedGraph` and a checked order."""
     outputs = list(dict.fromkeys(outputs))
-    bufs, kernels = step_kernels(net, order, outputs, profile, options, costs)
+    bufs, kernels = step_kernels(net, order, outputs, profile, options, costs, position)
     if kernels.order is not None:  # XLA clusters: each cluster's kernels back to back (tflms.sim.clusters)
         order = kernels.order
         position = [-1] * len(net.names)

@@ -44,12 +44,14 @@ _NO_BUFFER_DTYPES = frozenset({"resource", "variant", "string"})
 
 class Origin:
     """What the copies of one :meth:`IndexedGraph.from_graph` net share, compared by identity: how many ops it had
-    (``ops``: below that, every copy's ops are its ops)."""
+    (``ops``: below that, every copy's ops are its ops), and what the simulator worked out from those ops' types
+    alone, kept by the stage that did (``memo``: :class:`tflms.sim.buffers._Buffers`)."""
 
-    __slots__ = ("ops",)
+    __slots__ = ("ops", "memo")
 
     def __init__(self, ops: int):
         self.ops = ops
+        self.memo: dict = {}
 
 
 class IndexedGraph:
