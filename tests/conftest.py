@@ -84,24 +84,35 @@ def tf_keras_path(request, tmp_path_factory) -> pathlib.Path | None:
     return tf_keras_dir(root)
 
 
-# ------------------------------------------------------------------------------------------------ real models
+# ------------------------------------------------------------------------------------------------ real models, the sweep
 def pytest_addoption(parser):
     parser.addoption("--real-models", action="store_true",
                      help="run the tests marked real_model (keras.applications models, minutes each); CI runs them "
-                          "after the README's test command: python -m pytest -n 2 --real-models -m real_model")
+                          "after the README's test command: python -m pytest -n 2 --real-models --sweep "
+                          "-m 'real_model or sweep'")
+    parser.addoption("--sweep", action="store_true",
+                     help="run the tests marked sweep (the budget sweep's cases, a fresh process per run: about 9 "
+                          "minutes of one core); CI runs them with the real-model tests")
+
+
+#: Marker -> (the option that runs its tests, why they are skipped without it).
+_OPT_IN = {"real_model": ("--real-models", "a keras.applications model"),
+           "sweep": ("--sweep", "the budget sweep, a fresh process per run")}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the ``real_model`` tests unless ``--real-models``: keras.applications models take 20 s to 150 s each, and
-    the README's test command must stay within its 15 minutes on two cores (small models in tests, large ones in
-    benchmarks). They stay tests, and CI runs them: ``.ci/run`` after the README's command, ``.ci/versions`` on the
-    oldest minor (docs/developer.md)."""
-    if config.getoption("--real-models"):
-        return
-    skip = pytest.mark.skip(reason="a keras.applications model: run with --real-models (CI does: .ci/run)")
-    for item in items:
-        if "real_model" in item.keywords:
-            item.add_marker(skip)
+    """Skip the ``real_model`` tests unless ``--real-models``, and the ``sweep`` tests unless ``--sweep``:
+    keras.applications models take 20 s to 150 s each, and the budget sweep's cases (tests/test_budget_sweep.py) about 9
+    minutes of one core in one fixture, and the README's test command must stay within its 15 minutes on two cores
+    (small models in tests, large ones in benchmarks). They stay tests, and CI runs them: ``.ci/run`` after the README's
+    command, ``.ci/versions`` the real models on the oldest minor (docs/developer.md)."""
+    for marker, (option, what) in _OPT_IN.items():
+        if config.getoption(option):
+            continue
+        skip = pytest.mark.skip(reason=f"{what}: run with {option} (CI does: .ci/run)")
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 # ------------------------------------------------------------------------------------------------ the plan cache

@@ -1,6 +1,8 @@
 """Issue 45: every rewrite tflms hands back trains bitwise like the plain step, or it refuses with a BudgetError.
 
-Part of the budget sweep (tools/budget_sweep.py runs all of it): each run in a fresh process per oneDNN setting.
+Part of the budget sweep (tools/budget_sweep.py runs all of it): each run in a fresh process per oneDNN setting. Those
+cases (marked ``sweep``: about 9 minutes of one core, in one fixture) run with ``--sweep``, as CI runs them after the
+README's test command (tests/conftest.py); the issue's own reproducer runs in that command.
 """
 
 import pytest
@@ -41,6 +43,7 @@ def swept(request):
     return tool, results
 
 
+@pytest.mark.sweep
 def test_every_run_is_a_bitwise_fit_or_a_budget_error(swept):
     tool, results = swept
     assert len(results) == len(CASES) + len(RECOMPUTE_CASES), tool.table(results)
@@ -51,6 +54,7 @@ def test_every_run_is_a_bitwise_fit_or_a_budget_error(swept):
             assert run["outcome"] in ALLOWED, tool.table(results)
 
 
+@pytest.mark.sweep
 def test_recompute_alone_recomputes_and_trains_bitwise_with_onednn_on_and_off(swept):
     tool, results = swept
     recomputed = [r for r in results if r.get("recompute") == "only"]
@@ -60,6 +64,7 @@ def test_recompute_alone_recomputes_and_trains_bitwise_with_onednn_on_and_off(sw
             tool.table(results)
 
 
+@pytest.mark.sweep
 def test_the_sweep_rewrites_something_in_every_case(swept):
     # budgets below the unchanged peak: a case where every run fits unchanged or is refused would check nothing
     tool, results = swept
