@@ -130,13 +130,16 @@ def test_ci_runs_every_older_minor_and_a_newer_python():
 
 
 def test_the_readme_command_skips_the_real_models_and_ci_runs_them():
-    """The keras.applications tests (``real_model``) are skipped by the README's command, run by ``--real-models``,
-    and CI runs them right after that command (tests/conftest.py)."""
-    skipped = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                              "tests/test_zoo.py::test_resnet50_fit_at_96_is_bitwise"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert skipped.returncode == 0 and "1 skipped" in skipped.stdout and "--real-models" in skipped.stdout, \
-        skipped.stdout[-2000:]  # (collected and skipped, not deselected: the README's user sees they exist)
+    """The keras.applications tests (``real_model``) and the budget sweep's cases (``sweep``) are skipped by the
+    README's command, run by ``--real-models`` and ``--sweep``, and CI runs them right after that command
+    (tests/conftest.py)."""
+    for node, option in (("tests/test_zoo.py::test_resnet50_fit_at_96_is_bitwise", "--real-models"),
+                         ("tests/test_budget_sweep.py::test_the_sweep_rewrites_something_in_every_case", "--sweep")):
+        skipped = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", node],
+                                 cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert skipped.returncode == 0 and "1 skipped" in skipped.stdout and option in skipped.stdout, \
+            skipped.stdout[-2000:]  # (collected and skipped, not deselected: the README's user sees they exist)
     ci = (ROOT / ".ci" / "run").read_text()
-    assert ci.index("$cmd\"") < ci.index("--real-models -m real_model") < ci.index("bash .ci/versions")
+    second = ci.index('--real-models --sweep -m "real_model or sweep"')
+    assert ci.index("$cmd\"") < second < ci.index("bash .ci/versions")
     assert "--real-models" in (ROOT / ".ci" / "versions").read_text()  # BITWISE's MobileNet is one
