@@ -84,7 +84,7 @@ def tf_keras_path(request, tmp_path_factory) -> pathlib.Path | None:
     return tf_keras_dir(root)
 
 
-# ------------------------------------------------------------------------------------------------ real models, the sweep
+# ------------------------------------------------------------------------------------------- real models, the sweep
 def pytest_addoption(parser):
     parser.addoption("--real-models", action="store_true",
                      help="run the tests marked real_model (keras.applications models, minutes each); CI runs them "

@@ -73,7 +73,8 @@ class _Buffers:
             elif (op_type in IDENTITY_REDUCTION_OPS and ins and k == 1
                   and trivial_reduction(t_info[ins[0]], t_info[s])):
                 buffer_of[s] = buffer_of[ins[0]]
-        in_order = self.in_order = list(map((-1).__lt__, map(position.__getitem__, t_op)))  # outputs of ops in the order
+        # the outputs of ops in the order
+        in_order = self.in_order = list(map((-1).__lt__, map(position.__getitem__, t_op)))
         self.unknown = _unknown_sizes(net, order, in_order)
 
     def owner_of(self, t: int) -> int:

@@ -325,7 +325,8 @@ def _result(net: IndexedGraph, order: Sequence[int], position: Sequence[int], bu
 
 
 def step_kernels(net: IndexedGraph, order: Sequence[int], outputs: Sequence[int], profile: HardwareProfile,
-                 options: SimOptions, costs: OpCosts, position: Sequence[int] | None = None) -> tuple[_Buffers, Kernels]:
+                 options: SimOptions, costs: OpCosts,
+                 position: Sequence[int] | None = None) -> tuple[_Buffers, Kernels]:
     """The buffers each tensor starts in and the kernels the clock of ``options`` makes of the step, as
     :func:`_run` (and :func:`tflms.sim.simulator.kernel_reads`) use them. ``position``: by op id its position in
     ``order`` (-1: not in it), where the caller has it."""
