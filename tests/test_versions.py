@@ -133,8 +133,9 @@ def test_the_readme_command_skips_the_real_models_and_ci_runs_them():
     """The keras.applications tests (``real_model``) and the budget sweep's cases (``sweep``) are skipped by the
     README's command, run by ``--real-models`` and ``--sweep``, and CI runs them right after that command
     (tests/conftest.py)."""
+    sweep = "test_the_sweep_trains_bitwise_or_refuses_recomputes_alone_and_rewrites_something_in_every_case"
     for node, option in (("tests/test_zoo.py::test_resnet50_fit_at_96_is_bitwise", "--real-models"),
-                         ("tests/test_budget_sweep.py::test_the_sweep_rewrites_something_in_every_case", "--sweep")):
+                         (f"tests/test_budget_sweep.py::{sweep}", "--sweep")):
         skipped = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", node],
                                  cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert skipped.returncode == 0 and "1 skipped" in skipped.stdout and option in skipped.stdout, \
