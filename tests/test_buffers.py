@@ -10,7 +10,7 @@ import pytest
 
 from tflms.ir.graph import TensorInfo
 from tflms.sim.buffers import _Buffers
-from tflms.sim.indexed import ACCEL, HOST, IndexedGraph, Origin
+from tflms.sim.indexed import ACCEL, HOST, IndexedGraph, Origin, positions
 from tflms.sim.records import SimOptions
 
 _INFO = TensorInfo("float32", (4, 4), 64)
@@ -63,7 +63,7 @@ def test_a_copys_buffers_from_its_origins_marks_are_those_of_the_net_built_whole
                     net.inputs[c] = sorted(rng.sample(range(earlier), min(earlier, len(net.inputs[c]))))
             order = [i for i in range(len(net.names)) if rng.random() < 0.85]  # (ids are topological here)
             order = [i for i in order if all(net.t_op[t] in order for t in net.inputs[i])]
-            got = _placed(_Buffers(net, order, options), net, order)
+            got = _placed(_Buffers(net, order, options, positions(order, len(net.names))), net, order)
             whole = _rebuilt(net)
-            assert got == _placed(_Buffers(whole, order, options), whole, order)
+            assert got == _placed(_Buffers(whole, order, options, positions(order, len(whole.names))), whole, order)
     assert len(base.origin.memo) == 2

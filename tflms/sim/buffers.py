@@ -27,7 +27,7 @@ _BY_INPUTS = COPY_OPS | ALIAS_OPS | IDENTITY_REDUCTION_OPS
 class _Buffers:
     """Which buffer each tensor lives in before forwarding, and the facts the later stages read by tensor or op.
 
-    ``position``: by op id its position in ``order`` (-1: not in it). The tensors placed by their op's type alone are
+    ``position``: by op id its position in ``order`` (-1: not in it; :func:`~tflms.sim.indexed.positions`). The tensors placed by their op's type alone are
     the same in every net sharing an origin (:attr:`IndexedGraph.origin`): they are worked out once for the origin's
     ops (:func:`_typed`), whether or not an op is in the order (the later stages read those facts only for buffers of
     ops in the order), and only the ops placed by their inputs are walked in the order. (Walked op by op, this was a
@@ -35,15 +35,10 @@ class _Buffers:
 
     __slots__ = ("buffer_of", "in_order", "resident", "variable_reads", "unknown", "is_transfer")
 
-    def __init__(self, net: IndexedGraph, order: Sequence[int], options: SimOptions,
-                 position: Sequence[int] | None = None):
+    def __init__(self, net: IndexedGraph, order: Sequence[int], options: SimOptions, position: Sequence[int]):
         types, dev, inputs, t_op, t_info = net.types, net.dev, net.inputs, net.t_op, net.t_info
         out_start, n_out = net.out_start, net.n_out
         n, num_tensors = len(net.names), len(t_op)
-        if position is None:
-            position = [-1] * n
-            for k, i in enumerate(order):
-                position[i] = k
         n0 = net.origin.ops
         resident, variable_reads, by_inputs = _typed(net, options.resident_inputs)
         t0 = len(resident)

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from tflms.errors import ConfigError
 from tflms.ir.op_types import FREE_OPS
 from tflms.sim.cost import op_time_s
-from tflms.sim.indexed import ACCEL, IndexedGraph, OpCosts, _indices, _synthetic_op
+from tflms.sim.indexed import ACCEL, IndexedGraph, OpCosts, _indices, _synthetic_op, positions
 from tflms.sim.records import SimOptions
 from tflms.profiles import HardwareProfile
 
@@ -158,9 +158,7 @@ def graph_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence
     n0 = len(base_duration)
     duration, launch = base_duration + [0.0] * (n - n0), base_launch + [0.0] * (n - n0)
     if position is None:
-        position = [-1] * n
-        for k, i in enumerate(order):
-            position[i] = k
+        position = positions(order, n)
     # an op of the origin out of the order, or a copy between devices, keeps the stream free (both are few)
     idle = _indices(position[:n0], -1)
     idle.extend(i for i in _indices(is_transfer, True) if i < n0 and position[i] >= 0)
@@ -235,5 +233,5 @@ def kernels_for(mode: str, net: IndexedGraph, order: Sequence[int], is_transfer:
         return fusion.xla_kernels(net, order, is_transfer, costs, profile, outputs)
     if mode == CLOCK_XLA_CLUSTERS:
         from tflms.sim.clusters import cluster_kernels  # noqa: PLC0415 - clusters imports fusion
-        return cluster_kernels(net, order, is_transfer, costs, profile, outputs, options)
+        return cluster_kernels(net, order, is_transfer, costs, profile, outputs, options, position)
     raise ConfigError(f"no clock {mode!r}")

@@ -71,7 +71,7 @@ from tflms.profiles import HardwareProfile
 from tflms.sim.clock import CLOCK_XLA_CLUSTERS, Kernels, op_durations
 from tflms.sim.cost import op_launches
 from tflms.sim.fusion import xla_kernels
-from tflms.sim.indexed import ACCEL, HOST, IndexedGraph, OpCosts
+from tflms.sim.indexed import ACCEL, HOST, IndexedGraph, OpCosts, positions
 from tflms.sim.records import SimOptions
 
 #: Executor launches per cluster and step: ``_XlaCompile`` (after the first step, a lookup in the compilation cache)
@@ -267,11 +267,12 @@ def contracted_preds(net: IndexedGraph, order: Sequence[int], cluster: Sequence[
 
 
 def cluster_kernels(net: IndexedGraph, order: Sequence[int], is_transfer: Sequence[bool], costs: OpCosts,
-                    profile: HardwareProfile, outputs: Sequence[int], options: SimOptions | None = None) -> Kernels:
-    """The ``xla-clusters`` clock's kernels (module doc), its clusters as :func:`step_clusters` finds them."""
-    position = [-1] * len(net.names)
-    for k, i in enumerate(order):
-        position[i] = k
+                    profile: HardwareProfile, outputs: Sequence[int], options: SimOptions | None = None,
+                    position: Sequence[int] | None = None) -> Kernels:
+    """The ``xla-clusters`` clock's kernels (module doc), its clusters as :func:`step_clusters` finds them.
+    ``position``: by op id its position in ``order`` (-1: not in it), where the caller has it."""
+    if position is None:
+        position = positions(order, len(net.names))
     cluster = step_clusters(net, order, position, is_transfer, options)
     kernels = xla_kernels(net, order, is_transfer, costs, profile, outputs, cluster)
     kernels.mode = CLOCK_XLA_CLUSTERS

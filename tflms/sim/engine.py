@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from tflms.errors import GraphError
 from tflms.sim.buffers import _Buffers, _Events, _forward, _forward_resolve, _memory_events, _readers
 from tflms.sim.clock import Kernels, kernels_for, resolve_clock
-from tflms.sim.indexed import ACCEL, HOST, IndexedGraph, OpCosts, _indices
+from tflms.sim.indexed import ACCEL, HOST, IndexedGraph, OpCosts, _indices, positions
 from tflms.sim.records import (TRANSFER_ORDER_RELEASE, MappingView, SequenceView, SimDetails, SimOptions,
                                 SimResult)
 from tflms.profiles import HardwareProfile
@@ -331,9 +331,7 @@ def step_kernels(net: IndexedGraph, order: Sequence[int], outputs: Sequence[int]
     :func:`_run` (and :func:`tflms.sim.simulator.kernel_reads`) use them. ``position``: by op id its position in
     ``order`` (-1: not in it), where the caller has it."""
     if position is None:
-        position = [-1] * len(net.names)
-        for k, i in enumerate(order):
-            position[i] = k
+        position = positions(order, len(net.names))
     bufs = _Buffers(net, order, options, position)
     return bufs, kernels_for(resolve_clock(options.clock, profile), net, order, bufs.is_transfer, costs, profile,
                              outputs, options, position)
@@ -347,9 +345,7 @@ def _run(net: IndexedGraph, order: Sequence[int], position: Sequence[int], outpu
     bufs, kernels = step_kernels(net, order, outputs, profile, options, costs, position)
     if kernels.order is not None:  # XLA clusters: each cluster's kernels back to back (tflms.sim.clusters)
         order = kernels.order
-        position = [-1] * len(net.names)
-        for k, i in enumerate(order):
-            position[i] = k
+        position = positions(order, len(net.names))
     if observed is not None:
         timing = _time_observed(net, order, bufs.is_transfer, observed)
     elif options.transfer_order == TRANSFER_ORDER_RELEASE:

@@ -168,6 +168,14 @@ class IndexedGraph:
         return [op_id[r] for r in roots if r in op_id]
 
 
+def positions(order: Sequence[int], n: int) -> list[int]:
+    """By op id (``n`` of them) its position in ``order``, -1 for an op not in it."""
+    position = [-1] * n
+    for k, i in enumerate(order):
+        position[i] = k
+    return position
+
+
 def _indices(values: list | bytearray, value: object) -> list[int]:
     """Where ``value`` is in ``values`` (``list.index`` scans: fast where it is rare)."""
     found: list[int] = []

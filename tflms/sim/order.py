@@ -12,7 +12,7 @@ from tflms.analysis.cto import compute_levels
 from tflms.errors import GraphError
 from tflms.ir.graph import Graph
 from tflms.ir.topo import priority_order
-from tflms.sim.indexed import IndexedGraph
+from tflms.sim.indexed import IndexedGraph, positions
 
 
 def level_order(graph: Graph) -> list[str]:
@@ -116,9 +116,7 @@ def _order_ids(net: IndexedGraph, names: Sequence[str], alive: Sequence[bool], r
 def _check_order(net: IndexedGraph, order: Sequence[int], alive: Sequence[bool]) -> list[int]:
     """``position`` of every op in ``order``; raises if the order is incomplete or runs an op before its input."""
     n = len(net.names)
-    position = [-1] * n
-    for k, i in enumerate(order):
-        position[i] = k
+    position = positions(order, n)
     count = sum(1 for a in alive if a)
     if len(order) != count or any(alive[i] and position[i] < 0 for i in range(n)):
         missing = sorted(net.names[i] for i in range(n) if alive[i] and position[i] < 0)[:5]

@@ -54,7 +54,7 @@ from tflms.policies.swapplan import SwapPlan
 from tflms.profiles import HardwareProfile, get_profile
 from tflms.sim.simulator import (IndexedGraph, OpCosts, SimOptions, SimResult, _add_recvs, _check_order,
                                  _device_class, _level_sorted, gc_paused, _needed, _order_ids, _recv_needs, _run)
-from tflms.sim.indexed import still_needed, successor_counts
+from tflms.sim.indexed import positions, still_needed, successor_counts
 
 logger = logging.getLogger(__name__)
 
@@ -250,9 +250,7 @@ class PlanEvaluator:
                      else [True] * len(net.names))
             _add_recvs(net, _recv_needs(net, range(len(net.names)), alive), alive)
             order = self._level_sorted(net, alive, n_base)
-            position = [-1] * len(net.names)
-            for k, i in enumerate(order):
-                position[i] = k
+            position = positions(order, len(net.names))
             return _run(net, order, position, self._outputs, self.profile, self.options, costs, alive)
         if plan is not None and plan.swaps:
             modified = self._apply(net, alive, plan)
@@ -290,9 +288,7 @@ class PlanEvaluator:
             position = _check_order(net, order, alive)
         else:
             order = self._level_sorted(net, alive, n_base)
-            position = [-1] * len(net.names)
-            for k, i in enumerate(order):
-                position[i] = k
+            position = positions(order, len(net.names))
         return _run(net, order, position, self._outputs, self.profile, self.options, self._costs, alive)
 
     def _level_sorted(self, net: IndexedGraph, alive: list[bool], n_base: int) -> list[int]:
